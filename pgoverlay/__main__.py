@@ -1,0 +1,3 @@
+from pgoverlay.cli import main
+
+raise SystemExit(main())

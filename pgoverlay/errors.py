@@ -1,0 +1,103 @@
+"""The one exception tree. Every error a user can cause says what is wrong and how to fix it.
+
+Each class carries a distinct process exit code so scripts can tell failures apart.
+"""
+
+from __future__ import annotations
+
+
+class PgoverlayError(Exception):
+    """Root of every error pgoverlay raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(PgoverlayError):
+    exit_code = 2
+
+
+class NotRootError(PgoverlayError):
+    exit_code = 3
+
+
+class OverlayUnsupportedError(PgoverlayError):
+    exit_code = 4
+
+
+class PoolError(PgoverlayError):
+    exit_code = 5
+
+
+class PoolFullError(PoolError):
+    exit_code = 6
+
+
+class CommandError(PgoverlayError):
+    """An external program failed; carries its (already secret-free) stderr."""
+
+    exit_code = 7
+
+    def __init__(self, message: str, *, stderr: str = "", returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.stderr = stderr
+        self.returncode = returncode
+
+
+class PostgresBinariesError(PgoverlayError):
+    exit_code = 8
+
+
+class VersionMismatchError(PgoverlayError):
+    exit_code = 9
+
+
+class SeedError(PgoverlayError):
+    exit_code = 10
+
+
+class SourceUnreachableError(SeedError):
+    exit_code = 11
+
+
+class SeedBusyError(SeedError):
+    exit_code = 12
+
+
+class BaseMissingError(PgoverlayError):
+    exit_code = 13
+
+
+class BranchError(PgoverlayError):
+    exit_code = 14
+
+
+class InvalidNameError(BranchError):
+    exit_code = 15
+
+
+class BranchExistsError(BranchError):
+    exit_code = 16
+
+
+class BranchMissingError(BranchError):
+    exit_code = 17
+
+
+class PortsExhaustedError(BranchError):
+    exit_code = 18
+
+
+class BranchStartError(BranchError):
+    exit_code = 19
+
+
+class TimeoutExpiredError(PgoverlayError):
+    exit_code = 20
+
+
+class MigrationError(PgoverlayError):
+    exit_code = 21
+
+
+class LockBusyError(PgoverlayError):
+    exit_code = 22

@@ -1,0 +1,1 @@
+"""The branch engine that runs on the self-hosted runner: pool, seed, branches, runtimes."""

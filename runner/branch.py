@@ -1,0 +1,445 @@
+"""Branches: create, reset and destroy as sagas, plus the read-only views (list, status, size).
+
+Each saga holds the branch's lock and records its step in the registry before doing it, so a
+process killed at any point leaves a row that ``gc`` can finish or undo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgoverlay.errors import (
+    BaseMissingError,
+    BranchExistsError,
+    BranchMissingError,
+    BranchStartError,
+    PoolFullError,
+    PortsExhaustedError,
+)
+from pgoverlay.runner import locks, pgbin, sizes
+from pgoverlay.runner.names import check_name
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.runtime import Layout, Runtime
+from pgoverlay.runner.runtime.local import LocalRuntime
+
+log = logging.getLogger(__name__)
+
+SOCKET_ROOT = Path("/run/pgoverlay")
+
+
+# -- layout and runtime -------------------------------------------------------------------
+
+
+def layout(pool: Pool, name: str) -> Layout:
+    pool_id = hashlib.sha256(os.fspath(pool.home.resolve()).encode()).hexdigest()[:8]
+    return Layout(root=pool.branch_dir(name), socket_dir=SOCKET_ROOT / pool_id / name)
+
+
+def runtime_for(pool: Pool, base: BaseVersion) -> Runtime:
+    install = pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir)
+    return LocalRuntime(
+        install,
+        owner=pool.owner,
+        start_timeout=pool.settings.start_timeout,
+        stop_timeout=pool.settings.stop_timeout,
+    )
+
+
+def fault(pool: Pool, point: str) -> None:
+    """Crash tests: die here, as a kill -9 would, if the settings ask for it."""
+    if pool.settings.fault_point == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
+    if name is None:
+        names = sorted({b.name for b in pool.registry.bases() if b.state == "ready"})
+        if len(names) == 1:
+            name = names[0]
+        elif not names:
+            raise BaseMissingError(
+                "no base is seeded yet: run `pgoverlay seed NAME --from DSN` "
+                "(or `pgoverlay seed demo --demo`)"
+            )
+        else:
+            raise BaseMissingError(f"several bases exist ({', '.join(names)}): pass --base NAME")
+    base = pool.registry.latest_base(name)
+    if base is None:
+        known = ", ".join(sorted({b.name for b in pool.registry.bases() if b.state == "ready"}))
+        raise BaseMissingError(
+            f"no base named {name!r} (known: {known or 'none'}): seed it with "
+            f"`pgoverlay seed {name} --from DSN`"
+        )
+    return base
+
+
+# -- server configuration -----------------------------------------------------------------
+
+
+def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
+    """Settings passed on the command line: they outrank the base's own configuration files."""
+    s = pool.settings
+    return {
+        "data_directory": os.fspath(lay.data),
+        "config_file": os.fspath(lay.conf / "postgresql.conf"),
+        "hba_file": os.fspath(lay.conf / "pg_hba.conf"),
+        "ident_file": os.fspath(lay.conf / "pg_ident.conf"),
+        "external_pid_file": "",
+        "port": str(branch.port),
+        "listen_addresses": s.listen_address,
+        "unix_socket_directories": os.fspath(lay.socket_dir),
+        "unix_socket_permissions": "0700",
+        "recovery_init_sync_method": "syncfs",
+        "archive_mode": "off",
+        "archive_command": "",
+        "restore_command": "",
+        "primary_conninfo": "",
+        "primary_slot_name": "",
+        "ssl": "off",
+        "password_encryption": "scram-sha-256",
+        "shared_buffers": s.shared_buffers,
+        "max_connections": str(s.max_connections),
+        "work_mem": s.work_mem,
+        "maintenance_work_mem": s.maintenance_work_mem,
+        "logging_collector": "off",
+        "log_destination": "stderr",
+        "cluster_name": f"pgoverlay-{branch.name}",
+    }
+
+
+def _write_conf(pool: Pool, lay: Layout) -> None:
+    files = {
+        # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
+        "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
+        # The socket directory is 0700 and owned by the branch's OS user: only that user
+        # (and root) reach the trusted socket. Everyone else needs the branch password.
+        "pg_hba.conf": (
+            "local all all trust\n"
+            "host all all 0.0.0.0/0 scram-sha-256\n"
+            "host all all ::/0 scram-sha-256\n"
+        ),
+        "pg_ident.conf": "",
+    }
+    for filename, text in files.items():
+        path = lay.conf / filename
+        path.write_text(text)
+        os.chown(path, pool.owner.uid, pool.owner.gid)
+        os.chmod(path, 0o600)
+
+
+def _make_dirs(pool: Pool, lay: Layout) -> None:
+    uid, gid = pool.owner.uid, pool.owner.gid
+    try:
+        lay.root.mkdir(mode=0o711)
+        for path, owned in ((lay.upper, True), (lay.work, False), (lay.data, False),
+                            (lay.conf, True), (lay.log, True)):
+            path.mkdir(mode=0o700)
+            if owned:
+                os.chown(path, uid, gid)
+        lay.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chown(lay.socket_dir, uid, gid)
+    except OSError as err:
+        if err.errno == 28:  # ENOSPC
+            raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
+        raise
+    _write_conf(pool, lay)
+
+
+def _remove_dirs(lay: Layout) -> None:
+    shutil.rmtree(lay.root, ignore_errors=True)
+    shutil.rmtree(lay.socket_dir, ignore_errors=True)
+
+
+# -- ports and passwords ------------------------------------------------------------------
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(pool: Pool, used: set[int]) -> int:
+    s = pool.settings
+    hosts = [h.strip() for h in s.listen_address.split(",") if h.strip()]
+    hosts = ["0.0.0.0" if h == "*" else h for h in hosts] or ["127.0.0.1"]
+    for port in range(s.port_min, s.port_max + 1):
+        if port not in used and all(_port_free(h, port) for h in hosts):
+            return port
+    raise PortsExhaustedError(
+        f"every port from {s.port_min} to {s.port_max} is taken: destroy unused branches "
+        "(`pgoverlay branch list`) or widen PGOVERLAY_PORT_MIN/PGOVERLAY_PORT_MAX"
+    )
+
+
+def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> None:
+    """Create (or update) the branch's login role; only a SCRAM verifier crosses the wire."""
+    with psycopg.connect(
+        host=os.fspath(lay.socket_dir), port=branch.port, user=base.superuser,
+        dbname=base.database, autocommit=True, connect_timeout=10,
+    ) as conn:
+        verifier = conn.pgconn.encrypt_password(
+            branch.password.encode(), branch.user.encode(), b"scram-sha-256"
+        ).decode()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_roles WHERE rolname = %s", (branch.user,)
+        ).fetchone()
+        verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
+        power = sql.SQL("SUPERUSER" if pool.settings.branch_superuser else "CREATEDB CREATEROLE")
+        conn.execute("SET log_statement = 'none'")
+        conn.execute(
+            sql.SQL("{} {} LOGIN {} PASSWORD {}").format(
+                verb, sql.Identifier(branch.user), power, sql.Literal(verifier)
+            )
+        )
+
+
+def _check_ready(pool: Pool, branch: Branch) -> None:
+    """Ready means a real connection, over TCP with the branch password, succeeded."""
+    try:
+        with psycopg.connect(**connect_kwargs(pool, branch), connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as err:
+        raise BranchStartError(
+            f"branch {branch.name} started but a client connection failed: {err}"
+        ) from None
+
+
+def connect_kwargs(pool: Pool, branch: Branch) -> dict[str, Any]:
+    return {
+        "host": pool.settings.public_host,
+        "port": branch.port,
+        "user": branch.user,
+        "password": branch.password,
+        "dbname": branch.database,
+    }
+
+
+def dsn(pool: Pool, branch: Branch) -> str:
+    return psycopg.conninfo.make_conninfo(**connect_kwargs(pool, branch))
+
+
+def url(pool: Pool, branch: Branch) -> str:
+    from urllib.parse import quote
+
+    return (
+        f"postgresql://{quote(branch.user)}:{quote(branch.password, safe='')}@"
+        f"{pool.settings.public_host}:{branch.port}/{quote(branch.database)}"
+    )
+
+
+# -- sagas --------------------------------------------------------------------------------
+
+
+def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> None:
+    lay = layout(pool, branch.name)
+    rt = runtime_for(pool, base)
+    rt.attach(lay, lower=pool.base_dir(base.name, base.version))
+    pool.registry.update_branch(branch.name, step="mounted")
+    fault(pool, f"{saga}:mounted")
+    rt.start(lay, options=server_options(pool, lay, branch))
+    pool.registry.update_branch(branch.name, step="started")
+    fault(pool, f"{saga}:started")
+    _set_login(pool, lay, base, branch)
+    _check_ready(pool, branch)
+
+
+def create(
+    pool: Pool, name: str, *, base_name: str | None = None, ttl_seconds: int | None = None
+) -> Branch:
+    check_name(name)
+    base = resolve_base(pool, base_name)
+    runtime_for(pool, base)  # refuse a major-version mismatch before touching anything
+    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
+                    what=f"branch {name}"):
+        now = time.time()
+        with pool.registry.transaction() as db:
+            existing = pool.registry.branch(name)
+            if existing is not None:
+                raise BranchExistsError(
+                    f"branch {name} already exists (state {existing.state}): pick another name, "
+                    f"or `pgoverlay branch reset {name}` / `pgoverlay branch destroy {name}`"
+                )
+            branch = Branch(
+                name=name, base_name=base.name, base_version=base.version, state="creating",
+                step="registered", port=pick_port(pool, pool.registry.used_ports(db)),
+                runtime="local", user=pool.settings.branch_user,
+                password=secrets.token_urlsafe(24), database=base.database,
+                created_at=now, ready_at=None,
+                expires_at=now + ttl_seconds if ttl_seconds else None,
+            )
+            pool.registry.insert_branch(db, branch)
+        fault(pool, "create:registered")
+        try:
+            _make_dirs(pool, layout(pool, name))
+            pool.registry.update_branch(name, step="dirs")
+            fault(pool, "create:dirs")
+            _bring_up(pool, base, branch, saga="create")
+        except BaseException:
+            log.warning("creating branch %s failed; undoing", name)
+            teardown(pool, branch)
+            raise
+        pool.registry.update_branch(name, state="ready", step="", ready_at=time.time())
+    log.info("branch %s ready on port %s", name, branch.port)
+    return _get(pool, name)
+
+
+def teardown(pool: Pool, branch: Branch) -> None:
+    """Stop, unmount and remove everything of ``branch``, then forget it. Idempotent."""
+    lay = layout(pool, branch.name)
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is not None:
+        rt = runtime_for(pool, base)
+        rt.stop(lay)
+        rt.detach(lay)
+    fault(pool, "destroy:stopped")
+    _remove_dirs(lay)
+    pool.registry.delete_branch(branch.name)
+
+
+def destroy(pool: Pool, name: str) -> bool:
+    """Destroy ``name``; False if there was nothing to destroy."""
+    check_name(name)
+    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
+                    what=f"branch {name}"):
+        branch = pool.registry.branch(name)
+        if branch is None:
+            return False
+        pool.registry.update_branch(name, state="destroying", step="")
+        fault(pool, "destroy:marked")
+        teardown(pool, branch)
+    return True
+
+
+def reset(pool: Pool, name: str) -> Branch:
+    """Discard every change: back to the base version, same port and password."""
+    check_name(name)
+    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
+                    what=f"branch {name}"):
+        branch = _get(pool, name)
+        pool.registry.update_branch(name, state="resetting", step="")
+        fault(pool, "reset:marked")
+        finish_reset(pool, branch)
+    return _get(pool, name)
+
+
+def finish_reset(pool: Pool, branch: Branch) -> None:
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is None:
+        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+    lay = layout(pool, branch.name)
+    rt = runtime_for(pool, base)
+    rt.stop(lay)
+    rt.detach(lay)
+    for path in (lay.upper, lay.work):
+        shutil.rmtree(path)
+        path.mkdir(mode=0o700)
+    os.chown(lay.upper, pool.owner.uid, pool.owner.gid)
+    lay.log_file.unlink(missing_ok=True)
+    pool.registry.update_branch(branch.name, step="wiped")
+    fault(pool, "reset:wiped")
+    _bring_up(pool, base, branch, saga="reset")
+    pool.registry.update_branch(branch.name, state="ready", step="", ready_at=time.time())
+
+
+def restart(pool: Pool, branch: Branch) -> None:
+    """Bring a ready branch whose server is gone (a reboot, a crash) back up."""
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is None:
+        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+    lay = layout(pool, branch.name)
+    rt = runtime_for(pool, base)
+    lay.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chown(lay.socket_dir, pool.owner.uid, pool.owner.gid)
+    rt.attach(lay, lower=pool.base_dir(base.name, base.version))
+    rt.start(lay, options=server_options(pool, lay, branch))
+    _check_ready(pool, branch)
+
+
+# -- views --------------------------------------------------------------------------------
+
+
+def _get(pool: Pool, name: str) -> Branch:
+    branch = pool.registry.branch(check_name(name))
+    if branch is None:
+        raise BranchMissingError(
+            f"no branch named {name}: see `pgoverlay branch list`, or create it with "
+            f"`pgoverlay branch create {name}`"
+        )
+    return branch
+
+
+def get(pool: Pool, name: str) -> Branch:
+    return _get(pool, name)
+
+
+@dataclass(frozen=True)
+class Status:
+    branch: Branch
+    running: bool
+    host: str
+    layer: sizes.LayerSize
+
+    def as_dict(self) -> dict[str, Any]:
+        b = self.branch
+        return {
+            "name": b.name,
+            "state": b.state,
+            "running": self.running,
+            "base": b.base_name,
+            "base_version": b.base_version,
+            "runtime": b.runtime,
+            "host": self.host,
+            "port": b.port,
+            "database": b.database,
+            "user": b.user,
+            "created_at": b.created_at,
+            "ready_at": b.ready_at,
+            "expires_at": b.expires_at,
+            "layer_logical_bytes": self.layer.logical_bytes,
+            "layer_physical_bytes": self.layer.physical_bytes,
+        }
+
+
+def layer_size(pool: Pool, name: str) -> sizes.LayerSize:
+    upper = layout(pool, name).upper
+    if not upper.is_dir():
+        return sizes.LayerSize(logical_bytes=0, physical_bytes=0)
+    return sizes.layer_size(upper)
+
+
+def status(pool: Pool, name: str) -> Status:
+    branch = _get(pool, name)
+    running = False
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is not None:
+        with contextlib.suppress(Exception):
+            running = runtime_for(pool, base).is_running(layout(pool, name))
+    return Status(branch=branch, running=running, host=pool.settings.public_host,
+                  layer=layer_size(pool, name))
+
+
+def statuses(pool: Pool) -> list[Status]:
+    return [status(pool, b.name) for b in pool.registry.branches()]

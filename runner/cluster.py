@@ -1,0 +1,99 @@
+"""A Postgres server on a private socket, for the engine's own use: preparing a base,
+restoring a dump into a fresh cluster, or the demo's throwaway source."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgoverlay.runner import postmaster, proc
+from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner.proc import OsUser
+
+PRIVATE_PORT = 5432
+
+
+@dataclass(frozen=True)
+class Running:
+    socket_dir: Path
+    port: int
+    datadir: Path
+
+    def conninfo(self, *, user: str, dbname: str = "postgres") -> dict[str, object]:
+        return {"host": os.fspath(self.socket_dir), "port": self.port, "user": user,
+                "dbname": dbname}
+
+
+def initdb(install: PgInstall, datadir: Path, *, owner: OsUser, superuser: str = "postgres",
+           timeout: float = 300) -> None:
+    proc.run(
+        [install.tool("initdb"), "-D", datadir, "-U", superuser, "--auth=trust",
+         "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions"],
+        timeout=timeout, user=owner,
+    )
+
+
+@contextmanager
+def running(
+    install: PgInstall,
+    datadir: Path,
+    *,
+    owner: OsUser,
+    scratch: Path,
+    options: Mapping[str, str] | None = None,
+    timeout: float = 600,
+    stop_timeout: float = 120,
+) -> Iterator[Running]:
+    """Run Postgres on ``datadir`` reachable only through a private socket; stop it on exit.
+
+    ``scratch`` holds the socket, the configuration and the log (short path: sockets are
+    limited to 107 bytes).
+    """
+    work = Path(tempfile.mkdtemp(prefix="pgo-", dir=scratch))
+    try:
+        os.chown(work, owner.uid, owner.gid)
+        os.chmod(work, 0o700)
+        hba = work / "pg_hba.conf"
+        hba.write_text("local all all trust\nlocal replication all trust\n")
+        conf = work / "postgresql.conf"
+        conf.write_text(f"include_if_exists '{datadir / 'postgresql.conf'}'\n")
+        for path in (hba, conf):
+            os.chown(path, owner.uid, owner.gid)
+        settings = {
+            "data_directory": os.fspath(datadir),
+            "config_file": os.fspath(conf),
+            "hba_file": os.fspath(hba),
+            "external_pid_file": "",
+            "listen_addresses": "",
+            "port": str(PRIVATE_PORT),
+            "unix_socket_directories": os.fspath(work),
+            "recovery_init_sync_method": "syncfs",
+            "archive_mode": "off",
+            "archive_command": "",
+            "restore_command": "",
+            "primary_conninfo": "",
+            "primary_slot_name": "",
+            "ssl": "off",
+            "logging_collector": "off",
+            "shared_buffers": "128MB",
+            "max_connections": "20",
+        }
+        settings.update(options or {})
+        log_path = work / "postgres.log"
+        child = postmaster.start(install, datadir=datadir, options=settings, user=owner,
+                                 log_path=log_path)
+        try:
+            postmaster.wait_ready(datadir, child=child, log_path=log_path, timeout=timeout)
+            yield Running(socket_dir=work, port=PRIVATE_PORT, datadir=datadir)
+        finally:
+            postmaster.stop(datadir / "postmaster.pid", timeout=stop_timeout)
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

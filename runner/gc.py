@@ -1,0 +1,129 @@
+"""Garbage collection and repair: finish or undo what a killed process left, reap expired
+branches, restart ready branches whose server is gone, remove unreferenced base versions.
+
+``gc`` only touches an object whose lock it can take, so it never races a live saga.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgoverlay.errors import LockBusyError, PgoverlayError
+from pgoverlay.runner import branch as branches
+from pgoverlay.runner import locks, mounts, postmaster, seed
+from pgoverlay.runner.pool import Pool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Report:
+    undone: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    bases_removed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = []
+        for label, items in (
+            ("undone half-created branches", self.undone),
+            ("finished interrupted destroys/resets", self.finished),
+            ("destroyed expired branches", self.expired),
+            ("restarted branches", self.restarted),
+            ("removed orphans", self.orphans),
+            ("removed base versions", self.bases_removed),
+            ("problems", self.problems),
+        ):
+            if items:
+                out.append(f"{label}: {', '.join(items)}")
+        return out or ["nothing to do"]
+
+
+def collect(pool: Pool, *, now: float | None = None) -> Report:
+    report = Report()
+    now = time.time() if now is None else now
+    _branches(pool, report, now)
+    _orphan_branch_dirs(pool, report)
+    _bases(pool, report)
+    return report
+
+
+def _branches(pool: Pool, report: Report, now: float) -> None:
+    for row in pool.registry.branches():
+        lock = pool.lock_path("branch", row.name)
+        try:
+            with locks.hold(lock, timeout=0, what=f"branch {row.name}"):
+                current = pool.registry.branch(row.name)
+                if current is None:
+                    continue
+                if current.state == "creating":
+                    branches.teardown(pool, current)
+                    report.undone.append(current.name)
+                elif current.state == "destroying":
+                    branches.teardown(pool, current)
+                    report.finished.append(current.name)
+                elif current.state == "resetting":
+                    branches.finish_reset(pool, current)
+                    report.finished.append(current.name)
+                elif current.expires_at is not None and current.expires_at <= now:
+                    pool.registry.update_branch(current.name, state="destroying")
+                    branches.teardown(pool, current)
+                    report.expired.append(current.name)
+                elif not branches.status(pool, current.name).running:
+                    branches.restart(pool, current)
+                    report.restarted.append(current.name)
+        except LockBusyError:
+            continue  # a live process is working on it
+        except PgoverlayError as err:
+            report.problems.append(f"{row.name}: {err}")
+            log.warning("gc could not repair branch %s: %s", row.name, err)
+
+
+def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
+    """Directories and mounts under branches/ that no registry row claims."""
+    known = {b.name for b in pool.registry.branches()}
+    root = pool.root / "branches"
+    for target in mounts.mounts_under(root):
+        name = Path(target).relative_to(root).parts[0]
+        if name not in known and locks.is_free(pool.lock_path("branch", name)):
+            postmaster.stop(root / name / "upper" / "postmaster.pid",
+                            timeout=pool.settings.stop_timeout)
+            mounts.unmount(Path(target))
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if path.name in known or not locks.is_free(pool.lock_path("branch", path.name)):
+            continue
+        postmaster.stop(path / "upper" / "postmaster.pid", timeout=pool.settings.stop_timeout)
+        if mounts.is_mounted(path / "data"):
+            mounts.unmount(path / "data")
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(branches.layout(pool, path.name).socket_dir, ignore_errors=True)
+        report.orphans.append(f"branch dir {path.name}")
+
+
+def _bases(pool: Pool, report: Report) -> None:
+    referenced = {(b.base_name, b.base_version) for b in pool.registry.branches()}
+    by_name: dict[str, list[int]] = {}
+    for base in pool.registry.bases():
+        if base.state == "ready":
+            by_name.setdefault(base.name, []).append(base.version)
+    for base in pool.registry.bases():
+        key = (base.name, base.version)
+        lock = pool.lock_path("seed", base.name)
+        if base.state != "ready":
+            if locks.is_free(lock):
+                seed.remove_version(pool, base.name, base.version)
+                report.bases_removed.append(f"{base.name} v{base.version} (interrupted seed)")
+            continue
+        latest = max(by_name[base.name])
+        if base.version < latest and key not in referenced:
+            with contextlib.suppress(PgoverlayError), locks.hold(lock, timeout=0, what="seed"):
+                seed.remove_version(pool, base.name, base.version)
+                report.bases_removed.append(f"{base.name} v{base.version} (superseded)")

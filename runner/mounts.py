@@ -1,0 +1,100 @@
+"""Mounts: what is mounted (from /proc/self/mountinfo) and the calls that change it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pgoverlay.errors import CommandError, OverlayUnsupportedError, PoolFullError
+from pgoverlay.runner import proc
+from pgoverlay.runner.polling import wait_for
+
+MOUNT_TIMEOUT = 60.0
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    out, i = [], 0
+    while i < len(field):
+        chunk = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(chunk) == 3 and chunk.isdigit():
+            out.append(chr(int(chunk, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> dict[str, str]:
+    """Mount point -> filesystem type, for every line of a mountinfo file (last mount wins)."""
+    points: dict[str, str] = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        points[_unescape(fields[4])] = right.split()[0]
+    return points
+
+
+def mounted() -> dict[str, str]:
+    return parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+
+
+def is_mounted(path: Path) -> bool:
+    return os.fspath(path) in mounted()
+
+
+def mounts_under(prefix: Path) -> list[str]:
+    root = os.fspath(prefix).rstrip("/") + "/"
+    return sorted((p for p in mounted() if p.startswith(root)), key=len, reverse=True)
+
+
+def overlay_supported() -> bool:
+    if "overlay" in Path("/proc/filesystems").read_text():
+        return True
+    proc.run(["modprobe", "overlay"], timeout=30, check=False)
+    return "overlay" in Path("/proc/filesystems").read_text()
+
+
+def _check_option_path(path: Path) -> str:
+    text = os.fspath(path)
+    if any(c in text for c in ",:\\\n"):
+        raise OverlayUnsupportedError(
+            f"path {text!r} contains a character OverlayFS options cannot carry (, : \\); "
+            "choose a PGOVERLAY_HOME without them"
+        )
+    return text
+
+
+def mount_overlay(*, lower: Path, upper: Path, work: Path, target: Path) -> None:
+    options = (
+        f"lowerdir={_check_option_path(lower)},upperdir={_check_option_path(upper)},"
+        f"workdir={_check_option_path(work)}"
+    )
+    try:
+        proc.run(["mount", "-t", "overlay", "overlay", "-o", options, target], timeout=MOUNT_TIMEOUT)
+    except CommandError as err:
+        if "No space left" in err.stderr:
+            raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
+        raise
+
+
+def bind_readonly(source: Path, target: Path) -> None:
+    """Bind ``source`` at ``target`` read-only: nobody, root included, writes through it."""
+    if not is_mounted(target):
+        proc.run(["mount", "--bind", source, target], timeout=MOUNT_TIMEOUT)
+    proc.run(["mount", "-o", "remount,bind,ro", target], timeout=MOUNT_TIMEOUT)
+
+
+def unmount(target: Path, *, timeout: float = MOUNT_TIMEOUT) -> None:
+    """Unmount ``target`` if mounted, retrying while it is busy."""
+
+    def attempt() -> bool:
+        if not is_mounted(target):
+            return True
+        proc.run(["umount", target], timeout=MOUNT_TIMEOUT, check=False)
+        return not is_mounted(target)
+
+    wait_for(attempt, timeout=timeout, what=f"{target} to unmount", first_interval=0.05)

@@ -1,0 +1,85 @@
+"""Find Postgres server binaries and their major versions."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgoverlay.errors import PostgresBinariesError, VersionMismatchError
+from pgoverlay.runner import proc
+
+MIN_MAJOR = 14
+_VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True)
+class PgInstall:
+    major: int
+    version: str
+    bindir: Path
+
+    def tool(self, name: str) -> Path:
+        path = self.bindir / name
+        if not path.exists():
+            raise PostgresBinariesError(
+                f"{name} is missing from {self.bindir}: install the Postgres {self.major} "
+                f"server and client packages (apt-get install postgresql-{self.major})"
+            )
+        return path
+
+
+def parse_version(text: str) -> tuple[int, str]:
+    match = _VERSION.search(text)
+    if not match:
+        raise PostgresBinariesError(f"cannot read a Postgres version from {text.strip()!r}")
+    return int(match.group(1)), match.group(0).split()[-1]
+
+
+def _candidate_bindirs(override: Path | None) -> list[Path]:
+    if override is not None:
+        return [override]
+    dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    dirs += sorted(Path("/usr").glob("pgsql-*/bin"))
+    on_path = shutil.which("postgres")
+    if on_path:
+        dirs.append(Path(on_path).resolve().parent)
+    return dirs
+
+
+def installs(override: Path | None = None) -> dict[int, PgInstall]:
+    """Every usable Postgres server installation, by major version (newest bindir wins)."""
+    found: dict[int, PgInstall] = {}
+    for bindir in _candidate_bindirs(override):
+        postgres = bindir / "postgres"
+        if not postgres.is_file():
+            continue
+        out = proc.run([postgres, "--version"], timeout=30, check=False).stdout
+        try:
+            major, version = parse_version(out)
+        except PostgresBinariesError:
+            continue
+        found.setdefault(major, PgInstall(major=major, version=version, bindir=bindir))
+    return found
+
+
+def for_major(major: int, override: Path | None = None) -> PgInstall:
+    available = installs(override)
+    if major in available:
+        return available[major]
+    have = ", ".join(str(m) for m in sorted(available)) or "none"
+    raise VersionMismatchError(
+        f"the base needs Postgres {major} but this runner has Postgres binaries for: {have}; "
+        f"install postgresql-{major} (or point PGOVERLAY_PG_BINDIR at its bin directory)"
+    )
+
+
+def newest(override: Path | None = None) -> PgInstall:
+    available = {m: i for m, i in installs(override).items() if m >= MIN_MAJOR}
+    if not available:
+        raise PostgresBinariesError(
+            f"no Postgres {MIN_MAJOR} or newer server binaries found: install the server "
+            "package (apt-get install postgresql) or set PGOVERLAY_PG_BINDIR"
+        )
+    return available[max(available)]

@@ -1,0 +1,246 @@
+"""The pool: where bases and branches live, on a filesystem where copy-up is a reflink clone.
+
+Layout under ``PGOVERLAY_HOME``::
+
+    pool.json                 how the pool was made (mode, image size)
+    pool.img                  sparse XFS image with reflink (image mode only)
+    pool/                     the data root (the image's mount point in image mode)
+        registry.db           state (see registry.py)
+        locks/                one flock file per base name and branch
+        staging/              base versions being seeded (writable by the Postgres user)
+        store/                prepared base versions; root-only, nobody else can reach them
+        bases/NAME/VERSION    read-only bind mount of store/NAME/VERSION: the overlay lower
+        branches/NAME/        upper, work, data (the overlay), run (socket), conf, log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pgoverlay.errors import ConfigError, NotRootError, OverlayUnsupportedError, PoolError
+from pgoverlay.runner import mounts, proc
+from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.registry import Registry
+from pgoverlay.runner.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["native", "image", "plain"]
+FICLONE = 0x40049409
+GIB = 1024**3
+DEFAULT_IMAGE_MAX = 64 * GIB
+
+PLAIN_COST = (
+    "plain OverlayFS copies a whole file into a branch as soon as Postgres opens it, and Postgres "
+    "opens every table file read-write even to read it: each table a branch touches costs its "
+    "full size in disk and time"
+)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise NotRootError(
+            "pgoverlay needs root to mount branches: run it with sudo (or as root on the runner)"
+        )
+
+
+def supports_reflink(directory: Path) -> bool:
+    """Try a FICLONE between two scratch files in ``directory``."""
+    src = directory / ".reflink-probe-src"
+    dst = directory / ".reflink-probe-dst"
+    try:
+        src.write_bytes(b"x" * 4096)
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        return True
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY):
+            return False
+        raise
+    finally:
+        for path in (src, dst):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def fs_type(path: Path) -> str:
+    best, kind = "", "unknown"
+    target = os.fspath(path.resolve())
+    for point, fstype in mounts.mounted().items():
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    mode: Mode
+    image_bytes: int
+
+
+class Pool:
+    """An initialised, mounted pool, with its registry open."""
+
+    def __init__(self, settings: Settings, info: PoolInfo) -> None:
+        self.settings = settings
+        self.info = info
+        self.home = settings.home
+        self.root = settings.home / "pool"
+        self.registry = Registry(self.root / "registry.db")
+        self.owner = OsUser.lookup(settings.os_user)
+
+    # paths ------------------------------------------------------------------------------
+    def lock_path(self, kind: str, name: str) -> Path:
+        return self.root / "locks" / f"{kind}-{name}.lock"
+
+    def staging_dir(self, name: str, version: int) -> Path:
+        return self.root / "staging" / f"{name}-{version}"
+
+    def store_dir(self, name: str, version: int) -> Path:
+        return self.root / "store" / name / str(version)
+
+    def base_dir(self, name: str, version: int) -> Path:
+        return self.root / "bases" / name / str(version)
+
+    def branch_dir(self, name: str) -> Path:
+        return self.root / "branches" / name
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @classmethod
+    def open(cls, settings: Settings) -> Pool:
+        """Open an initialised pool; say how to fix it if it is not ready."""
+        require_root()
+        info = read_info(settings.home)
+        if info is None:
+            raise PoolError(
+                f"no pool at {settings.home}: run `pgoverlay pool init` first "
+                "(or set PGOVERLAY_HOME to an existing pool)"
+            )
+        if info.mode == "image" and not mounts.is_mounted(settings.home / "pool"):
+            raise PoolError(
+                f"the pool image {settings.home / 'pool.img'} is not mounted (after a reboot?): "
+                "run `pgoverlay pool init` to mount it again"
+            )
+        return cls(settings, info)
+
+
+def read_info(home: Path) -> PoolInfo | None:
+    path = home / "pool.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return PoolInfo(mode=data["mode"], image_bytes=int(data.get("image_bytes", 0)))
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4}
+    clean = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = clean[-1:] if clean[-1:] in units and not clean[-1:].isdigit() else ""
+    number = clean[: len(clean) - len(unit)]
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise ConfigError(f"cannot read size {text!r}: use a number with K, M, G or T, e.g. 40G") from None
+    if value <= 0:
+        raise ConfigError(f"size {text!r} must be positive")
+    return int(value)
+
+
+def _make_image(image: Path, size: int) -> None:
+    free = shutil.disk_usage(image.parent).free
+    if size > free:
+        raise PoolError(
+            f"the pool image would be {size / GIB:.1f} GiB but only {free / GIB:.1f} GiB is free "
+            f"under {image.parent}: pass a smaller --size or free some space"
+        )
+    if shutil.which("mkfs.xfs") is None:
+        raise PoolError("mkfs.xfs not found: install xfsprogs (apt-get install xfsprogs)")
+    with open(image, "wb") as handle:
+        handle.truncate(size)
+    os.chmod(image, 0o600)
+    try:
+        proc.run(["mkfs.xfs", "-q", "-m", "reflink=1", "-L", "pgoverlay", image], timeout=600)
+    except BaseException:
+        image.unlink(missing_ok=True)
+        raise
+
+
+def init(settings: Settings, *, size: str | None = None, allow_plain: bool = False) -> Pool:
+    """Prepare the pool; safe to run again (after a reboot it mounts what needs mounting)."""
+    require_root()
+    if not mounts.overlay_supported():
+        raise OverlayUnsupportedError(
+            "this kernel has no OverlayFS: load it with `modprobe overlay` "
+            "(or use a kernel built with CONFIG_OVERLAY_FS)"
+        )
+    home = settings.home
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o755)
+    root = home / "pool"
+    root.mkdir(exist_ok=True)
+    info = read_info(home)
+    if info is None:
+        if supports_reflink(home):
+            info = PoolInfo(mode="native", image_bytes=0)
+        elif allow_plain:
+            info = PoolInfo(mode="plain", image_bytes=0)
+            log.warning("using plain OverlayFS: %s", PLAIN_COST)
+        else:
+            free = shutil.disk_usage(home).free
+            wanted = parse_size(size) if size else min(DEFAULT_IMAGE_MAX, int(free * 0.8))
+            info = PoolInfo(mode="image", image_bytes=wanted)
+    if info.mode == "image":
+        image = home / "pool.img"
+        if not image.exists():
+            _make_image(image, info.image_bytes)
+        if not mounts.is_mounted(root):
+            proc.run(["mount", "-o", "loop,noatime", image, root], timeout=120)
+        if not supports_reflink(root):
+            raise PoolError(f"{image} is mounted at {root} but does not support reflink")
+    (home / "pool.json").write_text(
+        json.dumps({"mode": info.mode, "image_bytes": info.image_bytes}, indent=2) + "\n"
+    )
+    for sub, mode in (("locks", 0o700), ("store", 0o700), ("tmp", 0o711), ("staging", 0o711),
+                      ("bases", 0o755), ("branches", 0o711)):
+        (root / sub).mkdir(exist_ok=True)
+        os.chmod(root / sub, mode)
+    os.chmod(root, 0o711)
+    pool = Pool(settings, info)
+    remount_bases(pool)
+    return pool
+
+
+def remount_bases(pool: Pool) -> None:
+    """Make every prepared base version reachable, read-only, at its bases/ path."""
+    for base in pool.registry.bases():
+        if base.state != "ready":
+            continue
+        store = pool.store_dir(base.name, base.version)
+        target = pool.base_dir(base.name, base.version)
+        if store.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            mounts.bind_readonly(store, target)
+
+
+def describe(pool: Pool) -> dict[str, object]:
+    usage = shutil.disk_usage(pool.root)
+    return {
+        "home": os.fspath(pool.home),
+        "mode": pool.info.mode,
+        "filesystem": fs_type(pool.root),
+        "reflink": pool.info.mode != "plain",
+        "size_bytes": usage.total,
+        "free_bytes": usage.free,
+    }

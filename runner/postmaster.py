@@ -1,0 +1,161 @@
+"""Start, check and stop one Postgres server process.
+
+A PID is not trusted until checked: ``postmaster.pid`` names the process, and we compare the
+process's start time and command before signalling it. A server is stopped by its process group
+(it runs in its own session), and we wait until it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgoverlay.errors import BranchStartError, TimeoutExpiredError
+from pgoverlay.runner import proc
+from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.proc import OsUser
+
+
+@dataclass(frozen=True)
+class PidFile:
+    pid: int
+    datadir: str
+    start_epoch: int
+    port: int
+    socket_dir: str
+    status: str
+
+
+def read_pidfile(path: Path) -> PidFile | None:
+    try:
+        lines = path.read_text().splitlines()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+    if len(lines) < 3 or not lines[0].strip().lstrip("-").isdigit():
+        return None
+
+    def line(i: int) -> str:
+        return lines[i].strip() if len(lines) > i else ""
+
+    return PidFile(
+        pid=abs(int(line(0))),
+        datadir=line(1),
+        start_epoch=int(line(2) or 0),
+        port=int(line(3) or 0) if line(3).isdigit() else 0,
+        socket_dir=line(4),
+        status=line(7),
+    )
+
+
+def _boot_time() -> float:
+    for row in Path("/proc/stat").read_text().splitlines():
+        if row.startswith("btime "):
+            return float(row.split()[1])
+    return 0.0
+
+
+def process_start_epoch(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds), or None if it does not exist or is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        try:  # our own child: reap it
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return None
+    ticks = int(fields[19])
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def is_running(info: PidFile) -> bool:
+    """True only if ``info.pid`` is alive, is a postgres, and started when the file says."""
+    started = process_start_epoch(info.pid)
+    if started is None or abs(started - info.start_epoch) > 2:
+        return False
+    try:
+        cmd = Path(f"/proc/{info.pid}/cmdline").read_bytes().split(b"\0")[0]
+    except FileNotFoundError:
+        return False
+    return cmd.endswith((b"postgres", b"postmaster"))
+
+
+def start(
+    install: PgInstall,
+    *,
+    datadir: Path,
+    options: Mapping[str, str],
+    user: OsUser,
+    log_path: Path,
+) -> subprocess.Popen[bytes]:
+    argv: list[str | os.PathLike[str]] = [install.tool("postgres"), "-D", datadir]
+    for key, value in options.items():
+        argv += ["-c", f"{key}={value}"]
+    return proc.spawn(argv, user=user, log_path=log_path)
+
+
+def wait_ready(
+    datadir: Path, *, child: subprocess.Popen[bytes] | None, log_path: Path, timeout: float
+) -> PidFile:
+    """Wait until the server in ``datadir`` says it accepts connections."""
+
+    def probe() -> PidFile | None:
+        if child is not None and child.poll() is not None:
+            raise BranchStartError(
+                f"Postgres exited with code {child.returncode} while starting: "
+                f"{log_tail(log_path)} (full log: {log_path})"
+            )
+        info = read_pidfile(datadir / "postmaster.pid")
+        if info is not None and info.status == "ready":
+            return info
+        return None
+
+    try:
+        return wait_for(probe, timeout=timeout, what=f"Postgres in {datadir} to accept connections")
+    except TimeoutExpiredError as err:
+        raise BranchStartError(f"{err}: {log_tail(log_path)} (full log: {log_path})") from None
+
+
+def log_tail(log_path: Path, lines: int = 3) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return proc.last_lines(text, lines)
+
+
+def stop(pidfile: Path, *, timeout: float) -> bool:
+    """Stop the server named by ``pidfile`` if it runs; True if one was stopped."""
+    info = read_pidfile(pidfile)
+    if info is None or not is_running(info):
+        return False
+    gone = lambda: not is_running(info)  # noqa: E731
+    for sig, share in ((signal.SIGINT, 0.8), (signal.SIGQUIT, 0.2)):
+        try:
+            os.kill(info.pid, sig)
+        except ProcessLookupError:
+            return True
+        try:
+            wait_for(gone, timeout=timeout * share, what=f"Postgres pid {info.pid} to stop")
+            _kill_group(info.pid)  # leftovers of a crashed server, if any
+            return True
+        except TimeoutExpiredError:
+            continue
+    _kill_group(info.pid, signal.SIGKILL)
+    wait_for(gone, timeout=10, what=f"Postgres pid {info.pid} to die")
+    return True
+
+
+def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,205 @@
+"""Every external program is started from here: argument lists, a timeout, our own errors.
+
+Secrets reach a child only through ``env`` (or a file), never through argv, and ``env`` is never
+logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgoverlay.errors import CommandError, TimeoutExpiredError
+
+log = logging.getLogger(__name__)
+
+# Variables a child may inherit from our environment; everything else is dropped so that a
+# token in the caller's environment does not leak into Postgres or its tools.
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "HOME")
+
+
+@dataclass(frozen=True)
+class OsUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    @classmethod
+    def lookup(cls, name: str) -> OsUser:
+        from pgoverlay.errors import PostgresBinariesError
+
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise PostgresBinariesError(
+                f"OS user {name!r} does not exist: install the Postgres server package "
+                f"(apt-get install postgresql) or set PGOVERLAY_OS_USER to the user that runs Postgres"
+            ) from None
+        return cls(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, user: OsUser | None = None) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    if user is not None:
+        env["HOME"] = user.home
+        env["USER"] = user.name
+        env["LOGNAME"] = user.name
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _demote(user: OsUser | None) -> dict[str, object]:
+    if user is None or os.geteuid() == user.uid:
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": []}
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    user: OsUser | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input_text: str | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run a program to completion; raise CommandError with its stderr if it fails."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("run %s", args)
+    try:
+        done = subprocess.run(
+            args,
+            env=child_env(env, user=user),
+            cwd=cwd if cwd is not None else (user.home if user and Path(user.home).is_dir() else "/"),
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **_demote(user),  # type: ignore[arg-type]
+        )
+    except FileNotFoundError:
+        raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise TimeoutExpiredError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s") from None
+    if check and done.returncode != 0:
+        raise CommandError(
+            f"{Path(args[0]).name} failed (exit {done.returncode}): {last_lines(done.stderr)}",
+            stderr=done.stderr,
+            returncode=done.returncode,
+        )
+    return done
+
+
+def spawn(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    user: OsUser | None = None,
+    log_path: Path,
+    cwd: str | os.PathLike[str] = "/",
+) -> subprocess.Popen[bytes]:
+    """Start a long-lived process that outlives us: its own session, output to ``log_path``.
+
+    The GitHub runner kills every process carrying its job's ``RUNNER_TRACKING_ID`` when a job
+    ends; ``child_env`` does not pass it on.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("spawn %s", args)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if user is not None:
+        os.fchown(fd, user.uid, user.gid)
+    try:
+        return subprocess.Popen(
+            args,
+            env=child_env(env, user=user),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+            **_demote(user),  # type: ignore[arg-type]
+        )
+    finally:
+        os.close(fd)
+
+
+def last_lines(text: str, count: int = 3) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-count:]) if lines else "(no output)"
+
+
+def run_streaming(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    on_line: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+    user: OsUser | None = None,
+) -> str:
+    """Run a program, calling ``on_line`` for each line (``\\r`` or ``\\n``) of its stderr.
+
+    Returns the collected stderr; raises CommandError if it fails.
+    """
+    import selectors
+    import time
+
+    args = [os.fspath(a) for a in argv]
+    log.debug("run %s", args)
+    try:
+        child = subprocess.Popen(
+            args,
+            env=child_env(env, user=user),
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            **_demote(user),  # type: ignore[arg-type]
+        )
+    except FileNotFoundError:
+        raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None
+    assert child.stderr is not None
+    deadline = time.monotonic() + timeout
+    collected: list[str] = []
+    pending = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stderr, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                child.kill()
+                child.wait()
+                raise TimeoutExpiredError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s")
+            if not sel.select(timeout=min(remaining, 1.0)):
+                continue
+            chunk = os.read(child.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
+            for raw in lines:
+                text = raw.decode(errors="replace")
+                if text.strip():
+                    collected.append(text)
+                    on_line(text)
+    child.stderr.close()
+    returncode = child.wait(timeout=max(deadline - time.monotonic(), 1.0))
+    stderr = "\n".join(collected + ([pending.decode(errors="replace")] if pending else []))
+    if returncode != 0:
+        raise CommandError(
+            f"{Path(args[0]).name} failed (exit {returncode}): {last_lines(stderr)}",
+            stderr=stderr,
+            returncode=returncode,
+        )
+    return stderr

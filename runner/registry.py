@@ -1,0 +1,200 @@
+"""The pool's state in SQLite (WAL mode): base versions and branches.
+
+Safe under concurrent ``pgoverlay`` processes: every change is one ``BEGIN IMMEDIATE``
+transaction, and uniqueness (branch names, ports) is enforced by the schema, not by a
+check-then-insert in Python.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS bases (
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    pg_major INTEGER,
+    source TEXT NOT NULL DEFAULT '',
+    via TEXT NOT NULL DEFAULT 'basebackup',
+    start_lsn TEXT NOT NULL DEFAULT '',
+    size_bytes INTEGER NOT NULL DEFAULT 0,
+    superuser TEXT NOT NULL DEFAULT '',
+    database TEXT NOT NULL DEFAULT 'postgres',
+    owner_uid INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    prepared_at REAL,
+    PRIMARY KEY (name, version)
+);
+CREATE TABLE IF NOT EXISTS branches (
+    name TEXT PRIMARY KEY,
+    base_name TEXT NOT NULL,
+    base_version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    step TEXT NOT NULL DEFAULT '',
+    port INTEGER NOT NULL UNIQUE,
+    runtime TEXT NOT NULL DEFAULT 'local',
+    user TEXT NOT NULL,
+    password TEXT NOT NULL,
+    database TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ready_at REAL,
+    expires_at REAL,
+    FOREIGN KEY (base_name, base_version) REFERENCES bases (name, version)
+);
+"""
+
+
+@dataclass(frozen=True)
+class BaseVersion:
+    name: str
+    version: int
+    state: str
+    pg_major: int | None
+    source: str
+    via: str
+    start_lsn: str
+    size_bytes: int
+    superuser: str
+    database: str
+    owner_uid: int
+    created_at: float
+    prepared_at: float | None
+
+
+@dataclass(frozen=True)
+class Branch:
+    name: str
+    base_name: str
+    base_version: int
+    state: str
+    step: str
+    port: int
+    runtime: str
+    user: str
+    password: str
+    database: str
+    created_at: float
+    ready_at: float | None
+    expires_at: float | None
+
+    def __repr__(self) -> str:  # keep the password out of any repr that reaches a log
+        return f"Branch(name={self.name!r}, state={self.state!r}, port={self.port})"
+
+
+def _columns(cls: type) -> str:
+    return ", ".join(f.name for f in fields(cls))
+
+
+class Registry:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fresh = not path.exists()
+        self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None)
+        if fresh:
+            os.chmod(path, 0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=60000")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # bases -------------------------------------------------------------------------------
+
+    def bases(self, name: str | None = None) -> list[BaseVersion]:
+        query = f"SELECT {_columns(BaseVersion)} FROM bases"
+        args: tuple[Any, ...] = ()
+        if name is not None:
+            query += " WHERE name = ?"
+            args = (name,)
+        rows = self._db.execute(query + " ORDER BY name, version", args).fetchall()
+        return [BaseVersion(*row) for row in rows]
+
+    def latest_base(self, name: str) -> BaseVersion | None:
+        ready = [b for b in self.bases(name) if b.state == "ready"]
+        return ready[-1] if ready else None
+
+    def base(self, name: str, version: int) -> BaseVersion | None:
+        found = [b for b in self.bases(name) if b.version == version]
+        return found[0] if found else None
+
+    def add_base_version(self, name: str, *, source: str, via: str) -> int:
+        with self.transaction() as db:
+            row = db.execute("SELECT MAX(version) FROM bases WHERE name = ?", (name,)).fetchone()
+            version = int(row[0] or 0) + 1
+            db.execute(
+                "INSERT INTO bases (name, version, state, source, via, created_at) "
+                "VALUES (?, ?, 'seeding', ?, ?, ?)",
+                (name, version, source, via, time.time()),
+            )
+        return version
+
+    def update_base(self, name: str, version: int, **values: Any) -> None:
+        allowed = {f.name for f in fields(BaseVersion)} - {"name", "version"}
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"unknown base fields: {sorted(unknown)}")
+        assignments = ", ".join(f"{key} = ?" for key in values)
+        with self.transaction() as db:
+            db.execute(
+                f"UPDATE bases SET {assignments} WHERE name = ? AND version = ?",
+                (*values.values(), name, version),
+            )
+
+    def delete_base(self, name: str, version: int) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM bases WHERE name = ? AND version = ?", (name, version))
+
+    # branches ----------------------------------------------------------------------------
+
+    def branches(self) -> list[Branch]:
+        rows = self._db.execute(f"SELECT {_columns(Branch)} FROM branches ORDER BY name").fetchall()
+        return [Branch(*row) for row in rows]
+
+    def branch(self, name: str) -> Branch | None:
+        row = self._db.execute(
+            f"SELECT {_columns(Branch)} FROM branches WHERE name = ?", (name,)
+        ).fetchone()
+        return Branch(*row) if row else None
+
+    def insert_branch(self, db: sqlite3.Connection, branch: Branch) -> None:
+        names = [f.name for f in fields(Branch)]
+        db.execute(
+            f"INSERT INTO branches ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+            tuple(getattr(branch, n) for n in names),
+        )
+
+    def used_ports(self, db: sqlite3.Connection) -> set[int]:
+        return {int(row[0]) for row in db.execute("SELECT port FROM branches")}
+
+    def update_branch(self, name: str, **values: Any) -> None:
+        allowed = {f.name for f in fields(Branch)} - {"name"}
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"unknown branch fields: {sorted(unknown)}")
+        assignments = ", ".join(f"{key} = ?" for key in values)
+        with self.transaction() as db:
+            db.execute(f"UPDATE branches SET {assignments} WHERE name = ?", (*values.values(), name))
+
+    def delete_branch(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM branches WHERE name = ?", (name,))

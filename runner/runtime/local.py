@@ -1,0 +1,44 @@
+"""The local runtime: the overlay is mounted here and Postgres runs as a process of this host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pgoverlay.runner import mounts, postmaster
+from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.runtime import Layout
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(self, install: PgInstall, *, owner: OsUser, start_timeout: float,
+                 stop_timeout: float) -> None:
+        self.install = install
+        self.owner = owner
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+
+    def attach(self, layout: Layout, *, lower: Path) -> None:
+        if not mounts.is_mounted(layout.data):
+            mounts.mount_overlay(lower=lower, upper=layout.upper, work=layout.work, target=layout.data)
+
+    def detach(self, layout: Layout) -> None:
+        mounts.unmount(layout.data)
+
+    def start(self, layout: Layout, *, options: dict[str, str]) -> None:
+        child = postmaster.start(
+            self.install, datadir=layout.data, options=options, user=self.owner,
+            log_path=layout.log_file,
+        )
+        postmaster.wait_ready(layout.data, child=child, log_path=layout.log_file,
+                              timeout=self.start_timeout)
+
+    def stop(self, layout: Layout) -> None:
+        # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.
+        postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout)
+
+    def is_running(self, layout: Layout) -> bool:
+        info = postmaster.read_pidfile(layout.upper / "postmaster.pid")
+        return info is not None and postmaster.is_running(info)

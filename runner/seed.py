@@ -1,0 +1,237 @@
+"""Seed a base: copy a running server into a new base version, verify it, prepare it.
+
+Seeding is a saga like branch creation: the version is registered as ``seeding`` first, the
+copy lands in ``staging/``, and only a prepared, verified copy moves into the root-only
+``store/`` and is bound read-only at ``bases/NAME/VERSION``. ``gc`` removes whatever a killed
+seed left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgoverlay.errors import (
+    CommandError,
+    ConfigError,
+    SeedBusyError,
+    SeedError,
+    SourceUnreachableError,
+)
+from pgoverlay.runner import cluster, locks, mounts, pgbin, prepare, proc
+from pgoverlay.runner.names import check_name
+from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+
+log = logging.getLogger(__name__)
+
+Via = Literal["basebackup", "dump"]
+Progress = Callable[[int, int], None]
+_PROGRESS = re.compile(r"(\d+)/(\d+) kB")
+_REFUSED_REPLICATION = (
+    "replication connection",
+    "must be superuser or replication role",
+    "permission denied to start WAL sender",
+    "number of requested standby connections exceeds",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed source DSN; the password is kept apart so it only ever travels in env."""
+
+    conninfo: str
+    password: str | None
+    host: str
+    port: str
+    user: str
+    dbname: str
+
+    @classmethod
+    def parse(cls, dsn: str) -> Source:
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError:
+            raise ConfigError(
+                "the source DSN cannot be parsed: use a libpq connection string "
+                "('host=db port=5432 user=replicator dbname=app') or a postgresql:// URL"
+            ) from None
+        password = params.pop("password", None)
+        return cls(
+            conninfo=make_conninfo(**{k: v for k, v in params.items() if v is not None}),
+            password=str(password) if password else None,
+            host=str(params.get("host") or "localhost"),
+            port=str(params.get("port") or "5432"),
+            user=str(params.get("user") or ""),
+            dbname=str(params.get("dbname") or params.get("user") or "postgres"),
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PGPASSWORD": self.password} if self.password else {}
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def server_major(self) -> int:
+        try:
+            with psycopg.connect(self.conninfo, password=self.password, connect_timeout=15) as conn:
+                return int(conn.info.server_version) // 10000
+        except psycopg.OperationalError as err:
+            reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
+            raise SourceUnreachableError(
+                f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
+                "and the source's pg_hba.conf"
+            ) from None
+
+
+def _own(pool: Pool, path: Path) -> None:
+    os.chown(path, pool.owner.uid, pool.owner.gid)
+    os.chmod(path, 0o700)
+
+
+def _basebackup(pool: Pool, install: PgInstall, src: Source, target: Path,
+                progress: Progress | None) -> None:
+    def on_line(line: str) -> None:
+        match = _PROGRESS.search(line)
+        if match and progress is not None:
+            progress(int(match.group(1)) * 1024, int(match.group(2)) * 1024)
+
+    try:
+        proc.run_streaming(
+            [install.tool("pg_basebackup"), "-D", target, "-d", src.conninfo, "-X", "stream",
+             "-c", "fast", "--progress", "--no-password"],
+            timeout=pool.settings.command_timeout, on_line=on_line, env=src.env, user=pool.owner,
+        )
+    except CommandError as err:
+        if any(marker in err.stderr for marker in _REFUSED_REPLICATION):
+            raise SourceUnreachableError(
+                f"the source {src.label} refuses replication connections ({proc.last_lines(err.stderr, 1)}): "
+                "grant the user REPLICATION and allow it in pg_hba.conf, or seed with --via dump"
+            ) from None
+        raise SeedError(f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}") from None
+    proc.run([install.tool("pg_verifybackup"), "--quiet", target], timeout=pool.settings.command_timeout,
+             user=pool.owner)
+
+
+def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> str:
+    """Restore a logical dump of the source's database into a fresh cluster at ``target``."""
+    cluster.initdb(install, target, owner=pool.owner)
+    with cluster.running(install, target, owner=pool.owner, scratch=pool.tmp) as srv:
+        globals_sql = proc.run(
+            [install.tool("pg_dumpall"), "--globals-only", "--no-role-passwords", "-d", src.conninfo,
+             "--no-password"],
+            timeout=pool.settings.command_timeout, env=src.env, user=pool.owner,
+        ).stdout
+        # Roles that already exist (the bootstrap superuser) fail harmlessly: no ON_ERROR_STOP.
+        proc.run(
+            [install.tool("psql"), "-X", "-q", "-h", srv.socket_dir, "-p", str(srv.port),
+             "-U", "postgres", "-d", "postgres"],
+            timeout=pool.settings.command_timeout, user=pool.owner, input_text=globals_sql,
+        )
+        dump = srv.socket_dir / "source.dump"
+        proc.run(
+            [install.tool("pg_dump"), "-Fc", "-f", dump, "-d", src.conninfo, "--no-password"],
+            timeout=pool.settings.command_timeout, env=src.env, user=pool.owner,
+        )
+        proc.run(
+            [install.tool("pg_restore"), "--create", "--exit-on-error", "-h", srv.socket_dir,
+             "-p", str(srv.port), "-U", "postgres", "-d", "postgres", dump],
+            timeout=pool.settings.command_timeout, user=pool.owner,
+        )
+    return "postgres"
+
+
+def seed(
+    pool: Pool,
+    name: str,
+    *,
+    source_dsn: str,
+    refresh: bool = False,
+    via: Via = "basebackup",
+    progress: Progress | None = None,
+) -> BaseVersion:
+    check_name(name, what="base")
+    src = Source.parse(source_dsn)
+    with locks.hold(pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}",
+                    busy=SeedBusyError):
+        existing = pool.registry.latest_base(name)
+        if existing is not None and not refresh:
+            raise SeedError(
+                f"base {name} already exists (version {existing.version}): pass --refresh "
+                "to seed a new version, or pick another name"
+            )
+        major = src.server_major()
+        if major < pgbin.MIN_MAJOR:
+            raise SeedError(
+                f"the source runs Postgres {major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
+            )
+        install = pgbin.for_major(major, pool.settings.pg_bindir)
+        return _seed_version(pool, name, src, install, via=via, progress=progress)
+
+
+def _seed_version(pool: Pool, name: str, src: Source, install: PgInstall, *, via: Via,
+                  progress: Progress | None) -> BaseVersion:
+    version = pool.registry.add_base_version(name, source=src.label, via=via)
+    staging = pool.staging_dir(name, version)
+    try:
+        staging.mkdir(mode=0o700)
+        _own(pool, staging)
+        if via == "basebackup":
+            _basebackup(pool, install, src, staging, progress)
+            lsn = prepare.start_lsn(staging)
+            candidates = [src.user]
+        else:
+            candidates = [_dump_restore(pool, install, src, staging)]
+            lsn = ""
+        result = prepare.prepare(install, staging, owner=pool.owner, scratch=pool.tmp,
+                                 login_candidates=candidates, timeout=pool.settings.command_timeout)
+        if src.dbname not in result.databases:
+            raise SeedError(
+                f"database {src.dbname!r} from the DSN is not in the base "
+                f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
+            )
+        store = pool.store_dir(name, version)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(store)
+        target = pool.base_dir(name, version)
+        target.mkdir(parents=True, exist_ok=True)
+        mounts.bind_readonly(store, target)
+        pool.registry.update_base(
+            name, version, state="ready", pg_major=install.major, start_lsn=lsn,
+            size_bytes=result.size_bytes, superuser=result.superuser, database=src.dbname,
+            owner_uid=pool.owner.uid, prepared_at=time.time(),
+        )
+    except BaseException:
+        log.warning("seeding %s version %s failed; removing it", name, version)
+        remove_version(pool, name, version)
+        raise
+    found = pool.registry.base(name, version)
+    assert found is not None
+    return found
+
+
+def remove_version(pool: Pool, name: str, version: int) -> None:
+    """Remove every trace of one base version. Idempotent."""
+    staging = pool.staging_dir(name, version)
+    if staging.exists():
+        from pgoverlay.runner import postmaster
+
+        postmaster.stop(staging / "postmaster.pid", timeout=pool.settings.stop_timeout)
+    target = pool.base_dir(name, version)
+    mounts.unmount(target)
+    for path in (staging, pool.store_dir(name, version), target):
+        shutil.rmtree(path, ignore_errors=True)
+    pool.registry.delete_base(name, version)

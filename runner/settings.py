@@ -1,0 +1,59 @@
+"""The one settings object, loaded at the edge (CLI, Action, webhook) and passed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="PGOVERLAY_", extra="ignore")
+
+    home: Path = Path("/var/lib/pgoverlay")
+    os_user: str = "postgres"
+    pg_bindir: Path | None = None
+    port_min: int = Field(default=55432, ge=1024, le=65535)
+    port_max: int = Field(default=55631, ge=1024, le=65535)
+    listen_address: str = "127.0.0.1"
+    advertise_host: str | None = None
+    branch_user: str = "pgoverlay"
+    branch_superuser: bool = True
+    shared_buffers: str = "32MB"
+    max_connections: int = Field(default=30, ge=5)
+    work_mem: str = "4MB"
+    maintenance_work_mem: str = "64MB"
+    start_timeout: float = Field(default=60.0, gt=0)
+    stop_timeout: float = Field(default=30.0, gt=0)
+    command_timeout: float = Field(default=3600.0, gt=0)
+    lock_timeout: float = Field(default=120.0, gt=0)
+    # Fault injection for crash tests: the saga kills its own process at this step.
+    fault_point: str | None = None
+
+    @field_validator("branch_user")
+    @classmethod
+    def _plain_role_name(cls, value: str) -> str:
+        if not value.replace("_", "").isalnum() or not value[0].isalpha():
+            raise ValueError("branch_user must be letters, digits and underscores, starting with a letter")
+        return value
+
+    @model_validator(mode="after")
+    def _port_range(self) -> Settings:
+        if self.port_min > self.port_max:
+            raise ValueError(
+                f"port range is empty: PGOVERLAY_PORT_MIN={self.port_min} is above "
+                f"PGOVERLAY_PORT_MAX={self.port_max}"
+            )
+        return self
+
+    @property
+    def public_host(self) -> str:
+        """The host name a client should use to reach a branch."""
+        if self.advertise_host:
+            return self.advertise_host
+        if self.listen_address in ("0.0.0.0", "*", "::"):
+            return "127.0.0.1"
+        return self.listen_address.split(",")[0].strip()
