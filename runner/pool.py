@@ -177,6 +177,23 @@ def _make_image(image: Path, size: int) -> None:
         raise
 
 
+def _check_reachable(home: Path, owner: OsUser) -> None:
+    """Postgres runs as ``owner``: every directory above the pool must let it through."""
+    for parent in reversed(home.resolve().parents):
+        st = parent.stat()
+        if st.st_mode & 0o001:
+            continue
+        if st.st_uid == owner.uid and st.st_mode & 0o100:
+            continue
+        if st.st_gid == owner.gid and st.st_mode & 0o010:
+            continue
+        raise ConfigError(
+            f"{parent} does not let the {owner.name} user through (mode "
+            f"{st.st_mode & 0o777:o}), so Postgres could not reach the pool under it: "
+            f"run `chmod o+x {parent}` or choose another PGOVERLAY_HOME"
+        )
+
+
 def init(settings: Settings, *, size: str | None = None, allow_plain: bool = False) -> Pool:
     """Prepare the pool; safe to run again (after a reboot it mounts what needs mounting)."""
     require_root()
@@ -186,6 +203,7 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
             "(or use a kernel built with CONFIG_OVERLAY_FS)"
         )
     home = settings.home
+    _check_reachable(home, OsUser.lookup(settings.os_user))
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o755)
     root = home / "pool"

@@ -114,9 +114,11 @@ def wait_ready(
                 f"{log_tail(log_path)} (full log: {log_path})"
             )
         info = read_pidfile(datadir / "postmaster.pid")
-        if info is not None and info.status == "ready":
-            return info
-        return None
+        if info is None or info.status != "ready":
+            return None
+        # A stale file from a crashed server also says "ready": trust only our own child.
+        ours = info.pid == child.pid if child is not None else is_running(info)
+        return info if ours else None
 
     try:
         return wait_for(probe, timeout=timeout, what=f"Postgres in {datadir} to accept connections")

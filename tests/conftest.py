@@ -1,0 +1,84 @@
+"""Fixtures that build real things: a pool on a real XFS image, a real source server, a base."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import require, require_root, source_dsn
+
+from pgoverlay.runner import branch, cluster, mounts, pgbin, seed
+from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.settings import Settings
+
+PORTS = (57000, 57199)
+
+
+@pytest.fixture(scope="session")
+def settings() -> Iterator[Settings]:
+    # Not under pytest's tmp_path: its parents are 0700, and Postgres runs as another user.
+    home = Path(tempfile.mkdtemp(prefix="pgoverlay-test-", dir="/var/tmp"))
+    yield Settings(home=home, port_min=PORTS[0], port_max=PORTS[1], start_timeout=60,
+                   stop_timeout=30)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def env(settings: Settings) -> dict[str, str]:
+    """The environment that points the `pgoverlay` command at the test pool."""
+    return {"PGOVERLAY_HOME": os.fspath(settings.home),
+            "PGOVERLAY_PORT_MIN": str(PORTS[0]), "PGOVERLAY_PORT_MAX": str(PORTS[1])}
+
+
+@pytest.fixture(scope="session")
+def pool(settings: Settings) -> Iterator[Pool]:
+    require_root()
+    require(shutil.which("mkfs.xfs") is not None, "needs mkfs.xfs (xfsprogs)")
+    p = poolmod.init(settings, size="6G")
+    yield p
+    for b in p.registry.branches():
+        branch.teardown(p, b)
+    for base in p.registry.bases():
+        seed.remove_version(p, base.name, base.version)
+    p.registry.close()
+    for target in mounts.mounts_under(settings.home):
+        mounts.unmount(Path(target))
+    mounts.unmount(settings.home / "pool")
+    shutil.rmtree(settings.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def source(pool: Pool) -> Iterator[cluster.Running]:
+    """A live source server with an `app` database, reachable on a private socket."""
+    install = pgbin.newest()
+    work = pool.home / "source"
+    work.mkdir()
+    os.chown(work, pool.owner.uid, pool.owner.gid)
+    datadir = work / "data"
+    cluster.initdb(install, datadir, owner=pool.owner)
+    with cluster.running(install, datadir, owner=pool.owner, scratch=pool.tmp,
+                         options={"wal_level": "replica", "fsync": "off"}) as srv:
+        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:  # type: ignore[arg-type]
+            conn.execute("CREATE DATABASE app")
+            conn.execute("CREATE ROLE norepl LOGIN")
+        with psycopg.connect(**srv.conninfo(user="postgres", dbname="app"), autocommit=True) as conn:  # type: ignore[arg-type]
+            conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, "
+                         "balance numeric NOT NULL)")
+            conn.execute("INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 "
+                         "FROM generate_series(1, 200000) g")
+            conn.execute("CREATE INDEX accounts_owner ON accounts (owner)")
+            conn.execute("CHECKPOINT")
+        yield srv
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def base(pool: Pool, source: cluster.Running) -> BaseVersion:
+    return seed.seed(pool, "app", source_dsn=source_dsn(source))
