@@ -1,0 +1,241 @@
+"""Seeding and the command line: real sources, and every user error with its own exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import cli, source_dsn
+
+from pgoverlay.errors import (
+    ConfigError,
+    NotRootError,
+    PortsExhaustedError,
+    SeedBusyError,
+    SeedError,
+    SourceUnreachableError,
+    VersionMismatchError,
+)
+from pgoverlay.runner import branch, cluster, gc, locks, pgbin, prepare, seed
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+
+
+def test_seeded_base_is_prepared_with_small_wal_segments_and_metadata(
+    pool: Pool, base: BaseVersion
+) -> None:
+    store = pool.base_dir(base.name, base.version)
+    install = pgbin.for_major(15)
+    assert prepare.cluster_state(install, store, owner=pool.owner) == "shut down"
+    segments = [p for p in (store / "pg_wal").iterdir() if p.is_file() and len(p.name) == 24]
+    assert segments and all(p.stat().st_size == 1024 * 1024 for p in segments)
+    assert not (store / "backup_label").exists()
+    assert (base.pg_major, base.database, base.superuser) == (15, "app", "postgres")
+    assert base.start_lsn and "/" in base.start_lsn
+    assert base.size_bytes > 10 * 1024 * 1024
+    assert stat.S_IMODE((pool.root / "store").stat().st_mode) == 0o700
+
+
+def test_seed_list_shows_versions_and_branch_counts(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    done = cli(["seed", "list", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    listed = {(b["name"], b["version"]): b for b in json.loads(done.stdout)}
+    assert listed[("app", base.version)]["state"] == "ready"
+    assert listed[("app", base.version)]["source"].endswith(":5432")
+
+
+def test_refresh_makes_a_new_version_and_gc_removes_the_unreferenced_old_one(
+    pool: Pool, source: cluster.Running
+) -> None:
+    first = seed.seed(pool, "refreshing", source_dsn=source_dsn(source))
+    with pytest.raises(SeedError, match="--refresh"):
+        seed.seed(pool, "refreshing", source_dsn=source_dsn(source))
+    kept = branch.create(pool, "on-old-version", base_name="refreshing")
+    second = seed.seed(pool, "refreshing", source_dsn=source_dsn(source), refresh=True)
+    assert second.version == first.version + 1
+    assert gc.collect(pool).bases_removed == []  # still referenced by a branch
+    assert branch.status(pool, "on-old-version").branch.base_version == first.version
+    with psycopg.connect(**branch.connect_kwargs(pool, kept)) as conn:
+        assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+    branch.destroy(pool, "on-old-version")
+    assert gc.collect(pool).bases_removed == [f"refreshing v{first.version} (superseded)"]
+    assert not pool.store_dir("refreshing", first.version).exists()
+    assert not pool.base_dir("refreshing", first.version).exists()
+    seed.remove_version(pool, "refreshing", second.version)
+
+
+def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running) -> None:
+    dumped = seed.seed(pool, "dumped", source_dsn=source_dsn(source), via="dump")
+    try:
+        assert dumped.via == "dump"
+        b = branch.create(pool, "from-dump", base_name="dumped")
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT count(*), sum(balance) FROM accounts").fetchone() == (
+                200000, 200000 * 200001 // 2 * 10)
+        branch.destroy(pool, "from-dump")
+    finally:
+        seed.remove_version(pool, "dumped", dumped.version)
+
+
+def test_source_refusing_replication_says_to_use_dump(pool: Pool, source: cluster.Running) -> None:
+    with pytest.raises(SourceUnreachableError, match="--via dump"):
+        seed.seed(pool, "norepl", source_dsn=source_dsn(source, user="norepl"))
+    assert pool.registry.bases("norepl") == []
+    assert list((pool.root / "staging").iterdir()) == []
+
+
+def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) -> None:
+    done = cli(["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x password=hunter2secret"],
+               env=env)
+    assert done.returncode == SourceUnreachableError.exit_code
+    assert "cannot reach the source 127.0.0.1:1" in done.stderr
+    assert "hunter2secret" not in done.stderr + done.stdout
+
+
+def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
+    pool: Pool, source: cluster.Running
+) -> None:
+    with locks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"):
+        with pytest.raises(SeedBusyError, match="busy"):
+            seed.seed(pool, "busy", source_dsn=source_dsn(source))
+
+
+def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
+    pool: Pool, source: cluster.Running, env: dict[str, str]
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pgoverlay", "seed", "killed", "--from", source_dsn(source)],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not pool.registry.bases("killed") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # somewhere inside pg_basebackup or prepare
+    child.kill()
+    child.wait()
+    report = gc.collect(pool)
+    if pool.registry.bases("killed"):  # it finished before the kill
+        seed.remove_version(pool, "killed", 1)
+    else:
+        assert report.bases_removed == ["killed v1 (interrupted seed)"] or report.bases_removed == []
+    assert list((pool.root / "staging").iterdir()) == []
+    assert not (pool.root / "store" / "killed" / "1").exists()
+
+
+def test_create_with_binaries_of_another_major_is_refused(
+    pool: Pool, base: BaseVersion, tmp_path: Path, env: dict[str, str]
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "postgres").write_text("#!/bin/sh\necho 'postgres (PostgreSQL) 16.4'\n")
+    (fake / "postgres").chmod(0o755)
+    done = cli(["branch", "create", "mismatch"], env={**env, "PGOVERLAY_PG_BINDIR": os.fspath(fake)})
+    assert done.returncode == VersionMismatchError.exit_code, done.stderr
+    assert "needs Postgres 15" in done.stderr and "postgresql-15" in done.stderr
+    assert pool.registry.branch("mismatch") is None
+
+
+def test_user_errors_have_distinct_exit_codes_and_one_line(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    cases = [
+        (["branch", "create", "Bad_Name"], 15, "invalid branch name"),
+        (["branch", "create", "x", "--base", "missing"], 13, "no base named 'missing'"),
+        (["branch", "create", "x", "--ttl", "forever"], ConfigError.exit_code, "cannot read duration"),
+        (["branch", "status", "nope"], 17, "no branch named nope"),
+    ]
+    for args, code, text in cases:
+        done = cli(args, env=env)
+        assert done.returncode == code, (args, done.stderr)
+        assert text in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
+    # Fork and drop to `nobody` with everything already imported: the interpreter itself may
+    # live where `nobody` cannot read.
+    import pwd
+
+    from pgoverlay import cli as cli_module
+    from pgoverlay.runner import branch as _branch  # noqa: F401  (imported before dropping root)
+    from pgoverlay.runner import pool as _pool  # noqa: F401
+
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 2)
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            os.environ.update(env)
+            code = cli_module.main(["branch", "list"])
+            sys.stderr.flush()
+        except BaseException:
+            code = 99
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        stderr = stream.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == NotRootError.exit_code, stderr
+    assert "sudo" in stderr
+
+
+def test_exhausted_port_range_is_a_clear_error(pool: Pool, base: BaseVersion, env: dict[str, str]) -> None:
+    first = branch.create(pool, "port-holder")
+    try:
+        narrow = {**env, "PGOVERLAY_PORT_MIN": str(first.port), "PGOVERLAY_PORT_MAX": str(first.port)}
+        done = cli(["branch", "create", "no-port"], env=narrow)
+        assert done.returncode == PortsExhaustedError.exit_code, done.stderr
+        assert "PGOVERLAY_PORT_MAX" in done.stderr
+        assert pool.registry.branch("no-port") is None
+    finally:
+        branch.destroy(pool, "port-holder")
+
+
+def test_connect_prints_a_working_dsn_and_status_never_shows_the_password(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    b = branch.create(pool, "cli-view")
+    try:
+        dsn = cli(["branch", "connect", "cli-view"], env=env).stdout.strip()
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == (b.user,)
+        for args in (["branch", "status", "cli-view", "--json"], ["branch", "list", "--json"],
+                     ["branch", "list"], ["branch", "size", "cli-view"]):
+            done = cli(args, env=env)
+            assert done.returncode == 0, done.stderr
+            assert b.password not in done.stdout + done.stderr
+        status = json.loads(cli(["branch", "status", "cli-view", "--json"], env=env).stdout)
+        assert status["running"] is True and status["layer_physical_bytes"] >= 0
+    finally:
+        branch.destroy(pool, "cli-view")
+
+
+def test_doctor_passes_on_this_runner(pool: Pool, env: dict[str, str]) -> None:
+    done = cli(["doctor", "--json"], env=env)
+    checks = {c["name"]: c["verdict"] for c in json.loads(done.stdout)}
+    assert checks["root"] == "ok" and checks["reflink"] == "ok" and checks["overlayfs"] == "ok"
+    assert done.returncode == 0
+
+
+def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
+    for _ in range(2):
+        done = cli(["pool", "init"], env=env)
+        assert done.returncode == 0, done.stderr
+        assert "image mode on xfs" in done.stdout
