@@ -47,8 +47,9 @@ def discover(folder: Path) -> list[Path]:
             f"migrations folder {folder} does not exist: check the path (relative to the "
             "working directory)"
         )
-    return sorted((p for p in folder.iterdir() if p.suffix == ".sql" and p.is_file()),
-                  key=_natural_key)
+    return sorted(
+        (p for p in folder.iterdir() if p.suffix == ".sql" and p.is_file()), key=_natural_key
+    )
 
 
 def checksum(text: str) -> str:
@@ -69,8 +70,14 @@ def apply(conninfo: Mapping[str, Any], files: list[Path]) -> list[Result]:
             text = path.read_text()
             if path.name in done:
                 if done[path.name] != checksum(text):
-                    results.append(Result(path.name, "failed", 0.0,
-                                          "changed after it was applied; reset the branch"))
+                    results.append(
+                        Result(
+                            path.name,
+                            "failed",
+                            0.0,
+                            "changed after it was applied; reset the branch",
+                        )
+                    )
                     failed = True
                 else:
                     results.append(Result(path.name, "skipped", 0.0))

@@ -13,10 +13,22 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from pgoverlay.errors import ConfigError, PgoverlayError
+from pgoverlay.runner import branch, demo, doctor, gc, seed
+from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.names import parse_duration
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.sizes import format_bytes
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -24,9 +36,7 @@ err = Console(stderr=True, highlight=False)
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _settings() -> Any:
-    from pgoverlay.runner.settings import Settings
-
+def _settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
@@ -35,15 +45,11 @@ def _settings() -> Any:
         raise ConfigError(f"bad setting PGOVERLAY_{field.upper()}: {first['msg']}") from None
 
 
-def _pool() -> Any:
-    from pgoverlay.runner.pool import Pool
-
+def _pool() -> Pool:
     return Pool.open(_settings())
 
 
 def _size(n: int) -> str:
-    from pgoverlay.runner.sizes import format_bytes
-
     return format_bytes(n)
 
 
@@ -59,8 +65,13 @@ def _print_json(data: Any) -> None:
 
 def _seed_progress() -> tuple[Progress, Callable[[int, int], None]]:
     bar = Progress(
-        "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
     )
     task = bar.add_task("pg_basebackup", total=None)
 
@@ -74,12 +85,11 @@ def _seed_progress() -> tuple[Progress, Callable[[int, int], None]]:
 
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import gc, pool
 
-    p = pool.init(_settings(), size=args.size, allow_plain=args.allow_plain_overlay)
+    p = poolmod.init(_settings(), size=args.size, allow_plain=args.allow_plain_overlay)
     if p.info.mode == "plain":
-        err.print(f"[yellow]warning:[/] {pool.PLAIN_COST}")
-    info = pool.describe(p)
+        err.print(f"[yellow]warning:[/] {poolmod.PLAIN_COST}")
+    info = poolmod.describe(p)
     out.print(
         f"pool ready at {info['home']}: {info['mode']} mode on {info['filesystem']}, "
         f"{_size(int(info['free_bytes']))} free of {_size(int(info['size_bytes']))}"
@@ -91,19 +101,17 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import pool
 
-    info = pool.describe(_pool())
+    info = poolmod.describe(_pool())
     if args.json:
         _print_json(info)
     else:
         for key, value in info.items():
-            out.print(f"{key}: {_size(value) if key.endswith('bytes') else value}")  # type: ignore[arg-type]
+            out.print(f"{key}: {_size(value) if key.endswith('bytes') else value}")
     return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import doctor
 
     checks = doctor.run(_settings())
     if args.json:
@@ -116,7 +124,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import gc
 
     report = gc.collect(_pool())
     for line in report.lines():
@@ -128,7 +135,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import demo, seed
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
@@ -139,11 +145,18 @@ def cmd_seed(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with bar:
         if args.demo:
-            base = demo.seed_demo(p, args.name, scale=args.scale, refresh=args.refresh,
-                                  progress=update)
+            base = demo.seed_demo(
+                p, args.name, scale=args.scale, refresh=args.refresh, progress=update
+            )
         else:
-            base = seed.seed(p, args.name, source_dsn=args.source, refresh=args.refresh,
-                             via=args.via, progress=update)
+            base = seed.seed(
+                p,
+                args.name,
+                source_dsn=args.source,
+                refresh=args.refresh,
+                via=args.via,
+                progress=update,
+            )
     out.print(
         f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
         f"{_size(base.size_bytes)}, from {base.source} in {time.monotonic() - started:.1f} s"
@@ -155,17 +168,37 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     p = _pool()
     bases = p.registry.bases()
     refs: dict[tuple[str, int], int] = {}
-    for b in p.registry.branches():
-        refs[(b.base_name, b.base_version)] = refs.get((b.base_name, b.base_version), 0) + 1
+    for br in p.registry.branches():
+        key = (br.base_name, br.base_version)
+        refs[key] = refs.get(key, 0) + 1
     if getattr(args, "json", False):
         _print_json([{**b.__dict__, "branches": refs.get((b.name, b.version), 0)} for b in bases])
         return 0
-    table = Table("base", "version", "state", "postgres", "size", "source", "via", "start LSN",
-                  "seeded", "branches")
+    table = Table(
+        "base",
+        "version",
+        "state",
+        "postgres",
+        "size",
+        "source",
+        "via",
+        "start LSN",
+        "seeded",
+        "branches",
+    )
     for b in bases:
-        table.add_row(b.name, str(b.version), b.state, str(b.pg_major or "-"), _size(b.size_bytes),
-                      b.source, b.via, b.start_lsn or "-", _when(b.prepared_at or b.created_at),
-                      str(refs.get((b.name, b.version), 0)))
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            _size(b.size_bytes),
+            b.source,
+            b.via,
+            b.start_lsn or "-",
+            _when(b.prepared_at or b.created_at),
+            str(refs.get((b.name, b.version), 0)),
+        )
     out.print(table)
     return 0
 
@@ -174,8 +207,6 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_create(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
-    from pgoverlay.runner.names import parse_duration
 
     p = _pool()
     ttl = parse_duration(args.ttl) if args.ttl else None
@@ -185,14 +216,15 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({**branch.status(p, b.name).as_dict(), "seconds": round(elapsed, 3)})
     else:
-        out.print(f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
-                  f"(base {b.base_name} v{b.base_version})")
+        out.print(
+            f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
+            f"(base {b.base_name} v{b.base_version})"
+        )
         out.print(f"connect: pgoverlay branch connect {b.name}")
     return 0
 
 
 def cmd_branch_destroy(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     if branch.destroy(_pool(), args.name):
         out.print(f"branch {args.name} destroyed")
@@ -202,36 +234,51 @@ def cmd_branch_destroy(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_reset(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     started = time.monotonic()
     b = branch.reset(_pool(), args.name)
-    out.print(f"branch {b.name} reset to base {b.base_name} v{b.base_version} in "
-              f"{time.monotonic() - started:.2f} s (same port {b.port} and password)")
+    out.print(
+        f"branch {b.name} reset to base {b.base_name} v{b.base_version} in "
+        f"{time.monotonic() - started:.2f} s (same port {b.port} and password)"
+    )
     return 0
 
 
 def cmd_branch_list(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     rows = branch.statuses(_pool())
     if args.json:
         _print_json([s.as_dict() for s in rows])
         return 0
-    table = Table("branch", "state", "running", "base", "port", "layer (logical)",
-                  "layer (physical)", "created", "expires")
+    table = Table(
+        "branch",
+        "state",
+        "running",
+        "base",
+        "port",
+        "layer (logical)",
+        "layer (physical)",
+        "created",
+        "expires",
+    )
     for s in rows:
         b = s.branch
-        table.add_row(b.name, b.state, "yes" if s.running else "no",
-                      f"{b.base_name} v{b.base_version}", str(b.port),
-                      _size(s.layer.logical_bytes), _size(s.layer.physical_bytes),
-                      _when(b.created_at), _when(b.expires_at))
+        table.add_row(
+            b.name,
+            b.state,
+            "yes" if s.running else "no",
+            f"{b.base_name} v{b.base_version}",
+            str(b.port),
+            _size(s.layer.logical_bytes),
+            _size(s.layer.physical_bytes),
+            _when(b.created_at),
+            _when(b.expires_at),
+        )
     out.print(table)
     return 0
 
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     s = branch.status(_pool(), args.name)
     data = s.as_dict()
@@ -248,7 +295,6 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_connect(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     p = _pool()
     b = branch.get(p, args.name)
@@ -258,7 +304,6 @@ def cmd_branch_connect(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_size(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import branch
 
     p = _pool()
     branch.get(p, args.name)
@@ -266,8 +311,10 @@ def cmd_branch_size(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"logical_bytes": size.logical_bytes, "physical_bytes": size.physical_bytes})
     else:
-        out.print(f"{args.name}: {_size(size.logical_bytes)} logical, "
-                  f"{_size(size.physical_bytes)} physical (not shared with the base)")
+        out.print(
+            f"{args.name}: {_size(size.logical_bytes)} logical, "
+            f"{_size(size.physical_bytes)} physical (not shared with the base)"
+        )
     return 0
 
 
@@ -275,22 +322,25 @@ def cmd_branch_size(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pgoverlay.runner import demo
 
     p = _pool()
     bar, update = _seed_progress()
     with bar:
         result = demo.run(p, branch_name=args.branch, scale=args.scale, progress=update)
-    out.print(f"[bold]base[/] {result.base.name} v{result.base.version}: "
-              f"{_size(result.base.size_bytes)} of sample data")
+    out.print(
+        f"[bold]base[/] {result.base.name} v{result.base.version}: "
+        f"{_size(result.base.size_bytes)} of sample data"
+    )
     out.print(f"[bold]branch[/] {result.branch.name} on port {result.branch.port}")
     for name, status, seconds in result.migrations:
         out.print(f"  migration {name}: {status} ({seconds:.2f} s)")
-    out.print(f"[bold]writable layer[/] {_size(result.layer.logical_bytes)} logical, "
-              f"{_size(result.layer.physical_bytes)} physical")
+    out.print(
+        f"[bold]writable layer[/] {_size(result.layer.logical_bytes)} logical, "
+        f"{_size(result.layer.physical_bytes)} physical"
+    )
     for step, seconds in result.timings.items():
         out.print(f"  {step}: {seconds:.2f} s")
-    out.print(f"[bold]connect[/] psql \"$(pgoverlay branch connect {result.branch.name})\"")
+    out.print(f'[bold]connect[/] psql "$(pgoverlay branch connect {result.branch.name})"')
     out.print(f"[bold]destroy[/] pgoverlay branch destroy {result.branch.name}")
     failed = any(status.startswith("failed") for _, status, _ in result.migrations)
     return 21 if failed else 0
@@ -307,42 +357,63 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    pool = sub.add_parser("pool", help="prepare or inspect the storage pool").add_subparsers(
-        dest="pool_command", required=True)
-    init = pool.add_parser("init", help="prepare PGOVERLAY_HOME (idempotent; run after a reboot)")
+    pool_cmds = sub.add_parser("pool", help="prepare or inspect the storage pool").add_subparsers(
+        dest="pool_command", required=True
+    )
+    init = pool_cmds.add_parser(
+        "init", help="prepare PGOVERLAY_HOME (idempotent; run after a reboot)"
+    )
     init.add_argument("--size", help="size of the sparse XFS image when one is made (e.g. 40G)")
-    init.add_argument("--allow-plain-overlay", action="store_true",
-                      help="use plain OverlayFS without reflink (every table read copies files)")
+    init.add_argument(
+        "--allow-plain-overlay",
+        action="store_true",
+        help="use plain OverlayFS without reflink (every table read copies files)",
+    )
     init.set_defaults(func=cmd_pool_init)
-    pstatus = pool.add_parser("status", help="show the pool")
+    pstatus = pool_cmds.add_parser("status", help="show the pool")
     pstatus.add_argument("--json", action="store_true")
     pstatus.set_defaults(func=cmd_pool_status)
 
-    doctor = sub.add_parser("doctor", help="check this host can run branches")
-    doctor.add_argument("--json", action="store_true")
-    doctor.set_defaults(func=cmd_doctor)
+    doctor_cmd = sub.add_parser("doctor", help="check this host can run branches")
+    doctor_cmd.add_argument("--json", action="store_true")
+    doctor_cmd.set_defaults(func=cmd_doctor)
 
-    seed = sub.add_parser("seed", help="seed a base from a running Postgres (`seed list` lists bases)")
-    seed.add_argument("name", help="base name, or `list`")
-    seed.add_argument("--from", dest="source", metavar="DSN", help="source connection string")
-    seed.add_argument("--refresh", action="store_true", help="seed a new version of an existing base")
-    seed.add_argument("--via", choices=["basebackup", "dump"], default="basebackup",
-                      help="dump: for servers that refuse replication connections")
-    seed.add_argument("--demo", action="store_true", help="seed from a throwaway local sample database")
-    seed.add_argument("--scale", type=int, default=10, help="demo data scale (10 = a few hundred MB)")
-    seed.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
-    seed.set_defaults(func=cmd_seed)
+    seed_cmd = sub.add_parser(
+        "seed", help="seed a base from a running Postgres (`seed list` lists bases)"
+    )
+    seed_cmd.add_argument("name", help="base name, or `list`")
+    seed_cmd.add_argument("--from", dest="source", metavar="DSN", help="source connection string")
+    seed_cmd.add_argument(
+        "--refresh", action="store_true", help="seed a new version of an existing base"
+    )
+    seed_cmd.add_argument(
+        "--via",
+        choices=["basebackup", "dump"],
+        default="basebackup",
+        help="dump: for servers that refuse replication connections",
+    )
+    seed_cmd.add_argument(
+        "--demo", action="store_true", help="seed from a throwaway local sample database"
+    )
+    seed_cmd.add_argument(
+        "--scale", type=int, default=10, help="demo data scale (10 = a few hundred MB)"
+    )
+    seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
+    seed_cmd.set_defaults(func=cmd_seed)
 
-    br = sub.add_parser("branch", help="create, reset, destroy and inspect branches").add_subparsers(
-        dest="branch_command", required=True)
+    br = sub.add_parser(
+        "branch", help="create, reset, destroy and inspect branches"
+    ).add_subparsers(dest="branch_command", required=True)
     create = br.add_parser("create", help="create a branch and wait until it accepts connections")
     create.add_argument("name")
     create.add_argument("--base", help="base name (default: the only base)")
     create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_branch_create)
-    for verb, func, text in (("destroy", cmd_branch_destroy, "destroy a branch (idempotent)"),
-                             ("reset", cmd_branch_reset, "discard every change of a branch")):
+    for verb, func, text in (
+        ("destroy", cmd_branch_destroy, "destroy a branch (idempotent)"),
+        ("reset", cmd_branch_reset, "discard every change of a branch"),
+    ):
         p = br.add_parser(verb, help=text)
         p.add_argument("name")
         p.set_defaults(func=func)
@@ -362,20 +433,24 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--json", action="store_true")
     size.set_defaults(func=cmd_branch_size)
 
-    gc = sub.add_parser("gc", help="finish or undo interrupted work, reap expired branches")
-    gc.set_defaults(func=cmd_gc)
+    gc_cmd = sub.add_parser("gc", help="finish or undo interrupted work, reap expired branches")
+    gc_cmd.set_defaults(func=cmd_gc)
 
-    demo = sub.add_parser("demo", help="seed the demo base if needed, branch it, apply examples")
-    demo.add_argument("--scale", type=int, default=10)
-    demo.add_argument("--branch", default="demo")
-    demo.set_defaults(func=cmd_demo)
+    demo_cmd = sub.add_parser(
+        "demo", help="seed the demo base if needed, branch it, apply examples"
+    )
+    demo_cmd.add_argument("--scale", type=int, default=10)
+    demo_cmd.add_argument("--branch", default="demo")
+    demo_cmd.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     try:
         return int(args.func(args))
     except PgoverlayError as exc:

@@ -146,8 +146,13 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
     uid, gid = pool.owner.uid, pool.owner.gid
     try:
         lay.root.mkdir(mode=0o711)
-        for path, owned in ((lay.upper, True), (lay.work, False), (lay.data, False),
-                            (lay.conf, True), (lay.log, True)):
+        for path, owned in (
+            (lay.upper, True),
+            (lay.work, False),
+            (lay.data, False),
+            (lay.conf, True),
+            (lay.log, True),
+        ):
             path.mkdir(mode=0o700)
             if owned:
                 os.chown(path, uid, gid)
@@ -196,8 +201,12 @@ def pick_port(pool: Pool, used: set[int]) -> int:
 def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> None:
     """Create (or update) the branch's login role; only a SCRAM verifier crosses the wire."""
     with psycopg.connect(
-        host=os.fspath(lay.socket_dir), port=branch.port, user=base.superuser,
-        dbname=base.database, autocommit=True, connect_timeout=10,
+        host=os.fspath(lay.socket_dir),
+        port=branch.port,
+        user=base.superuser,
+        dbname=base.database,
+        autocommit=True,
+        connect_timeout=10,
     ) as conn:
         verifier = conn.pgconn.encrypt_password(
             branch.password.encode(), branch.user.encode(), b"scram-sha-256"
@@ -271,8 +280,9 @@ def create(
     check_name(name)
     base = resolve_base(pool, base_name)
     runtime_for(pool, base)  # refuse a major-version mismatch before touching anything
-    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
-                    what=f"branch {name}"):
+    with locks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    ):
         now = time.time()
         with pool.registry.transaction() as db:
             existing = pool.registry.branch(name)
@@ -282,11 +292,18 @@ def create(
                     f"or `pgoverlay branch reset {name}` / `pgoverlay branch destroy {name}`"
                 )
             branch = Branch(
-                name=name, base_name=base.name, base_version=base.version, state="creating",
-                step="registered", port=pick_port(pool, pool.registry.used_ports(db)),
-                runtime="local", user=pool.settings.branch_user,
-                password=secrets.token_urlsafe(24), database=base.database,
-                created_at=now, ready_at=None,
+                name=name,
+                base_name=base.name,
+                base_version=base.version,
+                state="creating",
+                step="registered",
+                port=pick_port(pool, pool.registry.used_ports(db)),
+                runtime="local",
+                user=pool.settings.branch_user,
+                password=secrets.token_urlsafe(24),
+                database=base.database,
+                created_at=now,
+                ready_at=None,
                 expires_at=now + ttl_seconds if ttl_seconds else None,
             )
             pool.registry.insert_branch(db, branch)
@@ -321,8 +338,9 @@ def teardown(pool: Pool, branch: Branch) -> None:
 def destroy(pool: Pool, name: str) -> bool:
     """Destroy ``name``; False if there was nothing to destroy."""
     check_name(name)
-    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
-                    what=f"branch {name}"):
+    with locks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    ):
         branch = pool.registry.branch(name)
         if branch is None:
             return False
@@ -335,8 +353,9 @@ def destroy(pool: Pool, name: str) -> bool:
 def reset(pool: Pool, name: str) -> Branch:
     """Discard every change: back to the base version, same port and password."""
     check_name(name)
-    with locks.hold(pool.lock_path("branch", name), timeout=pool.settings.lock_timeout,
-                    what=f"branch {name}"):
+    with locks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    ):
         branch = _get(pool, name)
         pool.registry.update_branch(name, state="resetting", step="")
         fault(pool, "reset:marked")
@@ -437,8 +456,9 @@ def status(pool: Pool, name: str) -> Status:
     if base is not None:
         with contextlib.suppress(Exception):
             running = runtime_for(pool, base).is_running(layout(pool, name))
-    return Status(branch=branch, running=running, host=pool.settings.public_host,
-                  layer=layer_size(pool, name))
+    return Status(
+        branch=branch, running=running, host=pool.settings.public_host, layer=layer_size(pool, name)
+    )
 
 
 def statuses(pool: Pool) -> list[Status]:

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pgoverlay.runner import postmaster, proc
 from pgoverlay.runner.pgbin import PgInstall
@@ -24,17 +25,37 @@ class Running:
     port: int
     datadir: Path
 
-    def conninfo(self, *, user: str, dbname: str = "postgres") -> dict[str, object]:
-        return {"host": os.fspath(self.socket_dir), "port": self.port, "user": user,
-                "dbname": dbname}
+    def conninfo(self, *, user: str, dbname: str = "postgres") -> dict[str, Any]:
+        return {
+            "host": os.fspath(self.socket_dir),
+            "port": self.port,
+            "user": user,
+            "dbname": dbname,
+        }
 
 
-def initdb(install: PgInstall, datadir: Path, *, owner: OsUser, superuser: str = "postgres",
-           timeout: float = 300) -> None:
+def initdb(
+    install: PgInstall,
+    datadir: Path,
+    *,
+    owner: OsUser,
+    superuser: str = "postgres",
+    timeout: float = 300,
+) -> None:
     proc.run(
-        [install.tool("initdb"), "-D", datadir, "-U", superuser, "--auth=trust",
-         "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions"],
-        timeout=timeout, user=owner,
+        [
+            install.tool("initdb"),
+            "-D",
+            datadir,
+            "-U",
+            superuser,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+            "--no-instructions",
+        ],
+        timeout=timeout,
+        user=owner,
     )
 
 
@@ -85,8 +106,9 @@ def running(
         }
         settings.update(options or {})
         log_path = work / "postgres.log"
-        child = postmaster.start(install, datadir=datadir, options=settings, user=owner,
-                                 log_path=log_path)
+        child = postmaster.start(
+            install, datadir=datadir, options=settings, user=owner, log_path=log_path
+        )
         try:
             postmaster.wait_ready(datadir, child=child, log_path=log_path, timeout=timeout)
             yield Running(socket_dir=work, port=PRIVATE_PORT, datadir=datadir)

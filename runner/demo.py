@@ -26,8 +26,14 @@ def source_dir(pool: Pool, name: str) -> Path:
     return pool.tmp / f"demo-source-{name}"
 
 
-def seed_demo(pool: Pool, name: str = "demo", *, scale: int = DEFAULT_SCALE, refresh: bool = False,
-              progress: seed.Progress | None = None) -> BaseVersion:
+def seed_demo(
+    pool: Pool,
+    name: str = "demo",
+    *,
+    scale: int = DEFAULT_SCALE,
+    refresh: bool = False,
+    progress: seed.Progress | None = None,
+) -> BaseVersion:
     """Build a local source with sample data, seed base ``name`` from it, throw the source away."""
     install = pgbin.newest(pool.settings.pg_bindir)
     work = source_dir(pool, name)
@@ -37,21 +43,36 @@ def seed_demo(pool: Pool, name: str = "demo", *, scale: int = DEFAULT_SCALE, ref
     datadir = work / "data"
     try:
         cluster.initdb(install, datadir, owner=pool.owner)
-        options = {"wal_level": "replica", "max_wal_senders": "4", "fsync": "off",
-                   "synchronous_commit": "off", "max_wal_size": "4GB"}
-        with cluster.running(install, datadir, owner=pool.owner, scratch=pool.tmp,
-                             options=options) as srv:
-            with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:  # type: ignore[arg-type]
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(
-                    sql.Identifier(demo_data.DEMO_DATABASE)))
-            with psycopg.connect(**srv.conninfo(user="postgres",  # type: ignore[arg-type]
-                                                dbname=demo_data.DEMO_DATABASE),
-                                 autocommit=True) as conn:
+        options = {
+            "wal_level": "replica",
+            "max_wal_senders": "4",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "max_wal_size": "4GB",
+        }
+        with cluster.running(
+            install, datadir, owner=pool.owner, scratch=pool.tmp, options=options
+        ) as srv:
+            with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {}").format(sql.Identifier(demo_data.DEMO_DATABASE))
+                )
+            with psycopg.connect(
+                **srv.conninfo(
+                    user="postgres",
+                    dbname=demo_data.DEMO_DATABASE,
+                ),
+                autocommit=True,
+            ) as conn:
                 for statement in demo_data.demo_schema_sql() + demo_data.demo_data_sql(scale):
                     conn.execute(statement.encode())
                 conn.execute("CHECKPOINT")
-            dsn = make_conninfo(host=os.fspath(srv.socket_dir), port=srv.port, user="postgres",
-                                dbname=demo_data.DEMO_DATABASE)
+            dsn = make_conninfo(
+                host=os.fspath(srv.socket_dir),
+                port=srv.port,
+                user="postgres",
+                dbname=demo_data.DEMO_DATABASE,
+            )
             return seed.seed(pool, name, source_dsn=dsn, refresh=refresh, progress=progress)
     finally:
         cleanup_source(pool, name)
@@ -66,8 +87,11 @@ def cleanup_source(pool: Pool, name: str) -> None:
 
 def leftover_sources(pool: Pool) -> list[str]:
     """Names whose demo source a killed process left behind (and nobody is seeding now)."""
-    return [p.name.removeprefix("demo-source-") for p in pool.tmp.glob("demo-source-*")
-            if locks.is_free(pool.lock_path("seed", p.name.removeprefix("demo-source-")))]
+    return [
+        p.name.removeprefix("demo-source-")
+        for p in pool.tmp.glob("demo-source-*")
+        if locks.is_free(pool.lock_path("seed", p.name.removeprefix("demo-source-")))
+    ]
 
 
 def example_migrations() -> Path:
@@ -86,8 +110,14 @@ class DemoRun:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def run(pool: Pool, *, branch_name: str = "demo", base_name: str = "demo",
-        scale: int = DEFAULT_SCALE, progress: seed.Progress | None = None) -> DemoRun:
+def run(
+    pool: Pool,
+    *,
+    branch_name: str = "demo",
+    base_name: str = "demo",
+    scale: int = DEFAULT_SCALE,
+    progress: seed.Progress | None = None,
+) -> DemoRun:
     from pgoverlay.action import migrations
 
     timings: dict[str, float] = {}
@@ -104,15 +134,18 @@ def run(pool: Pool, *, branch_name: str = "demo", base_name: str = "demo",
     branch = branches.create(pool, branch_name, base_name=base.name)
     timings["create branch"] = time.monotonic() - mark
     mark = time.monotonic()
-    results = migrations.apply(branches.connect_kwargs(pool, branch),
-                               migrations.discover(example_migrations()))
+    results = migrations.apply(
+        branches.connect_kwargs(pool, branch), migrations.discover(example_migrations())
+    )
     timings["apply migrations"] = time.monotonic() - mark
     return DemoRun(
         base=base,
         branch=branch,
         url=branches.url(pool, branch),
         layer=branches.layer_size(pool, branch_name),
-        migrations=[(r.name, r.status if not r.error else f"{r.status}: {r.error}", r.seconds)
-                    for r in results],
+        migrations=[
+            (r.name, r.status if not r.error else f"{r.status}: {r.error}", r.seconds)
+            for r in results
+        ],
         timings=timings,
     )

@@ -45,7 +45,9 @@ def _pool(settings: Settings) -> list[Check]:
     if info is None:
         return [Check("pool", "fail", f"no pool at {settings.home}: run `pgoverlay pool init`")]
     if info.mode == "image" and not mounts.is_mounted(root):
-        return [Check("pool", "fail", f"pool image not mounted at {root}: run `pgoverlay pool init`")]
+        return [
+            Check("pool", "fail", f"pool image not mounted at {root}: run `pgoverlay pool init`")
+        ]
     checks = [Check("pool", "ok", f"{root} ({info.mode})")]
     if info.mode == "plain":
         checks.append(Check("reflink", "warn", f"plain OverlayFS pool: {PLAIN_COST}"))
@@ -54,9 +56,16 @@ def _pool(settings: Settings) -> list[Check]:
     else:
         checks.append(Check("reflink", "fail", f"{root} does not support reflink"))
     usage = shutil.disk_usage(root)
-    verdict: Verdict = "ok" if usage.free > 2 * GIB else ("warn" if usage.free > 256 * 1024**2 else "fail")
-    checks.append(Check("free space", verdict,
-                        f"{usage.free / GIB:.1f} GiB free of {usage.total / GIB:.1f} GiB in the pool"))
+    verdict: Verdict = (
+        "ok" if usage.free > 2 * GIB else ("warn" if usage.free > 256 * 1024**2 else "fail")
+    )
+    checks.append(
+        Check(
+            "free space",
+            verdict,
+            f"{usage.free / GIB:.1f} GiB free of {usage.total / GIB:.1f} GiB in the pool",
+        )
+    )
     db = root / "registry.db"
     if db.exists() and os.access(db, os.R_OK):
         registry = Registry(db)
@@ -65,10 +74,17 @@ def _pool(settings: Settings) -> list[Check]:
         have = pgbin.installs(settings.pg_bindir)
         for major in needed:
             if major in have:
-                checks.append(Check(f"postgres {major}", "ok", f"bases of Postgres {major} can branch"))
+                checks.append(
+                    Check(f"postgres {major}", "ok", f"bases of Postgres {major} can branch")
+                )
             else:
-                checks.append(Check(f"postgres {major}", "fail",
-                                    f"a base needs Postgres {major}: install postgresql-{major}"))
+                checks.append(
+                    Check(
+                        f"postgres {major}",
+                        "fail",
+                        f"a base needs Postgres {major}: install postgresql-{major}",
+                    )
+                )
     return checks
 
 
@@ -79,8 +95,11 @@ def _binaries(settings: Settings) -> Check:
         return Check("postgres binaries", "fail", str(err))
     usable = {m: i for m, i in found.items() if m >= pgbin.MIN_MAJOR}
     if not usable:
-        return Check("postgres binaries", "fail",
-                     "no Postgres 14+ server binaries: apt-get install postgresql")
+        return Check(
+            "postgres binaries",
+            "fail",
+            "no Postgres 14+ server binaries: apt-get install postgresql",
+        )
     listed = ", ".join(f"{i.version} ({i.bindir})" for _, i in sorted(usable.items()))
     return Check("postgres binaries", "ok", listed)
 
@@ -95,7 +114,9 @@ def _docker() -> Check:
         return Check("docker", "ok", f"Docker {version} reachable")
     except Exception as err:  # any failure just means "not reachable"
         reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        return Check("docker", "warn", f"Docker not reachable ({reason}); the local runtime is used")
+        return Check(
+            "docker", "warn", f"Docker not reachable ({reason}); the local runtime is used"
+        )
 
 
 def run(settings: Settings) -> list[Check]:

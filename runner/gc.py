@@ -94,8 +94,9 @@ def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
     for target in mounts.mounts_under(root):
         name = Path(target).relative_to(root).parts[0]
         if name not in known and locks.is_free(pool.lock_path("branch", name)):
-            postmaster.stop(root / name / "upper" / "postmaster.pid",
-                            timeout=pool.settings.stop_timeout)
+            postmaster.stop(
+                root / name / "upper" / "postmaster.pid", timeout=pool.settings.stop_timeout
+            )
             mounts.unmount(Path(target))
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         if path.name in known or not locks.is_free(pool.lock_path("branch", path.name)):

@@ -40,8 +40,10 @@ def hold(
     try:
         if not _try(fd):
             if timeout <= 0:
-                raise busy(f"{what} is busy: another pgoverlay process is working on it; "
-                           "wait for it to finish")
+                raise busy(
+                    f"{what} is busy: another pgoverlay process is working on it; "
+                    "wait for it to finish"
+                )
             try:
                 wait_for(lambda: _try(fd), timeout=timeout, what=what, max_interval=0.1)
             except TimeoutExpiredError:

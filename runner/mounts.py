@@ -74,7 +74,9 @@ def mount_overlay(*, lower: Path, upper: Path, work: Path, target: Path) -> None
         f"workdir={_check_option_path(work)}"
     )
     try:
-        proc.run(["mount", "-t", "overlay", "overlay", "-o", options, target], timeout=MOUNT_TIMEOUT)
+        proc.run(
+            ["mount", "-t", "overlay", "overlay", "-o", options, target], timeout=MOUNT_TIMEOUT
+        )
     except CommandError as err:
         if "No space left" in err.stderr:
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None

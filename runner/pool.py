@@ -24,7 +24,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pgoverlay.errors import ConfigError, NotRootError, OverlayUnsupportedError, PoolError
 from pgoverlay.runner import mounts, proc
@@ -76,7 +76,9 @@ def fs_type(path: Path) -> str:
     best, kind = "", "unknown"
     target = os.fspath(path.resolve())
     for point, fstype in mounts.mounted().items():
-        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(
+            best
+        ):
             best, kind = point, fstype
     return kind
 
@@ -152,7 +154,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(number) * units[unit]
     except ValueError:
-        raise ConfigError(f"cannot read size {text!r}: use a number with K, M, G or T, e.g. 40G") from None
+        raise ConfigError(
+            f"cannot read size {text!r}: use a number with K, M, G or T, e.g. 40G"
+        ) from None
     if value <= 0:
         raise ConfigError(f"size {text!r} must be positive")
     return int(value)
@@ -230,8 +234,14 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
     (home / "pool.json").write_text(
         json.dumps({"mode": info.mode, "image_bytes": info.image_bytes}, indent=2) + "\n"
     )
-    for sub, mode in (("locks", 0o700), ("store", 0o700), ("tmp", 0o711), ("staging", 0o711),
-                      ("bases", 0o755), ("branches", 0o711)):
+    for sub, mode in (
+        ("locks", 0o700),
+        ("store", 0o700),
+        ("tmp", 0o711),
+        ("staging", 0o711),
+        ("bases", 0o755),
+        ("branches", 0o711),
+    ):
         (root / sub).mkdir(exist_ok=True)
         os.chmod(root / sub, mode)
     os.chmod(root, 0o711)
@@ -252,7 +262,7 @@ def remount_bases(pool: Pool) -> None:
             mounts.bind_readonly(store, target)
 
 
-def describe(pool: Pool) -> dict[str, object]:
+def describe(pool: Pool) -> dict[str, Any]:
     usage = shutil.disk_usage(pool.root)
     return {
         "home": os.fspath(pool.home),

@@ -7,6 +7,7 @@ process's start time and command before signalling it. A server is stopped by it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,10 +68,8 @@ def process_start_epoch(pid: int) -> float | None:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] in ("Z", "X"):
-        try:  # our own child: reap it
+        with contextlib.suppress(ChildProcessError):  # our own child: reap it
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         return None
     ticks = int(fields[19])
     return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
@@ -157,7 +156,5 @@ def stop(pidfile: Path, *, timeout: float) -> bool:
 
 
 def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -11,6 +11,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -25,8 +26,7 @@ _STATE = re.compile(r"^Database cluster state:\s+(.+)$", re.MULTILINE)
 _START_LSN = re.compile(r"^START WAL LOCATION:\s+(\S+)", re.MULTILINE)
 # Files a base must not carry into branches: they would make a branch a standby, or are
 # leftovers of the source's running server.
-_DROP = ("standby.signal", "recovery.signal", "postmaster.pid", "postmaster.opts",
-         "recovery.conf")
+_DROP = ("standby.signal", "recovery.signal", "postmaster.pid", "postmaster.opts", "recovery.conf")
 
 
 @dataclass(frozen=True)
@@ -50,40 +50,62 @@ def cluster_state(install: PgInstall, datadir: Path, *, owner: OsUser) -> str:
     return match.group(1).strip() if match else "unknown"
 
 
-def _connect_any(running: cluster.Running, candidates: list[str]) -> psycopg.Connection[tuple]:  # type: ignore[type-arg]
+def _connect_any(
+    running: cluster.Running, candidates: list[str]
+) -> psycopg.Connection[tuple[Any, ...]]:
     last: Exception | None = None
     for user in dict.fromkeys(c for c in candidates if c):
         try:
-            return psycopg.connect(**running.conninfo(user=user), autocommit=True,  # type: ignore[arg-type]
-                                   connect_timeout=10)
+            return psycopg.connect(
+                **running.conninfo(user=user),
+                autocommit=True,
+                connect_timeout=10,
+            )
         except psycopg.OperationalError as err:
             last = err
     raise SeedError(f"cannot connect to the base while preparing it: {last}")
 
 
 def prepare(
-    install: PgInstall, datadir: Path, *, owner: OsUser, scratch: Path, login_candidates: list[str],
+    install: PgInstall,
+    datadir: Path,
+    *,
+    owner: OsUser,
+    scratch: Path,
+    login_candidates: list[str],
     timeout: float,
 ) -> Prepared:
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
-    with cluster.running(install, datadir, owner=owner, scratch=scratch, timeout=timeout) as srv:
-        with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
-            row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
-            superuser = str(row[0]) if row else "postgres"
-            size_row = conn.execute("SELECT sum(pg_database_size(oid))::bigint FROM pg_database").fetchone()
-            databases = [str(r[0]) for r in conn.execute(
-                "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname")]
-            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
-                raise SeedError("the base is still in recovery after start; it cannot be prepared")
-            conn.execute("CHECKPOINT")
+    with (
+        cluster.running(install, datadir, owner=owner, scratch=scratch, timeout=timeout) as srv,
+        _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn,
+    ):
+        row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+        superuser = str(row[0]) if row else "postgres"
+        size_row = conn.execute(
+            "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
+        ).fetchone()
+        databases = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
+            )
+        ]
+        if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+            raise SeedError("the base is still in recovery after start; it cannot be prepared")
+        conn.execute("CHECKPOINT")
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
             f"the base's control file says {state!r} after a clean stop, expected 'shut down'; "
             "the base was not prepared"
         )
-    proc.run([install.tool("pg_resetwal"), "--wal-segsize=1", "-D", datadir], timeout=600,
-             user=owner)
-    return Prepared(superuser=superuser, size_bytes=int(size_row[0] or 0) if size_row else 0,
-                    databases=databases)
+    proc.run(
+        [install.tool("pg_resetwal"), "--wal-segsize=1", "-D", datadir], timeout=600, user=owner
+    )
+    return Prepared(
+        superuser=superuser,
+        size_bytes=int(size_row[0] or 0) if size_row else 0,
+        databases=databases,
+    )

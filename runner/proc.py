@@ -39,12 +39,15 @@ class OsUser:
         except KeyError:
             raise PostgresBinariesError(
                 f"OS user {name!r} does not exist: install the Postgres server package "
-                f"(apt-get install postgresql) or set PGOVERLAY_OS_USER to the user that runs Postgres"
+                "(apt-get install postgresql) or set PGOVERLAY_OS_USER to the user that runs "
+                "Postgres"
             ) from None
         return cls(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
 
-def child_env(extra: Mapping[str, str] | None = None, *, user: OsUser | None = None) -> dict[str, str]:
+def child_env(
+    extra: Mapping[str, str] | None = None, *, user: OsUser | None = None
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     env.setdefault("LANG", "C.UTF-8")
@@ -57,10 +60,11 @@ def child_env(extra: Mapping[str, str] | None = None, *, user: OsUser | None = N
     return env
 
 
-def _demote(user: OsUser | None) -> dict[str, object]:
+def _identity(user: OsUser | None) -> tuple[int | None, int | None, list[int] | None]:
+    """uid, gid and supplementary groups for the child; Nones to stay who we are."""
     if user is None or os.geteuid() == user.uid:
-        return {}
-    return {"user": user.uid, "group": user.gid, "extra_groups": []}
+        return None, None, None
+    return user.uid, user.gid, []
 
 
 def run(
@@ -76,22 +80,29 @@ def run(
     """Run a program to completion; raise CommandError with its stderr if it fails."""
     args = [os.fspath(a) for a in argv]
     log.debug("run %s", args)
+    uid, gid, groups = _identity(user)
     try:
         done = subprocess.run(
             args,
             env=child_env(env, user=user),
-            cwd=cwd if cwd is not None else (user.home if user and Path(user.home).is_dir() else "/"),
+            cwd=cwd
+            if cwd is not None
+            else (user.home if user and Path(user.home).is_dir() else "/"),
             input=input_text,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
-            **_demote(user),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
     except FileNotFoundError:
         raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None
     except subprocess.TimeoutExpired:
-        raise TimeoutExpiredError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s") from None
+        raise TimeoutExpiredError(
+            f"{Path(args[0]).name} did not finish within {timeout:.0f} s"
+        ) from None
     if check and done.returncode != 0:
         raise CommandError(
             f"{Path(args[0]).name} failed (exit {done.returncode}): {last_lines(done.stderr)}",
@@ -116,6 +127,7 @@ def spawn(
     """
     args = [os.fspath(a) for a in argv]
     log.debug("spawn %s", args)
+    uid, gid, groups = _identity(user)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     if user is not None:
         os.fchown(fd, user.uid, user.gid)
@@ -129,7 +141,9 @@ def spawn(
             stderr=fd,
             start_new_session=True,
             close_fds=True,
-            **_demote(user),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
     finally:
         os.close(fd)
@@ -157,6 +171,7 @@ def run_streaming(
 
     args = [os.fspath(a) for a in argv]
     log.debug("run %s", args)
+    uid, gid, groups = _identity(user)
     try:
         child = subprocess.Popen(
             args,
@@ -165,7 +180,9 @@ def run_streaming(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            **_demote(user),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
     except FileNotFoundError:
         raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None
@@ -180,7 +197,9 @@ def run_streaming(
             if remaining <= 0:
                 child.kill()
                 child.wait()
-                raise TimeoutExpiredError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s")
+                raise TimeoutExpiredError(
+                    f"{Path(args[0]).name} did not finish within {timeout:.0f} s"
+                )
             if not sel.select(timeout=min(remaining, 1.0)):
                 continue
             chunk = os.read(child.stderr.fileno(), 65536)

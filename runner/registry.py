@@ -193,7 +193,9 @@ class Registry:
             raise ValueError(f"unknown branch fields: {sorted(unknown)}")
         assignments = ", ".join(f"{key} = ?" for key in values)
         with self.transaction() as db:
-            db.execute(f"UPDATE branches SET {assignments} WHERE name = ?", (*values.values(), name))
+            db.execute(
+                f"UPDATE branches SET {assignments} WHERE name = ?", (*values.values(), name)
+            )
 
     def delete_branch(self, name: str) -> None:
         with self.transaction() as db:

@@ -69,7 +69,7 @@ class Source:
             ) from None
         password = params.pop("password", None)
         return cls(
-            conninfo=make_conninfo(**{k: v for k, v in params.items() if v is not None}),
+            conninfo=make_conninfo("", **{k: v for k, v in params.items() if v is not None}),
             password=str(password) if password else None,
             host=str(params.get("host") or "localhost"),
             port=str(params.get("port") or "5432"),
@@ -102,8 +102,9 @@ def _own(pool: Pool, path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def _basebackup(pool: Pool, install: PgInstall, src: Source, target: Path,
-                progress: Progress | None) -> None:
+def _basebackup(
+    pool: Pool, install: PgInstall, src: Source, target: Path, progress: Progress | None
+) -> None:
     def on_line(line: str) -> None:
         match = _PROGRESS.search(line)
         if match and progress is not None:
@@ -111,19 +112,39 @@ def _basebackup(pool: Pool, install: PgInstall, src: Source, target: Path,
 
     try:
         proc.run_streaming(
-            [install.tool("pg_basebackup"), "-D", target, "-d", src.conninfo, "-X", "stream",
-             "-c", "fast", "--progress", "--no-password"],
-            timeout=pool.settings.command_timeout, on_line=on_line, env=src.env, user=pool.owner,
+            [
+                install.tool("pg_basebackup"),
+                "-D",
+                target,
+                "-d",
+                src.conninfo,
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--progress",
+                "--no-password",
+            ],
+            timeout=pool.settings.command_timeout,
+            on_line=on_line,
+            env=src.env,
+            user=pool.owner,
         )
     except CommandError as err:
         if any(marker in err.stderr for marker in _REFUSED_REPLICATION):
             raise SourceUnreachableError(
-                f"the source {src.label} refuses replication connections ({proc.last_lines(err.stderr, 1)}): "
+                f"the source {src.label} refuses replication connections "
+                f"({proc.last_lines(err.stderr, 1)}): "
                 "grant the user REPLICATION and allow it in pg_hba.conf, or seed with --via dump"
             ) from None
-        raise SeedError(f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}") from None
-    proc.run([install.tool("pg_verifybackup"), "--quiet", target], timeout=pool.settings.command_timeout,
-             user=pool.owner)
+        raise SeedError(
+            f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}"
+        ) from None
+    proc.run(
+        [install.tool("pg_verifybackup"), "--quiet", target],
+        timeout=pool.settings.command_timeout,
+        user=pool.owner,
+    )
 
 
 def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> str:
@@ -131,25 +152,61 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
     cluster.initdb(install, target, owner=pool.owner)
     with cluster.running(install, target, owner=pool.owner, scratch=pool.tmp) as srv:
         globals_sql = proc.run(
-            [install.tool("pg_dumpall"), "--globals-only", "--no-role-passwords", "-d", src.conninfo,
-             "--no-password"],
-            timeout=pool.settings.command_timeout, env=src.env, user=pool.owner,
+            [
+                install.tool("pg_dumpall"),
+                "--globals-only",
+                "--no-role-passwords",
+                "-d",
+                src.conninfo,
+                "--no-password",
+            ],
+            timeout=pool.settings.command_timeout,
+            env=src.env,
+            user=pool.owner,
         ).stdout
         # Roles that already exist (the bootstrap superuser) fail harmlessly: no ON_ERROR_STOP.
         proc.run(
-            [install.tool("psql"), "-X", "-q", "-h", srv.socket_dir, "-p", str(srv.port),
-             "-U", "postgres", "-d", "postgres"],
-            timeout=pool.settings.command_timeout, user=pool.owner, input_text=globals_sql,
+            [
+                install.tool("psql"),
+                "-X",
+                "-q",
+                "-h",
+                srv.socket_dir,
+                "-p",
+                str(srv.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ],
+            timeout=pool.settings.command_timeout,
+            user=pool.owner,
+            input_text=globals_sql,
         )
         dump = srv.socket_dir / "source.dump"
         proc.run(
             [install.tool("pg_dump"), "-Fc", "-f", dump, "-d", src.conninfo, "--no-password"],
-            timeout=pool.settings.command_timeout, env=src.env, user=pool.owner,
+            timeout=pool.settings.command_timeout,
+            env=src.env,
+            user=pool.owner,
         )
         proc.run(
-            [install.tool("pg_restore"), "--create", "--exit-on-error", "-h", srv.socket_dir,
-             "-p", str(srv.port), "-U", "postgres", "-d", "postgres", dump],
-            timeout=pool.settings.command_timeout, user=pool.owner,
+            [
+                install.tool("pg_restore"),
+                "--create",
+                "--exit-on-error",
+                "-h",
+                srv.socket_dir,
+                "-p",
+                str(srv.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                dump,
+            ],
+            timeout=pool.settings.command_timeout,
+            user=pool.owner,
         )
     return "postgres"
 
@@ -165,8 +222,9 @@ def seed(
 ) -> BaseVersion:
     check_name(name, what="base")
     src = Source.parse(source_dsn)
-    with locks.hold(pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}",
-                    busy=SeedBusyError):
+    with locks.hold(
+        pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
+    ):
         existing = pool.registry.latest_base(name)
         if existing is not None and not refresh:
             raise SeedError(
@@ -182,8 +240,9 @@ def seed(
         return _seed_version(pool, name, src, install, via=via, progress=progress)
 
 
-def _seed_version(pool: Pool, name: str, src: Source, install: PgInstall, *, via: Via,
-                  progress: Progress | None) -> BaseVersion:
+def _seed_version(
+    pool: Pool, name: str, src: Source, install: PgInstall, *, via: Via, progress: Progress | None
+) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     staging = pool.staging_dir(name, version)
     try:
@@ -196,8 +255,14 @@ def _seed_version(pool: Pool, name: str, src: Source, install: PgInstall, *, via
         else:
             candidates = [_dump_restore(pool, install, src, staging)]
             lsn = ""
-        result = prepare.prepare(install, staging, owner=pool.owner, scratch=pool.tmp,
-                                 login_candidates=candidates, timeout=pool.settings.command_timeout)
+        result = prepare.prepare(
+            install,
+            staging,
+            owner=pool.owner,
+            scratch=pool.tmp,
+            login_candidates=candidates,
+            timeout=pool.settings.command_timeout,
+        )
         if src.dbname not in result.databases:
             raise SeedError(
                 f"database {src.dbname!r} from the DSN is not in the base "
@@ -210,9 +275,16 @@ def _seed_version(pool: Pool, name: str, src: Source, install: PgInstall, *, via
         target.mkdir(parents=True, exist_ok=True)
         mounts.bind_readonly(store, target)
         pool.registry.update_base(
-            name, version, state="ready", pg_major=install.major, start_lsn=lsn,
-            size_bytes=result.size_bytes, superuser=result.superuser, database=src.dbname,
-            owner_uid=pool.owner.uid, prepared_at=time.time(),
+            name,
+            version,
+            state="ready",
+            pg_major=install.major,
+            start_lsn=lsn,
+            size_bytes=result.size_bytes,
+            superuser=result.superuser,
+            database=src.dbname,
+            owner_uid=pool.owner.uid,
+            prepared_at=time.time(),
         )
     except BaseException:
         log.warning("seeding %s version %s failed; removing it", name, version)

@@ -37,7 +37,9 @@ class Settings(BaseSettings):
     @classmethod
     def _plain_role_name(cls, value: str) -> str:
         if not value.replace("_", "").isalnum() or not value[0].isalpha():
-            raise ValueError("branch_user must be letters, digits and underscores, starting with a letter")
+            raise ValueError(
+                "branch_user must be letters, digits and underscores, starting with a letter"
+            )
         return value
 
     @model_validator(mode="after")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import require, require_root, source_dsn
 
+from helpers import require, require_root, source_dsn
 from pgoverlay.runner import branch, cluster, mounts, pgbin, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
@@ -25,16 +25,20 @@ PORTS = (57000, 57199)
 def settings() -> Iterator[Settings]:
     # Not under pytest's tmp_path: its parents are 0700, and Postgres runs as another user.
     home = Path(tempfile.mkdtemp(prefix="pgoverlay-test-", dir="/var/tmp"))
-    yield Settings(home=home, port_min=PORTS[0], port_max=PORTS[1], start_timeout=60,
-                   stop_timeout=30)
+    yield Settings(
+        home=home, port_min=PORTS[0], port_max=PORTS[1], start_timeout=60, stop_timeout=30
+    )
     shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def env(settings: Settings) -> dict[str, str]:
     """The environment that points the `pgoverlay` command at the test pool."""
-    return {"PGOVERLAY_HOME": os.fspath(settings.home),
-            "PGOVERLAY_PORT_MIN": str(PORTS[0]), "PGOVERLAY_PORT_MAX": str(PORTS[1])}
+    return {
+        "PGOVERLAY_HOME": os.fspath(settings.home),
+        "PGOVERLAY_PORT_MIN": str(PORTS[0]),
+        "PGOVERLAY_PORT_MAX": str(PORTS[1]),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -63,16 +67,27 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
     os.chown(work, pool.owner.uid, pool.owner.gid)
     datadir = work / "data"
     cluster.initdb(install, datadir, owner=pool.owner)
-    with cluster.running(install, datadir, owner=pool.owner, scratch=pool.tmp,
-                         options={"wal_level": "replica", "fsync": "off"}) as srv:
-        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:  # type: ignore[arg-type]
+    with cluster.running(
+        install,
+        datadir,
+        owner=pool.owner,
+        scratch=pool.tmp,
+        options={"wal_level": "replica", "fsync": "off"},
+    ) as srv:
+        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
             conn.execute("CREATE DATABASE app")
             conn.execute("CREATE ROLE norepl LOGIN")
-        with psycopg.connect(**srv.conninfo(user="postgres", dbname="app"), autocommit=True) as conn:  # type: ignore[arg-type]
-            conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, "
-                         "balance numeric NOT NULL)")
-            conn.execute("INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 "
-                         "FROM generate_series(1, 200000) g")
+        with psycopg.connect(
+            **srv.conninfo(user="postgres", dbname="app"), autocommit=True
+        ) as conn:
+            conn.execute(
+                "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, "
+                "balance numeric NOT NULL)"
+            )
+            conn.execute(
+                "INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 "
+                "FROM generate_series(1, 200000) g"
+            )
             conn.execute("CREATE INDEX accounts_owner ON accounts (owner)")
             conn.execute("CHECKPOINT")
         yield srv

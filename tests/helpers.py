@@ -17,8 +17,9 @@ from pgoverlay.runner.pool import Pool
 
 
 def source_dsn(srv: cluster.Running, *, user: str = "postgres", dbname: str = "app") -> str:
-    return psycopg.conninfo.make_conninfo(host=os.fspath(srv.socket_dir), port=srv.port,
-                                          user=user, dbname=dbname)
+    return psycopg.conninfo.make_conninfo(
+        host=os.fspath(srv.socket_dir), port=srv.port, user=user, dbname=dbname
+    )
 
 
 def require(condition: bool, reason: str) -> None:
@@ -34,14 +35,22 @@ def require_root() -> None:
     require(os.geteuid() == 0, "needs root (mounts and Postgres as another user)")
 
 
-def cli(args: list[str], *, env: Mapping[str, str], timeout: float = 300,
-        user: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    args: list[str], *, env: Mapping[str, str], timeout: float = 300, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real `pgoverlay` command in a child process."""
     argv = [sys.executable, "-m", "pgoverlay", *args]
     if user is not None:
         argv = ["runuser", "-u", user, "--", *argv]
-    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd="/")
+    return subprocess.run(
+        argv,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd="/",
+    )
 
 
 def postgres_processes_for(path: Path) -> list[int]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import assert_no_leaks, postgres_processes_for
 
+from helpers import assert_no_leaks, postgres_processes_for
 from pgoverlay.errors import BranchExistsError, BranchMissingError, InvalidNameError
 from pgoverlay.runner import branch, gc, postmaster
 from pgoverlay.runner.pool import Pool
@@ -25,11 +25,15 @@ def tree_digest(root: Path) -> dict[str, str]:
     digests = {}
     for path in sorted(root.rglob("*")):
         if path.is_file() and not path.is_symlink():
-            digests[os.fspath(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            digests[os.fspath(path.relative_to(root))] = hashlib.sha256(
+                path.read_bytes()
+            ).hexdigest()
     return digests
 
 
-def test_branch_serves_the_base_data_over_tcp_with_its_password(pool: Pool, base: BaseVersion) -> None:
+def test_branch_serves_the_base_data_over_tcp_with_its_password(
+    pool: Pool, base: BaseVersion
+) -> None:
     b = branch.create(pool, "serve")
     try:
         assert b.state == "ready"
@@ -56,7 +60,9 @@ def test_branch_serves_the_base_data_over_tcp_with_its_password(pool: Pool, base
         branch.destroy(pool, "serve")
 
 
-def test_base_files_are_unchanged_after_branches_write_heavily(pool: Pool, base: BaseVersion) -> None:
+def test_base_files_are_unchanged_after_branches_write_heavily(
+    pool: Pool, base: BaseVersion
+) -> None:
     store = pool.store_dir(base.name, base.version)
     before = tree_digest(store)
     for name in ("heavy-a", "heavy-b"):
@@ -65,7 +71,10 @@ def test_base_files_are_unchanged_after_branches_write_heavily(pool: Pool, base:
             conn.execute("UPDATE accounts SET balance = balance + 1")
             conn.execute("DELETE FROM accounts WHERE id % 3 = 0")
             conn.execute("VACUUM FULL accounts")
-            conn.execute("CREATE TABLE scratch AS SELECT g AS id, md5(g::text) FROM generate_series(1, 100000) g")
+            conn.execute(
+                "CREATE TABLE scratch AS "
+                "SELECT g AS id, md5(g::text) FROM generate_series(1, 100000) g"
+            )
             conn.execute("CREATE INDEX ON scratch (md5)")
             conn.execute("CHECKPOINT")
     branch.reset(pool, "heavy-a")
@@ -90,7 +99,9 @@ def test_two_branches_see_only_their_own_writes(pool: Pool, base: BaseVersion) -
             b.execute("CREATE TABLE only_in_b (x int)")
             assert b.execute("SELECT owner FROM accounts WHERE id = 1").fetchone() == ("owner 1",)
             assert a.execute("SELECT to_regclass('only_in_b')").fetchone() == (None,)
-            assert a.execute("SELECT owner FROM accounts WHERE id = 1").fetchone() == ("changed in a",)
+            assert a.execute("SELECT owner FROM accounts WHERE id = 1").fetchone() == (
+                "changed in a",
+            )
     finally:
         branch.destroy(pool, "iso-a")
         branch.destroy(pool, "iso-b")
@@ -127,7 +138,9 @@ def test_layer_sizes_are_small_after_create_and_reads_add_no_physical_bytes(
             conn.execute("UPDATE accounts SET balance = 0")
             conn.execute("CHECKPOINT")
         os.sync()
-        assert branch.layer_size(pool, "sizes").physical_bytes > read.physical_bytes + table_bytes / 2
+        assert (
+            branch.layer_size(pool, "sizes").physical_bytes > read.physical_bytes + table_bytes / 2
+        )
     finally:
         branch.destroy(pool, "sizes")
 

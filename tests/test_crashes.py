@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from helpers import assert_no_leaks, cli
 
+from helpers import assert_no_leaks, cli
 from pgoverlay.runner import branch, gc
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -56,7 +56,11 @@ def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
         assert done.returncode == KILLED, done.stderr
         assert name in gc.collect(pool).finished
         after = branch.get(pool, name)
-        assert (after.state, after.port, after.password) == ("ready", created.port, created.password)
+        assert (after.state, after.port, after.password) == (
+            "ready",
+            created.port,
+            created.password,
+        )
         with psycopg.connect(**branch.connect_kwargs(pool, after), autocommit=True) as conn:
             assert conn.execute("SELECT to_regclass('written_before_reset')").fetchone() == (None,)
     finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pgoverlay.runner.demo_data import (
     DEMO_DATABASE,
     demo_data_sql,

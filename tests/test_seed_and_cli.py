@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import cli, source_dsn
 
+from helpers import cli, source_dsn
 from pgoverlay.errors import (
     ConfigError,
     NotRootError,
@@ -78,7 +78,9 @@ def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running) 
         b = branch.create(pool, "from-dump", base_name="dumped")
         with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
             assert conn.execute("SELECT count(*), sum(balance) FROM accounts").fetchone() == (
-                200000, 200000 * 200001 // 2 * 10)
+                200000,
+                200000 * 200001 // 2 * 10,
+            )
         branch.destroy(pool, "from-dump")
     finally:
         seed.remove_version(pool, "dumped", dumped.version)
@@ -92,8 +94,10 @@ def test_source_refusing_replication_says_to_use_dump(pool: Pool, source: cluste
 
 
 def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) -> None:
-    done = cli(["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x password=hunter2secret"],
-               env=env)
+    done = cli(
+        ["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x password=hunter2secret"],
+        env=env,
+    )
     assert done.returncode == SourceUnreachableError.exit_code
     assert "cannot reach the source 127.0.0.1:1" in done.stderr
     assert "hunter2secret" not in done.stderr + done.stdout
@@ -102,9 +106,11 @@ def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) ->
 def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
     pool: Pool, source: cluster.Running
 ) -> None:
-    with locks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"):
-        with pytest.raises(SeedBusyError, match="busy"):
-            seed.seed(pool, "busy", source_dsn=source_dsn(source))
+    with (
+        locks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"),
+        pytest.raises(SeedBusyError, match="busy"),
+    ):
+        seed.seed(pool, "busy", source_dsn=source_dsn(source))
 
 
 def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
@@ -116,7 +122,9 @@ def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
 
     child = subprocess.Popen(
         [sys.executable, "-m", "pgoverlay", "seed", "killed", "--from", source_dsn(source)],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     while not pool.registry.bases("killed") and time.monotonic() < deadline:
@@ -128,7 +136,9 @@ def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
     if pool.registry.bases("killed"):  # it finished before the kill
         seed.remove_version(pool, "killed", 1)
     else:
-        assert report.bases_removed == ["killed v1 (interrupted seed)"] or report.bases_removed == []
+        assert (
+            report.bases_removed == ["killed v1 (interrupted seed)"] or report.bases_removed == []
+        )
     assert list((pool.root / "staging").iterdir()) == []
     assert not (pool.root / "store" / "killed" / "1").exists()
 
@@ -140,7 +150,9 @@ def test_create_with_binaries_of_another_major_is_refused(
     fake.mkdir()
     (fake / "postgres").write_text("#!/bin/sh\necho 'postgres (PostgreSQL) 16.4'\n")
     (fake / "postgres").chmod(0o755)
-    done = cli(["branch", "create", "mismatch"], env={**env, "PGOVERLAY_PG_BINDIR": os.fspath(fake)})
+    done = cli(
+        ["branch", "create", "mismatch"], env={**env, "PGOVERLAY_PG_BINDIR": os.fspath(fake)}
+    )
     assert done.returncode == VersionMismatchError.exit_code, done.stderr
     assert "needs Postgres 15" in done.stderr and "postgresql-15" in done.stderr
     assert pool.registry.branch("mismatch") is None
@@ -152,7 +164,11 @@ def test_user_errors_have_distinct_exit_codes_and_one_line(
     cases = [
         (["branch", "create", "Bad_Name"], 15, "invalid branch name"),
         (["branch", "create", "x", "--base", "missing"], 13, "no base named 'missing'"),
-        (["branch", "create", "x", "--ttl", "forever"], ConfigError.exit_code, "cannot read duration"),
+        (
+            ["branch", "create", "x", "--ttl", "forever"],
+            ConfigError.exit_code,
+            "cannot read duration",
+        ),
         (["branch", "status", "nope"], 17, "no branch named nope"),
     ]
     for args, code, text in cases:
@@ -196,10 +212,16 @@ def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
     assert "sudo" in stderr
 
 
-def test_exhausted_port_range_is_a_clear_error(pool: Pool, base: BaseVersion, env: dict[str, str]) -> None:
+def test_exhausted_port_range_is_a_clear_error(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
     first = branch.create(pool, "port-holder")
     try:
-        narrow = {**env, "PGOVERLAY_PORT_MIN": str(first.port), "PGOVERLAY_PORT_MAX": str(first.port)}
+        narrow = {
+            **env,
+            "PGOVERLAY_PORT_MIN": str(first.port),
+            "PGOVERLAY_PORT_MAX": str(first.port),
+        }
         done = cli(["branch", "create", "no-port"], env=narrow)
         assert done.returncode == PortsExhaustedError.exit_code, done.stderr
         assert "PGOVERLAY_PORT_MAX" in done.stderr
@@ -216,8 +238,12 @@ def test_connect_prints_a_working_dsn_and_status_never_shows_the_password(
         dsn = cli(["branch", "connect", "cli-view"], env=env).stdout.strip()
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT current_user").fetchone() == (b.user,)
-        for args in (["branch", "status", "cli-view", "--json"], ["branch", "list", "--json"],
-                     ["branch", "list"], ["branch", "size", "cli-view"]):
+        for args in (
+            ["branch", "status", "cli-view", "--json"],
+            ["branch", "list", "--json"],
+            ["branch", "list"],
+            ["branch", "size", "cli-view"],
+        ):
             done = cli(args, env=env)
             assert done.returncode == 0, done.stderr
             assert b.password not in done.stdout + done.stderr

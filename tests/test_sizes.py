@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from pgoverlay.runner import sizes
 from pgoverlay.runner.sizes import (
     FIEMAP_EXTENT_DATA_INLINE,

@@ -13,8 +13,9 @@ from pgoverlay.runner.runtime import Layout
 class LocalRuntime:
     name = "local"
 
-    def __init__(self, install: PgInstall, *, owner: OsUser, start_timeout: float,
-                 stop_timeout: float) -> None:
+    def __init__(
+        self, install: PgInstall, *, owner: OsUser, start_timeout: float, stop_timeout: float
+    ) -> None:
         self.install = install
         self.owner = owner
         self.start_timeout = start_timeout
@@ -22,18 +23,24 @@ class LocalRuntime:
 
     def attach(self, layout: Layout, *, lower: Path) -> None:
         if not mounts.is_mounted(layout.data):
-            mounts.mount_overlay(lower=lower, upper=layout.upper, work=layout.work, target=layout.data)
+            mounts.mount_overlay(
+                lower=lower, upper=layout.upper, work=layout.work, target=layout.data
+            )
 
     def detach(self, layout: Layout) -> None:
         mounts.unmount(layout.data)
 
     def start(self, layout: Layout, *, options: dict[str, str]) -> None:
         child = postmaster.start(
-            self.install, datadir=layout.data, options=options, user=self.owner,
+            self.install,
+            datadir=layout.data,
+            options=options,
+            user=self.owner,
             log_path=layout.log_file,
         )
-        postmaster.wait_ready(layout.data, child=child, log_path=layout.log_file,
-                              timeout=self.start_timeout)
+        postmaster.wait_ready(
+            layout.data, child=child, log_path=layout.log_file, timeout=self.start_timeout
+        )
 
     def stop(self, layout: Layout) -> None:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.

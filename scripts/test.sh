@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install, then run the linters and the whole test suite against real servers and mounts.
+# Run as root: the tests mount filesystems and run Postgres as the postgres user.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh
+.venv/bin/ruff check .
+.venv/bin/mypy
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "error: pytest collected no tests" >&2
+    exit 1
+fi
+exit "$status"
