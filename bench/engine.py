@@ -3,11 +3,11 @@
 
     sudo .venv/bin/python bench/engine.py [--sizes 1,5] [--cycles 5] [--work DIR] [--keep]
 
-For each size, a pgbench database is built once (cached in the work dir), seeded into a pool of
-our own, copied once more with a plain pg_basebackup, and then every method runs one
-create/read/update/destroy cycle per round, side by side. The Markdown report replaces the section
-between the engine markers in docs/benchmarks.md. This is a measurement script: it asserts
-nothing about timings.
+For each size a pgbench database is built once (cached in the work dir), seeded into a pool of
+our own, and copied once more with a plain pg_basebackup. Then every method runs one
+create / point read / update / destroy cycle per round, side by side. The Markdown report
+replaces the section between the engine markers in docs/benchmarks.md. This is a measurement
+script: it asserts nothing about timings.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ SCALE_PER_GIB = 68.4  # pgbench -s 68 is about 1 GiB, -s 342 about 5 GiB
 DB = "bench"
 READ_SQL = "SELECT abalance FROM pgbench_accounts WHERE aid = %s"
 UPDATE_SQL = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid <= %s"
-STATEMENT_TIMEOUT = "-c statement_timeout=1800000"  # 30 min: every query has a deadline
+STATEMENT_TIMEOUT = "-c statement_timeout=1800000"  # 30 min: every statement has a deadline
 BUILD_OPTS = {
     "fsync": "off",
     "synchronous_commit": "off",
@@ -55,14 +56,25 @@ BUILD_OPTS = {
     "checkpoint_timeout": "1h",
     "maintenance_work_mem": "512MB",
 }
+# The seed article's branch settings: the same safety overrides as a pgoverlay branch.
+ARTICLE_OPTS = {
+    "recovery_init_sync_method": "syncfs",
+    "archive_mode": "off",
+    "archive_command": "",
+    "restore_command": "",
+    "primary_conninfo": "",
+    "ssl": "off",
+    "external_pid_file": "",
+    "logging_collector": "off",
+    "listen_addresses": "127.0.0.1",
+}
 METHODS = {
     "pgoverlay": "pgoverlay (prepared base, reflink XFS)",
     "article": "seed article's method (unprepared base, plain OverlayFS on ext4)",
     "wal_log": "CREATE DATABASE … TEMPLATE (WAL_LOG)",
     "file_copy": "CREATE DATABASE … TEMPLATE (FILE_COPY)",
 }
-# key, row label, kind ("s", "ms" or "bytes")
-ROWS = [
+ROWS = [  # key, row label, kind: "s", "ms" or "bytes"
     ("create_s", "create until ready (s)", "s"),
     ("create_logical", "layer after create, logical", "bytes"),
     ("create_physical", "layer after create, physical", "bytes"),
@@ -77,7 +89,25 @@ ROWS = [
     ("update_wal", "update: WAL generated", "bytes"),
     ("destroy_s", "destroy / DROP DATABASE (s)", "s"),
 ]
-SEED_ARTICLE = {"create_s": 1.89, "create_layer": 33.1 * 2**20, "update_5g": 5.20 * 2**30}
+SEED_CREATE_S, SEED_LAYER, SEED_UPDATE_5G = 1.89, int(33.1 * 2**20), int(5.20 * 2**30)
+NOTES = """\
+### How it is measured
+
+- *create until ready*: pgoverlay: `branch.create` (mount, start, set the branch login, then a
+  TCP connection with the password). Seed article's method: mount, start on the unprepared copy
+  (crash recovery with `recovery_init_sync_method=syncfs`), first TCP connection. CREATE
+  DATABASE: the statement plus a first connection to the copy.
+- *physical*: the bytes of extents the writable layer does not share with the base (FIEMAP):
+  the disk a branch really costs. ext4 shares nothing, so there physical = allocated. For
+  CREATE DATABASE: `pg_database_size` of the copy; the WAL it wrote is listed apart.
+- *point read*: `{read}`, the first statement on a fresh connection, after the page cache was
+  dropped; every method reads the same random aid in a round.
+- *update*: `{update}` (1 % of the rows), then `CHECKPOINT`. *Buffer writes* are the pages
+  Postgres wrote meanwhile (pg_stat_bgwriter: checkpointer + bgwriter + backends; a page
+  written twice counts twice).
+- Every server runs with `shared_buffers={shared_buffers}`. The CREATE DATABASE server is the
+  source itself (fsync on); it stays up, idle, while the other methods run.
+"""
 console = Console(highlight=False)
 Sample = dict[str, float]
 Conn = psycopg.Connection[Any]
@@ -98,6 +128,27 @@ def try_connect(kwargs: dict[str, Any]) -> Conn | None:
         return None
 
 
+def scalar(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return row[0] if row else None
+
+
+def wal_pos(conn: Conn) -> int:
+    return int(scalar(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+
+
+def buffer_writes(conn: Conn) -> int | None:
+    """Bytes of buffers written by checkpointer, bgwriter and backends (Postgres <= 16)."""
+    query = (
+        "SELECT (buffers_checkpoint + buffers_clean + buffers_backend)"
+        " * current_setting('block_size')::bigint FROM pg_stat_bgwriter"
+    )
+    try:
+        return int(scalar(conn, query))
+    except psycopg.Error:
+        return None
+
+
 def port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,32 +159,9 @@ def port_free(port: int) -> bool:
     return True
 
 
-def scalar(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> Any:
-    row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
-    return row[0] if row else None
-
-
-def wal_pos(conn: Conn) -> int:
-    return int(scalar(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
-
-
-def buffer_writes(conn: Conn) -> int | None:
-    """Bytes of buffers written (checkpointer + bgwriter + backends); PG 15 and older."""
-    try:
-        return int(
-            scalar(
-                conn,
-                "SELECT (buffers_checkpoint + buffers_clean + buffers_backend)"
-                " * current_setting('block_size')::bigint FROM pg_stat_bgwriter",
-            )
-        )
-    except psycopg.Error:
-        return None
-
-
 @dataclass
 class SizeRun:
-    size: int
+    gib: float
     scale: int
     db_bytes: int = 0
     build_s: float | None = None  # None: reused from the cache
@@ -141,23 +169,28 @@ class SizeRun:
     raw_s: float | None = None
     runs: dict[str, list[Sample]] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        return f"{self.gib:g} GiB"
+
+    @property
+    def key(self) -> str:  # names every cached thing of this size
+        return f"s{self.scale}"
+
 
 class Bench:
     def __init__(self, work: Path, *, drop_caches: bool, pool_size: str) -> None:
-        self.work = work
+        self.work, self.scratch = work, work / "tmp"
         self.settings = Settings(home=work / "pool-home", port_min=56100, port_max=56199)
         self.install = pgbin.newest(self.settings.pg_bindir)
         self.owner = proc.OsUser.lookup(self.settings.os_user)
-        self.scratch = work / "tmp"
-        self.drop = drop_caches
-        self.pool_size = pool_size
+        self.drop, self.pool_size = drop_caches, pool_size
         self.pool: poolmod.Pool | None = None
 
-    # -- plumbing -------------------------------------------------------------------------
-    def own_dir(self, path: Path, mode: int = 0o700) -> Path:
-        path.mkdir(mode=mode)
+    # -- plumbing ---------------------------------------------------------------------------
+    def own_dir(self, path: Path) -> Path:
+        path.mkdir(mode=0o700)
         os.chown(path, self.owner.uid, self.owner.gid)
-        os.chmod(path, mode)
         return path
 
     def drop_caches(self) -> None:
@@ -165,39 +198,31 @@ class Bench:
             os.sync()
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
-    def open_pool(self) -> poolmod.Pool:
-        self.work.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.work, 0o755)
-        self.scratch.mkdir(exist_ok=True)
-        os.chmod(self.scratch, 0o755)
+    def open_pool(self) -> None:
+        for path in (self.work, self.scratch):
+            path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, 0o755)  # Postgres (another user) must reach what is below
         self.pool = poolmod.init(self.settings, size=self.pool_size)
-        return self.pool
 
     def free_port(self) -> int:
         used = {b.port for b in self.pool.registry.branches()} if self.pool else set()
         for port in range(self.settings.port_max, self.settings.port_min - 1, -1):
             if port not in used and port_free(port):
                 return port
-        raise RuntimeError("no free port in 56100-56199")
+        raise RuntimeError(f"no free port in {self.settings.port_min}-{self.settings.port_max}")
 
-    def step(self, label: str, action: Callable[[], Any]) -> None:
-        """Run a cleanup step; report its failure without hiding the error being handled."""
-        try:
-            action()
-        except Exception as err:  # noqa: BLE001 - cleanup goes on
-            console.print(f"[yellow]cleanup: {label} failed: {err}")
+    def pg_tool(self, srv: cluster.Running, tool: str, *args: str | Path, timeout: float) -> None:
+        where: list[str | Path] = ["-h", srv.socket_dir, "-p", str(srv.port), "-U", "postgres"]
+        proc.run([self.install.tool(tool), *where, *args], timeout=timeout, user=self.owner)
 
-    # -- the source database (one per size, cached) ---------------------------------------
+    # -- the source database, the seeded base and the plain copy (cached per size) ----------
     @contextmanager
-    def source(self, size: int, options: dict[str, str]) -> Iterator[cluster.Running]:
-        options = {
-            "shared_buffers": self.settings.shared_buffers,
-            "max_connections": str(self.settings.max_connections),
-            **options,
-        }
+    def source(self, run: SizeRun, options: dict[str, str]) -> Iterator[cluster.Running]:
+        options = {"shared_buffers": self.settings.shared_buffers, **options}
+        datadir = self.work / f"src-{run.key}" / "data"
         with cluster.running(
             self.install,
-            self.work / f"src-{size}g" / "data",
+            datadir,
             owner=self.owner,
             scratch=self.scratch,
             options=options,
@@ -206,97 +231,67 @@ class Bench:
             yield srv
 
     def ensure_source(self, run: SizeRun) -> None:
-        root, marker = self.work / f"src-{run.size}g", self.work / f"src-{run.size}g.ready"
-        if marker.exists() and marker.read_text().strip() == str(run.scale):
-            console.log(f"{run.size} GiB source: reusing {root} (pgbench scale {run.scale})")
+        root, marker = self.work / f"src-{run.key}", self.work / f"src-{run.key}.ready"
+        if marker.exists():
+            console.log(f"{run.label} source: reusing {root}")
             return
-        marker.unlink(missing_ok=True)
         postmaster.stop(root / "data" / "postmaster.pid", timeout=60)
         shutil.rmtree(root, ignore_errors=True)
-        self.own_dir(root)
-        cluster.initdb(self.install, root / "data", owner=self.owner)
-        console.log(f"{run.size} GiB source: pgbench -i -q -s {run.scale} (fsync=off) …")
+        cluster.initdb(self.install, self.own_dir(root) / "data", owner=self.owner)
+        console.log(f"{run.label} source: pgbench -i -q -s {run.scale} (fsync=off) …")
         start = now()
-        with self.source(run.size, BUILD_OPTS) as srv:
+        with self.source(run, BUILD_OPTS) as srv:
             with connect(**srv.conninfo(user="postgres")) as conn:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
-            proc.run(
-                [
-                    self.install.tool("pgbench"),
-                    "-i",
-                    "-q",
-                    "-s",
-                    str(run.scale),
-                    "-h",
-                    srv.socket_dir,
-                    "-p",
-                    str(srv.port),
-                    "-U",
-                    "postgres",
-                    DB,
-                ],
-                timeout=4 * 3600,
-                user=self.owner,
-            )
+            self.pg_tool(srv, "pgbench", "-i", "-q", "-s", str(run.scale), DB, timeout=4 * 3600)
             with connect(**srv.conninfo(user="postgres", dbname=DB)) as conn:
                 conn.execute("CHECKPOINT")
-        os.sync()  # fsync was off: make the cached copy durable before marking it good
+        os.sync()  # fsync was off: make the cache durable before marking it good
         run.build_s = now() - start
-        marker.write_text(f"{run.scale}\n")
+        marker.write_text("ok\n")
 
     def ensure_base(self, run: SizeRun, srv: cluster.Running) -> None:
-        assert self.pool is not None
-        name = f"bench-{run.size}g"
-        if run.build_s is not None:  # a new source: older bases of it are stale
-            for old in self.pool.registry.bases(name):
-                seed.remove_version(self.pool, name, old.version)
-        if self.pool.registry.latest_base(name) is not None:
-            console.log(f"{run.size} GiB base: reusing {name}")
+        pool, name = self.pool, f"bench-{run.key}"
+        assert pool is not None
+        for old in pool.registry.bases(name) if run.build_s is not None else []:
+            seed.remove_version(pool, name, old.version)  # seeded from an older source
+        if pool.registry.latest_base(name) is not None:
+            console.log(f"{run.label} base: reusing {name}")
             return
-        console.log(f"{run.size} GiB base: seeding (pg_basebackup + verify + prepare) …")
-        dsn = psycopg.conninfo.make_conninfo(
-            host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname=DB
-        )
+        console.log(f"{run.label} base: seeding (pg_basebackup, verify, prepare) …")
+        dsn = f"host={srv.socket_dir} port={srv.port} user=postgres dbname={DB}"
         start = now()
-        seed.seed(self.pool, name, source_dsn=dsn, refresh=True)
+        seed.seed(pool, name, source_dsn=dsn, refresh=True)
         run.seed_s = now() - start
 
     def ensure_raw(self, run: SizeRun, srv: cluster.Running) -> None:
-        """The seed article's base: pg_basebackup output as is (crash-consistent, unprepared)."""
-        root, marker = self.work / f"raw-{run.size}g", self.work / f"raw-{run.size}g.ready"
-        if run.build_s is not None:  # a new source: the old copy is stale
-            marker.unlink(missing_ok=True)
+        """The seed article's base: pg_basebackup's output as is (crash-consistent)."""
+        root, marker = self.work / f"raw-{run.key}", self.work / f"raw-{run.key}.ready"
+        if run.build_s is not None:
+            marker.unlink(missing_ok=True)  # copied from an older source
         if marker.exists():
-            console.log(f"{run.size} GiB unprepared basebackup: reusing {root}")
+            console.log(f"{run.label} unprepared basebackup: reusing {root}")
             return
         shutil.rmtree(root, ignore_errors=True)
         self.own_dir(root)
-        console.log(f"{run.size} GiB unprepared basebackup …")
+        console.log(f"{run.label} unprepared basebackup …")
         start = now()
-        proc.run(
-            [
-                self.install.tool("pg_basebackup"),
-                "-D",
-                root / "data",
-                "-h",
-                srv.socket_dir,
-                "-p",
-                str(srv.port),
-                "-U",
-                "postgres",
-                "-X",
-                "stream",
-                "-c",
-                "fast",
-                "--no-password",
-            ],
+        self.pg_tool(
+            srv,
+            "pg_basebackup",
+            "-D",
+            root / "data",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-password",
             timeout=self.settings.command_timeout,
-            user=self.owner,
         )
         run.raw_s = now() - start
         marker.write_text("ok\n")
 
-    # -- the common second half of every cycle --------------------------------------------
+    # -- the second half of every cycle, the same for all methods ---------------------------
     def measure(
         self, conn: Conn, s: Sample, aid: int, scale: int, layer: Callable[[], LayerSize]
     ) -> None:
@@ -322,58 +317,52 @@ class Bench:
         if writes is not None and after is not None:
             s["update_pages"] = after - writes
 
-    # -- method 1: pgoverlay --------------------------------------------------------------
+    # -- method 1: pgoverlay ----------------------------------------------------------------
     def cycle_pgoverlay(self, run: SizeRun, cycle: int, aid: int) -> Sample:
-        pool = self.pool
+        pool, name, s = self.pool, f"bench-{run.key}-c{cycle}", Sample()
         assert pool is not None
-        name, s = f"bench-{run.size}g-c{cycle}", Sample()
-        branch.destroy(pool, name)  # a leftover of a killed run
+        branch.destroy(pool, name)  # left over by a killed run
         self.drop_caches()
         start = now()
         try:
-            made = branch.create(pool, name, base_name=f"bench-{run.size}g")
+            made = branch.create(pool, name, base_name=f"bench-{run.key}")
             s["create_s"] = now() - start
             with connect(**branch.connect_kwargs(pool, made)) as conn:
-                self.measure(conn, s, aid, run.scale, lambda: branch.layer_size(pool, name))
+                self.measure(conn, s, aid, run.scale, partial(branch.layer_size, pool, name))
         finally:
             start = now()
             branch.destroy(pool, name)
             s["destroy_s"] = now() - start
         return s
 
-    # -- method 2: the seed article's plain OverlayFS over an unprepared copy -------------
+    # -- method 2: the seed article's plain OverlayFS over an unprepared copy ---------------
     def remove_overlay(self, root: Path) -> None:
         postmaster.stop(root / "upper" / "postmaster.pid", timeout=self.settings.stop_timeout)
-        if (root / "data").exists():
-            mounts.unmount(root / "data")
+        mounts.unmount(root / "data")
         shutil.rmtree(root, ignore_errors=True)
 
     def cycle_article(self, run: SizeRun, cycle: int, aid: int) -> Sample:
-        root, s = self.work / f"ovl-{run.size}g-c{cycle}", Sample()
+        root, s = self.work / f"ovl-{run.key}-c{cycle}", Sample()
         self.remove_overlay(root)
-        port = self.free_port()
-        data, conf, log = root / "data", root / "conf", root / "log" / "postgres.log"
+        port, data, conf = self.free_port(), root / "data", root / "conf"
         options = {
-            "data_directory": os.fspath(data),
-            "config_file": os.fspath(conf / "postgresql.conf"),
-            "hba_file": os.fspath(conf / "pg_hba.conf"),
-            "ident_file": os.fspath(conf / "pg_ident.conf"),
-            "external_pid_file": "",
-            "listen_addresses": "127.0.0.1",
+            **ARTICLE_OPTS,
             "port": str(port),
-            "unix_socket_directories": os.fspath(root / "sock"),
-            "recovery_init_sync_method": "syncfs",
-            "archive_mode": "off",
-            "archive_command": "",
-            "restore_command": "",
-            "primary_conninfo": "",
-            "ssl": "off",
+            "data_directory": str(data),
+            "unix_socket_directories": str(root / "sock"),
             "shared_buffers": self.settings.shared_buffers,
             "max_connections": str(self.settings.max_connections),
-            "work_mem": self.settings.work_mem,
-            "maintenance_work_mem": self.settings.maintenance_work_mem,
-            "logging_collector": "off",
         }
+        files = {
+            "postgresql.conf": f"include_if_exists '{data / 'postgresql.conf'}'\n",
+            "pg_hba.conf": "local all all trust\nhost all all 127.0.0.1/32 trust\n",
+            "pg_ident.conf": "",
+        }
+        options.update(
+            config_file=str(conf / "postgresql.conf"),
+            hba_file=str(conf / "pg_hba.conf"),
+            ident_file=str(conf / "pg_ident.conf"),
+        )
         child: subprocess.Popen[bytes] | None = None
         self.drop_caches()
         start = now()
@@ -381,22 +370,18 @@ class Bench:
             root.mkdir(mode=0o711)
             for sub in ("upper", "conf", "sock", "log"):
                 self.own_dir(root / sub)
-            (root / "work").mkdir(mode=0o700)
-            data.mkdir(mode=0o700)
-            files = {
-                "postgresql.conf": f"include_if_exists '{data / 'postgresql.conf'}'\n",
-                "pg_hba.conf": "local all all trust\nhost all all 127.0.0.1/32 trust\n",
-                "pg_ident.conf": "",
-            }
+            for sub in ("work", "data"):
+                (root / sub).mkdir(mode=0o700)
             for filename, text in files.items():
                 (conf / filename).write_text(text)
                 os.chown(conf / filename, self.owner.uid, self.owner.gid)
             mounts.mount_overlay(
-                lower=self.work / f"raw-{run.size}g" / "data",
+                lower=self.work / f"raw-{run.key}" / "data",
                 upper=root / "upper",
                 work=root / "work",
                 target=data,
             )
+            log = root / "log" / "postgres.log"
             child = postmaster.start(
                 self.install, datadir=data, options=options, user=self.owner, log_path=log
             )
@@ -405,13 +390,13 @@ class Bench:
             )
             kwargs = {"host": "127.0.0.1", "port": port, "user": "postgres", "dbname": DB}
             conn = wait_for(
-                lambda: try_connect(kwargs),
+                partial(try_connect, kwargs),
                 timeout=self.settings.start_timeout,
                 what=f"a TCP connection to port {port}",
             )
             s["create_s"] = now() - start
             with conn:
-                self.measure(conn, s, aid, run.scale, lambda: sizes.layer_size(root / "upper"))
+                self.measure(conn, s, aid, run.scale, partial(sizes.layer_size, root / "upper"))
         finally:
             start = now()
             self.remove_overlay(root)
@@ -420,12 +405,15 @@ class Bench:
                 child.wait(timeout=30)
         return s
 
-    # -- method 3: CREATE DATABASE … TEMPLATE in the running source server ----------------
+    # -- method 3: CREATE DATABASE … TEMPLATE in the running source server ------------------
     def cycle_createdb(self, srv: cluster.Running, strategy: str, run: SizeRun, aid: int) -> Sample:
         copy, s = f"bench_copy_{strategy}", Sample()
-        ident = sql.Identifier(copy)
+        drop = sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(copy))
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY {}").format(
+            sql.Identifier(copy), sql.Identifier(DB), sql.SQL(strategy)
+        )
         with connect(**srv.conninfo(user="postgres")) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(ident))
+            admin.execute(drop)
             admin.execute("CHECKPOINT")
 
             def db_size() -> LayerSize:
@@ -435,11 +423,7 @@ class Bench:
             self.drop_caches()
             lsn, start = wal_pos(admin), now()
             try:
-                admin.execute(
-                    sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY {}").format(
-                        ident, sql.Identifier(DB), sql.SQL(strategy)
-                    )
-                )
+                admin.execute(create)
                 with connect(**srv.conninfo(user="postgres", dbname=copy)) as conn:
                     conn.execute("SELECT 1")
                     s["create_s"] = now() - start
@@ -447,81 +431,75 @@ class Bench:
                     self.measure(conn, s, aid, run.scale, db_size)
             finally:
                 start = now()
-                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(ident))
+                admin.execute(drop)
                 s["destroy_s"] = now() - start
         return s
 
-    # -- one size -------------------------------------------------------------------------
+    # -- one size ---------------------------------------------------------------------------
     def run_size(self, run: SizeRun, cycles: int) -> None:
         self.ensure_source(run)
         strategies = ["wal_log", "file_copy"] if self.install.major >= 15 else ["file_copy"]
-        with self.source(run.size, {}) as srv:
+        with self.source(run, {}) as srv:
             with connect(**srv.conninfo(user="postgres")) as conn:
-                for (stale,) in conn.execute(
-                    "SELECT datname FROM pg_database WHERE datname LIKE 'bench_copy_%'"
-                ).fetchall():
-                    conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(stale)))
+                stale = "SELECT datname FROM pg_database WHERE datname LIKE 'bench_copy_%'"
+                for (name,) in conn.execute(stale).fetchall():
+                    conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
                 run.db_bytes = int(scalar(conn, "SELECT pg_database_size(%s)", (DB,)))
             self.ensure_base(run, srv)
             self.ensure_raw(run, srv)
             run.runs = {m: [] for m in ["pgoverlay", "article", *strategies]}
-            rng = random.Random(run.size)
+            rng = random.Random(run.scale)
             for cycle in range(1, cycles + 1):
                 aid = rng.randint(1, run.scale * 100_000)
                 run.runs["pgoverlay"].append(self.cycle_pgoverlay(run, cycle, aid))
                 run.runs["article"].append(self.cycle_article(run, cycle, aid))
                 for strategy in strategies:
                     run.runs[strategy].append(self.cycle_createdb(srv, strategy, run, aid))
-                console.log(
-                    f"{run.size} GiB cycle {cycle}/{cycles}: create "
-                    + ", ".join(f"{m} {r[-1]['create_s']:.3f} s" for m, r in run.runs.items())
-                )
+                done = ", ".join(f"{m} {r[-1]['create_s']:.3f} s" for m, r in run.runs.items())
+                console.log(f"{run.label} round {cycle}/{cycles}, create: {done}")
 
-    # -- cleanup --------------------------------------------------------------------------
+    # -- cleanup ----------------------------------------------------------------------------
     def sweep(self) -> None:
-        """Stop and remove what a cycle (this run's or a killed one's) left running."""
+        """Stop and remove whatever a cycle (of this run or a killed one) left behind."""
+        steps: list[tuple[str, Callable[[], object]]] = []
         if self.pool is not None:
             pool = self.pool
-            for b in pool.registry.branches():
-                self.step(f"destroy branch {b.name}", lambda b=b: branch.destroy(pool, b.name))
-            for v in pool.registry.bases():
-                if v.state != "ready":
-                    self.step(
-                        f"remove base {v.name}",
-                        lambda v=v: seed.remove_version(pool, v.name, v.version),
-                    )
-        for root in sorted(self.work.glob("ovl-*")):
-            self.step(f"remove {root}", lambda root=root: self.remove_overlay(root))
-        for data in sorted(self.work.glob("src-*/data")):
-            self.step(
-                f"stop {data}",
-                lambda data=data: postmaster.stop(
-                    data / "postmaster.pid", timeout=self.settings.stop_timeout
-                ),
-            )
+            steps += [
+                (f"destroy branch {b.name}", partial(branch.destroy, pool, b.name))
+                for b in pool.registry.branches()
+            ]
+            steps += [
+                (f"remove base {v.name}", partial(seed.remove_version, pool, v.name, v.version))
+                for v in pool.registry.bases()
+                if v.state != "ready"
+            ]
+        steps += [
+            (f"remove {root}", partial(self.remove_overlay, root))
+            for root in sorted(self.work.glob("ovl-*"))
+        ]
+        steps += [
+            (f"stop {pid}", partial(postmaster.stop, pid, timeout=60))
+            for pid in sorted(self.work.glob("src-*/data/postmaster.pid"))
+        ]
+        for label, action in steps:
+            try:
+                action()
+            except Exception as err:  # noqa: BLE001 - report and go on cleaning
+                console.print(f"[yellow]cleanup: {label} failed: {err}")
 
     def remove_all(self) -> None:
         pool_root = self.settings.home / "pool"
         if self.pool is not None:
             self.pool.registry.close()
-        for target in mounts.mounts_under(self.work):
-            self.step(f"unmount {target}", lambda t=target: mounts.unmount(Path(t)))
-        self.step("unmount the pool", lambda: mounts.unmount(pool_root))
-        if mounts.is_mounted(pool_root):
-            console.print(f"[red]{pool_root} is still mounted; leaving {self.work} in place")
-            return
-        for path in [
-            self.settings.home,
-            self.scratch,
-            *self.work.glob("src-*"),
-            *self.work.glob("raw-*"),
-            *self.work.glob("ovl-*"),
-        ]:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        if self.work.is_dir() and not any(self.work.iterdir()):
+        for target in [*mounts.mounts_under(self.work), str(pool_root)]:  # deepest first
+            mounts.unmount(Path(target))
+        for pattern in ("pool-home", "tmp", "src-*", "raw-*", "ovl-*"):
+            for path in self.work.glob(pattern):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        if not any(self.work.iterdir()):
             self.work.rmdir()
 
 
@@ -529,9 +507,8 @@ class Bench:
 def fmt(kind: str, value: float) -> str:
     if kind == "bytes":
         return format_bytes(int(value))
-    if kind == "ms":
-        return f"{value:.1f}" if value < 100 else f"{value:.0f}"
-    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+    digits = (1 if value < 100 else 0) if kind == "ms" else (3 if value < 10 else 1)
+    return f"{value:.{digits}f}"
 
 
 def cell(kind: str, values: list[float]) -> str:
@@ -545,88 +522,75 @@ def col(run: SizeRun, method: str, key: str) -> list[float]:
     return [s[key] for s in run.runs.get(method, []) if key in s]
 
 
+def first_field(path: str, prefix: str) -> str:
+    lines = Path(path).read_text().splitlines()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(prefix)), "?")
+
+
 def machine(bench: Bench, started: dt.datetime, elapsed: float) -> list[str]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or "unknown",
+    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
+    cache = (
+        "dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`) before every create and "
+        "again before every first read: both are **cold**"
+        if bench.drop
+        else "never dropped: reads are **warm**"
     )
-    mem_kib = int(
-        next(
-            line.split()[1]
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal:")
-        )
-    )
-    pool_fs = poolmod.fs_type(bench.settings.home / "pool")
     return [
         "| | |",
         "|---|---|",
-        f"| Date | {started:%Y-%m-%d %H:%M} UTC (run took {elapsed / 60:.0f} min) |",
-        f"| CPU | {cpu}, {os.cpu_count()} cores |",
-        f"| RAM | {format_bytes(mem_kib * 1024)} |",
+        f"| Date | {started:%Y-%m-%d %H:%M} UTC (the run took {elapsed / 60:.0f} min) |",
+        f"| CPU | {first_field('/proc/cpuinfo', 'model name')}, {os.cpu_count()} cores |",
+        f"| RAM | {format_bytes(ram)} |",
         f"| Kernel | {platform.system()} {platform.release()} |",
-        f"| Work dir | `{bench.work}` on {poolmod.fs_type(bench.work)}; pgoverlay's pool is a "
-        f"sparse {pool_fs} image (reflink) loop-mounted from it |",
+        f"| Work dir | `{bench.work}` on {poolmod.fs_type(bench.work)}; the pgoverlay pool is a "
+        f"sparse {poolmod.fs_type(bench.settings.home / 'pool')} image (reflink) in it |",
         f"| Postgres | {bench.install.version} |",
-        "| Page cache | "
-        + (
-            "dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`) before every "
-            "create and again before every first read: both are **cold**"
-            if bench.drop
-            else "not dropped: reads are **warm**"
-        )
-        + " |",
+        f"| Page cache | {cache} |",
     ]
 
 
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**not met**"
-
-
 def targets(runs: list[SizeRun]) -> list[str]:
-    lines = ["| target | measured (pgoverlay) | seed article | verdict |", "|---|---|---|---|"]
-    medians = {r.size: statistics.median(col(r, "pgoverlay", "create_s")) for r in runs}
-    small, big = runs[0], runs[-1]
-    per_size = ", ".join(f"{size} GiB {v:.3f} s" for size, v in medians.items())
-    lines.append(
-        f"| create ≤ 0.3 s (median) | {per_size} | {SEED_ARTICLE['create_s']} s "
-        f"(5 GiB, Docker) | {verdict(max(medians.values()) <= 0.3)} |"
-    )
-    if big is not small:
-        a, b = medians[small.size], medians[big.size]
+    def verdict(ok: bool) -> str:
+        return "**met**" if ok else "**not met**"
+
+    def worst(key: str) -> int:
+        return int(max(v for r in runs for v in col(r, "pgoverlay", key)))
+
+    med = {r.label: statistics.median(col(r, "pgoverlay", "create_s")) for r in runs}
+    lines = [
+        "| target | pgoverlay, measured | seed article | verdict |",
+        "|---|---|---|---|",
+        f"| create ≤ 0.3 s (median) | {', '.join(f'{k}: {v:.3f} s' for k, v in med.items())}"
+        f" | {SEED_CREATE_S} s at 5 GiB | {verdict(max(med.values()) <= 0.3)} |",
+    ]
+    if len(runs) > 1:
+        a, b = med[runs[0].label], med[runs[-1].label]
         lines.append(
-            f"| flat from {small.size} to {big.size} GiB (medians within 25 % or 50 ms) "
-            f"| {b / a:.2f}× ({b - a:+.3f} s) | 1.90 → 1.89 s | "
-            f"{verdict(b <= a * 1.25 or b - a <= 0.05)} |"
+            f"| flat in size: median at {runs[-1].label} within 25 % or 50 ms of "
+            f"{runs[0].label} | {b / a:.2f}× ({b - a:+.3f} s) | 1.90 s → 1.89 s | "
+            f"{verdict(b <= 1.25 * a or b - a <= 0.05)} |"
         )
-    layer = max(v for r in runs for v in col(r, "pgoverlay", "create_physical"))
-    logical = max(v for r in runs for v in col(r, "pgoverlay", "create_logical"))
-    lines.append(
-        f"| layer after create ≤ 1 MiB (worst cycle) | physical {format_bytes(int(layer))}"
-        f", logical {format_bytes(int(logical))} | {format_bytes(int(SEED_ARTICLE['create_layer']))} "
-        f"| {verdict(layer <= 2**20)} |"
-    )
-    read = max(v for r in runs for v in col(r, "pgoverlay", "read_physical"))
-    lines.append(
-        f"| point read adds ~0 physical (worst cycle, ≤ 1 MiB) | {format_bytes(int(read))} "
-        f"| whole segment (1 GiB) | {verdict(read <= 2**20)} |"
-    )
+    phys, logical, read = worst("create_physical"), worst("create_logical"), worst("read_physical")
+    lines += [
+        f"| layer after create ≤ 1 MiB (worst cycle) | physical {format_bytes(phys)}, "
+        f"logical {format_bytes(logical)} | {format_bytes(SEED_LAYER)} | "
+        f"{verdict(phys <= 2**20)} |",
+        f"| point read adds ~0 physical (worst cycle ≤ 1 MiB) | {format_bytes(read)} | "
+        f"whole segments | {verdict(read <= 2**20)} |",
+    ]
     for r in runs:
-        grow = statistics.median(col(r, "pgoverlay", "update_physical"))
-        cost = [s.get("update_pages", 0) + s["update_wal"] for s in r.runs["pgoverlay"]]
-        article = statistics.median(col(r, "article", "update_physical"))
-        seed_ref = (
-            f"{format_bytes(int(SEED_ARTICLE['update_5g']))}; here: " if r.size == 5 else "here: "
-        ) + format_bytes(int(article))
-        ok = grow <= 2 * statistics.median(cost)
+        grow = int(statistics.median(col(r, "pgoverlay", "update_physical")))
+        cost = int(
+            statistics.median(
+                [s.get("update_pages", 0) + s["update_wal"] for s in r.runs["pgoverlay"]]
+            )
+        )
+        here = format_bytes(int(statistics.median(col(r, "article", "update_physical"))))
+        ref = f"{format_bytes(SEED_UPDATE_5G)} (here: {here})" if r.gib == 5 else f"here: {here}"
         lines.append(
-            f"| {r.size} GiB: 1% update grows by pages written + WAL (≤ 2×) | "
-            f"{format_bytes(int(grow))} vs {format_bytes(int(statistics.median(cost)))} "
-            f"written | {seed_ref} | {verdict(ok)} |"
+            f"| {r.label}: 1% update grows by the pages written + WAL (≤ 2×) | "
+            f"{format_bytes(grow)} for {format_bytes(cost)} written | {ref} | "
+            f"{verdict(grow <= 2 * cost)} |"
         )
     return lines
 
@@ -638,9 +602,9 @@ def render(
         START,
         "## Engine benchmark",
         "",
-        f"Generated by `python bench/engine.py {' '.join(argv)}`. Every figure is the median "
-        "over the cycles, with the range (min – max) in brackets. Rounds interleave the "
-        "methods (one cycle of each, then the next round), so drift hits them alike.",
+        f"Generated by `python bench/engine.py {' '.join(argv)}`. Each cell is the median over "
+        "the cycles, with the range (min – max) in brackets. The methods take turns (one "
+        "cycle of each per round), so drift on a noisy machine hits them alike.",
         "",
         "### Machine",
         "",
@@ -648,75 +612,58 @@ def render(
         "",
         "### Methods",
         "",
-    ]
-    out += [f"- **{label}**" for label in METHODS.values()]
-    out += [
+        *[f"- **{label}**" for label in METHODS.values()],
         "",
         "### Setup (one-off, per size)",
         "",
-        "| size | pgbench scale | database | pgbench -i | seed: basebackup + verify + prepare "
+        "| size | pgbench scale | database | pgbench -i | seed: basebackup, verify, prepare "
         "| plain pg_basebackup |",
         "|---|---|---|---|---|---|",
     ]
     for r in runs:
         once = [f"{v:.1f} s" if v is not None else "cached" for v in (r.build_s, r.seed_s, r.raw_s)]
-        out.append(
-            f"| {r.size} GiB | {r.scale} | {format_bytes(r.db_bytes)} | {' | '.join(once)} |"
-        )
+        out.append(f"| {r.label} | {r.scale} | {format_bytes(r.db_bytes)} | {' | '.join(once)} |")
     for r in runs:
-        methods = list(r.runs)
         out += [
             "",
-            f"### {r.size} GiB database ({format_bytes(r.db_bytes)}), "
+            f"### {r.label} database ({format_bytes(r.db_bytes)}), "
             f"{len(r.runs['pgoverlay'])} cycles",
             "",
-            "| | " + " | ".join(METHODS[m] for m in methods) + " |",
-            "|---|" + "---|" * len(methods),
+            "| | " + " | ".join(METHODS[m] for m in r.runs) + " |",
+            "|---|" + "---|" * len(r.runs),
         ]
-        for key, label, kind in ROWS:
-            if any(col(r, m, key) for m in methods):
-                out.append(
-                    f"| {label} | " + " | ".join(cell(kind, col(r, m, key)) for m in methods) + " |"
-                )
+        out += [
+            f"| {label} | " + " | ".join(cell(kind, col(r, m, key)) for m in r.runs) + " |"
+            for key, label, kind in ROWS
+            if any(col(r, m, key) for m in r.runs)
+        ]
     out += [
         "",
         "### Targets",
         "",
         *targets(runs),
         "",
-        "### How it is measured",
-        "",
-        "- *create until ready*: pgoverlay: `branch.create` (mount, start, set the branch "
-        "login, a TCP connection with the password). Seed article's method: mount, start on "
-        "the unprepared copy (crash recovery, `recovery_init_sync_method=syncfs`), first TCP "
-        "connection. CREATE DATABASE: the statement plus a first connection to the copy.",
-        "- *physical*: bytes of extents the writable layer does not share (FIEMAP), i.e. disk "
-        "it really costs. On ext4 nothing is shared, so physical = allocated. For CREATE "
-        "DATABASE, `pg_database_size` of the copy (its WAL is listed apart).",
-        f"- *point read*: `{READ_SQL % '<random aid>'}`, the first statement on a fresh "
-        "connection after the page cache was dropped; the same aid for every method in a round.",
-        f"- *update*: `{UPDATE_SQL % 'scale × 1000'}` (1 % of rows) then `CHECKPOINT`. "
-        "*Buffer writes* are the pages Postgres wrote (pg_stat_bgwriter: checkpoint + bgwriter "
-        "+ backends), a page written twice counting twice.",
-        "- Every server runs with `shared_buffers` "
-        f"{bench.settings.shared_buffers}; the CREATE DATABASE server is the source itself "
-        "(fsync on), idle while the other methods run.",
-        "",
+        NOTES.format(
+            read=READ_SQL % "<random aid>",
+            update=UPDATE_SQL % "scale × 1000",
+            shared_buffers=bench.settings.shared_buffers,
+        ),
         "<details><summary>Every cycle</summary>",
         "",
     ]
     for r in runs:
         for m, samples in r.runs.items():
-            for i, s in enumerate(samples, 1):
-                vals = ", ".join(f"{k}={fmt(kind, s[k])}" for k, _, kind in ROWS if k in s)
-                out.append(f"- {r.size} GiB, {m}, cycle {i}: {vals}")
-    out += ["", "</details>", END]
-    return "\n".join(out) + "\n"
+            out += [
+                f"- {r.label}, {m}, cycle {i}: "
+                + ", ".join(f"{k}={fmt(kind, s[k])}" for k, _, kind in ROWS if k in s)
+                for i, s in enumerate(samples, 1)
+            ]
+    return "\n".join([*out, "", "</details>", END]) + "\n"
 
 
 def write_report(section: str) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n\n"
+    text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
     if START in text and END in text:
         head, rest = text.split(START, 1)
         text = head + section.rstrip("\n") + rest.split(END, 1)[1]
@@ -727,32 +674,24 @@ def write_report(section: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1,5", help="database sizes in GiB (default 1,5)")
-    parser.add_argument("--cycles", type=int, default=5, help="create/destroy cycles per method")
+    parser = argparse.ArgumentParser(description="Benchmark the branch engine (run as root).")
+    parser.add_argument("--sizes", default="1,5", help="database sizes in GiB (default: 1,5)")
+    parser.add_argument("--cycles", type=int, default=5, help="cycles per method and size")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench", help="work directory")
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the pool, sources and copies (a re-run reuses them)",
-    )
-    parser.add_argument("--pool-size", default="40G", help="size of the sparse pool image")
-    parser.add_argument(
-        "--no-drop-caches",
-        action="store_true",
-        help="do not drop the OS page cache before creates and first reads",
-    )
+    parser.add_argument("--keep", action="store_true", help="keep pool and sources for a re-run")
+    parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
+    parser.add_argument("--no-drop-caches", action="store_true", help="keep the page cache warm")
     args = parser.parse_args(argv)
-    size_list = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    if not size_list or args.cycles < 1:
+    gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
+    if not gibs or args.cycles < 1:
         parser.error("need at least one size and one cycle")
     poolmod.require_root()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally blocks run
     bench = Bench(
         Path(args.work).resolve(), drop_caches=not args.no_drop_caches, pool_size=args.pool_size
     )
+    runs = [SizeRun(gib=g, scale=max(1, round(g * SCALE_PER_GIB))) for g in gibs]
     started, t0 = dt.datetime.now(dt.UTC), now()
-    runs = [SizeRun(size=n, scale=round(n * SCALE_PER_GIB)) for n in size_list]
     try:
         bench.open_pool()
         bench.sweep()

@@ -75,7 +75,7 @@ def running(
     ``scratch`` holds the socket, the configuration and the log (short path: sockets are
     limited to 107 bytes).
     """
-    work = Path(tempfile.mkdtemp(prefix="pgo-", dir=scratch))
+    work = Path(tempfile.mkdtemp(prefix=f"pgo-{os.getpid()}-", dir=scratch))
     try:
         os.chown(work, owner.uid, owner.gid)
         os.chmod(work, 0o700)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import locks, mounts, postmaster, seed
+from pgoverlay.runner import demo, locks, mounts, postmaster, seed
 from pgoverlay.runner.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     _branches(pool, report, now)
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
+    _scratch(pool, report)
     return report
 
 
@@ -128,3 +129,15 @@ def _bases(pool: Pool, report: Report) -> None:
             with contextlib.suppress(PgoverlayError), locks.hold(lock, timeout=0, what="seed"):
                 seed.remove_version(pool, base.name, base.version)
                 report.bases_removed.append(f"{base.name} v{base.version} (superseded)")
+
+
+def _scratch(pool: Pool, report: Report) -> None:
+    """Leftovers in tmp/: demo sources and private server directories of dead processes."""
+    for name in demo.leftover_sources(pool):
+        demo.cleanup_source(pool, name)
+        report.orphans.append(f"demo source {name}")
+    for path in pool.tmp.glob("pgo-*-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            report.orphans.append(f"scratch {path.name}")

@@ -265,3 +265,29 @@ def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
         done = cli(["pool", "init"], env=env)
         assert done.returncode == 0, done.stderr
         assert "image mode on xfs" in done.stdout
+
+
+def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
+    pool: Pool, env: dict[str, str]
+) -> None:
+    done = cli(["demo", "--scale", "1", "--branch", "demo-run"], env=env, timeout=600)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert "migration 001_loyalty_points.sql: applied" in done.stdout
+        assert "migration 002_order_status_index.sql: applied" in done.stdout
+        assert "pgoverlay branch destroy demo-run" in done.stdout
+        b = branch.get(pool, "demo-run")
+        assert b.password not in done.stdout + done.stderr
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT count(*) > 0 FROM open_orders").fetchone() == (True,)
+            assert conn.execute("SELECT max(loyalty_points) > 0 FROM customers").fetchone() == (
+                True,
+            )
+        again = cli(["demo", "--scale", "1", "--branch", "demo-run"], env=env, timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert "seed demo base" not in again.stdout, "a second demo reuses the base"
+    finally:
+        branch.destroy(pool, "demo-run")
+        for version in pool.registry.bases("demo"):
+            seed.remove_version(pool, "demo", version.version)
+    assert not list(pool.tmp.glob("demo-source-*"))

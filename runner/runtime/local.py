@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pgoverlay.errors import BranchStartError, PoolFullError
 from pgoverlay.runner import mounts, postmaster
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
@@ -38,9 +39,17 @@ class LocalRuntime:
             user=self.owner,
             log_path=layout.log_file,
         )
-        postmaster.wait_ready(
-            layout.data, child=child, log_path=layout.log_file, timeout=self.start_timeout
-        )
+        try:
+            postmaster.wait_ready(
+                layout.data, child=child, log_path=layout.log_file, timeout=self.start_timeout
+            )
+        except BranchStartError:
+            if "No space left on device" in postmaster.log_tail(layout.log_file, 20):
+                raise PoolFullError(
+                    "the pool is full, so the branch could not start: destroy branches "
+                    "(`pgoverlay branch list` shows their sizes) or grow the pool"
+                ) from None
+            raise
 
     def stop(self, layout: Layout) -> None:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.

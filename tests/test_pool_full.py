@@ -1,0 +1,92 @@
+"""A branch that fills the pool fails alone: the base and the other branches keep working."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import require_root, source_dsn
+
+from pgoverlay.errors import PoolFullError
+from pgoverlay.runner import branch, cluster, gc, mounts, seed
+from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.settings import Settings
+
+
+@pytest.fixture()
+def small_pool(source: cluster.Running) -> Iterator[Pool]:
+    require_root()
+    home = Path(tempfile.mkdtemp(prefix="pgoverlay-full-", dir="/var/tmp"))
+    p = poolmod.init(Settings(home=home, port_min=57300, port_max=57399), size="400M")
+    try:
+        seed.seed(p, "small", source_dsn=source_dsn(source))
+        yield p
+    finally:
+        for b in p.registry.branches():
+            branch.teardown(p, b)
+        for base in p.registry.bases():
+            seed.remove_version(p, base.name, base.version)
+        p.registry.close()
+        for target in mounts.mounts_under(home):
+            mounts.unmount(Path(target))
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def fill(pool: Pool, name: str) -> str:
+    """Write into ``name`` until the pool is full; return the error Postgres gave."""
+    kwargs = branch.connect_kwargs(pool, branch.get(pool, name))
+    with psycopg.connect(**kwargs, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ballast (filler text)")
+        conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")
+        for _ in range(400):
+            try:
+                conn.execute(
+                    "INSERT INTO ballast SELECT repeat(md5(g::text), 60) "
+                    "FROM generate_series(1, 100000) g"
+                )
+            except psycopg.Error as err:
+                return str(err)
+    raise AssertionError("the pool never filled up")
+
+
+def test_a_branch_filling_the_pool_fails_alone(small_pool: Pool) -> None:
+    pool = small_pool
+    branch.create(pool, "bystander")
+    branch.create(pool, "hog")
+    base_dir = pool.base_dir("small", 1)
+    before = sorted(os.fspath(p.relative_to(base_dir)) for p in base_dir.rglob("*"))
+
+    error = fill(pool, "hog")
+    assert "No space left on device" in error or "could not extend file" in error
+
+    # The base is untouched and the bystander still answers reads.
+    assert sorted(os.fspath(p.relative_to(base_dir)) for p in base_dir.rglob("*")) == before
+    bystander = branch.get(pool, "bystander")
+    with psycopg.connect(**branch.connect_kwargs(pool, bystander), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+
+    # A new branch needs almost no space (copy-up is a reflink clone): it is either made and
+    # serves reads, or refused as "pool is full" with nothing left behind.
+    try:
+        latecomer = branch.create(pool, "latecomer")
+    except PoolFullError as err:
+        assert "pool is full" in str(err)
+        assert pool.registry.branch("latecomer") is None
+        assert not branch.layout(pool, "latecomer").root.exists()
+    else:
+        with psycopg.connect(**branch.connect_kwargs(pool, latecomer)) as conn:
+            assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+        branch.destroy(pool, "latecomer")
+
+    # Destroying the hog gives the space back; the bystander writes again.
+    branch.destroy(pool, "hog")
+    gc.collect(pool)  # restarts the bystander if the full disk made it stop
+    with psycopg.connect(**branch.connect_kwargs(pool, bystander), autocommit=True) as conn:
+        conn.execute("CREATE TABLE after_full (x int)")
+        conn.execute("INSERT INTO after_full VALUES (1)")
