@@ -37,3 +37,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
     .venv/bin/python -m pip install -q -e '.[test]'
     echo "$want" > "$stamp"
 fi
+# Put the command on PATH for the runner admin.
+if [ -d /usr/local/bin ]; then
+    ln -sf "$PWD/.venv/bin/pgoverlay" /usr/local/bin/pgoverlay
+fi
