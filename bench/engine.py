@@ -113,7 +113,7 @@ a noisy machine hits them alike.
 
 ### Setup (one-off, per size)
 
-| size | pgbench scale | database | pgbench -i | seed: basebackup, verify, prepare | plain pg_basebackup |
+| size | scale | database | pgbench -i | seed (basebackup, verify, prepare) | plain basebackup |
 |---|---|---|---|---|---|
 {setup}
 {results}

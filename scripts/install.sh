@@ -32,9 +32,16 @@ python=${PYTHON:-python3}
 stamp=.venv/.installed
 want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$python" -m venv .venv
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[test]'
+    echo "installing the pgoverlay package into .venv"
+    log=$(mktemp)
+    if ! { "$python" -m venv .venv &&
+           .venv/bin/python -m pip install --upgrade pip &&
+           .venv/bin/python -m pip install -e '.[test]'; } >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "error: installing the package failed (output above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
     echo "$want" > "$stamp"
 fi
 # Put the command on PATH for the runner admin.
