@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -532,6 +532,9 @@ class Bench:
         pool_root = self.settings.home / "pool"
         if self.pool is not None:
             self.pool.registry.close()
+            # The engine leaves its per-pool socket parent (/run/pgoverlay/ID) behind.
+            with suppress(OSError):
+                branch.layout(self.pool, "any").socket_dir.parent.rmdir()
         for target in [*mounts.mounts_under(self.work), str(pool_root)]:  # deepest first
             mounts.unmount(Path(target))
         for pattern in ("pool-home", "tmp", "src-*", "raw-*", "ovl-*"):

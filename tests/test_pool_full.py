@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import require_root, source_dsn
 
+from helpers import require_root, source_dsn
 from pgoverlay.errors import PoolFullError
 from pgoverlay.runner import branch, cluster, gc, mounts, seed
 from pgoverlay.runner import pool as poolmod
