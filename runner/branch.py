@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pgoverlay.errors import (
     BaseMissingError,
@@ -30,7 +29,7 @@ from pgoverlay.errors import (
     PoolFullError,
     PortsExhaustedError,
 )
-from pgoverlay.runner import locks, pgbin, sizes
+from pgoverlay.runner import locks, pgbin, roles, sizes
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
@@ -199,7 +198,6 @@ def pick_port(pool: Pool, used: set[int]) -> int:
 
 
 def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> None:
-    """Create (or update) the branch's login role; only a SCRAM verifier crosses the wire."""
     with psycopg.connect(
         host=os.fspath(lay.socket_dir),
         port=branch.port,
@@ -208,19 +206,11 @@ def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> No
         autocommit=True,
         connect_timeout=10,
     ) as conn:
-        verifier = conn.pgconn.encrypt_password(
-            branch.password.encode(), branch.user.encode(), b"scram-sha-256"
-        ).decode()
-        exists = conn.execute(
-            "SELECT 1 FROM pg_roles WHERE rolname = %s", (branch.user,)
-        ).fetchone()
-        verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
-        power = sql.SQL("SUPERUSER" if pool.settings.branch_superuser else "CREATEDB CREATEROLE")
-        conn.execute("SET log_statement = 'none'")
-        conn.execute(
-            sql.SQL("{} {} LOGIN {} PASSWORD {}").format(
-                verb, sql.Identifier(branch.user), power, sql.Literal(verifier)
-            )
+        roles.set_login(
+            conn,
+            user=branch.user,
+            password=branch.password,
+            superuser=pool.settings.branch_superuser,
         )
 
 

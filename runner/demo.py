@@ -20,6 +20,7 @@ from pgoverlay.runner.registry import BaseVersion, Branch
 from pgoverlay.runner.sizes import LayerSize
 
 DEFAULT_SCALE = 10
+DEMO_OWNER = "shop_owner"
 
 
 def source_dir(pool: Pool, name: str) -> Path:
@@ -53,19 +54,22 @@ def seed_demo(
         with cluster.running(
             install, datadir, owner=pool.owner, scratch=pool.tmp, options=options
         ) as srv:
+            # Like most production databases, the schema belongs to an application role, not
+            # to a superuser: branch migrations run as a non-superuser member of that role.
             with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(DEMO_OWNER)))
                 conn.execute(
-                    sql.SQL("CREATE DATABASE {}").format(sql.Identifier(demo_data.DEMO_DATABASE))
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(demo_data.DEMO_DATABASE), sql.Identifier(DEMO_OWNER)
+                    )
                 )
             with psycopg.connect(
-                **srv.conninfo(
-                    user="postgres",
-                    dbname=demo_data.DEMO_DATABASE,
-                ),
-                autocommit=True,
+                **srv.conninfo(user="postgres", dbname=demo_data.DEMO_DATABASE), autocommit=True
             ) as conn:
+                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(DEMO_OWNER)))
                 for statement in demo_data.demo_schema_sql() + demo_data.demo_data_sql(scale):
                     conn.execute(statement.encode())
+                conn.execute("RESET ROLE")
                 conn.execute("CHECKPOINT")
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir),

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import cluster, proc
+from pgoverlay.runner import cluster, proc, roles
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
 
@@ -34,6 +34,7 @@ class Prepared:
     superuser: str
     size_bytes: int
     databases: list[str]
+    superuser_tables: int  # tables, views, sequences owned by a superuser in the branch database
 
 
 def start_lsn(datadir: Path) -> str:
@@ -73,28 +74,34 @@ def prepare(
     owner: OsUser,
     scratch: Path,
     login_candidates: list[str],
+    database: str,
     timeout: float,
 ) -> Prepared:
+    """Finish recovery, shut down cleanly, shrink WAL segments; ``database`` is the one
+    branches will serve."""
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
-    with (
-        cluster.running(install, datadir, owner=owner, scratch=scratch, timeout=timeout) as srv,
-        _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn,
-    ):
-        row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
-        superuser = str(row[0]) if row else "postgres"
-        size_row = conn.execute(
-            "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
-        ).fetchone()
-        databases = [
-            str(r[0])
-            for r in conn.execute(
-                "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
-            )
-        ]
-        if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
-            raise SeedError("the base is still in recovery after start; it cannot be prepared")
-        conn.execute("CHECKPOINT")
+    superuser_tables = 0
+    with cluster.running(install, datadir, owner=owner, scratch=scratch, timeout=timeout) as srv:
+        with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
+            row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+            superuser = str(row[0]) if row else "postgres"
+            size_row = conn.execute(
+                "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
+            ).fetchone()
+            databases = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
+                )
+            ]
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+                raise SeedError("the base is still in recovery after start; it cannot be prepared")
+        if database in databases:
+            with psycopg.connect(
+                **srv.conninfo(user=superuser, dbname=database), autocommit=True, connect_timeout=10
+            ) as conn:
+                superuser_tables = roles.superuser_owned_tables(conn)
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
@@ -108,4 +115,5 @@ def prepare(
         superuser=superuser,
         size_bytes=int(size_row[0] or 0) if size_row else 0,
         databases=databases,
+        superuser_tables=superuser_tables,
     )

@@ -261,12 +261,23 @@ def _seed_version(
             owner=pool.owner,
             scratch=pool.tmp,
             login_candidates=candidates,
+            database=src.dbname,
             timeout=pool.settings.command_timeout,
         )
         if src.dbname not in result.databases:
             raise SeedError(
                 f"database {src.dbname!r} from the DSN is not in the base "
                 f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
+            )
+        if result.superuser_tables and not pool.settings.branch_superuser:
+            log.warning(
+                "%s tables, views or sequences in %s are owned by superuser %s: migrations run "
+                "as a non-superuser and cannot alter them; give them a non-superuser owner in "
+                "the source, or set PGOVERLAY_BRANCH_SUPERUSER=true (the PR's SQL then runs "
+                "with full rights on the runner)",
+                result.superuser_tables,
+                src.dbname,
+                result.superuser,
             )
         store = pool.store_dir(name, version)
         store.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     listen_address: str = "127.0.0.1"
     advertise_host: str | None = None
     branch_user: str = "pgoverlay"
-    branch_superuser: bool = True
+    branch_superuser: bool = False
     shared_buffers: str = "32MB"
     max_connections: int = Field(default=30, ge=5)
     work_mem: str = "4MB"

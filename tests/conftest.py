@@ -75,11 +75,13 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
         options={"wal_level": "replica", "fsync": "off"},
     ) as srv:
         with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE app")
+            conn.execute("CREATE ROLE app_owner")
+            conn.execute("CREATE DATABASE app OWNER app_owner")
             conn.execute("CREATE ROLE norepl LOGIN")
         with psycopg.connect(
             **srv.conninfo(user="postgres", dbname="app"), autocommit=True
         ) as conn:
+            conn.execute("SET ROLE app_owner")
             conn.execute(
                 "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, "
                 "balance numeric NOT NULL)"
@@ -89,6 +91,7 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
                 "FROM generate_series(1, 200000) g"
             )
             conn.execute("CREATE INDEX accounts_owner ON accounts (owner)")
+            conn.execute("RESET ROLE")
             conn.execute("CHECKPOINT")
         yield srv
     shutil.rmtree(work, ignore_errors=True)

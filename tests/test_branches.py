@@ -190,3 +190,21 @@ def test_gc_reaps_an_expired_branch(pool: Pool, base: BaseVersion) -> None:
     report = gc.collect(pool, now=b.created_at + 61)
     assert report.expired == ["short-lived"]
     assert_no_leaks(pool, "short-lived", port=b.port)
+
+
+def test_branch_login_is_not_a_superuser_but_can_migrate_the_owners_tables(
+    pool: Pool, base: BaseVersion
+) -> None:
+    branch.create(pool, "deployer")
+    try:
+        with connect(pool, "deployer") as conn:
+            assert conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone() == (False,)
+            conn.execute("ALTER TABLE accounts ADD COLUMN note text")
+            conn.execute("CREATE INDEX accounts_note ON accounts (note)")
+            conn.execute("CREATE TABLE new_table (id int)")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("COPY (SELECT 1) TO PROGRAM 'true'")
+    finally:
+        branch.destroy(pool, "deployer")

@@ -1,0 +1,255 @@
+"""The one sticky PR comment and the job summary, rendered from a Report. Pure: no I/O, no clock.
+
+The comment starts with a hidden marker line so the Action can find it again, and stays under
+GitHub's size limit whatever the report holds: the migration table and the error excerpts are
+cut, with a note, when they would not fit. Every piece of user-controlled text is escaped so it
+cannot break the table, close a code fence or hide the rest of the comment in an HTML comment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from pgoverlay.action.report import MigrationRun, Report, RunStatus
+from pgoverlay.runner.sizes import format_bytes
+
+__all__ = [
+    "MAX_COMMENT",
+    "MAX_SUMMARY",
+    "format_bytes",
+    "has_marker",
+    "marker",
+    "render_comment",
+    "render_summary",
+]
+
+MAX_COMMENT = 65536  # GitHub's limit on a comment body (characters)
+MAX_SUMMARY = 1024 * 1024  # GitHub's limit on one step's $GITHUB_STEP_SUMMARY (bytes)
+MAX_ERRORS = 5  # error excerpts shown; the table still lists every failure
+_CELL = 200  # characters kept of one table cell or one value
+_MESSAGE = 1000  # characters kept of the one-line failure message
+_MIN_EXCERPT = 200  # an error excerpt is never cut below this many characters
+
+_VERDICT: dict[RunStatus, str] = {
+    "ready": "Ready",
+    "migration failed": "Migration failed",
+    "failed": "Failed",
+    "destroyed": "Destroyed",
+}
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+_SECRET = re.compile(r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,;]+)")
+_URL_SECRET = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+
+
+def marker(repository: str, pr: int | None, branch: str) -> str:
+    """The hidden first line of the comment, e.g. ``<!-- pgoverlay:branch o/r#12 pr-12 -->``."""
+    where = _token(repository) if pr is None else f"{_token(repository)}#{pr}"
+    return f"<!-- pgoverlay:branch {where} {_token(branch)} -->"
+
+
+def has_marker(body: str | None, mark: str) -> bool:
+    """True when ``body`` starts with ``mark``: a marker quoted in a reply does not count."""
+    return body is not None and body.startswith(mark)
+
+
+def render_comment(report: Report) -> str:
+    """The PR comment: the marker line, then the report; always under MAX_COMMENT characters."""
+    mark = marker(report.repository, report.pr, _branch_name(report))
+    return _render(report, head=mark + "\n", limit=MAX_COMMENT, size=len, see="the job summary")
+
+
+def render_summary(report: Report) -> str:
+    """The same report for $GITHUB_STEP_SUMMARY, without the marker; under MAX_SUMMARY bytes."""
+    return _render(report, head="", limit=MAX_SUMMARY, size=_utf8_len, see="the job log")
+
+
+def _token(text: str) -> str:
+    # Only characters that cannot end the HTML comment (no ">", no "!", no spaces).
+    return re.sub(r"[^A-Za-z0-9._/-]", "_", text) or "_"
+
+
+def _branch_name(report: Report) -> str:
+    # With no BranchInfo (creation failed) fall back to the PR's branch naming, so the
+    # failure lands in the same sticky comment as the later successful runs.
+    if report.branch is not None:
+        return report.branch.name
+    return f"pr-{report.pr}" if report.pr is not None else "-"
+
+
+def _render(
+    report: Report, *, head: str, limit: int, size: Callable[[str], int], see: str
+) -> str:
+    top = head + "\n\n".join(_top(report))
+    if report.status == "destroyed":
+        return top + "\n"
+    runs = report.migrations
+    rows = [_row(m) for m in runs]
+    failed = [m for m in runs if m.status == "failed" and m.error.strip()]
+    errors, hidden_errors = failed[:MAX_ERRORS], len(failed) - MAX_ERRORS
+
+    def build(kept: list[str], omitted: int, cap: int | None) -> str:
+        parts = [top]
+        if runs:
+            header = ["#### Migrations", "", "| File | Duration | Result |", "|---|--:|---|"]
+            table = "\n".join([*header, *kept])
+            if omitted:
+                table += f"\n\n… {_count(omitted, 'more migration')} not shown (see {see})"
+            parts.append(table)
+        elif report.status == "ready":
+            parts.append("No migrations in this pull request.")
+        parts += [_error(m, cap, see) for m in errors]
+        if hidden_errors > 0:
+            parts.append(f"… {_count(hidden_errors, 'more error')} not shown (see {see})")
+        return "\n\n".join(parts) + "\n"
+
+    body = build(rows, 0, None)
+    if size(body) < limit:
+        return body
+    # Too long: errors get at most a quarter of the room, the table what is left.
+    cap = max(_MIN_EXCERPT, limit // 4 // max(1, len(errors)))
+    budget = limit - 1 - size(build([], len(rows), cap))
+    while budget < 0 and cap > _MIN_EXCERPT:
+        cap = max(_MIN_EXCERPT, cap // 2)
+        budget = limit - 1 - size(build([], len(rows), cap))
+    # Failed rows first so the failure is never cut from the table, then the rest in order.
+    order = [i for i, m in enumerate(runs) if m.status == "failed"]
+    order += [i for i, m in enumerate(runs) if m.status != "failed"]
+    kept: set[int] = set()
+    for i in order:
+        cost = size(rows[i]) + 1  # the row and its newline
+        if cost > budget:
+            break
+        kept.add(i)
+        budget -= cost
+    return build([rows[i] for i in sorted(kept)], len(rows) - len(kept), cap)
+
+
+def _top(report: Report) -> list[str]:
+    """Status, where the branch is, how to reach it and what it came from: bounded in size."""
+    b = report.branch
+    parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
+    facts = []
+    if b is not None and report.status != "destroyed":
+        facts.append(f"Branch {_code(b.name)}")
+    if report.head_sha:
+        facts.append(f"head {_code(report.head_sha[:7])}")
+    if b is not None and b.create_seconds is not None and report.status != "destroyed":
+        facts.append(f"created in {b.create_seconds:.2f} s")
+    line = ", ".join(facts)
+    if report.run_url:
+        line += f"{'. ' if line else ''}[Workflow run]({_url(report.run_url)})"
+    if line:
+        parts.append(line)
+    if report.status == "destroyed":
+        merged = {
+            True: "the pull request was merged",
+            False: "the pull request was closed without merging",
+            None: "whether the pull request was merged is unknown",
+        }[report.merged]
+        name = f"Branch {_code(b.name)}" if b is not None else "The branch"
+        layer = _layer(b.layer_logical_bytes, b.layer_physical_bytes) if b else "unknown"
+        parts.append(f"{name} was destroyed: {merged}.")
+        parts.append(f"Final writable layer: {layer}.")
+    if report.message:
+        parts.append(_text(report.message, _MESSAGE))
+    if b is not None and report.status != "destroyed":
+        base = f"{_code(b.base_name, cell=True)}, PostgreSQL {b.base_version}"
+        if b.base_seeded_at is not None:
+            seeded = datetime.fromtimestamp(b.base_seeded_at, tz=UTC)
+            base += f", seeded {seeded:%Y-%m-%d %H:%M} UTC"
+        table = [
+            "| Connection | |",
+            "|---|---|",
+            f"| Host | {_code(b.host, cell=True)} |",
+            f"| Port | {_code(str(b.port), cell=True)} |",
+            f"| Database | {_code(b.database, cell=True)} |",
+            f"| User | {_code(b.user, cell=True)} |",
+        ]
+        if report.password_hint:
+            table.append(f"| Password | {_text(report.password_hint, _CELL, redact=False)} |")
+        table.append(f"| Writable layer | {_layer(b.layer_logical_bytes, b.layer_physical_bytes)} |")
+        table.append(f"| Base | {base} |")
+        table.append(f"| Runtime | {_code(b.runtime, cell=True)} |")
+        parts.append("\n".join(table))
+    return parts
+
+
+def _row(m: MigrationRun) -> str:
+    result = "**failed**" if m.status == "failed" else m.status
+    return f"| {_code(m.name, cell=True)} | {m.seconds:.2f} s | {result} |"
+
+
+def _error(m: MigrationRun, cap: int | None, see: str) -> str:
+    where = m.file or m.name
+    if m.file and m.line is not None:
+        where = f"{m.file}:{m.line}"
+    return f"#### Error in {_code(where)}\n\n{_fence(_excerpt(m.error, cap, see))}"
+
+
+def _excerpt(text: str, cap: int | None, see: str) -> str:
+    """The error text, redacted; past ``cap`` characters keep its start and its end."""
+    text = _redact(text.replace("\r\n", "\n").replace("\r", "\n")).strip("\n")
+    if cap is None or len(text) <= cap:
+        return text
+    head = cap * 2 // 3
+    tail = cap - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n… {cut:,} characters not shown (see {see}) …\n{text[-tail:]}"
+
+
+def _fence(text: str) -> str:
+    """A fenced code block that ``text`` cannot close: the fence outruns any backtick run."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _code(text: str, *, cell: bool = False) -> str:
+    """Inline code on one line; in a table cell its pipes are escaped (GFM unescapes them)."""
+    body = _clip(_redact(_one_line(text)), _CELL)
+    if not body:
+        return "(none)"
+    if cell:
+        body = body.replace("|", "\\|")
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", body)), default=0) + 1)
+    pad = " " if len(ticks) > 1 else ""
+    return f"{ticks}{pad}{body}{pad}{ticks}"
+
+
+def _text(text: str, limit: int, *, redact: bool = True) -> str:
+    """Plain text on one line, markdown and HTML characters escaped (safe in a table cell)."""
+    body = _clip(_redact(_one_line(text)) if redact else _one_line(text), limit)
+    return _MD_SPECIAL.sub(r"\\\1", body)
+
+
+def _redact(text: str) -> str:
+    """Hide what looks like a password (``password=...``, ``scheme://user:secret@``)."""
+    return _URL_SECRET.sub(r"\1[redacted]@", _SECRET.sub(r"\1\2[redacted]", text))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _layer(logical: int, physical: int) -> str:
+    return f"{format_bytes(logical)} logical, {format_bytes(physical)} physical"
+
+
+def _url(url: str) -> str:
+    # Percent-encode what would end a markdown link destination early (spaces, parentheses).
+    return quote(_one_line(url)[:2000], safe=":/?#[]@!$&'*+,;=%~")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -1,0 +1,52 @@
+"""What one run of the PR workflow found: the data behind the PR comment, the job summary and
+the step outputs. Plain data, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
+RunStatus = Literal["ready", "migration failed", "failed", "destroyed"]
+
+
+@dataclass(frozen=True)
+class MigrationRun:
+    """One migration: a file of the PR (SQL folder mode) or the migrate command."""
+
+    name: str  # repository-relative path of the file, or the command as written
+    status: MigrationStatus
+    seconds: float
+    error: str = ""  # error excerpt (never contains the password)
+    file: str | None = None  # repository-relative file the error came from
+    line: int | None = None  # line in that file
+
+
+@dataclass(frozen=True)
+class BranchInfo:
+    name: str
+    host: str
+    port: int
+    database: str
+    user: str
+    base_name: str
+    base_version: int
+    base_seeded_at: float | None
+    layer_logical_bytes: int
+    layer_physical_bytes: int
+    create_seconds: float | None = None
+    runtime: str = "local"
+
+
+@dataclass(frozen=True)
+class Report:
+    repository: str
+    pr: int | None  # None for events that are not about a pull request
+    head_sha: str
+    status: RunStatus
+    branch: BranchInfo | None
+    migrations: list[MigrationRun] = field(default_factory=list)
+    message: str = ""  # why the run failed, in one line
+    merged: bool | None = None  # on close: was the PR merged
+    password_hint: str = ""  # how to get the password; never the password itself
+    run_url: str = ""  # link to the workflow run, when known

@@ -1,0 +1,82 @@
+"""The branch's login role: who it is and what it may do.
+
+Migrations run as this role, so by default it is not a superuser (a superuser can run programs
+on the runner with ``COPY ... TO PROGRAM``). It may read and write all data, and it is made a
+member of every non-superuser role that owns objects in the branch's database, so it can alter
+what those roles own, as a deploy user would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+# Predefined roles a deploy user needs (pg_checkpoint exists from Postgres 15 on).
+PREDEFINED = ["pg_read_all_data", "pg_write_all_data", "pg_checkpoint"]
+
+# Roles that own user objects (not system catalogs) in the current database.
+_OWNERS = """
+SELECT DISTINCT r.rolname, r.rolsuper
+  FROM (SELECT c.relowner AS owner FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
+        UNION SELECT nspowner FROM pg_namespace
+         WHERE nspname <> 'information_schema' AND nspname NOT LIKE 'pg\\_%'
+        UNION SELECT p.proowner FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
+        UNION SELECT datdba FROM pg_database WHERE datname = current_database()) o
+  JOIN pg_roles r ON r.oid = o.owner
+ WHERE r.rolname NOT LIKE 'pg\\_%'
+ ORDER BY 1
+"""
+
+
+def owners(conn: psycopg.Connection[Any]) -> list[tuple[str, bool]]:
+    """(role, is superuser) for every role owning user objects in the connected database."""
+    return [(str(name), bool(sup)) for name, sup in conn.execute(_OWNERS).fetchall()]
+
+
+def superuser_owned_tables(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        """SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            JOIN pg_roles r ON r.oid = c.relowner
+           WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S')
+             AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
+             AND r.rolsuper"""
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def set_login(conn: psycopg.Connection[Any], *, user: str, password: str, superuser: bool) -> None:
+    """Create or update ``user`` with ``password``; only a SCRAM verifier is sent."""
+    verifier = conn.pgconn.encrypt_password(
+        password.encode(), user.encode(), b"scram-sha-256"
+    ).decode()
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone()
+    verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
+    power = sql.SQL(
+        "SUPERUSER" if superuser else "NOSUPERUSER CREATEDB CREATEROLE NOREPLICATION NOBYPASSRLS"
+    )
+    with conn.transaction():
+        conn.execute("SET LOCAL log_statement = 'none'")
+        conn.execute(
+            sql.SQL("{} {} LOGIN {} PASSWORD {}").format(
+                verb, sql.Identifier(user), power, sql.Literal(verifier)
+            )
+        )
+        if superuser:
+            return
+        for granted in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s) ORDER BY 1", (PREDEFINED,)
+        ).fetchall():
+            conn.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(granted[0]), sql.Identifier(user))
+            )
+        for owner, owner_is_superuser in owners(conn):
+            if not owner_is_superuser and owner != user:
+                conn.execute(
+                    sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner), sql.Identifier(user))
+                )
