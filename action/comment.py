@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from pgoverlay.action.report import MigrationRun, Report, RunStatus
+from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.sizes import format_bytes
 
 __all__ = [
@@ -68,7 +68,7 @@ def render_summary(report: Report) -> str:
 
 def _token(text: str) -> str:
     # Only characters that cannot end the HTML comment (no ">", no "!", no spaces).
-    return re.sub(r"[^A-Za-z0-9._/-]", "_", text) or "_"
+    return re.sub(r"[^A-Za-z0-9._/-]", "_", text[:_CELL]) or "_"
 
 
 def _branch_name(report: Report) -> str:
@@ -79,9 +79,7 @@ def _branch_name(report: Report) -> str:
     return f"pr-{report.pr}" if report.pr is not None else "-"
 
 
-def _render(
-    report: Report, *, head: str, limit: int, size: Callable[[str], int], see: str
-) -> str:
+def _render(report: Report, *, head: str, limit: int, size: Callable[[str], int], see: str) -> str:
     top = head + "\n\n".join(_top(report))
     if report.status == "destroyed":
         return top + "\n"
@@ -150,31 +148,32 @@ def _top(report: Report) -> list[str]:
             None: "whether the pull request was merged is unknown",
         }[report.merged]
         name = f"Branch {_code(b.name)}" if b is not None else "The branch"
-        layer = _layer(b.layer_logical_bytes, b.layer_physical_bytes) if b else "unknown"
         parts.append(f"{name} was destroyed: {merged}.")
-        parts.append(f"Final writable layer: {layer}.")
+        parts.append(f"Final writable layer: {_layer(b)}.")
     if report.message:
-        parts.append(_text(report.message, _MESSAGE))
+        parts.append(_prose(report.message, _MESSAGE, cell=False))
     if b is not None and report.status != "destroyed":
-        base = f"{_code(b.base_name, cell=True)}, PostgreSQL {b.base_version}"
-        if b.base_seeded_at is not None:
-            seeded = datetime.fromtimestamp(b.base_seeded_at, tz=UTC)
-            base += f", seeded {seeded:%Y-%m-%d %H:%M} UTC"
-        table = [
-            "| Connection | |",
-            "|---|---|",
-            f"| Host | {_code(b.host, cell=True)} |",
-            f"| Port | {_code(str(b.port), cell=True)} |",
-            f"| Database | {_code(b.database, cell=True)} |",
-            f"| User | {_code(b.user, cell=True)} |",
-        ]
-        if report.password_hint:
-            table.append(f"| Password | {_text(report.password_hint, _CELL, redact=False)} |")
-        table.append(f"| Writable layer | {_layer(b.layer_logical_bytes, b.layer_physical_bytes)} |")
-        table.append(f"| Base | {base} |")
-        table.append(f"| Runtime | {_code(b.runtime, cell=True)} |")
-        parts.append("\n".join(table))
+        parts.append(_details(b, report.password_hint))
     return parts
+
+
+def _details(b: BranchInfo, hint: str) -> str:
+    """How to connect, how big the writable layer is, what base the branch came from."""
+    base = f"{_code(b.base_name, cell=True)}, PostgreSQL {b.base_version}"
+    if b.base_seeded_at is not None:
+        base += f", seeded {datetime.fromtimestamp(b.base_seeded_at, tz=UTC):%Y-%m-%d %H:%M} UTC"
+    rows = [
+        ("Host", _code(b.host, cell=True)),
+        ("Port", _code(str(b.port), cell=True)),
+        ("Database", _code(b.database, cell=True)),
+        ("User", _code(b.user, cell=True)),
+        ("Password", _prose(hint, _CELL, cell=True, redact=False) if hint else ""),
+        ("Writable layer", _layer(b)),
+        ("Base", base),
+        ("Runtime", _code(b.runtime, cell=True)),
+    ]
+    lines = ["| Connection | |", "|---|---|"]
+    return "\n".join(lines + [f"| {key} | {value} |" for key, value in rows if value])
 
 
 def _row(m: MigrationRun) -> str:
@@ -209,7 +208,7 @@ def _fence(text: str) -> str:
 
 def _code(text: str, *, cell: bool = False) -> str:
     """Inline code on one line; in a table cell its pipes are escaped (GFM unescapes them)."""
-    body = _clip(_redact(_one_line(text)), _CELL)
+    body = _line(text, _CELL)
     if not body:
         return "(none)"
     if cell:
@@ -219,10 +218,15 @@ def _code(text: str, *, cell: bool = False) -> str:
     return f"{ticks}{pad}{body}{pad}{ticks}"
 
 
-def _text(text: str, limit: int, *, redact: bool = True) -> str:
-    """Plain text on one line, markdown and HTML characters escaped (safe in a table cell)."""
-    body = _clip(_redact(_one_line(text)) if redact else _one_line(text), limit)
-    return _MD_SPECIAL.sub(r"\\\1", body)
+def _prose(text: str, limit: int, *, cell: bool, redact: bool = True) -> str:
+    """One line of plain text, markdown and HTML escaped; `quoted` parts become inline code."""
+    body = _line(text, limit, redact=redact)
+    pieces = body.split("`")
+    if len(pieces) % 2 == 0:  # an odd number of backticks: no code, all plain text
+        pieces = [body]
+    return "".join(
+        _code(p, cell=cell) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p) for i, p in enumerate(pieces)
+    )
 
 
 def _redact(text: str) -> str:
@@ -230,21 +234,25 @@ def _redact(text: str) -> str:
     return _URL_SECRET.sub(r"\1[redacted]@", _SECRET.sub(r"\1\2[redacted]", text))
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def _line(text: str, limit: int, *, redact: bool = True) -> str:
+    """``text`` on one line (whitespace runs become one space), cut to ``limit`` characters."""
+    head = text[: limit * 8]  # bounded work on huge input
+    line = " ".join((_redact(head) if redact else head).split())
+    if len(line) > limit or len(head) < len(text):
+        line = line[: limit - 1] + "…"
+    return line
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _layer(logical: int, physical: int) -> str:
-    return f"{format_bytes(logical)} logical, {format_bytes(physical)} physical"
+def _layer(b: BranchInfo | None) -> str:
+    if b is None:
+        return "unknown"
+    logical, physical = format_bytes(b.layer_logical_bytes), format_bytes(b.layer_physical_bytes)
+    return f"{logical} logical, {physical} physical"
 
 
 def _url(url: str) -> str:
     # Percent-encode what would end a markdown link destination early (spaces, parentheses).
-    return quote(_one_line(url)[:2000], safe=":/?#[]@!$&'*+,;=%~")
+    return quote(_line(url, 2000, redact=False), safe=":/?#[]@!$&'*+,;=%~")
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,23 +1,36 @@
-"""Apply a folder of .sql migrations to a branch, each in its own transaction, and remember
-which ran (``pgoverlay.migrations`` in the branch) so a second run applies only what is new."""
+"""Choose a pull request's migrations and apply them to its branch.
+
+SQL folder mode applies each file with ``psql`` (the tool these files are written for: meta
+commands, ``COPY FROM STDIN`` and psql's own statement splitting all work), in one transaction
+unless the file holds a statement that cannot run in one. A ledger table in the branch,
+``pgoverlay.migrations``, records what ran. Command mode runs the project's own migration tool
+with the branch in ``DATABASE_URL`` and the libpq variables.
+
+The pure parts (statement positions, error-to-line mapping, transaction needs) are plain
+functions on text.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
+import sqlparse
+from sqlparse import tokens as T
 
-from pgoverlay.errors import MigrationError
+from pgoverlay.action.report import MigrationRun
+from pgoverlay.errors import CommandError, MigrationError
+from pgoverlay.runner import proc
 
-Status = Literal["applied", "skipped", "failed", "not run"]
-
-_TRACKING = """
+LEDGER = """
 CREATE SCHEMA IF NOT EXISTS pgoverlay;
 CREATE TABLE IF NOT EXISTS pgoverlay.migrations (
     name text PRIMARY KEY,
@@ -27,75 +40,304 @@ CREATE TABLE IF NOT EXISTS pgoverlay.migrations (
 );
 """
 
+# Statements Postgres refuses inside a transaction block, and explicit transaction control.
+_NO_TRANSACTION = re.compile(
+    r"""^\s*(
+        (CREATE|DROP)\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY
+      | REINDEX\b.*\bCONCURRENTLY
+      | VACUUM\b
+      | (CREATE|DROP)\s+(DATABASE|TABLESPACE)\b
+      | ALTER\s+SYSTEM\b
+      | ALTER\s+DATABASE\b.*\bSET\s+TABLESPACE\b
+      | (BEGIN|COMMIT|ROLLBACK|START\s+TRANSACTION|END)\b
+    )""",
+    re.IGNORECASE | re.VERBOSE | re.DOTALL,
+)
+_PSQL_ERROR = re.compile(
+    r"^psql:(?P<file>.+?):(?P<line>\d+): (?P<level>ERROR|FATAL):\s+(?P<msg>.*)$"
+)
+_STATEMENT_LINE = re.compile(r"^LINE (\d+):")
+
 
 @dataclass(frozen=True)
-class Result:
-    name: str
-    status: Status
-    seconds: float
-    error: str = ""
+class Statement:
+    start_line: int  # where psql's query buffer starts (leading -- comments are not sent)
+    end_line: int
+    text: str
 
 
-def _natural_key(path: Path) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+def statements(sql_text: str) -> list[Statement]:
+    """Split a file like psql does, keeping each statement's first and last line (1-based)."""
+    found: list[Statement] = []
+    line = 1
+    for stmt in sqlparse.parse(sql_text):
+        start: int | None = None
+        end = line
+        for token in stmt.flatten():  # type: ignore[no-untyped-call]
+            skippable = token.is_whitespace or token.ttype in T.Comment.Single
+            if start is None and not skippable:
+                start = line
+            if not token.is_whitespace and token.ttype not in T.Comment.Single:
+                end = line + token.value.count("\n")
+            line += token.value.count("\n")
+        if start is not None:
+            found.append(Statement(start, end, str(stmt).strip()))
+    return found
 
 
-def discover(folder: Path) -> list[Path]:
-    """The folder's .sql files in natural order (2_x.sql before 10_x.sql)."""
-    if not folder.is_dir():
-        raise MigrationError(
-            f"migrations folder {folder} does not exist: check the path (relative to the "
-            "working directory)"
+def needs_no_transaction(sql_text: str) -> bool:
+    """True if the file holds a statement that cannot run inside a transaction block."""
+    for stmt in statements(sql_text):
+        bare = sqlparse.format(stmt.text, strip_comments=True)
+        if _NO_TRANSACTION.match(bare):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class PsqlError:
+    file: str
+    line: int  # the line of the file the error points at
+    message: str  # the error and its DETAIL/HINT lines
+
+
+def parse_psql_error(stderr: str, sql_text: str) -> PsqlError | None:
+    """Map psql's ``psql:FILE:N: ERROR:`` (N = the statement's last line) and the server's
+    ``LINE k:`` (k = line within the statement) to the line in the file."""
+    lines = stderr.splitlines()
+    for i, text in enumerate(lines):
+        match = _PSQL_ERROR.match(text)
+        if not match:
+            continue
+        end_line = int(match.group("line"))
+        details = [match.group("msg")]
+        within: int | None = None
+        for follow in lines[i + 1 : i + 8]:
+            if _PSQL_ERROR.match(follow) or follow.startswith("psql:"):
+                break
+            found = _STATEMENT_LINE.match(follow)
+            if found and within is None:
+                within = int(found.group(1))
+            if follow.startswith(("DETAIL:", "HINT:", "CONTEXT:")):
+                details.append(follow.strip())
+        start = next(
+            (s.start_line for s in statements(sql_text) if s.start_line <= end_line <= s.end_line),
+            end_line,
         )
-    return sorted(
-        (p for p in folder.iterdir() if p.suffix == ".sql" and p.is_file()), key=_natural_key
-    )
+        line = start + within - 1 if within else start
+        return PsqlError(file=match.group("file"), line=line, message="\n".join(details))
+    return None
 
 
 def checksum(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def apply(conninfo: Mapping[str, Any], files: list[Path]) -> list[Result]:
-    """Apply ``files`` in order; stop at the first failure (the rest are 'not run')."""
-    results: list[Result] = []
-    with psycopg.connect(**conninfo, autocommit=True, connect_timeout=15) as conn:
-        conn.execute(_TRACKING)
-        done = dict(conn.execute("SELECT name, checksum FROM pgoverlay.migrations").fetchall())
-        failed = False
-        for path in files:
-            if failed:
-                results.append(Result(path.name, "not run", 0.0))
-                continue
-            text = path.read_text()
-            if path.name in done:
-                if done[path.name] != checksum(text):
-                    results.append(
-                        Result(
-                            path.name,
-                            "failed",
-                            0.0,
-                            "changed after it was applied; reset the branch",
-                        )
+# -- which files ---------------------------------------------------------------------------
+
+
+def _git(repo: Path, *args: str) -> str:
+    return proc.run(["git", "-C", repo, *args], timeout=120).stdout
+
+
+def changed_files(repo: Path, folder: str, *, base_sha: str, head_sha: str) -> list[str]:
+    """The .sql files under ``folder`` the PR adds or changes, in lexical order."""
+    try:
+        out = _git(
+            repo,
+            "diff",
+            "--name-only",
+            "--diff-filter=AMR",
+            "--no-renames",
+            f"{base_sha}...{head_sha}",
+            "--",
+            folder,
+        )
+    except CommandError as err:
+        raise MigrationError(
+            f"cannot compare {base_sha[:7]}...{head_sha[:7]} in {repo}: {err}; check out the "
+            "repository with its history (actions/checkout with fetch-depth: 0)"
+        ) from None
+    return sorted(p for p in out.splitlines() if p.endswith(".sql"))
+
+
+def all_files(repo: Path, folder: str) -> list[str]:
+    root = repo / folder
+    if not root.is_dir():
+        raise MigrationError(
+            f"migrations folder {folder!r} does not exist in {repo}: fix the `migrations` input "
+            "(a path relative to the working directory)"
+        )
+    return sorted(os.fspath(p.relative_to(repo)) for p in root.rglob("*.sql") if p.is_file())
+
+
+# -- applying ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to reach the branch; the password travels only in child environments."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+
+    def libpq_env(self) -> dict[str, str]:
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGPASSWORD": self.password,
+            "PGDATABASE": self.database,
+            "PGAPPNAME": "pgoverlay-migrate",
+            "PGCONNECT_TIMEOUT": "15",
+        }
+
+    def url(self) -> str:
+        from urllib.parse import quote
+
+        return (
+            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
+        )
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "dbname": self.database,
+        }
+
+
+def ledger(target: Target) -> dict[str, str]:
+    """name -> checksum of every migration recorded in the branch."""
+    with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
+        conn.execute(LEDGER)
+        return dict(conn.execute("SELECT name, checksum FROM pgoverlay.migrations").fetchall())
+
+
+def _record(target: Target, name: str, text: str, seconds: float) -> None:
+    with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
+        conn.execute(
+            "INSERT INTO pgoverlay.migrations (name, checksum, duration_ms) VALUES (%s, %s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
+            "applied_at = now(), duration_ms = EXCLUDED.duration_ms",
+            (name, checksum(text), int(seconds * 1000)),
+        )
+
+
+def scrub(text: str, secret: str) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+def apply_files(
+    target: Target,
+    repo: Path,
+    files: list[str],
+    *,
+    psql: Path,
+    skip_recorded: bool,
+    timeout: float,
+) -> list[MigrationRun]:
+    """Apply ``files`` (paths relative to ``repo``) in order; stop at the first failure."""
+    recorded = ledger(target)
+    results: list[MigrationRun] = []
+    for index, name in enumerate(files):
+        text = (repo / name).read_text()
+        if name in recorded:
+            if recorded[name] == checksum(text):
+                if skip_recorded:
+                    results.append(MigrationRun(name, "skipped", 0.0))
+                    continue
+            elif skip_recorded:
+                results.append(
+                    MigrationRun(
+                        name,
+                        "failed",
+                        0.0,
+                        "this file changed after it was applied to the branch; reset the branch "
+                        "(or push with reset-on-push enabled) to apply the new version",
+                        file=name,
                     )
-                    failed = True
-                else:
-                    results.append(Result(path.name, "skipped", 0.0))
-                continue
-            started = time.monotonic()
-            try:
-                with conn.transaction():
-                    conn.execute(text.encode())
-                    elapsed = time.monotonic() - started
-                    conn.execute(
-                        "INSERT INTO pgoverlay.migrations (name, checksum, duration_ms) "
-                        "VALUES (%s, %s, %s)",
-                        (path.name, checksum(text), int(elapsed * 1000)),
-                    )
-            except psycopg.Error as err:
-                message = (err.diag.message_primary or str(err)).strip()
-                results.append(Result(path.name, "failed", time.monotonic() - started, message))
-                failed = True
-                continue
-            results.append(Result(path.name, "applied", elapsed))
+                )
+                results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
+                return results
+        argv: list[str | os.PathLike[str]] = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        if not needs_no_transaction(text):
+            argv.append("--single-transaction")
+        argv += ["-f", name]
+        started = time.monotonic()
+        done = subprocess.run(
+            [os.fspath(a) for a in argv],
+            cwd=repo,
+            env=proc.child_env(target.libpq_env()),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        seconds = time.monotonic() - started
+        if done.returncode == 0:
+            _record(target, name, text, seconds)
+            results.append(MigrationRun(name, "applied", seconds))
+            continue
+        stderr = scrub(done.stderr, target.password)
+        error = parse_psql_error(stderr, text)
+        results.append(
+            MigrationRun(
+                name,
+                "failed",
+                seconds,
+                error.message if error else proc.last_lines(stderr, 5),
+                file=name,
+                line=error.line if error else None,
+            )
+        )
+        results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
+        break
     return results
+
+
+def run_command(
+    target: Target,
+    command: str,
+    *,
+    cwd: Path,
+    timeout: float,
+    echo: Callable[[str], None] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> MigrationRun:
+    """Run the project's own migration command against the branch."""
+    env = {**target.libpq_env(), "DATABASE_URL": target.url(), **(extra_env or {})}
+    env.pop("PGAPPNAME")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", command],
+            cwd=cwd,
+            env=proc.child_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return MigrationRun(
+            command,
+            "failed",
+            time.monotonic() - started,
+            f"the migrate command did not finish within {timeout:.0f} s",
+        )
+    seconds = time.monotonic() - started
+    output = scrub(done.stdout + done.stderr, target.password)
+    if echo is not None:
+        for line in output.splitlines():
+            echo(line)
+    if done.returncode == 0:
+        return MigrationRun(command, "applied", seconds)
+    tail = "\n".join(output.strip().splitlines()[-15:]) or f"exit code {done.returncode}"
+    return MigrationRun(command, "failed", seconds, tail)

@@ -22,7 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pgoverlay.errors import ConfigError, PgoverlayError
+from pgoverlay import demo as demo_run
+from pgoverlay.errors import ConfigError, MigrationError, PgoverlayError
 from pgoverlay.runner import branch, demo, doctor, gc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.names import parse_duration
@@ -322,18 +323,19 @@ def cmd_branch_size(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-
     p = _pool()
     bar, update = _seed_progress()
     with bar:
-        result = demo.run(p, branch_name=args.branch, scale=args.scale, progress=update)
+        result = demo_run.run(p, branch_name=args.branch, scale=args.scale, progress=update)
     out.print(
         f"[bold]base[/] {result.base.name} v{result.base.version}: "
         f"{_size(result.base.size_bytes)} of sample data"
     )
     out.print(f"[bold]branch[/] {result.branch.name} on port {result.branch.port}")
-    for name, status, seconds in result.migrations:
-        out.print(f"  migration {name}: {status} ({seconds:.2f} s)")
+    for m in result.migrations:
+        where = f" at {m.file}:{m.line}" if m.line else ""
+        detail = f": {m.error}{where}" if m.error else ""
+        out.print(f"  migration {m.name}: {m.status}{detail} ({m.seconds:.2f} s)")
     out.print(
         f"[bold]writable layer[/] {_size(result.layer.logical_bytes)} logical, "
         f"{_size(result.layer.physical_bytes)} physical"
@@ -342,8 +344,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out.print(f"  {step}: {seconds:.2f} s")
     out.print(f'[bold]connect[/] psql "$(pgoverlay branch connect {result.branch.name})"')
     out.print(f"[bold]destroy[/] pgoverlay branch destroy {result.branch.name}")
-    failed = any(status.startswith("failed") for _, status, _ in result.migrations)
-    return 21 if failed else 0
+    failed = any(m.status == "failed" for m in result.migrations)
+    return MigrationError.exit_code if failed else 0
 
 
 # -- parser -------------------------------------------------------------------------------

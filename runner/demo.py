@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgoverlay.runner import branch as branches
 from pgoverlay.runner import cluster, demo_data, locks, pgbin, postmaster, seed
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
-from pgoverlay.runner.sizes import LayerSize
+from pgoverlay.runner.registry import BaseVersion
 
 DEFAULT_SCALE = 10
 DEMO_OWNER = "shop_owner"
@@ -96,60 +92,3 @@ def leftover_sources(pool: Pool) -> list[str]:
         for p in pool.tmp.glob("demo-source-*")
         if locks.is_free(pool.lock_path("seed", p.name.removeprefix("demo-source-")))
     ]
-
-
-def example_migrations() -> Path:
-    import pgoverlay.examples
-
-    return Path(pgoverlay.examples.__file__).parent / "migrations"
-
-
-@dataclass
-class DemoRun:
-    base: BaseVersion
-    branch: Branch
-    url: str
-    layer: LayerSize
-    migrations: list[tuple[str, str, float]]
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-def run(
-    pool: Pool,
-    *,
-    branch_name: str = "demo",
-    base_name: str = "demo",
-    scale: int = DEFAULT_SCALE,
-    progress: seed.Progress | None = None,
-) -> DemoRun:
-    from pgoverlay.action import migrations
-
-    timings: dict[str, float] = {}
-    started = time.monotonic()
-    base = pool.registry.latest_base(base_name)
-    if base is None:
-        base = seed_demo(pool, base_name, scale=scale, progress=progress)
-        timings["seed demo base"] = time.monotonic() - started
-    if pool.registry.branch(branch_name) is not None:
-        mark = time.monotonic()
-        branches.destroy(pool, branch_name)
-        timings["destroy previous demo branch"] = time.monotonic() - mark
-    mark = time.monotonic()
-    branch = branches.create(pool, branch_name, base_name=base.name)
-    timings["create branch"] = time.monotonic() - mark
-    mark = time.monotonic()
-    results = migrations.apply(
-        branches.connect_kwargs(pool, branch), migrations.discover(example_migrations())
-    )
-    timings["apply migrations"] = time.monotonic() - mark
-    return DemoRun(
-        base=base,
-        branch=branch,
-        url=branches.url(pool, branch),
-        layer=branches.layer_size(pool, branch_name),
-        migrations=[
-            (r.name, r.status if not r.error else f"{r.status}: {r.error}", r.seconds)
-            for r in results
-        ],
-        timings=timings,
-    )

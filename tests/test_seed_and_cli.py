@@ -273,8 +273,8 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
     done = cli(["demo", "--scale", "1", "--branch", "demo-run"], env=env, timeout=600)
     try:
         assert done.returncode == 0, done.stderr
-        assert "migration 001_loyalty_points.sql: applied" in done.stdout
-        assert "migration 002_order_status_index.sql: applied" in done.stdout
+        assert "migration migrations/001_loyalty_points.sql: applied" in done.stdout
+        assert "migration migrations/002_order_status_index.sql: applied" in done.stdout
         assert "pgoverlay branch destroy demo-run" in done.stdout
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr

@@ -1,0 +1,81 @@
+"""`pgoverlay demo`: the product's main job on sample data, on this machine.
+
+Seeds the demo base if it is missing, creates a branch, applies the example migrations the way
+the PR workflow applies a pull request's, and reports what each step took.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgoverlay.action import migrations
+from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner import branch as branches
+from pgoverlay.runner import demo, pgbin, seed
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.sizes import LayerSize
+
+
+def examples_dir() -> Path:
+    import pgoverlay.examples
+
+    return Path(pgoverlay.examples.__file__).parent
+
+
+@dataclass
+class DemoRun:
+    base: BaseVersion
+    branch: Branch
+    layer: LayerSize
+    migrations: list[MigrationRun]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run(
+    pool: Pool,
+    *,
+    branch_name: str = "demo",
+    base_name: str = "demo",
+    scale: int = demo.DEFAULT_SCALE,
+    progress: seed.Progress | None = None,
+) -> DemoRun:
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    base = pool.registry.latest_base(base_name)
+    if base is None:
+        base = demo.seed_demo(pool, base_name, scale=scale, progress=progress)
+        timings["seed demo base"] = time.monotonic() - started
+    if pool.registry.branch(branch_name) is not None:
+        mark = time.monotonic()
+        branches.destroy(pool, branch_name)
+        timings["destroy previous demo branch"] = time.monotonic() - mark
+    mark = time.monotonic()
+    branch = branches.create(pool, branch_name, base_name=base.name)
+    timings["create branch"] = time.monotonic() - mark
+    mark = time.monotonic()
+    repo = examples_dir()
+    results = migrations.apply_files(
+        migrations.Target(
+            host=pool.settings.public_host,
+            port=branch.port,
+            user=branch.user,
+            password=branch.password,
+            database=branch.database,
+        ),
+        repo,
+        migrations.all_files(repo, "migrations"),
+        psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),
+        skip_recorded=True,
+        timeout=pool.settings.command_timeout,
+    )
+    timings["apply migrations"] = time.monotonic() - mark
+    return DemoRun(
+        base=base,
+        branch=branch,
+        layer=branches.layer_size(pool, branch_name),
+        migrations=results,
+        timings=timings,
+    )
