@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 import time
 
@@ -246,7 +247,42 @@ def test_everything_huge_still_fits_in_the_comment_and_the_summary() -> None:
     assert len(body) < MAX_COMMENT
     assert body.startswith(marker("acme/shop", 12, big) + "\n### pgoverlay: **Migration failed**")
     assert "more error" in body and "more migrations not shown" in body
-    assert len(render_summary(huge).encode()) < MAX_SUMMARY
+    summary = render_summary(huge)
+    assert len(summary.encode()) < MAX_SUMMARY < len(summary) * 4  # cut by bytes, not characters
+    assert "more migrations not shown (see the job log)" in summary
+
+
+def test_random_nasty_text_never_breaks_the_table_or_the_limit() -> None:
+    rng = random.Random(20240601)
+    alphabet = "|`\\\n\r<>!-*_[]()&#@ aé😀~"
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(n)))
+
+    for _ in range(15):
+        runs = [
+            MigrationRun("x" + text(80), rng.choice(["applied", "failed", "not run"]), 0.5,
+                         error=text(3000))
+            for _ in range(rng.randrange(1, 400))
+        ]
+        r = report(status="migration failed", migrations=runs, message=text(300),
+                   password_hint=text(100), branch=branch(host=text(50), user=text(50)))
+        body = render_comment(r)
+        assert len(body) < MAX_COMMENT and has_marker(body, MARK)
+        assert "**Migration failed**" in body
+        cut = re.search(r"… ([\d,]+) more migrations? not shown", body)
+        rows = migration_rows(body)
+        assert len(rows) + (int(cut.group(1).replace(",", "")) if cut else 0) == len(runs)
+        names = sorted(" ".join(m.name.split()) for m in runs)
+        spans = sorted(
+            child.content
+            for tok in tokens(body) if tok.type == "inline" and tok.content in
+            {row[0] for row in rows}
+            for child in tok.children or [] if child.type == "code_inline"
+        )
+        assert len(spans) == len(rows) and set(spans) <= set(names)  # each cell: the name
+        assert all(row[1] == "0.50 s" for row in rows)
+        assert any(t.content == "Runtime" for t in tokens(body) if t.type == "inline")
 
 
 def test_summary_is_the_comment_without_the_marker() -> None:

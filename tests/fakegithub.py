@@ -1,0 +1,876 @@
+"""A fake GitHub REST API for tests: real HTTP, in-memory state, checked against GitHub's OpenAPI.
+
+GitHub is unreachable from the test machines, so this stands in for it. It speaks HTTP (the
+standard library's `ThreadingHTTPServer`), keeps repositories, pulls, issue comments, commit
+statuses and check runs in memory, and checks every request to an operation of
+`shared/github-fixtures/github_openapi_subset.json`, and its own answer, with openapi-core. A
+request that fails the check gets GitHub's 422 and is recorded in `violations`; so is an answer of
+the fake that does not match the schema. Tests end with `assert fake.violations == []`.
+
+In a test::
+
+    with FakeGitHub() as gh:
+        gh.add_token("ghp_alice", "alice")
+        gh.add_pull("octo/app", 7, "a" * 40, "b" * 40)
+        Github(auth=Auth.Token("ghp_alice"), base_url=gh.url).get_repo("octo/app")
+
+As a process, for a workflow run by `act`::
+
+    python tests/fakegithub.py --port 0 --state state.json    # prints its URL, then serves
+
+It loads `state.json` if present (seed one with `FakeGitHub(state_file=...)` and the `add_*`
+methods) and rewrites it after every change, request log included. Token values are never kept:
+tokens are stored as SHA-256 digests and the log drops the Authorization header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import sys
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, cast
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from openapi_core import OpenAPI
+from openapi_core.exceptions import OpenAPIError
+from openapi_core.templating.paths.exceptions import PathError
+from openapi_core.templating.responses.exceptions import ResponseNotFound
+from openapi_core.testing import MockRequest, MockResponse
+
+SPEC = Path(__file__).resolve().parents[2] / "shared/github-fixtures/github_openapi_subset.json"
+SPEC_SERVER = "https://api.github.com"  # requests are checked as if they were sent there
+WEB = "https://github.com"
+DOCS = "https://docs.github.com/rest"
+Json = dict[str, Any]
+Kind = Literal["user", "installation", "app"]
+
+_USER_URLS = "events followers following gists organizations received_events repos starred"
+_REPO_URLS = (
+    "archive assignees blobs branches collaborators comments commits compare contents "
+    "contributors deployments downloads events forks git_commits git_refs git_tags hooks "
+    "issue_comment issue_events issues keys labels languages merges milestones notifications "
+    "pulls releases stargazers statuses subscribers subscription tags teams trees"
+)
+_APP_PERMISSIONS = {
+    "checks": "write",
+    "issues": "write",
+    "metadata": "read",
+    "pull_requests": "write",
+    "statuses": "write",
+}
+_R = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"
+# Parameters match anything: openapi-core, not the router, rejects a bad one (with a 422).
+ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (m, re.compile(p), name)
+    for m, p, name in [
+        ("POST", _R + r"/issues/(?P<number>[^/]+)/comments", "create_comment"),
+        ("GET", _R + r"/issues/(?P<number>[^/]+)/comments", "list_comments"),
+        ("PATCH", _R + r"/issues/comments/(?P<id>[^/]+)", "update_comment"),
+        ("DELETE", _R + r"/issues/comments/(?P<id>[^/]+)", "delete_comment"),
+        ("POST", _R + r"/statuses/(?P<sha>[^/]+)", "create_status"),
+        ("POST", _R + r"/check-runs", "create_check_run"),
+        ("PATCH", _R + r"/check-runs/(?P<id>[^/]+)", "update_check_run"),
+        ("GET", _R + r"/pulls", "list_pulls"),
+        ("GET", _R + r"/pulls/(?P<number>[^/]+)", "get_pull"),
+        ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
+        # Outside the subset, so unchecked: what PyGithub fetches on the way.
+        ("GET", r"/user", "get_user"),
+        ("GET", _R, "get_repo"),
+        ("GET", _R + r"/commits/(?P<sha>[^/]+)", "get_commit"),
+    ]
+]
+
+
+def now(delta: timedelta = timedelta()) -> str:
+    return (datetime.now(UTC) + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def error(message: str, **extra: Any) -> Json:
+    """GitHub's error body."""
+    return {"message": message, "documentation_url": DOCS, **extra}
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def jwt_issuer(token: str) -> str:
+    """The `iss` claim of a JWT, signature unchecked; "" when the token is no JWT."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return ""
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return ""
+    return str(claims.get("iss", "")) if isinstance(claims, dict) else ""
+
+
+def describe(exc: Exception) -> str:
+    """One line from an openapi-core validation error, with the schema's complaints."""
+    schema_errors = getattr(exc.__cause__, "schema_errors", None)
+    if schema_errors:
+        head = str(exc).split(": Value ")[0]
+        return f"{head}: " + "; ".join(e.message for e in schema_errors)
+    return f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)
+
+
+@cache
+def load_spec(path: Path) -> OpenAPI:
+    return OpenAPI.from_dict(json.loads(path.read_text()))
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any = None  # JSON-ready; None sends no body
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Fail(Exception):
+    """Raised by a route to answer with GitHub's error shape."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.reply = Reply(status, error(message))
+
+
+@dataclass(frozen=True)
+class Caller:
+    login: str
+    kind: Kind
+
+
+@dataclass
+class Call:
+    caller: Caller
+    path: str
+    params: dict[str, str]
+    query: dict[str, str]
+    body: Any
+
+
+@dataclass
+class State:
+    """Everything the fake knows, JSON-ready: what `save` writes and `--state` loads."""
+
+    next_id: int = 1000
+    users: dict[str, int] = field(default_factory=dict)  # login -> id
+    tokens: dict[str, Json] = field(default_factory=dict)  # sha256(token) -> {login, kind}
+    apps: dict[str, str] = field(default_factory=dict)  # app id -> slug
+    repos: dict[str, Json] = field(default_factory=dict)  # full name -> {id, fork}
+    issues: dict[str, list[int]] = field(default_factory=dict)  # full name -> numbers
+    pulls: list[Json] = field(default_factory=list)
+    comments: list[Json] = field(default_factory=list)
+    statuses: list[Json] = field(default_factory=list)
+    check_runs: list[Json] = field(default_factory=list)
+    faults: list[Json] = field(default_factory=list)
+    requests: list[Json] = field(default_factory=list)
+    violations: list[Json] = field(default_factory=list)
+
+
+class FakeGitHub:
+    """The fake API. Seed it with the `add_*` methods, `start()` it, point a client at `url`."""
+
+    def __init__(self, *, port: int = 0, state_file: Path | None = None, spec: Path = SPEC) -> None:
+        self.port = port
+        self.state_file = state_file
+        self.state = State()
+        if state_file is not None and state_file.exists() and state_file.stat().st_size:
+            self.state = State(**json.loads(state_file.read_text()))
+        self._spec = load_spec(spec)
+        self._lock = threading.RLock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> FakeGitHub:
+        self._server = _Server(self)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fakegithub")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> FakeGitHub:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeGitHub is not started: call start() or use it in a with block")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> list[Json]:
+        with self._lock:
+            return list(self.state.requests)
+
+    @property
+    def violations(self) -> list[Json]:
+        with self._lock:
+            return list(self.state.violations)
+
+    def save(self, path: Path | None = None) -> None:
+        target = path or self.state_file
+        if target is None:
+            raise ValueError("no path given and no state_file set")
+        with self._lock:
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.write_text(json.dumps(asdict(self.state), indent=1))
+            os.replace(tmp, target)
+
+    # -- seeding ----------------------------------------------------------------------------
+    def add_token(self, token: str, login: str, *, kind: Kind = "user") -> None:
+        """Accept `token` as `login`; an installation acts as `<slug>[bot]`, a Bot."""
+        if kind == "installation" and not login.endswith("[bot]"):
+            login += "[bot]"
+        with self._lock:
+            self.state.tokens[digest(token)] = {"login": login, "kind": kind}
+            self._user_id(login)
+            self._changed()
+
+    def add_app(self, app_id: int, slug: str) -> None:
+        """Accept JWTs whose `iss` is `app_id` (signature unchecked) as the GitHub App `slug`."""
+        with self._lock:
+            self.state.apps[str(app_id)] = slug
+            self._changed()
+
+    def add_repo(self, repo: str, *, fork: bool = False) -> None:
+        with self._lock:
+            if repo not in self.state.repos:
+                self.state.repos[repo] = {"id": self._next_id(), "fork": fork}
+            self._changed()
+
+    def add_issue(self, repo: str, number: int) -> None:
+        self.add_repo(repo)
+        with self._lock:
+            if number not in (numbers := self.state.issues.setdefault(repo, [])):
+                numbers.append(number)
+            self._changed()
+
+    def add_pull(
+        self,
+        repo: str,
+        number: int,
+        head_sha: str,
+        base_sha: str,
+        *,
+        head_repo: str | None = None,
+        state: Literal["open", "closed"] = "open",
+        draft: bool = False,
+        labels: Iterable[str] = (),
+        head_ref: str = "feature",
+        base_ref: str = "main",
+        title: str = "A change",
+        body: str | None = None,
+        login: str = "octocat",
+        merged: bool = False,
+    ) -> None:
+        head_repo = head_repo or repo
+        self.add_issue(repo, number)
+        self.add_repo(head_repo, fork=head_repo != repo)
+        with self._lock:
+            self._user_id(login)
+            t = now()
+            self.state.pulls.append(
+                {
+                    "id": self._next_id(),
+                    "repo": repo,
+                    "number": number,
+                    "head_sha": head_sha,
+                    "base_sha": base_sha,
+                    "head_repo": head_repo,
+                    "head_ref": head_ref,
+                    "base_ref": base_ref,
+                    "state": state,
+                    "draft": draft,
+                    "labels": list(labels),
+                    "title": title,
+                    "body": body,
+                    "login": login,
+                    "merged": merged,
+                    "created_at": t,
+                    "updated_at": t,
+                    "closed_at": None if state == "open" else t,
+                }
+            )
+            self._changed()
+
+    def add_comment(self, repo: str, issue: int, body: str, login: str) -> int:
+        self.add_issue(repo, issue)
+        with self._lock:
+            comment = self._new_comment(repo, issue, body, login)
+            self._changed()
+            return int(comment["id"])
+
+    def fail_next(
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        *,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> None:
+        """Answer the next `times` requests whose path matches (re.search) with `status`."""
+        with self._lock:
+            self.state.faults.append(
+                {
+                    "method": method.upper(),
+                    "path": path_regex,
+                    "status": status,
+                    "times": times,
+                    "headers": headers or {},
+                    "body": body,
+                }
+            )
+            self._changed()
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def respond(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
+        """Answer one request and log it (the Authorization header left out)."""
+        split = urlsplit(target)
+        query = dict(parse_qsl(split.query, keep_blank_values=True))
+        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
+        record: Json = {
+            "method": method,
+            "path": split.path,
+            "query": query,
+            "json": None,
+            "status": 0,
+            "login": None,
+            "injected": False,
+            "headers": {k: v for k, v in headers.items() if k.lower() != "authorization"},
+        }
+        with self._lock:
+            reply = self._answer(method, split.path, query, auth, raw, record)
+            record["status"] = reply.status
+            self.state.requests.append(record)
+            self._changed()
+        return reply
+
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        auth: str | None,
+        raw: bytes,
+        record: Json,
+    ) -> Reply:
+        for fault in self.state.faults:
+            if fault["method"] == method and re.search(fault["path"], path):
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    self.state.faults.remove(fault)
+                record["injected"] = True
+                body = fault["body"]
+                body = error(HTTPStatus(fault["status"]).phrase) if body is None else body
+                return Reply(fault["status"], body, dict(fault["headers"]))
+        try:
+            record["json"] = body = json.loads(raw) if raw else None
+        except ValueError:
+            self._violation("request", method, path, "the body is not JSON")
+            return Reply(400, error("Problems parsing JSON"))
+        caller = self._caller(auth)
+        if caller is None:
+            return Reply(401, error("Bad credentials" if auth else "Requires authentication"))
+        record["login"] = caller.login
+        route = next(
+            ((n, m) for v, p, n in ROUTES if v == method and (m := p.fullmatch(path))), None
+        )
+        if route is None:
+            return Reply(404, error("Not Found"))
+        name, match = route
+        request = MockRequest(SPEC_SERVER, method, path, args=query, data=raw)
+        params = {k: unquote(v) for k, v in match.groupdict().items()}
+        checked, rejected = True, ""
+        try:
+            self._spec.validate_request(request)
+        except PathError:
+            checked = False  # not an operation of the subset: answered unchecked
+        except OpenAPIError as exc:
+            rejected = describe(exc)
+        if rejected:
+            self._violation("request", method, path, rejected)
+            errors = [{"code": "invalid", "message": rejected}]
+            reply = Reply(422, error(f"Invalid request.\n\n{rejected}", errors=errors))
+        else:
+            handler = cast(Callable[[Call], Reply], getattr(self, "_" + name))
+            try:
+                reply = handler(Call(caller, path, params, query, body))
+            except Fail as exc:
+                reply = exc.reply
+        if checked:
+            data = b"" if reply.body is None else json.dumps(reply.body).encode()
+            try:
+                self._spec.validate_response(request, MockResponse(data, reply.status))
+            except ResponseNotFound:
+                pass  # GitHub documents few error statuses per operation (no 401, rarely 403)
+            except OpenAPIError as exc:
+                self._violation("response", method, path, describe(exc))
+        return reply
+
+    def _caller(self, auth: str | None) -> Caller | None:
+        scheme, _, token = (auth or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() not in ("token", "bearer") or not token:
+            return None
+        if known := self.state.tokens.get(digest(token)):
+            return Caller(known["login"], known["kind"])
+        slug = self.state.apps.get(jwt_issuer(token))
+        return Caller(slug, "app") if slug else None
+
+    def _violation(self, kind: str, method: str, path: str, detail: str) -> None:
+        self.state.violations.append(
+            {"kind": kind, "method": method, "path": path, "error": detail}
+        )
+
+    def _changed(self) -> None:
+        if self.state_file is not None:
+            self.save()
+
+    def _next_id(self) -> int:
+        self.state.next_id += 1
+        return self.state.next_id
+
+    def _user_id(self, login: str) -> int:
+        if login not in self.state.users:
+            self.state.users[login] = self._next_id()
+        return self.state.users[login]
+
+    def _new_comment(self, repo: str, issue: int, body: str, login: str) -> Json:
+        self._user_id(login)
+        t = now()
+        comment = {
+            "id": self._next_id(),
+            "repo": repo,
+            "issue": issue,
+            "body": body,
+            "login": login,
+            "created_at": t,
+            "updated_at": t,
+        }
+        self.state.comments.append(comment)
+        return comment
+
+    # -- routes -----------------------------------------------------------------------------
+    def _repo(self, call: Call) -> str:
+        wanted = f"{call.params['owner']}/{call.params['repo']}".lower()
+        for name in self.state.repos:
+            if name.lower() == wanted:  # GitHub's names are case-insensitive
+                return name
+        raise Fail(404, "Not Found")
+
+    def _issue(self, call: Call) -> tuple[str, int]:
+        repo, number = self._repo(call), int(call.params["number"])
+        if number not in self.state.issues.get(repo, []):
+            raise Fail(404, "Not Found")
+        return repo, number
+
+    def _own_comment(self, call: Call) -> Json:
+        repo, cid = self._repo(call), int(call.params["id"])
+        found = [c for c in self.state.comments if c["id"] == cid and c["repo"] == repo]
+        if not found:
+            raise Fail(404, "Not Found")
+        if found[0]["login"] != call.caller.login:
+            raise Fail(
+                403,
+                "Resource not accessible by integration"
+                if call.caller.kind == "installation"
+                else "Must have admin rights",
+            )
+        return found[0]
+
+    def _create_comment(self, call: Call) -> Reply:
+        repo, number = self._issue(call)
+        out = self._comment_json(
+            self._new_comment(repo, number, call.body["body"], call.caller.login)
+        )
+        return Reply(201, out, {"Location": out["url"]})
+
+    def _list_comments(self, call: Call) -> Reply:
+        repo, number = self._issue(call)
+        since = call.query.get("since", "")
+        items = [
+            c
+            for c in self.state.comments
+            if c["repo"] == repo and c["issue"] == number and c["updated_at"] >= since
+        ]
+        return self._page(sorted(items, key=lambda c: c["id"]), call, self._comment_json)
+
+    def _update_comment(self, call: Call) -> Reply:
+        comment = self._own_comment(call)
+        comment.update(body=call.body["body"], updated_at=now())
+        return Reply(200, self._comment_json(comment))
+
+    def _delete_comment(self, call: Call) -> Reply:
+        self.state.comments.remove(self._own_comment(call))
+        return Reply(204)
+
+    def _create_status(self, call: Call) -> Reply:
+        b, t = call.body, now()
+        status = {
+            "id": self._next_id(),
+            "repo": self._repo(call),
+            "sha": call.params["sha"],
+            "state": b["state"],
+            "target_url": b.get("target_url"),
+            "description": b.get("description"),
+            "context": b.get("context", "default"),
+            "login": call.caller.login,
+            "created_at": t,
+            "updated_at": t,
+        }
+        self.state.statuses.append(status)
+        out = self._status_json(status)
+        return Reply(201, out, {"Location": out["url"]})
+
+    def _create_check_run(self, call: Call) -> Reply:
+        repo = self._repo(call)
+        if call.caller.kind != "installation":
+            raise Fail(403, "You must authenticate via a GitHub App.")
+        run = {
+            "id": self._next_id(),
+            "repo": repo,
+            "app": call.caller.login.removesuffix("[bot]"),
+            "name": "",
+            "head_sha": call.body["head_sha"],
+            "status": "queued",
+            "conclusion": None,
+            "started_at": now(),
+            "completed_at": None,
+            "details_url": None,
+            "external_id": None,
+            "output": {"title": None, "summary": None, "text": None},
+        }
+        self._apply_check_run(run, call.body)
+        self.state.check_runs.append(run)
+        return Reply(201, self._check_run_json(run))
+
+    def _update_check_run(self, call: Call) -> Reply:
+        repo, rid = self._repo(call), int(call.params["id"])
+        runs = [r for r in self.state.check_runs if r["id"] == rid and r["repo"] == repo]
+        if not runs:
+            raise Fail(404, "Not Found")
+        if f"{runs[0]['app']}[bot]" != call.caller.login:
+            raise Fail(403, "Resource not accessible by integration")
+        self._apply_check_run(runs[0], call.body)
+        return Reply(200, self._check_run_json(runs[0]))
+
+    @staticmethod
+    def _apply_check_run(run: Json, body: Json) -> None:
+        if body.get("conclusion") == "stale":
+            raise Fail(422, "Only GitHub can set a conclusion of stale")
+        run.update(
+            {
+                k: body[k]
+                for k in (
+                    "name",
+                    "status",
+                    "conclusion",
+                    "started_at",
+                    "completed_at",
+                    "details_url",
+                    "external_id",
+                )
+                if k in body
+            }
+        )
+        run["output"].update(
+            {k: v for k, v in body.get("output", {}).items() if k in run["output"]}
+        )
+        if run["conclusion"]:
+            run["status"] = "completed"
+        if run["status"] == "completed":
+            if not run["conclusion"]:
+                raise Fail(422, "conclusion is required when status is completed")
+            run["completed_at"] = run["completed_at"] or now()
+
+    def _list_pulls(self, call: Call) -> Reply:
+        repo, q = self._repo(call), call.query
+        state, sort = q.get("state", "open"), q.get("sort", "created")
+        items = [
+            p
+            for p in self.state.pulls
+            if p["repo"] == repo
+            and state in ("all", p["state"])
+            and q.get("head", f"{p['head_repo'].split('/')[0]}:{p['head_ref']}")
+            == f"{p['head_repo'].split('/')[0]}:{p['head_ref']}"
+            and q.get("base", p["base_ref"]) == p["base_ref"]
+        ]
+        descending = q.get("direction", "desc" if sort == "created" else "asc") == "desc"
+        items.sort(key=lambda p: p["updated_at" if sort == "updated" else "id"], reverse=descending)
+        return self._page(items, call, lambda p: self._pull_json(p, full=False))
+
+    def _get_pull(self, call: Call) -> Reply:
+        repo, number = self._repo(call), int(call.params["number"])
+        for p in self.state.pulls:
+            if p["repo"] == repo and p["number"] == number:
+                return Reply(200, self._pull_json(p, full=True))
+        raise Fail(404, "Not Found")
+
+    def _create_token(self, call: Call) -> Reply:
+        if call.caller.kind != "app":
+            raise Fail(401, "A JSON web token could not be decoded")
+        token = "ghs_" + secrets.token_urlsafe(27)
+        self.state.tokens[digest(token)] = {
+            "login": f"{call.caller.login}[bot]",
+            "kind": "installation",
+        }
+        permissions = (call.body or {}).get("permissions") or _APP_PERMISSIONS
+        return Reply(
+            201,
+            {
+                "token": token,
+                "expires_at": now(timedelta(hours=1)),
+                "permissions": permissions,
+                "repository_selection": "all",
+            },
+        )
+
+    def _get_user(self, call: Call) -> Reply:
+        if call.caller.kind != "user":
+            raise Fail(403, "Resource not accessible by integration")
+        return Reply(200, self._user(call.caller.login))
+
+    def _get_repo(self, call: Call) -> Reply:
+        return Reply(200, self._repo_json(self._repo(call)))
+
+    def _get_commit(self, call: Call) -> Reply:
+        repo, sha = self._repo(call), call.params["sha"]
+        return Reply(
+            200,
+            {
+                "sha": sha,
+                "node_id": f"C_{sha}",
+                "parents": [],
+                "url": f"{self.url}/repos/{repo}/commits/{sha}",
+                "html_url": f"{WEB}/{repo}/commit/{sha}",
+            },
+        )
+
+    def _page(self, items: list[Json], call: Call, render: Callable[[Json], Json]) -> Reply:
+        """GitHub's pagination: `per_page` (30, at most 100), `page`, and a Link header."""
+        per_page = min(max(int(call.query.get("per_page", 30)), 1), 100)
+        page = max(int(call.query.get("page", 1)), 1)
+        last = max(1, math.ceil(len(items) / per_page))
+
+        def link(n: int, rel: str) -> str:
+            query = urlencode({**call.query, "per_page": per_page, "page": n})
+            return f'<{self.url}{call.path}?{query}>; rel="{rel}"'
+
+        rels = [link(page - 1, "prev")] if page > 1 else []
+        rels += [link(page + 1, "next"), link(last, "last")] if page < last else []
+        rels += [link(1, "first")] if page > 1 else []
+        chunk = items[(page - 1) * per_page : page * per_page]
+        return Reply(200, [render(i) for i in chunk], {"Link": ", ".join(rels)} if rels else {})
+
+    # -- GitHub's JSON: every field the schema requires ---------------------------------------
+    # fmt: off
+    def _user(self, login: str) -> Json:
+        uid, api = self._user_id(login), f"{self.url}/users/{quote(login)}"
+        return {"login": login, "id": uid, "node_id": f"U_{uid}", "gravatar_id": "",
+                "type": "Bot" if login.endswith("[bot]") else "User", "site_admin": False,
+                "avatar_url": f"https://avatars.githubusercontent.com/u/{uid}?v=4",
+                "url": api, "html_url": f"{WEB}/{quote(login)}",
+                "subscriptions_url": f"{api}/subscriptions",
+                **{f"{k}_url": f"{api}/{k}" for k in _USER_URLS.split()}}
+
+    def _repo_json(self, repo: str) -> Json:
+        rid, api, t = self.state.repos[repo]["id"], f"{self.url}/repos/{repo}", now()
+        return {"id": rid, "node_id": f"R_{rid}", "name": repo.split("/")[1], "full_name": repo,
+                "owner": self._user(repo.split("/")[0]), "private": False,
+                "fork": self.state.repos[repo]["fork"], "url": api, "html_url": f"{WEB}/{repo}",
+                **{f"{k}_url": f"{api}/{k}" for k in _REPO_URLS.split()},
+                "clone_url": f"{WEB}/{repo}.git", "git_url": f"git://github.com/{repo}.git",
+                "ssh_url": f"git@github.com:{repo}.git", "svn_url": f"{WEB}/{repo}",
+                "description": None, "homepage": None, "language": None, "mirror_url": None,
+                "license": None, "default_branch": "main", "visibility": "public", "size": 0,
+                **dict.fromkeys(("forks", "forks_count", "stargazers_count", "watchers",
+                                 "watchers_count", "open_issues", "open_issues_count"), 0),
+                **dict.fromkeys(("has_issues", "has_projects", "has_wiki", "has_downloads"), True),
+                "has_pages": False, "archived": False, "disabled": False,
+                "pushed_at": t, "created_at": t, "updated_at": t}
+
+    def _pull_json(self, p: Json, *, full: bool) -> Json:
+        repo, n, api = p["repo"], p["number"], f"{self.url}/repos/{p['repo']}"
+        url, html = f"{api}/pulls/{n}", f"{WEB}/{repo}/pull/{n}"
+        links = {"self": url, "html": html, "issue": f"{api}/issues/{n}",
+                 "comments": f"{api}/issues/{n}/comments", "review_comments": f"{url}/comments",
+                 "review_comment": f"{api}/pulls/comments{{/number}}",
+                 "commits": f"{url}/commits", "statuses": f"{api}/statuses/{p['head_sha']}"}
+        out = {"url": url, "id": p["id"], "node_id": f"PR_{p['id']}", "html_url": html,
+               "diff_url": f"{html}.diff", "patch_url": f"{html}.patch",
+               "issue_url": links["issue"], "commits_url": links["commits"],
+               "review_comments_url": links["review_comments"],
+               "review_comment_url": links["review_comment"],
+               "comments_url": links["comments"], "statuses_url": links["statuses"],
+               "number": n, "state": p["state"], "locked": False, "title": p["title"],
+               "user": self._user(p["login"]), "body": p["body"], "draft": p["draft"],
+               "labels": [self._label(repo, name) for name in p["labels"]], "milestone": None,
+               "active_lock_reason": None, "created_at": p["created_at"],
+               "updated_at": p["updated_at"], "closed_at": p["closed_at"],
+               "merged_at": p["closed_at"] if p["merged"] else None, "merge_commit_sha": None,
+               "assignee": None, "assignees": [], "requested_reviewers": [],
+               "requested_teams": [], "auto_merge": None,
+               "author_association": "CONTRIBUTOR" if p["head_repo"] != repo else "MEMBER",
+               "head": self._branch(p["head_repo"], p["head_ref"], p["head_sha"]),
+               "base": self._branch(repo, p["base_ref"], p["base_sha"]),
+               "_links": {k: {"href": v} for k, v in links.items()}}
+        if full:
+            out |= {"merged": p["merged"], "mergeable": True, "rebaseable": True,
+                    "mergeable_state": "clean", "merged_by": None, "maintainer_can_modify": False,
+                    "comments": sum(c["repo"] == repo and c["issue"] == n
+                                    for c in self.state.comments),
+                    "review_comments": 0, "commits": 1, "additions": 0, "deletions": 0,
+                    "changed_files": 0}
+        return out
+
+    def _pull_minimal(self, p: Json) -> Json:
+        def end(repo: str, ref: str, sha: str) -> Json:
+            rid = self.state.repos[repo]["id"]
+            repo_json = {"id": rid, "name": repo.split("/")[1], "url": f"{self.url}/repos/{repo}"}
+            return {"ref": ref, "sha": sha, "repo": repo_json}
+        return {"id": p["id"], "number": p["number"],
+                "url": f"{self.url}/repos/{p['repo']}/pulls/{p['number']}",
+                "head": end(p["head_repo"], p["head_ref"], p["head_sha"]),
+                "base": end(p["repo"], p["base_ref"], p["base_sha"])}
+
+    def _branch(self, repo: str, ref: str, sha: str) -> Json:
+        owner = repo.split("/")[0]
+        return {"label": f"{owner}:{ref}", "ref": ref, "sha": sha, "user": self._user(owner),
+                "repo": self._repo_json(repo)}
+
+    def _label(self, repo: str, name: str) -> Json:
+        lid = zlib.crc32(f"{repo}#{name}".encode())
+        return {"id": lid, "node_id": f"LA_{lid}", "name": name, "description": None,
+                "url": f"{self.url}/repos/{repo}/labels/{quote(name)}", "color": "ededed",
+                "default": False}
+
+    def _comment_json(self, c: Json) -> Json:
+        api = f"{self.url}/repos/{c['repo']}"
+        kind = "pull" if any(p["repo"] == c["repo"] and p["number"] == c["issue"]
+                             for p in self.state.pulls) else "issues"
+        url = f"{api}/issues/comments/{c['id']}"
+        return {"id": c["id"], "node_id": f"IC_{c['id']}", "url": url, "body": c["body"],
+                "html_url": f"{WEB}/{c['repo']}/{kind}/{c['issue']}#issuecomment-{c['id']}",
+                "issue_url": f"{api}/issues/{c['issue']}", "user": self._user(c["login"]),
+                "created_at": c["created_at"], "updated_at": c["updated_at"],
+                "author_association": "NONE", "performed_via_github_app": None,
+                "reactions": {"url": f"{url}/reactions", "total_count": 0,
+                              **dict.fromkeys(("+1", "-1", "laugh", "confused", "heart",
+                                               "hooray", "eyes", "rocket"), 0)}}
+
+    def _status_json(self, s: Json) -> Json:
+        creator = self._user(s["login"])
+        return {"id": s["id"], "node_id": f"SC_{s['id']}", "state": s["state"],
+                "url": f"{self.url}/repos/{s['repo']}/statuses/{s['sha']}",
+                "avatar_url": creator["avatar_url"], "description": s["description"],
+                "target_url": s["target_url"], "context": s["context"], "creator": creator,
+                "created_at": s["created_at"], "updated_at": s["updated_at"]}
+
+    def _check_run_json(self, r: Json) -> Json:
+        url, t = f"{self.url}/repos/{r['repo']}/check-runs/{r['id']}", now()
+        pulls = [self._pull_minimal(p) for p in self.state.pulls
+                 if p["repo"] == r["repo"] and p["head_sha"] == r["head_sha"]
+                 and p["state"] == "open"]
+        app = {"id": zlib.crc32(r["app"].encode()), "slug": r["app"], "node_id": f"A_{r['app']}",
+               "owner": self._user(r["app"]), "name": r["app"], "description": None,
+               "external_url": f"{WEB}/apps/{r['app']}", "html_url": f"{WEB}/apps/{r['app']}",
+               "created_at": t, "updated_at": t, "permissions": _APP_PERMISSIONS, "events": []}
+        return {"id": r["id"], "node_id": f"CR_{r['id']}", "head_sha": r["head_sha"],
+                "name": r["name"], "url": url, "html_url": f"{WEB}/{r['repo']}/runs/{r['id']}",
+                "details_url": r["details_url"], "external_id": r["external_id"],
+                "status": r["status"], "conclusion": r["conclusion"],
+                "started_at": r["started_at"], "completed_at": r["completed_at"],
+                "output": {**r["output"], "annotations_count": 0,
+                           "annotations_url": f"{url}/annotations"},
+                "check_suite": {"id": r["id"]}, "app": app, "pull_requests": pulls}
+    # fmt: on
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeGitHub) -> None:
+        super().__init__(("127.0.0.1", fake.port), _Handler)
+        self.fake = fake
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fake = cast(_Server, self.server).fake
+        reply = fake.respond(self.command, self.path, dict(self.headers.items()), raw)
+        data = b"" if reply.body is None else json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        if data:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:  # the fake keeps its own log
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve a fake GitHub REST API for tests.")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        required=True,
+        help="JSON state: loaded if present, rewritten after every change",
+    )
+    args = parser.parse_args(argv)
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # the server thread inherits this
+    fake = FakeGitHub(port=args.port, state_file=args.state).start()
+    fake.save()
+    sys.stdout.write(fake.url + "\n")
+    sys.stdout.flush()
+    signal.sigwait(stop_signals)
+    fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
