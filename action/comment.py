@@ -72,11 +72,9 @@ def _token(text: str) -> str:
 
 
 def _branch_name(report: Report) -> str:
-    # With no BranchInfo (creation failed) fall back to the PR's branch naming, so the
-    # failure lands in the same sticky comment as the later successful runs.
-    if report.branch is not None:
-        return report.branch.name
-    return f"pr-{report.pr}" if report.pr is not None else "-"
+    # Set even when creation failed, so a failure lands in the same sticky comment as the
+    # later successful runs.
+    return report.branch_name
 
 
 def _render(report: Report, *, head: str, limit: int, size: Callable[[str], int], see: str) -> str:
@@ -159,7 +157,7 @@ def _top(report: Report) -> list[str]:
 
 def _details(b: BranchInfo, hint: str) -> str:
     """How to connect, how big the writable layer is, what base the branch came from."""
-    base = f"{_code(b.base_name, cell=True)}, PostgreSQL {b.base_version}"
+    base = f"{_code(b.base_name, cell=True)} version {b.base_version}"
     if b.base_seeded_at is not None:
         base += f", seeded {datetime.fromtimestamp(b.base_seeded_at, tz=UTC):%Y-%m-%d %H:%M} UTC"
     rows = [

@@ -42,6 +42,7 @@ class BranchInfo:
 class Report:
     repository: str
     pr: int | None  # None for events that are not about a pull request
+    branch_name: str  # set even when the branch could not be made
     head_sha: str
     status: RunStatus
     branch: BranchInfo | None

@@ -20,8 +20,10 @@ As a process, for a workflow run by `act`::
 
 It loads `state.json` if present (seed one with `FakeGitHub(state_file=...)` and the `add_*`
 methods) and rewrites it after every change, request log included. Token values are never kept:
-tokens are stored as SHA-256 digests and the log drops the Authorization header.
+tokens are stored as SHA-256 digests and the log leaves out the Authorization header.
 """
+# fmt: off
+# (GitHub's JSON shapes are wide and shallow: kept dense on purpose, one field group a line.)
 
 from __future__ import annotations
 
@@ -55,47 +57,39 @@ from openapi_core.templating.responses.exceptions import ResponseNotFound
 from openapi_core.testing import MockRequest, MockResponse
 
 SPEC = Path(__file__).resolve().parents[2] / "shared/github-fixtures/github_openapi_subset.json"
-SPEC_SERVER = "https://api.github.com"  # requests are checked as if they were sent there
+SPEC_SERVER = "https://api.github.com"  # requests are checked as if they had been sent there
 WEB = "https://github.com"
 DOCS = "https://docs.github.com/rest"
 Json = dict[str, Any]
 Kind = Literal["user", "installation", "app"]
 
-_USER_URLS = "events followers following gists organizations received_events repos starred"
-_REPO_URLS = (
-    "archive assignees blobs branches collaborators comments commits compare contents "
-    "contributors deployments downloads events forks git_commits git_refs git_tags hooks "
-    "issue_comment issue_events issues keys labels languages merges milestones notifications "
-    "pulls releases stargazers statuses subscribers subscription tags teams trees"
-)
-_APP_PERMISSIONS = {
-    "checks": "write",
-    "issues": "write",
-    "metadata": "read",
-    "pull_requests": "write",
-    "statuses": "write",
-}
+_USER_URLS = "events followers following gists organizations received_events repos starred " \
+             "subscriptions"
+_REPO_URLS = "archive assignees blobs branches collaborators comments commits compare contents " \
+             "contributors deployments downloads events forks git_commits git_refs git_tags " \
+             "hooks issue_comment issue_events issues keys labels languages merges milestones " \
+             "notifications pulls releases stargazers statuses subscribers subscription tags " \
+             "teams trees"
+_APP_PERMISSIONS = {"checks": "write", "issues": "write", "metadata": "read",
+                    "pull_requests": "write", "statuses": "write"}
 _R = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"
 # Parameters match anything: openapi-core, not the router, rejects a bad one (with a 422).
-ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    (m, re.compile(p), name)
-    for m, p, name in [
-        ("POST", _R + r"/issues/(?P<number>[^/]+)/comments", "create_comment"),
-        ("GET", _R + r"/issues/(?P<number>[^/]+)/comments", "list_comments"),
-        ("PATCH", _R + r"/issues/comments/(?P<id>[^/]+)", "update_comment"),
-        ("DELETE", _R + r"/issues/comments/(?P<id>[^/]+)", "delete_comment"),
-        ("POST", _R + r"/statuses/(?P<sha>[^/]+)", "create_status"),
-        ("POST", _R + r"/check-runs", "create_check_run"),
-        ("PATCH", _R + r"/check-runs/(?P<id>[^/]+)", "update_check_run"),
-        ("GET", _R + r"/pulls", "list_pulls"),
-        ("GET", _R + r"/pulls/(?P<number>[^/]+)", "get_pull"),
-        ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
-        # Outside the subset, so unchecked: what PyGithub fetches on the way.
-        ("GET", r"/user", "get_user"),
-        ("GET", _R, "get_repo"),
-        ("GET", _R + r"/commits/(?P<sha>[^/]+)", "get_commit"),
-    ]
-]
+ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
+    ("POST", _R + r"/issues/(?P<number>[^/]+)/comments", "create_comment"),
+    ("GET", _R + r"/issues/(?P<number>[^/]+)/comments", "list_comments"),
+    ("PATCH", _R + r"/issues/comments/(?P<id>[^/]+)", "update_comment"),
+    ("DELETE", _R + r"/issues/comments/(?P<id>[^/]+)", "delete_comment"),
+    ("POST", _R + r"/statuses/(?P<sha>[^/]+)", "create_status"),
+    ("POST", _R + r"/check-runs", "create_check_run"),
+    ("PATCH", _R + r"/check-runs/(?P<id>[^/]+)", "update_check_run"),
+    ("GET", _R + r"/pulls", "list_pulls"),
+    ("GET", _R + r"/pulls/(?P<number>[^/]+)", "get_pull"),
+    ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
+    # Outside the subset, so unchecked: what PyGithub fetches on the way.
+    ("GET", r"/user", "get_user"),
+    ("GET", _R, "get_repo"),
+    ("GET", _R + r"/commits/(?P<sha>[^/]+)", "get_commit"),
+]]
 
 
 def now(delta: timedelta = timedelta()) -> str:
@@ -127,8 +121,7 @@ def describe(exc: Exception) -> str:
     """One line from an openapi-core validation error, with the schema's complaints."""
     schema_errors = getattr(exc.__cause__, "schema_errors", None)
     if schema_errors:
-        head = str(exc).split(": Value ")[0]
-        return f"{head}: " + "; ".join(e.message for e in schema_errors)
+        return str(exc).split(": Value ")[0] + ": " + "; ".join(e.message for e in schema_errors)
     return f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)
 
 
@@ -200,7 +193,7 @@ class FakeGitHub:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    # -- lifecycle --------------------------------------------------------------------------
+    # -- lifecycle and records ----------------------------------------------------------------
     def start(self) -> FakeGitHub:
         self._server = _Server(self)
         self.port = self._server.server_address[1]
@@ -218,9 +211,8 @@ class FakeGitHub:
     def __enter__(self) -> FakeGitHub:
         return self.start()
 
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.stop()
 
     @property
@@ -231,11 +223,13 @@ class FakeGitHub:
 
     @property
     def requests(self) -> list[Json]:
+        """One record a request: method, path, query, json, status, headers, login, injected."""
         with self._lock:
             return list(self.state.requests)
 
     @property
     def violations(self) -> list[Json]:
+        """Requests and answers that failed the OpenAPI check: kind, method, path, error."""
         with self._lock:
             return list(self.state.violations)
 
@@ -250,7 +244,7 @@ class FakeGitHub:
 
     # -- seeding ----------------------------------------------------------------------------
     def add_token(self, token: str, login: str, *, kind: Kind = "user") -> None:
-        """Accept `token` as `login`; an installation acts as `<slug>[bot]`, a Bot."""
+        """Accept `token` as `login`. An installation acts as `<slug>[bot]`, of type Bot."""
         if kind == "installation" and not login.endswith("[bot]"):
             login += "[bot]"
         with self._lock:
@@ -266,8 +260,7 @@ class FakeGitHub:
 
     def add_repo(self, repo: str, *, fork: bool = False) -> None:
         with self._lock:
-            if repo not in self.state.repos:
-                self.state.repos[repo] = {"id": self._next_id(), "fork": fork}
+            self.state.repos.setdefault(repo, {"id": self._next_id(), "fork": fork})
             self._changed()
 
     def add_issue(self, repo: str, number: int) -> None:
@@ -277,101 +270,55 @@ class FakeGitHub:
                 numbers.append(number)
             self._changed()
 
-    def add_pull(
-        self,
-        repo: str,
-        number: int,
-        head_sha: str,
-        base_sha: str,
-        *,
-        head_repo: str | None = None,
-        state: Literal["open", "closed"] = "open",
-        draft: bool = False,
-        labels: Iterable[str] = (),
-        head_ref: str = "feature",
-        base_ref: str = "main",
-        title: str = "A change",
-        body: str | None = None,
-        login: str = "octocat",
-        merged: bool = False,
-    ) -> None:
+    def add_pull(self, repo: str, number: int, head_sha: str, base_sha: str, *,
+                 head_repo: str | None = None, state: Literal["open", "closed"] = "open",
+                 draft: bool = False, labels: Iterable[str] = (), head_ref: str = "feature",
+                 base_ref: str = "main", title: str = "A change", body: str | None = None,
+                 login: str = "octocat", merged: bool = False) -> None:
         head_repo = head_repo or repo
         self.add_issue(repo, number)
         self.add_repo(head_repo, fork=head_repo != repo)
         with self._lock:
             self._user_id(login)
             t = now()
-            self.state.pulls.append(
-                {
-                    "id": self._next_id(),
-                    "repo": repo,
-                    "number": number,
-                    "head_sha": head_sha,
-                    "base_sha": base_sha,
-                    "head_repo": head_repo,
-                    "head_ref": head_ref,
-                    "base_ref": base_ref,
-                    "state": state,
-                    "draft": draft,
-                    "labels": list(labels),
-                    "title": title,
-                    "body": body,
-                    "login": login,
-                    "merged": merged,
-                    "created_at": t,
-                    "updated_at": t,
-                    "closed_at": None if state == "open" else t,
-                }
-            )
+            self.state.pulls.append({
+                "id": self._next_id(), "repo": repo, "number": number, "head_sha": head_sha,
+                "base_sha": base_sha, "head_repo": head_repo, "head_ref": head_ref,
+                "base_ref": base_ref, "state": state, "draft": draft, "labels": list(labels),
+                "title": title, "body": body, "login": login, "merged": merged,
+                "created_at": t, "updated_at": t, "closed_at": None if state == "open" else t})
             self._changed()
 
     def add_comment(self, repo: str, issue: int, body: str, login: str) -> int:
+        """Seed a comment on an issue or pull (made if missing); returns the comment's id."""
         self.add_issue(repo, issue)
         with self._lock:
             comment = self._new_comment(repo, issue, body, login)
             self._changed()
             return int(comment["id"])
 
-    def fail_next(
-        self,
-        method: str,
-        path_regex: str,
-        status: int,
-        *,
-        times: int = 1,
-        headers: dict[str, str] | None = None,
-        body: Any = None,
-    ) -> None:
-        """Answer the next `times` requests whose path matches (re.search) with `status`."""
+    def fail_next(self, method: str, path_regex: str, status: int, *, times: int = 1,
+                  headers: dict[str, str] | None = None, body: Any = None) -> None:
+        """Answer the next `times` requests whose path matches (re.search) with `status`.
+
+        Checked before authentication, like a failure at GitHub's edge. The body defaults to
+        GitHub's error shape with the status's reason phrase."""
         with self._lock:
-            self.state.faults.append(
-                {
-                    "method": method.upper(),
-                    "path": path_regex,
-                    "status": status,
-                    "times": times,
-                    "headers": headers or {},
-                    "body": body,
-                }
-            )
+            self.state.faults.append({"method": method.upper(), "path": path_regex,
+                                      "status": status, "times": times,
+                                      "headers": headers or {}, "body": body})
             self._changed()
 
     # -- HTTP -------------------------------------------------------------------------------
     def respond(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
-        """Answer one request and log it (the Authorization header left out)."""
+        """Answer one request and log it, less its Authorization header."""
         split = urlsplit(target)
         query = dict(parse_qsl(split.query, keep_blank_values=True))
         auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
         record: Json = {
-            "method": method,
-            "path": split.path,
-            "query": query,
-            "json": None,
-            "status": 0,
-            "login": None,
-            "injected": False,
-            "headers": {k: v for k, v in headers.items() if k.lower() != "authorization"},
-        }
+            "method": method, "path": split.path, "query": query, "json": None, "status": 0,
+            "login": None, "injected": False,
+            "headers": {k: v for k, v in headers.items() if k.lower() != "authorization"}}
         with self._lock:
             reply = self._answer(method, split.path, query, auth, raw, record)
             record["status"] = reply.status
@@ -379,15 +326,8 @@ class FakeGitHub:
             self._changed()
         return reply
 
-    def _answer(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, str],
-        auth: str | None,
-        raw: bytes,
-        record: Json,
-    ) -> Reply:
+    def _answer(self, method: str, path: str, query: dict[str, str], auth: str | None,
+                raw: bytes, record: Json) -> Reply:
         for fault in self.state.faults:
             if fault["method"] == method and re.search(fault["path"], path):
                 fault["times"] -= 1
@@ -406,14 +346,11 @@ class FakeGitHub:
         if caller is None:
             return Reply(401, error("Bad credentials" if auth else "Requires authentication"))
         record["login"] = caller.login
-        route = next(
-            ((n, m) for v, p, n in ROUTES if v == method and (m := p.fullmatch(path))), None
-        )
+        route = next(((n, m) for v, p, n in ROUTES if v == method and (m := p.fullmatch(path))),
+                     None)
         if route is None:
             return Reply(404, error("Not Found"))
-        name, match = route
         request = MockRequest(SPEC_SERVER, method, path, args=query, data=raw)
-        params = {k: unquote(v) for k, v in match.groupdict().items()}
         checked, rejected = True, ""
         try:
             self._spec.validate_request(request)
@@ -423,9 +360,11 @@ class FakeGitHub:
             rejected = describe(exc)
         if rejected:
             self._violation("request", method, path, rejected)
-            errors = [{"code": "invalid", "message": rejected}]
-            reply = Reply(422, error(f"Invalid request.\n\n{rejected}", errors=errors))
+            reply = Reply(422, error(f"Invalid request.\n\n{rejected}",
+                                     errors=[{"code": "invalid", "message": rejected}]))
         else:
+            name, match = route
+            params = {k: unquote(v) for k, v in match.groupdict().items()}
             handler = cast(Callable[[Call], Reply], getattr(self, "_" + name))
             try:
                 reply = handler(Call(caller, path, params, query, body))
@@ -452,9 +391,8 @@ class FakeGitHub:
         return Caller(slug, "app") if slug else None
 
     def _violation(self, kind: str, method: str, path: str, detail: str) -> None:
-        self.state.violations.append(
-            {"kind": kind, "method": method, "path": path, "error": detail}
-        )
+        self.state.violations.append({"kind": kind, "method": method, "path": path,
+                                      "error": detail})
 
     def _changed(self) -> None:
         if self.state_file is not None:
@@ -472,15 +410,8 @@ class FakeGitHub:
     def _new_comment(self, repo: str, issue: int, body: str, login: str) -> Json:
         self._user_id(login)
         t = now()
-        comment = {
-            "id": self._next_id(),
-            "repo": repo,
-            "issue": issue,
-            "body": body,
-            "login": login,
-            "created_at": t,
-            "updated_at": t,
-        }
+        comment = {"id": self._next_id(), "repo": repo, "issue": issue, "body": body,
+                   "login": login, "created_at": t, "updated_at": t}
         self.state.comments.append(comment)
         return comment
 
@@ -504,29 +435,21 @@ class FakeGitHub:
         if not found:
             raise Fail(404, "Not Found")
         if found[0]["login"] != call.caller.login:
-            raise Fail(
-                403,
-                "Resource not accessible by integration"
-                if call.caller.kind == "installation"
-                else "Must have admin rights",
-            )
+            raise Fail(403, "Resource not accessible by integration"
+                       if call.caller.kind == "installation" else "Must have admin rights")
         return found[0]
 
     def _create_comment(self, call: Call) -> Reply:
         repo, number = self._issue(call)
-        out = self._comment_json(
-            self._new_comment(repo, number, call.body["body"], call.caller.login)
-        )
+        comment = self._new_comment(repo, number, call.body["body"], call.caller.login)
+        out = self._comment_json(comment)
         return Reply(201, out, {"Location": out["url"]})
 
     def _list_comments(self, call: Call) -> Reply:
         repo, number = self._issue(call)
         since = call.query.get("since", "")
-        items = [
-            c
-            for c in self.state.comments
-            if c["repo"] == repo and c["issue"] == number and c["updated_at"] >= since
-        ]
+        items = [c for c in self.state.comments
+                 if c["repo"] == repo and c["issue"] == number and c["updated_at"] >= since]
         return self._page(sorted(items, key=lambda c: c["id"]), call, self._comment_json)
 
     def _update_comment(self, call: Call) -> Reply:
@@ -540,18 +463,10 @@ class FakeGitHub:
 
     def _create_status(self, call: Call) -> Reply:
         b, t = call.body, now()
-        status = {
-            "id": self._next_id(),
-            "repo": self._repo(call),
-            "sha": call.params["sha"],
-            "state": b["state"],
-            "target_url": b.get("target_url"),
-            "description": b.get("description"),
-            "context": b.get("context", "default"),
-            "login": call.caller.login,
-            "created_at": t,
-            "updated_at": t,
-        }
+        status = {"id": self._next_id(), "repo": self._repo(call), "sha": call.params["sha"],
+                  "state": b["state"], "target_url": b.get("target_url"),
+                  "description": b.get("description"), "context": b.get("context", "default"),
+                  "login": call.caller.login, "created_at": t, "updated_at": t}
         self.state.statuses.append(status)
         out = self._status_json(status)
         return Reply(201, out, {"Location": out["url"]})
@@ -560,20 +475,10 @@ class FakeGitHub:
         repo = self._repo(call)
         if call.caller.kind != "installation":
             raise Fail(403, "You must authenticate via a GitHub App.")
-        run = {
-            "id": self._next_id(),
-            "repo": repo,
-            "app": call.caller.login.removesuffix("[bot]"),
-            "name": "",
-            "head_sha": call.body["head_sha"],
-            "status": "queued",
-            "conclusion": None,
-            "started_at": now(),
-            "completed_at": None,
-            "details_url": None,
-            "external_id": None,
-            "output": {"title": None, "summary": None, "text": None},
-        }
+        run = {"id": self._next_id(), "repo": repo, "app": call.caller.login.removesuffix("[bot]"),
+               "head_sha": call.body["head_sha"], "status": "queued", "conclusion": None,
+               "started_at": now(), "completed_at": None, "details_url": None,
+               "external_id": None, "output": {"title": None, "summary": None, "text": None}}
         self._apply_check_run(run, call.body)
         self.state.check_runs.append(run)
         return Reply(201, self._check_run_json(run))
@@ -592,24 +497,11 @@ class FakeGitHub:
     def _apply_check_run(run: Json, body: Json) -> None:
         if body.get("conclusion") == "stale":
             raise Fail(422, "Only GitHub can set a conclusion of stale")
-        run.update(
-            {
-                k: body[k]
-                for k in (
-                    "name",
-                    "status",
-                    "conclusion",
-                    "started_at",
-                    "completed_at",
-                    "details_url",
-                    "external_id",
-                )
-                if k in body
-            }
-        )
-        run["output"].update(
-            {k: v for k, v in body.get("output", {}).items() if k in run["output"]}
-        )
+        fields = ("name", "status", "conclusion", "started_at", "completed_at", "details_url",
+                  "external_id")
+        run.update({k: body[k] for k in fields if k in body})
+        run["output"].update({k: v for k, v in body.get("output", {}).items()
+                              if k in ("title", "summary", "text")})
         if run["conclusion"]:
             run["status"] = "completed"
         if run["status"] == "completed":
@@ -620,17 +512,15 @@ class FakeGitHub:
     def _list_pulls(self, call: Call) -> Reply:
         repo, q = self._repo(call), call.query
         state, sort = q.get("state", "open"), q.get("sort", "created")
-        items = [
-            p
-            for p in self.state.pulls
-            if p["repo"] == repo
-            and state in ("all", p["state"])
-            and q.get("head", f"{p['head_repo'].split('/')[0]}:{p['head_ref']}")
-            == f"{p['head_repo'].split('/')[0]}:{p['head_ref']}"
-            and q.get("base", p["base_ref"]) == p["base_ref"]
-        ]
-        descending = q.get("direction", "desc" if sort == "created" else "asc") == "desc"
-        items.sort(key=lambda p: p["updated_at" if sort == "updated" else "id"], reverse=descending)
+
+        def wanted(p: Json) -> bool:
+            head = f"{p['head_repo'].split('/')[0]}:{p['head_ref']}"
+            return (p["repo"] == repo and state in ("all", p["state"]) and q.get("head", head)
+                    == head and q.get("base", p["base_ref"]) == p["base_ref"])
+
+        items = sorted(filter(wanted, self.state.pulls),
+                       key=lambda p: p["updated_at" if sort == "updated" else "id"],
+                       reverse=q.get("direction", "desc" if sort == "created" else "asc") == "desc")
         return self._page(items, call, lambda p: self._pull_json(p, full=False))
 
     def _get_pull(self, call: Call) -> Reply:
@@ -644,20 +534,11 @@ class FakeGitHub:
         if call.caller.kind != "app":
             raise Fail(401, "A JSON web token could not be decoded")
         token = "ghs_" + secrets.token_urlsafe(27)
-        self.state.tokens[digest(token)] = {
-            "login": f"{call.caller.login}[bot]",
-            "kind": "installation",
-        }
+        self.state.tokens[digest(token)] = {"login": f"{call.caller.login}[bot]",
+                                            "kind": "installation"}
         permissions = (call.body or {}).get("permissions") or _APP_PERMISSIONS
-        return Reply(
-            201,
-            {
-                "token": token,
-                "expires_at": now(timedelta(hours=1)),
-                "permissions": permissions,
-                "repository_selection": "all",
-            },
-        )
+        return Reply(201, {"token": token, "expires_at": now(timedelta(hours=1)),
+                           "permissions": permissions, "repository_selection": "all"})
 
     def _get_user(self, call: Call) -> Reply:
         if call.caller.kind != "user":
@@ -669,16 +550,9 @@ class FakeGitHub:
 
     def _get_commit(self, call: Call) -> Reply:
         repo, sha = self._repo(call), call.params["sha"]
-        return Reply(
-            200,
-            {
-                "sha": sha,
-                "node_id": f"C_{sha}",
-                "parents": [],
-                "url": f"{self.url}/repos/{repo}/commits/{sha}",
-                "html_url": f"{WEB}/{repo}/commit/{sha}",
-            },
-        )
+        return Reply(200, {"sha": sha, "node_id": f"C_{sha}", "parents": [],
+                           "url": f"{self.url}/repos/{repo}/commits/{sha}",
+                           "html_url": f"{WEB}/{repo}/commit/{sha}"})
 
     def _page(self, items: list[Json], call: Call, render: Callable[[Json], Json]) -> Reply:
         """GitHub's pagination: `per_page` (30, at most 100), `page`, and a Link header."""
@@ -696,15 +570,13 @@ class FakeGitHub:
         chunk = items[(page - 1) * per_page : page * per_page]
         return Reply(200, [render(i) for i in chunk], {"Link": ", ".join(rels)} if rels else {})
 
-    # -- GitHub's JSON: every field the schema requires ---------------------------------------
-    # fmt: off
+    # -- GitHub's JSON: every field the schema requires, with its type --------------------------
     def _user(self, login: str) -> Json:
         uid, api = self._user_id(login), f"{self.url}/users/{quote(login)}"
         return {"login": login, "id": uid, "node_id": f"U_{uid}", "gravatar_id": "",
                 "type": "Bot" if login.endswith("[bot]") else "User", "site_admin": False,
                 "avatar_url": f"https://avatars.githubusercontent.com/u/{uid}?v=4",
                 "url": api, "html_url": f"{WEB}/{quote(login)}",
-                "subscriptions_url": f"{api}/subscriptions",
                 **{f"{k}_url": f"{api}/{k}" for k in _USER_URLS.split()}}
 
     def _repo_json(self, repo: str) -> Json:
@@ -749,28 +621,28 @@ class FakeGitHub:
                "base": self._branch(repo, p["base_ref"], p["base_sha"]),
                "_links": {k: {"href": v} for k, v in links.items()}}
         if full:
+            comments = sum(c["repo"] == repo and c["issue"] == n for c in self.state.comments)
             out |= {"merged": p["merged"], "mergeable": True, "rebaseable": True,
                     "mergeable_state": "clean", "merged_by": None, "maintainer_can_modify": False,
-                    "comments": sum(c["repo"] == repo and c["issue"] == n
-                                    for c in self.state.comments),
-                    "review_comments": 0, "commits": 1, "additions": 0, "deletions": 0,
-                    "changed_files": 0}
+                    "comments": comments, "review_comments": 0, "commits": 1, "additions": 0,
+                    "deletions": 0, "changed_files": 0}
         return out
-
-    def _pull_minimal(self, p: Json) -> Json:
-        def end(repo: str, ref: str, sha: str) -> Json:
-            rid = self.state.repos[repo]["id"]
-            repo_json = {"id": rid, "name": repo.split("/")[1], "url": f"{self.url}/repos/{repo}"}
-            return {"ref": ref, "sha": sha, "repo": repo_json}
-        return {"id": p["id"], "number": p["number"],
-                "url": f"{self.url}/repos/{p['repo']}/pulls/{p['number']}",
-                "head": end(p["head_repo"], p["head_ref"], p["head_sha"]),
-                "base": end(p["repo"], p["base_ref"], p["base_sha"])}
 
     def _branch(self, repo: str, ref: str, sha: str) -> Json:
         owner = repo.split("/")[0]
         return {"label": f"{owner}:{ref}", "ref": ref, "sha": sha, "user": self._user(owner),
                 "repo": self._repo_json(repo)}
+
+    def _pull_minimal(self, p: Json) -> Json:
+        def end(repo: str, ref: str, sha: str) -> Json:
+            repo_json = {"id": self.state.repos[repo]["id"], "name": repo.split("/")[1],
+                         "url": f"{self.url}/repos/{repo}"}
+            return {"ref": ref, "sha": sha, "repo": repo_json}
+
+        return {"id": p["id"], "number": p["number"],
+                "url": f"{self.url}/repos/{p['repo']}/pulls/{p['number']}",
+                "head": end(p["head_repo"], p["head_ref"], p["head_sha"]),
+                "base": end(p["repo"], p["base_ref"], p["base_sha"])}
 
     def _label(self, repo: str, name: str) -> Json:
         lid = zlib.crc32(f"{repo}#{name}".encode())
@@ -780,17 +652,17 @@ class FakeGitHub:
 
     def _comment_json(self, c: Json) -> Json:
         api = f"{self.url}/repos/{c['repo']}"
+        url = f"{api}/issues/comments/{c['id']}"
         kind = "pull" if any(p["repo"] == c["repo"] and p["number"] == c["issue"]
                              for p in self.state.pulls) else "issues"
-        url = f"{api}/issues/comments/{c['id']}"
+        reactions = dict.fromkeys(("+1", "-1", "laugh", "confused", "heart", "hooray", "eyes",
+                                   "rocket", "total_count"), 0)
         return {"id": c["id"], "node_id": f"IC_{c['id']}", "url": url, "body": c["body"],
                 "html_url": f"{WEB}/{c['repo']}/{kind}/{c['issue']}#issuecomment-{c['id']}",
                 "issue_url": f"{api}/issues/{c['issue']}", "user": self._user(c["login"]),
                 "created_at": c["created_at"], "updated_at": c["updated_at"],
                 "author_association": "NONE", "performed_via_github_app": None,
-                "reactions": {"url": f"{url}/reactions", "total_count": 0,
-                              **dict.fromkeys(("+1", "-1", "laugh", "confused", "heart",
-                                               "hooray", "eyes", "rocket"), 0)}}
+                "reactions": {"url": f"{url}/reactions", **reactions}}
 
     def _status_json(self, s: Json) -> Json:
         creator = self._user(s["login"])
@@ -801,13 +673,12 @@ class FakeGitHub:
                 "created_at": s["created_at"], "updated_at": s["updated_at"]}
 
     def _check_run_json(self, r: Json) -> Json:
-        url, t = f"{self.url}/repos/{r['repo']}/check-runs/{r['id']}", now()
-        pulls = [self._pull_minimal(p) for p in self.state.pulls
-                 if p["repo"] == r["repo"] and p["head_sha"] == r["head_sha"]
-                 and p["state"] == "open"]
-        app = {"id": zlib.crc32(r["app"].encode()), "slug": r["app"], "node_id": f"A_{r['app']}",
-               "owner": self._user(r["app"]), "name": r["app"], "description": None,
-               "external_url": f"{WEB}/apps/{r['app']}", "html_url": f"{WEB}/apps/{r['app']}",
+        url, slug, t = f"{self.url}/repos/{r['repo']}/check-runs/{r['id']}", r["app"], now()
+        pulls = [self._pull_minimal(p) for p in self.state.pulls if p["repo"] == r["repo"]
+                 and p["head_sha"] == r["head_sha"] and p["state"] == "open"]
+        app = {"id": zlib.crc32(slug.encode()), "slug": slug, "node_id": f"A_{slug}",
+               "owner": self._user(slug), "name": slug, "description": None,
+               "external_url": f"{WEB}/apps/{slug}", "html_url": f"{WEB}/apps/{slug}",
                "created_at": t, "updated_at": t, "permissions": _APP_PERMISSIONS, "events": []}
         return {"id": r["id"], "node_id": f"CR_{r['id']}", "head_sha": r["head_sha"],
                 "name": r["name"], "url": url, "html_url": f"{WEB}/{r['repo']}/runs/{r['id']}",
@@ -817,7 +688,6 @@ class FakeGitHub:
                 "output": {**r["output"], "annotations_count": 0,
                            "annotations_url": f"{url}/annotations"},
                 "check_suite": {"id": r["id"]}, "app": app, "pull_requests": pulls}
-    # fmt: on
 
 
 class _Server(ThreadingHTTPServer):
@@ -854,18 +724,14 @@ class _Handler(BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve a fake GitHub REST API for tests.")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument(
-        "--state",
-        type=Path,
-        required=True,
-        help="JSON state: loaded if present, rewritten after every change",
-    )
+    parser.add_argument("--state", type=Path, required=True,
+                        help="JSON state: loaded if present, rewritten after every change")
     args = parser.parse_args(argv)
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # the server thread inherits this
     fake = FakeGitHub(port=args.port, state_file=args.state).start()
     fake.save()
-    sys.stdout.write(fake.url + "\n")
+    sys.stdout.write(fake.url + "\n")  # the one line a caller waits for
     sys.stdout.flush()
     signal.sigwait(stop_signals)
     fake.stop()
