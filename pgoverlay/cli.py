@@ -348,6 +348,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return MigrationError.exit_code if failed else 0
 
 
+# -- the GitHub Action --------------------------------------------------------------------
+
+
+def cmd_action_run(args: argparse.Namespace) -> int:
+    from pgoverlay.action import main as action_main
+
+    return action_main.main_from_env(destroy=args.action_command == "destroy")
+
+
 # -- parser -------------------------------------------------------------------------------
 
 
@@ -444,6 +453,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_argument("--scale", type=int, default=10)
     demo_cmd.add_argument("--branch", default="demo")
     demo_cmd.set_defaults(func=cmd_demo)
+
+    action_cmds = sub.add_parser(
+        "action", help="run the PR workflow inside a GitHub Actions job (used by action.yml)"
+    ).add_subparsers(dest="action_command", required=True)
+    for verb, text in (
+        ("run", "create or reset, migrate, comment; destroy on close"),
+        ("destroy", "destroy the job's branch and update the comment"),
+    ):
+        action_cmds.add_parser(verb, help=text).set_defaults(func=cmd_action_run)
     return parser
 
 

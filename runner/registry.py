@@ -49,6 +49,16 @@ CREATE TABLE IF NOT EXISTS branches (
     expires_at REAL,
     FOREIGN KEY (base_name, base_version) REFERENCES bases (name, version)
 );
+CREATE TABLE IF NOT EXISTS pr_state (
+    repository TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    pr INTEGER,
+    head_sha TEXT NOT NULL,
+    status TEXT NOT NULL,
+    report TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (repository, branch)
+);
 """
 
 
@@ -87,6 +97,19 @@ class Branch:
 
     def __repr__(self) -> str:  # keep the password out of any repr that reaches a log
         return f"Branch(name={self.name!r}, state={self.state!r}, port={self.port})"
+
+
+@dataclass(frozen=True)
+class PrState:
+    """What the PR workflow last did for a branch of a repository (for idempotent re-runs)."""
+
+    repository: str
+    branch: str
+    pr: int | None
+    head_sha: str
+    status: str
+    report: str  # JSON of the last report
+    updated_at: float
 
 
 def _columns(cls: type) -> str:
@@ -200,3 +223,24 @@ class Registry:
     def delete_branch(self, name: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM branches WHERE name = ?", (name,))
+
+    # PR workflow state ---------------------------------------------------------------------
+
+    def pr_states(self, branch: str) -> list[PrState]:
+        rows = self._db.execute(
+            f"SELECT {_columns(PrState)} FROM pr_state WHERE branch = ?", (branch,)
+        ).fetchall()
+        return [PrState(*row) for row in rows]
+
+    def pr_state(self, repository: str, branch: str) -> PrState | None:
+        found = [s for s in self.pr_states(branch) if s.repository == repository]
+        return found[0] if found else None
+
+    def save_pr_state(self, state: PrState) -> None:
+        names = [f.name for f in fields(PrState)]
+        with self.transaction() as db:
+            db.execute(
+                f"INSERT OR REPLACE INTO pr_state ({', '.join(names)}) "
+                f"VALUES ({', '.join('?' for _ in names)})",
+                tuple(getattr(state, n) for n in names),
+            )

@@ -120,14 +120,33 @@ def jwt_issuer(token: str) -> str:
 def describe(exc: Exception) -> str:
     """One line from an openapi-core validation error, with the schema's complaints."""
     schema_errors = getattr(exc.__cause__, "schema_errors", None)
-    if schema_errors:
-        return str(exc).split(": Value ")[0] + ": " + "; ".join(e.message for e in schema_errors)
-    return f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)
+    if not schema_errors:
+        return f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)
+    details = [(".".join(map(str, e.absolute_path)) + ": ").lstrip(": ") + e.message
+               for e in schema_errors]
+    return str(exc).split(": Value ")[0] + ": " + "; ".join(details)
+
+
+def allow_null_in_nullable_enums(node: Any) -> None:
+    """Add null to every `enum` of a `nullable` schema.
+
+    openapi-schema-validator follows OpenAPI 3.0.3's reading that `enum` must list null itself,
+    but GitHub means null (its own check-run example has `"conclusion": null`)."""
+    if isinstance(node, dict):
+        if node.get("nullable") and None not in node.get("enum", [None]):
+            node["enum"].append(None)
+        for value in node.values():
+            allow_null_in_nullable_enums(value)
+    elif isinstance(node, list):
+        for value in node:
+            allow_null_in_nullable_enums(value)
 
 
 @cache
 def load_spec(path: Path) -> OpenAPI:
-    return OpenAPI.from_dict(json.loads(path.read_text()))
+    spec = json.loads(path.read_text())
+    allow_null_in_nullable_enums(spec)
+    return OpenAPI.from_dict(spec)
 
 
 @dataclass
@@ -646,7 +665,7 @@ class FakeGitHub:
 
     def _label(self, repo: str, name: str) -> Json:
         lid = zlib.crc32(f"{repo}#{name}".encode())
-        return {"id": lid, "node_id": f"LA_{lid}", "name": name, "description": None,
+        return {"id": lid, "node_id": f"LA_{lid}", "name": name, "description": "",
                 "url": f"{self.url}/repos/{repo}/labels/{quote(name)}", "color": "ededed",
                 "default": False}
 

@@ -1,0 +1,168 @@
+"""The composite Action's entry point: read the job's environment, run the PR workflow, write
+masks, outputs, annotations and the job summary. Called as `pgoverlay action run`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pgoverlay.action import comment, event, outputs
+from pgoverlay.action.github import GitHub
+from pgoverlay.action.workflow import Inputs, Outcome, handle
+from pgoverlay.errors import ConfigError, PgoverlayError
+from pgoverlay.runner import branch as branches
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.settings import Settings
+
+
+class JobEnv(BaseSettings):
+    """The variables GitHub Actions sets for every step, and the Action's inputs (INPUT_*)."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    event_path: Path = Field(validation_alias="GITHUB_EVENT_PATH")
+    event_name: str = Field(validation_alias="GITHUB_EVENT_NAME")
+    repository: str = Field(validation_alias="GITHUB_REPOSITORY")
+    api_url: str = Field(default="https://api.github.com", validation_alias="GITHUB_API_URL")
+    server_url: str = Field(default="https://github.com", validation_alias="GITHUB_SERVER_URL")
+    run_id: str = Field(default="", validation_alias="GITHUB_RUN_ID")
+    sha: str = Field(default="", validation_alias="GITHUB_SHA")
+    ref: str = Field(default="", validation_alias="GITHUB_REF")
+    workspace: Path = Field(default=Path("."), validation_alias="GITHUB_WORKSPACE")
+    output: Path | None = Field(default=None, validation_alias="GITHUB_OUTPUT")
+    summary: Path | None = Field(default=None, validation_alias="GITHUB_STEP_SUMMARY")
+    token: str = Field(
+        default="", validation_alias=AliasChoices("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN")
+    )
+
+    def run_url(self) -> str:
+        return (
+            f"{self.server_url}/{self.repository}/actions/runs/{self.run_id}" if self.run_id else ""
+        )
+
+
+INPUT_NAMES = (
+    "base",
+    "migrations",
+    "migrate_command",
+    "migrations_select",
+    "working_directory",
+    "branch_name",
+    "reset_on_push",
+    "ttl",
+    "comment",
+    "runtime",
+    "fail_on_migration_error",
+    "allow_fork_commands",
+)
+
+
+def read_inputs(environ: dict[str, str]) -> Inputs:
+    raw = {name: environ.get(f"INPUT_{name.upper()}", "") for name in INPUT_NAMES}
+    try:
+        return Inputs(**raw)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]).replace("_", "-") if first["loc"] else "input"
+        raise ConfigError(f"input `{field}`: {first['msg']}") from None
+
+
+def _outputs(pool: Pool, outcome: Outcome, out: TextIO) -> dict[str, str]:
+    report = outcome.report
+    values = {
+        "status": report.status if report else "skipped",
+        "branch": report.branch_name if report else "",
+    }
+    b = outcome.branch
+    if b is None or report is None or report.status == "destroyed":
+        return values
+    url = branches.url(pool, b)
+    outputs.mask(b.password, out)
+    outputs.mask(url, out)
+    layer = report.branch
+    values.update(
+        {
+            "host": pool.settings.public_host,
+            "port": str(b.port),
+            "database": b.database,
+            "user": b.user,
+            "password": b.password,
+            "dsn": url,
+            "layer-bytes": str(layer.layer_logical_bytes if layer else 0),
+            "layer-physical-bytes": str(layer.layer_physical_bytes if layer else 0),
+            "migrations-applied": str(sum(m.status == "applied" for m in report.migrations)),
+        }
+    )
+    return values
+
+
+def run(environ: dict[str, str], *, out: TextIO = sys.stdout, destroy: bool = False) -> int:
+    try:
+        job = JobEnv()  # type: ignore[call-arg]
+    except ValidationError as exc:
+        missing = ", ".join(str(e["loc"][0]) for e in exc.errors())
+        raise ConfigError(f"not running inside GitHub Actions? missing or bad: {missing}") from None
+    inputs = read_inputs(environ)
+    payload: dict[str, Any] = (
+        json.loads(job.event_path.read_text()) if job.event_path.exists() else {}
+    )
+    ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)
+    if destroy:
+        ev = dataclasses.replace(ev, kind="close")
+    pool = Pool.open(Settings())
+    github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
+    try:
+        outcome = handle(
+            pool,
+            ev,
+            inputs,
+            repo_dir=job.workspace.resolve(),
+            github=github,
+            run_url=job.run_url(),
+            echo=lambda line: print(line, file=out, flush=True),
+        )
+    finally:
+        if github is not None:
+            github.close()
+    report = outcome.report
+    if report is None:
+        print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
+        outputs.write_outputs(job.output, {"status": "skipped"})
+        return 0
+    outputs.write_outputs(job.output, _outputs(pool, outcome, out))
+    summary = comment.render_summary(report)
+    if outcome.comment_error:
+        outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
+        summary += f"\n\n> **The PR comment could not be written:** {outcome.comment_error}\n"
+    outputs.write_summary(job.summary, summary)
+    for m in report.migrations:
+        if m.status == "failed":
+            outputs.annotation(
+                "error",
+                m.error or "migration failed",
+                out,
+                file=m.file,
+                line=m.line,
+                title=f"Migration {m.name} failed",
+            )
+    if report.status == "failed":
+        outputs.annotation("error", report.message, out, title="Branch not ready")
+        return 1
+    if report.status == "migration failed" and inputs.fail_on_migration_error:
+        return 1
+    return 0
+
+
+def main_from_env(*, destroy: bool = False) -> int:
+    try:
+        return run(dict(os.environ), destroy=destroy)
+    except PgoverlayError as err:
+        outputs.annotation("error", str(err), sys.stdout, title="pgoverlay")
+        return err.exit_code

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install pgoverlay from the action's own checkout into a cached virtual environment, once per
+# version of the action; later runs reuse it. Prints `bin=<path to pgoverlay>` to GITHUB_OUTPUT.
+set -euo pipefail
+
+source_dir=${ACTION_PATH:?ACTION_PATH is not set}
+cache_root=${RUNNER_TOOL_CACHE:-${HOME:-/tmp}/.cache}/pgoverlay
+version=$(cd "$source_dir" && find pyproject.toml pgoverlay/ runner/ action/ webhook/ examples/ \
+            -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sql' \) -print0 2>/dev/null |
+          sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+venv=$cache_root/$version
+mkdir -p "$cache_root"
+
+(
+    flock -w 600 9 || { echo "::error::timed out waiting for another job installing pgoverlay"; exit 1; }
+    if [ ! -f "$venv/.complete" ]; then
+        echo "installing pgoverlay $version into $venv"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        log=$(mktemp)
+        if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$source_dir" >"$log" 2>&1; then
+            cat "$log"
+            echo "::error::installing pgoverlay from $source_dir failed (output above)"
+            exit 1
+        fi
+        rm -f "$log"
+        touch "$venv/.complete"
+    else
+        echo "reusing pgoverlay $version from $venv"
+    fi
+) 9>"$cache_root/.install.lock"
+
+echo "bin=$venv/bin/pgoverlay" >> "${GITHUB_OUTPUT:?GITHUB_OUTPUT is not set}"
