@@ -18,7 +18,11 @@ mkdir -p "$cache_root"
         rm -rf "$venv"
         python3 -m venv "$venv"
         log=$(mktemp)
-        if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$source_dir" >"$log" 2>&1; then
+        # Build from a clean copy: a stale build/ directory in the checkout would be reused.
+        src=$(mktemp -d)
+        trap 'rm -rf "$src"' EXIT
+        tar -C "$source_dir" --exclude=./build --exclude=./.venv --exclude=./.git -cf - . | tar -C "$src" -xf -
+        if ! "$venv/bin/python" -m pip install --disable-pip-version-check "$src" >"$log" 2>&1; then
             cat "$log"
             echo "::error::installing pgoverlay from $source_dir failed (output above)"
             exit 1

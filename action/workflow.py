@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psycopg
 from pydantic import BaseModel, model_validator
 
 from pgoverlay.action import comment, migrations
@@ -274,8 +275,9 @@ def handle(
                 message=note,
             )
             ready = b
-        except PgoverlayError as err:
-            report = dataclasses.replace(skeleton, message=str(err))
+        except (PgoverlayError, psycopg.Error, OSError) as err:
+            log.warning("branch %s not ready: %s", name, err)
+            report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
     _save(pool, report)
     result, error = _comment(github, event, inputs, report)
     return Outcome(report=report, branch=ready, comment=result, comment_error=error, reused=reused)

@@ -67,6 +67,13 @@ def set_login(conn: psycopg.Connection[Any], *, user: str, password: str, superu
                 verb, sql.Identifier(user), power, sql.Literal(verifier)
             )
         )
+        # The migration ledger's schema, owned by the branch user, whoever owns the database.
+        # Not named like the user: "$user" leads search_path, and new tables would land there.
+        conn.execute(
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS pgoverlay_ledger AUTHORIZATION {}").format(
+                sql.Identifier(user)
+            )
+        )
         if superuser:
             return
         for granted in conn.execute(

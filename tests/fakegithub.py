@@ -63,15 +63,16 @@ DOCS = "https://docs.github.com/rest"
 Json = dict[str, Any]
 Kind = Literal["user", "installation", "app"]
 
-_USER_URLS = "events followers following gists organizations received_events repos starred " \
-             "subscriptions"
-_REPO_URLS = "archive assignees blobs branches collaborators comments commits compare contents " \
-             "contributors deployments downloads events forks git_commits git_refs git_tags " \
-             "hooks issue_comment issue_events issues keys labels languages merges milestones " \
-             "notifications pulls releases stargazers statuses subscribers subscription tags " \
-             "teams trees"
+_USER_URLS = ("events followers following gists organizations received_events repos starred "
+              "subscriptions")
+_REPO_URLS = ("archive assignees blobs branches collaborators comments commits compare contents "
+              "contributors deployments downloads events forks git_commits git_refs git_tags "
+              "hooks issue_comment issue_events issues keys labels languages merges milestones "
+              "notifications pulls releases stargazers statuses subscribers subscription tags "
+              "teams trees")
 _APP_PERMISSIONS = {"checks": "write", "issues": "write", "metadata": "read",
                     "pull_requests": "write", "statuses": "write"}
+_NOT_JSON = object()
 _R = r"/repos/(?P<owner>[^/]+)/(?P<repo>[^/]+)"
 # Parameters match anything: openapi-core, not the router, rejects a bad one (with a 422).
 ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
@@ -122,8 +123,8 @@ def describe(exc: Exception) -> str:
     schema_errors = getattr(exc.__cause__, "schema_errors", None)
     if not schema_errors:
         return f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)
-    details = [(".".join(map(str, e.absolute_path)) + ": ").lstrip(": ") + e.message
-               for e in schema_errors]
+    details = [(f"{where}: " if (where := ".".join(map(str, e.absolute_path))) else "")
+               + e.message for e in schema_errors]
     return str(exc).split(": Value ")[0] + ": " + "; ".join(details)
 
 
@@ -216,7 +217,8 @@ class FakeGitHub:
     def start(self) -> FakeGitHub:
         self._server = _Server(self)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fakegithub")
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        name="fakegithub")
         self._thread.start()
         return self
 
@@ -322,6 +324,7 @@ class FakeGitHub:
 
         Checked before authentication, like a failure at GitHub's edge. The body defaults to
         GitHub's error shape with the status's reason phrase."""
+        body = error(HTTPStatus(status).phrase) if body is None else body
         with self._lock:
             self.state.faults.append({"method": method.upper(), "path": path_regex,
                                       "status": status, "times": times,
@@ -347,18 +350,18 @@ class FakeGitHub:
 
     def _answer(self, method: str, path: str, query: dict[str, str], auth: str | None,
                 raw: bytes, record: Json) -> Reply:
+        try:
+            record["json"] = body = json.loads(raw) if raw else None
+        except ValueError:
+            body = _NOT_JSON
         for fault in self.state.faults:
             if fault["method"] == method and re.search(fault["path"], path):
                 fault["times"] -= 1
                 if fault["times"] <= 0:
                     self.state.faults.remove(fault)
                 record["injected"] = True
-                body = fault["body"]
-                body = error(HTTPStatus(fault["status"]).phrase) if body is None else body
-                return Reply(fault["status"], body, dict(fault["headers"]))
-        try:
-            record["json"] = body = json.loads(raw) if raw else None
-        except ValueError:
+                return Reply(fault["status"], fault["body"], dict(fault["headers"]))
+        if body is _NOT_JSON:
             self._violation("request", method, path, "the body is not JSON")
             return Reply(400, error("Problems parsing JSON"))
         caller = self._caller(auth)
@@ -389,10 +392,14 @@ class FakeGitHub:
                 reply = handler(Call(caller, path, params, query, body))
             except Fail as exc:
                 reply = exc.reply
+            except Exception as exc:  # a bug in the fake: answer, and make the test fail
+                self._violation("fake", method, path, repr(exc))
+                reply = Reply(500, error(f"the fake failed: {exc!r}"))
         if checked:
             data = b"" if reply.body is None else json.dumps(reply.body).encode()
             try:
-                self._spec.validate_response(request, MockResponse(data, reply.status))
+                self._spec.validate_response(request,
+                                             MockResponse(data, reply.status, reply.headers))
             except ResponseNotFound:
                 pass  # GitHub documents few error statuses per operation (no 401, rarely 403)
             except OpenAPIError as exc:
@@ -719,6 +726,8 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    wbufsize = -1  # one send a reply (flushed by the base class), not one a header line
+    disable_nagle_algorithm = True
 
     def _serve(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
