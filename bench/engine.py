@@ -113,12 +113,12 @@ def port_free(port: int) -> bool:
 
 
 class Bench:
-    def __init__(self, work: Path, *, drop_caches: bool, pool_size: str) -> None:
+    def __init__(self, work: Path, *, drop_caches: bool, pool_size: str, creates: int) -> None:
         self.work, self.scratch = work, work / "tmp"
         self.settings = Settings(home=work / "pool-home", port_min=56100, port_max=56199)
         self.install = pgbin.newest(self.settings.pg_bindir)
         self.owner = proc.OsUser.lookup(self.settings.os_user)
-        self.drop, self.pool_size = drop_caches, pool_size
+        self.drop, self.pool_size, self.creates = drop_caches, pool_size, creates
         self.pool: poolmod.Pool | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -255,7 +255,8 @@ class Bench:
             s["update_pages"] = after - writes
 
     # -- method 1: pgoverlay ----------------------------------------------------------------
-    def cycle_pgoverlay(self, run: SizeRun, cycle: int, aid: int) -> Sample:
+    def cycle_pgoverlay(self, run: SizeRun, cycle: int, aid: int | None) -> Sample:
+        """One cycle; with ``aid`` None, only create and destroy."""
         pool, name, s = self.pool, f"bench-{run.key}-c{cycle}", Sample()
         assert pool is not None
         branch.destroy(pool, name)  # left over by a killed run
@@ -264,8 +265,9 @@ class Bench:
         try:
             made = branch.create(pool, name, base_name=f"bench-{run.key}")
             s["create_s"] = now() - start
-            with connect(**branch.connect_kwargs(pool, made)) as conn:
-                self.measure(conn, s, aid, run.scale, partial(branch.layer_size, pool, name))
+            if aid is not None:
+                with connect(**branch.connect_kwargs(pool, made)) as conn:
+                    self.measure(conn, s, aid, run.scale, partial(branch.layer_size, pool, name))
         finally:
             start = now()
             branch.destroy(pool, name)
@@ -278,7 +280,7 @@ class Bench:
         mounts.unmount(root / "data")
         shutil.rmtree(root, ignore_errors=True)
 
-    def cycle_article(self, run: SizeRun, cycle: int, aid: int) -> Sample:
+    def cycle_article(self, run: SizeRun, cycle: int, aid: int | None) -> Sample:
         root, s = self.work / f"ovl-{run.key}-c{cycle}", Sample()
         self.remove_overlay(root)
         port, data, conf = self.free_port(), root / "data", root / "conf"
@@ -333,7 +335,9 @@ class Bench:
             )
             s["create_s"] = now() - start
             with conn:
-                self.measure(conn, s, aid, run.scale, partial(sizes.layer_size, root / "upper"))
+                if aid is not None:
+                    upper = partial(sizes.layer_size, root / "upper")
+                    self.measure(conn, s, aid, run.scale, upper)
         finally:
             start = now()
             self.remove_overlay(root)
@@ -399,6 +403,13 @@ class Bench:
                     run.runs[strategy].append(self.cycle_createdb(srv, strategy, run, aid))
                 done = ", ".join(f"{m} {r[-1]['create_s']:.3f} s" for m, r in run.runs.items())
                 console.log(f"{run.label} round {cycle}/{cycles}, create: {done}")
+            console.log(f"{run.label}: {self.creates} more create/destroy pairs per overlay method")
+            for _ in range(self.creates):  # create time is the headline: sample it more
+                for method, cycle_of in (
+                    ("pgoverlay", self.cycle_pgoverlay),
+                    ("article", self.cycle_article),
+                ):
+                    run.creates.setdefault(method, []).append(cycle_of(run, 0, None)["create_s"])
 
     # -- cleanup ----------------------------------------------------------------------------
     def sweep(self) -> None:
@@ -456,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench", help="work directory")
     parser.add_argument("--keep", action="store_true", help="keep pool and sources for a re-run")
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
+    parser.add_argument("--creates", type=int, default=20, help="extra create/destroy samples")
     parser.add_argument("--no-drop-caches", action="store_true", help="keep the page cache warm")
     args = parser.parse_args(argv)
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
@@ -464,7 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     poolmod.require_root()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally blocks run
     bench = Bench(
-        Path(args.work).resolve(), drop_caches=not args.no_drop_caches, pool_size=args.pool_size
+        Path(args.work).resolve(),
+        drop_caches=not args.no_drop_caches,
+        pool_size=args.pool_size,
+        creates=max(0, args.creates),
     )
     runs = [SizeRun(gib=g, scale=max(1, round(g * SCALE_PER_GIB))) for g in gibs]
     started, t0 = dt.datetime.now(dt.UTC), now()

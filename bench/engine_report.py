@@ -71,6 +71,15 @@ a noisy machine hits them alike.
 {setup}
 {results}
 
+### Create until ready, every sample
+
+The cycles above plus extra create/destroy pairs (cold cache, no queries), the methods taking
+turns: create time is the headline figure, so it gets a bigger sample. Seconds.
+
+| size | pgoverlay | seed article's method |
+|---|---|---|
+{creates}
+
 ### Targets
 
 | target | pgoverlay, measured | seed article | verdict |
@@ -113,6 +122,10 @@ class SizeRun:
     setup: dict[str, float] = field(default_factory=dict)  # one-off step -> seconds
     reused: set[str] = field(default_factory=set)  # one-off steps taken from the cache
     runs: dict[str, list[Sample]] = field(default_factory=dict)
+    creates: dict[str, list[float]] = field(default_factory=dict)  # extra create-only samples
+
+    def create_times(self, method: str) -> list[float]:
+        return [s["create_s"] for s in self.runs.get(method, [])] + self.creates.get(method, [])
 
     @property
     def label(self) -> str:
@@ -158,6 +171,11 @@ def col(run: SizeRun, method: str, key: str) -> list[float]:
     return [s[key] for s in run.runs.get(method, []) if key in s]
 
 
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def first_field(path: str, prefix: str) -> str:
     lines = Path(path).read_text().splitlines()
     return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith(prefix)), "?")
@@ -178,10 +196,10 @@ def targets(runs: list[SizeRun]) -> list[str]:
     def med(r: SizeRun, method: str, *keys: str) -> int:
         return int(statistics.median([sum(s.get(k, 0) for k in keys) for s in r.runs[method]]))
 
-    create = {r.label: statistics.median(col(r, "pgoverlay", "create_s")) for r in runs}
+    create = {r.label: statistics.median(r.create_times("pgoverlay")) for r in runs}
     per_size = ", ".join(f"{k}: {v:.3f} s" for k, v in create.items())
     row(
-        "create ≤ 0.3 s (median)",
+        "create ≤ 0.3 s (median of every create sample)",
         per_size,
         f"{SEED_CREATE_S} s (5 GiB, Docker)",
         max(create.values()) <= 0.3,
@@ -229,7 +247,10 @@ def render(runs: list[SizeRun], ctx: Context) -> str:
     def table_row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
-    results, setup, cycles = [], [], []
+    results: list[str] = []
+    setup: list[str] = []
+    cycles: list[str] = []
+    creates: list[str] = []
     for r in runs:
         methods, size = list(r.runs), format_bytes(r.db_bytes)
         head = f"### {r.label} database ({size}), {len(r.runs['pgoverlay'])} cycles"
@@ -240,6 +261,15 @@ def render(runs: list[SizeRun], ctx: Context) -> str:
             for key, label, kind in ROWS
             if any(col(r, m, key) for m in methods)
         ]
+        times = [r.create_times(m) for m in ("pgoverlay", "article")]
+        creates.append(
+            table_row(
+                [
+                    r.label,
+                    *(f"{cell('s', t)}, p90 {quantile(t, 0.9):.3f}, n={len(t)}" for t in times),
+                ]
+            )
+        )
         once_off = [once(r, step) for step in ("build", "seed", "raw")]
         setup.append(table_row([r.label, str(r.scale), size, *once_off]))
         for m, samples in r.runs.items():
@@ -271,6 +301,7 @@ def render(runs: list[SizeRun], ctx: Context) -> str:
         setup="\n".join(setup),
         results="\n".join(results),
         targets="\n".join(targets(runs)),
+        creates="\n".join(creates),
         cycles="\n".join(cycles),
     )
 
