@@ -3,8 +3,8 @@
 SQL folder mode applies each file with ``psql`` (the tool these files are written for: meta
 commands, ``COPY FROM STDIN`` and psql's own statement splitting all work), in one transaction
 unless the file holds a statement that cannot run in one. A ledger table in the branch,
-``pgoverlay_ledger.migrations``, records what ran. Command mode runs the project's own migration tool
-with the branch in ``DATABASE_URL`` and the libpq variables.
+``pgoverlay_ledger.migrations``, records what ran. Command mode runs the project's own
+migration tool with the branch in ``DATABASE_URL`` and the libpq variables.
 
 The pure parts (statement positions, error-to-line mapping, transaction needs) are plain
 functions on text.
@@ -218,13 +218,15 @@ def ledger(target: Target) -> dict[str, str]:
     """name -> checksum of every migration recorded in the branch."""
     with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
         conn.execute(LEDGER)
-        return dict(conn.execute("SELECT name, checksum FROM pgoverlay_ledger.migrations").fetchall())
+        rows = conn.execute("SELECT name, checksum FROM pgoverlay_ledger.migrations").fetchall()
+        return dict(rows)
 
 
 def _record(target: Target, name: str, text: str, seconds: float) -> None:
     with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
         conn.execute(
-            "INSERT INTO pgoverlay_ledger.migrations (name, checksum, duration_ms) VALUES (%s, %s, %s) "
+            "INSERT INTO pgoverlay_ledger.migrations (name, checksum, duration_ms) "
+            "VALUES (%s, %s, %s) "
             "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
             "applied_at = now(), duration_ms = EXCLUDED.duration_ms",
             (name, checksum(text), int(seconds * 1000)),

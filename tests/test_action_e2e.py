@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
+
 from fakegithub import FakeGitHub
 from helpers import require
-
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
@@ -248,7 +247,8 @@ def test_a_failing_migration_fails_the_step_with_an_annotation_and_a_comment(
         "CREATE TABLE widgets (id int PRIMARY KEY);\n"
     )
     (s.repo / "db/migrations/002_broken.sql").write_text(
-        "-- add a name\nALTER TABLE widgets\n  ADD COLUMN name text,\n  ADD COLUMN nosuch nosuchtype;\n"
+        "-- add a name\nALTER TABLE widgets\n"
+        "  ADD COLUMN name text,\n  ADD COLUMN nosuch nosuchtype;\n"
     )
     head = s.commit("broken migration")
     run = s.act("opened", head)

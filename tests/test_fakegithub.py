@@ -14,10 +14,11 @@ import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from fakegithub import FakeGitHub
 from github import Auth, BadCredentialsException, Github, GithubException, GithubIntegration
 from github.GithubRetry import GithubRetry
 from requests import Response
+
+from fakegithub import FakeGitHub
 
 REPO = "octo/app"
 HEAD, BASE = "a" * 40, "b" * 40

@@ -168,9 +168,8 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
             ).fetchone() == (0,)
             assert conn.execute("SELECT to_regclass('acc_note') IS NOT NULL").fetchone() == (True,)
             assert conn.execute("SELECT to_regclass('never')").fetchone() == (None,)
-            assert [
-                r[0] for r in conn.execute("SELECT name FROM pgoverlay_ledger.migrations ORDER BY 1")
-            ] == ["m/001_ok.sql", "m/002_concurrent.sql"]
+            ledger = conn.execute("SELECT name FROM pgoverlay_ledger.migrations ORDER BY 1")
+            assert [r[0] for r in ledger] == ["m/001_ok.sql", "m/002_concurrent.sql"]
         # A second run skips what is recorded and refuses an edited, already-applied file.
         (repo / "m/003_bad.sql").write_text("SELECT 1;\n")
         again = migrations.apply_files(
