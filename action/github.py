@@ -58,6 +58,7 @@ class GitHub:
             retry=retry,
             timeout=int(timeout),
             per_page=100,
+            lazy=True,
         )
         self._login: str | None = None
 
@@ -87,7 +88,7 @@ class GitHub:
         """
         try:
             me = self.login()
-            pull = self._gh.get_repo(repository, lazy=True).get_pull(pr)
+            pull = self._gh.get_repo(repository).get_pull(pr)
             for comment in pull.get_issue_comments():
                 if comment.user is not None and comment.user.login == me and is_ours(comment.body):
                     if comment.body == body:

@@ -103,13 +103,14 @@ def _outputs(pool: Pool, outcome: Outcome, out: TextIO) -> dict[str, str]:
     return values
 
 
-def run(environ: dict[str, str], *, out: TextIO = sys.stdout, destroy: bool = False) -> int:
+def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
+    """Everything comes from the job's environment, as GitHub Actions sets it."""
     try:
         job = JobEnv()  # type: ignore[call-arg]
     except ValidationError as exc:
         missing = ", ".join(str(e["loc"][0]) for e in exc.errors())
         raise ConfigError(f"not running inside GitHub Actions? missing or bad: {missing}") from None
-    inputs = read_inputs(environ)
+    inputs = read_inputs(dict(os.environ))
     payload: dict[str, Any] = (
         json.loads(job.event_path.read_text()) if job.event_path.exists() else {}
     )
@@ -117,6 +118,13 @@ def run(environ: dict[str, str], *, out: TextIO = sys.stdout, destroy: bool = Fa
     if destroy:
         ev = dataclasses.replace(ev, kind="close")
     pool = Pool.open(Settings())
+    try:
+        return _run(pool, job, ev, inputs, out)
+    finally:
+        pool.close()
+
+
+def _run(pool: Pool, job: JobEnv, ev: event.Event, inputs: Inputs, out: TextIO) -> int:
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
     try:
         outcome = handle(
@@ -162,7 +170,7 @@ def run(environ: dict[str, str], *, out: TextIO = sys.stdout, destroy: bool = Fa
 
 def main_from_env(*, destroy: bool = False) -> int:
     try:
-        return run(dict(os.environ), destroy=destroy)
+        return run(destroy=destroy)
     except PgoverlayError as err:
         outputs.annotation("error", str(err), sys.stdout, title="pgoverlay")
         return err.exit_code

@@ -142,8 +142,11 @@ def _save(pool: Pool, report: Report) -> None:
 
 
 def _check_ownership(pool: Pool, name: str, repository: str) -> None:
+    """A branch name is one repository's: refuse to touch another's live branch."""
+    if pool.registry.branch(name) is None:
+        return
     for other in pool.registry.pr_states(name):
-        if other.repository != repository and pool.registry.branch(name) is not None:
+        if other.repository != repository and other.status in ("ready", "migration failed"):
             where = f"{other.repository}#{other.pr}" if other.pr else other.repository
             raise BranchExistsError(
                 f"branch {name} on this runner belongs to {where}: set the `branch-name` input "
@@ -234,7 +237,6 @@ def handle(
     if event.kind == "ignore":
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
-    _check_ownership(pool, name, event.repository)
     state = pool.registry.pr_state(event.repository, name)
     skeleton = Report(
         repository=event.repository,
@@ -248,6 +250,13 @@ def handle(
     )
     ready: Branch | None = None
     reused = False
+    try:
+        _check_ownership(pool, name, event.repository)
+    except BranchExistsError as err:
+        # Nothing of ours to record: the branch and its state belong to the other repository.
+        report = dataclasses.replace(skeleton, message=str(err))
+        result, error = _comment(github, event, inputs, report)
+        return Outcome(report=report, branch=None, comment=result, comment_error=error)
     if event.kind == "close":
         report = _close(pool, event, name, state, skeleton)
     elif (

@@ -100,6 +100,9 @@ class Pool:
         self.registry = Registry(self.root / "registry.db")
         self.owner = OsUser.lookup(settings.os_user)
 
+    def close(self) -> None:
+        self.registry.close()
+
     # paths ------------------------------------------------------------------------------
     def lock_path(self, kind: str, name: str) -> Path:
         return self.root / "locks" / f"{kind}-{name}.lock"

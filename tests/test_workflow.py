@@ -1,0 +1,275 @@
+"""The PR workflow's decisions: events, inputs, forks, ownership, comments that fail, outputs."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakegithub import FakeGitHub
+from pgoverlay.action import event, main
+from pgoverlay.action.github import GitHub
+from pgoverlay.action.workflow import Inputs, handle
+from pgoverlay.errors import ConfigError
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "github-fixtures" / "webhooks"
+
+
+def payload(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"pull_request.{name}.json").read_text())
+    return data
+
+
+def parse(data: dict[str, Any]) -> event.Event:
+    return event.parse("pull_request", data, repository="x/y", sha="", ref="")
+
+
+# -- events and inputs (pure) ---------------------------------------------------------------
+
+
+def test_pull_request_actions_map_to_what_the_workflow_does() -> None:
+    assert parse(payload("opened")).kind == "open"
+    assert parse(payload("reopened")).kind == "open"
+    assert parse(payload("synchronize")).kind == "sync"
+    closed = parse(payload("closed"))
+    assert (closed.kind, closed.merged) == ("close", False)
+    assert parse(payload("labeled")).kind == "ignore"
+
+
+def test_a_fork_is_told_by_the_head_repository_not_by_repository_fork() -> None:
+    same = payload("opened")
+    same["repository"]["fork"] = True  # the base repository being a fork says nothing
+    assert parse(same).from_fork is False
+    forked = copy.deepcopy(payload("opened"))
+    forked["pull_request"]["head"]["repo"]["full_name"] = "stranger/Hello-World"
+    assert parse(forked).from_fork is True
+    deleted = copy.deepcopy(payload("opened"))
+    deleted["pull_request"]["head"]["repo"] = None
+    assert parse(deleted).from_fork is True
+
+
+def test_other_events_get_a_branch_named_after_the_ref() -> None:
+    ev = event.parse(
+        "workflow_dispatch", {}, repository="x/y", sha="abc", ref="refs/heads/Feature/Big_Change"
+    )
+    assert ev.kind == "ref" and event.branch_name(ev, None) == "feature-big-change"
+    pr = parse(payload("opened"))
+    assert event.branch_name(pr, None) == f"pr-{pr.pr}"
+    assert event.branch_name(pr, "shop-pr-{number}") == f"shop-pr-{pr.pr}"
+
+
+def test_inputs_left_empty_take_their_defaults_and_conflicts_are_refused() -> None:
+    inputs = Inputs(migrations="", reset_on_push="", comment="", ttl="")  # type: ignore[arg-type]
+    assert (inputs.migrations, inputs.reset_on_push, inputs.comment) == (None, True, True)
+    with pytest.raises(ConfigError, match="not both"):
+        Inputs(migrations="db", migrate_command="alembic upgrade head")
+    with pytest.raises(ConfigError, match="duration"):
+        Inputs(ttl="soon")
+
+
+# -- the workflow against real branches and the fake GitHub -----------------------------------
+
+
+@pytest.fixture()
+def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
+    with FakeGitHub() as fake:
+        fake.add_token("ghs_job", "github-actions[bot]", kind="installation")
+        fake.add_pull("acme/shop", 5, "a" * 40, "b" * 40)
+        client = GitHub("ghs_job", api_url=fake.url, backoff=0.01)
+        yield fake, client
+        client.close()
+        assert fake.violations == []
+
+
+def pr_event(
+    *, fork: bool = False, kind: event.Kind = "open", number: int = 5, head: str = "a" * 40
+) -> event.Event:
+    return event.Event(
+        kind=kind,
+        repository="acme/shop",
+        pr=number,
+        head_sha=head,
+        base_sha="b" * 40,
+        merged=None if kind != "close" else True,
+        from_fork=fork,
+        draft=False,
+        ref_name="feature",
+        action="opened",
+    )
+
+
+def test_a_forks_migrate_command_is_not_run_unless_allowed(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    inputs = Inputs(migrate_command=f"touch {marker}", comment=False)
+    try:
+        outcome = handle(pool, pr_event(fork=True), inputs, repo_dir=tmp_path, github=None)
+        assert outcome.report is not None and outcome.report.status == "ready"
+        assert outcome.report.migrations[0].status == "not run"
+        assert "allow-fork-commands" in outcome.report.message
+        assert not marker.exists()
+        allowed = Inputs(
+            migrate_command=f"touch {marker}",
+            comment=False,
+            allow_fork_commands=True,
+            reset_on_push=False,
+        )
+        pushed = pr_event(fork=True, kind="sync", head="c" * 40)
+        second = handle(pool, pushed, allowed, repo_dir=tmp_path, github=None)
+        assert second.report is not None and second.report.migrations[0].status == "applied"
+        assert marker.exists()
+    finally:
+        branch.destroy(pool, "pr-5")
+
+
+def test_a_comment_that_cannot_be_written_does_not_hide_a_ready_branch(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    fake.fail_next(
+        "POST",
+        r"/issues/5/comments$",
+        403,
+        times=1,
+        body={"message": "Resource not accessible by integration"},
+    )
+    try:
+        outcome = handle(pool, pr_event(fork=True), Inputs(), repo_dir=tmp_path, github=client)
+        assert outcome.report is not None and outcome.report.status == "ready"
+        assert outcome.branch is not None
+        assert (
+            "HTTP 403" in outcome.comment_error
+            and "forks get a read-only token" in outcome.comment_error
+        )
+    finally:
+        branch.destroy(pool, "pr-5")
+
+
+def test_server_errors_from_github_are_retried(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    fake.fail_next("POST", r"/issues/5/comments$", 502, times=2)
+    try:
+        outcome = handle(pool, pr_event(), Inputs(), repo_dir=tmp_path, github=client)
+        assert outcome.comment is not None and outcome.comment.action == "created"
+        posts = [r for r in fake.requests if r["method"] == "POST"]
+        assert [r["status"] for r in posts] == [502, 502, 201]
+    finally:
+        branch.destroy(pool, "pr-5")
+
+
+def test_a_branch_name_taken_by_another_repository_is_refused(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    mine = handle(pool, pr_event(), Inputs(comment=False), repo_dir=tmp_path, github=None)
+    try:
+        assert mine.report is not None and mine.report.status == "ready"
+        other = pr_event()
+        other = event.Event(**{**other.__dict__, "repository": "other/repo"})
+        outcome = handle(pool, other, Inputs(comment=False), repo_dir=tmp_path, github=None)
+        assert outcome.report is not None and outcome.report.status == "failed"
+        assert "belongs to acme/shop#5" in outcome.report.message
+        assert "branch-name" in outcome.report.message
+        assert outcome.branch is None
+    finally:
+        branch.destroy(pool, "pr-5")
+
+
+# -- the entry point: masks before outputs, no DSN unless ready --------------------------------
+
+
+def job_env(tmp_path: Path, pool: Pool, data: dict[str, Any], **inputs: str) -> dict[str, str]:
+    event_path = tmp_path / "event.json"
+    event_path.write_text(json.dumps(data))
+    return {
+        "GITHUB_EVENT_PATH": str(event_path),
+        "GITHUB_EVENT_NAME": "pull_request",
+        "GITHUB_REPOSITORY": "acme/shop",
+        "GITHUB_WORKSPACE": str(tmp_path),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+        "PGOVERLAY_HOME": str(pool.home),
+        "PGOVERLAY_PORT_MIN": str(pool.settings.port_min),
+        "PGOVERLAY_PORT_MAX": str(pool.settings.port_max),
+        **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
+    }
+
+
+def read_outputs(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        key, _, delimiter = lines[i].partition("<<")
+        end = lines.index(delimiter, i + 1)
+        values[key] = "\n".join(lines[i + 1 : end])
+        i = end + 1
+    return values
+
+
+def test_the_entry_point_masks_secrets_before_writing_outputs(
+    pool: Pool, base: BaseVersion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = payload("opened")
+    data["pull_request"]["number"] = 6
+    env = job_env(tmp_path, pool, data, comment="false")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = io.StringIO()
+    try:
+        assert main.run(out=out) == 0
+        values = read_outputs(tmp_path / "output")
+        b = branch.get(pool, "pr-6")
+        assert values["password"] == b.password and values["status"] == "ready"
+        assert values["dsn"].startswith("postgresql://pgoverlay:")
+        log = out.getvalue()
+        assert f"::add-mask::{b.password}" in log
+        assert b.password not in log.replace(f"::add-mask::{b.password}", "").replace(
+            f"::add-mask::{values['dsn']}", ""
+        )
+        assert b.password not in (tmp_path / "summary").read_text()
+        assert "**Ready**" in (tmp_path / "summary").read_text()
+    finally:
+        branch.destroy(pool, "pr-6")
+
+
+def test_a_branch_that_cannot_be_made_ready_fails_the_step_without_a_dsn(
+    pool: Pool, base: BaseVersion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = payload("opened")
+    env = job_env(tmp_path, pool, data, comment="false", base="no-such-base")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = io.StringIO()
+    assert main.run(out=out) == 1
+    values = read_outputs(tmp_path / "output")
+    assert values["status"] == "failed" and "dsn" not in values and "password" not in values
+    assert "::error title=Branch not ready::no base named 'no-such-base'" in out.getvalue()
+
+
+def test_zizmor_finds_nothing_in_the_actions_and_example_workflows() -> None:
+    root = Path(__file__).resolve().parents[1]
+    targets = [root / "action.yml", *root.glob("action/**/action.yml"), *root.glob("docs/**/*.yml")]
+    done = subprocess.run(
+        [
+            str(Path(__import__("sys").executable).parent / "zizmor"),
+            "--offline",
+            "--no-progress",
+            *map(str, targets),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
