@@ -44,9 +44,14 @@ SOCKET_ROOT = Path("/run/pgoverlay")
 # -- layout and runtime -------------------------------------------------------------------
 
 
-def layout(pool: Pool, name: str) -> Layout:
+def socket_root(pool: Pool) -> Path:
+    """This pool's directory of branch sockets (short: socket paths are limited to 107 bytes)."""
     pool_id = hashlib.sha256(os.fspath(pool.home.resolve()).encode()).hexdigest()[:8]
-    return Layout(root=pool.branch_dir(name), socket_dir=SOCKET_ROOT / pool_id / name)
+    return SOCKET_ROOT / pool_id
+
+
+def layout(pool: Pool, name: str) -> Layout:
+    return Layout(root=pool.branch_dir(name), socket_dir=socket_root(pool) / name)
 
 
 def runtime_for(pool: Pool, base: BaseVersion) -> Runtime:
@@ -115,6 +120,8 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "max_connections": str(s.max_connections),
         "work_mem": s.work_mem,
         "maintenance_work_mem": s.maintenance_work_mem,
+        "min_wal_size": s.min_wal_size,
+        "max_wal_size": s.max_wal_size,
         "logging_collector": "off",
         "log_destination": "stderr",
         "cluster_name": f"pgoverlay-{branch.name}",
@@ -211,6 +218,7 @@ def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> No
             user=branch.user,
             password=branch.password,
             superuser=pool.settings.branch_superuser,
+            refresh=False,
         )
 
 

@@ -132,7 +132,10 @@ def _bases(pool: Pool, report: Report) -> None:
 
 
 def _scratch(pool: Pool, report: Report) -> None:
-    """Leftovers in tmp/: demo sources and private server directories of dead processes."""
+    """Leftovers in tmp/: demo sources and private server directories of dead processes; and
+    the pool's socket directory once no branch uses it (rmdir only removes it empty)."""
+    with contextlib.suppress(OSError):
+        branches.socket_root(pool).rmdir()
     for name in demo.leftover_sources(pool):
         demo.cleanup_source(pool, name)
         report.orphans.append(f"demo source {name}")

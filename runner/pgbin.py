@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ def _candidate_bindirs(override: Path | None) -> list[Path]:
     dirs += sorted(Path("/usr").glob("pgsql-*/bin"))
     on_path = shutil.which("postgres")
     if on_path:
-        dirs.append(Path(on_path).resolve().parent)
-    return dirs
+        dirs.append(Path(on_path).parent)
+    return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
+@functools.cache
 def installs(override: Path | None = None) -> dict[int, PgInstall]:
     """Every usable Postgres server installation, by major version (newest bindir wins)."""
     found: dict[int, PgInstall] = {}

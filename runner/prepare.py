@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,9 @@ def prepare(
     scratch: Path,
     login_candidates: list[str],
     database: str,
+    branch_user: str,
+    branch_superuser: bool,
+    wal_segsize_mb: int,
     timeout: float,
 ) -> Prepared:
     """Finish recovery, shut down cleanly, shrink WAL segments; ``database`` is the one
@@ -102,6 +106,14 @@ def prepare(
                 **srv.conninfo(user=superuser, dbname=database), autocommit=True, connect_timeout=10
             ) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)
+                # Done once here rather than in every branch: the login role, its grants and the
+                # ledger schema. A branch then only sets its own password.
+                roles.set_login(
+                    conn,
+                    user=branch_user,
+                    password=secrets.token_urlsafe(32),
+                    superuser=branch_superuser,
+                )
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
@@ -109,7 +121,9 @@ def prepare(
             "the base was not prepared"
         )
     proc.run(
-        [install.tool("pg_resetwal"), "--wal-segsize=1", "-D", datadir], timeout=600, user=owner
+        [install.tool("pg_resetwal"), f"--wal-segsize={wal_segsize_mb}", "-D", datadir],
+        timeout=600,
+        user=owner,
     )
     return Prepared(
         superuser=superuser,

@@ -50,8 +50,20 @@ def superuser_owned_tables(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def set_login(conn: psycopg.Connection[Any], *, user: str, password: str, superuser: bool) -> None:
-    """Create or update ``user`` with ``password``; only a SCRAM verifier is sent."""
+def set_login(
+    conn: psycopg.Connection[Any],
+    *,
+    user: str,
+    password: str,
+    superuser: bool,
+    refresh: bool = True,
+) -> None:
+    """Create or update ``user`` with ``password``; only a SCRAM verifier is sent.
+
+    Seeding prepares the role, its grants and the ledger schema in the base once; a branch
+    then passes ``refresh=False`` and only sets its password (one catalog row), unless the
+    role is missing (a base prepared for another user name).
+    """
     verifier = conn.pgconn.encrypt_password(
         password.encode(), user.encode(), b"scram-sha-256"
     ).decode()
@@ -67,6 +79,8 @@ def set_login(conn: psycopg.Connection[Any], *, user: str, password: str, superu
                 verb, sql.Identifier(user), power, sql.Literal(verifier)
             )
         )
+        if exists and not refresh:
+            return
         # The migration ledger's schema, owned by the branch user, whoever owns the database.
         # Not named like the user: "$user" leads search_path, and new tables would land there.
         conn.execute(

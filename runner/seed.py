@@ -262,6 +262,9 @@ def _seed_version(
             scratch=pool.tmp,
             login_candidates=candidates,
             database=src.dbname,
+            branch_user=pool.settings.branch_user,
+            branch_superuser=pool.settings.branch_superuser,
+            wal_segsize_mb=pool.settings.wal_segsize_mb,
             timeout=pool.settings.command_timeout,
         )
         if src.dbname not in result.databases:

@@ -26,12 +26,27 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=30, ge=5)
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
+    # WAL beyond min_wal_size is removed at a checkpoint, not recycled: it would stay in the
+    # branch's writable layer.
+    min_wal_size: str = "16MB"
+    # WAL segment size (MiB) a base is prepared with. 1 keeps the first write of a branch on
+    # plain OverlayFS to 1 MiB of copy-up; on a reflink pool that copy is a clone anyway, and
+    # 16 writes faster (see docs/benchmarks.md).
+    wal_segsize_mb: int = Field(default=1, ge=1, le=1024)
+    max_wal_size: str = "512MB"
     start_timeout: float = Field(default=60.0, gt=0)
     stop_timeout: float = Field(default=30.0, gt=0)
     command_timeout: float = Field(default=3600.0, gt=0)
     lock_timeout: float = Field(default=120.0, gt=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
+
+    @field_validator("wal_segsize_mb")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("wal_segsize_mb must be a power of two between 1 and 1024")
+        return value
 
     @field_validator("branch_user")
     @classmethod

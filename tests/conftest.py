@@ -52,6 +52,7 @@ def pool(settings: Settings) -> Iterator[Pool]:
     for base in p.registry.bases():
         seed.remove_version(p, base.name, base.version)
     p.registry.close()
+    shutil.rmtree(branch.socket_root(p), ignore_errors=True)
     for target in mounts.mounts_under(settings.home):
         mounts.unmount(Path(target))
     mounts.unmount(settings.home / "pool")

@@ -33,6 +33,7 @@ def small_pool(source: cluster.Running) -> Iterator[Pool]:
         for base in p.registry.bases():
             seed.remove_version(p, base.name, base.version)
         p.registry.close()
+        shutil.rmtree(branch.socket_root(p), ignore_errors=True)
         for target in mounts.mounts_under(home):
             mounts.unmount(Path(target))
         shutil.rmtree(home, ignore_errors=True)
