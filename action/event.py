@@ -91,10 +91,9 @@ def branch_name(event: Event, template: str | None) -> str:
     """The branch for this event: the template if given ({number} and {ref} are filled in),
     else ``pr-<number>``, or the ref made into a valid name for other events."""
     if template:
-        name = template.replace("{number}", str(event.pr or "")).replace(
-            "{ref}", slug(event.ref_name)
-        )
-        return name
+        # Outside a pull request there is no number: the ref stands in for it.
+        number = str(event.pr) if event.pr is not None else slug(event.ref_name)
+        return template.replace("{number}", number).replace("{ref}", slug(event.ref_name))
     if event.pr is not None:
         return f"pr-{event.pr}"
     return slug(event.ref_name) or "default"

@@ -86,7 +86,8 @@ def _outputs(pool: Pool, outcome: Outcome, out: TextIO) -> dict[str, str]:
     url = branches.url(pool, b)
     outputs.mask(b.password, out)
     outputs.mask(url, out)
-    layer = report.branch
+    layer = branches.layer_size(pool, b.name)  # now, not when the report was first made
+    applied = 0 if outcome.reused else sum(m.status == "applied" for m in report.migrations)
     values.update(
         {
             "host": pool.settings.public_host,
@@ -95,9 +96,9 @@ def _outputs(pool: Pool, outcome: Outcome, out: TextIO) -> dict[str, str]:
             "user": b.user,
             "password": b.password,
             "dsn": url,
-            "layer-bytes": str(layer.layer_logical_bytes if layer else 0),
-            "layer-physical-bytes": str(layer.layer_physical_bytes if layer else 0),
-            "migrations-applied": str(sum(m.status == "applied" for m in report.migrations)),
+            "layer-bytes": str(layer.logical_bytes),
+            "layer-physical-bytes": str(layer.physical_bytes),
+            "migrations-applied": str(applied),
         }
     )
     return values

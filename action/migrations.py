@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,8 +26,9 @@ import sqlparse
 from sqlparse import tokens as T
 
 from pgoverlay.action.report import MigrationRun
-from pgoverlay.errors import CommandError, MigrationError
+from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError
 from pgoverlay.runner import proc
+from pgoverlay.runner.proc import OsUser
 
 # The schema itself is made by the engine when it creates the branch (runner/roles.py), so
 # the ledger works whoever owns the database.
@@ -137,12 +137,18 @@ def checksum(text: str) -> str:
 # -- which files ---------------------------------------------------------------------------
 
 
-def _git(repo: Path, *args: str) -> str:
-    return proc.run(["git", "-C", repo, *args], timeout=120).stdout
+def _git(repo: Path, *args: str, user: OsUser | None) -> str:
+    return proc.run(["git", "-C", repo, *args], timeout=120, user=user).stdout
 
 
-def changed_files(repo: Path, folder: str, *, base_sha: str, head_sha: str) -> list[str]:
-    """The .sql files under ``folder`` the PR adds or changes, in lexical order."""
+def changed_files(
+    repo: Path, folder: str, *, base_sha: str, head_sha: str, user: OsUser | None = None
+) -> list[str]:
+    """The .sql files under ``folder`` the PR adds or changes, in lexical order.
+
+    git runs as ``user`` (the owner of the checkout): git refuses a repository owned by
+    someone else.
+    """
     try:
         out = _git(
             repo,
@@ -153,6 +159,7 @@ def changed_files(repo: Path, folder: str, *, base_sha: str, head_sha: str) -> l
             f"{base_sha}...{head_sha}",
             "--",
             folder,
+            user=user,
         )
     except CommandError as err:
         raise MigrationError(
@@ -245,8 +252,13 @@ def apply_files(
     psql: Path,
     skip_recorded: bool,
     timeout: float,
+    user: OsUser | None = None,
 ) -> list[MigrationRun]:
-    """Apply ``files`` (paths relative to ``repo``) in order; stop at the first failure."""
+    r"""Apply ``files`` (paths relative to ``repo``) in order; stop at the first failure.
+
+    psql runs as ``user``, the owner of the checkout, never as root: a file's ``\!`` shell
+    escape must not gain privileges the pull request's own job steps do not have.
+    """
     recorded = ledger(target)
     results: list[MigrationRun] = []
     for index, name in enumerate(files):
@@ -274,15 +286,22 @@ def apply_files(
             argv.append("--single-transaction")
         argv += ["-f", name]
         started = time.monotonic()
-        done = subprocess.run(
-            [os.fspath(a) for a in argv],
-            cwd=repo,
-            env=proc.child_env(target.libpq_env()),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        try:
+            done = proc.run(
+                argv, timeout=timeout, env=target.libpq_env(), user=user, cwd=repo, check=False
+            )
+        except TimeoutExpiredError:
+            results.append(
+                MigrationRun(
+                    name,
+                    "failed",
+                    time.monotonic() - started,
+                    f"did not finish within {timeout:.0f} s",
+                    file=name,
+                )
+            )
+            results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
+            break
         seconds = time.monotonic() - started
         if done.returncode == 0:
             _record(target, name, text, seconds)
@@ -313,22 +332,18 @@ def run_command(
     timeout: float,
     echo: Callable[[str], None] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    user: OsUser | None = None,
 ) -> MigrationRun:
-    """Run the project's own migration command against the branch."""
+    """Run the project's own migration command against the branch, as ``user`` (the owner of
+    the checkout), never with the engine's privileges."""
     env = {**target.libpq_env(), "DATABASE_URL": target.url(), **(extra_env or {})}
     env.pop("PGAPPNAME")
     started = time.monotonic()
     try:
-        done = subprocess.run(
-            ["/bin/sh", "-c", command],
-            cwd=cwd,
-            env=proc.child_env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        done = proc.run(
+            ["/bin/sh", "-c", command], timeout=timeout, env=env, user=user, cwd=cwd, check=False
         )
-    except subprocess.TimeoutExpired:
+    except TimeoutExpiredError:
         return MigrationRun(
             command,
             "failed",

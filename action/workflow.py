@@ -30,6 +30,7 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.registry import Branch, PrState
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,9 @@ def _migrate(
     """Apply the PR's migrations; returns the runs and a note for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
     target = _target(pool, b)
+    # The PR's code and SQL run as the owner of the checkout (the runner user), never with
+    # the engine's root privileges.
+    owner = OsUser.owner_of(repo_dir)
     if inputs.migrate_command:
         if event.from_fork and not inputs.allow_fork_commands:
             return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
@@ -173,6 +177,7 @@ def _migrate(
             cwd=workdir,
             timeout=pool.settings.command_timeout,
             echo=echo,
+            user=owner,
         )
         return [run], ""
     if not inputs.migrations:
@@ -180,7 +185,7 @@ def _migrate(
     folder = os.path.relpath(workdir / inputs.migrations, repo_dir)
     if inputs.migrations_select == "changed" and event.pr is not None and event.base_sha:
         files = migrations.changed_files(
-            repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha
+            repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=owner
         )
     else:
         files = migrations.all_files(repo_dir, folder)
@@ -196,6 +201,7 @@ def _migrate(
         psql=psql,
         skip_recorded=True,
         timeout=pool.settings.command_timeout,
+        user=owner,
     )
     return runs, ""
 
@@ -257,12 +263,15 @@ def handle(
         report = dataclasses.replace(skeleton, message=str(err))
         result, error = _comment(github, event, inputs, report)
         return Outcome(report=report, branch=None, comment=result, comment_error=error)
+    if event.kind == "close" and state is None and pool.registry.branch(name) is None:
+        echo(f"no branch {name} to destroy")
+        return Outcome(report=None, branch=None)
     if event.kind == "close":
         report = _close(pool, event, name, state, skeleton)
     elif (
         state is not None
         and state.head_sha == event.head_sha
-        and state.status in ("ready", "migration failed")
+        and state.status == "ready"
         and (current := pool.registry.branch(name)) is not None
         and current.state == "ready"
         and branches.status(pool, name).running

@@ -81,7 +81,10 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
                 "(or `pgoverlay seed demo --demo`)"
             )
         else:
-            raise BaseMissingError(f"several bases exist ({', '.join(names)}): pass --base NAME")
+            raise BaseMissingError(
+                f"several bases exist ({', '.join(names)}): name one (`--base NAME`, or the "
+                "Action's `base` input)"
+            )
     base = pool.registry.latest_base(name)
     if base is None:
         known = ", ".join(sorted({b.name for b in pool.registry.bases() if b.state == "ready"}))

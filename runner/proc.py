@@ -44,6 +44,16 @@ class OsUser:
             ) from None
         return cls(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
+    @classmethod
+    def owner_of(cls, path: Path) -> OsUser:
+        """The user owning ``path`` (e.g. the runner user owning a job's checkout)."""
+        st = path.stat()
+        try:
+            entry = pwd.getpwuid(st.st_uid)
+        except KeyError:
+            return cls(name=str(st.st_uid), uid=st.st_uid, gid=st.st_gid, home="/")
+        return cls(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+
 
 def child_env(
     extra: Mapping[str, str] | None = None, *, user: OsUser | None = None

@@ -208,3 +208,43 @@ def test_a_migrate_command_sees_the_branch_in_its_environment(
             assert conn.execute("SELECT count(*) FROM made_by_tool").fetchone() == (1,)
     finally:
         branch.destroy(pool, "by-command")
+
+
+def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
+    pool: Pool, base: BaseVersion
+) -> None:
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    from pgoverlay.runner.proc import OsUser
+
+    nobody = pwd.getpwnam("nobody")
+    repo = Path(tempfile.mkdtemp(prefix="pgoverlay-checkout-", dir="/var/tmp"))
+    try:
+        (repo / "m").mkdir()
+        (repo / "m/001_escape.sql").write_text("\\! id -u > whoami.txt\nSELECT 1;\n")
+        for path in (repo, repo / "m", repo / "m/001_escape.sql"):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        branch.create(pool, "unprivileged")
+        target = target_for(pool, "unprivileged")
+        runs = migrations.apply_files(
+            target,
+            repo,
+            ["m/001_escape.sql"],
+            psql=pgbin.for_major(15).tool("psql"),
+            skip_recorded=True,
+            timeout=60,
+            user=OsUser.owner_of(repo),
+        )
+        assert [r.status for r in runs] == ["applied"], runs
+        assert (repo / "whoami.txt").read_text().strip() == str(nobody.pw_uid)
+        command = migrations.run_command(
+            target, "id -u > by-command.txt", cwd=repo, timeout=60, user=OsUser.owner_of(repo)
+        )
+        assert command.status == "applied", command.error
+        assert (repo / "by-command.txt").read_text().strip() == str(nobody.pw_uid)
+    finally:
+        branch.destroy(pool, "unprivileged")
+        shutil.rmtree(repo, ignore_errors=True)

@@ -273,3 +273,32 @@ def test_zizmor_finds_nothing_in_the_actions_and_example_workflows() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_closing_a_pr_that_never_had_a_branch_does_nothing(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    outcome = handle(
+        pool, pr_event(kind="close", number=55), Inputs(), repo_dir=tmp_path, github=client
+    )
+    assert outcome.report is None
+    assert [r for r in fake.requests if r["method"] != "GET"] == []
+
+
+def test_a_failed_migration_is_retried_by_a_rerun_of_the_same_head(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    flag = tmp_path / "fixed"
+    inputs = Inputs(migrate_command=f"test -e {flag}", comment=False)
+    try:
+        first = handle(pool, pr_event(), inputs, repo_dir=tmp_path, github=None)
+        assert first.report is not None and first.report.status == "migration failed"
+        flag.touch()
+        again = handle(pool, pr_event(), inputs, repo_dir=tmp_path, github=None)
+        assert not again.reused
+        assert again.report is not None and again.report.status == "ready"
+        third = handle(pool, pr_event(), inputs, repo_dir=tmp_path, github=None)
+        assert third.reused, "a successful head is not redone"
+    finally:
+        branch.destroy(pool, "pr-5")
