@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+import requests
 from github import Auth, Github, GithubException, GithubRetry
 
 log = logging.getLogger(__name__)
 
 ACTIONS_BOT = "github-actions[bot]"
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+STATUS_CONTEXT = "pgoverlay/branch"
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def _reason(err: GithubException) -> str:
 class GitHub:
     def __init__(
         self,
-        token: str,
+        token: str | Auth.Auth,
         *,
         api_url: str,
         retries: int = 4,
@@ -53,7 +56,7 @@ class GitHub:
             secondary_rate_wait=60,
         )
         self._gh = Github(
-            auth=Auth.Token(token),
+            auth=Auth.Token(token) if isinstance(token, str) else token,
             base_url=api_url.rstrip("/"),
             retry=retry,
             timeout=int(timeout),
@@ -61,6 +64,9 @@ class GitHub:
             lazy=True,
         )
         self._login: str | None = None
+        self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
+        self._api_url = api_url.rstrip("/")
+        self._timeout = timeout
 
     def close(self) -> None:
         self._gh.close()
@@ -99,3 +105,44 @@ class GitHub:
             return CommentResult(created.id, "created", created.html_url)
         except GithubException as err:
             raise GitHubError(f"could not write the PR comment ({_reason(err)})") from None
+
+    # -- used by the webhook listener -------------------------------------------------------
+
+    def set_status(self, repository: str, sha: str, state: str, description: str) -> None:
+        """The `pgoverlay/branch` commit status a repository can require."""
+        try:
+            self._gh.get_repo(repository).get_commit(sha).create_status(
+                state=state, description=description[:140], context=STATUS_CONTEXT
+            )
+        except GithubException as err:
+            raise GitHubError(f"could not set the commit status ({_reason(err)})") from None
+
+    def open_pulls(self, repository: str) -> list[int]:
+        """Numbers of every open pull request (all pages)."""
+        try:
+            return [p.number for p in self._gh.get_repo(repository).get_pulls(state="open")]
+        except GithubException as err:
+            raise GitHubError(f"could not list open pull requests ({_reason(err)})") from None
+
+    def download_tarball(self, repository: str, ref: str, dest: Path) -> None:
+        """The repository at ``ref`` as a tarball, through the API (no git credentials)."""
+        headers = {"Accept": "application/vnd.github+json"}
+        self._auth_header(headers)
+        url = f"{self._api_url}/repos/{repository}/tarball/{ref}"
+        try:
+            with requests.get(url, headers=headers, timeout=self._timeout, stream=True) as resp:
+                if resp.status_code != 200:
+                    raise GitHubError(
+                        f"could not download {repository}@{ref[:7]} (HTTP {resp.status_code})"
+                    )
+                with dest.open("wb") as handle:
+                    for chunk in resp.iter_content(1 << 16):
+                        handle.write(chunk)
+        except requests.RequestException as err:
+            raise GitHubError(
+                f"could not download {repository}@{ref[:7]}: {type(err).__name__}"
+            ) from None
+
+    def _auth_header(self, headers: dict[str, str]) -> None:
+        # PyGithub's auth objects know how to make (and refresh) the header value.
+        self._auth.authentication(headers)

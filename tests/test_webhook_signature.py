@@ -61,9 +61,10 @@ def test_reserialised_json_does_not_verify_only_the_exact_bytes_do() -> None:
 def test_non_ascii_secret_is_keyed_as_utf8() -> None:
     secret = "clé-secrète-🔑"
     body = b'{"action":"opened"}'
-    assert sign(secret, body) == "sha256=" + hmac.new(
-        secret.encode("utf-8"), body, hashlib.sha256
-    ).hexdigest()
+    assert (
+        sign(secret, body)
+        == "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+    )
     assert verify(secret, body, sign(secret, body))
 
 
@@ -115,7 +116,13 @@ def test_truncated_or_extended_header_fails() -> None:
         lambda h: h.replace("=", " = ", 1),
         lambda h: "\t" + h + "\r\n",
     ],
-    ids=["leading-space", "trailing-space", "trailing-newline", "spaces-around-equals", "tabs-crlf"],
+    ids=[
+        "leading-space",
+        "trailing-space",
+        "trailing-newline",
+        "spaces-around-equals",
+        "tabs-crlf",
+    ],
 )
 def test_extra_whitespace_is_refused(mangle: Any) -> None:
     body = b"payload"

@@ -1,0 +1,461 @@
+"""The webhook listener's durable job queue, in SQLite (WAL, one ``BEGIN IMMEDIATE`` per change).
+
+It remembers deliveries (a redelivery is acknowledged, not run twice, across restarts) and holds
+their jobs. Threads share one :class:`Queue` (each gets its own connection); processes open
+their own. The queue, not its callers, enforces:
+
+* **Lanes**: one per PR (``repository`` + ``pr``; PR-less jobs share one per repository). A lane
+  runs one job at a time, oldest first, even past an older job waiting out a retry delay.
+* **Coalescing** on accept: a new ``sync`` skips the lane's older *queued* syncs; a new ``close``
+  cancels all its *queued* jobs. Running jobs are left alone, but a retry is refused to a job
+  overtaken meanwhile (cancelled by a newer close, or skipped: a sync with a newer sync).
+* **Leases**: a worker killed with ``kill -9`` stops renewing, and after expiry the next
+  ``claim`` requeues its job at the head of its lane. ``attempts`` counts *starts* (``claim``
+  adds one, ``retry`` does not), so a crash costs an attempt and a job that kills its worker
+  every time fails after ``max_attempts`` starts. Delivery is at least once (a worker that
+  outlives its lease may run a job twice): the PR workflow must be idempotent.
+* **Retention**: deliveries are kept 30 days by default, never less than the 3 days GitHub lets
+  users redeliver; a delivery's ``outcome`` follows its job's final state in the same commit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+import logging
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from pgoverlay.errors import PgoverlayError
+
+log = logging.getLogger(__name__)
+
+State = Literal["queued", "running", "done", "failed", "skipped", "cancelled"]
+STATES: tuple[State, ...] = ("queued", "running", "done", "failed", "skipped", "cancelled")
+Accepted = Literal["queued", "duplicate", "ignored"]
+
+REDELIVERY_WINDOW = 3 * 86400.0  # GitHub lets users redeliver a webhook for 3 days
+DEFAULT_RETENTION = 30 * 86400.0
+MAX_SERVER_WAIT = 3600.0  # GitHub's primary rate limit resets within the hour
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    delivery_id TEXT PRIMARY KEY, event TEXT NOT NULL, action TEXT NOT NULL,
+    received_at REAL NOT NULL, outcome TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, delivery_id TEXT NOT NULL,
+    repository TEXT NOT NULL, pr INTEGER, kind TEXT NOT NULL, head_sha TEXT NOT NULL,
+    payload TEXT NOT NULL, state TEXT NOT NULL
+        CHECK (state IN ('queued', 'running', 'done', 'failed', 'skipped', 'cancelled')),
+    attempts INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL, lease_owner TEXT,
+    lease_expires REAL, created_at REAL NOT NULL, finished_at REAL,
+    result TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
+CREATE INDEX IF NOT EXISTS jobs_by_lane ON jobs (repository, pr, state, id);
+CREATE INDEX IF NOT EXISTS jobs_by_delivery ON jobs (delivery_id);
+CREATE INDEX IF NOT EXISTS deliveries_by_age ON deliveries (received_at);
+"""
+
+# The oldest due queued job that heads its lane (nothing of the lane running or queued before).
+_CLAIMABLE = """
+SELECT j.id FROM jobs AS j WHERE j.state = 'queued' AND j.not_before <= ? AND NOT EXISTS (
+    SELECT 1 FROM jobs AS o WHERE o.repository = j.repository AND o.pr IS j.pr
+    AND (o.state = 'running' OR (o.state = 'queued' AND o.id < j.id)))
+ORDER BY j.id LIMIT 1
+"""
+# End the lane's older queued jobs: all of them for a new close, the syncs for a new sync.
+_COALESCE = """
+UPDATE jobs SET state = ?1, finished_at = ?2, result = ?3 WHERE repository = ?4 AND pr IS ?5
+AND state = 'queued' AND id < ?6 AND (?7 = 'close' OR kind = 'sync') RETURNING delivery_id
+"""
+
+
+class QueueError(PgoverlayError):
+    exit_code = 30
+
+
+@dataclass(frozen=True)
+class NewJob:
+    repository: str  # "owner/name"
+    pr: int | None
+    kind: str  # 'open' | 'sync' | 'close' | 'label' | 'reconcile': only close and sync coalesce
+    head_sha: str
+    payload: str  # JSON text
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    delivery_id: str
+    repository: str
+    pr: int | None
+    kind: str
+    head_sha: str
+    payload: str
+    state: State
+    attempts: int
+    not_before: float
+    lease_owner: str | None
+    lease_expires: float | None
+    created_at: float
+    finished_at: float | None
+    result: str
+
+    def __repr__(self) -> str:  # the payload can be megabytes: keep it out of logs
+        return (
+            f"Job(id={self.id}, {self.repository}#{self.pr}, kind={self.kind!r}, "
+            f"state={self.state!r}, attempts={self.attempts}, delivery={self.delivery_id!r})"
+        )
+
+
+_COLUMNS = ", ".join(f.name for f in fields(Job))
+
+
+def _clock(now: float | None) -> float:
+    return time.time() if now is None else now
+
+
+class Queue:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_attempts: int = 5,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if max_attempts < 1 or synchronous not in ("NORMAL", "FULL"):
+            raise QueueError(
+                f"bad queue options max_attempts={max_attempts!r}, synchronous={synchronous!r}:"
+                " max_attempts must be at least 1, synchronous NORMAL or FULL"
+            )
+        self.path = path
+        self.max_attempts = max_attempts
+        self._synchronous = synchronous
+        self._busy_ms = int(busy_timeout * 1000)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._closed = False
+        with self._write() as db:
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                db.execute(statement)
+
+    def close(self) -> None:
+        """Close every thread's connection; call once the threads using the queue are done."""
+        with self._lock:
+            self._closed = True
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+    def _db(self) -> sqlite3.Connection:
+        if self._closed:
+            raise QueueError(f"job queue {self.path} is closed")
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute(f"PRAGMA synchronous = {self._synchronous}")
+            except sqlite3.Error as err:
+                raise QueueError(f"cannot open the job queue {self.path}: {err}") from err
+            with self._lock:
+                self._connections.append(db)
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            raise QueueError(
+                f"job queue {self.path}: {err} (if locked: another process held the database"
+                f" for over {self._busy_ms / 1000:.0f} s; look for a hung listener)"
+            ) from err
+
+    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            return self._db().execute(query, args).fetchall()
+        except sqlite3.Error as err:
+            raise QueueError(f"job queue {self.path}: {err}") from err
+
+    # intake ------------------------------------------------------------------------------
+
+    def accept(
+        self,
+        *,
+        delivery_id: str,
+        event: str,
+        action: str,
+        job: NewJob | None,
+        now: float | None = None,
+    ) -> Accepted:
+        """Record a delivery and queue its job, in one transaction.
+
+        ``"duplicate"``: the delivery id was seen before, nothing is queued. ``"ignored"``:
+        recorded, no job. ``"queued"``: recorded, job queued, its lane coalesced.
+        """
+        now = _clock(now)
+        outcome = "ignored" if job is None else "queued"
+        with self._write() as db:
+            if not db.execute(
+                "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (delivery_id, event, action, now, outcome),
+            ).rowcount:
+                return "duplicate"
+            if job is None:
+                return "ignored"
+            job_id = db.execute(
+                "INSERT INTO jobs (delivery_id, repository, pr, kind, head_sha, payload, state,"
+                " not_before, created_at) VALUES (:delivery_id, :repository, :pr, :kind,"
+                " :head_sha, :payload, 'queued', :now, :now)",
+                {**asdict(job), "delivery_id": delivery_id, "now": now},
+            ).lastrowid
+            if job.kind in ("sync", "close"):
+                state: State = "skipped" if job.kind == "sync" else "cancelled"
+                why = f"{state} by {job.kind} job {job_id} (head {job.head_sha})"
+                ended = db.execute(
+                    _COALESCE, (state, now, why, job.repository, job.pr, job_id, job.kind)
+                ).fetchall()
+                _set_outcomes(db, state, (delivery for (delivery,) in ended))
+        extra = {"delivery_id": delivery_id, "pr": job.pr}
+        log.info(
+            "queued %s job %s for %s#%s", job.kind, job_id, job.repository, job.pr, extra=extra
+        )
+        return "queued"
+
+    # work --------------------------------------------------------------------------------
+
+    def claim(self, *, worker: str, lease_seconds: float, now: float | None = None) -> Job | None:
+        """Lease the next runnable job to ``worker``, or None if nothing can run now."""
+        now = _clock(now)
+        with self._write() as db:
+            self._reap(db, now)
+            row = db.execute(_CLAIMABLE, (now,)).fetchone()
+            if row is None:
+                return None
+            claimed = db.execute(
+                "UPDATE jobs SET state = 'running', lease_owner = ?, lease_expires = ?,"
+                f" attempts = attempts + 1 WHERE id = ? RETURNING {_COLUMNS}",
+                (worker, now + lease_seconds, row[0]),
+            ).fetchone()
+        return Job(*claimed)
+
+    def _reap(self, db: sqlite3.Connection, now: float) -> None:
+        """Requeue jobs whose worker stopped renewing its lease; fail those with no attempt left."""
+        rows = db.execute(
+            f"SELECT {_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires <= ?", (now,)
+        ).fetchall()
+        for job in (Job(*row) for row in rows):
+            extra = {"delivery_id": job.delivery_id, "pr": job.pr}
+            log.warning("lease of %s on %r expired", job.lease_owner, job, extra=extra)
+            if job.attempts >= self.max_attempts:
+                self._end(db, job, "failed", "its worker died or hung on the last attempt", now)
+            else:
+                reclaimed = f"lease of {job.lease_owner} expired; requeued"
+                db.execute(
+                    "UPDATE jobs SET state = 'queued', lease_expires = NULL, result = ?"
+                    " WHERE id = ?",
+                    (reclaimed, job.id),
+                )
+
+    def _owned(self, db: sqlite3.Connection, job_id: int, worker: str) -> Job:
+        row = db.execute(
+            f"SELECT {_COLUMNS} FROM jobs WHERE id = ? AND state = 'running' AND lease_owner = ?",
+            (job_id, worker),
+        ).fetchone()
+        if row is None:
+            raise QueueError(
+                f"job {job_id} is not running under worker {worker!r}: its lease expired and it"
+                " went to another worker, or it already ended; renew leases before they expire"
+            )
+        return Job(*row)
+
+    def _end(self, db: sqlite3.Connection, job: Job, state: State, result: str, now: float) -> None:
+        db.execute(
+            "UPDATE jobs SET state = ?, finished_at = ?, result = ?, lease_expires = NULL"
+            " WHERE id = ?",
+            (state, now, result, job.id),
+        )
+        _set_outcomes(db, state, [job.delivery_id])
+
+    def renew(
+        self, job_id: int, *, worker: str, lease_seconds: float, now: float | None = None
+    ) -> bool:
+        """Extend the lease; False if ``worker`` no longer holds it (then stop the work)."""
+        with self._write() as db:
+            renewed = db.execute(
+                "UPDATE jobs SET lease_expires = ? WHERE id = ? AND state = 'running'"
+                " AND lease_owner = ?",
+                (_clock(now) + lease_seconds, job_id, worker),
+            )
+            return renewed.rowcount == 1
+
+    def finish(
+        self,
+        job_id: int,
+        *,
+        worker: str,
+        state: Literal["done", "failed", "skipped"],
+        result: str = "",
+        now: float | None = None,
+    ) -> None:
+        """End a job this worker holds; QueueError if its lease was lost meanwhile."""
+        with self._write() as db:
+            self._end(db, self._owned(db, job_id, worker), state, result, _clock(now))
+
+    def retry(
+        self, job_id: int, *, worker: str, delay: float, result: str = "", now: float | None = None
+    ) -> bool:
+        """Requeue a job after a transient failure, due in ``delay`` s and still first in its lane.
+
+        False when it will not run again: its ``max_attempts`` starts are spent (now failed), or
+        a newer close (cancelled) or, for a sync, a newer sync (skipped) was queued meanwhile.
+        """
+        now = _clock(now)
+        with self._write() as db:
+            job = self._owned(db, job_id, worker)
+            newer = dict(
+                db.execute(
+                    "SELECT kind, max(id) FROM jobs WHERE repository = ? AND pr IS ? AND id > ?"
+                    " AND state = 'queued' AND kind IN ('close', 'sync') GROUP BY kind",
+                    (job.repository, job.pr, job.id),
+                ).fetchall()
+            )
+            if job.attempts >= self.max_attempts:
+                self._end(
+                    db, job, "failed", f"gave up after {job.attempts} attempts: {result}", now
+                )
+            elif "close" in newer:
+                self._end(db, job, "cancelled", f"cancelled by close job {newer['close']}", now)
+            elif job.kind == "sync" and "sync" in newer:
+                self._end(db, job, "skipped", f"superseded by sync job {newer['sync']}", now)
+            else:
+                db.execute(
+                    "UPDATE jobs SET state = 'queued', not_before = ?, lease_expires = NULL,"
+                    " result = ? WHERE id = ?",
+                    (now + max(delay, 0.0), result, job.id),
+                )
+                return True
+        return False
+
+    # inspection and upkeep ---------------------------------------------------------------
+
+    def depth(self) -> dict[str, int]:
+        """Jobs by state, every state present (zeros included) so gauges never vanish."""
+        counts: dict[str, int] = dict.fromkeys(STATES, 0)
+        counts.update(self._read("SELECT state, count(*) FROM jobs GROUP BY state"))
+        return counts
+
+    def delivery_count(self) -> dict[tuple[str, str], int]:
+        rows = self._read("SELECT event, outcome, count(*) FROM deliveries GROUP BY 1, 2")
+        return {(event, outcome): n for event, outcome, n in rows}
+
+    def set_delivery_outcome(self, delivery_id: str, outcome: str) -> None:
+        with self._write() as db:
+            if db.execute(
+                "UPDATE deliveries SET outcome = ? WHERE delivery_id = ?", (outcome, delivery_id)
+            ).rowcount:
+                return
+        raise QueueError(f"delivery {delivery_id!r} is not recorded (or was pruned)")
+
+    def jobs(self, *, repository: str | None = None, pr: int | None = None) -> list[Job]:
+        """Jobs oldest first, optionally only one repository's and/or one PR number's."""
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM jobs WHERE (?1 IS NULL OR repository = ?1)"
+            " AND (?2 IS NULL OR pr = ?2) ORDER BY id",
+            (repository, pr),
+        )
+        return [Job(*row) for row in rows]
+
+    def prune(
+        self, older_than_seconds: float = DEFAULT_RETENTION, *, now: float | None = None
+    ) -> dict[str, int]:
+        """Delete ended jobs, then deliveries without jobs, older than the cutoff.
+
+        Refuses a cutoff under 3 days: a delivery forgotten while GitHub still lets a user
+        redeliver it would run twice.
+        """
+        if older_than_seconds < REDELIVERY_WINDOW:
+            days = older_than_seconds / 86400
+            raise QueueError(
+                f"keep deliveries at least 3 days (GitHub's redelivery window), not {days:g}"
+            )
+        cutoff = _clock(now) - older_than_seconds
+        with self._write() as db:
+            jobs = db.execute(
+                "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND finished_at < ?",
+                (cutoff,),
+            ).rowcount
+            deliveries = db.execute(
+                "DELETE FROM deliveries WHERE received_at < ? AND NOT EXISTS"
+                " (SELECT 1 FROM jobs WHERE jobs.delivery_id = deliveries.delivery_id)",
+                (cutoff,),
+            ).rowcount
+        return {"jobs": jobs, "deliveries": deliveries}
+
+
+def _set_outcomes(db: sqlite3.Connection, outcome: str, delivery_ids: Iterable[str]) -> None:
+    db.executemany(
+        "UPDATE deliveries SET outcome = ? WHERE delivery_id = ?",
+        [(outcome, delivery_id) for delivery_id in delivery_ids],
+    )
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    retry_after: str | None = None,
+    ratelimit_reset: str | None = None,
+    now: float | None = None,
+    base: float = 2.0,
+    cap: float = 300.0,
+    rng: random.Random | None = None,
+) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 for the first retry).
+
+    GitHub's word wins: ``Retry-After`` (delay-seconds or an HTTP-date), else
+    ``X-RateLimit-Reset`` (epoch seconds), clamped to [0, 1 h]. Otherwise full jitter:
+    uniform in [0, min(cap, base ** attempt)]. Unparseable headers are ignored. Never negative.
+    """
+    now = _clock(now)
+    hinted = _retry_after(retry_after.strip(), now) if retry_after is not None else None
+    if hinted is None and ratelimit_reset is not None:
+        try:
+            hinted = float(ratelimit_reset.strip()) - now
+        except ValueError:
+            hinted = None
+    if hinted is not None and hinted == hinted:  # NaN is no hint
+        return min(max(hinted, 0.0), MAX_SERVER_WAIT)
+    ceiling = min(cap, base ** min(max(attempt, 0), 64))
+    return max((rng or random).uniform(0.0, ceiling), 0.0)  # noqa: S311 - jitter, not crypto
+
+
+def _retry_after(value: str, now: float) -> float | None:
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": HTTP-dates are always GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp() - now

@@ -1,0 +1,108 @@
+"""The listener's settings: environment (PGOVERLAY_WEBHOOK_*) and an optional YAML file
+(PGOVERLAY_WEBHOOK_CONFIG). Loaded once at start-up and passed in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from pgoverlay.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+class RepoSettings(BaseModel):
+    """What to do for one allowed repository."""
+
+    model_config = {"extra": "forbid"}
+
+    base: str | None = None
+    migrations: str | None = None
+    migrate_command: str | None = None
+    migrations_select: Literal["changed", "all"] = "changed"
+    working_directory: str = "."
+    branch_name: str = "{repo}-pr-{number}"
+    ttl: str | None = None
+    reset_on_push: bool = True
+    comment: bool = True
+    forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
+    fork_label: str = "pgoverlay:allow"
+    drafts: bool = True
+    # May a `.pgoverlay.yml` at the PR's head change these settings? (never for forks)
+    honour_repo_file: bool = False
+
+
+class WebhookSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PGOVERLAY_WEBHOOK_", extra="forbid")
+
+    secret: SecretStr
+    token: SecretStr | None = None  # a personal access token, or:
+    app_id: int | None = None  # a GitHub App (app id + private key)
+    private_key: SecretStr | None = None
+    private_key_file: Path | None = None
+    api_url: str = "https://api.github.com"
+    repositories: dict[str, RepoSettings] = Field(default_factory=dict)
+    workers: int = Field(default=2, ge=1, le=32)
+    max_body_bytes: int = Field(default=25 * MIB, ge=1024)
+    queue_path: Path | None = None  # default: webhook.db in the pool
+    lease_seconds: float = Field(default=120.0, gt=1)
+    max_attempts: int = Field(default=5, ge=1)
+    reconcile_interval: float = Field(default=600.0, gt=0)
+    shutdown_grace: float = Field(default=60.0, ge=0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8088, ge=1, le=65535)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config = os.environ.get("PGOVERLAY_WEBHOOK_CONFIG")
+        if config:
+            if not Path(config).is_file():
+                raise ConfigError(
+                    f"PGOVERLAY_WEBHOOK_CONFIG names {config}, which is not a file: fix the path"
+                )
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _auth(self) -> WebhookSettings:
+        if not self.secret.get_secret_value():
+            raise ValueError("the webhook secret is empty: set PGOVERLAY_WEBHOOK_SECRET")
+        has_app = self.app_id is not None
+        if has_app and not (self.private_key or self.private_key_file):
+            raise ValueError("app_id needs private_key or private_key_file")
+        if not has_app and self.token is None:
+            raise ValueError("set token (a personal access token) or app_id and a private key")
+        for name in self.repositories:
+            if name.count("/") != 1:
+                raise ValueError(f"repository {name!r} must be written owner/name")
+        return self
+
+    def repo(self, full_name: str) -> RepoSettings | None:
+        """Settings for an allowed repository (names compare case-insensitively)."""
+        for name, settings in self.repositories.items():
+            if name.lower() == full_name.lower():
+                return settings
+        return None
+
+    def app_key(self) -> str:
+        if self.private_key is not None:
+            return self.private_key.get_secret_value()
+        assert self.private_key_file is not None
+        return self.private_key_file.read_text()
