@@ -38,6 +38,7 @@ _VERDICT: dict[RunStatus, str] = {
     "migration failed": "Migration failed",
     "failed": "Failed",
     "destroyed": "Destroyed",
+    "not branched": "Not branched",
 }
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
 _SECRET = re.compile(r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,;]+)")

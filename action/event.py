@@ -93,7 +93,12 @@ def branch_name(event: Event, template: str | None) -> str:
     if template:
         # Outside a pull request there is no number: the ref stands in for it.
         number = str(event.pr) if event.pr is not None else slug(event.ref_name)
-        return template.replace("{number}", number).replace("{ref}", slug(event.ref_name))
+        repo = slug(event.repository.rsplit("/", 1)[-1])
+        return (
+            template.replace("{number}", number)
+            .replace("{ref}", slug(event.ref_name))
+            .replace("{repo}", repo)
+        )
     if event.pr is not None:
         return f"pr-{event.pr}"
     return slug(event.ref_name) or "default"

@@ -169,6 +169,17 @@ def changed_files(
     return sorted(p for p in out.splitlines() if p.endswith(".sql"))
 
 
+def changed_between(base: Path, head: Path, folder: str) -> list[str]:
+    """The .sql files under ``folder`` that ``head`` adds or changes compared with ``base``
+    (two checkouts, e.g. extracted tarballs), in lexical order."""
+    found = []
+    for name in all_files(head, folder):
+        before = base / name
+        if not before.is_file() or before.read_bytes() != (head / name).read_bytes():
+            found.append(name)
+    return found
+
+
 def all_files(repo: Path, folder: str) -> list[str]:
     root = repo / folder
     if not root.is_dir():

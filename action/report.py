@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
-RunStatus = Literal["ready", "migration failed", "failed", "destroyed"]
+RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
 
 
 @dataclass(frozen=True)

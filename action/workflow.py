@@ -155,8 +155,17 @@ def _check_ownership(pool: Pool, name: str, repository: str) -> None:
             )
 
 
+Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
+
+
 def _migrate(
-    pool: Pool, b: Branch, event: Event, inputs: Inputs, repo_dir: Path, echo: Echo
+    pool: Pool,
+    b: Branch,
+    event: Event,
+    inputs: Inputs,
+    repo_dir: Path,
+    echo: Echo,
+    changed: Changed | None,
 ) -> tuple[list[MigrationRun], str]:
     """Apply the PR's migrations; returns the runs and a note for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
@@ -184,8 +193,12 @@ def _migrate(
         return [], ""
     folder = os.path.relpath(workdir / inputs.migrations, repo_dir)
     if inputs.migrations_select == "changed" and event.pr is not None and event.base_sha:
-        files = migrations.changed_files(
-            repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=owner
+        files = (
+            changed(folder)
+            if changed is not None
+            else migrations.changed_files(
+                repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=owner
+            )
         )
     else:
         files = migrations.all_files(repo_dir, folder)
@@ -238,8 +251,13 @@ def handle(
     github: GitHub | None,
     run_url: str = "",
     echo: Echo = log.info,
+    changed: Changed | None = None,
 ) -> Outcome:
-    """Do what ``event`` asks for; never raises for a failed comment."""
+    """Do what ``event`` asks for; never raises for a failed comment.
+
+    ``repo_dir`` holds the PR's head. ``changed`` lists a folder's changed .sql files when
+    there is no git history to ask (the webhook listener works from tarballs).
+    """
     if event.kind == "ignore":
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
@@ -261,7 +279,7 @@ def handle(
     except BranchExistsError as err:
         # Nothing of ours to record: the branch and its state belong to the other repository.
         report = dataclasses.replace(skeleton, message=str(err))
-        result, error = _comment(github, event, inputs, report)
+        result, error = post_comment(github, event, inputs, report)
         return Outcome(report=report, branch=None, comment=result, comment_error=error)
     if event.kind == "close" and state is None and pool.registry.branch(name) is None:
         echo(f"no branch {name} to destroy")
@@ -283,7 +301,7 @@ def handle(
     else:
         try:
             b, seconds = _bring_up(pool, event, inputs, name, state, echo)
-            runs, note = _migrate(pool, b, event, inputs, repo_dir, echo)
+            runs, note = _migrate(pool, b, event, inputs, repo_dir, echo, changed)
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
                 skeleton,
@@ -297,7 +315,7 @@ def handle(
             log.warning("branch %s not ready: %s", name, err)
             report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
     _save(pool, report)
-    result, error = _comment(github, event, inputs, report)
+    result, error = post_comment(github, event, inputs, report)
     return Outcome(report=report, branch=ready, comment=result, comment_error=error, reused=reused)
 
 
@@ -316,7 +334,7 @@ def _close(pool: Pool, event: Event, name: str, state: PrState | None, skeleton:
     )
 
 
-def _comment(
+def post_comment(
     github: GitHub | None, event: Event, inputs: Inputs, report: Report
 ) -> tuple[CommentResult | None, str]:
     if github is None or not inputs.comment or event.pr is None:

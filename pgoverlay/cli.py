@@ -357,6 +357,54 @@ def cmd_action_run(args: argparse.Namespace) -> int:
     return action_main.main_from_env(destroy=args.action_command == "destroy")
 
 
+# -- the webhook listener -------------------------------------------------------------------
+
+
+class _JobContext(logging.Filter):
+    """Every log line carries the delivery id and the PR (or '-')."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.delivery_id = getattr(record, "delivery_id", "-")
+        record.pr = getattr(record, "pr", "-")
+        return True
+
+
+def cmd_webhook_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pgoverlay.webhook.app import create_app
+    from pgoverlay.webhook.settings import WebhookSettings
+
+    try:
+        settings = WebhookSettings()  # type: ignore[call-arg]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise ConfigError(
+            f"webhook setting {where}: {first['msg']} (PGOVERLAY_WEBHOOK_* or the file named by "
+            "PGOVERLAY_WEBHOOK_CONFIG)"
+        ) from None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_JobContext())
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s delivery=%(delivery_id)s pr=%(pr)s %(message)s"
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    app = create_app(settings, _settings())
+    uvicorn.run(
+        app,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        log_config=None,
+        timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
+    )
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------
 
 
@@ -462,6 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("destroy", "destroy the job's branch and update the comment"),
     ):
         action_cmds.add_parser(verb, help=text).set_defaults(func=cmd_action_run)
+    hooks = sub.add_parser("webhook", help="the optional webhook listener").add_subparsers(
+        dest="webhook_command", required=True
+    )
+    serve = hooks.add_parser("serve", help="serve POST /webhook, /healthz and /metrics")
+    serve.add_argument("--host", help="address to listen on (default from settings)")
+    serve.add_argument("--port", type=int, help="port to listen on (default from settings)")
+    serve.set_defaults(func=cmd_webhook_serve)
     return parser
 
 

@@ -232,6 +232,10 @@ class Registry:
         ).fetchall()
         return [PrState(*row) for row in rows]
 
+    def all_pr_states(self) -> list[PrState]:
+        rows = self._db.execute(f"SELECT {_columns(PrState)} FROM pr_state").fetchall()
+        return [PrState(*row) for row in rows]
+
     def pr_state(self, repository: str, branch: str) -> PrState | None:
         found = [s for s in self.pr_states(branch) if s.repository == repository]
         return found[0] if found else None

@@ -90,6 +90,7 @@ ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
     ("GET", r"/user", "get_user"),
     ("GET", _R, "get_repo"),
     ("GET", _R + r"/commits/(?P<sha>[^/]+)", "get_commit"),
+    ("GET", _R + r"/tarball/(?P<ref>[^/]+)", "get_tarball"),
 ]]
 
 
@@ -195,6 +196,7 @@ class State:
     statuses: list[Json] = field(default_factory=list)
     check_runs: list[Json] = field(default_factory=list)
     faults: list[Json] = field(default_factory=list)
+    tarballs: dict[str, str] = field(default_factory=dict)  # "owner/name@ref" -> base64 .tar.gz
     requests: list[Json] = field(default_factory=list)
     violations: list[Json] = field(default_factory=list)
 
@@ -574,6 +576,19 @@ class FakeGitHub:
     def _get_repo(self, call: Call) -> Reply:
         return Reply(200, self._repo_json(self._repo(call)))
 
+    def add_tarball(self, repo: str, ref: str, data: bytes) -> None:
+        """What GET /repos/{repo}/tarball/{ref} answers (GitHub redirects to codeload; the
+        fake answers with the archive itself)."""
+        with self._lock:
+            self.state.tarballs[f"{repo}@{ref}"] = base64.b64encode(data).decode()
+            self._changed()
+
+    def _get_tarball(self, call: Call) -> Reply:
+        key = f"{self._repo(call)}@{call.params['ref']}"
+        if key not in self.state.tarballs:
+            raise Fail(404, "Not Found")
+        return Reply(200, base64.b64decode(self.state.tarballs[key]))
+
     def _get_commit(self, call: Call) -> Reply:
         repo, sha = self._repo(call), call.params["sha"]
         return Reply(200, {"sha": sha, "node_id": f"C_{sha}", "parents": [],
@@ -733,12 +748,15 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fake = cast(_Server, self.server).fake
         reply = fake.respond(self.command, self.path, dict(self.headers.items()), raw)
-        data = b"" if reply.body is None else json.dumps(reply.body).encode()
+        raw_body = isinstance(reply.body, bytes)
+        data = reply.body if raw_body else (
+            b"" if reply.body is None else json.dumps(reply.body).encode())
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
         if data:
-            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Type", "application/gzip" if raw_body
+                             else "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -1,0 +1,226 @@
+"""The listener's moving parts: the queue, the workers, reconcile, metrics; started and
+stopped by the app's lifespan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from pgoverlay.action.github import GitHubError
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner import gc
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.settings import Settings
+from pgoverlay.webhook.queue import NewJob, Queue
+from pgoverlay.webhook.settings import WebhookSettings
+from pgoverlay.webhook.worker import GitHubClients, Metrics, Worker, cleanup_scratch
+
+log = logging.getLogger(__name__)
+
+LIVE = ("ready", "migration failed", "failed", "not branched")
+
+
+class Service:
+    def __init__(self, settings: WebhookSettings, runner: Settings) -> None:
+        self.settings = settings
+        self.runner = runner
+        pool = Pool.open(runner)  # fails early, with how to fix it, if the pool is not ready
+        self.queue_path = settings.queue_path or pool.root / "webhook.db"
+        pool.close()
+        self.queue = Queue(self.queue_path, max_attempts=settings.max_attempts)
+        self.metrics = Metrics()
+        self.clients = GitHubClients(settings)
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.workers: list[Worker] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        pool = Pool.open(self.runner)
+        try:
+            # A previous process may have been killed mid-job: finish or undo its sagas first.
+            report = gc.collect(pool)
+            log.info("start-up repair: %s", "; ".join(report.lines()))
+            cleanup_scratch(pool)
+        finally:
+            pool.close()
+        for index in range(self.settings.workers):
+            worker = Worker(
+                f"worker-{index}-{threading.get_native_id()}-{time.time_ns()}",
+                settings=self.settings,
+                runner=self.runner,
+                queue=self.queue,
+                clients=self.clients,
+                metrics=self.metrics,
+                stop=self.stopping,
+            )
+            self.workers.append(worker)
+            self._spawn(worker.run_forever, f"pgoverlay-{worker.name}")
+        self._spawn(self._reconcile_forever, "pgoverlay-reconcile")
+
+    def _spawn(self, target: object, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self.threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop taking jobs; let running ones finish until the grace period ends. Jobs not
+        finished by then keep their lease and run again after a restart."""
+        self.stopping.set()
+        deadline = time.monotonic() + self.settings.shutdown_grace
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        left = [t.name for t in self.threads if t.is_alive()]
+        if left:
+            log.warning("shutdown grace over; still running: %s", ", ".join(left))
+        self.clients.close()
+
+    # -- reconcile --------------------------------------------------------------------------
+
+    def _reconcile_forever(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.reconcile()
+            except Exception:  # the edge of a loop: log, try again next interval
+                log.exception("reconcile failed")
+            self.stopping.wait(self.settings.reconcile_interval)
+
+    def reconcile(self) -> dict[str, int]:
+        """Destroy branches whose PR is closed or gone; reap expired TTLs."""
+        actions = {"closed": 0, "expired": 0}
+        pool = Pool.open(self.runner)
+        try:
+            states = [
+                s for s in pool.registry.all_pr_states() if s.status in LIVE and s.pr is not None
+            ]
+            for repository in sorted({s.repository for s in states}):
+                if self.settings.repo(repository) is None:
+                    continue
+                try:
+                    open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
+                except (GitHubError, PgoverlayError) as err:
+                    log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
+                    continue
+                for state in states:
+                    if state.repository == repository and state.pr not in open_prs:
+                        self._queue_close(repository, state.pr or 0, state.head_sha)
+                        actions["closed"] += 1
+            actions["expired"] = len(gc.collect(pool).expired)
+        finally:
+            pool.close()
+        with self.metrics.lock:
+            for key, value in actions.items():
+                self.metrics.reconcile_actions[key] += value
+        if any(actions.values()):
+            log.info("reconcile: %s", actions)
+        return actions
+
+    def _queue_close(self, repository: str, pr: int, head_sha: str) -> None:
+        payload = {
+            "action": "closed",
+            "number": pr,
+            "repository": {"full_name": repository},
+            "pull_request": {
+                "number": pr,
+                "merged": None,
+                "state": "closed",
+                "head": {"sha": head_sha, "repo": {"full_name": repository}},
+                "base": {"sha": "", "repo": {"full_name": repository}},
+            },
+        }
+        self.queue.accept(
+            delivery_id=f"reconcile-{repository}-{pr}-{head_sha[:12]}",
+            event="reconcile",
+            action="closed",
+            job=NewJob(
+                repository=repository,
+                pr=pr,
+                kind="close",
+                head_sha=head_sha,
+                payload=json.dumps(payload),
+            ),
+        )
+
+    # -- health and metrics -----------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, str]:
+        try:
+            self.queue.depth()
+        except Exception as err:
+            return False, f"queue unreadable: {err}"
+        try:
+            Pool.open(self.runner).close()
+        except PgoverlayError as err:
+            return False, str(err)
+        return True, "ok"
+
+    def metrics_text(self) -> str:
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{name}{labels} {value}" for labels, value in rows)
+
+        deliveries = self.queue.delivery_count()
+        metric(
+            "pgoverlay_webhook_deliveries_total",
+            "counter",
+            "Deliveries received, by event and outcome.",
+            [(f'{{event="{e}",outcome="{o}"}}', n) for (e, o), n in sorted(deliveries.items())],
+        )
+        metric(
+            "pgoverlay_webhook_queue_jobs",
+            "gauge",
+            "Jobs in the queue, by state.",
+            [(f'{{state="{s}"}}', n) for s, n in sorted(self.queue.depth().items())],
+        )
+        with self.metrics.lock:
+            seconds = dict(self.metrics.job_seconds)
+            counts = dict(self.metrics.job_count)
+            results = dict(self.metrics.job_results)
+            reconciled = dict(self.metrics.reconcile_actions)
+        metric(
+            "pgoverlay_webhook_job_seconds_sum",
+            "counter",
+            "Time spent in jobs, by kind.",
+            [(f'{{kind="{k}"}}', round(v, 3)) for k, v in sorted(seconds.items())],
+        )
+        metric(
+            "pgoverlay_webhook_job_seconds_count",
+            "counter",
+            "Jobs run, by kind.",
+            [(f'{{kind="{k}"}}', v) for k, v in sorted(counts.items())],
+        )
+        metric(
+            "pgoverlay_webhook_jobs_total",
+            "counter",
+            "Jobs ended, by kind and result.",
+            [(f'{{kind="{k}",result="{r}"}}', v) for (k, r), v in sorted(results.items())],
+        )
+        metric(
+            "pgoverlay_webhook_reconcile_actions_total",
+            "counter",
+            "Branches reconcile destroyed, by reason.",
+            [(f'{{action="{a}"}}', v) for a, v in sorted(reconciled.items())],
+        )
+        pool = Pool.open(self.runner)
+        try:
+            by_state: dict[str, int] = {}
+            for b in pool.registry.branches():
+                by_state[b.state] = by_state.get(b.state, 0) + 1
+        finally:
+            pool.close()
+        metric(
+            "pgoverlay_branches",
+            "gauge",
+            "Branches on this runner, by state.",
+            [(f'{{state="{s}"}}', n) for s, n in sorted(by_state.items())],
+        )
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        self.queue.close()

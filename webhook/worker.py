@@ -1,0 +1,347 @@
+"""Workers: take jobs from the durable queue and run the shared PR workflow for them.
+
+The same code path as the Action (`pgoverlay.action.workflow.handle`), fed from the API
+instead of a checkout: the PR's head (and base) come as tarballs, so no git credentials are
+on disk. A commit status `pgoverlay/branch` goes pending, then success or failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from github import Auth
+
+from pgoverlay.action import event as events
+from pgoverlay.action.github import GitHub, GitHubError
+from pgoverlay.action.migrations import changed_between
+from pgoverlay.action.report import Report
+from pgoverlay.action.workflow import Inputs, handle, post_comment
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.settings import Settings
+from pgoverlay.webhook.queue import Job, Queue, backoff_delay
+from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
+
+log = logging.getLogger(__name__)
+
+REPO_FILE = ".pgoverlay.yml"
+REPO_FILE_KEYS = {"migrations", "migrations_select", "working_directory", "base"}
+RUN_AS = "nobody"  # who owns the extracted PR sources, so their SQL and commands run unprivileged
+
+
+@dataclass
+class Metrics:
+    """Counters for /metrics (deliveries are counted durably by the queue)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    job_seconds: dict[str, float] = field(default_factory=dict)
+    job_count: Counter[str] = field(default_factory=Counter)
+    job_results: Counter[tuple[str, str]] = field(default_factory=Counter)
+    reconcile_actions: Counter[str] = field(default_factory=Counter)
+
+    def job(self, kind: str, result: str, seconds: float) -> None:
+        with self.lock:
+            self.job_seconds[kind] = self.job_seconds.get(kind, 0.0) + seconds
+            self.job_count[kind] += 1
+            self.job_results[(kind, result)] += 1
+
+
+class Transient(Exception):
+    """A failure worth retrying later (GitHub 5xx, rate limits)."""
+
+    def __init__(
+        self, message: str, *, retry_after: str | None = None, ratelimit_reset: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.ratelimit_reset = ratelimit_reset
+
+
+class GitHubClients:
+    """One client per installation (GitHub App) or one for the token; made on first use."""
+
+    def __init__(self, settings: WebhookSettings) -> None:
+        self.settings = settings
+        self._clients: dict[int | None, GitHub] = {}
+        self._installations: dict[str, int] = {}  # repository -> installation id
+        self._lock = threading.Lock()
+
+    def remember(self, repository: str, payload: dict[str, Any]) -> None:
+        installation = (payload.get("installation") or {}).get("id")
+        if installation:
+            with self._lock:
+                self._installations[repository.lower()] = int(installation)
+
+    def for_repo(self, repository: str) -> GitHub:
+        with self._lock:
+            installation = (
+                self._installations.get(repository.lower())
+                if self.settings.app_id is not None
+                else None
+            )
+            if self.settings.app_id is not None and installation is None:
+                raise PgoverlayError(
+                    f"no GitHub App installation known for {repository} yet: it is learnt "
+                    "from the repository's deliveries"
+                )
+            if installation not in self._clients:
+                self._clients[installation] = GitHub(
+                    self._auth(installation), api_url=self.settings.api_url
+                )
+            return self._clients[installation]
+
+    def _auth(self, installation: int | None) -> Auth.Auth:
+        if self.settings.app_id is not None and installation is not None:
+            # PyGithub mints installation tokens and renews them before they expire.
+            return Auth.AppAuth(
+                self.settings.app_id, self.settings.app_key()
+            ).get_installation_auth(installation)
+        assert self.settings.token is not None
+        return Auth.Token(self.settings.token.get_secret_value())
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+
+def _extract(tarball: Path, dest: Path) -> Path:
+    """Extract a GitHub tarball (one top-level folder) safely; return that folder."""
+    with tarfile.open(tarball) as archive:
+        archive.extractall(dest, filter="data")
+    tops = [p for p in dest.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise PgoverlayError("the repository tarball does not have one top-level folder")
+    return tops[0]
+
+
+def _give_to(root: Path, user: OsUser) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, name), user.uid, user.gid)
+    os.chown(root, user.uid, user.gid)
+
+
+class Worker:
+    """Runs jobs; one per thread, each with its own pool (SQLite) connection."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: WebhookSettings,
+        runner: Settings,
+        queue: Queue,
+        clients: GitHubClients,
+        metrics: Metrics,
+        stop: threading.Event,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.runner = runner
+        self.queue = queue
+        self.clients = clients
+        self.metrics = metrics
+        self.stop = stop
+
+    def run_forever(self) -> None:
+        pool = Pool.open(self.runner)
+        try:
+            while not self.stop.is_set():
+                job = self.queue.claim(worker=self.name, lease_seconds=self.settings.lease_seconds)
+                if job is None:
+                    self.stop.wait(0.2)
+                    continue
+                self.run_one(pool, job)
+        finally:
+            pool.close()
+
+    def run_one(self, pool: Pool, job: Job) -> None:
+        extra = {"delivery_id": job.delivery_id, "pr": f"{job.repository}#{job.pr}"}
+        started = time.monotonic()
+        renewing = threading.Event()
+        keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
+        keeper.start()
+        try:
+            result = self.process(pool, job)
+        except Transient as err:
+            delay = backoff_delay(
+                job.attempts, retry_after=err.retry_after, ratelimit_reset=err.ratelimit_reset
+            )
+            again = self.queue.retry(job.id, worker=self.name, delay=delay, result=str(err))
+            log.warning(
+                "job %s: %s; %s",
+                job.id,
+                err,
+                f"retrying in {delay:.0f} s" if again else "giving up",
+                extra=extra,
+            )
+            self.metrics.job(job.kind, "retry" if again else "failed", time.monotonic() - started)
+            return
+        except Exception as err:  # the edge of a job: record it, keep the worker alive
+            log.exception("job %s failed", job.id, extra=extra)
+            self.queue.finish(job.id, worker=self.name, state="failed", result=str(err)[:500])
+            self.metrics.job(job.kind, "failed", time.monotonic() - started)
+            return
+        finally:
+            renewing.set()
+            keeper.join()
+        self.queue.finish(job.id, worker=self.name, state="done", result=result)
+        self.metrics.job(job.kind, "done", time.monotonic() - started)
+        log.info("job %s done: %s", job.id, result, extra=extra)
+
+    def _keep_lease(self, job: Job, done: threading.Event) -> None:
+        interval = self.settings.lease_seconds / 3
+        while not done.wait(interval):
+            if not self.queue.renew(
+                job.id, worker=self.name, lease_seconds=self.settings.lease_seconds
+            ):
+                return
+
+    # -- one job ----------------------------------------------------------------------------
+
+    def process(self, pool: Pool, job: Job) -> str:
+        payload: dict[str, Any] = json.loads(job.payload)
+        repo = self.settings.repo(job.repository)
+        if repo is None:
+            return "repository no longer allowed"
+        self.clients.remember(job.repository, payload)
+        github = self.clients.for_repo(job.repository)
+        ev = events.parse("pull_request", payload, repository=job.repository, sha="", ref="")
+        approved = self._labelled(payload, repo.fork_label)
+        if job.kind == "label":
+            if not (ev.from_fork and approved) or payload["pull_request"].get("state") != "open":
+                return "label needs no work"
+            ev = dataclasses.replace(ev, kind="open")
+        inputs = Inputs(
+            base=repo.base,
+            migrations=repo.migrations,
+            migrate_command=repo.migrate_command,
+            migrations_select=repo.migrations_select,
+            working_directory=repo.working_directory,
+            branch_name=repo.branch_name,
+            reset_on_push=repo.reset_on_push,
+            ttl=repo.ttl,
+            comment=repo.comment,
+            allow_fork_commands=False,
+        )
+        if ev.kind == "close":
+            outcome = handle(pool, ev, inputs, repo_dir=Path("/"), github=github)
+            return outcome.report.status if outcome.report else "nothing to destroy"
+        refusal = self._refusal(ev, repo, approved)
+        if refusal:
+            report = Report(
+                repository=ev.repository,
+                pr=ev.pr,
+                branch_name=events.branch_name(ev, inputs.branch_name),
+                head_sha=ev.head_sha,
+                status="not branched",
+                branch=None,
+                message=refusal,
+                password_hint="",
+            )
+            post_comment(github, ev, inputs, report)
+            self._status(github, ev, "failure", "not branched: " + refusal)
+            return "not branched"
+        self._status(github, ev, "pending", "creating the branch")
+        with tempfile.TemporaryDirectory(prefix="pgoverlay-pr-", dir=pool.tmp) as scratch:
+            head, base = self._sources(github, ev, Path(scratch))
+            if repo.honour_repo_file and not ev.from_fork:
+                inputs = self._repo_file(head, inputs)
+            outcome = handle(
+                pool,
+                ev,
+                inputs,
+                repo_dir=head,
+                github=github,
+                changed=(lambda folder: changed_between(base, head, folder)) if base else None,
+            )
+        if outcome.report is None:
+            return "nothing to do"
+        report = outcome.report
+        state = "success" if report.status == "ready" else "failure"
+        reason = report.message or report.status
+        if report.branch is not None and report.status == "ready":
+            reason = f"branch {report.branch_name} ready on port {report.branch.port}"
+        self._status(github, ev, state, reason)
+        return report.status
+
+    @staticmethod
+    def _labelled(payload: dict[str, Any], label: str) -> bool:
+        labels = (payload.get("pull_request") or {}).get("labels") or []
+        return any(isinstance(x, dict) and x.get("name") == label for x in labels)
+
+    @staticmethod
+    def _refusal(ev: events.Event, repo: RepoSettings, approved: bool) -> str:
+        if ev.from_fork and repo.forks == "deny":
+            return "pull requests from forks are not branched in this repository"
+        if ev.from_fork and not approved:
+            return (
+                f"this pull request comes from a fork: a maintainer can allow a branch "
+                f"by adding the label `{repo.fork_label}`"
+            )
+        if ev.draft and not repo.drafts:
+            return "draft pull requests are not branched here: mark it ready for review"
+        return ""
+
+    def _status(self, github: GitHub, ev: events.Event, state: str, description: str) -> None:
+        try:
+            github.set_status(ev.repository, ev.head_sha, state, description)
+        except GitHubError as err:
+            raise Transient(str(err)) from None
+
+    def _sources(self, github: GitHub, ev: events.Event, scratch: Path) -> tuple[Path, Path | None]:
+        owner = OsUser.lookup(RUN_AS) if os.geteuid() == 0 else None
+        trees: list[Path | None] = []
+        for label, sha in (("head", ev.head_sha), ("base", ev.base_sha)):
+            if sha is None:
+                trees.append(None)
+                continue
+            archive = scratch / f"{label}.tar.gz"
+            try:
+                github.download_tarball(ev.repository, sha, archive)
+            except GitHubError as err:
+                raise Transient(str(err)) from None
+            tree = _extract(archive, scratch / label)
+            archive.unlink()
+            if owner is not None:
+                _give_to(tree, owner)
+            trees.append(tree)
+        os.chmod(scratch, 0o755)
+        head, base = trees
+        assert head is not None
+        return head, base
+
+    @staticmethod
+    def _repo_file(head: Path, inputs: Inputs) -> Inputs:
+        path = head / REPO_FILE
+        if not path.is_file():
+            return inputs
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            return inputs
+        changes = {
+            k.replace("-", "_"): v for k, v in data.items() if k.replace("-", "_") in REPO_FILE_KEYS
+        }
+        return inputs.model_copy(update=changes)
+
+
+def cleanup_scratch(pool: Pool) -> None:
+    """PR sources left by a killed worker."""
+    for path in pool.tmp.glob("pgoverlay-pr-*"):
+        shutil.rmtree(path, ignore_errors=True)
