@@ -19,7 +19,7 @@ from pgoverlay.action.workflow import Inputs, Outcome, handle
 from pgoverlay.errors import ConfigError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.settings import load as load_settings
 
 
 class JobEnv(BaseSettings):
@@ -118,7 +118,7 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)
     if destroy:
         ev = dataclasses.replace(ev, kind="close")
-    pool = Pool.open(Settings())
+    pool = Pool.open(load_settings())
     try:
         return _run(pool, job, ev, inputs, out)
     finally:

@@ -29,6 +29,7 @@ from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.names import parse_duration
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
 
 out = Console(highlight=False)
@@ -39,7 +40,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def _settings() -> Settings:
     try:
-        return Settings()
+        return load_settings()
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "settings"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
 
 
 class Settings(BaseSettings):
@@ -74,3 +78,31 @@ class Settings(BaseSettings):
         if self.listen_address in ("0.0.0.0", "*", "::"):
             return "127.0.0.1"
         return self.listen_address.split(",")[0].strip()
+
+
+ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")
+
+
+def load() -> Settings:
+    """The settings for this process.
+
+    Run through sudo (the Action on a runner that is not root), the caller's PGOVERLAY_*
+    variables are ignored: a workflow could otherwise point root at its own binaries or pool.
+    The administrator's settings then come from /etc/pgoverlay/pgoverlay.env.
+    """
+    if os.environ.get("SUDO_UID") and os.geteuid() == 0:
+        ignored = sorted(
+            k
+            for k in os.environ
+            if k.startswith("PGOVERLAY_") and not k.startswith("PGOVERLAY_WEBHOOK_")
+        )
+        for key in ignored:
+            del os.environ[key]
+        if ignored:
+            log.warning(
+                "running through sudo: ignoring %s; the administrator sets these in %s",
+                ", ".join(ignored),
+                ADMIN_ENV_FILE,
+            )
+        return Settings(_env_file=ADMIN_ENV_FILE if ADMIN_ENV_FILE.is_file() else None)  # type: ignore[call-arg]
+    return Settings()
