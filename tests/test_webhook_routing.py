@@ -1,0 +1,56 @@
+"""Which deliveries become jobs (pure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pgoverlay.webhook.routing import Routed, route
+from pgoverlay.webhook.settings import WebhookSettings
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "github-fixtures" / "webhooks"
+SETTINGS = WebhookSettings(
+    secret="s", token="t", repositories={"Codertocat/Hello-World": {"fork_label": "db-ok"}}
+)
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return data
+
+
+def test_pull_request_actions_become_jobs_of_their_kind() -> None:
+    for name, kind in (
+        ("pull_request.opened", "open"),
+        ("pull_request.reopened", "open"),
+        ("pull_request.synchronize", "sync"),
+        ("pull_request.closed", "close"),
+    ):
+        routed = route("pull_request", load(name), SETTINGS)
+        assert isinstance(routed, Routed) and routed.kind == kind, name
+        assert routed.repository == "Codertocat/Hello-World" and routed.pr == 2
+        assert json.loads(routed.payload)["action"] == load(name)["action"]
+
+
+def test_only_the_approval_label_makes_a_job() -> None:
+    labeled = load("pull_request.labeled")
+    assert isinstance(route("pull_request", labeled, SETTINGS), str)
+    labeled["label"]["name"] = "db-ok"
+    routed = route("pull_request", labeled, SETTINGS)
+    assert isinstance(routed, Routed) and routed.kind == "label"
+
+
+def test_other_events_actions_and_repositories_are_ignored_with_a_reason() -> None:
+    assert route("ping", load("ping"), SETTINGS) == "event ping is not handled"
+    edited = {**load("pull_request.opened"), "action": "edited"}
+    assert route("pull_request", edited, SETTINGS) == "pull_request edited is not handled"
+    other = load("pull_request.opened")
+    other["repository"]["full_name"] = "someone/else"
+    assert "not in the allow-list" in str(route("pull_request", other, SETTINGS))
+
+
+def test_repository_names_compare_without_case() -> None:
+    opened = load("pull_request.opened")
+    opened["repository"]["full_name"] = "codertocat/hello-world"
+    assert isinstance(route("pull_request", opened, SETTINGS), Routed)
