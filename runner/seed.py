@@ -164,21 +164,10 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
             env=src.env,
             user=pool.owner,
         ).stdout
+        local = ["-h", os.fspath(srv.socket_dir), "-p", str(srv.port), "-U", "postgres"]
         # Roles that already exist (the bootstrap superuser) fail harmlessly: no ON_ERROR_STOP.
         proc.run(
-            [
-                install.tool("psql"),
-                "-X",
-                "-q",
-                "-h",
-                srv.socket_dir,
-                "-p",
-                str(srv.port),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-            ],
+            [install.tool("psql"), "-X", "-q", *local, "-d", "postgres"],
             timeout=pool.settings.command_timeout,
             user=pool.owner,
             input_text=globals_sql,
@@ -195,12 +184,7 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
                 install.tool("pg_restore"),
                 "--create",
                 "--exit-on-error",
-                "-h",
-                srv.socket_dir,
-                "-p",
-                str(srv.port),
-                "-U",
-                "postgres",
+                *local,
                 "-d",
                 "postgres",
                 dump,

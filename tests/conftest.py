@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import require, require_root, source_dsn
-from pgoverlay.runner import branch, cluster, mounts, pgbin, seed
+from helpers import dismantle, require, require_root, source_dsn
+from pgoverlay.runner import cluster, pgbin, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -47,16 +47,7 @@ def pool(settings: Settings) -> Iterator[Pool]:
     require(shutil.which("mkfs.xfs") is not None, "needs mkfs.xfs (xfsprogs)")
     p = poolmod.init(settings, size="6G")
     yield p
-    for b in p.registry.branches():
-        branch.teardown(p, b)
-    for base in p.registry.bases():
-        seed.remove_version(p, base.name, base.version)
-    p.registry.close()
-    shutil.rmtree(branch.socket_root(p), ignore_errors=True)
-    for target in mounts.mounts_under(settings.home):
-        mounts.unmount(Path(target))
-    mounts.unmount(settings.home / "pool")
-    shutil.rmtree(settings.home, ignore_errors=True)
+    dismantle(p)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,3 +88,19 @@ def assert_no_leaks(pool: Pool, name: str, *, port: int | None = None) -> None:
     assert postgres_processes_for(lay.root) == [], "Postgres process leaked"
     if port is not None:
         assert port_free(port), f"port {port} still bound"
+
+
+def dismantle(pool: Pool) -> None:
+    """Remove a test pool completely: branches, bases, sockets, mounts, files."""
+    from pgoverlay.runner import seed
+
+    for b in pool.registry.branches():
+        branch.teardown(pool, b)
+    for base in pool.registry.bases():
+        seed.remove_version(pool, base.name, base.version)
+    pool.close()
+    shutil.rmtree(branch.socket_root(pool), ignore_errors=True)
+    for target in mounts.mounts_under(pool.home):
+        mounts.unmount(Path(target))
+    mounts.unmount(pool.home / "pool")
+    shutil.rmtree(pool.home, ignore_errors=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import require_root, source_dsn
+from helpers import dismantle, require_root, source_dsn
 from pgoverlay.errors import PoolFullError
-from pgoverlay.runner import branch, cluster, gc, mounts, seed
+from pgoverlay.runner import branch, cluster, gc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.settings import Settings
@@ -28,15 +27,7 @@ def small_pool(source: cluster.Running) -> Iterator[Pool]:
         seed.seed(p, "small", source_dsn=source_dsn(source))
         yield p
     finally:
-        for b in p.registry.branches():
-            branch.teardown(p, b)
-        for base in p.registry.bases():
-            seed.remove_version(p, base.name, base.version)
-        p.registry.close()
-        shutil.rmtree(branch.socket_root(p), ignore_errors=True)
-        for target in mounts.mounts_under(home):
-            mounts.unmount(Path(target))
-        shutil.rmtree(home, ignore_errors=True)
+        dismantle(p)
 
 
 def fill(pool: Pool, name: str) -> str:
