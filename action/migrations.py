@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,7 @@ class Target:
     host: str
     port: int
     user: str
-    password: str
+    password: str = field(repr=False)
     database: str
 
     def libpq_env(self) -> dict[str, str]:

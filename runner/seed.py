@@ -14,7 +14,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -52,7 +52,7 @@ class Source:
     """A parsed source DSN; the password is kept apart so it only ever travels in env."""
 
     conninfo: str
-    password: str | None
+    password: str | None = field(repr=False)
     host: str
     port: str
     user: str
