@@ -248,3 +248,12 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
     finally:
         branch.destroy(pool, "unprivileged")
         shutil.rmtree(repo, ignore_errors=True)
+
+
+def test_connection_details_never_show_their_password_in_a_repr() -> None:
+    from pgoverlay.runner.seed import Source
+
+    target = Target(host="h", port=1, user="u", password="s3cret-pw", database="d")
+    source = Source.parse("host=db user=replicator password=s3cret-pw dbname=app")
+    assert "s3cret-pw" not in repr(target) + repr(source) + source.conninfo
+    assert source.env == {"PGPASSWORD": "s3cret-pw"}
