@@ -6,15 +6,18 @@ import multiprocessing
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -410,6 +413,18 @@ def test_a_closed_queue_refuses_work(tmp_path: Path) -> None:
         q.depth()
 
 
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_the_database_is_in_wal_mode_with_the_chosen_synchronous_level(
+    tmp_path: Path, synchronous: Literal["NORMAL", "FULL"]
+) -> None:
+    q = Queue(tmp_path / "queue.db", synchronous=synchronous)
+    with closing(sqlite3.connect(tmp_path / "queue.db")) as other:  # WAL is a property of the file
+        assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    level = q._db().execute("PRAGMA synchronous").fetchone()  # per connection: look inside
+    assert level == ({"NORMAL": 1, "FULL": 2}[synchronous],)
+    q.close()
+
+
 def test_bad_options_are_refused(tmp_path: Path) -> None:
     with pytest.raises(QueueError, match="max_attempts"):
         Queue(tmp_path / "queue.db", max_attempts=0)
@@ -448,7 +463,9 @@ def test_backoff_without_hints_is_full_jitter_within_the_capped_ceiling(attempt:
     assert len(set(delays)) > 1900
 
 
-@pytest.mark.parametrize("junk", ["soon", "", "-5", "1.5e3x", "Mon, 99 Foo 2024 99:99:99 GMT", "٣"])
+@pytest.mark.parametrize(
+    "junk", ["soon", "", "-5", "1.5e3", "inf", "nan", "Mon, 99 Foo 2024 99:99:99 GMT", "٣"]
+)
 def test_backoff_ignores_unparseable_headers(junk: str) -> None:
     delay = backoff_delay(2, retry_after=junk, ratelimit_reset=junk, now=T0, rng=random.Random(1))
     assert 0.0 <= delay <= 4.0
@@ -556,10 +573,10 @@ def test_two_processes_accepting_the_same_deliveries_queue_each_once(tmp_path: P
     for proc in procs:
         proc.start()
     go.set()
-    counts = [out.get(timeout=120) for _ in procs]
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=120)
         assert proc.exitcode == 0
+    counts = [out.get(timeout=5) for _ in procs]
     assert sum(counts, Counter()) == Counter({"queued": 500, "duplicate": 500})
     q = Queue(path)
     jobs = q.jobs()

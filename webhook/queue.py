@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.polling import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ ORDER BY j.id LIMIT 1
 _COALESCE = """
 UPDATE jobs SET state = ?1, finished_at = ?2, result = ?3 WHERE repository = ?4 AND pr IS ?5
 AND state = 'queued' AND id < ?6 AND (?7 = 'close' OR kind = 'sync') RETURNING delivery_id
+"""
+
+# The newest queued close and sync of a job's lane that arrived after it.
+_OVERTAKEN_BY = """
+SELECT kind, max(id) FROM jobs WHERE repository = ? AND pr IS ? AND id > ? AND state = 'queued'
+AND kind IN ('close', 'sync') GROUP BY kind
 """
 
 
@@ -133,8 +140,8 @@ class Queue:
     ) -> None:
         if max_attempts < 1 or synchronous not in ("NORMAL", "FULL"):
             raise QueueError(
-                f"bad queue options max_attempts={max_attempts!r}, synchronous={synchronous!r}:"
-                " max_attempts must be at least 1, synchronous NORMAL or FULL"
+                f"max_attempts must be at least 1 (got {max_attempts}) and synchronous NORMAL or"
+                f" FULL (got {synchronous!r})"
             )
         self.path = path
         self.max_attempts = max_attempts
@@ -157,20 +164,35 @@ class Queue:
             self._connections.clear()
 
     def _db(self) -> sqlite3.Connection:
+        """This thread's connection: SQLite connections are not shared between threads."""
         if self._closed:
             raise QueueError(f"job queue {self.path} is closed")
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            try:
-                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-                db.execute("PRAGMA journal_mode = WAL")
-                db.execute(f"PRAGMA synchronous = {self._synchronous}")
-            except sqlite3.Error as err:
-                raise QueueError(f"cannot open the job queue {self.path}: {err}") from err
-            with self._lock:
-                self._connections.append(db)
-            self._local.db = db
+            db = self._local.db = self._connect()
+        return db
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            db.execute(f"PRAGMA synchronous = {self._synchronous}")
+            # A new file turns to WAL once for good. That needs it alone, and SQLite says "locked"
+            # at once instead of waiting if another process opens it too: retry to a deadline.
+            mode = wait_for(
+                lambda: _journal_mode(db),
+                timeout=self._busy_ms / 1000,
+                what=f"the job queue {self.path} to switch to WAL mode",
+            )
+        except sqlite3.Error as err:
+            raise QueueError(f"cannot open the job queue {self.path}: {err}") from err
+        if mode != "wal":
+            raise QueueError(f"job queue {self.path}: no WAL mode ({mode}); use a local disk")
+        with self._lock:
+            if self._closed:
+                db.close()
+                raise QueueError(f"job queue {self.path} is closed")
+            self._connections.append(db)
         return db
 
     @contextmanager
@@ -333,13 +355,8 @@ class Queue:
         now = _clock(now)
         with self._write() as db:
             job = self._owned(db, job_id, worker)
-            newer = dict(
-                db.execute(
-                    "SELECT kind, max(id) FROM jobs WHERE repository = ? AND pr IS ? AND id > ?"
-                    " AND state = 'queued' AND kind IN ('close', 'sync') GROUP BY kind",
-                    (job.repository, job.pr, job.id),
-                ).fetchall()
-            )
+            lane = (job.repository, job.pr, job.id)
+            newer = dict(db.execute(_OVERTAKEN_BY, lane).fetchall())
             if job.attempts >= self.max_attempts:
                 self._end(
                     db, job, "failed", f"gave up after {job.attempts} attempts: {result}", now
@@ -413,6 +430,15 @@ class Queue:
         return {"jobs": jobs, "deliveries": deliveries}
 
 
+def _journal_mode(db: sqlite3.Connection) -> str | None:
+    try:
+        return str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err):
+            return None
+        raise
+
+
 def _set_outcomes(db: sqlite3.Connection, outcome: str, delivery_ids: Iterable[str]) -> None:
     db.executemany(
         "UPDATE deliveries SET outcome = ? WHERE delivery_id = ?",
@@ -438,19 +464,20 @@ def backoff_delay(
     """
     now = _clock(now)
     hinted = _retry_after(retry_after.strip(), now) if retry_after is not None else None
-    if hinted is None and ratelimit_reset is not None:
-        try:
-            hinted = float(ratelimit_reset.strip()) - now
-        except ValueError:
-            hinted = None
-    if hinted is not None and hinted == hinted:  # NaN is no hint
+    if hinted is None and ratelimit_reset is not None and _is_digits(ratelimit_reset.strip()):
+        hinted = float(ratelimit_reset.strip()) - now
+    if hinted is not None:
         return min(max(hinted, 0.0), MAX_SERVER_WAIT)
     ceiling = min(cap, base ** min(max(attempt, 0), 64))
     return max((rng or random).uniform(0.0, ceiling), 0.0)  # noqa: S311 - jitter, not crypto
 
 
+def _is_digits(value: str) -> bool:
+    return value.isascii() and value.isdigit()
+
+
 def _retry_after(value: str, now: float) -> float | None:
-    if value.isascii() and value.isdigit():
+    if _is_digits(value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

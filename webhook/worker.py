@@ -33,7 +33,7 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.settings import Settings
-from pgoverlay.webhook.queue import Job, Queue, backoff_delay
+from pgoverlay.webhook.queue import Job, Queue, QueueError, backoff_delay
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
 
 log = logging.getLogger(__name__)
@@ -163,11 +163,18 @@ class Worker:
         pool = Pool.open(self.runner)
         try:
             while not self.stop.is_set():
-                job = self.queue.claim(worker=self.name, lease_seconds=self.settings.lease_seconds)
-                if job is None:
-                    self.stop.wait(0.2)
-                    continue
-                self.run_one(pool, job)
+                try:
+                    job = self.queue.claim(
+                        worker=self.name, lease_seconds=self.settings.lease_seconds
+                    )
+                    if job is None:
+                        self.stop.wait(0.2)
+                        continue
+                    self.run_one(pool, job)
+                except QueueError as err:
+                    # e.g. our lease ran out while the job ran: another worker owns it now
+                    log.warning("%s: %s", self.name, err)
+                    self.stop.wait(1.0)
         finally:
             pool.close()
 
@@ -188,7 +195,9 @@ class Worker:
                 "job %s: %s; %s",
                 job.id,
                 err,
-                f"retrying in {delay:.0f} s" if again else "giving up",
+                f"retrying in {delay:.0f} s"
+                if again
+                else "not retried (out of attempts, or superseded by a newer push or close)",
                 extra=extra,
             )
             self.metrics.job(job.kind, "retry" if again else "failed", time.monotonic() - started)
