@@ -361,20 +361,12 @@ def cmd_action_run(args: argparse.Namespace) -> int:
 # -- the webhook listener -------------------------------------------------------------------
 
 
-class _JobContext(logging.Filter):
-    """Every log line carries the delivery id and the PR (or '-')."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.delivery_id = getattr(record, "delivery_id", "-")
-        record.pr = getattr(record, "pr", "-")
-        return True
-
-
 def cmd_webhook_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from pgoverlay.webhook.app import create_app
     from pgoverlay.webhook.settings import WebhookSettings
+    from pgoverlay.webhook.worker import JobLogContext
 
     try:
         settings = WebhookSettings()  # type: ignore[call-arg]
@@ -386,7 +378,7 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
             "PGOVERLAY_WEBHOOK_CONFIG)"
         ) from None
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_JobContext())
+    handler.addFilter(JobLogContext())
     handler.setFormatter(
         logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s delivery=%(delivery_id)s pr=%(pr)s %(message)s"

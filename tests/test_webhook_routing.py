@@ -54,3 +54,34 @@ def test_repository_names_compare_without_case() -> None:
     opened = load("pull_request.opened")
     opened["repository"]["full_name"] = "codertocat/hello-world"
     assert isinstance(route("pull_request", opened, SETTINGS), Routed)
+
+
+def test_bad_repository_settings_stop_the_listener_at_start() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="cannot read duration"):
+        WebhookSettings(secret="s", token="t", repositories={"a/b": {"ttl": "seven days"}})
+    with pytest.raises(ValidationError, match="not both"):
+        WebhookSettings(
+            secret="s",
+            token="t",
+            repositories={"a/b": {"migrations": "db", "migrate_command": "x"}},
+        )
+
+
+def test_a_repository_file_is_validated_and_limited_to_safe_keys(tmp_path: Path) -> None:
+    import pytest
+
+    from pgoverlay.action.workflow import Inputs
+    from pgoverlay.errors import ConfigError
+    from pgoverlay.webhook.worker import Worker
+
+    (tmp_path / ".pgoverlay.yml").write_text(
+        "migrations: db/changes\nmigrate-command: rm -rf /\nbase: prod\n"
+    )
+    inputs = Worker._repo_file(tmp_path, Inputs(migrations="db/migrations"))
+    assert (inputs.migrations, inputs.base, inputs.migrate_command) == ("db/changes", "prod", None)
+    (tmp_path / ".pgoverlay.yml").write_text("migrations-select: everything\n")
+    with pytest.raises(ConfigError, match="migrations_select"):
+        Worker._repo_file(tmp_path, Inputs())

@@ -85,7 +85,7 @@ def create_app(settings: WebhookSettings, runner: Settings, *, start: bool = Tru
             action=str(payload.get("action", "")),
             job=job,
         )
-        extra = {"delivery_id": delivery, "pr": job.pr if job else None}
+        extra = {"delivery_id": delivery, "pr": f"{job.repository}#{job.pr}" if job else "-"}
         if outcome == "duplicate":
             log.info("duplicate delivery acknowledged", extra=extra)
             return JSONResponse({"message": "already received"}, status_code=200)

@@ -104,11 +104,12 @@ class Service:
                 except (GitHubError, PgoverlayError) as err:
                     log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
                     continue
-                for state in states:
-                    if state.repository == repository and state.pr not in open_prs:
-                        self._queue_close(repository, state.pr or 0, state.head_sha)
+                gone = [s for s in states if s.repository == repository and s.pr not in open_prs]
+                for state in gone:
+                    if self._queue_close(repository, state.pr or 0, state.head_sha):
                         actions["closed"] += 1
             actions["expired"] = len(gc.collect(pool).expired)
+            self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
         finally:
             pool.close()
         with self.metrics.lock:
@@ -118,7 +119,15 @@ class Service:
             log.info("reconcile: %s", actions)
         return actions
 
-    def _queue_close(self, repository: str, pr: int, head_sha: str) -> None:
+    def _queue_close(self, repository: str, pr: int, head_sha: str) -> bool:
+        """Queue a close unless one is already queued or running; True if queued."""
+        pending = [
+            j
+            for j in self.queue.jobs(repository=repository, pr=pr)
+            if j.kind == "close" and j.state in ("queued", "running")
+        ]
+        if pending:
+            return False
         payload = {
             "action": "closed",
             "number": pr,
@@ -131,8 +140,8 @@ class Service:
                 "base": {"sha": "", "repo": {"full_name": repository}},
             },
         }
-        self.queue.accept(
-            delivery_id=f"reconcile-{repository}-{pr}-{head_sha[:12]}",
+        outcome = self.queue.accept(
+            delivery_id=f"reconcile-{repository}-{pr}-{time.time_ns()}",
             event="reconcile",
             action="closed",
             job=NewJob(
@@ -143,6 +152,7 @@ class Service:
                 payload=json.dumps(payload),
             ),
         )
+        return outcome == "queued"
 
     # -- health and metrics -----------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from pydantic_settings import (
 )
 
 from pgoverlay.errors import ConfigError
+from pgoverlay.runner.names import parse_duration
 
 MIB = 1024 * 1024
 
@@ -39,6 +40,17 @@ class RepoSettings(BaseModel):
     drafts: bool = True
     # May a `.pgoverlay.yml` at the PR's head change these settings? (never for forks)
     honour_repo_file: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RepoSettings:
+        if self.migrations and self.migrate_command:
+            raise ValueError("set migrations or migrate_command, not both")
+        if self.ttl:
+            try:
+                parse_duration(self.ttl)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+        return self
 
 
 class WebhookSettings(BaseSettings):

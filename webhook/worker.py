@@ -7,6 +7,7 @@ on disk. A commit status `pgoverlay/branch` goes pending, then success or failur
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -23,13 +24,14 @@ from typing import Any
 
 import yaml
 from github import Auth
+from pydantic import ValidationError
 
 from pgoverlay.action import event as events
 from pgoverlay.action.github import GitHub, GitHubError
 from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report
 from pgoverlay.action.workflow import Inputs, handle, post_comment
-from pgoverlay.errors import PgoverlayError
+from pgoverlay.errors import ConfigError, PgoverlayError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.settings import Settings
@@ -40,7 +42,21 @@ log = logging.getLogger(__name__)
 
 REPO_FILE = ".pgoverlay.yml"
 REPO_FILE_KEYS = {"migrations", "migrations_select", "working_directory", "base"}
-RUN_AS = "nobody"  # who owns the extracted PR sources, so their SQL and commands run unprivileged
+RUN_AS = "nobody"
+# The job a worker thread is on, for log lines written deep inside the engine.
+CURRENT: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "pgoverlay_job", default=("-", "-")
+)
+
+
+class JobLogContext(logging.Filter):
+    """Every log line carries the delivery id and the PR (`owner/name#N`), or '-'."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        delivery, pr = CURRENT.get()
+        record.delivery_id = getattr(record, "delivery_id", delivery)
+        record.pr = getattr(record, "pr", pr)
+        return True  # who owns the extracted PR sources, so their SQL and commands run unprivileged
 
 
 @dataclass
@@ -180,6 +196,7 @@ class Worker:
 
     def run_one(self, pool: Pool, job: Job) -> None:
         extra = {"delivery_id": job.delivery_id, "pr": f"{job.repository}#{job.pr}"}
+        CURRENT.set((job.delivery_id, f"{job.repository}#{job.pr}"))
         started = time.monotonic()
         renewing = threading.Event()
         keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
@@ -210,6 +227,7 @@ class Worker:
         finally:
             renewing.set()
             keeper.join()
+            CURRENT.set(("-", "-"))
         self.queue.finish(job.id, worker=self.name, state="done", result=result)
         self.metrics.job(job.kind, "done", time.monotonic() - started)
         log.info("job %s done: %s", job.id, result, extra=extra)
@@ -217,10 +235,14 @@ class Worker:
     def _keep_lease(self, job: Job, done: threading.Event) -> None:
         interval = self.settings.lease_seconds / 3
         while not done.wait(interval):
-            if not self.queue.renew(
-                job.id, worker=self.name, lease_seconds=self.settings.lease_seconds
-            ):
-                return
+            try:
+                if not self.queue.renew(
+                    job.id, worker=self.name, lease_seconds=self.settings.lease_seconds
+                ):
+                    log.error("job %s: lease lost while running", job.id)
+                    return
+            except QueueError as err:  # e.g. a busy database: try again at the next tick
+                log.warning("job %s: could not renew the lease: %s", job.id, err)
 
     # -- one job ----------------------------------------------------------------------------
 
@@ -271,7 +293,22 @@ class Worker:
         with tempfile.TemporaryDirectory(prefix="pgoverlay-pr-", dir=pool.tmp) as scratch:
             head, base = self._sources(github, ev, Path(scratch))
             if repo.honour_repo_file and not ev.from_fork:
-                inputs = self._repo_file(head, inputs)
+                try:
+                    inputs = self._repo_file(head, inputs)
+                except ConfigError as err:
+                    report = Report(
+                        repository=ev.repository,
+                        pr=ev.pr,
+                        branch_name=events.branch_name(ev, inputs.branch_name),
+                        head_sha=ev.head_sha,
+                        status="failed",
+                        branch=None,
+                        message=str(err),
+                        password_hint="",
+                    )
+                    post_comment(github, ev, inputs, report)
+                    self._status(github, ev, "failure", str(err))
+                    return "failed: bad repository file"
             outcome = handle(
                 pool,
                 ev,
@@ -347,7 +384,13 @@ class Worker:
         changes = {
             k.replace("-", "_"): v for k, v in data.items() if k.replace("-", "_") in REPO_FILE_KEYS
         }
-        return inputs.model_copy(update=changes)
+        try:
+            return Inputs.model_validate({**inputs.model_dump(), **changes})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(
+                f"{REPO_FILE} at the PR's head: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+            ) from None
 
 
 def cleanup_scratch(pool: Pool) -> None:
