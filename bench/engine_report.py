@@ -306,12 +306,14 @@ def render(runs: list[SizeRun], ctx: Context) -> str:
     )
 
 
-def write_report(section: str) -> None:
+def write_report(section: str, *, start: str = START, end: str = END) -> None:
+    """Replace the section between ``start`` and ``end`` in docs/benchmarks.md (or append it);
+    ``section`` includes its own markers."""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section
     REPORT.write_text(text)

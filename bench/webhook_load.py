@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 import requests
 import yaml
-from engine_report import REPORT, first_field, quantile
+from engine_report import REPORT, first_field, quantile, write_report
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,16 +427,6 @@ SIGTERM then stopped the listener in {run["stop"]:.1f} s.
 """
 
 
-def write_report(section: str) -> None:
-    text = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    REPORT.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description="Load the webhook listener (run as root).")
@@ -479,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         run.update(argv=argv, elapsed=time.perf_counter() - started, postgres=bench.install.version)
         run.update(fresh=sum(not d.redelivery for d in deliveries))
         run.update(body_bytes=sum(len(d.body) for d in deliveries) // len(deliveries))
-        write_report(render(a, run, counts))
+        write_report(render(a, run, counts), start=START, end=END)
         console.log(f"report written to {REPORT}")
     finally:
         bench.cleanup(keep=a.keep)

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from pgoverlay.action import event as events
 from pgoverlay.action.github import GitHub, GitHubError
 from pgoverlay.action.migrations import changed_between
-from pgoverlay.action.report import Report
+from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.workflow import Inputs, handle, post_comment
 from pgoverlay.errors import ConfigError, PgoverlayError
 from pgoverlay.runner.pool import Pool
@@ -276,18 +276,7 @@ class Worker:
             return outcome.report.status if outcome.report else "nothing to destroy"
         refusal = self._refusal(ev, repo, approved)
         if refusal:
-            report = Report(
-                repository=ev.repository,
-                pr=ev.pr,
-                branch_name=events.branch_name(ev, inputs.branch_name),
-                head_sha=ev.head_sha,
-                status="not branched",
-                branch=None,
-                message=refusal,
-                password_hint="",
-            )
-            post_comment(github, ev, inputs, report)
-            self._status(github, ev, "failure", "not branched: " + refusal)
+            self._refuse(github, ev, inputs, "not branched", refusal)
             return "not branched"
         self._status(github, ev, "pending", "creating the branch")
         with tempfile.TemporaryDirectory(prefix="pgoverlay-pr-", dir=pool.tmp) as scratch:
@@ -296,18 +285,7 @@ class Worker:
                 try:
                     inputs = self._repo_file(head, inputs)
                 except ConfigError as err:
-                    report = Report(
-                        repository=ev.repository,
-                        pr=ev.pr,
-                        branch_name=events.branch_name(ev, inputs.branch_name),
-                        head_sha=ev.head_sha,
-                        status="failed",
-                        branch=None,
-                        message=str(err),
-                        password_hint="",
-                    )
-                    post_comment(github, ev, inputs, report)
-                    self._status(github, ev, "failure", str(err))
+                    self._refuse(github, ev, inputs, "failed", str(err))
                     return "failed: bad repository file"
             outcome = handle(
                 pool,
@@ -326,6 +304,22 @@ class Worker:
             reason = f"branch {report.branch_name} ready on port {report.branch.port}"
         self._status(github, ev, state, reason)
         return report.status
+
+    def _refuse(
+        self, github: GitHub, ev: events.Event, inputs: Inputs, status: RunStatus, reason: str
+    ) -> None:
+        """Say on the PR, and in its commit status, why it gets no branch."""
+        report = Report(
+            repository=ev.repository,
+            pr=ev.pr,
+            branch_name=events.branch_name(ev, inputs.branch_name),
+            head_sha=ev.head_sha,
+            status=status,
+            branch=None,
+            message=reason,
+        )
+        post_comment(github, ev, inputs, report)
+        self._status(github, ev, "failure", f"{status}: {reason}")
 
     @staticmethod
     def _labelled(payload: dict[str, Any], label: str) -> bool:
