@@ -394,6 +394,9 @@ def restart(pool: Pool, branch: Branch) -> None:
     lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
     os.chown(lay.socket_dir, pool.owner.uid, pool.owner.gid)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
+    # The dead server's postmaster.pid may name a PID that another process has since taken
+    # (after a reboot); Postgres would then refuse to start. It is ours to remove.
+    (lay.data / "postmaster.pid").unlink(missing_ok=True)
     rt.start(lay, options=server_options(pool, lay, branch))
     _check_ready(pool, branch)
 
