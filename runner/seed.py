@@ -8,6 +8,7 @@ seed left behind.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -86,15 +87,52 @@ class Source:
         return f"{self.host}:{self.port}"
 
     def server_major(self) -> int:
+        return self.inspect()[0]
+
+    def inspect(self) -> tuple[int, list[str]]:
+        """The source's major version and the libraries it preloads, configured ones included
+        (an ALTER SYSTEM not yet applied by a restart is in the base all the same)."""
         try:
-            with psycopg.connect(self.conninfo, password=self.password, connect_timeout=15) as conn:
-                return int(conn.info.server_version) // 10000
+            with psycopg.connect(
+                self.conninfo, password=self.password, connect_timeout=15, autocommit=True
+            ) as conn:
+                major = int(conn.info.server_version) // 10000
+                values: list[str] = []
+                # Both need pg_read_all_settings (a plain replication user may lack it); the
+                # file's value counts even when its error says it waits for a restart.
+                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                    values += [str(r[0]) for r in conn.execute("SHOW shared_preload_libraries")]
+                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                    values += [
+                        str(r[0])
+                        for r in conn.execute(
+                            "SELECT setting FROM pg_file_settings "
+                            "WHERE name = 'shared_preload_libraries' AND setting IS NOT NULL"
+                        )
+                    ]
         except psycopg.OperationalError as err:
             reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
             raise SourceUnreachableError(
                 f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
                 "and the source's pg_hba.conf"
             ) from None
+        libraries = {lib.strip().strip('"') for v in values for lib in v.split(",")}
+        return major, sorted(lib for lib in libraries if lib)
+
+
+def check_libraries(install: PgInstall, libraries: list[str]) -> None:
+    """Refuse, before copying anything, a base whose preloaded libraries this runner lacks."""
+    libdir = Path(proc.run([install.tool("pg_config"), "--pkglibdir"], timeout=30).stdout.strip())
+    for library in libraries:
+        name = library.removeprefix("$libdir/").rsplit("/", 1)[-1]
+        if not any((libdir / candidate).exists() for candidate in (name, f"{name}.so")):
+            raise SeedError(
+                f"the source preloads library {name!r} (shared_preload_libraries) but this "
+                f"runner's Postgres {install.major} has no {name}.so in {libdir}: install the "
+                f"package that provides it (e.g. postgresql-{install.major}-"
+                f"{name.replace('_', '-')}) or remove it from the source's "
+                "shared_preload_libraries"
+            )
 
 
 def _own(pool: Pool, path: Path) -> None:
@@ -215,12 +253,13 @@ def seed(
                 f"base {name} already exists (version {existing.version}): pass --refresh "
                 "to seed a new version, or pick another name"
             )
-        major = src.server_major()
+        major, libraries = src.inspect()
         if major < pgbin.MIN_MAJOR:
             raise SeedError(
                 f"the source runs Postgres {major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
             )
         install = pgbin.for_major(major, pool.settings.pg_bindir)
+        check_libraries(install, libraries)
         return _seed_version(pool, name, src, install, via=via, progress=progress)
 
 

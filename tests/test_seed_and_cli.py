@@ -291,3 +291,21 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         for version in pool.registry.bases("demo"):
             seed.remove_version(pool, "demo", version.version)
     assert not list(pool.tmp.glob("demo-source-*"))
+
+
+def test_a_source_preloading_a_library_this_runner_lacks_is_refused_before_copying(
+    pool: Pool, source: cluster.Running
+) -> None:
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
+        # Configured, not yet applied by a restart: still in the files a base would copy.
+        conn.execute(
+            "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements', 'no_such_lib'"
+        )
+        try:
+            with pytest.raises(SeedError, match="preloads library 'no_such_lib'") as caught:
+                seed.seed(pool, "preloads", source_dsn=source_dsn(source))
+            assert "postgresql-15-no-such-lib" in str(caught.value)
+        finally:
+            conn.execute("ALTER SYSTEM RESET shared_preload_libraries")
+    assert pool.registry.bases("preloads") == []
+    assert list((pool.root / "staging").iterdir()) == []
