@@ -282,7 +282,18 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
 
-    s = branch.status(_pool(), args.name)
+    p = _pool()
+    if args.config:
+        changed = branch.overrides(p, args.name)
+        if args.json:
+            _print_json([o.__dict__ for o in changed])
+            return 0
+        table = Table("setting", "branch", "base")
+        for o in changed:
+            table.add_row(o.name, o.branch_value, o.base_value or "(default)")
+        out.print(table)
+        return 0
+    s = branch.status(p, args.name)
     data = s.as_dict()
     if args.json:
         _print_json(data)
@@ -475,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = br.add_parser("status", help="show one branch")
     st.add_argument("name")
     st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--config",
+        action="store_true",
+        help="the settings pgoverlay imposes that differ from the base's own",
+    )
     st.set_defaults(func=cmd_branch_status)
     conn = br.add_parser("connect", help="print the branch's connection string (with password)")
     conn.add_argument("name")

@@ -465,5 +465,49 @@ def status(pool: Pool, name: str) -> Status:
     )
 
 
+@dataclass(frozen=True)
+class Override:
+    name: str
+    branch_value: str  # what the branch runs with
+    base_value: str | None  # what the base's own files say; None: Postgres's default
+
+
+def overrides(pool: Pool, name: str) -> list[Override]:
+    """The settings pgoverlay imposes on the branch that differ from the base's own."""
+    branch = _get(pool, name)
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is None or not status(pool, name).running:
+        raise BranchStartError(
+            f"branch {name} is not running: start it with `pgoverlay gc`, then ask again"
+        )
+    with psycopg.connect(
+        host=os.fspath(layout(pool, name).socket_dir),
+        port=branch.port,
+        user=base.superuser,
+        dbname=base.database,
+        autocommit=True,
+        connect_timeout=10,
+    ) as conn:
+        imposed = conn.execute(
+            "SELECT name, current_setting(name), setting, boot_val FROM pg_settings "
+            "WHERE source = 'command line'"
+        ).fetchall()
+        # The base's files as they are (postgresql.conf, postgresql.auto.conf); last one wins.
+        in_files: dict[str, str] = {}
+        for setting_name, value in conn.execute(
+            "SELECT name, setting FROM pg_file_settings WHERE setting IS NOT NULL ORDER BY seqno"
+        ):
+            in_files[str(setting_name)] = str(value)
+    found = []
+    for setting_name, shown, raw, boot in imposed:
+        base_value = in_files.get(str(setting_name))
+        if base_value is None and str(raw) == str(boot):
+            continue  # Postgres's default anyway
+        if base_value is not None and base_value in (str(shown), str(raw)):
+            continue
+        found.append(Override(str(setting_name), str(shown), base_value))
+    return sorted(found, key=lambda o: o.name)
+
+
 def statuses(pool: Pool) -> list[Status]:
     return [status(pool, b.name) for b in pool.registry.branches()]

@@ -309,3 +309,21 @@ def test_a_source_preloading_a_library_this_runner_lacks_is_refused_before_copyi
             conn.execute("ALTER SYSTEM RESET shared_preload_libraries")
     assert pool.registry.bases("preloads") == []
     assert list((pool.root / "staging").iterdir()) == []
+
+
+def test_status_config_lists_what_pgoverlay_imposes_over_the_bases_settings(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    branch.create(pool, "configured")
+    try:
+        done = cli(["branch", "status", "configured", "--config", "--json"], env=env)
+        assert done.returncode == 0, done.stderr
+        changed = {o["name"]: o for o in json.loads(done.stdout)}
+        # initdb wrote these into the base's postgresql.conf; the branch runs smaller.
+        assert changed["shared_buffers"]["branch_value"] == "32MB"
+        assert changed["shared_buffers"]["base_value"] == "128MB"
+        assert changed["max_connections"]["base_value"] == "100"
+        assert changed["recovery_init_sync_method"]["branch_value"] == "syncfs"
+        assert "archive_mode" not in changed, "off is the default: nothing to report"
+    finally:
+        branch.destroy(pool, "configured")
