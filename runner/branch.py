@@ -207,15 +207,20 @@ def pick_port(pool: Pool, used: set[int]) -> int:
     )
 
 
-def _set_login(pool: Pool, lay: Layout, base: BaseVersion, branch: Branch) -> None:
-    with psycopg.connect(
-        host=os.fspath(lay.socket_dir),
+def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
+    """The engine's own access: the base's superuser, through the branch's private socket."""
+    return psycopg.connect(
+        host=os.fspath(layout(pool, branch.name).socket_dir),
         port=branch.port,
         user=base.superuser,
         dbname=base.database,
         autocommit=True,
         connect_timeout=10,
-    ) as conn:
+    )
+
+
+def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    with _engine_connection(pool, branch, base) as conn:
         roles.set_login(
             conn,
             user=branch.user,
@@ -271,7 +276,7 @@ def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> No
     rt.start(lay, options=server_options(pool, lay, branch))
     pool.registry.update_branch(branch.name, step="started")
     fault(pool, f"{saga}:started")
-    _set_login(pool, lay, base, branch)
+    _set_login(pool, base, branch)
     _check_ready(pool, branch)
 
 
@@ -480,14 +485,7 @@ def overrides(pool: Pool, name: str) -> list[Override]:
         raise BranchStartError(
             f"branch {name} is not running: start it with `pgoverlay gc`, then ask again"
         )
-    with psycopg.connect(
-        host=os.fspath(layout(pool, name).socket_dir),
-        port=branch.port,
-        user=base.superuser,
-        dbname=base.database,
-        autocommit=True,
-        connect_timeout=10,
-    ) as conn:
+    with _engine_connection(pool, branch, base) as conn:
         imposed = conn.execute(
             "SELECT name, current_setting(name), setting, boot_val FROM pg_settings "
             "WHERE source = 'command line'"
