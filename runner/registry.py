@@ -61,6 +61,10 @@ CREATE TABLE IF NOT EXISTS pr_state (
 );
 """
 
+# Columns added after a table was first created: (table, column, definition). A pool made by an
+# older release gains them when its registry is opened; new pools get them from SCHEMA too.
+ADDED_COLUMNS: list[tuple[str, str, str]] = []
+
 
 @dataclass(frozen=True)
 class BaseVersion:
@@ -127,6 +131,14 @@ class Registry:
         self._db.execute("PRAGMA busy_timeout=60000")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        with self.transaction() as db:
+            for table, column, definition in ADDED_COLUMNS:
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         self._db.close()
