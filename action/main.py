@@ -169,6 +169,25 @@ def _run(pool: Pool, job: JobEnv, ev: event.Event, inputs: Inputs, out: TextIO) 
     return 0
 
 
+def privileges() -> str:
+    """``user`` when this job can run as the current user (a branch on the Docker runtime, in
+    a pool this user may write), else ``root``: the Action's run.sh then uses sudo."""
+    if os.geteuid() == 0:
+        return "user"
+    try:
+        pool = Pool.open(load_settings())
+    except PgoverlayError:
+        return "root"
+    try:
+        runtime = read_inputs(dict(os.environ)).runtime
+        chosen = branches.choose_runtime(pool, None if runtime == "auto" else runtime)
+    except PgoverlayError:
+        return "root"
+    finally:
+        pool.close()
+    return "user" if chosen == "docker" else "root"
+
+
 def main_from_env(*, destroy: bool = False) -> int:
     try:
         return run(destroy=destroy)

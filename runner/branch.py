@@ -7,7 +7,6 @@ process killed at any point leaves a row that ``gc`` can finish or undo.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import secrets
@@ -42,7 +41,6 @@ from pgoverlay.runner.runtime.local import LocalRuntime
 
 log = logging.getLogger(__name__)
 
-SOCKET_ROOT = Path("/run/pgoverlay")
 RUNTIMES = ("auto", "local", "docker")
 
 
@@ -50,13 +48,11 @@ RUNTIMES = ("auto", "local", "docker")
 
 
 def pool_id(pool: Pool) -> str:
-    """A short id of this pool, for socket paths and Docker labels."""
-    return hashlib.sha256(os.fspath(pool.home.resolve()).encode()).hexdigest()[:8]
+    return pool.id
 
 
 def socket_root(pool: Pool) -> Path:
-    """This pool's directory of branch sockets (short: socket paths are limited to 107 bytes)."""
-    return SOCKET_ROOT / pool_id(pool)
+    return pool.socket_root
 
 
 def layout(pool: Pool, name: str) -> Layout:
@@ -195,23 +191,24 @@ def _write_conf(pool: Pool, lay: Layout) -> None:
         os.chmod(path, 0o600)
 
 
+def _own(pool: Pool, path: Path) -> None:
+    """Give ``path`` to the branches' user (a no-op when that user is the one running)."""
+    if os.geteuid() == 0:
+        os.chown(path, pool.owner.uid, pool.owner.gid)
+
+
 def _make_dirs(pool: Pool, lay: Layout) -> None:
-    uid, gid = pool.owner.uid, pool.owner.gid
+    # Everything belongs to the branches' user, so that user can later reset or destroy the
+    # branch without root (the Docker runtime).
     try:
         lay.root.mkdir(mode=0o711)
-        for path, owned in (
-            (lay.upper, True),
-            (lay.work, False),
-            (lay.data, False),
-            (lay.conf, True),
-            (lay.log, True),
-        ):
+        _own(pool, lay.root)
+        for path in (lay.upper, lay.work, lay.data, lay.conf, lay.log):
             path.mkdir(mode=0o700)
-            if owned:
-                os.chown(path, uid, gid)
-        lay.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+            _own(pool, path)
+        pool.make_socket_root()
         lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chown(lay.socket_dir, uid, gid)
+        _own(pool, lay.socket_dir)
     except OSError as err:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
@@ -219,7 +216,24 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
     _write_conf(pool, lay)
 
 
+def _empty_workdir(work: Path) -> None:
+    """Empty OverlayFS's work directory. The kernel leaves root-owned, mode 000 directories
+    in it; they are empty once unmounted, so a user other than root may still rmdir them."""
+    if not work.is_dir():
+        return
+    for child in work.iterdir():
+        with contextlib.suppress(OSError):
+            if child.is_dir() and not child.is_symlink():
+                try:
+                    child.rmdir()
+                except OSError:
+                    shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
 def _remove_dirs(lay: Layout) -> None:
+    _empty_workdir(lay.work)
     shutil.rmtree(lay.root, ignore_errors=True)
     shutil.rmtree(lay.socket_dir, ignore_errors=True)
 
@@ -428,10 +442,10 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay)
     rt.detach(lay)
-    for path in (lay.upper, lay.work):
-        shutil.rmtree(path)
-        path.mkdir(mode=0o700)
-    os.chown(lay.upper, pool.owner.uid, pool.owner.gid)
+    _empty_workdir(lay.work)
+    shutil.rmtree(lay.upper)
+    lay.upper.mkdir(mode=0o700)
+    _own(pool, lay.upper)
     lay.log_file.unlink(missing_ok=True)
     pool.registry.update_branch(branch.name, step="wiped")
     fault(pool, "reset:wiped")
@@ -446,9 +460,9 @@ def restart(pool: Pool, branch: Branch) -> None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
     lay = layout(pool, branch.name)
     rt = runtime_for(pool, base, branch.runtime, check=True)
-    lay.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    pool.make_socket_root()
     lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chown(lay.socket_dir, pool.owner.uid, pool.owner.gid)
+    _own(pool, lay.socket_dir)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
     _check_ready(pool, branch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class Report:
     orphans: list[str] = field(default_factory=list)
     bases_removed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = []
@@ -42,6 +44,7 @@ class Report:
             ("removed orphans", self.orphans),
             ("removed base versions", self.bases_removed),
             ("problems", self.problems),
+            ("skipped", self.skipped),
         ):
             if items:
                 out.append(f"{label}: {', '.join(items)}")
@@ -53,6 +56,11 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     now = time.time() if now is None else now
     _branches(pool, report, now)
     _orphan_containers(pool, report)
+    if os.geteuid() != 0:
+        # The rest unmounts and removes root's files; the Docker runtime's user leaves it to
+        # root's next gc.
+        report.skipped.append("mounts, base versions and scratch files (they need root)")
+        return report
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
     _scratch(pool, report)
@@ -155,10 +163,7 @@ def _bases(pool: Pool, report: Report) -> None:
 
 
 def _scratch(pool: Pool, report: Report) -> None:
-    """Leftovers in tmp/: demo sources and private server directories of dead processes; and
-    the pool's socket directory once no branch uses it (rmdir only removes it empty)."""
-    with contextlib.suppress(OSError):
-        branches.socket_root(pool).rmdir()
+    """Leftovers in tmp/: demo sources and private server directories of dead processes."""
     for name in demo.leftover_sources(pool):
         demo.cleanup_source(pool, name)
         report.orphans.append(f"demo source {name}")

@@ -37,6 +37,11 @@ def hold(
     Raises ``busy`` if the lock stays taken.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if os.geteuid() == 0:
+        # Lock files belong to whoever owns the locks directory (the branches' user), so a
+        # lock that root made first can later be taken by that user too.
+        parent = path.parent.stat()
+        os.fchown(fd, parent.st_uid, parent.st_gid)
     try:
         if not _try(fd):
             if timeout <= 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -44,6 +45,9 @@ PLAIN_COST = (
     "opens every table file read-write even to read it: each table a branch touches costs its "
     "full size in disk and time"
 )
+
+
+SOCKET_ROOT = Path("/run/pgoverlay")
 
 
 def require_root() -> None:
@@ -103,6 +107,27 @@ class Pool:
     def close(self) -> None:
         self.registry.close()
 
+    @property
+    def id(self) -> str:
+        """A short id of this pool, for socket paths and Docker labels."""
+        return hashlib.sha256(os.fspath(self.home.resolve()).encode()).hexdigest()[:8]
+
+    @property
+    def socket_root(self) -> Path:
+        """This pool's directory of branch sockets (short: socket paths are limited to 107
+        bytes)."""
+        return SOCKET_ROOT / self.id
+
+    def make_socket_root(self) -> None:
+        """Create the socket directory's parent; owned by the branches' user, so that user can
+        make branches without root (the Docker runtime). /run is emptied by a reboot."""
+        root = self.socket_root
+        if root.is_dir() and root.stat().st_uid == self.owner.uid:
+            return
+        root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        if os.geteuid() == 0:
+            os.chown(root, self.owner.uid, self.owner.gid)
+
     # paths ------------------------------------------------------------------------------
     def lock_path(self, kind: str, name: str) -> Path:
         return self.root / "locks" / f"{kind}-{name}.lock"
@@ -126,7 +151,6 @@ class Pool:
     @classmethod
     def open(cls, settings: Settings) -> Pool:
         """Open an initialised pool; say how to fix it if it is not ready."""
-        require_root()
         info = read_info(settings.home)
         if info is None:
             raise PoolError(
@@ -137,6 +161,13 @@ class Pool:
             raise PoolError(
                 f"the pool image {settings.home / 'pool.img'} is not mounted (after a reboot?): "
                 "run `pgoverlay pool init` to mount it again"
+            )
+        registry = settings.home / "pool" / "registry.db"
+        if os.geteuid() != 0 and not os.access(registry, os.R_OK | os.W_OK):
+            raise NotRootError(
+                f"this user cannot write the pool's registry {registry}: run pgoverlay with sudo, "
+                f"or as the pool's user {settings.os_user!r} (PGOVERLAY_OS_USER) with "
+                "PGOVERLAY_RUNTIME=docker"
             )
         return cls(settings, info)
 
@@ -237,18 +268,31 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
     (home / "pool.json").write_text(
         json.dumps({"mode": info.mode, "image_bytes": info.image_bytes}, indent=2) + "\n"
     )
-    for sub, mode in (
-        ("locks", 0o700),
-        ("store", 0o700),
-        ("tmp", 0o711),
-        ("staging", 0o711),
-        ("bases", 0o755),
-        ("branches", 0o711),
+    owner = OsUser.lookup(settings.os_user)
+    # The branches' user owns what branch commands change (the registry, locks, branches), so
+    # that user can run branches without root through the Docker runtime. The bases stay
+    # out of its reach: store/ is root's alone and bases/ are read-only mounts.
+    for sub, mode, owned in (
+        ("locks", 0o700, True),
+        ("store", 0o700, False),
+        ("tmp", 0o711, False),
+        ("staging", 0o711, False),
+        ("bases", 0o755, False),
+        ("branches", 0o711, True),
     ):
         (root / sub).mkdir(exist_ok=True)
         os.chmod(root / sub, mode)
+        os.chown(root / sub, owner.uid if owned else 0, owner.gid if owned else 0)
     os.chmod(root, 0o711)
+    os.chown(root, owner.uid, owner.gid)  # SQLite makes its -wal and -shm files next to the db
     pool = Pool(settings, info)
+    for suffix in ("", "-wal", "-shm"):
+        path = root / f"registry.db{suffix}"
+        if path.exists():
+            os.chown(path, owner.uid, owner.gid)
+    for path in sorted((root / "locks").iterdir()):
+        os.chown(path, owner.uid, owner.gid)
+    pool.make_socket_root()
     remount_bases(pool)
     return pool
 

@@ -32,7 +32,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import cluster, locks, mounts, pgbin, prepare, proc
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pgbin import PgInstall
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, require_root
 from pgoverlay.runner.registry import BaseVersion
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,7 @@ def seed(
     progress: Progress | None = None,
 ) -> BaseVersion:
     check_name(name, what="base")
+    require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
     with locks.hold(
         pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError

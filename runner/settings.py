@@ -96,11 +96,11 @@ ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")
 
 
 def load() -> Settings:
-    """The settings for this process.
+    """The settings for this process: PGOVERLAY_* variables over the administrator's
+    /etc/pgoverlay/pgoverlay.env.
 
     Run through sudo (the Action on a runner that is not root), the caller's PGOVERLAY_*
     variables are ignored: a workflow could otherwise point root at its own binaries or pool.
-    The administrator's settings then come from /etc/pgoverlay/pgoverlay.env.
     """
     if os.environ.get("SUDO_UID") and os.geteuid() == 0:
         ignored = sorted(
@@ -116,5 +116,4 @@ def load() -> Settings:
                 ", ".join(ignored),
                 ADMIN_ENV_FILE,
             )
-        return Settings(_env_file=ADMIN_ENV_FILE if ADMIN_ENV_FILE.is_file() else None)  # type: ignore[call-arg]
-    return Settings()
+    return Settings(_env_file=ADMIN_ENV_FILE if ADMIN_ENV_FILE.is_file() else None)  # type: ignore[call-arg]

@@ -54,6 +54,36 @@ def cli(
     )
 
 
+# Starts as root, imports everything the command needs (this interpreter may live where another
+# user cannot read), then becomes the user and runs the command in the same process.
+_AS_USER = """
+import grp, os, pwd, sys
+import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.gc
+import pgoverlay.runner.runtime.docker
+user = pwd.getpwnam(sys.argv[1])
+os.setgroups([grp.getgrnam(g).gr_gid for g in sys.argv[2].split(",") if g])
+os.setgid(user.pw_gid)
+os.setuid(user.pw_uid)
+os.environ.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+raise SystemExit(pgoverlay.cli.main(sys.argv[3:]))
+"""
+
+
+def cli_as(
+    args: list[str], *, env: Mapping[str, str], user: str, groups: list[str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run `pgoverlay` as ``user`` with supplementary ``groups``, not as root."""
+    return subprocess.run(
+        [sys.executable, "-c", _AS_USER, user, ",".join(groups), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd="/",
+    )
+
+
 def postgres_processes_for(path: Path) -> list[int]:
     """PIDs of processes whose command line mentions ``path``."""
     needle = os.fspath(path).encode()
@@ -141,7 +171,8 @@ def port_free(port: int) -> bool:
 def assert_no_leaks(pool: Pool, name: str, *, port: int | None = None) -> None:
     lay = branch.layout(pool, name)
     assert pool.registry.branch(name) is None, "registry row left behind"
-    assert not lay.root.exists(), f"branch directory left behind: {lay.root}"
+    left = [f"{p} ({p.stat().st_uid}, {oct(p.stat().st_mode)})" for p in lay.root.rglob("*")]
+    assert not lay.root.exists(), f"branch directory left behind: {lay.root}: {left}"
     assert not lay.socket_dir.exists(), "socket directory left behind"
     assert not [m for m in mounts.mounted() if m.startswith(os.fspath(lay.root))], "mount leaked"
     assert postgres_processes_for(lay.root) == [], "Postgres process leaked"

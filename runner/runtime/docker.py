@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ def _parse_major(text: str) -> int | None:
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
+    return text.splitlines()[0][:400] if text else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,21 @@ class DockerRuntime:
 
     def detach(self, layout: Layout) -> None:
         remove_volume(self.client, self.object_name(layout))
+        if os.geteuid() != 0 and layout.work.is_dir() and any(layout.work.iterdir()):
+            self._empty_workdir(layout)
+
+    def _empty_workdir(self, layout: Layout) -> None:
+        """OverlayFS leaves root-owned entries (whiteouts in a mode 000 directory) in its work
+        directory, which only root may remove: without root ourselves, the daemon's root does."""
+        self.client.containers.run(
+            self.image,
+            entrypoint=["find", "/work", "-mindepth", "1", "-delete"],
+            user="0:0",
+            volumes={str(layout.work): {"bind": "/work", "mode": "rw"}},
+            network_mode="none",
+            labels=self.labels(layout, "cleanup"),
+            remove=True,
+        )
 
     def start(self, layout: Layout, *, options: dict[str, str]) -> None:
         import docker.errors

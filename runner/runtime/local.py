@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from pgoverlay.errors import BranchStartError, PoolFullError
+from pgoverlay.errors import BranchStartError, NotRootError, PoolFullError
 from pgoverlay.runner import mounts, postmaster
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
@@ -23,6 +24,11 @@ class LocalRuntime:
         self.stop_timeout = stop_timeout
 
     def attach(self, layout: Layout, *, lower: Path) -> None:
+        if os.geteuid() != 0:
+            raise NotRootError(
+                "the local runtime mounts OverlayFS, which needs root: run pgoverlay with sudo, "
+                "or use the Docker runtime (--runtime docker), whose daemon does the mounting"
+            )
         if not mounts.is_mounted(layout.data):
             mounts.mount_overlay(
                 lower=lower, upper=layout.upper, work=layout.work, target=layout.data
