@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # 16 writes faster (see docs/benchmarks.md).
     wal_segsize_mb: int = Field(default=1, ge=1, le=1024)
     max_wal_size: str = "512MB"
+    # The pool's own certificate and key (PEM): branches then run with ssl=on. Without them,
+    # ssl=off: a base's certificate paths are production's.
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
     start_timeout: float = Field(default=60.0, gt=0)
     stop_timeout: float = Field(default=30.0, gt=0)
     command_timeout: float = Field(default=3600.0, gt=0)
@@ -67,6 +71,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"port range is empty: PGOVERLAY_PORT_MIN={self.port_min} is above "
                 f"PGOVERLAY_PORT_MAX={self.port_max}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ssl_pair(self) -> Settings:
+        if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
+            raise ValueError(
+                "set both PGOVERLAY_SSL_CERT_FILE and PGOVERLAY_SSL_KEY_FILE for SSL, or neither"
             )
         return self
 
