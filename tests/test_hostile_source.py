@@ -294,6 +294,13 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
                     "restore_command": ("",),
                 }
                 assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+                # The tablespace is in place: its location is inside the branch's data directory.
+                location = conn.execute(
+                    "SELECT oid, pg_tablespace_location(oid) FROM pg_tablespace "
+                    "WHERE spcname = 'far'"
+                ).fetchone()
+                assert location is not None
+                assert location[1] == f"pg_tblspc/{location[0]}"
                 write_heavily(conn, tag)  # would hang with a synchronous standby required
             # A client over TCP with the branch password sees the writes too.
             with psycopg.connect(**branch.connect_kwargs(pool, b)) as client:
@@ -317,6 +324,10 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
             assert written, "the tablespace's writes belong in the branch's own layer"
             assert branch.layer_size(pool, b.name).logical_bytes > 10 * 1024 * 1024
         assert list(hostile.markers.iterdir()) == [], "a production command ran"
+        imposed = {o.name: (o.base_value, o.branch_value) for o in branch.overrides(pool, names[0])}
+        assert imposed["archive_mode"] == ("on", "off")
+        assert imposed["shared_buffers"] == ("1TB", "32MB")
+        assert imposed["ssl"] == ("on", "off")
         branch.reset(pool, names[0])
         with superuser(pool, branch.get(pool, names[0]), hostile_base) as conn:
             assert conn.execute("SELECT count(*) FROM far_rows").fetchone() == (ROWS + 1,)
@@ -345,3 +356,36 @@ def test_seed_via_dump_from_a_source_with_tablespaces_restores_into_the_default_
             branch.destroy(pool, b.name)
     finally:
         seed.remove_version(pool, dumped.name, dumped.version)
+
+
+def test_a_pool_with_its_own_certificate_gives_branches_ssl(
+    pool: Pool, hostile_base: BaseVersion, branch_runtime: str
+) -> None:
+    certs = _owned_dir(pool, pool.home / "pool-ssl")
+    cert, key = certs / "server.crt", certs / "server.key"
+    try:
+        proc.run(
+            [
+                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                "-subj", "/CN=pgoverlay-test", "-keyout", key, "-out", cert,
+            ],
+            timeout=60,
+            user=pool.owner,
+        )  # fmt: skip
+        with_ssl = Pool(
+            pool.settings.model_copy(update={"ssl_cert_file": cert, "ssl_key_file": key}),
+            pool.info,
+        )
+        b = create_branch(with_ssl, "hostile-ssl", base_name="hostile", runtime=branch_runtime)
+        try:
+            kwargs = {**branch.connect_kwargs(with_ssl, b), "sslmode": "require"}
+            with psycopg.connect(**kwargs) as conn:
+                assert conn.execute(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                ).fetchone() == (True,)
+        finally:
+            branch.destroy(with_ssl, b.name)
+            with_ssl.close()
+        assert_no_leaks(pool, b.name, port=b.port)
+    finally:
+        shutil.rmtree(certs, ignore_errors=True)
