@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -266,6 +267,18 @@ def test_seed_from_a_hostile_standby_records_and_warns_what_branches_override(
     assert "primary_conninfo" in auto
     assert not (store / "postgresql.conf").exists()
     assert not (store / "standby.signal").exists()
+    control = proc.run(
+        [
+            pgbin.for_major(15).tool("pg_controldata"),
+            "-D",
+            pool.base_dir("hostile", hostile_base.version),
+        ],
+        timeout=60,
+        user=pool.owner,
+    ).stdout
+    # Crash recovery from the backup label, not archive recovery: no new timeline.
+    assert re.search(r"^Latest checkpoint's TimeLineID:\s+1$", control, re.MULTILINE), control
+    assert re.search(r"^Database cluster state:\s+shut down$", control, re.MULTILINE), control
     spaces = list((store / "pg_tblspc").iterdir())
     assert len(spaces) == 1 and spaces[0].is_dir() and not spaces[0].is_symlink()
     assert not list(pool.root.joinpath("staging").iterdir()), "staging left behind"
