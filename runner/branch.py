@@ -101,10 +101,6 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
 def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
     """Settings passed on the command line: they outrank the base's own configuration files."""
     s = pool.settings
-    base = pool.registry.base(branch.base_name, branch.base_version)
-    # A crashed branch recovers on its next start; in-place tablespaces (the base's tablespaces,
-    # see tablespaces.py) make recovery PANIC unless allowed.
-    in_place = {"allow_in_place_tablespaces": "on"} if base and base.tablespaces else {}
     return {
         "data_directory": os.fspath(lay.data),
         "config_file": os.fspath(lay.conf / "postgresql.conf"),
@@ -136,7 +132,6 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "logging_collector": "off",
         "log_destination": "stderr",
         "cluster_name": f"pgoverlay-{branch.name}",
-        **in_place,
     }
 
 

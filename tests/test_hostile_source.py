@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from helpers import assert_no_leaks, source_dsn
-from pgoverlay.runner import branch, cluster, pgbin, proc, seed
+from helpers import assert_no_leaks, postgres_processes_for, source_dsn
+from pgoverlay.runner import branch, cluster, gc, pgbin, postmaster, proc, seed
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
@@ -402,3 +403,26 @@ def test_a_pool_with_its_own_certificate_gives_branches_ssl(
         assert_no_leaks(pool, b.name, port=b.port)
     finally:
         shutil.rmtree(certs, ignore_errors=True)
+
+
+def test_a_crashed_branch_of_a_base_with_tablespaces_recovers_its_writes(
+    pool: Pool, hostile_base: BaseVersion, branch_runtime: str
+) -> None:
+    b = create_branch(pool, "hostile-crash", base_name="hostile", runtime=branch_runtime)
+    try:
+        with superuser(pool, b, hostile_base) as conn:
+            conn.execute("INSERT INTO far_rows VALUES (-1, 'before the crash')")
+        info = postmaster.read_pidfile(branch.layout(pool, b.name).upper / "postmaster.pid")
+        assert info is not None
+        os.killpg(info.pid, signal.SIGKILL)  # the server and all its processes, as a crash
+        root = branch.layout(pool, b.name).root
+        wait_for(lambda: postgres_processes_for(root) == [], timeout=30, what="the branch to die")
+        report = gc.collect(pool)
+        assert "hostile-crash" in report.restarted, report.problems
+        with superuser(pool, b, hostile_base) as conn:
+            assert conn.execute("SELECT note FROM far_rows WHERE id = -1").fetchone() == (
+                "before the crash",
+            )
+    finally:
+        branch.destroy(pool, b.name)
+    assert_no_leaks(pool, b.name, port=b.port)
