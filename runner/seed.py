@@ -250,7 +250,8 @@ def seed(
             )
         install = pgbin.for_major(info.major, pool.settings.pg_bindir)
         check_source(install, info, database=src.dbname)
-        for line in checks.override_warnings(info, pool.settings):
+        # A dump is restored into a fresh cluster: none of the source's settings come along.
+        for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:
             log.warning("%s", line)
         spaces = [t for t in info.tablespaces if t.outside]
         if spaces and via == "dump":
