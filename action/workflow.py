@@ -48,7 +48,7 @@ class Inputs(BaseModel):
     reset_on_push: bool = True
     ttl: str | None = None
     comment: bool = True
-    runtime: Literal["auto", "local"] = "auto"
+    runtime: Literal["auto", "local", "docker"] = "auto"
     fail_on_migration_error: bool = True
     allow_fork_commands: bool = False
 
@@ -228,7 +228,13 @@ def _bring_up(
     if existing is None:
         echo(f"creating branch {name}")
         ttl = parse_duration(inputs.ttl) if inputs.ttl else None
-        created = branches.create(pool, name, base_name=inputs.base, ttl_seconds=ttl)
+        created = branches.create(
+            pool,
+            name,
+            base_name=inputs.base,
+            ttl_seconds=ttl,
+            runtime=None if inputs.runtime == "auto" else inputs.runtime,
+        )
         return created, time.monotonic() - started
     if existing.state != "ready":
         raise PgoverlayError(

@@ -213,7 +213,7 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     p = _pool()
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
-    b = branch.create(p, args.name, base_name=args.base, ttl_seconds=ttl)
+    b = branch.create(p, args.name, base_name=args.base, ttl_seconds=ttl, runtime=args.runtime)
     elapsed = time.monotonic() - started
     if args.json:
         _print_json({**branch.status(p, b.name).as_dict(), "seconds": round(elapsed, 3)})
@@ -471,6 +471,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--base", help="base name (default: the only base)")
     create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
+    create.add_argument(
+        "--runtime",
+        choices=branch.RUNTIMES,
+        help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
+        "its daemon answers, otherwise a local process)",
+    )
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_branch_create)
     for verb, func, text in (

@@ -101,3 +101,9 @@ class MigrationError(PgoverlayError):
 
 class LockBusyError(PgoverlayError):
     exit_code = 22
+
+
+class DockerError(PgoverlayError):
+    """The Docker daemon is unreachable, an image is missing, or a container misbehaved."""
+
+    exit_code = 23

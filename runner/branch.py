@@ -26,41 +26,85 @@ from pgoverlay.errors import (
     BranchExistsError,
     BranchMissingError,
     BranchStartError,
+    ConfigError,
     PoolFullError,
     PortsExhaustedError,
+    VersionMismatchError,
 )
 from pgoverlay.runner import locks, pgbin, roles, sizes
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Runtime
+from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
 from pgoverlay.runner.runtime.local import LocalRuntime
 
 log = logging.getLogger(__name__)
 
 SOCKET_ROOT = Path("/run/pgoverlay")
+RUNTIMES = ("auto", "local", "docker")
 
 
 # -- layout and runtime -------------------------------------------------------------------
 
 
+def pool_id(pool: Pool) -> str:
+    """A short id of this pool, for socket paths and Docker labels."""
+    return hashlib.sha256(os.fspath(pool.home.resolve()).encode()).hexdigest()[:8]
+
+
 def socket_root(pool: Pool) -> Path:
     """This pool's directory of branch sockets (short: socket paths are limited to 107 bytes)."""
-    pool_id = hashlib.sha256(os.fspath(pool.home.resolve()).encode()).hexdigest()[:8]
-    return SOCKET_ROOT / pool_id
+    return SOCKET_ROOT / pool_id(pool)
 
 
 def layout(pool: Pool, name: str) -> Layout:
     return Layout(root=pool.branch_dir(name), socket_dir=socket_root(pool) / name)
 
 
-def runtime_for(pool: Pool, base: BaseVersion) -> Runtime:
-    install = pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir)
+def choose_runtime(pool: Pool, requested: str | None = None) -> str:
+    """``local`` or ``docker``: what was asked for, else the pool's setting; ``auto`` means
+    Docker when its daemon answers."""
+    wanted = requested or pool.settings.runtime
+    if wanted not in RUNTIMES:
+        raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
+    if wanted == "auto":
+        return "docker" if docker_runtime.reachable() else "local"
+    return wanted
+
+
+def runtime_for(
+    pool: Pool, base: BaseVersion, name: str = "local", *, check: bool = False
+) -> Runtime:
+    """The runtime ``name`` for branches of ``base``. With ``check``, refuse (before anything
+    starts) binaries or an image whose Postgres major version is not the base's."""
+    s = pool.settings
+    major = base.pg_major or 0
+    if name == "docker":
+        client = docker_runtime.connect()
+        image = s.image_for(major)
+        if check:
+            found = docker_runtime.image_major(client, image, timeout=s.command_timeout)
+            if found != major:
+                raise VersionMismatchError(
+                    f"image {image} runs Postgres {found}, but base {base.name} is Postgres "
+                    f"{major}: set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+                    "({major} in it stands for the base's major version)"
+                )
+        return DockerRuntime(
+            client,
+            image=image,
+            pool_id=pool_id(pool),
+            owner=pool.owner,
+            publish=Publish.parse(s.listen_address),
+            shm_size=s.docker_shm_size,
+            start_timeout=s.start_timeout,
+            stop_timeout=s.stop_timeout,
+        )
+    install = pgbin.for_major(major, s.pg_bindir)
     return LocalRuntime(
-        install,
-        owner=pool.owner,
-        start_timeout=pool.settings.start_timeout,
-        stop_timeout=pool.settings.stop_timeout,
+        install, owner=pool.owner, start_timeout=s.start_timeout, stop_timeout=s.stop_timeout
     )
 
 
@@ -290,7 +334,7 @@ def url(pool: Pool, branch: Branch) -> str:
 
 def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> None:
     lay = layout(pool, branch.name)
-    rt = runtime_for(pool, base)
+    rt = runtime_for(pool, base, branch.runtime)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     pool.registry.update_branch(branch.name, step="mounted")
     fault(pool, f"{saga}:mounted")
@@ -302,11 +346,18 @@ def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> No
 
 
 def create(
-    pool: Pool, name: str, *, base_name: str | None = None, ttl_seconds: int | None = None
+    pool: Pool,
+    name: str,
+    *,
+    base_name: str | None = None,
+    ttl_seconds: int | None = None,
+    runtime: str | None = None,
 ) -> Branch:
     check_name(name)
     base = resolve_base(pool, base_name)
-    runtime_for(pool, base)  # refuse a major-version mismatch before touching anything
+    chosen = choose_runtime(pool, runtime)
+    # Refuse a major-version mismatch (binaries or image) before touching anything.
+    runtime_for(pool, base, chosen, check=True)
     with locks.hold(
         pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
     ):
@@ -325,7 +376,7 @@ def create(
                 state="creating",
                 step="registered",
                 port=pick_port(pool, pool.registry.used_ports(db)),
-                runtime="local",
+                runtime=chosen,
                 user=pool.settings.branch_user,
                 password=secrets.token_urlsafe(24),
                 database=base.database,
@@ -354,7 +405,7 @@ def teardown(pool: Pool, branch: Branch) -> None:
     lay = layout(pool, branch.name)
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
-        rt = runtime_for(pool, base)
+        rt = runtime_for(pool, base, branch.runtime)
         rt.stop(lay)
         rt.detach(lay)
     fault(pool, "destroy:stopped")
@@ -395,7 +446,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
     lay = layout(pool, branch.name)
-    rt = runtime_for(pool, base)
+    rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay)
     rt.detach(lay)
     for path in (lay.upper, lay.work):
@@ -415,14 +466,11 @@ def restart(pool: Pool, branch: Branch) -> None:
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
     lay = layout(pool, branch.name)
-    rt = runtime_for(pool, base)
+    rt = runtime_for(pool, base, branch.runtime, check=True)
     lay.socket_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
     lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
     os.chown(lay.socket_dir, pool.owner.uid, pool.owner.gid)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
-    # The dead server's postmaster.pid may name a PID that another process has since taken
-    # (after a reboot); Postgres would then refuse to start. It is ours to remove.
-    (lay.data / "postmaster.pid").unlink(missing_ok=True)
     rt.start(lay, options=server_options(pool, lay, branch))
     _check_ready(pool, branch)
 
@@ -485,7 +533,7 @@ def status(pool: Pool, name: str) -> Status:
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
         with contextlib.suppress(Exception):
-            running = runtime_for(pool, base).is_running(layout(pool, name))
+            running = runtime_for(pool, base, branch.runtime).is_running(layout(pool, name))
     return Status(
         branch=branch, running=running, host=pool.settings.public_host, layer=layer_size(pool, name)
     )

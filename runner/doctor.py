@@ -11,6 +11,7 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner import mounts, pgbin
 from pgoverlay.runner.pool import PLAIN_COST, read_info, supports_reflink
 from pgoverlay.runner.registry import Registry
+from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.settings import Settings
 
 Verdict = Literal["ok", "warn", "fail"]
@@ -71,20 +72,7 @@ def _pool(settings: Settings) -> list[Check]:
         registry = Registry(db)
         needed = sorted({b.pg_major for b in registry.bases() if b.pg_major})
         registry.close()
-        have = pgbin.installs(settings.pg_bindir)
-        for major in needed:
-            if major in have:
-                checks.append(
-                    Check(f"postgres {major}", "ok", f"bases of Postgres {major} can branch")
-                )
-            else:
-                checks.append(
-                    Check(
-                        f"postgres {major}",
-                        "fail",
-                        f"a base needs Postgres {major}: install postgresql-{major}",
-                    )
-                )
+        checks += _majors(settings, needed)
     return checks
 
 
@@ -104,23 +92,68 @@ def _binaries(settings: Settings) -> Check:
     return Check("postgres binaries", "ok", listed)
 
 
-def _docker() -> Check:
-    try:
-        import docker
+def _runtime(settings: Settings) -> Check:
+    """Which runtime new branches get, and why."""
+    version = docker_runtime.reachable()
+    if settings.runtime == "docker":
+        if version is None:
+            return Check(
+                "runtime",
+                "fail",
+                "docker (PGOVERLAY_RUNTIME), but the Docker daemon does not answer: start it, "
+                "or set PGOVERLAY_RUNTIME=local",
+            )
+        return Check("runtime", "ok", f"docker (PGOVERLAY_RUNTIME; Docker {version})")
+    if settings.runtime == "local":
+        return Check("runtime", "ok", "local (PGOVERLAY_RUNTIME)")
+    if version is None:
+        return Check("runtime", "ok", "local (auto: the Docker daemon does not answer)")
+    return Check("runtime", "ok", f"docker (auto: Docker {version} answers)")
 
-        client = docker.from_env(timeout=3)
-        version = client.version().get("Version", "?")
-        client.close()
-        return Check("docker", "ok", f"Docker {version} reachable")
-    except Exception as err:  # any failure just means "not reachable"
-        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        return Check(
-            "docker", "warn", f"Docker not reachable ({reason}); the local runtime is used"
-        )
+
+def _majors(settings: Settings, needed: list[int]) -> list[Check]:
+    """Can the chosen runtime run a server of each base's major version?"""
+    checks = []
+    docker = _runtime(settings).detail.startswith("docker")
+    have = {} if docker else pgbin.installs(settings.pg_bindir)
+    for major in needed:
+        name = f"postgres {major}"
+        if not docker:
+            if major in have:
+                checks.append(Check(name, "ok", f"bases of Postgres {major} can branch"))
+            else:
+                checks.append(
+                    Check(
+                        name, "fail", f"a base needs Postgres {major}: install postgresql-{major}"
+                    )
+                )
+            continue
+        image = settings.image_for(major)
+        try:
+            client = docker_runtime.connect(timeout=10)
+            try:
+                found = docker_runtime.image_major(client, image, timeout=settings.command_timeout)
+            finally:
+                client.close()
+        except PgoverlayError as err:
+            checks.append(Check(name, "fail", str(err)))
+            continue
+        if found == major:
+            checks.append(Check(name, "ok", f"image {image} runs Postgres {major}"))
+        else:
+            checks.append(
+                Check(
+                    name,
+                    "fail",
+                    f"image {image} runs Postgres {found}, a base needs {major}: set "
+                    "PGOVERLAY_DOCKER_IMAGE to an image of that major ({major} stands for it)",
+                )
+            )
+    return checks
 
 
 def run(settings: Settings) -> list[Check]:
-    return [_root(), _overlay(), *_pool(settings), _binaries(settings), _docker()]
+    return [_root(), _overlay(), _runtime(settings), *_pool(settings), _binaries(settings)]
 
 
 def blocking(checks: list[Check]) -> bool:

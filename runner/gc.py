@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgoverlay.errors import LockBusyError, PgoverlayError
+from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, locks, mounts, postmaster, seed
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.runtime import docker as docker_runtime
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     report = Report()
     now = time.time() if now is None else now
     _branches(pool, report, now)
+    _orphan_containers(pool, report)
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
     _scratch(pool, report)
@@ -86,6 +88,27 @@ def _branches(pool: Pool, report: Report, now: float) -> None:
         except PgoverlayError as err:
             report.problems.append(f"{row.name}: {err}")
             log.warning("gc could not repair branch %s: %s", row.name, err)
+
+
+def _orphan_containers(pool: Pool, report: Report) -> None:
+    """This pool's Docker containers and volumes (found by label) that no branch claims."""
+    uses_docker = any(b.runtime == "docker" for b in pool.registry.branches())
+    try:
+        client = docker_runtime.connect(timeout=10)
+    except DockerError as err:
+        if uses_docker:
+            report.problems.append(str(err))
+        return  # without a daemon there are no containers to reconcile
+    try:
+        report.orphans += docker_runtime.reconcile(
+            client,
+            pool_id=branches.pool_id(pool),
+            known={b.name for b in pool.registry.branches()},
+            may_remove=lambda name: locks.is_free(pool.lock_path("branch", name)),
+            stop_timeout=pool.settings.stop_timeout,
+        )
+    finally:
+        client.close()
 
 
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:

@@ -58,7 +58,7 @@ def overlay_supported() -> bool:
     return "overlay" in Path("/proc/filesystems").read_text()
 
 
-def _check_option_path(path: Path) -> str:
+def check_option_path(path: Path) -> str:
     text = os.fspath(path)
     if any(c in text for c in ",:\\\n"):
         raise OverlayUnsupportedError(
@@ -70,8 +70,8 @@ def _check_option_path(path: Path) -> str:
 
 def mount_overlay(*, lower: Path, upper: Path, work: Path, target: Path) -> None:
     options = (
-        f"lowerdir={_check_option_path(lower)},upperdir={_check_option_path(upper)},"
-        f"workdir={_check_option_path(work)}"
+        f"lowerdir={check_option_path(lower)},upperdir={check_option_path(upper)},"
+        f"workdir={check_option_path(work)}"
     )
     try:
         proc.run(

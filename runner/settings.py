@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +43,14 @@ class Settings(BaseSettings):
     # ssl=off: a base's certificate paths are production's.
     ssl_cert_file: Path | None = None
     ssl_key_file: Path | None = None
+    # Where branches run: "local" (a process of this host), "docker" (a container of
+    # docker_image, its data a Docker volume the daemon mounts), or "auto": Docker when the
+    # daemon answers, otherwise local. The choice is recorded per branch.
+    runtime: Literal["auto", "local", "docker"] = "auto"
+    # The image of a Docker branch; {major} is the base's Postgres major version. Any image
+    # of that major with `postgres` on its PATH works (the official one, PostGIS, pgvector).
+    docker_image: str = "postgres:{major}"
+    docker_shm_size: str = "256m"
     start_timeout: float = Field(default=60.0, gt=0)
     stop_timeout: float = Field(default=30.0, gt=0)
     command_timeout: float = Field(default=3600.0, gt=0)
@@ -81,6 +90,9 @@ class Settings(BaseSettings):
                 "set both PGOVERLAY_SSL_CERT_FILE and PGOVERLAY_SSL_KEY_FILE for SSL, or neither"
             )
         return self
+
+    def image_for(self, major: int) -> str:
+        return self.docker_image.replace("{major}", str(major))
 
     @property
     def public_host(self) -> str:

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
+# The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages.
+scripts/docker.sh 15 >/dev/null
 .venv/bin/ruff check .
 .venv/bin/mypy
 status=0

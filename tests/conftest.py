@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import dismantle, require, require_root, source_dsn
-from pgoverlay.runner import cluster, pgbin, seed
+from helpers import DOCKER_IMAGE, dismantle, require, require_docker_image, require_root, source_dsn
+from pgoverlay.runner import branch, cluster, pgbin, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -26,7 +26,13 @@ def settings() -> Iterator[Settings]:
     # Not under pytest's tmp_path: its parents are 0700, and Postgres runs as another user.
     home = Path(tempfile.mkdtemp(prefix="pgoverlay-test-", dir="/var/tmp"))
     yield Settings(
-        home=home, port_min=PORTS[0], port_max=PORTS[1], start_timeout=60, stop_timeout=30
+        home=home,
+        port_min=PORTS[0],
+        port_max=PORTS[1],
+        start_timeout=60,
+        stop_timeout=30,
+        runtime="local",  # tests of the Docker runtime ask for it (the `runtime` fixture)
+        docker_image=DOCKER_IMAGE,
     )
     shutil.rmtree(home, ignore_errors=True)
 
@@ -38,6 +44,8 @@ def env(settings: Settings) -> dict[str, str]:
         "PGOVERLAY_HOME": os.fspath(settings.home),
         "PGOVERLAY_PORT_MIN": str(PORTS[0]),
         "PGOVERLAY_PORT_MAX": str(PORTS[1]),
+        "PGOVERLAY_RUNTIME": "local",
+        "PGOVERLAY_DOCKER_IMAGE": DOCKER_IMAGE,
     }
 
 
@@ -92,3 +100,25 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
 @pytest.fixture(scope="session")
 def base(pool: Pool, source: cluster.Running) -> BaseVersion:
     return seed.seed(pool, "app", source_dsn=source_dsn(source))
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def runtime(request: pytest.FixtureRequest, pool: Pool, base: BaseVersion) -> Iterator[str]:
+    """Run a module's branch tests once per runtime: new branches use ``request.param``."""
+    name = str(request.param)
+    if name == "docker":
+        require_docker_image(base.pg_major or 0)
+    previous = pool.settings.runtime
+    pool.settings.runtime = name  # type: ignore[assignment]
+    try:
+        yield name
+    finally:
+        pool.settings.runtime = previous
+        for b in pool.registry.branches():
+            branch.destroy(pool, b.name)
+
+
+@pytest.fixture
+def runtime_env(env: dict[str, str], runtime: str) -> dict[str, str]:
+    """``env`` for `pgoverlay` commands that should use the runtime under test."""
+    return {**env, "PGOVERLAY_RUNTIME": runtime}

@@ -69,6 +69,65 @@ def postgres_processes_for(path: Path) -> list[int]:
     return found
 
 
+DOCKER_IMAGE = "pgoverlay-local/postgres:{major}"  # what scripts/docker.sh builds
+
+
+def require_docker_image(major: int) -> None:
+    """The Docker runtime's tests need the daemon and the image scripts/docker.sh builds."""
+    from pgoverlay.errors import DockerError
+    from pgoverlay.runner.runtime import docker as docker_runtime
+
+    image = DOCKER_IMAGE.replace("{major}", str(major))
+    try:
+        client = docker_runtime.connect(timeout=5)
+    except DockerError as err:
+        require(False, f"needs a Docker daemon (scripts/docker.sh starts one): {err}")
+        return
+    try:
+        present = bool(client.images.list(name=image))
+    finally:
+        client.close()
+    require(present, f"needs the image {image}: run scripts/docker.sh")
+
+
+def docker_objects_for(pool: Pool, name: str) -> list[str]:
+    """This pool's Docker containers and volumes labelled with branch ``name``."""
+    from pgoverlay.errors import DockerError
+    from pgoverlay.runner.runtime import docker as docker_runtime
+
+    try:
+        client = docker_runtime.connect(timeout=5)
+    except DockerError:
+        return []
+    try:
+        containers, volumes = docker_runtime.labelled(client, branch.pool_id(pool))
+    finally:
+        client.close()
+    label = docker_runtime.LABEL_BRANCH
+    return [f"container {c.name}" for c in containers if c.labels.get(label) == name] + [
+        f"volume {v.name}" for v in volumes if (v.attrs.get("Labels") or {}).get(label) == name
+    ]
+
+
+def server_pid(pool: Pool, name: str) -> int:
+    """The host PID of branch ``name``'s postmaster, whatever its runtime."""
+    b = branch.get(pool, name)
+    if b.runtime == "docker":
+        from pgoverlay.runner.runtime import docker as docker_runtime
+
+        client = docker_runtime.connect(timeout=5)
+        try:
+            container = client.containers.get(f"pgoverlay-{branch.pool_id(pool)}-{name}")
+            return int(container.attrs["State"]["Pid"])
+        finally:
+            client.close()
+    from pgoverlay.runner import postmaster
+
+    info = postmaster.read_pidfile(branch.layout(pool, name).upper / "postmaster.pid")
+    assert info is not None, "no postmaster.pid"
+    return info.pid
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -86,6 +145,7 @@ def assert_no_leaks(pool: Pool, name: str, *, port: int | None = None) -> None:
     assert not lay.socket_dir.exists(), "socket directory left behind"
     assert not [m for m in mounts.mounted() if m.startswith(os.fspath(lay.root))], "mount leaked"
     assert postgres_processes_for(lay.root) == [], "Postgres process leaked"
+    assert docker_objects_for(pool, name) == [], "Docker container or volume leaked"
     if port is not None:
         assert port_free(port), f"port {port} still bound"
 

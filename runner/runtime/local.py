@@ -32,6 +32,11 @@ class LocalRuntime:
         mounts.unmount(layout.data)
 
     def start(self, layout: Layout, *, options: dict[str, str]) -> None:
+        # A dead server's postmaster.pid may name a PID that another process has since taken
+        # (after a reboot); Postgres would then refuse to start. It is ours to remove.
+        stale = postmaster.read_pidfile(layout.data / "postmaster.pid")
+        if stale is not None and not postmaster.is_running(stale):
+            (layout.data / "postmaster.pid").unlink(missing_ok=True)
         child = postmaster.start(
             self.install,
             datadir=layout.data,

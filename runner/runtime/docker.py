@@ -1,0 +1,363 @@
+"""The Docker runtime: a branch is a container of a stock Postgres image.
+
+The branch's data directory is a Docker volume of the ``local`` driver with OverlayFS options
+(lower: the base version, read-only; upper and work: the branch's directories in the pool), so
+the daemon does the mounting and the container needs no extra capabilities. Every other path the
+server uses (its config directory, private socket directory and log directory) is bind-mounted at
+the same path as on the host, so the server's options are the same as the local runtime's.
+
+Containers and volumes carry labels naming the pool and the branch; ``gc`` reconciles by them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pgoverlay.errors import BranchStartError, DockerError, PoolFullError, TimeoutExpiredError
+from pgoverlay.runner import postmaster
+from pgoverlay.runner.mounts import check_option_path
+from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.runtime import Layout
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
+log = logging.getLogger(__name__)
+
+LABEL_POOL = "org.pgoverlay.pool"
+LABEL_BRANCH = "org.pgoverlay.branch"
+LABEL_KIND = "org.pgoverlay.kind"
+
+_majors: dict[str, int] = {}  # image id -> Postgres major, for this process
+
+
+def connect(*, timeout: float = 30.0) -> DockerClient:
+    """A client of the daemon named by DOCKER_HOST (default: the local socket)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=int(timeout))
+        client.ping()
+    except Exception as err:  # docker raises many kinds: all mean "not reachable"
+        raise DockerError(
+            f"cannot reach the Docker daemon ({_first_line(err)}): start it "
+            "(`systemctl start docker`), make sure this user may use it (the `docker` group), "
+            "or set PGOVERLAY_RUNTIME=local"
+        ) from None
+    return client
+
+
+def reachable() -> str | None:
+    """The daemon's version if it answers within a few seconds, else None."""
+    try:
+        client = connect(timeout=3)
+    except DockerError:
+        return None
+    try:
+        return str(client.version().get("Version", "?"))
+    finally:
+        client.close()
+
+
+def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
+    """The Postgres major version of ``image``, pulling it if it is not on this host."""
+    import docker.errors
+
+    try:
+        found = client.images.get(image)
+    except docker.errors.ImageNotFound:
+        log.info("pulling image %s", image)
+        try:
+            found = client.images.pull(image)
+        except docker.errors.APIError as err:
+            raise DockerError(
+                f"image {image} is not on this host and could not be pulled "
+                f"({_first_line(err)}): pull or build it, or set PGOVERLAY_DOCKER_IMAGE to an "
+                "image that is ({major} stands for the base's Postgres major version)"
+            ) from None
+    image_id = str(found.id)
+    if image_id in _majors:
+        return _majors[image_id]
+    config = found.attrs.get("Config") or {}
+    env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+    major = _parse_major(env.get("PG_MAJOR", ""))
+    if major is None:
+        # Not built like the official image: ask its postgres.
+        output = client.containers.run(
+            image_id,
+            entrypoint=["postgres"],
+            command=["--version"],
+            remove=True,
+            network_mode="none",
+            labels={LABEL_KIND: "probe"},
+        )
+        major = _parse_major(output.decode(errors="replace"))
+    if major is None:
+        raise DockerError(
+            f"image {image} does not look like a Postgres image: neither PG_MAJOR in its "
+            "environment nor `postgres --version` on its PATH; set PGOVERLAY_DOCKER_IMAGE "
+            "to a Postgres image"
+        )
+    _majors[image_id] = major
+    return major
+
+
+def _parse_major(text: str) -> int | None:
+    match = re.search(r"(?:^|\s)(\d+)(?:\.\d+)?", text)
+    return int(match.group(1)) if match else None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Host addresses a branch's port is published on."""
+
+    addresses: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, listen_address: str) -> Publish:
+        hosts = [h.strip() for h in listen_address.split(",") if h.strip()]
+        return cls(tuple("0.0.0.0" if h == "*" else h for h in hosts) or ("127.0.0.1",))
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(
+        self,
+        client: DockerClient,
+        *,
+        image: str,
+        pool_id: str,
+        owner: OsUser,
+        publish: Publish,
+        shm_size: str,
+        start_timeout: float,
+        stop_timeout: float,
+    ) -> None:
+        self.client = client
+        self.image = image
+        self.pool_id = pool_id
+        self.owner = owner
+        self.publish = publish
+        self.shm_size = shm_size
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+
+    # names and labels ----------------------------------------------------------------------
+
+    def object_name(self, layout: Layout) -> str:
+        return f"pgoverlay-{self.pool_id}-{layout.root.name}"
+
+    def labels(self, layout: Layout, kind: str) -> dict[str, str]:
+        return {LABEL_POOL: self.pool_id, LABEL_BRANCH: layout.root.name, LABEL_KIND: kind}
+
+    def _container(self, layout: Layout) -> Container | None:
+        import docker.errors
+
+        try:
+            return self.client.containers.get(self.object_name(layout))
+        except docker.errors.NotFound:
+            return None
+
+    # the Runtime protocol ------------------------------------------------------------------
+
+    def attach(self, layout: Layout, *, lower: Path) -> None:
+        import docker.errors
+
+        name = self.object_name(layout)
+        try:
+            self.client.volumes.get(name)
+            return
+        except docker.errors.NotFound:
+            pass
+        options = (
+            f"lowerdir={check_option_path(lower)},upperdir={check_option_path(layout.upper)},"
+            f"workdir={check_option_path(layout.work)}"
+        )
+        self.client.volumes.create(
+            name=name,
+            driver="local",
+            driver_opts={"type": "overlay", "device": "overlay", "o": options},
+            labels=self.labels(layout, "branch"),
+        )
+
+    def detach(self, layout: Layout) -> None:
+        remove_volume(self.client, self.object_name(layout))
+
+    def start(self, layout: Layout, *, options: dict[str, str]) -> None:
+        import docker.errors
+
+        self._remove_container(layout)
+        # A dead server's pid file names a PID of another PID namespace: it is ours to remove.
+        (layout.upper / "postmaster.pid").unlink(missing_ok=True)
+        port = options["port"]
+        settings = {
+            **options,
+            # Inside its own network namespace the server listens everywhere; the daemon
+            # publishes the port on the host addresses only.
+            "listen_addresses": "*",
+            # stderr belongs to the daemon; the branch's log goes to its own directory.
+            "logging_collector": "on",
+            "log_directory": str(layout.log),
+            "log_filename": layout.log_file.name,
+            "log_rotation_age": "0",
+            "log_rotation_size": "0",
+        }
+        argv: list[str] = []
+        for key, value in settings.items():
+            argv += ["-c", f"{key}={value}"]
+
+        def same(path: Path, mode: str) -> dict[str, str]:
+            return {"bind": str(path), "mode": mode}
+
+        try:
+            container = self.client.containers.run(
+                self.image,
+                name=self.object_name(layout),
+                entrypoint=["postgres"],
+                command=argv,
+                user=f"{self.owner.uid}:{self.owner.gid}",
+                detach=True,
+                labels=self.labels(layout, "branch"),
+                volumes={
+                    self.object_name(layout): same(layout.data, "rw"),
+                    str(layout.conf): same(layout.conf, "ro"),
+                    str(layout.socket_dir): same(layout.socket_dir, "rw"),
+                    str(layout.log): same(layout.log, "rw"),
+                    # The pool's own certificate and key, when it has them (ssl=on).
+                    **{
+                        options[key]: same(Path(options[key]), "ro")
+                        for key in ("ssl_cert_file", "ssl_key_file")
+                        if options.get(key)
+                    },
+                },
+                ports={f"{port}/tcp": [(host, int(port)) for host in self.publish.addresses]},
+                shm_size=self.shm_size,
+                stop_signal="SIGINT",  # Postgres's fast shutdown
+                environment={"PGDATA": str(layout.data)},
+            )
+        except docker.errors.APIError as err:
+            self._remove_container(layout)
+            text = _first_line(err)
+            if "no space left" in text.lower():
+                raise PoolFullError(
+                    "the pool is full, so the branch could not start: destroy branches "
+                    "(`pgoverlay branch list` shows their sizes) or grow the pool"
+                ) from None
+            raise BranchStartError(
+                f"Docker could not start the branch's container: {text}"
+            ) from None
+        self._wait_ready(layout, container)
+
+    def _wait_ready(self, layout: Layout, container: Container) -> None:
+        pidfile = layout.upper / "postmaster.pid"
+        checks = 0
+
+        def probe() -> bool | None:
+            nonlocal checks
+            info = postmaster.read_pidfile(pidfile)
+            if info is not None and info.status == "ready":
+                return True
+            checks += 1
+            if checks % 5 == 0:
+                container.reload()
+                if container.status not in ("created", "running"):
+                    tail = self._tail(layout, container)
+                    raise BranchStartError(f"the branch's Postgres exited while starting: {tail}")
+            return None
+
+        try:
+            wait_for(
+                probe,
+                timeout=self.start_timeout,
+                what="the branch's container to accept connections",
+            )
+        except TimeoutExpiredError as err:
+            raise BranchStartError(f"{err}: {self._tail(layout, container)}") from None
+        except BranchStartError as err:
+            if "No space left on device" in str(err):
+                raise PoolFullError(
+                    "the pool is full, so the branch could not start: destroy branches "
+                    "(`pgoverlay branch list` shows their sizes) or grow the pool"
+                ) from None
+            raise
+
+    def _tail(self, layout: Layout, container: Container) -> str:
+        tail = postmaster.log_tail(layout.log_file)
+        if tail == "(no log)":
+            with contextlib.suppress(Exception):  # the container may be gone already
+                tail = container.logs(tail=3).decode(errors="replace").strip() or tail
+        return f"{tail} (full log: {layout.log_file}, or `docker logs {container.name}`)"
+
+    def stop(self, layout: Layout) -> None:
+        self._remove_container(layout)
+
+    def _remove_container(self, layout: Layout) -> None:
+        import docker.errors
+
+        container = self._container(layout)
+        if container is None:
+            return
+        try:
+            if container.status == "running":
+                container.stop(timeout=int(self.stop_timeout))
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def is_running(self, layout: Layout) -> bool:
+        container = self._container(layout)
+        return container is not None and container.status == "running"
+
+
+def remove_volume(client: DockerClient, name: str) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound):
+        client.volumes.get(name).remove(force=True)
+
+
+def labelled(client: DockerClient, pool_id: str) -> tuple[list[Any], list[Any]]:
+    """This pool's containers (running or not) and volumes."""
+    flt = {"label": f"{LABEL_POOL}={pool_id}"}
+    return client.containers.list(all=True, filters=flt), client.volumes.list(filters=flt)
+
+
+def reconcile(
+    client: DockerClient,
+    *,
+    pool_id: str,
+    known: Iterable[str],
+    may_remove: Callable[[str], bool],
+    stop_timeout: float,
+) -> list[str]:
+    """Remove this pool's containers and volumes that belong to no known branch."""
+    keep = set(known)
+    removed = []
+    containers, volumes = labelled(client, pool_id)
+    for container in containers:
+        branch = container.labels.get(LABEL_BRANCH, "")
+        if branch not in keep and may_remove(branch):
+            if container.status == "running":
+                container.stop(timeout=int(stop_timeout))
+            container.remove(force=True)
+            removed.append(f"container {container.name}")
+    for volume in volumes:
+        branch = (volume.attrs.get("Labels") or {}).get(LABEL_BRANCH, "")
+        if branch not in keep and may_remove(branch):
+            remove_volume(client, volume.name)
+            removed.append(f"volume {volume.name}")
+    return removed

@@ -1,0 +1,123 @@
+"""What only the Docker runtime has: containers, volumes, images and their labels."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers import assert_no_leaks, docker_objects_for, require_docker_image
+from pgoverlay.errors import VersionMismatchError
+from pgoverlay.runner import branch, doctor, gc
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.runtime import docker as docker_runtime
+
+
+@pytest.fixture
+def client(base: BaseVersion) -> Iterator[Any]:
+    require_docker_image(base.pg_major or 0)
+    c = docker_runtime.connect()
+    yield c
+    c.close()
+
+
+def container_of(client: Any, pool: Pool, name: str) -> Any:
+    return client.containers.get(f"pgoverlay-{branch.pool_id(pool)}-{name}")
+
+
+def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    previous = pool.settings.runtime
+    pool.settings.runtime = "auto"
+    try:
+        b = branch.create(pool, "dock-auto")
+    finally:
+        pool.settings.runtime = previous
+    try:
+        assert b.runtime == "docker"
+        assert branch.status(pool, "dock-auto").as_dict()["runtime"] == "docker"
+        container = container_of(client, pool, "dock-auto")
+        labels = container.labels
+        assert labels[docker_runtime.LABEL_POOL] == branch.pool_id(pool)
+        assert labels[docker_runtime.LABEL_BRANCH] == "dock-auto"
+        host = container.attrs["HostConfig"]
+        assert host["Privileged"] is False and not host["CapAdd"]
+        assert container.attrs["Config"]["User"] == f"{pool.owner.uid}:{pool.owner.gid}"
+        # The daemon mounted the overlay: no mount of ours on the host.
+        assert not branch.layout(pool, "dock-auto").data.is_mount()
+        assert b.password not in json.dumps(container.attrs)
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+    finally:
+        branch.destroy(pool, "dock-auto")
+    assert_no_leaks(pool, "dock-auto", port=b.port)
+
+
+def test_a_killed_container_is_seen_as_down_and_gc_restarts_it(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    b = branch.create(pool, "dock-dead", runtime="docker")
+    try:
+        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
+            conn.execute("CREATE TABLE survives (id int)")
+            conn.execute("CHECKPOINT")
+        container_of(client, pool, "dock-dead").kill()
+        assert branch.status(pool, "dock-dead").running is False
+        assert gc.collect(pool).restarted == ["dock-dead"]
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT count(*) FROM survives").fetchone() == (0,)
+    finally:
+        branch.destroy(pool, "dock-dead")
+
+
+def test_gc_removes_containers_and_volumes_that_no_branch_claims(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    b = branch.create(pool, "dock-orphan", runtime="docker")
+    # As if the registry row had been lost: the container and volume now belong to nobody.
+    pool.registry.delete_branch("dock-orphan")
+    assert len(docker_objects_for(pool, "dock-orphan")) == 2
+    report = gc.collect(pool)
+    assert any("container" in item for item in report.orphans)
+    assert any("volume" in item for item in report.orphans)
+    assert_no_leaks(pool, "dock-orphan", port=b.port)
+
+
+def test_an_image_of_another_major_is_refused_before_anything_starts(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    good = pool.settings.image_for(base.pg_major or 0)
+    scratch = client.containers.create(good, entrypoint=["true"])
+    wrong_major = (base.pg_major or 0) + 1
+    tag = f"pgoverlay-local/postgres-mismatch:{wrong_major}"
+    try:
+        scratch.commit(
+            repository=tag.split(":")[0],
+            tag=str(wrong_major),
+            changes=[f"ENV PG_MAJOR={wrong_major}"],
+        )
+    finally:
+        scratch.remove(force=True)
+    previous = pool.settings.docker_image
+    pool.settings.docker_image = tag
+    try:
+        with pytest.raises(VersionMismatchError, match=f"runs Postgres {wrong_major}"):
+            branch.create(pool, "dock-mismatch", runtime="docker")
+        assert pool.registry.branch("dock-mismatch") is None
+        assert docker_objects_for(pool, "dock-mismatch") == []
+        pool.settings.runtime = "docker"
+        try:
+            checks = {c.name: c for c in doctor.run(pool.settings)}
+        finally:
+            pool.settings.runtime = "local"
+        major_check = checks[f"postgres {base.pg_major}"]
+        assert major_check.verdict == "fail" and tag in major_check.detail
+    finally:
+        pool.settings.docker_image = previous
+        client.images.remove(tag, force=True)
+    assert_no_leaks(pool, "dock-mismatch")
