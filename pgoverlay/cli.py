@@ -195,7 +195,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.state,
             str(b.pg_major or "-"),
             _size(b.size_bytes),
-            b.source,
+            f"{b.source} ({b.source_role})" if b.source_role else b.source,
             b.via,
             b.start_lsn or "-",
             _when(b.prepared_at or b.created_at),

@@ -157,7 +157,11 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "restore_command": "",
         "primary_conninfo": "",
         "primary_slot_name": "",
-        "ssl": "off",
+        **ssl_options(pool),
+        "synchronous_standby_names": "",
+        "huge_pages": "try",
+        "unix_socket_group": "",
+        "superuser_reserved_connections": "3",
         "password_encryption": "scram-sha-256",
         "shared_buffers": s.shared_buffers,
         "max_connections": str(s.max_connections),
@@ -168,6 +172,23 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "logging_collector": "off",
         "log_destination": "stderr",
         "cluster_name": f"pgoverlay-{branch.name}",
+    }
+
+
+def ssl_options(pool: Pool) -> dict[str, str]:
+    """SSL with the pool's own certificate, or none: the base's certificate paths are
+    production's."""
+    s = pool.settings
+    if s.ssl_cert_file is None or s.ssl_key_file is None:
+        return {"ssl": "off"}
+    return {
+        "ssl": "on",
+        "ssl_cert_file": os.fspath(s.ssl_cert_file),
+        "ssl_key_file": os.fspath(s.ssl_key_file),
+        "ssl_ca_file": "",
+        "ssl_crl_file": "",
+        "ssl_crl_dir": "",
+        "ssl_passphrase_command": "",
     }
 
 

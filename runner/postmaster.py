@@ -126,11 +126,14 @@ def wait_ready(
 
 
 def log_tail(log_path: Path, lines: int = 3) -> str:
+    """The log's last lines, led by its first FATAL or PANIC line (the cause, usually)."""
     try:
         text = log_path.read_text(errors="replace")
     except FileNotFoundError:
         return "(no log)"
-    return proc.last_lines(text, lines)
+    tail = proc.last_lines(text, lines)
+    cause = next((ln for ln in text.splitlines() if "FATAL:" in ln or "PANIC:" in ln), "")
+    return f"{cause.strip()} | {tail}" if cause and cause.strip() not in tail else tail
 
 
 def stop(pidfile: Path, *, timeout: float) -> bool:

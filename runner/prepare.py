@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import cluster, proc, roles
+from pgoverlay.runner import baseconf, cluster, proc, roles, tablespaces
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
 
@@ -85,8 +85,13 @@ def prepare(
     branches will serve."""
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
+    for warning in baseconf.confine_includes(datadir):
+        log.warning("%s", warning)
     superuser_tables = 0
-    with cluster.running(install, datadir, owner=owner, scratch=scratch, timeout=timeout) as srv:
+    options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
+    with cluster.running(
+        install, datadir, owner=owner, scratch=scratch, options=options, timeout=timeout
+    ) as srv:
         with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
             row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
             superuser = str(row[0]) if row else "postgres"

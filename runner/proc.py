@@ -6,9 +6,11 @@ logged.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pwd
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +79,16 @@ def _identity(user: OsUser | None) -> tuple[int | None, int | None, list[int] | 
     return user.uid, user.gid, []
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be killed when the process that started us dies, so a killed
+    ``pgoverlay`` leaves no ``pg_basebackup`` writing into a directory ``gc`` is removing."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -106,6 +118,7 @@ def run(
             user=uid,
             group=gid,
             extra_groups=groups,
+            preexec_fn=_die_with_parent,
         )
     except FileNotFoundError:
         raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None
@@ -193,6 +206,7 @@ def run_streaming(
             user=uid,
             group=gid,
             extra_groups=groups,
+            preexec_fn=_die_with_parent,
         )
     except FileNotFoundError:
         raise CommandError(f"{args[0]} not found: install it or put it on PATH") from None

@@ -63,7 +63,11 @@ CREATE TABLE IF NOT EXISTS pr_state (
 
 # Columns added after a table was first created: (table, column, definition). A pool made by an
 # older release gains them when its registry is opened; new pools get them from SCHEMA too.
-ADDED_COLUMNS: list[tuple[str, str, str]] = []
+ADDED_COLUMNS: list[tuple[str, str, str]] = [
+    ("bases", "source_role", "TEXT NOT NULL DEFAULT ''"),
+    ("bases", "source_settings", "TEXT NOT NULL DEFAULT '{}'"),
+    ("bases", "tablespaces", "TEXT NOT NULL DEFAULT ''"),
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class BaseVersion:
     owner_uid: int
     created_at: float
     prepared_at: float | None
+    source_role: str = ""  # "primary" or "standby": what the source was when it was copied
+    source_settings: str = "{}"  # JSON: the source's settings that matter (sourceinfo.RELEVANT)
+    tablespaces: str = ""  # comma-separated names of the tablespaces made in-place
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ seed left behind.
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import os
 import re
@@ -29,11 +29,22 @@ from pgoverlay.errors import (
     SeedError,
     SourceUnreachableError,
 )
-from pgoverlay.runner import cluster, locks, mounts, pgbin, prepare, proc
+from pgoverlay.runner import (
+    checks,
+    cluster,
+    locks,
+    mounts,
+    pgbin,
+    prepare,
+    proc,
+    sourceinfo,
+    tablespaces,
+)
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.pool import Pool, require_root
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.sourceinfo import SourceInfo, Tablespace
 
 log = logging.getLogger(__name__)
 
@@ -87,52 +98,21 @@ class Source:
         return f"{self.host}:{self.port}"
 
     def server_major(self) -> int:
-        return self.inspect()[0]
+        return self.inspect().major
 
-    def inspect(self) -> tuple[int, list[str]]:
-        """The source's major version and the libraries it preloads, configured ones included
-        (an ALTER SYSTEM not yet applied by a restart is in the base all the same)."""
+    def inspect(self) -> SourceInfo:
+        """What the seed checks before copying anything (see ``sourceinfo``)."""
         try:
             with psycopg.connect(
                 self.conninfo, password=self.password, connect_timeout=15, autocommit=True
             ) as conn:
-                major = int(conn.info.server_version) // 10000
-                values: list[str] = []
-                # Both need pg_read_all_settings (a plain replication user may lack it); the
-                # file's value counts even when its error says it waits for a restart.
-                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-                    values += [str(r[0]) for r in conn.execute("SHOW shared_preload_libraries")]
-                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-                    values += [
-                        str(r[0])
-                        for r in conn.execute(
-                            "SELECT setting FROM pg_file_settings "
-                            "WHERE name = 'shared_preload_libraries' AND setting IS NOT NULL"
-                        )
-                    ]
+                return sourceinfo.inspect(conn)
         except psycopg.OperationalError as err:
             reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
             raise SourceUnreachableError(
                 f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
                 "and the source's pg_hba.conf"
             ) from None
-        libraries = {lib.strip().strip('"') for v in values for lib in v.split(",")}
-        return major, sorted(lib for lib in libraries if lib)
-
-
-def check_libraries(install: PgInstall, libraries: list[str]) -> None:
-    """Refuse, before copying anything, a base whose preloaded libraries this runner lacks."""
-    libdir = Path(proc.run([install.tool("pg_config"), "--pkglibdir"], timeout=30).stdout.strip())
-    for library in libraries:
-        name = library.removeprefix("$libdir/").rsplit("/", 1)[-1]
-        if not any((libdir / candidate).exists() for candidate in (name, f"{name}.so")):
-            raise SeedError(
-                f"the source preloads library {name!r} (shared_preload_libraries) but this "
-                f"runner's Postgres {install.major} has no {name}.so in {libdir}: install the "
-                f"package that provides it (e.g. postgresql-{install.major}-"
-                f"{name.replace('_', '-')}) or remove it from the source's "
-                "shared_preload_libraries"
-            )
 
 
 def _own(pool: Pool, path: Path) -> None:
@@ -141,7 +121,12 @@ def _own(pool: Pool, path: Path) -> None:
 
 
 def _basebackup(
-    pool: Pool, install: PgInstall, src: Source, target: Path, progress: Progress | None
+    pool: Pool,
+    install: PgInstall,
+    src: Source,
+    target: Path,
+    spaces: list[Tablespace],
+    progress: Progress | None,
 ) -> None:
     def on_line(line: str) -> None:
         match = _PROGRESS.search(line)
@@ -162,6 +147,7 @@ def _basebackup(
                 "fast",
                 "--progress",
                 "--no-password",
+                *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
             ],
             timeout=pool.settings.command_timeout,
             on_line=on_line,
@@ -183,6 +169,7 @@ def _basebackup(
         timeout=pool.settings.command_timeout,
         user=pool.owner,
     )
+    tablespaces.make_in_place(target, tablespaces.staging_root(target))
 
 
 def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> str:
@@ -194,6 +181,8 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
                 install.tool("pg_dumpall"),
                 "--globals-only",
                 "--no-role-passwords",
+                # A tablespace's location is a path on the source host: never create it here.
+                "--no-tablespaces",
                 "-d",
                 src.conninfo,
                 "--no-password",
@@ -222,6 +211,7 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
                 install.tool("pg_restore"),
                 "--create",
                 "--exit-on-error",
+                "--no-tablespaces",
                 *local,
                 "-d",
                 "postgres",
@@ -254,26 +244,62 @@ def seed(
                 f"base {name} already exists (version {existing.version}): pass --refresh "
                 "to seed a new version, or pick another name"
             )
-        major, libraries = src.inspect()
-        if major < pgbin.MIN_MAJOR:
+        info = src.inspect()
+        if info.major < pgbin.MIN_MAJOR:
             raise SeedError(
-                f"the source runs Postgres {major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
+                f"the source runs Postgres {info.major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
             )
-        install = pgbin.for_major(major, pool.settings.pg_bindir)
-        check_libraries(install, libraries)
-        return _seed_version(pool, name, src, install, via=via, progress=progress)
+        install = pgbin.for_major(info.major, pool.settings.pg_bindir)
+        check_source(install, info, database=src.dbname)
+        # A dump is restored into a fresh cluster: none of the source's settings come along.
+        for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:
+            log.warning("%s", line)
+        spaces = [t for t in info.tablespaces if t.outside]
+        if spaces and via == "dump":
+            log.warning(
+                "the source has tablespaces (%s): a dump is restored without them, so every "
+                "table of the base is in the default tablespace",
+                ", ".join(t.name for t in spaces),
+            )
+        return _seed_version(pool, name, src, install, info, via=via, progress=progress)
+
+
+def check_source(install: PgInstall, info: SourceInfo, *, database: str) -> None:
+    """Refuse a source whose branches could not run with this runner's Postgres."""
+    where = f"this runner's Postgres {install.major}"
+    checks.check_libraries(
+        info.libraries, checks.available_libraries(install), major=install.major, where=where
+    )
+    checks.check_extensions(
+        info.extensions,
+        checks.available_extensions(install),
+        major=install.major,
+        database=database,
+        where=where,
+    )
 
 
 def _seed_version(
-    pool: Pool, name: str, src: Source, install: PgInstall, *, via: Via, progress: Progress | None
+    pool: Pool,
+    name: str,
+    src: Source,
+    install: PgInstall,
+    info: SourceInfo,
+    *,
+    via: Via,
+    progress: Progress | None,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     staging = pool.staging_dir(name, version)
     try:
         staging.mkdir(mode=0o700)
         _own(pool, staging)
+        spaces = [t for t in info.tablespaces if t.outside]
         if via == "basebackup":
-            _basebackup(pool, install, src, staging, progress)
+            if spaces:
+                tablespaces.staging_root(staging).mkdir(mode=0o700)
+                _own(pool, tablespaces.staging_root(staging))
+            _basebackup(pool, install, src, staging, spaces, progress)
             lsn = prepare.start_lsn(staging)
             candidates = [src.user]
         else:
@@ -323,6 +349,9 @@ def _seed_version(
             database=src.dbname,
             owner_uid=pool.owner.uid,
             prepared_at=time.time(),
+            source_role="standby" if info.standby else "primary",
+            source_settings=json.dumps(info.settings, sort_keys=True),
+            tablespaces=",".join(t.name for t in spaces) if via == "basebackup" else "",
         )
     except BaseException:
         log.warning("seeding %s version %s failed; removing it", name, version)
@@ -342,6 +371,11 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
         postmaster.stop(staging / "postmaster.pid", timeout=pool.settings.stop_timeout)
     target = pool.base_dir(name, version)
     mounts.unmount(target)
-    for path in (staging, pool.store_dir(name, version), target):
+    for path in (
+        staging,
+        tablespaces.staging_root(staging),
+        pool.store_dir(name, version),
+        target,
+    ):
         shutil.rmtree(path, ignore_errors=True)
     pool.registry.delete_base(name, version)

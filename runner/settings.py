@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # 16 writes faster (see docs/benchmarks.md).
     wal_segsize_mb: int = Field(default=1, ge=1, le=1024)
     max_wal_size: str = "512MB"
+    # The pool's own certificate and key (PEM): branches then run with ssl=on. Without them,
+    # ssl=off: a base's certificate paths are production's.
+    ssl_cert_file: Path | None = None
+    ssl_key_file: Path | None = None
     # Where branches run: "local" (a process of this host), "docker" (a container of
     # docker_image, its data a Docker volume the daemon mounts), or "auto": Docker when the
     # daemon answers, otherwise local. The choice is recorded per branch.
@@ -76,6 +80,14 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"port range is empty: PGOVERLAY_PORT_MIN={self.port_min} is above "
                 f"PGOVERLAY_PORT_MAX={self.port_max}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ssl_pair(self) -> Settings:
+        if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
+            raise ValueError(
+                "set both PGOVERLAY_SSL_CERT_FILE and PGOVERLAY_SSL_KEY_FILE for SSL, or neither"
             )
         return self
 

@@ -21,7 +21,7 @@ from pgoverlay.errors import (
     SourceUnreachableError,
     VersionMismatchError,
 )
-from pgoverlay.runner import branch, cluster, gc, locks, pgbin, prepare, seed
+from pgoverlay.runner import branch, cluster, gc, locks, pgbin, prepare, proc, seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 
@@ -327,3 +327,59 @@ def test_status_config_lists_what_pgoverlay_imposes_over_the_bases_settings(
         assert "archive_mode" not in changed, "off is the default: nothing to report"
     finally:
         branch.destroy(pool, "configured")
+
+
+def test_a_source_using_an_extension_this_runner_lacks_is_refused_with_its_name(
+    pool: Pool, source: cluster.Running
+) -> None:
+    install = pgbin.for_major(15)
+    sharedir = Path(proc.run([install.tool("pg_config"), "--sharedir"], timeout=30).stdout.strip())
+    control = sharedir / "extension" / "pgo_gone_probe.control"
+    script = sharedir / "extension" / "pgo_gone_probe--1.0.sql"
+    control.write_text("default_version = '1.0'\nrelocatable = true\n")
+    script.write_text("CREATE FUNCTION pgo_gone_probe() RETURNS int LANGUAGE sql AS 'SELECT 1';\n")
+    try:
+        with psycopg.connect(
+            **source.conninfo(user="postgres", dbname="app"), autocommit=True
+        ) as c:
+            c.execute("CREATE EXTENSION pgo_gone_probe")
+        control.unlink()  # the source has it; this runner no longer does
+        with pytest.raises(SeedError, match="uses extension 'pgo_gone_probe'") as caught:
+            seed.seed(pool, "gone-ext", source_dsn=source_dsn(source))
+        assert "postgresql-15-pgo-gone-probe" in str(caught.value)
+        assert pool.registry.bases("gone-ext") == []
+        assert list((pool.root / "staging").iterdir()) == []
+    finally:
+        control.write_text("default_version = '1.0'\nrelocatable = true\n")
+        with psycopg.connect(
+            **source.conninfo(user="postgres", dbname="app"), autocommit=True
+        ) as c:
+            c.execute("DROP EXTENSION IF EXISTS pgo_gone_probe")
+        control.unlink(missing_ok=True)
+        script.unlink(missing_ok=True)
+
+
+def test_a_base_including_files_only_production_has_still_starts_branches(
+    pool: Pool, source: cluster.Running
+) -> None:
+    conf = source.datadir / "postgresql.conf"
+    original = conf.read_text()
+    conf.write_text(
+        original
+        + "include '/nonexistent/pgoverlay-test/production.conf'\n"
+        + "include_dir = 'conf.d.missing'  # relative: inside the data directory, but absent\n"
+    )
+    try:
+        included = seed.seed(pool, "includes", source_dsn=source_dsn(source))
+    finally:
+        conf.write_text(original)
+    try:
+        text = (pool.store_dir("includes", included.version) / "postgresql.conf").read_text()
+        assert "# pgoverlay: not part of the base: include '/nonexistent/" in text
+        assert "# pgoverlay: not part of the base: include_dir = 'conf.d.missing'" in text
+        b = branch.create(pool, "included", base_name="includes")
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+        branch.destroy(pool, "included")
+    finally:
+        seed.remove_version(pool, "includes", included.version)

@@ -253,6 +253,12 @@ class DockerRuntime:
                     str(layout.conf): same(layout.conf, "ro"),
                     str(layout.socket_dir): same(layout.socket_dir, "rw"),
                     str(layout.log): same(layout.log, "rw"),
+                    # The pool's own certificate and key, when it has them (ssl=on).
+                    **{
+                        options[key]: same(Path(options[key]), "ro")
+                        for key in ("ssl_cert_file", "ssl_key_file")
+                        if options.get(key)
+                    },
                 },
                 ports={f"{port}/tcp": [(host, int(port)) for host in self.publish.addresses]},
                 shm_size=self.shm_size,

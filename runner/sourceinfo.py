@@ -1,0 +1,119 @@
+"""What the seed learns about a source before copying it: version, role (primary or standby),
+preloaded libraries, extensions, tablespaces and the settings a branch cares about."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+# Settings a branch overrides, or that decide whether a branch starts on a small runner.
+RELEVANT = (
+    "archive_command",
+    "archive_library",
+    "archive_mode",
+    "config_file",
+    "data_directory",
+    "huge_pages",
+    "maintenance_work_mem",
+    "max_connections",
+    "max_wal_size",
+    "primary_conninfo",
+    "primary_slot_name",
+    "restore_command",
+    "shared_buffers",
+    "shared_preload_libraries",
+    "ssl",
+    "ssl_cert_file",
+    "ssl_key_file",
+    "superuser_reserved_connections",
+    "synchronous_standby_names",
+    "unix_socket_group",
+    "work_mem",
+)
+# Their values can carry credentials (a conninfo's password, keys in an archive command): only
+# whether they are set is recorded, never the value.
+SECRET = frozenset({"archive_command", "archive_library", "primary_conninfo", "restore_command"})
+SET = "(set)"
+# What pg_settings reports as "where the value came from" that is not the server's own files.
+_NOT_FROM_FILES = ("default", "override", "client", "session", "command line", "environment")
+
+
+@dataclass(frozen=True)
+class Tablespace:
+    oid: int
+    name: str
+    location: str  # absolute path on the source host; "" or relative for an in-place one
+
+    @property
+    def outside(self) -> bool:
+        return self.location.startswith("/")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    major: int
+    standby: bool = False
+    libraries: list[str] = field(default_factory=list)
+    extensions: dict[str, str] = field(default_factory=dict)  # name -> version, DSN's database
+    tablespaces: list[Tablespace] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def _libraries(values: list[str]) -> list[str]:
+    names = {lib.strip().strip('"') for v in values for lib in v.split(",")}
+    return sorted(lib for lib in names if lib)
+
+
+def _settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """The relevant settings the source's own files give, applied or waiting for a restart;
+    the last file entry wins, as in Postgres."""
+    found: dict[str, str] = {}
+    rows = conn.execute(
+        "SELECT name, current_setting(name), source FROM pg_settings WHERE name = ANY(%s)",
+        (list(RELEVANT),),
+    ).fetchall()
+    for name, value, source in rows:
+        if str(source) not in _NOT_FROM_FILES or name in ("config_file", "data_directory"):
+            found[str(name)] = str(value)
+    # Needs pg_read_all_settings; without it, the applied values above are what we know.
+    with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+        for name, value in conn.execute(
+            "SELECT name, setting FROM pg_file_settings "
+            "WHERE name = ANY(%s) AND setting IS NOT NULL ORDER BY seqno",
+            (list(RELEVANT),),
+        ):
+            found[str(name)] = str(value)
+    return {k: (SET if k in SECRET and v else v) for k, v in sorted(found.items())}
+
+
+def inspect(conn: psycopg.Connection[Any]) -> SourceInfo:
+    """Everything the seed checks, from one autocommit connection to the DSN's database."""
+    major = int(conn.info.server_version) // 10000
+    standby = conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+    settings = _settings(conn)
+    preload = [settings.get("shared_preload_libraries", "")]
+    # SHOW needs pg_read_all_settings for this one; the file's value came through _settings.
+    with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+        preload += [str(r[0]) for r in conn.execute("SHOW shared_preload_libraries")]
+    extensions = {
+        str(name): str(version)
+        for name, version in conn.execute("SELECT extname, extversion FROM pg_extension")
+    }
+    tablespaces = [
+        Tablespace(oid=int(oid), name=str(name), location=str(location or ""))
+        for oid, name, location in conn.execute(
+            "SELECT oid, spcname, pg_tablespace_location(oid) FROM pg_tablespace "
+            "WHERE spcname NOT IN ('pg_default', 'pg_global') ORDER BY oid"
+        )
+    ]
+    return SourceInfo(
+        major=major,
+        standby=standby,
+        libraries=_libraries(preload),
+        extensions=extensions,
+        tablespaces=tablespaces,
+        settings=settings,
+    )
