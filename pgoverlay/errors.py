@@ -101,3 +101,9 @@ class MigrationError(PgoverlayError):
 
 class LockBusyError(PgoverlayError):
     exit_code = 22
+
+
+class MaskError(SeedError):
+    """Masking rules that cannot be read, do not fit the database, or fail to apply."""
+
+    exit_code = 23

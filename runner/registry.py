@@ -63,7 +63,10 @@ CREATE TABLE IF NOT EXISTS pr_state (
 
 # Columns added after a table was first created: (table, column, definition). A pool made by an
 # older release gains them when its registry is opened; new pools get them from SCHEMA too.
-ADDED_COLUMNS: list[tuple[str, str, str]] = []
+ADDED_COLUMNS: list[tuple[str, str, str]] = [
+    ("bases", "mask_rules", "TEXT NOT NULL DEFAULT ''"),
+    ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,19 @@ class BaseVersion:
     owner_uid: int
     created_at: float
     prepared_at: float | None
+    mask_rules: str = ""  # name of the masking rules file; '' when the base is not masked
+    mask_sha256: str = ""  # SHA-256 of that file's bytes
+
+    @property
+    def masked(self) -> bool:
+        return bool(self.mask_sha256)
+
+    @property
+    def mask_label(self) -> str:
+        """``rules.yml (sha256 1a2b3c4d5e6f)``, or ``not masked``."""
+        if not self.masked:
+            return "not masked"
+        return f"{self.mask_rules} (sha256 {self.mask_sha256[:12]})"
 
 
 @dataclass(frozen=True)
