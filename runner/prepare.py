@@ -2,7 +2,9 @@
 
 Run Postgres once directly on the base (finishing recovery), shut it down cleanly, confirm the
 control file says "shut down", then shrink the WAL segment size so a branch's first write
-copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6).
+copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6). A masked base is masked while
+it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
+original values.
 """
 
 from __future__ import annotations
