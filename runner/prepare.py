@@ -130,6 +130,9 @@ def prepare(
                     masked = mask.apply(
                         conn, masking.rules, rules_name=masking.name, statement_timeout=timeout
                     )
+                    size_row = conn.execute(  # masking rewrote tables: measure again
+                        "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
+                    ).fetchone()
                 # Done once here rather than in every branch: the login role, its grants and the
                 # ledger schema. A branch then only sets its own password.
                 roles.set_login(
