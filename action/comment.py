@@ -169,10 +169,21 @@ def _details(b: BranchInfo, hint: str) -> str:
         ("Password", _prose(hint, _CELL, cell=True, redact=False) if hint else ""),
         ("Writable layer", _layer(b)),
         ("Base", base),
+        ("Data", _masking(b)),
         ("Runtime", _code(b.runtime, cell=True)),
     ]
     lines = ["| Connection | |", "|---|---|"]
     return "\n".join(lines + [f"| {key} | {value} |" for key, value in rows if value])
+
+
+def _masking(b: BranchInfo) -> str:
+    """Whether the base's personal data was masked, and by which rules (file and checksum)."""
+    if b.base_masked is None:
+        return ""
+    if not b.base_masked:
+        return "**not masked**: a copy of the source's data as it is"
+    rules = _code(b.base_mask_rules, cell=True)
+    return f"masked by {rules} (sha256 {_code(b.base_mask_sha256[:12], cell=True)})"
 
 
 def _row(m: MigrationRun) -> str:

@@ -36,6 +36,9 @@ class BranchInfo:
     layer_physical_bytes: int
     create_seconds: float | None = None
     runtime: str = "local"
+    base_masked: bool | None = None  # None: unknown (a report saved by an older release)
+    base_mask_rules: str = ""  # rules file name, when masked
+    base_mask_sha256: str = ""  # its SHA-256
 
 
 @dataclass(frozen=True)

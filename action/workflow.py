@@ -104,6 +104,9 @@ def _branch_info(pool: Pool, b: Branch, *, create_seconds: float | None) -> Bran
         layer_physical_bytes=layer.physical_bytes,
         create_seconds=create_seconds,
         runtime=b.runtime,
+        base_masked=base.masked if base else None,
+        base_mask_rules=base.mask_rules if base else "",
+        base_mask_sha256=base.mask_sha256 if base else "",
     )
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -142,6 +143,10 @@ def cmd_seed(args: argparse.Namespace) -> int:
         return cmd_seed_list(args)
     if bool(args.source) == bool(args.demo):
         raise ConfigError("seed needs exactly one of --from DSN or --demo")
+    if args.mask and args.no_mask:
+        raise ConfigError("seed takes --mask RULES or --no-mask, not both")
+    if args.demo and args.mask:
+        raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     p = _pool()
     bar, update = _seed_progress()
     started = time.monotonic()
@@ -158,10 +163,14 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 refresh=args.refresh,
                 via=args.via,
                 progress=update,
+                mask=args.mask,
+                allow_unmasked=args.no_mask,
             )
+    masking = f"masked by {base.mask_label}" if base.masked else "not masked"
     out.print(
         f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
-        f"{_size(base.size_bytes)}, from {base.source} in {time.monotonic() - started:.1f} s"
+        f"{_size(base.size_bytes)}, from {base.source}, {masking}, in "
+        f"{time.monotonic() - started:.1f} s"
     )
     return 0
 
@@ -186,6 +195,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
         "via",
         "start LSN",
         "seeded",
+        "masked",
         "branches",
     )
     for b in bases:
@@ -199,6 +209,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.via,
             b.start_lsn or "-",
             _when(b.prepared_at or b.created_at),
+            b.mask_label if b.masked else "no",
             str(refs.get((b.name, b.version), 0)),
         )
     out.print(table)
@@ -461,6 +472,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["basebackup", "dump"],
         default="basebackup",
         help="dump: for servers that refuse replication connections",
+    )
+    seed_cmd.add_argument(
+        "--mask",
+        type=Path,
+        metavar="RULES",
+        help="mask personal data while preparing the base, with this YAML rules file",
+    )
+    seed_cmd.add_argument(
+        "--no-mask",
+        action="store_true",
+        help="refresh a masked base without masking the new version",
     )
     seed_cmd.add_argument(
         "--demo", action="store_true", help="seed from a throwaway local sample database"

@@ -103,7 +103,13 @@ class LockBusyError(PgoverlayError):
     exit_code = 22
 
 
+class MaskError(SeedError):
+    """Masking rules that cannot be read, do not fit the database, or fail to apply."""
+
+    exit_code = 23
+
+
 class DockerError(PgoverlayError):
     """The Docker daemon is unreachable, an image is missing, or a container misbehaved."""
 
-    exit_code = 23
+    exit_code = 24

@@ -2,7 +2,9 @@
 
 Run Postgres once directly on the base (finishing recovery), shut it down cleanly, confirm the
 control file says "shut down", then shrink the WAL segment size so a branch's first write
-copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6).
+copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6). A masked base is masked while
+it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
+original values.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, cluster, proc, roles, tablespaces
+from pgoverlay.runner import baseconf, cluster, mask, proc, roles, tablespaces
+from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
 
@@ -36,6 +39,8 @@ class Prepared:
     size_bytes: int
     databases: list[str]
     superuser_tables: int  # tables, views, sequences owned by a superuser in the branch database
+    masked: mask.Masked | None = None  # what masking did, when the base is masked
+    dropped_databases: tuple[str, ...] = ()  # databases a masked base does not keep
 
 
 def start_lsn(datadir: Path) -> str:
@@ -80,37 +85,59 @@ def prepare(
     branch_superuser: bool,
     wal_segsize_mb: int,
     timeout: float,
+    masking: RulesFile | None = None,
 ) -> Prepared:
-    """Finish recovery, shut down cleanly, shrink WAL segments; ``database`` is the one
-    branches will serve."""
+    """Finish recovery, mask (when ``masking`` is given), shut down cleanly, shrink WAL
+    segments; ``database`` is the one branches will serve."""
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
     for warning in baseconf.confine_includes(datadir):
         log.warning("%s", warning)
     superuser_tables = 0
+    masked: mask.Masked | None = None
+    dropped: list[str] = []
     options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
     with cluster.running(
         install, datadir, owner=owner, scratch=scratch, options=options, timeout=timeout
     ) as srv:
+
+        def connect(dbname: str) -> psycopg.Connection[tuple[Any, ...]]:
+            return psycopg.connect(
+                **srv.conninfo(user=superuser, dbname=dbname), autocommit=True, connect_timeout=10
+            )
+
         with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
             row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
             superuser = str(row[0]) if row else "postgres"
-            size_row = conn.execute(
-                "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
-            ).fetchone()
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+                raise SeedError("the base is still in recovery after start; it cannot be prepared")
             databases = [
                 str(r[0])
                 for r in conn.execute(
                     "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
                 )
             ]
-            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
-                raise SeedError("the base is still in recovery after start; it cannot be prepared")
+            if masking is not None:
+                if database not in databases:
+                    raise SeedError(
+                        f"database {database!r} from the DSN is not in the base (it has: "
+                        f"{', '.join(databases)}), so it cannot be masked; fix dbname in the DSN"
+                    )
+                dropped = mask.drop_other_databases(conn, connect, keep=database)
+                databases = [d for d in databases if d not in dropped]
+            size_row = conn.execute(
+                "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
+            ).fetchone()
         if database in databases:
-            with psycopg.connect(
-                **srv.conninfo(user=superuser, dbname=database), autocommit=True, connect_timeout=10
-            ) as conn:
+            with connect(database) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)
+                if masking is not None:
+                    masked = mask.apply(
+                        conn, masking.rules, rules_name=masking.name, statement_timeout=timeout
+                    )
+                    size_row = conn.execute(  # masking rewrote tables: measure again
+                        "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
+                    ).fetchone()
                 # Done once here rather than in every branch: the login role, its grants and the
                 # ledger schema. A branch then only sets its own password.
                 roles.set_login(
@@ -125,6 +152,8 @@ def prepare(
             f"the base's control file says {state!r} after a clean stop, expected 'shut down'; "
             "the base was not prepared"
         )
+    if masked is not None:
+        mask.finish(datadir, masked)
     proc.run(
         [install.tool("pg_resetwal"), f"--wal-segsize={wal_segsize_mb}", "-D", datadir],
         timeout=600,
@@ -135,4 +164,6 @@ def prepare(
         size_bytes=int(size_row[0] or 0) if size_row else 0,
         databases=databases,
         superuser_tables=superuser_tables,
+        masked=masked,
+        dropped_databases=tuple(dropped),
     )

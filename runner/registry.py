@@ -67,6 +67,8 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("bases", "source_role", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "source_settings", "TEXT NOT NULL DEFAULT '{}'"),
     ("bases", "tablespaces", "TEXT NOT NULL DEFAULT ''"),
+    ("bases", "mask_rules", "TEXT NOT NULL DEFAULT ''"),
+    ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 
@@ -88,6 +90,19 @@ class BaseVersion:
     source_role: str = ""  # "primary" or "standby": what the source was when it was copied
     source_settings: str = "{}"  # JSON: the source's settings that matter (sourceinfo.RELEVANT)
     tablespaces: str = ""  # comma-separated names of the tablespaces made in-place
+    mask_rules: str = ""  # name of the masking rules file; '' when the base is not masked
+    mask_sha256: str = ""  # SHA-256 of that file's bytes
+
+    @property
+    def masked(self) -> bool:
+        return bool(self.mask_sha256)
+
+    @property
+    def mask_label(self) -> str:
+        """``rules.yml (sha256 1a2b3c4d5e6f)``, or ``not masked``."""
+        if not self.masked:
+            return "not masked"
+        return f"{self.mask_rules} (sha256 {self.mask_sha256[:12]})"
 
 
 @dataclass(frozen=True)

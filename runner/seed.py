@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgoverlay.errors import (
     CommandError,
     ConfigError,
+    MaskError,
     SeedBusyError,
     SeedError,
     SourceUnreachableError,
@@ -33,6 +34,8 @@ from pgoverlay.runner import (
     checks,
     cluster,
     locks,
+    maskcheck,
+    maskrules,
     mounts,
     pgbin,
     prepare,
@@ -40,6 +43,7 @@ from pgoverlay.runner import (
     sourceinfo,
     tablespaces,
 )
+from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.pool import Pool, require_root
@@ -100,12 +104,15 @@ class Source:
     def server_major(self) -> int:
         return self.inspect().major
 
+    def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        return psycopg.connect(
+            self.conninfo, password=self.password, connect_timeout=15, autocommit=True
+        )
+
     def inspect(self) -> SourceInfo:
         """What the seed checks before copying anything (see ``sourceinfo``)."""
         try:
-            with psycopg.connect(
-                self.conninfo, password=self.password, connect_timeout=15, autocommit=True
-            ) as conn:
+            with self.connect() as conn:
                 return sourceinfo.inspect(conn)
         except psycopg.OperationalError as err:
             reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
@@ -231,10 +238,15 @@ def seed(
     refresh: bool = False,
     via: Via = "basebackup",
     progress: Progress | None = None,
+    mask: Path | None = None,
+    allow_unmasked: bool = False,
 ) -> BaseVersion:
+    """Seed base ``name`` from ``source_dsn``; with ``mask``, a rules file applied while the base
+    is prepared. Refreshing a masked base needs ``mask`` again, or ``allow_unmasked``."""
     check_name(name, what="base")
     require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
+    rules = maskrules.load(mask) if mask is not None else None
     with locks.hold(
         pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
     ):
@@ -243,6 +255,12 @@ def seed(
             raise SeedError(
                 f"base {name} already exists (version {existing.version}): pass --refresh "
                 "to seed a new version, or pick another name"
+            )
+        if existing is not None and existing.masked and rules is None and not allow_unmasked:
+            raise MaskError(
+                f"base {name} version {existing.version} is masked by {existing.mask_label}: "
+                "pass --mask RULES to mask the new version too, or --no-mask to seed it "
+                "with the source's data as it is"
             )
         info = src.inspect()
         if info.major < pgbin.MIN_MAJOR:
@@ -261,7 +279,11 @@ def seed(
                 "table of the base is in the default tablespace",
                 ", ".join(t.name for t in spaces),
             )
-        return _seed_version(pool, name, src, install, info, via=via, progress=progress)
+        if rules is not None:
+            check_rules_on_source(src, rules)
+        return _seed_version(
+            pool, name, src, install, info, via=via, progress=progress, rules=rules
+        )
 
 
 def check_source(install: PgInstall, info: SourceInfo, *, database: str) -> None:
@@ -279,6 +301,23 @@ def check_source(install: PgInstall, info: SourceInfo, *, database: str) -> None
     )
 
 
+def check_rules_on_source(src: Source, rules: RulesFile) -> None:
+    """Fail fast, before copying anything, when the rules do not fit the source's schema."""
+    try:
+        with src.connect() as conn:
+            maskcheck.check(
+                conn,
+                rules.rules,
+                rules_name=rules.name,
+                where=f"the source's database {src.dbname} ({src.label})",
+            )
+    except psycopg.OperationalError as err:
+        raise SourceUnreachableError(
+            f"cannot reach the source {src.label} to check the masking rules: "
+            f"{str(err).strip().splitlines()[-1] if str(err).strip() else 'connection failed'}"
+        ) from None
+
+
 def _seed_version(
     pool: Pool,
     name: str,
@@ -288,6 +327,7 @@ def _seed_version(
     *,
     via: Via,
     progress: Progress | None,
+    rules: RulesFile | None,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     staging = pool.staging_dir(name, version)
@@ -316,6 +356,7 @@ def _seed_version(
             branch_superuser=pool.settings.branch_superuser,
             wal_segsize_mb=pool.settings.wal_segsize_mb,
             timeout=pool.settings.command_timeout,
+            masking=rules,
         )
         if src.dbname not in result.databases:
             raise SeedError(
@@ -331,6 +372,12 @@ def _seed_version(
                 result.superuser_tables,
                 src.dbname,
                 result.superuser,
+            )
+        if result.dropped_databases:
+            log.warning(
+                "the masked base keeps only database %s; not kept: %s",
+                src.dbname,
+                ", ".join(result.dropped_databases),
             )
         store = pool.store_dir(name, version)
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -352,6 +399,8 @@ def _seed_version(
             source_role="standby" if info.standby else "primary",
             source_settings=json.dumps(info.settings, sort_keys=True),
             tablespaces=",".join(t.name for t in spaces) if via == "basebackup" else "",
+            mask_rules=rules.name if rules else "",
+            mask_sha256=rules.sha256 if rules else "",
         )
     except BaseException:
         log.warning("seeding %s version %s failed; removing it", name, version)

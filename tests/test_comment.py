@@ -114,6 +114,17 @@ def test_ready_comment_shows_connection_sizes_base_and_migrations() -> None:
     assert "Error" not in body and "```" not in body
 
 
+def test_comment_says_which_rules_masked_the_base_or_plainly_that_it_is_not_masked() -> None:
+    sha = "1e4501a1d0574c22d47611478e0ac3d62d74acce56154f43151353c392d87450"
+    masked = branch(base_masked=True, base_mask_rules="prod-rules.yml", base_mask_sha256=sha)
+    body = render_comment(report(branch=masked))
+    assert "| Data | masked by `prod-rules.yml` (sha256 `1e4501a1d057`) |" in body
+    plain = render_comment(report(branch=branch(base_masked=False)))
+    assert "| Data | **not masked**: a copy of the source's data as it is |" in plain
+    unknown = render_comment(report(branch=branch(base_masked=None)))
+    assert "| Data |" not in unknown
+
+
 def test_ready_without_migrations_says_so() -> None:
     body = render_comment(report(migrations=[]))
     assert "No migrations in this pull request." in body

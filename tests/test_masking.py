@@ -1,0 +1,408 @@
+"""Masked bases: rules parsed and checked, and a seed with rules leaves no original value in any
+byte of the base's files, while keys, uniqueness and branch costs stay as they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from helpers import cli, source_dsn
+from pgoverlay.errors import MaskError
+from pgoverlay.runner import branch, cluster, seed
+from pgoverlay.runner.maskrules import QualifiedName, parse
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+
+RULES = b"""
+tables:
+  customers:
+    email: {fake: email}
+    full_name: {fake: name}
+    last_name: {fake: last_name}
+    phone: {fake: phone}
+    notes: {fake: text}
+    tax_id: hash
+    password_digest: {value: masked}
+    born: {truncate_date: year}
+  public.orders:
+    customer_email: {fake: email}
+    shipping_address: null
+  sessions: truncate
+sql:
+  - DELETE FROM audit
+"""
+CUSTOMERS = 120
+EMAIL = re.compile(r"^[a-z0-9.]+@[a-z0-9.-]+\.[a-z]+$")
+
+
+# -- rules files: fast, no server ----------------------------------------------------------------
+
+
+def test_rules_file_parses_every_strategy_and_table_truncation() -> None:
+    loaded = parse(RULES, name="rules.yml")
+    columns = loaded.rules.columns()
+    customers = columns[QualifiedName("public", "customers")]
+    assert customers["email"].describe() == "fake: email"
+    assert customers["tax_id"].describe() == "hash"
+    assert customers["born"].describe() == "truncate_date: year"
+    assert columns[QualifiedName("public", "orders")]["shipping_address"].strategy == "null"
+    assert loaded.rules.truncated() == [QualifiedName("public", "sessions")]
+    assert loaded.rules.sql == ["DELETE FROM audit"]
+    assert loaded.name == "rules.yml" and len(loaded.sha256) == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (b"tables: {users: {email: {fake: emial}}}", "table users, column email: fake 'emial'"),
+        (b"tables: {users: {email: scramble}}", "table users, column email: unknown strategy"),
+        (b"tables: {users: {email: {value: null}}}", "write null instead"),
+        (b"tables: {users: truncat}", "table users: a table rule is `truncate`"),
+        (b"tables: {users: {born: {truncate_date: week}}}", "truncate_date 'week'"),
+        (b"tables: {a.b.c: truncate}", "'a.b.c' is not a table name"),
+        (b"tables: {users: truncate, public.users: truncate}", "name the same table"),
+        (b"tables: {}", "the rules mask nothing"),
+        (b"tabels: {users: truncate}", "unknown key 'tabels'"),
+        (b"tables: [", "not valid YAML at line 1"),
+        (b"- a list", "must be a mapping"),
+    ],
+)
+def test_bad_rules_files_are_refused_naming_the_file_and_the_entry(
+    text: bytes, expected: str
+) -> None:
+    with pytest.raises(MaskError) as caught:
+        parse(text, name="bad.yml")
+    assert "masking rules bad.yml" in str(caught.value)
+    assert expected in str(caught.value)
+
+
+def test_same_rules_bytes_give_the_same_checksum_and_other_bytes_another() -> None:
+    assert parse(RULES, name="a").sha256 == parse(RULES, name="b").sha256
+    assert parse(RULES + b"\n# changed\n", name="a").sha256 != parse(RULES, name="a").sha256
+
+
+# -- a real source with personal data ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Originals:
+    emails: list[str]
+    names: list[str]
+    last_names: list[str]
+    phones: list[str]
+    notes: list[str]
+    tax_ids: list[str]
+    digests: list[str]
+    addresses: list[str]
+    session_tokens: list[str]
+    audit: list[str]
+
+    def needles(self) -> dict[str, list[bytes]]:
+        """Every original as the bytes to look for. A TOASTed note is cut into ~2 kB chunks,
+        so three 64-byte pieces of it are looked for, each inside one chunk."""
+        pieces = [p for n in self.notes for p in (n[:64], n[2100:2164], n[-64:])]
+        return {
+            kind: [v.encode() for v in values]
+            for kind, values in {
+                "email": self.emails,
+                "name": self.names,
+                "last name": self.last_names,
+                "phone": self.phones,
+                "note": pieces,
+                "tax id": self.tax_ids,
+                "digest": self.digests,
+                "address": self.addresses,
+                "session": self.session_tokens,
+                "audit": self.audit,
+            }.items()
+        }
+
+
+def _originals() -> Originals:
+    rnd = random.Random(7)
+
+    def token() -> str:
+        return f"{rnd.getrandbits(40):010x}"
+
+    def note() -> str:  # random hex: with STORAGE EXTERNAL it is stored as is, out of line
+        return "".join(f"{rnd.getrandbits(128):032x}" for _ in range(140))  # 4480 characters
+
+    surnames = [f"Famname{k:02d}{token()}" for k in range(12)]
+    return Originals(
+        emails=[f"leak{i:04d}.{token()}@realmail.test" for i in range(CUSTOMERS)],
+        names=[f"Realname{token()} Person{i}" for i in range(CUSTOMERS)],
+        last_names=[surnames[i % len(surnames)] for i in range(CUSTOMERS)],
+        phones=[
+            f"+44 20 {rnd.randrange(10**4):04d} {rnd.randrange(10**4):04d}"
+            for _ in range(CUSTOMERS)
+        ],
+        notes=[note() for _ in range(CUSTOMERS)],
+        tax_ids=[f"TAX-{token()}" for _ in range(CUSTOMERS)],
+        digests=[f"pwdig{token()}" for _ in range(CUSTOMERS)],
+        addresses=[f"{i} Secretstreet {token()}" for i in range(CUSTOMERS)],
+        session_tokens=[f"sess{token()}" for _ in range(CUSTOMERS // 2)],
+        audit=[f"auditleak{token()}" for _ in range(CUSTOMERS // 2)],
+    )
+
+
+@pytest.fixture(scope="module")
+def people(source: cluster.Running) -> Iterator[Originals]:
+    """Database `people` on the source: personal data in several shapes, analysed."""
+    data = _originals()
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE people OWNER app_owner")
+    with psycopg.connect(**source.conninfo(user="postgres", dbname="people")) as conn:
+        conn.execute("SET ROLE app_owner")
+        conn.execute(
+            "CREATE TABLE customers (id int PRIMARY KEY, email text NOT NULL UNIQUE, "
+            "full_name text NOT NULL, last_name text NOT NULL, phone text, notes text, "
+            "tax_id text, password_digest text, born date)"
+        )
+        conn.execute("ALTER TABLE customers ALTER notes SET STORAGE EXTERNAL")
+        conn.execute("CREATE INDEX customers_lower_email ON customers (lower(email))")
+        conn.execute("CREATE STATISTICS customers_names (mcv) ON last_name, born FROM customers")
+        conn.execute(
+            "CREATE TABLE orders (id int PRIMARY KEY, customer_id int NOT NULL, "
+            "customer_email text NOT NULL REFERENCES customers (email), shipping_address text)"
+        )
+        conn.execute("CREATE TABLE sessions (id int PRIMARY KEY, token text NOT NULL)")
+        conn.execute("CREATE TABLE audit (id int PRIMARY KEY, detail text NOT NULL)")
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO customers VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
+                "date '1970-01-01' + %s)",
+                [
+                    (i, data.emails[i], data.names[i], data.last_names[i], data.phones[i])
+                    + (data.notes[i], data.tax_ids[i], data.digests[i], 137 * i)
+                    for i in range(CUSTOMERS)
+                ],
+            )
+            # Two orders per customer, keyed by the customer's email.
+            cur.executemany(
+                "INSERT INTO orders VALUES (%s, %s, %s, %s)",
+                [
+                    (2 * i + k, i, data.emails[i], data.addresses[i])
+                    for i in range(CUSTOMERS)
+                    for k in range(2)
+                ],
+            )
+            cur.executemany(
+                "INSERT INTO sessions VALUES (%s, %s)", list(enumerate(data.session_tokens))
+            )
+            cur.executemany("INSERT INTO audit VALUES (%s, %s)", list(enumerate(data.audit)))
+        conn.execute(
+            "CREATE MATERIALIZED VIEW customer_contacts AS SELECT id, email, phone FROM customers"
+        )
+        conn.execute("RESET ROLE")
+        conn.commit()
+    with psycopg.connect(**source.conninfo(user="postgres", dbname="people")) as conn:
+        conn.execute("ANALYZE")
+        conn.commit()
+        conn.execute("CHECKPOINT")
+    yield data
+
+
+def _files_contents(root: Path) -> bytes:
+    chunks = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            if path.is_file() and not path.is_symlink():
+                chunks.append(path.read_bytes())
+    return b"\0".join(chunks)
+
+
+def _found(contents: bytes, needles: dict[str, list[bytes]]) -> dict[str, list[bytes]]:
+    return {
+        kind: hits
+        for kind, values in needles.items()
+        if (hits := [v for v in values if v in contents])
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(pool: Pool, source: cluster.Running, people: Originals) -> Iterator[BaseVersion]:
+    base = seed.seed(pool, "people-plain", source_dsn=source_dsn(source, dbname="people"))
+    yield base
+    seed.remove_version(pool, base.name, base.version)
+
+
+@pytest.fixture(scope="module")
+def masked(
+    pool: Pool,
+    source: cluster.Running,
+    people: Originals,
+    env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[BaseVersion]:
+    rules = tmp_path_factory.mktemp("rules") / "people-rules.yml"
+    rules.write_bytes(RULES)
+    dsn = source_dsn(source, dbname="people")
+    done = cli(["seed", "people-masked", "--from", dsn, "--mask", os.fspath(rules)], env=env)
+    assert done.returncode == 0, done.stderr
+    assert "masked by people-rules.yml (sha256" in " ".join(done.stdout.split())
+    base = pool.registry.latest_base("people-masked")
+    assert base is not None
+    yield base
+    seed.remove_version(pool, base.name, base.version)
+
+
+def test_search_finds_the_originals_in_an_unmasked_base_including_toast_and_statistics(
+    pool: Pool, plain: BaseVersion, people: Originals
+) -> None:
+    """The control for the next test: the same search does find what an unmasked base holds."""
+    contents = _files_contents(pool.store_dir(plain.name, plain.version))
+    found = _found(contents, {k: v[:5] for k, v in people.needles().items()})
+    # Sessions and audit rows are live in the source; all of them are in the unmasked copy.
+    assert set(found) == set(people.needles()), f"not found: {set(people.needles()) - set(found)}"
+    b = branch.create(pool, "people-plain-br", base_name=plain.name)
+    try:
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            row = conn.execute(
+                "SELECT most_common_vals::text FROM pg_stats "
+                "WHERE tablename = 'customers' AND attname = 'last_name'"
+            ).fetchone()
+            toast = conn.execute(
+                "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE relname = 'customers'"
+            ).fetchone()
+        assert row is not None and people.last_names[0] in str(row[0])
+        assert toast is not None and toast[0] > CUSTOMERS * 4000
+    finally:
+        branch.destroy(pool, "people-plain-br")
+
+
+def test_no_original_value_is_left_in_any_byte_of_a_masked_base(
+    pool: Pool, masked: BaseVersion, people: Originals
+) -> None:
+    contents = _files_contents(pool.store_dir(masked.name, masked.version))
+    assert len(contents) > 1024 * 1024
+    found = _found(contents, people.needles())
+    assert found == {}, {kind: [h.decode() for h in hits[:3]] for kind, hits in found.items()}
+
+
+def test_masked_values_keep_keys_uniqueness_and_format(
+    pool: Pool, masked: BaseVersion, people: Originals
+) -> None:
+    b = branch.create(pool, "people-masked-br", base_name=masked.name)
+    try:
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            rows = conn.execute(
+                "SELECT id, email, full_name, last_name, phone, length(notes), tax_id, "
+                "password_digest, born FROM customers ORDER BY id"
+            ).fetchall()
+            mismatched = conn.execute(
+                "SELECT count(*) FROM orders o JOIN customers c ON c.id = o.customer_id "
+                "WHERE o.customer_email <> c.email"
+            ).fetchone()
+            orphans = conn.execute(
+                "SELECT count(*) FROM orders o LEFT JOIN customers c "
+                "ON c.email = o.customer_email WHERE c.id IS NULL"
+            ).fetchone()
+            counts = conn.execute(
+                "SELECT (SELECT count(*) FROM orders), "
+                "(SELECT count(*) FROM orders WHERE shipping_address IS NOT NULL), "
+                "(SELECT count(*) FROM sessions), (SELECT count(*) FROM audit), "
+                "(SELECT count(*) FROM customer_contacts c JOIN customers USING (id, email))"
+            ).fetchone()
+            databases = {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+            stats = conn.execute(
+                "SELECT most_common_vals::text FROM pg_stats "
+                "WHERE tablename = 'customers' AND attname = 'last_name'"
+            ).fetchone()
+        emails = [r[1] for r in rows]
+        assert len(rows) == CUSTOMERS
+        assert len(set(emails)) == CUSTOMERS and all(EMAIL.match(e) for e in emails)
+        assert not set(emails) & set(people.emails)
+        assert mismatched == (0,) and orphans == (0,)  # the same email maps the same everywhere
+        assert counts == (2 * CUSTOMERS, 0, 0, 0, CUSTOMERS)
+        for (i, _, name, last, phone, notes_length, tax, digest, born), original in zip(
+            rows, people.phones, strict=True
+        ):
+            assert re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", name)
+            assert last.isalpha() and last not in people.last_names
+            assert re.fullmatch(r"\+\d\d \d\d \d{4} \d{4}", phone) and phone != original
+            assert notes_length == len(people.notes[i])
+            assert re.fullmatch(r"[0-9a-f]{64}", tax) and digest == "masked"
+            assert (born.month, born.day) == (1, 1)
+        # Statistics were recomputed from the masked data, not dropped.
+        assert stats is not None and stats[0] is not None
+        assert not any(name in str(stats[0]) for name in people.last_names)
+        assert "app" not in databases and "people" in databases  # only the served database
+    finally:
+        branch.destroy(pool, "people-masked-br")
+
+
+def test_branch_of_a_masked_base_starts_with_a_layer_as_small_as_an_unmasked_one(
+    pool: Pool, plain: BaseVersion, masked: BaseVersion
+) -> None:
+    sizes = {}
+    for base in (plain, masked):
+        name = f"{base.name}-size"
+        branch.create(pool, name, base_name=base.name)
+        try:
+            sizes[base.name] = branch.layer_size(pool, name).physical_bytes
+        finally:
+            branch.destroy(pool, name)
+    plain_bytes, masked_bytes = sizes[plain.name], sizes[masked.name]
+    assert masked_bytes <= max(2 * plain_bytes, plain_bytes + 1024 * 1024), sizes
+
+
+def test_seed_list_and_registry_record_the_rules_and_their_checksum(
+    pool: Pool, plain: BaseVersion, masked: BaseVersion, env: dict[str, str]
+) -> None:
+    assert masked.mask_rules == "people-rules.yml"
+    assert masked.mask_sha256 == parse(RULES, name="x").sha256
+    assert not plain.masked and plain.mask_label == "not masked"
+    done = cli(["seed", "list", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    listed = {b["name"]: b for b in json.loads(done.stdout)}
+    assert listed["people-masked"]["mask_sha256"] == masked.mask_sha256
+    assert listed["people-plain"]["mask_sha256"] == ""
+    table = cli(["seed", "list"], env={**env, "COLUMNS": "400"})
+    assert masked.mask_sha256[:12] in table.stdout
+
+
+def test_refreshing_a_masked_base_without_rules_is_refused(
+    pool: Pool, source: cluster.Running, masked: BaseVersion
+) -> None:
+    with pytest.raises(MaskError, match="--mask RULES.*--no-mask"):
+        seed.seed(
+            pool,
+            masked.name,
+            source_dsn=source_dsn(source, dbname="people"),
+            refresh=True,
+        )
+    assert pool.registry.latest_base(masked.name) == masked
+
+
+def test_rule_for_a_missing_column_fails_the_seed_naming_it_and_leaves_no_version(
+    pool: Pool, source: cluster.Running, people: Originals, tmp_path: Path, env: dict[str, str]
+) -> None:
+    rules = tmp_path / "typo.yml"
+    rules.write_text("tables:\n  customers:\n    emial: {fake: email}\n  shipments: truncate\n")
+    dsn = source_dsn(source, dbname="people")
+    done = cli(["seed", "people-typo", "--from", dsn, "--mask", os.fspath(rules)], env=env)
+    assert done.returncode == MaskError.exit_code, done.stderr
+    assert "column public.customers.emial does not exist" in done.stderr
+    assert "table public.shipments does not exist" in done.stderr
+    assert pool.registry.bases("people-typo") == []
+    assert not (pool.root / "store" / "people-typo").exists()
+    assert not list(pool.root.glob("staging/people-typo*"))
+
+
+def test_rules_breaking_a_foreign_key_are_refused_before_copying(
+    pool: Pool, source: cluster.Running, people: Originals, tmp_path: Path
+) -> None:
+    rules = tmp_path / "half.yml"
+    rules.write_text("tables:\n  customers:\n    email: {fake: email}\n")
+    with pytest.raises(MaskError, match=r"public\.orders\.customer_email references"):
+        seed.seed(pool, "people-half", source_dsn=source_dsn(source, dbname="people"), mask=rules)
+    assert pool.registry.bases("people-half") == []
