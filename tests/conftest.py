@@ -20,6 +20,11 @@ from pgoverlay.runner.settings import Settings
 
 PORTS = (57000, 57199)
 
+# Branches run locally unless a test asks for Docker (the `runtime` fixture): with a daemon up,
+# `auto` would pick Docker for every Settings() a test makes, and pull postgres:15.
+os.environ["PGOVERLAY_RUNTIME"] = "local"
+os.environ["PGOVERLAY_DOCKER_IMAGE"] = DOCKER_IMAGE
+
 
 @pytest.fixture(scope="session")
 def settings() -> Iterator[Settings]:
