@@ -23,8 +23,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from helpers import assert_no_leaks, postgres_processes_for, source_dsn
-from pgoverlay.runner import branch, cluster, gc, pgbin, postmaster, proc, seed
+from helpers import (
+    assert_no_leaks,
+    postgres_processes_for,
+    require_docker_image,
+    server_pid,
+    source_dsn,
+)
+from pgoverlay.runner import branch, cluster, gc, pgbin, proc, seed
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
@@ -49,9 +55,11 @@ class Hostile:
     replica_tablespace: Path
 
 
-@pytest.fixture(scope="module", params=["local"])
-def branch_runtime(request: pytest.FixtureRequest) -> str:
-    """The runtime branches of these tests run in; more runtimes join this list."""
+@pytest.fixture(scope="module", params=["local", "docker"])
+def branch_runtime(request: pytest.FixtureRequest, hostile_base: BaseVersion) -> str:
+    """The runtime branches of these tests run in."""
+    if request.param == "docker":
+        require_docker_image(hostile_base.pg_major or 0)
     return str(request.param)
 
 
@@ -413,9 +421,8 @@ def test_a_crashed_branch_of_a_base_with_tablespaces_recovers_its_writes(
     try:
         with superuser(pool, b, hostile_base) as conn:
             conn.execute("INSERT INTO far_rows VALUES (-1, 'before the crash')")
-        info = postmaster.read_pidfile(branch.layout(pool, b.name).upper / "postmaster.pid")
-        assert info is not None
-        os.killpg(info.pid, signal.SIGKILL)  # the server and all its processes, as a crash
+        # The server and all its processes, as a crash.
+        os.killpg(server_pid(pool, b.name), signal.SIGKILL)
         root = branch.layout(pool, b.name).root
         wait_for(lambda: postgres_processes_for(root) == [], timeout=30, what="the branch to die")
         report = gc.collect(pool)
