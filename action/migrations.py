@@ -29,6 +29,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError
 from pgoverlay.runner import proc
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.tools import Tools
 
 # The schema itself is made by the engine when it creates the branch (runner/roles.py), so
 # the ledger works whoever owns the database.
@@ -260,7 +261,7 @@ def apply_files(
     repo: Path,
     files: list[str],
     *,
-    psql: Path,
+    tools: Tools,
     skip_recorded: bool,
     timeout: float,
     user: OsUser | None = None,
@@ -292,14 +293,20 @@ def apply_files(
                 )
                 results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
                 return results
-        argv: list[str | os.PathLike[str]] = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        argv: list[str | os.PathLike[str]] = ["-X", "-q", "-v", "ON_ERROR_STOP=1"]
         if not needs_no_transaction(text):
             argv.append("--single-transaction")
         argv += ["-f", name]
         started = time.monotonic()
         try:
-            done = proc.run(
-                argv, timeout=timeout, env=target.libpq_env(), user=user, cwd=repo, check=False
+            done = tools.run(
+                "psql",
+                argv,
+                timeout=timeout,
+                env=target.libpq_env(),
+                user=user,
+                cwd=repo,
+                check=False,
             )
         except TimeoutExpiredError:
             results.append(

@@ -8,12 +8,15 @@ changed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,6 +35,9 @@ from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.registry import Branch, PrState
+from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.docker_tools import DockerTools
+from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
 
@@ -206,20 +212,45 @@ def _migrate(
     else:
         files = migrations.all_files(repo_dir, folder)
     base = pool.registry.base(b.base_name, b.base_version)
-    psql = pgbin.for_major(
-        base.pg_major if base and base.pg_major else 0, pool.settings.pg_bindir
-    ).tool("psql")
+    major = base.pg_major if base and base.pg_major else 0
     echo(f"applying {len(files)} migration file(s) from {folder}")
-    runs = migrations.apply_files(
-        target,
-        repo_dir,
-        files,
-        psql=psql,
-        skip_recorded=True,
-        timeout=pool.settings.command_timeout,
-        user=owner,
-    )
+    with _psql_tools(pool, b, major, repo_dir=repo_dir, owner=owner) as tools:
+        runs = migrations.apply_files(
+            target,
+            repo_dir,
+            files,
+            tools=tools,
+            skip_recorded=True,
+            timeout=pool.settings.command_timeout,
+            user=owner,
+        )
     return runs, ""
+
+
+@contextlib.contextmanager
+def _psql_tools(
+    pool: Pool, b: Branch, major: int, *, repo_dir: Path, owner: OsUser
+) -> Iterator[Tools]:
+    """This host's psql when it has one of the base's major; otherwise, for a Docker branch,
+    the image's, in a container that sees only the checkout and a private scratch directory."""
+    if b.runtime != "docker" or major in pgbin.installs(pool.settings.pg_bindir):
+        yield pgbin.for_major(major, pool.settings.pg_bindir)
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="pgoverlay-psql-"))
+    try:
+        if os.geteuid() == 0:
+            os.chown(scratch, owner.uid, owner.gid)
+        yield DockerTools.for_image(
+            docker_runtime.connect(),
+            pool.settings.image_for(major),
+            owner=owner,
+            scratch=scratch,
+            mounts=[repo_dir],
+            timeout=pool.settings.command_timeout,
+            labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BRANCH: b.name},
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _bring_up(

@@ -165,6 +165,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 progress=update,
                 mask=args.mask,
                 allow_unmasked=args.no_mask,
+                runtime=args.runtime,
             )
     masking = f"masked by {base.mask_label}" if base.masked else "not masked"
     out.print(
@@ -489,6 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     seed_cmd.add_argument(
         "--scale", type=int, default=10, help="demo data scale (10 = a few hundred MB)"
+    )
+    seed_cmd.add_argument(
+        "--runtime",
+        choices=branch.RUNTIMES,
+        help="where pg_basebackup and the prepare step run: `docker` runs them in a container "
+        "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
+        "this host's binaries of the source's version when it has them",
     )
     seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
     seed_cmd.set_defaults(func=cmd_seed)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import proc
-from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.sourceinfo import SET, SourceInfo
+from pgoverlay.runner.tools import Tools
 
 # Debian/Ubuntu (PGDG) packages for extensions whose package name is not simply
 # postgresql-MAJOR-NAME; {major} is the Postgres major version.
@@ -50,19 +48,14 @@ def package_for(name: str, major: int) -> str:
     return template.format(major=major)
 
 
-def pkglibdir(install: PgInstall) -> Path:
-    return Path(proc.run([install.tool("pg_config"), "--pkglibdir"], timeout=30).stdout.strip())
+def available_libraries(install: Tools) -> set[str]:
+    """File names in the library directory of this runner's (or image's) Postgres."""
+    return install.libraries()
 
 
-def available_libraries(install: PgInstall) -> set[str]:
-    """File names in this runner's library directory (``auto_explain.so``, ...)."""
-    return {p.name for p in pkglibdir(install).iterdir()}
-
-
-def available_extensions(install: PgInstall) -> set[str]:
-    """Extensions this runner's Postgres can load: the names of its ``.control`` files."""
-    sharedir = Path(proc.run([install.tool("pg_config"), "--sharedir"], timeout=30).stdout.strip())
-    return {p.name.removesuffix(".control") for p in (sharedir / "extension").glob("*.control")}
+def available_extensions(install: Tools) -> set[str]:
+    """Extensions this runner's (or image's) Postgres can load."""
+    return install.extensions()
 
 
 def check_libraries(

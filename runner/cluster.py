@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgoverlay.runner import postmaster, proc
+from pgoverlay.runner import postmaster
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.runtime.docker_tools import DockerTools
+from pgoverlay.runner.tools import Tools
 
 PRIVATE_PORT = 5432
 
@@ -35,16 +37,16 @@ class Running:
 
 
 def initdb(
-    install: PgInstall,
+    install: Tools,
     datadir: Path,
     *,
     owner: OsUser,
     superuser: str = "postgres",
     timeout: float = 300,
 ) -> None:
-    proc.run(
+    install.run(
+        "initdb",
         [
-            install.tool("initdb"),
             "-D",
             datadir,
             "-U",
@@ -61,7 +63,7 @@ def initdb(
 
 @contextmanager
 def running(
-    install: PgInstall,
+    install: Tools,
     datadir: Path,
     *,
     owner: OsUser,
@@ -110,6 +112,18 @@ def running(
         }
         settings.update(options or {})
         log_path = work / "postgres.log"
+        if isinstance(install, DockerTools):
+            with install.server(
+                datadir,
+                options=settings,
+                user=owner,
+                log_path=log_path,
+                timeout=timeout,
+                stop_timeout=stop_timeout,
+            ):
+                yield Running(socket_dir=work, port=PRIVATE_PORT, datadir=datadir)
+            return
+        assert isinstance(install, PgInstall)
         child = postmaster.start(
             install, datadir=datadir, options=settings, user=owner, log_path=log_path
         )

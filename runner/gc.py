@@ -112,7 +112,7 @@ def _orphan_containers(pool: Pool, report: Report) -> None:
             client,
             pool_id=branches.pool_id(pool),
             known={b.name for b in pool.registry.branches()},
-            may_remove=lambda name: locks.is_free(pool.lock_path("branch", name)),
+            may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
             stop_timeout=pool.settings.stop_timeout,
         )
     finally:

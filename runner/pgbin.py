@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +20,51 @@ _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
 
 @dataclass(frozen=True)
 class PgInstall:
+    """Postgres binaries of this host. ``runtime.docker_tools.DockerTools`` offers the same
+    methods with the binaries of an image, so seeding needs none on the host."""
+
     major: int
     version: str
     bindir: Path
+
+    def run(
+        self,
+        tool: str,
+        args: Sequence[str | os.PathLike[str]],
+        *,
+        timeout: float,
+        user: proc.OsUser | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        return proc.run(
+            [self.tool(tool), *args], timeout=timeout, user=user, env=env, cwd=cwd, check=check
+        )
+
+    def run_streaming(
+        self,
+        tool: str,
+        args: Sequence[str | os.PathLike[str]],
+        *,
+        timeout: float,
+        on_line: Callable[[str], None],
+        user: proc.OsUser | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        return proc.run_streaming(
+            [self.tool(tool), *args], timeout=timeout, on_line=on_line, user=user, env=env
+        )
+
+    def libraries(self) -> set[str]:
+        """File names in the library directory (``auto_explain.so``, ...)."""
+        libdir = self.run("pg_config", ["--pkglibdir"], timeout=30).stdout.strip()
+        return {p.name for p in Path(libdir).iterdir()}
+
+    def extensions(self) -> set[str]:
+        """Extensions these binaries can load: the names of their ``.control`` files."""
+        sharedir = Path(self.run("pg_config", ["--sharedir"], timeout=30).stdout.strip())
+        return {p.name.removesuffix(".control") for p in (sharedir / "extension").glob("*.control")}
 
     def tool(self, name: str) -> Path:
         path = self.bindir / name

@@ -19,10 +19,10 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, cluster, mask, proc, roles, tablespaces
+from pgoverlay.runner import baseconf, cluster, mask, roles, tablespaces
 from pgoverlay.runner.maskrules import RulesFile
-from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def start_lsn(datadir: Path) -> str:
     return match.group(1) if match else ""
 
 
-def cluster_state(install: PgInstall, datadir: Path, *, owner: OsUser) -> str:
-    out = proc.run([install.tool("pg_controldata"), "-D", datadir], timeout=60, user=owner).stdout
+def cluster_state(install: Tools, datadir: Path, *, owner: OsUser) -> str:
+    out = install.run("pg_controldata", ["-D", datadir], timeout=60, user=owner).stdout
     match = _STATE.search(out)
     return match.group(1).strip() if match else "unknown"
 
@@ -74,7 +74,7 @@ def _connect_any(
 
 
 def prepare(
-    install: PgInstall,
+    install: Tools,
     datadir: Path,
     *,
     owner: OsUser,
@@ -154,10 +154,8 @@ def prepare(
         )
     if masked is not None:
         mask.finish(datadir, masked)
-    proc.run(
-        [install.tool("pg_resetwal"), f"--wal-segsize={wal_segsize_mb}", "-D", datadir],
-        timeout=600,
-        user=owner,
+    install.run(
+        "pg_resetwal", [f"--wal-segsize={wal_segsize_mb}", "-D", datadir], timeout=600, user=owner
     )
     return Prepared(
         superuser=superuser,

@@ -29,6 +29,7 @@ from pgoverlay.errors import (
     SeedBusyError,
     SeedError,
     SourceUnreachableError,
+    VersionMismatchError,
 )
 from pgoverlay.runner import (
     checks,
@@ -45,10 +46,12 @@ from pgoverlay.runner import (
 )
 from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.pool import Pool, require_root
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.docker_tools import DockerTools
 from pgoverlay.runner.sourceinfo import SourceInfo, Tablespace
+from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ def _own(pool: Pool, path: Path) -> None:
 
 def _basebackup(
     pool: Pool,
-    install: PgInstall,
+    install: Tools,
     src: Source,
     target: Path,
     spaces: list[Tablespace],
@@ -141,9 +144,9 @@ def _basebackup(
             progress(int(match.group(1)) * 1024, int(match.group(2)) * 1024)
 
     try:
-        proc.run_streaming(
+        install.run_streaming(
+            "pg_basebackup",
             [
-                install.tool("pg_basebackup"),
                 "-D",
                 target,
                 "-d",
@@ -171,21 +174,25 @@ def _basebackup(
         raise SeedError(
             f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}"
         ) from None
-    proc.run(
-        [install.tool("pg_verifybackup"), "--quiet", target],
+    install.run(
+        "pg_verifybackup",
+        ["--quiet", target],
         timeout=pool.settings.command_timeout,
         user=pool.owner,
     )
     tablespaces.make_in_place(target, tablespaces.staging_root(target))
 
 
-def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> str:
+def _dump_restore(pool: Pool, install: Tools, src: Source, target: Path) -> str:
     """Restore a logical dump of the source's database into a fresh cluster at ``target``."""
     cluster.initdb(install, target, owner=pool.owner)
     with cluster.running(install, target, owner=pool.owner, scratch=pool.tmp) as srv:
-        globals_sql = proc.run(
+        # A file, not a pipe: the next program may run in a container. Role passwords are left
+        # out, so it holds no secret; it lives in the server's private directory.
+        globals_sql = srv.socket_dir / "globals.sql"
+        install.run(
+            "pg_dumpall",
             [
-                install.tool("pg_dumpall"),
                 "--globals-only",
                 "--no-role-passwords",
                 # A tablespace's location is a path on the source host: never create it here.
@@ -193,29 +200,32 @@ def _dump_restore(pool: Pool, install: PgInstall, src: Source, target: Path) -> 
                 "-d",
                 src.conninfo,
                 "--no-password",
+                "-f",
+                globals_sql,
             ],
             timeout=pool.settings.command_timeout,
             env=src.env,
             user=pool.owner,
-        ).stdout
+        )
         local = ["-h", os.fspath(srv.socket_dir), "-p", str(srv.port), "-U", "postgres"]
         # Roles that already exist (the bootstrap superuser) fail harmlessly: no ON_ERROR_STOP.
-        proc.run(
-            [install.tool("psql"), "-X", "-q", *local, "-d", "postgres"],
+        install.run(
+            "psql",
+            ["-X", "-q", *local, "-d", "postgres", "-f", globals_sql],
             timeout=pool.settings.command_timeout,
             user=pool.owner,
-            input_text=globals_sql,
         )
         dump = srv.socket_dir / "source.dump"
-        proc.run(
-            [install.tool("pg_dump"), "-Fc", "-f", dump, "-d", src.conninfo, "--no-password"],
+        install.run(
+            "pg_dump",
+            ["-Fc", "-f", dump, "-d", src.conninfo, "--no-password"],
             timeout=pool.settings.command_timeout,
             env=src.env,
             user=pool.owner,
         )
-        proc.run(
+        install.run(
+            "pg_restore",
             [
-                install.tool("pg_restore"),
                 "--create",
                 "--exit-on-error",
                 "--no-tablespaces",
@@ -240,6 +250,7 @@ def seed(
     progress: Progress | None = None,
     mask: Path | None = None,
     allow_unmasked: bool = False,
+    runtime: str | None = None,
 ) -> BaseVersion:
     """Seed base ``name`` from ``source_dsn``; with ``mask``, a rules file applied while the base
     is prepared. Refreshing a masked base needs ``mask`` again, or ``allow_unmasked``."""
@@ -267,7 +278,7 @@ def seed(
             raise SeedError(
                 f"the source runs Postgres {info.major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
             )
-        install = pgbin.for_major(info.major, pool.settings.pg_bindir)
+        install = tools_for(pool, info.major, runtime=runtime, src=src, base_name=name)
         check_source(install, info, database=src.dbname)
         # A dump is restored into a fresh cluster: none of the source's settings come along.
         for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:
@@ -286,9 +297,45 @@ def seed(
         )
 
 
-def check_source(install: PgInstall, info: SourceInfo, *, database: str) -> None:
+def tools_for(pool: Pool, major: int, *, runtime: str | None, src: Source, base_name: str) -> Tools:
+    """The programs that copy and prepare the base: this host's binaries, or with the Docker
+    runtime the image's. ``auto`` takes this host's binaries of ``major`` when it has them."""
+    from pgoverlay.runner import branch
+
+    wanted = runtime or pool.settings.runtime
+    if wanted == "local" or (wanted == "auto" and major in pgbin.installs(pool.settings.pg_bindir)):
+        return pgbin.for_major(major, pool.settings.pg_bindir)
+    if branch.choose_runtime(pool, wanted) != "docker":
+        return pgbin.for_major(major, pool.settings.pg_bindir)  # says what to install
+    image = pool.settings.image_for(major)
+    mounts = [pool.root]
+    if src.host.startswith("/"):
+        mounts.append(Path(src.host))  # a source on a Unix socket of this host
+    tools = DockerTools.for_image(
+        docker_runtime.connect(),
+        image,
+        owner=pool.owner,
+        scratch=pool.tmp,
+        mounts=mounts,
+        timeout=pool.settings.command_timeout,
+        labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BASE: base_name},
+    )
+    if tools.major != major:
+        raise VersionMismatchError(
+            f"the source runs Postgres {major} but image {image} is Postgres {tools.major}: "
+            f"set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+            "({major} in it stands for the source's major version)"
+        )
+    return tools
+
+
+def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
     """Refuse a source whose branches could not run with this runner's Postgres."""
-    where = f"this runner's Postgres {install.major}"
+    where = (
+        f"image {install.image}"
+        if isinstance(install, DockerTools)
+        else f"this runner's Postgres {install.major}"
+    )
     checks.check_libraries(
         info.libraries, checks.available_libraries(install), major=install.major, where=where
     )
@@ -322,7 +369,7 @@ def _seed_version(
     pool: Pool,
     name: str,
     src: Source,
-    install: PgInstall,
+    install: Tools,
     info: SourceInfo,
     *,
     via: Via,

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 LABEL_POOL = "org.pgoverlay.pool"
 LABEL_BRANCH = "org.pgoverlay.branch"
 LABEL_KIND = "org.pgoverlay.kind"
+LABEL_BASE = "org.pgoverlay.base"
 
 _majors: dict[str, int] = {}  # image id -> Postgres major, for this process
 
@@ -357,23 +358,38 @@ def reconcile(
     *,
     pool_id: str,
     known: Iterable[str],
-    may_remove: Callable[[str], bool],
+    may_remove: Callable[[str, str], bool],
     stop_timeout: float,
 ) -> list[str]:
-    """Remove this pool's containers and volumes that belong to no known branch."""
+    """Remove this pool's containers and volumes that nothing claims any more.
+
+    A branch's container or volume goes when no known branch has its name. A program's
+    container (seeding, preparing, migrating) goes once it has exited, or when the base or
+    branch it worked for is no longer locked by a live pgoverlay (``may_remove(kind, name)``
+    with kind ``seed`` or ``branch``).
+    """
     keep = set(known)
     removed = []
     containers, volumes = labelled(client, pool_id)
     for container in containers:
-        branch = container.labels.get(LABEL_BRANCH, "")
-        if branch not in keep and may_remove(branch):
+        labels = container.labels
+        branch = labels.get(LABEL_BRANCH, "")
+        if labels.get(LABEL_KIND) == "branch":
+            gone = branch not in keep and may_remove("branch", branch)
+        elif container.status not in ("created", "running"):
+            gone = True
+        elif labels.get(LABEL_BASE):
+            gone = may_remove("seed", labels[LABEL_BASE])
+        else:
+            gone = bool(branch) and may_remove("branch", branch)
+        if gone:
             if container.status == "running":
                 container.stop(timeout=int(stop_timeout))
             container.remove(force=True)
             removed.append(f"container {container.name}")
     for volume in volumes:
         branch = (volume.attrs.get("Labels") or {}).get(LABEL_BRANCH, "")
-        if branch not in keep and may_remove(branch):
+        if branch not in keep and may_remove("branch", branch):
             remove_volume(client, volume.name)
             removed.append(f"volume {volume.name}")
     return removed
