@@ -30,6 +30,7 @@ class PidFile:
     port: int
     socket_dir: str
     status: str
+    shm_id: int | None = None  # the System V shared memory segment the server made
 
 
 def read_pidfile(path: Path) -> PidFile | None:
@@ -50,6 +51,32 @@ def read_pidfile(path: Path) -> PidFile | None:
         port=int(line(3) or 0) if line(3).isdigit() else 0,
         socket_dir=line(4),
         status=line(7),
+        shm_id=int(line(6).split()[1]) if len(line(6).split()) == 2 else None,
+    )
+
+
+def shm_attached(shm_id: int) -> int:
+    """How many processes are still attached to System V segment ``shm_id`` (0 if gone)."""
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    except OSError:
+        return 0
+    for row in rows:
+        fields = row.split()
+        if len(fields) > 6 and fields[1] == str(shm_id):
+            return int(fields[6])
+    return 0
+
+
+def wait_detached(info: PidFile, *, timeout: float) -> None:
+    """After a crash, the dead server's other processes may still hold its shared memory for a
+    moment, and a new server refuses to start until they are gone: wait for them."""
+    if info.shm_id is None or shm_attached(info.shm_id) == 0:
+        return
+    wait_for(
+        lambda: shm_attached(info.shm_id or 0) == 0 or None,
+        timeout=timeout,
+        what="the crashed server's processes to exit",
     )
 
 

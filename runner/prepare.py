@@ -93,6 +93,8 @@ def prepare(
         (datadir / name).unlink(missing_ok=True)
     for warning in baseconf.confine_includes(datadir):
         log.warning("%s", warning)
+    for note in baseconf.remove_secret_settings(datadir):
+        log.info("%s", note)
     superuser_tables = 0
     masked: mask.Masked | None = None
     dropped: list[str] = []

@@ -271,7 +271,10 @@ def test_seed_from_a_hostile_standby_records_and_warns_what_branches_override(
     # The hostile settings are in the base's files, so the checks below are not vacuous.
     auto = (store / "postgresql.auto.conf").read_text()
     assert "archive_mode = 'on'" in auto and "shared_buffers = '1TB'" in auto
-    assert "primary_conninfo" in auto
+    # What may carry production's credentials is gone from the base's files, value and all.
+    for name in ("primary_conninfo", "archive_command", "restore_command"):
+        assert f"\n{name} = " not in auto and f"credentials): {name}\n" in auto, name
+    assert "markers" not in auto and "user=postgres" not in auto
     assert not (store / "postgresql.conf").exists()
     assert not (store / "standby.signal").exists()
     control = proc.run(
