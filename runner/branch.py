@@ -66,7 +66,7 @@ def choose_runtime(pool: Pool, requested: str | None = None) -> str:
     if wanted not in RUNTIMES:
         raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
     if wanted == "auto":
-        return "docker" if docker_runtime.reachable() else "local"
+        return "docker" if docker_runtime.available() else "local"
     return wanted
 
 
@@ -78,7 +78,7 @@ def runtime_for(
     s = pool.settings
     major = base.pg_major or 0
     if name == "docker":
-        client = docker_runtime.connect()
+        client = docker_runtime.shared()
         image = s.image_for(major)
         if check:
             found = docker_runtime.image_major(client, image, timeout=s.command_timeout)

@@ -33,6 +33,9 @@ class PidFile:
     shm_id: int | None = None  # the System V shared memory segment the server made
 
 
+READY_POLL = 0.02  # seconds between looks at a starting server's pid file
+
+
 def read_pidfile(path: Path) -> PidFile | None:
     try:
         lines = path.read_text().splitlines()
@@ -147,7 +150,13 @@ def wait_ready(
         return info if ours else None
 
     try:
-        return wait_for(probe, timeout=timeout, what=f"Postgres in {datadir} to accept connections")
+        # A start takes a few hundred ms: poll the pid file often, as waiting is the cost.
+        return wait_for(
+            probe,
+            timeout=timeout,
+            what=f"Postgres in {datadir} to accept connections",
+            max_interval=READY_POLL,
+        )
     except TimeoutExpiredError as err:
         raise BranchStartError(f"{err}: {log_tail(log_path)} (full log: {log_path})") from None
 

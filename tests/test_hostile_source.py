@@ -428,6 +428,10 @@ def test_a_crashed_branch_of_a_base_with_tablespaces_recovers_its_writes(
         os.killpg(server_pid(pool, b.name), signal.SIGKILL)
         root = branch.layout(pool, b.name).root
         wait_for(lambda: postgres_processes_for(root) == [], timeout=30, what="the branch to die")
+        # Docker notes a container's death a moment after its processes are gone.
+        wait_for(
+            lambda: not branch.status(pool, b.name).running, timeout=30, what="the death noticed"
+        )
         report = gc.collect(pool)
         assert "hostile-crash" in report.restarted, report.problems
         with superuser(pool, b, hostile_base) as conn:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,30 @@ def connect(*, timeout: float = 30.0) -> DockerClient:
             "or set PGOVERLAY_RUNTIME=local"
         ) from None
     return client
+
+
+_shared = threading.local()
+
+
+def shared() -> DockerClient:
+    """This thread's client, made once: a branch command asks the daemon several things."""
+    client: DockerClient | None = getattr(_shared, "client", None)
+    if client is None:
+        client = connect()
+        _shared.client = client
+    return client
+
+
+def available() -> bool:
+    """Whether the daemon answers; asks (with a short timeout) only until it has once."""
+    if getattr(_shared, "client", None) is not None:
+        return True
+    if reachable() is None:
+        return False
+    with contextlib.suppress(DockerError):
+        shared()
+        return True
+    return False
 
 
 def reachable() -> str | None:
@@ -301,6 +326,7 @@ class DockerRuntime:
                 probe,
                 timeout=self.start_timeout,
                 what="the branch's container to accept connections",
+                max_interval=postmaster.READY_POLL,
             )
         except TimeoutExpiredError as err:
             raise BranchStartError(f"{err}: {self._tail(layout, container)}") from None
