@@ -179,8 +179,11 @@ def privileges() -> str:
     except PgoverlayError:
         return "root"
     try:
-        runtime = read_inputs(dict(os.environ)).runtime
-        chosen = branches.choose_runtime(pool, None if runtime == "auto" else runtime)
+        inputs = read_inputs(dict(os.environ))
+        base = branches.resolve_base(pool, inputs.base)
+        chosen = branches.choose_runtime(
+            pool, None if inputs.runtime == "auto" else inputs.runtime, major=base.pg_major or 0
+        )
     except PgoverlayError:
         return "root"
     finally:

@@ -26,6 +26,7 @@ from pgoverlay.errors import (
     BranchMissingError,
     BranchStartError,
     ConfigError,
+    PgoverlayError,
     PoolFullError,
     PortsExhaustedError,
     VersionMismatchError,
@@ -59,15 +60,29 @@ def layout(pool: Pool, name: str) -> Layout:
     return Layout(root=pool.branch_dir(name), socket_dir=socket_root(pool) / name)
 
 
-def choose_runtime(pool: Pool, requested: str | None = None) -> str:
-    """``local`` or ``docker``: what was asked for, else the pool's setting; ``auto`` means
-    Docker when its daemon answers."""
+def choose_runtime(pool: Pool, requested: str | None = None, *, major: int | None = None) -> str:
+    """``local`` or ``docker``: what was asked for, else the pool's setting. ``auto`` means
+    Docker when its daemon answers and (given the base's ``major``) its image is usable, else
+    local; when neither has that major, Docker, so the error names the image."""
     wanted = requested or pool.settings.runtime
     if wanted not in RUNTIMES:
         raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
-    if wanted == "auto":
-        return "docker" if docker_runtime.available() else "local"
-    return wanted
+    if wanted != "auto":
+        return wanted
+    if not docker_runtime.available():
+        return "local"
+    if major is None:
+        return "docker"
+    image = pool.settings.image_for(major)
+    try:
+        docker_runtime.image_major(
+            docker_runtime.shared(), image, timeout=pool.settings.command_timeout
+        )
+    except PgoverlayError as err:
+        if major in pgbin.installs(pool.settings.pg_bindir):
+            log.warning("runtime auto: %s; using the local runtime", err)
+            return "local"
+    return "docker"
 
 
 def runtime_for(
@@ -369,7 +384,7 @@ def create(
 ) -> Branch:
     check_name(name)
     base = resolve_base(pool, base_name)
-    chosen = choose_runtime(pool, runtime)
+    chosen = choose_runtime(pool, runtime, major=base.pg_major or 0)
     # Refuse a major-version mismatch (binaries or image) before touching anything.
     runtime_for(pool, base, chosen, check=True)
     with locks.hold(

@@ -20,10 +20,14 @@ from pgoverlay.runner.settings import Settings
 
 PORTS = (57000, 57199)
 
-# Branches run locally unless a test asks for Docker (the `runtime` fixture): with a daemon up,
-# `auto` would pick Docker for every Settings() a test makes, and pull postgres:15.
-os.environ["PGOVERLAY_RUNTIME"] = "local"
-os.environ["PGOVERLAY_DOCKER_IMAGE"] = DOCKER_IMAGE
+
+@pytest.fixture(autouse=True)
+def _local_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Branches run locally unless a test asks for Docker (the `runtime` fixture): with a
+    daemon up, `auto` would pick Docker for every Settings() a test makes. Set for each test,
+    as some tests (of settings loaded under sudo) clear PGOVERLAY_* from the environment."""
+    monkeypatch.setenv("PGOVERLAY_RUNTIME", "local")
+    monkeypatch.setenv("PGOVERLAY_DOCKER_IMAGE", DOCKER_IMAGE)
 
 
 @pytest.fixture(scope="session")

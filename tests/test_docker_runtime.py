@@ -168,3 +168,20 @@ def test_a_docker_group_user_runs_branches_without_root(
         branch.destroy(pool, "dock-user")
         branch.destroy(pool, "dock-local")
     assert_no_leaks(pool, "dock-user", port=b.port)
+
+
+def test_auto_falls_back_to_local_when_the_image_cannot_be_had(
+    pool: Pool, base: BaseVersion, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    previous = (pool.settings.runtime, pool.settings.docker_image)
+    pool.settings.runtime = "auto"
+    pool.settings.docker_image = "pgoverlay-local/no-such-image:{major}"
+    try:
+        b = branch.create(pool, "dock-fallback")
+    finally:
+        pool.settings.runtime, pool.settings.docker_image = previous
+    try:
+        assert b.runtime == "local"
+        assert "no-such-image" in caplog.text and "using the local runtime" in caplog.text
+    finally:
+        branch.destroy(pool, "dock-fallback")
