@@ -253,8 +253,9 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
 
 
 def _empty_workdir(work: Path) -> None:
-    """Empty OverlayFS's work directory. The kernel leaves root-owned, mode 000 directories
-    in it; they are empty once unmounted, so a user other than root may still rmdir them."""
+    """Empty OverlayFS's work directory as far as this user may. The kernel leaves root-owned,
+    mode 000 directories in it: root removes them; another user removes the empty ones, and the
+    Docker runtime has its daemon remove the rest (see ``DockerRuntime.detach``)."""
     if not work.is_dir():
         return
     for child in work.iterdir():

@@ -13,6 +13,7 @@ import pytest
 from helpers import assert_no_leaks, postgres_processes_for, server_pid
 from pgoverlay.errors import BranchExistsError, BranchMissingError, InvalidNameError
 from pgoverlay.runner import branch, gc
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 
@@ -174,7 +175,8 @@ def test_gc_restarts_a_ready_branch_whose_server_died(pool: Pool, base: BaseVers
         os.kill(server_pid(pool, "phoenix"), 9)
         for pid in postgres_processes_for(lay.root):
             os.kill(pid, 9)
-        assert not branch.status(pool, "phoenix").running
+        # A local server is seen dead at once; Docker notes a container's death a moment later.
+        wait_for(lambda: not branch.status(pool, "phoenix").running, timeout=30, what="death")
         report = gc.collect(pool)
         assert report.restarted == ["phoenix"]
         with connect(pool, "phoenix") as conn:
