@@ -19,6 +19,7 @@ from pgoverlay.action.workflow import Inputs, Outcome, handle
 from pgoverlay.errors import ConfigError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.runtime.choose import choose_runtime
 from pgoverlay.runner.settings import load as load_settings
 
 
@@ -181,7 +182,7 @@ def privileges() -> str:
     try:
         inputs = read_inputs(dict(os.environ))
         base = branches.resolve_base(pool, inputs.base)
-        chosen = branches.choose_runtime(
+        chosen = choose_runtime(
             pool, None if inputs.runtime == "auto" else inputs.runtime, major=base.pg_major or 0
         )
     except PgoverlayError:

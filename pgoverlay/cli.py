@@ -29,6 +29,7 @@ from pgoverlay.runner import branch, demo, doctor, gc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.names import parse_duration
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.runtime.choose import RUNTIMES
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
@@ -493,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     seed_cmd.add_argument(
         "--runtime",
-        choices=branch.RUNTIMES,
+        choices=RUNTIMES,
         help="where pg_basebackup and the prepare step run: `docker` runs them in a container "
         "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
         "this host's binaries of the source's version when it has them",
@@ -510,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
     create.add_argument(
         "--runtime",
-        choices=branch.RUNTIMES,
+        choices=RUNTIMES,
         help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
         "its daemon answers, otherwise a local process)",
     )

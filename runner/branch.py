@@ -25,24 +25,18 @@ from pgoverlay.errors import (
     BranchExistsError,
     BranchMissingError,
     BranchStartError,
-    ConfigError,
-    PgoverlayError,
     PoolFullError,
     PortsExhaustedError,
-    VersionMismatchError,
 )
-from pgoverlay.runner import locks, pgbin, roles, sizes
+from pgoverlay.runner import locks, roles, sizes
+from pgoverlay.runner.branchconf import server_options, write_conf
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
-from pgoverlay.runner.runtime import Layout, Runtime
-from pgoverlay.runner.runtime import docker as docker_runtime
-from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
-from pgoverlay.runner.runtime.local import LocalRuntime
+from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
 
 log = logging.getLogger(__name__)
-
-RUNTIMES = ("auto", "local", "docker")
 
 
 # -- layout and runtime -------------------------------------------------------------------
@@ -58,65 +52,6 @@ def socket_root(pool: Pool) -> Path:
 
 def layout(pool: Pool, name: str) -> Layout:
     return Layout(root=pool.branch_dir(name), socket_dir=socket_root(pool) / name)
-
-
-def choose_runtime(pool: Pool, requested: str | None = None, *, major: int | None = None) -> str:
-    """``local`` or ``docker``: what was asked for, else the pool's setting. ``auto`` means
-    Docker when its daemon answers and (given the base's ``major``) its image is usable, else
-    local; when neither has that major, Docker, so the error names the image."""
-    wanted = requested or pool.settings.runtime
-    if wanted not in RUNTIMES:
-        raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
-    if wanted != "auto":
-        return wanted
-    if not docker_runtime.available():
-        return "local"
-    if major is None:
-        return "docker"
-    image = pool.settings.image_for(major)
-    try:
-        docker_runtime.image_major(
-            docker_runtime.shared(), image, timeout=pool.settings.command_timeout
-        )
-    except PgoverlayError as err:
-        if major in pgbin.installs(pool.settings.pg_bindir):
-            log.warning("runtime auto: %s; using the local runtime", err)
-            return "local"
-    return "docker"
-
-
-def runtime_for(
-    pool: Pool, base: BaseVersion, name: str = "local", *, check: bool = False
-) -> Runtime:
-    """The runtime ``name`` for branches of ``base``. With ``check``, refuse (before anything
-    starts) binaries or an image whose Postgres major version is not the base's."""
-    s = pool.settings
-    major = base.pg_major or 0
-    if name == "docker":
-        client = docker_runtime.shared()
-        image = s.image_for(major)
-        if check:
-            found = docker_runtime.image_major(client, image, timeout=s.command_timeout)
-            if found != major:
-                raise VersionMismatchError(
-                    f"image {image} runs Postgres {found}, but base {base.name} is Postgres "
-                    f"{major}: set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
-                    "({major} in it stands for the base's major version)"
-                )
-        return DockerRuntime(
-            client,
-            image=image,
-            pool_id=pool_id(pool),
-            owner=pool.owner,
-            publish=Publish.parse(s.listen_address),
-            shm_size=s.docker_shm_size,
-            start_timeout=s.start_timeout,
-            stop_timeout=s.stop_timeout,
-        )
-    install = pgbin.for_major(major, s.pg_bindir)
-    return LocalRuntime(
-        install, owner=pool.owner, start_timeout=s.start_timeout, stop_timeout=s.stop_timeout
-    )
 
 
 def fault(pool: Pool, point: str) -> None:
@@ -150,83 +85,6 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     return base
 
 
-# -- server configuration -----------------------------------------------------------------
-
-
-def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
-    """Settings passed on the command line: they outrank the base's own configuration files."""
-    s = pool.settings
-    return {
-        "data_directory": os.fspath(lay.data),
-        "config_file": os.fspath(lay.conf / "postgresql.conf"),
-        "hba_file": os.fspath(lay.conf / "pg_hba.conf"),
-        "ident_file": os.fspath(lay.conf / "pg_ident.conf"),
-        "external_pid_file": "",
-        "port": str(branch.port),
-        "listen_addresses": s.listen_address,
-        "unix_socket_directories": os.fspath(lay.socket_dir),
-        "unix_socket_permissions": "0700",
-        "recovery_init_sync_method": "syncfs",
-        "archive_mode": "off",
-        "archive_command": "",
-        "restore_command": "",
-        "primary_conninfo": "",
-        "primary_slot_name": "",
-        **ssl_options(pool),
-        "synchronous_standby_names": "",
-        "huge_pages": "try",
-        "unix_socket_group": "",
-        "superuser_reserved_connections": "3",
-        "password_encryption": "scram-sha-256",
-        "shared_buffers": s.shared_buffers,
-        "max_connections": str(s.max_connections),
-        "work_mem": s.work_mem,
-        "maintenance_work_mem": s.maintenance_work_mem,
-        "min_wal_size": s.min_wal_size,
-        "max_wal_size": s.max_wal_size,
-        "logging_collector": "off",
-        "log_destination": "stderr",
-        "cluster_name": f"pgoverlay-{branch.name}",
-    }
-
-
-def ssl_options(pool: Pool) -> dict[str, str]:
-    """SSL with the pool's own certificate, or none: the base's certificate paths are
-    production's."""
-    s = pool.settings
-    if s.ssl_cert_file is None or s.ssl_key_file is None:
-        return {"ssl": "off"}
-    return {
-        "ssl": "on",
-        "ssl_cert_file": os.fspath(s.ssl_cert_file),
-        "ssl_key_file": os.fspath(s.ssl_key_file),
-        "ssl_ca_file": "",
-        "ssl_crl_file": "",
-        "ssl_crl_dir": "",
-        "ssl_passphrase_command": "",
-    }
-
-
-def _write_conf(pool: Pool, lay: Layout) -> None:
-    files = {
-        # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
-        "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
-        # The socket directory is 0700 and owned by the branch's OS user: only that user
-        # (and root) reach the trusted socket. Everyone else needs the branch password.
-        "pg_hba.conf": (
-            "local all all trust\n"
-            "host all all 0.0.0.0/0 scram-sha-256\n"
-            "host all all ::/0 scram-sha-256\n"
-        ),
-        "pg_ident.conf": "",
-    }
-    for filename, text in files.items():
-        path = lay.conf / filename
-        path.write_text(text)
-        os.chown(path, pool.owner.uid, pool.owner.gid)
-        os.chmod(path, 0o600)
-
-
 def _own(pool: Pool, path: Path) -> None:
     """Give ``path`` to the branches' user (a no-op when that user is the one running)."""
     if os.geteuid() == 0:
@@ -249,7 +107,7 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
         raise
-    _write_conf(pool, lay)
+    write_conf(pool, lay)
 
 
 def _empty_workdir(work: Path) -> None:

@@ -49,6 +49,7 @@ from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, require_root
 from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.choose import choose_runtime
 from pgoverlay.runner.runtime.docker_tools import DockerTools
 from pgoverlay.runner.sourceinfo import SourceInfo, Tablespace
 from pgoverlay.runner.tools import Tools
@@ -300,12 +301,10 @@ def seed(
 def tools_for(pool: Pool, major: int, *, runtime: str | None, src: Source, base_name: str) -> Tools:
     """The programs that copy and prepare the base: this host's binaries, or with the Docker
     runtime the image's. ``auto`` takes this host's binaries of ``major`` when it has them."""
-    from pgoverlay.runner import branch
-
     wanted = runtime or pool.settings.runtime
     if wanted == "local" or (wanted == "auto" and major in pgbin.installs(pool.settings.pg_bindir)):
         return pgbin.for_major(major, pool.settings.pg_bindir)
-    if branch.choose_runtime(pool, wanted) != "docker":
+    if choose_runtime(pool, wanted) != "docker":
         return pgbin.for_major(major, pool.settings.pg_bindir)  # says what to install
     image = pool.settings.image_for(major)
     mounts = [pool.root]

@@ -1,0 +1,84 @@
+"""A branch's server configuration: the settings pgoverlay imposes, which outrank the base's own
+files (they go on the command line), and the branch's own configuration files."""
+
+from __future__ import annotations
+
+import os
+
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import Branch
+from pgoverlay.runner.runtime import Layout
+
+
+def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
+    """Settings passed on the command line: they outrank the base's own configuration files."""
+    s = pool.settings
+    return {
+        "data_directory": os.fspath(lay.data),
+        "config_file": os.fspath(lay.conf / "postgresql.conf"),
+        "hba_file": os.fspath(lay.conf / "pg_hba.conf"),
+        "ident_file": os.fspath(lay.conf / "pg_ident.conf"),
+        "external_pid_file": "",
+        "port": str(branch.port),
+        "listen_addresses": s.listen_address,
+        "unix_socket_directories": os.fspath(lay.socket_dir),
+        "unix_socket_permissions": "0700",
+        "recovery_init_sync_method": "syncfs",
+        "archive_mode": "off",
+        "archive_command": "",
+        "restore_command": "",
+        "primary_conninfo": "",
+        "primary_slot_name": "",
+        **ssl_options(pool),
+        "synchronous_standby_names": "",
+        "huge_pages": "try",
+        "unix_socket_group": "",
+        "superuser_reserved_connections": "3",
+        "password_encryption": "scram-sha-256",
+        "shared_buffers": s.shared_buffers,
+        "max_connections": str(s.max_connections),
+        "work_mem": s.work_mem,
+        "maintenance_work_mem": s.maintenance_work_mem,
+        "min_wal_size": s.min_wal_size,
+        "max_wal_size": s.max_wal_size,
+        "logging_collector": "off",
+        "log_destination": "stderr",
+        "cluster_name": f"pgoverlay-{branch.name}",
+    }
+
+
+def ssl_options(pool: Pool) -> dict[str, str]:
+    """SSL with the pool's own certificate, or none: the base's certificate paths are
+    production's."""
+    s = pool.settings
+    if s.ssl_cert_file is None or s.ssl_key_file is None:
+        return {"ssl": "off"}
+    return {
+        "ssl": "on",
+        "ssl_cert_file": os.fspath(s.ssl_cert_file),
+        "ssl_key_file": os.fspath(s.ssl_key_file),
+        "ssl_ca_file": "",
+        "ssl_crl_file": "",
+        "ssl_crl_dir": "",
+        "ssl_passphrase_command": "",
+    }
+
+
+def write_conf(pool: Pool, lay: Layout) -> None:
+    files = {
+        # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
+        "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
+        # The socket directory is 0700 and owned by the branch's OS user: only that user
+        # (and root) reach the trusted socket. Everyone else needs the branch password.
+        "pg_hba.conf": (
+            "local all all trust\n"
+            "host all all 0.0.0.0/0 scram-sha-256\n"
+            "host all all ::/0 scram-sha-256\n"
+        ),
+        "pg_ident.conf": "",
+    }
+    for filename, text in files.items():
+        path = lay.conf / filename
+        path.write_text(text)
+        os.chown(path, pool.owner.uid, pool.owner.gid)
+        os.chmod(path, 0o600)
