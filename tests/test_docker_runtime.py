@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from helpers import assert_no_leaks, cli_as, docker_objects_for, require_docker_image
-from pgoverlay.errors import NotRootError, VersionMismatchError
+from pgoverlay.errors import DockerError, NotRootError, VersionMismatchError
 from pgoverlay.runner import branch, doctor, gc
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -185,3 +185,32 @@ def test_auto_falls_back_to_local_when_the_image_cannot_be_had(
         assert "no-such-image" in caplog.text and "using the local runtime" in caplog.text
     finally:
         branch.destroy(pool, "dock-fallback")
+
+
+def test_an_image_without_pg_major_is_asked_and_a_non_postgres_image_refused(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    good = pool.settings.image_for(base.pg_major or 0)
+    scratch = client.containers.create(good, entrypoint=["true"])
+    try:
+        scratch.commit(repository="pgoverlay-local/unlabelled", tag="1", changes=["ENV PG_MAJOR="])
+        scratch.commit(
+            repository="pgoverlay-local/not-postgres",
+            tag="1",
+            changes=["ENV PG_MAJOR=", "ENV PATH=/usr/bin:/bin"],
+        )
+    finally:
+        scratch.remove(force=True)
+    try:
+        assert docker_runtime.image_major(client, "pgoverlay-local/unlabelled:1", timeout=60) == (
+            base.pg_major
+        )
+        with pytest.raises(DockerError, match="does not look like a Postgres image"):
+            docker_runtime.image_major(client, "pgoverlay-local/not-postgres:1", timeout=60)
+        probes = client.containers.list(
+            all=True, filters={"label": f"{docker_runtime.LABEL_KIND}=probe"}
+        )
+        assert probes == [], "a probe container was left behind"
+    finally:
+        for tag in ("pgoverlay-local/unlabelled:1", "pgoverlay-local/not-postgres:1"):
+            client.images.remove(tag, force=True)

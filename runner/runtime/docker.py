@@ -95,7 +95,9 @@ def reachable() -> str | None:
 
 
 def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
-    """The Postgres major version of ``image``, pulling it if it is not on this host."""
+    """The Postgres major version of ``image``, pulling it if it is not on this host.
+
+    ``timeout`` bounds asking an image without ``PG_MAJOR`` for ``postgres --version``."""
     import docker.errors
 
     try:
@@ -117,16 +119,7 @@ def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     major = _parse_major(env.get("PG_MAJOR", ""))
     if major is None:
-        # Not built like the official image: ask its postgres.
-        output = client.containers.run(
-            image_id,
-            entrypoint=["postgres"],
-            command=["--version"],
-            remove=True,
-            network_mode="none",
-            labels={LABEL_KIND: "probe"},
-        )
-        major = _parse_major(output.decode(errors="replace"))
+        major = _ask_major(client, image_id, timeout=timeout)
     if major is None:
         raise DockerError(
             f"image {image} does not look like a Postgres image: neither PG_MAJOR in its "
@@ -135,6 +128,30 @@ def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
         )
     _majors[image_id] = major
     return major
+
+
+def _ask_major(client: DockerClient, image_id: str, *, timeout: float) -> int | None:
+    """Not built like the official image: ask its ``postgres``; None if it has none."""
+    import docker.errors
+
+    container = client.containers.create(
+        image_id,
+        entrypoint=["postgres"],
+        command=["--version"],
+        network_mode="none",
+        labels={LABEL_KIND: "probe"},
+    )
+    try:
+        container.start()
+        container.wait(timeout=timeout)
+        return _parse_major(container.logs().decode(errors="replace"))
+    except docker.errors.DockerException:
+        return None  # no postgres on its PATH, or not runnable at all
+    except Exception:  # the SDK raises the HTTP client's timeout error
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
 
 
 def _parse_major(text: str) -> int | None:
