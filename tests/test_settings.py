@@ -43,3 +43,15 @@ def test_bad_settings_are_refused_with_the_variable_named() -> None:
         Settings(port_min=7000, port_max=6000)
     with pytest.raises(ValueError, match="power of two"):
         Settings(wal_segsize_mb=3)
+
+
+def test_the_webhooks_example_configuration_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgoverlay.webhook.settings import WebhookSettings
+
+    example = Path(__file__).resolve().parents[1] / "webhook" / "config.example.yml"
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_CONFIG", str(example))
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_SECRET", "s3cret-for-the-test")
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_TOKEN", "ghp_test")
+    settings = WebhookSettings()
+    assert settings.repositories, "the example configures at least one repository"
+    assert {r.runtime for r in settings.repositories.values()} <= {"auto", "local", "docker"}

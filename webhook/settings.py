@@ -35,6 +35,8 @@ class RepoSettings(BaseModel):
     ttl: str | None = None
     reset_on_push: bool = True
     comment: bool = True
+    # Where the repository's branches run; auto: the runner's PGOVERLAY_RUNTIME.
+    runtime: Literal["auto", "local", "docker"] = "auto"
     forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
     fork_label: str = "pgoverlay:allow"
     drafts: bool = True

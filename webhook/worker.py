@@ -269,6 +269,7 @@ class Worker:
             reset_on_push=repo.reset_on_push,
             ttl=repo.ttl,
             comment=repo.comment,
+            runtime=repo.runtime,
             allow_fork_commands=False,
         )
         if ev.kind == "close":
