@@ -77,6 +77,7 @@ def main() -> int:
     parser.add_argument("--creates", type=int, default=10, help="creates per base")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-mask", help="work directory")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
     work = Path(args.work)
     for path in (work, work / "tmp"):
         path.mkdir(parents=True, exist_ok=True)
@@ -142,7 +143,8 @@ def main() -> int:
             *rows,
             "",
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Postgres {install.major}; the machine was shared with other work while it ran.",
+            f"Postgres {install.major}; load average {load:.2f} when the run started (the "
+            "machine is shared, and other work may have run alongside).",
             END,
         ]
     )
