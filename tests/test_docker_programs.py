@@ -131,3 +131,24 @@ def test_migrations_of_a_docker_branch_use_the_images_psql(
         assert program_containers(pool) == []
     finally:
         branch.destroy(pool, "pr-41")
+
+
+def test_a_silent_program_past_its_deadline_is_killed_and_removed(
+    pool: Pool, base: BaseVersion
+) -> None:
+    from pgoverlay.errors import TimeoutExpiredError
+    from pgoverlay.runner.runtime.docker_tools import DockerTools
+
+    require_docker_image(base.pg_major or 0)
+    tools = DockerTools.for_image(
+        docker_runtime.connect(),
+        pool.settings.image_for(base.pg_major or 0),
+        owner=pool.owner,
+        scratch=pool.tmp,
+        mounts=[],
+        timeout=60,
+        labels={docker_runtime.LABEL_POOL: pool.id},
+    )
+    with pytest.raises(TimeoutExpiredError, match="sleep did not finish within 2 s"):
+        tools.run_streaming("sleep", ["300"], timeout=2, on_line=lambda _line: None)
+    assert program_containers(pool) == []

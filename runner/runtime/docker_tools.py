@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,18 @@ class DockerTools:
         collected: list[str] = []
         with self._environment(env, who) as environment:
             container = self._start(tool, args, user=who, env=environment, cwd=None)
+            # The log stream follows the container for as long as it runs: a timer kills it at
+            # the deadline, which ends the stream.
+            expired = threading.Event()
+
+            def expire() -> None:
+                expired.set()
+                with contextlib.suppress(Exception):
+                    container.kill()
+
+            watchdog = threading.Timer(timeout, expire)
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 pending = ""
                 for chunk in container.logs(stdout=False, stderr=True, stream=True, follow=True):
@@ -206,10 +219,13 @@ class DockerTools:
                 if pending:
                     collected.append(pending)
                     on_line(pending)
-                code = self._finish(container, timeout, tool)
+                code = self._finish(container, 60.0, tool)
             finally:
+                watchdog.cancel()
                 with contextlib.suppress(Exception):
                     container.remove(force=True)
+        if expired.is_set():
+            raise TimeoutExpiredError(f"{tool} did not finish within {timeout:.0f} s")
         stderr = "\n".join(collected)
         if code != 0:
             raise CommandError(
