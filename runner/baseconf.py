@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 INCLUDE = re.compile(
@@ -31,10 +32,18 @@ def _inside(path: Path, datadir: Path) -> bool:
     return path.resolve().is_relative_to(datadir.resolve())
 
 
-def confine_includes(datadir: Path) -> list[str]:
-    """Comment out every include of the base's configuration that points outside ``datadir``
-    or to nothing; follow the ones inside. Returns one warning per include removed."""
-    warnings: list[str] = []
+def _include(conf: Path, line: str) -> tuple[str, Path, Path] | None:
+    """An include line's kind, its target as written, and the path it names."""
+    match = INCLUDE.match(line)
+    if not match:
+        return None
+    target = Path(_unquote(match.group(2)))
+    return match.group(1).lower(), target, target if target.is_absolute() else conf.parent / target
+
+
+def _rewrite(datadir: Path, edit: Callable[[Path, str], str | None]) -> None:
+    """Walk the base's configuration files, following includes that stay inside ``datadir``,
+    and replace each line for which ``edit`` returns a replacement (keeping the file's owner)."""
     pending = [datadir / name for name in FILES]
     seen: set[Path] = set()
     while pending:
@@ -45,27 +54,38 @@ def confine_includes(datadir: Path) -> list[str]:
         lines = conf.read_text(errors="replace").splitlines(keepends=True)
         changed = False
         for i, line in enumerate(lines):
-            match = INCLUDE.match(line)
-            if not match:
+            replacement = edit(conf, line)
+            if replacement is not None:
+                lines[i] = replacement
+                changed = True
                 continue
-            kind, target = match.group(1).lower(), Path(_unquote(match.group(2)))
-            path = target if target.is_absolute() else conf.parent / target
-            if _inside(path, datadir) and path.exists():
-                if kind == "include_dir":
-                    pending += sorted(path.glob("*.conf"))
-                else:
-                    pending.append(path)
-                continue
-            lines[i] = MARK + line
-            changed = True
-            warnings.append(
-                f"{conf.relative_to(datadir)} has `{kind} {target}`, which is not part of the "
-                "base (missing, or outside the data directory): branches ignore it"
-            )
+            found = _include(conf, line)
+            if found and _inside(found[2], datadir) and found[2].exists():
+                path = found[2]
+                pending += sorted(path.glob("*.conf")) if path.is_dir() else [path]
         if changed:
             stat = conf.stat()
             conf.write_text("".join(lines))
             os.chown(conf, stat.st_uid, stat.st_gid)
+
+
+def confine_includes(datadir: Path) -> list[str]:
+    """Comment out every include of the base's configuration that points outside ``datadir``
+    or to nothing; follow the ones inside. Returns one warning per include removed."""
+    warnings: list[str] = []
+
+    def edit(conf: Path, line: str) -> str | None:
+        found = _include(conf, line)
+        if found is None or (_inside(found[2], datadir) and found[2].exists()):
+            return None
+        kind, target, _ = found
+        warnings.append(
+            f"{conf.relative_to(datadir)} has `{kind} {target}`, which is not part of the "
+            "base (missing, or outside the data directory): branches ignore it"
+        )
+        return MARK + line
+
+    _rewrite(datadir, edit)
     return warnings
 
 
@@ -84,44 +104,20 @@ SETTING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(?:=\s*)?\S", re.IGNORECA
 REMOVED_MARK = "# pgoverlay: removed (it may hold production's credentials): "
 
 
-def _config_files(datadir: Path) -> list[Path]:
-    """The base's configuration files and, following includes, those they pull in."""
-    found: list[Path] = []
-    pending = [datadir / name for name in FILES]
-    while pending:
-        conf = pending.pop()
-        if conf in found or not conf.is_file():
-            continue
-        found.append(conf)
-        for line in conf.read_text(errors="replace").splitlines():
-            match = INCLUDE.match(line)
-            if not match:
-                continue
-            target = Path(_unquote(match.group(2)))
-            path = target if target.is_absolute() else conf.parent / target
-            if _inside(path, datadir) and path.exists():
-                pending += sorted(path.glob("*.conf")) if path.is_dir() else [path]
-    return found
-
-
 def remove_secret_settings(datadir: Path) -> list[str]:
     """Comment out settings that branches override and that may carry credentials. Returns one
     note per setting removed (names and files only: never the values)."""
     notes: list[str] = []
-    for conf in _config_files(datadir):
-        lines = conf.read_text(errors="replace").splitlines(keepends=True)
-        changed = False
-        for i, line in enumerate(lines):
-            match = SETTING.match(line)
-            if match and match.group(1).lower() in SECRET_SETTINGS:
-                lines[i] = REMOVED_MARK + match.group(1) + "\n"
-                changed = True
-                notes.append(
-                    f"{conf.relative_to(datadir)}: removed {match.group(1).lower()} from the "
-                    "base (branches never use it, and it may hold production's credentials)"
-                )
-        if changed:
-            stat = conf.stat()
-            conf.write_text("".join(lines))
-            os.chown(conf, stat.st_uid, stat.st_gid)
+
+    def edit(conf: Path, line: str) -> str | None:
+        match = SETTING.match(line)
+        if not match or match.group(1).lower() not in SECRET_SETTINGS:
+            return None
+        notes.append(
+            f"{conf.relative_to(datadir)}: removed {match.group(1).lower()} from the "
+            "base (branches never use it, and it may hold production's credentials)"
+        )
+        return REMOVED_MARK + match.group(1) + "\n"
+
+    _rewrite(datadir, edit)
     return notes

@@ -137,6 +137,28 @@ def test_includes_outside_the_data_directory_or_missing_are_commented_out(tmp_pa
     assert baseconf.confine_includes(data) == [], "a second pass finds nothing left to do"
 
 
+def test_settings_that_may_hold_credentials_are_removed_from_the_base_values_and_all(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    (data / "conf.d").mkdir(parents=True)
+    (data / "postgresql.auto.conf").write_text(
+        "primary_conninfo = 'host=prod user=repl password=hunter2'\n"
+        "shared_buffers = '1GB'\n"
+        "  Restore_Command='curl -H token:abc123 %f'\n"
+    )
+    (data / "postgresql.conf").write_text("include_dir 'conf.d'\nwork_mem = 8MB\n")
+    (data / "conf.d" / "archive.conf").write_text("archive_command = 's3 put --key=k3y %p'\n")
+    notes = baseconf.remove_secret_settings(data)
+    texts = "".join(p.read_text() for p in sorted(data.rglob("*.conf")))
+    for secret in ("hunter2", "abc123", "k3y"):
+        assert secret not in texts and secret not in "\n".join(notes)
+    assert "shared_buffers = '1GB'" in texts and "work_mem = 8MB" in texts
+    assert f"{baseconf.REMOVED_MARK}Restore_Command\n" in texts
+    assert len(notes) == 3, notes
+    assert baseconf.remove_secret_settings(data) == [], "a second pass finds nothing left to do"
+
+
 def test_tablespace_mappings_cover_outside_tablespaces_only_and_escape_equals() -> None:
     spaces = [
         Tablespace(oid=16384, name="far", location="/srv/a=b"),
