@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from pgoverlay.runner import cluster
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import Branch
 from pgoverlay.runner.runtime import Layout
@@ -18,22 +19,12 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "config_file": os.fspath(lay.conf / "postgresql.conf"),
         "hba_file": os.fspath(lay.conf / "pg_hba.conf"),
         "ident_file": os.fspath(lay.conf / "pg_ident.conf"),
-        "external_pid_file": "",
         "port": str(branch.port),
         "listen_addresses": s.listen_address,
         "unix_socket_directories": os.fspath(lay.socket_dir),
         "unix_socket_permissions": "0700",
-        "recovery_init_sync_method": "syncfs",
-        "archive_mode": "off",
-        "archive_command": "",
-        "restore_command": "",
-        "primary_conninfo": "",
-        "primary_slot_name": "",
+        **cluster.CUT_OFF,
         **ssl_options(pool),
-        "synchronous_standby_names": "",
-        "huge_pages": "try",
-        "unix_socket_group": "",
-        "superuser_reserved_connections": "3",
         "password_encryption": "scram-sha-256",
         "shared_buffers": s.shared_buffers,
         "max_connections": str(s.max_connections),

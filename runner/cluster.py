@@ -20,6 +20,23 @@ from pgoverlay.runner.tools import Tools
 
 PRIVATE_PORT = 5432
 
+# What keeps a server started on a copy of production from reaching back into it, or waiting
+# on it, whatever the copy's own files say: every branch and the engine's own start of a base
+# run with these on the command line (see branchconf.server_options).
+CUT_OFF = {
+    "external_pid_file": "",
+    "recovery_init_sync_method": "syncfs",
+    "archive_mode": "off",
+    "archive_command": "",
+    "restore_command": "",
+    "primary_conninfo": "",
+    "primary_slot_name": "",
+    "synchronous_standby_names": "",
+    "huge_pages": "try",
+    "unix_socket_group": "",
+    "superuser_reserved_connections": "3",
+}
+
 
 @dataclass(frozen=True)
 class Running:
@@ -91,21 +108,11 @@ def running(
             "data_directory": os.fspath(datadir),
             "config_file": os.fspath(conf),
             "hba_file": os.fspath(hba),
-            "external_pid_file": "",
             "listen_addresses": "",
             "port": str(PRIVATE_PORT),
             "unix_socket_directories": os.fspath(work),
-            "recovery_init_sync_method": "syncfs",
-            "archive_mode": "off",
-            "archive_command": "",
-            "restore_command": "",
-            "primary_conninfo": "",
-            "primary_slot_name": "",
+            **CUT_OFF,
             "ssl": "off",
-            "synchronous_standby_names": "",
-            "huge_pages": "try",
-            "unix_socket_group": "",
-            "superuser_reserved_connections": "3",
             "logging_collector": "off",
             "shared_buffers": "128MB",
             "max_connections": "20",

@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psycopg
@@ -36,24 +36,6 @@ def require_root() -> None:
     require(os.geteuid() == 0, "needs root (mounts and Postgres as another user)")
 
 
-def cli(
-    args: list[str], *, env: Mapping[str, str], timeout: float = 300, user: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run the real `pgoverlay` command in a child process."""
-    argv = [sys.executable, "-m", "pgoverlay", *args]
-    if user is not None:
-        argv = ["runuser", "-u", user, "--", *argv]
-    return subprocess.run(
-        argv,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd="/",
-    )
-
-
 # Starts as root, imports everything the command needs (this interpreter may live where another
 # user cannot read), then becomes the user and runs the command in the same process.
 _AS_USER = """
@@ -69,12 +51,21 @@ raise SystemExit(pgoverlay.cli.main(sys.argv[3:]))
 """
 
 
-def cli_as(
-    args: list[str], *, env: Mapping[str, str], user: str, groups: list[str], timeout: float = 300
+def cli(
+    args: list[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float = 300,
+    user: str | None = None,
+    groups: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run `pgoverlay` as ``user`` with supplementary ``groups``, not as root."""
+    """Run the real `pgoverlay` command in a child process; with ``user``, as that user (with
+    supplementary ``groups``), not as root."""
+    argv = [sys.executable, "-m", "pgoverlay", *args]
+    if user is not None:
+        argv = [sys.executable, "-c", _AS_USER, user, ",".join(groups), *args]
     return subprocess.run(
-        [sys.executable, "-c", _AS_USER, user, ",".join(groups), *args],
+        argv,
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli_as, docker_objects_for, require_docker_image
+from helpers import assert_no_leaks, cli, docker_objects_for, require_docker_image
 from pgoverlay.errors import DockerError, NotRootError, VersionMismatchError
 from pgoverlay.runner import branch, doctor, gc
 from pgoverlay.runner.pool import Pool
@@ -131,7 +131,7 @@ def test_a_docker_group_user_runs_branches_without_root(
     as_user = {**env, "PGOVERLAY_RUNTIME": "docker"}
 
     def run(*args: str) -> str:
-        done = cli_as(list(args), env=as_user, user=user, groups=["docker"])
+        done = cli(list(args), env=as_user, user=user, groups=["docker"])
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -147,14 +147,14 @@ def test_a_docker_group_user_runs_branches_without_root(
             assert conn.execute("SELECT to_regclass('scratch')").fetchone() == (None,)
         run("gc")
         assert run("action", "privileges").strip() == "user", "the Action would skip sudo"
-        local = cli_as(
+        local = cli(
             ["action", "privileges"],
             env={**as_user, "INPUT_RUNTIME": "local"},
             user=user,
             groups=["docker"],
         )
         assert local.stdout.strip() == "root", "a local branch needs the Action to use sudo"
-        refused = cli_as(
+        refused = cli(
             ["branch", "create", "dock-local", "--runtime", "local"],
             env=as_user,
             user=user,

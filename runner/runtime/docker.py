@@ -176,29 +176,18 @@ class Publish:
         return cls(tuple("0.0.0.0" if h == "*" else h for h in hosts) or ("127.0.0.1",))
 
 
+@dataclass
 class DockerRuntime:
-    name = "docker"
+    client: DockerClient
+    image: str
+    pool_id: str
+    owner: OsUser
+    publish: Publish
+    shm_size: str
+    start_timeout: float
+    stop_timeout: float
 
-    def __init__(
-        self,
-        client: DockerClient,
-        *,
-        image: str,
-        pool_id: str,
-        owner: OsUser,
-        publish: Publish,
-        shm_size: str,
-        start_timeout: float,
-        stop_timeout: float,
-    ) -> None:
-        self.client = client
-        self.image = image
-        self.pool_id = pool_id
-        self.owner = owner
-        self.publish = publish
-        self.shm_size = shm_size
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
+    name = "docker"
 
     # names and labels ----------------------------------------------------------------------
 
