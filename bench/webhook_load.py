@@ -326,7 +326,7 @@ class Bench:
                 branch.destroy(pool, b.name)
             for v in pool.registry.bases():
                 seed.remove_version(pool, v.name, v.version)
-            shutil.rmtree(branch.socket_root(pool), ignore_errors=True)
+            shutil.rmtree(pool.socket_root, ignore_errors=True)
         if pool is not None:
             pool.close()
         if not keep:

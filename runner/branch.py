@@ -42,16 +42,8 @@ log = logging.getLogger(__name__)
 # -- layout and runtime -------------------------------------------------------------------
 
 
-def pool_id(pool: Pool) -> str:
-    return pool.id
-
-
-def socket_root(pool: Pool) -> Path:
-    return pool.socket_root
-
-
 def layout(pool: Pool, name: str) -> Layout:
-    return Layout(root=pool.branch_dir(name), socket_dir=socket_root(pool) / name)
+    return Layout(root=pool.branch_dir(name), socket_dir=pool.socket_root / name)
 
 
 def fault(pool: Pool, point: str) -> None:

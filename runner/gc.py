@@ -110,7 +110,7 @@ def _orphan_containers(pool: Pool, report: Report) -> None:
     try:
         report.orphans += docker_runtime.reconcile(
             client,
-            pool_id=branches.pool_id(pool),
+            pool_id=pool.id,
             known={b.name for b in pool.registry.branches()},
             may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
             stop_timeout=pool.settings.stop_timeout,

@@ -121,7 +121,7 @@ def docker_objects_for(pool: Pool, name: str) -> list[str]:
     except DockerError:
         return []
     try:
-        containers, volumes = docker_runtime.labelled(client, branch.pool_id(pool))
+        containers, volumes = docker_runtime.labelled(client, pool.id)
     finally:
         client.close()
     label = docker_runtime.LABEL_BRANCH
@@ -138,7 +138,7 @@ def server_pid(pool: Pool, name: str) -> int:
 
         client = docker_runtime.connect(timeout=5)
         try:
-            container = client.containers.get(f"pgoverlay-{branch.pool_id(pool)}-{name}")
+            container = client.containers.get(f"pgoverlay-{pool.id}-{name}")
             return int(container.attrs["State"]["Pid"])
         finally:
             client.close()
@@ -181,7 +181,7 @@ def dismantle(pool: Pool) -> None:
     for base in pool.registry.bases():
         seed.remove_version(pool, base.name, base.version)
     pool.close()
-    shutil.rmtree(branch.socket_root(pool), ignore_errors=True)
+    shutil.rmtree(pool.socket_root, ignore_errors=True)
     for target in mounts.mounts_under(pool.home):
         mounts.unmount(Path(target))
     mounts.unmount(pool.home / "pool")

@@ -26,7 +26,7 @@ def client(base: BaseVersion) -> Iterator[Any]:
 
 
 def container_of(client: Any, pool: Pool, name: str) -> Any:
-    return client.containers.get(f"pgoverlay-{branch.pool_id(pool)}-{name}")
+    return client.containers.get(f"pgoverlay-{pool.id}-{name}")
 
 
 def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
@@ -43,7 +43,7 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
         assert branch.status(pool, "dock-auto").as_dict()["runtime"] == "docker"
         container = container_of(client, pool, "dock-auto")
         labels = container.labels
-        assert labels[docker_runtime.LABEL_POOL] == branch.pool_id(pool)
+        assert labels[docker_runtime.LABEL_POOL] == pool.id
         assert labels[docker_runtime.LABEL_BRANCH] == "dock-auto"
         host = container.attrs["HostConfig"]
         assert host["Privileged"] is False and not host["CapAdd"]
