@@ -18,7 +18,10 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.runner.settings import Settings
 
-PORTS = (57000, 57199)
+# Ports handed to the test pool's branches. Two test runs on one machine (two checkouts) can
+# pick disjoint ranges: PGOVERLAY_TEST_PORTS=58000-58199.
+_low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
+PORTS = (int(_low), int(_high))
 
 
 @pytest.fixture(autouse=True)
