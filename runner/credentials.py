@@ -71,8 +71,7 @@ def from_passfile(path: Path) -> Credentials:
     data = read_regular(path, limit=MAX_FILE_BYTES, what=what)
     if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise UnsafeFileError(
-            f"{what} can be read by group or others, so libpq would ignore it: "
-            f"chmod 0600 {path}"
+            f"{what} can be read by group or others, so libpq would ignore it: chmod 0600 {path}"
         )
     return Credentials(passfile=data, origin=f"passfile {path}")
 

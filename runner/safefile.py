@@ -38,9 +38,7 @@ def _read_open(fd: int, *, limit: int, what: str) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFileError(f"{what} is {_kind(st.st_mode)}: it must be a regular file")
     if st.st_size > limit:
-        raise UnsafeFileError(
-            f"{what} is {st.st_size} bytes, more than the {limit} bytes allowed"
-        )
+        raise UnsafeFileError(f"{what} is {st.st_size} bytes, more than the {limit} bytes allowed")
     chunks: list[bytes] = []
     total = 0
     while total <= limit:
