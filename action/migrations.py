@@ -26,8 +26,8 @@ import sqlparse
 from sqlparse import tokens as T
 
 from pgoverlay.action.report import MigrationRun
-from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError
-from pgoverlay.runner import proc
+from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
+from pgoverlay.runner import proc, safefile
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.tools import Tools
 
@@ -59,6 +59,8 @@ _PSQL_ERROR = re.compile(
     r"^psql:(?P<file>.+?):(?P<line>\d+): (?P<level>ERROR|FATAL):\s+(?P<msg>.*)$"
 )
 _STATEMENT_LINE = re.compile(r"^LINE (\d+):")
+# The largest migration file read; a bigger one is refused before a byte of it is read.
+MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -172,23 +174,58 @@ def changed_files(
 
 def changed_between(base: Path, head: Path, folder: str) -> list[str]:
     """The .sql files under ``folder`` that ``head`` adds or changes compared with ``base``
-    (two checkouts, e.g. extracted tarballs), in lexical order."""
+    (two checkouts, e.g. extracted tarballs), in lexical order. A file that cannot be read
+    safely counts as changed: applying it reports why."""
     found = []
     for name in all_files(head, folder):
-        before = base / name
-        if not before.is_file() or before.read_bytes() != (head / name).read_bytes():
+        try:
+            same = _read(base, name, limit=MAX_FILE_BYTES) == _read(
+                head, name, limit=MAX_FILE_BYTES
+            )
+        except UnsafeFileError:
+            same = False
+        if not same:
             found.append(name)
     return found
 
 
 def all_files(repo: Path, folder: str) -> list[str]:
+    """Every entry named ``*.sql`` under ``folder``, in lexical order, without following links
+    to folders. Entries that are not regular files (a link out of the checkout, a FIFO, a
+    directory named like a migration) are listed too: applying them reports why they are
+    refused, rather than skipping them silently."""
+    if safefile.inside(repo, folder) is None:
+        raise MigrationError(
+            f"migrations folder {folder!r} leads out of the checkout {repo}: fix the "
+            "`migrations` input (a path inside the repository)"
+        )
     root = repo / folder
     if not root.is_dir():
         raise MigrationError(
             f"migrations folder {folder!r} does not exist in {repo}: fix the `migrations` input "
             "(a path relative to the working directory)"
         )
-    return sorted(os.fspath(p.relative_to(repo)) for p in root.rglob("*.sql") if p.is_file())
+    found = []
+    for here, dirs, files in os.walk(root, followlinks=False):
+        for entry in (*dirs, *files):
+            if entry.endswith(".sql"):
+                found.append(os.path.relpath(os.path.join(here, entry), repo))
+    return sorted(found)
+
+
+def _read(repo: Path, name: str, *, limit: int) -> bytes:
+    return safefile.read_inside(repo, name, limit=limit, what=f"migration file {name}")
+
+
+def read_migration(repo: Path, name: str, *, limit: int = MAX_FILE_BYTES) -> str:
+    """The text of migration ``name`` under ``repo``: a regular file inside the checkout of at
+    most ``limit`` bytes (see ``safefile.read_inside``), read once without blocking."""
+    data = _read(repo, name, limit=limit)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise UnsafeFileError(f"migration file {name} is not UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode read sees it
 
 
 # -- applying ------------------------------------------------------------------------------
@@ -265,16 +302,25 @@ def apply_files(
     skip_recorded: bool,
     timeout: float,
     user: OsUser | None = None,
+    max_bytes: int = MAX_FILE_BYTES,
 ) -> list[MigrationRun]:
     r"""Apply ``files`` (paths relative to ``repo``) in order; stop at the first failure.
 
     psql runs as ``user``, the owner of the checkout, never as root: a file's ``\!`` shell
-    escape must not gain privileges the pull request's own job steps do not have.
+    escape must not gain privileges the pull request's own job steps do not have. This process
+    reads each file once, for its checksum and to see whether it can run in a transaction, only
+    if it is a regular file inside the checkout of at most ``max_bytes``: a link to a device or
+    out of the checkout, a FIFO or a directory fails that file without being read.
     """
     recorded = ledger(target)
     results: list[MigrationRun] = []
     for index, name in enumerate(files):
-        text = (repo / name).read_text()
+        try:
+            text = read_migration(repo, name, limit=max_bytes)
+        except UnsafeFileError as err:
+            results.append(MigrationRun(name, "failed", 0.0, str(err), file=name))
+            results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
+            return results
         if name in recorded:
             if recorded[name] == checksum(text):
                 if skip_recorded:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +27,7 @@ from rich.table import Table
 
 from pgoverlay import demo as demo_run
 from pgoverlay.errors import ConfigError, MigrationError, PgoverlayError
-from pgoverlay.runner import branch, demo, doctor, gc, seed
+from pgoverlay.runner import branch, credentials, demo, doctor, gc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.names import parse_duration
 from pgoverlay.runner.pool import Pool
@@ -148,8 +150,23 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("seed takes --mask RULES or --no-mask, not both")
     if args.demo and args.mask:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
+    if args.password_file and args.demo:
+        raise ConfigError("--password-file works with --from DSN; the demo needs no password")
+    auth = (
+        credentials.resolve(password_file=args.password_file, environ=os.environ, home=_home())
+        if args.source
+        else credentials.NONE
+    )
     p = _pool()
     bar, update = _seed_progress()
+
+    def ask_password(label: str) -> str:
+        bar.stop()  # the prompt needs the terminal the progress bar draws on
+        try:
+            return getpass.getpass(f"password for the source {label}: ")
+        finally:
+            bar.start()
+
     started = time.monotonic()
     with bar:
         if args.demo:
@@ -161,6 +178,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 p,
                 args.name,
                 source_dsn=args.source,
+                auth=auth,
+                ask_password=ask_password if sys.stdin.isatty() else None,
                 refresh=args.refresh,
                 via=args.via,
                 progress=update,
@@ -175,6 +194,13 @@ def cmd_seed(args: argparse.Namespace) -> int:
         f"{time.monotonic() - started:.1f} s"
     )
     return 0
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home()
+    except RuntimeError:
+        return None
 
 
 def cmd_seed_list(args: argparse.Namespace) -> int:
@@ -465,7 +491,19 @@ def build_parser() -> argparse.ArgumentParser:
         "seed", help="seed a base from a running Postgres (`seed list` lists bases)"
     )
     seed_cmd.add_argument("name", help="base name, or `list`")
-    seed_cmd.add_argument("--from", dest="source", metavar="DSN", help="source connection string")
+    seed_cmd.add_argument(
+        "--from",
+        dest="source",
+        metavar="DSN",
+        help="source connection string, without a password (it would show in `ps`)",
+    )
+    seed_cmd.add_argument(
+        "--password-file",
+        type=Path,
+        metavar="PATH",
+        help="a file holding the source's password (else PGPASSWORD, PGPASSFILE or ~/.pgpass; "
+        "on a terminal, a prompt)",
+    )
     seed_cmd.add_argument(
         "--refresh", action="store_true", help="seed a new version of an existing base"
     )

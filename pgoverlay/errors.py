@@ -16,6 +16,11 @@ class ConfigError(PgoverlayError):
     exit_code = 2
 
 
+class UnsafeFileError(ConfigError):
+    """A file read with privileges is not a regular file, is too big, or leads out of the
+    folder it must stay in (a password file, a pull request's migration file)."""
+
+
 class NotRootError(PgoverlayError):
     exit_code = 3
 
@@ -61,6 +66,10 @@ class SourceUnreachableError(SeedError):
 
 class SeedBusyError(SeedError):
     exit_code = 12
+
+
+class SourcePasswordError(SourceUnreachableError):
+    """The source asks for a password and none was given in a way that stays out of argv."""
 
 
 class BaseMissingError(PgoverlayError):

@@ -15,7 +15,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,12 +28,14 @@ from pgoverlay.errors import (
     MaskError,
     SeedBusyError,
     SeedError,
+    SourcePasswordError,
     SourceUnreachableError,
     VersionMismatchError,
 )
 from pgoverlay.runner import (
     checks,
     cluster,
+    credentials,
     locks,
     maskcheck,
     maskrules,
@@ -44,6 +46,7 @@ from pgoverlay.runner import (
     sourceinfo,
     tablespaces,
 )
+from pgoverlay.runner.credentials import Credentials
 from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, require_root
@@ -69,14 +72,16 @@ _REFUSED_REPLICATION = (
 
 @dataclass(frozen=True)
 class Source:
-    """A parsed source DSN; the password is kept apart so it only ever travels in env."""
+    """A parsed source DSN. It never holds a password: that comes apart (see ``credentials``)
+    and only ever travels in a child's environment or a passfile."""
 
     conninfo: str
-    password: str | None = field(repr=False)
     host: str
     port: str
     user: str
     dbname: str
+    password: str | None = field(default=None, repr=False)
+    passfile: str | None = None  # a private copy of a libpq passfile (credentials.passfile_copy)
 
     @classmethod
     def parse(cls, dsn: str) -> Source:
@@ -87,19 +92,30 @@ class Source:
                 "the source DSN cannot be parsed: use a libpq connection string "
                 "('host=db port=5432 user=replicator dbname=app') or a postgresql:// URL"
             ) from None
-        password = params.pop("password", None)
+        if params.get("password") is not None or params.get("passfile") is not None:
+            raise ConfigError(
+                "the source DSN holds a password (or passfile), and a command line is visible "
+                f"to every user of this host in `ps`: remove it from --from and give it by "
+                f"{credentials.WAYS}"
+            )
         return cls(
             conninfo=make_conninfo("", **{k: v for k, v in params.items() if v is not None}),
-            password=str(password) if password else None,
             host=str(params.get("host") or "localhost"),
             port=str(params.get("port") or "5432"),
             user=str(params.get("user") or ""),
             dbname=str(params.get("dbname") or params.get("user") or "postgres"),
         )
 
+    def using(self, *, password: str | None = None, passfile: str | None = None) -> Source:
+        """This source, reached with ``password`` or the passfile at ``passfile``."""
+        return replace(self, password=password, passfile=passfile)
+
     @property
     def env(self) -> dict[str, str]:
-        return {"PGPASSWORD": self.password} if self.password else {}
+        """What a child program needs to authenticate, for its environment only."""
+        if self.password:
+            return {"PGPASSWORD": self.password}
+        return {"PGPASSFILE": self.passfile} if self.passfile else {}
 
     @property
     def label(self) -> str:
@@ -110,7 +126,11 @@ class Source:
 
     def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(
-            self.conninfo, password=self.password, connect_timeout=15, autocommit=True
+            self.conninfo,
+            password=self.password,
+            passfile=self.passfile,
+            connect_timeout=15,
+            autocommit=True,
         )
 
     def inspect(self) -> SourceInfo:
@@ -120,6 +140,11 @@ class Source:
                 return sourceinfo.inspect(conn)
         except psycopg.OperationalError as err:
             reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
+            if "no password supplied" in reason:
+                raise SourcePasswordError(
+                    f"the source {self.label} asks for a password and none was given: give it "
+                    f"by {credentials.WAYS}"
+                ) from None
             raise SourceUnreachableError(
                 f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
                 "and the source's pg_hba.conf"
@@ -246,6 +271,8 @@ def seed(
     name: str,
     *,
     source_dsn: str,
+    auth: Credentials = credentials.NONE,
+    ask_password: Callable[[str], str] | None = None,
     refresh: bool = False,
     via: Via = "basebackup",
     progress: Progress | None = None,
@@ -253,14 +280,19 @@ def seed(
     allow_unmasked: bool = False,
     runtime: str | None = None,
 ) -> BaseVersion:
-    """Seed base ``name`` from ``source_dsn``; with ``mask``, a rules file applied while the base
-    is prepared. Refreshing a masked base needs ``mask`` again, or ``allow_unmasked``."""
+    """Seed base ``name`` from ``source_dsn``, authenticating with ``auth``; with ``mask``, a
+    rules file applied while the base is prepared. Refreshing a masked base needs ``mask``
+    again, or ``allow_unmasked``. ``ask_password`` (given the source's label) is called once
+    when the source wants a password and ``auth`` holds none: a prompt on a terminal."""
     check_name(name, what="base")
     require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
     rules = maskrules.load(mask) if mask is not None else None
-    with locks.hold(
-        pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
+    with (
+        locks.hold(
+            pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
+        ),
+        credentials.passfile_copy(auth, scratch=pool.tmp, owner=pool.owner) as passfile,
     ):
         existing = pool.registry.latest_base(name)
         if existing is not None and not refresh:
@@ -274,7 +306,14 @@ def seed(
                 "pass --mask RULES to mask the new version too, or --no-mask to seed it "
                 "with the source's data as it is"
             )
-        info = src.inspect()
+        src = src.using(password=auth.password, passfile=passfile)
+        try:
+            info = src.inspect()
+        except SourcePasswordError:
+            if ask_password is None or auth.given:
+                raise
+            src = src.using(password=ask_password(src.label))
+            info = src.inspect()
         if info.major < pgbin.MIN_MAJOR:
             raise SeedError(
                 f"the source runs Postgres {info.major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"

@@ -254,6 +254,6 @@ def test_connection_details_never_show_their_password_in_a_repr() -> None:
     from pgoverlay.runner.seed import Source
 
     target = Target(host="h", port=1, user="u", password="s3cret-pw", database="d")
-    source = Source.parse("host=db user=replicator password=s3cret-pw dbname=app")
+    source = Source.parse("host=db user=replicator dbname=app").using(password="s3cret-pw")
     assert "s3cret-pw" not in repr(target) + repr(source) + source.conninfo
     assert source.env == {"PGPASSWORD": "s3cret-pw"}

@@ -95,8 +95,8 @@ def test_source_refusing_replication_says_to_use_dump(pool: Pool, source: cluste
 
 def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) -> None:
     done = cli(
-        ["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x password=hunter2secret"],
-        env=env,
+        ["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x"],
+        env={**env, "PGPASSWORD": "hunter2secret"},
     )
     assert done.returncode == SourceUnreachableError.exit_code
     assert "cannot reach the source 127.0.0.1:1" in done.stderr
