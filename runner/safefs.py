@@ -114,6 +114,17 @@ def open_log(path: Path, *, uid: int, gid: int) -> int:
     raise _refuse(path, "replaced again while it was being made")
 
 
+def clear_unsafe(path: Path, *, uid: int) -> None:
+    """Remove whatever is at ``path`` unless it is ``uid``'s regular file with one link, so a
+    program that opens ``path`` later (a server in a container) finds a file or nothing."""
+    try:
+        os.close(open_regular(path, os.O_RDONLY, uid=uid))
+    except FileNotFoundError:
+        return
+    except UnsafePathError:
+        path.unlink()
+
+
 def read_tail(path: Path, *, limit: int = TAIL_BYTES) -> str | None:
     """The last ``limit`` bytes of a regular file as text; None if it does not exist. Raises
     UnsafePathError for anything else (a link, a FIFO, a hard link to another file)."""

@@ -239,6 +239,8 @@ class DockerRuntime:
         self._remove_container(layout)
         # A dead server's pid file names a PID of another PID namespace: it is ours to remove.
         (layout.upper / "postmaster.pid").unlink(missing_ok=True)
+        # The server appends to its log by name: leave it no link to follow.
+        safefs.clear_unsafe(layout.log_file, uid=self.owner.uid)
         port = options["port"]
         settings = {
             **options,
