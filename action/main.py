@@ -19,7 +19,6 @@ from pgoverlay.action.workflow import Inputs, Outcome, handle
 from pgoverlay.errors import ConfigError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.runtime.choose import choose_runtime
 from pgoverlay.runner.settings import load as load_settings
 
 
@@ -168,28 +167,6 @@ def _run(pool: Pool, job: JobEnv, ev: event.Event, inputs: Inputs, out: TextIO) 
     if report.status == "migration failed" and inputs.fail_on_migration_error:
         return 1
     return 0
-
-
-def privileges() -> str:
-    """``user`` when this job can run as the current user (a branch on the Docker runtime, in
-    a pool this user may write), else ``root``: the Action's run.sh then uses sudo."""
-    if os.geteuid() == 0:
-        return "user"
-    try:
-        pool = Pool.open(load_settings())
-    except PgoverlayError:
-        return "root"
-    try:
-        inputs = read_inputs(dict(os.environ))
-        base = branches.resolve_base(pool, inputs.base)
-        chosen = choose_runtime(
-            pool, None if inputs.runtime == "auto" else inputs.runtime, major=base.pg_major or 0
-        )
-    except PgoverlayError:
-        return "root"
-    finally:
-        pool.close()
-    return "user" if chosen == "docker" else "root"
 
 
 def main_from_env(*, destroy: bool = False) -> int:

@@ -402,13 +402,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the GitHub Action --------------------------------------------------------------------
 
 
-def cmd_action_privileges(args: argparse.Namespace) -> int:
-    from pgoverlay.action import main as action_main
-
-    out.print(action_main.privileges())
-    return 0
-
-
 def cmd_action_run(args: argparse.Namespace) -> int:
     from pgoverlay.action import main as action_main
 
@@ -601,9 +594,6 @@ def build_parser() -> argparse.ArgumentParser:
         ("destroy", "destroy the job's branch and update the comment"),
     ):
         action_cmds.add_parser(verb, help=text).set_defaults(func=cmd_action_run)
-    action_cmds.add_parser(
-        "privileges", help="print `user` if the job needs no sudo (Docker runtime), else `root`"
-    ).set_defaults(func=cmd_action_privileges)
     hooks = sub.add_parser("webhook", help="the optional webhook listener").add_subparsers(
         dest="webhook_command", required=True
     )

@@ -122,3 +122,17 @@ class DockerError(PgoverlayError):
     """The Docker daemon is unreachable, an image is missing, or a container misbehaved."""
 
     exit_code = 24
+
+
+class UnsafePathError(PoolError):
+    """A file or directory of the pool is not what pgoverlay made (a symbolic link, a FIFO, a
+    file of another owner, a path leaving the pool): root refuses to follow or trust it."""
+
+    exit_code = 25
+
+
+class RegistryRowError(PoolError):
+    """A registry row fails validation (a name, port, runtime or path pgoverlay never writes):
+    it is reported, never acted on."""
+
+    exit_code = 26

@@ -8,10 +8,17 @@ reads exactly the base's files, on this host or in a container alike.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
+
+from pgoverlay.errors import UnsafePathError
+from pgoverlay.runner import safefs
+
+log = logging.getLogger(__name__)
 
 INCLUDE = re.compile(
     r"^\s*(include|include_if_exists|include_dir)\s*(?:=\s*)?"
@@ -28,8 +35,28 @@ def _unquote(token: str) -> str:
     return token
 
 
-def _inside(path: Path, datadir: Path) -> bool:
-    return path.resolve().is_relative_to(datadir.resolve())
+def _relative(path: Path, datadir: Path) -> str | None:
+    """``path`` relative to ``datadir``, spelled out (``..`` resolved as text); None if outside."""
+    norm, base = os.path.normpath(path), os.path.normpath(datadir)
+    if not norm.startswith(base + "/"):
+        return None
+    return norm[len(base) + 1 :]
+
+
+def _kind(path: Path, datadir: Path) -> str | None:
+    """``file`` or ``dir`` if ``path`` is one inside ``datadir``, reached through no link; None
+    if it is missing, outside, a link or anything else. The copy is the Postgres user's, who
+    may put a link anywhere in it: root follows none."""
+    rel = _relative(path, datadir)
+    if rel is None:
+        return None
+    parent, _, name = rel.rpartition("/")
+    try:
+        with safefs.dir_under(datadir, parent or ".") as fd:
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+    except (OSError, UnsafePathError):
+        return None
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else None
 
 
 def _include(conf: Path, line: str) -> tuple[str, Path, Path] | None:
@@ -41,17 +68,32 @@ def _include(conf: Path, line: str) -> tuple[str, Path, Path] | None:
     return match.group(1).lower(), target, target if target.is_absolute() else conf.parent / target
 
 
+def _conf_files(datadir: Path, rel: str) -> list[str]:
+    """The ``*.conf`` files of directory ``rel`` (an ``include_dir``), relative to datadir."""
+    with safefs.dir_under(datadir, rel) as fd:
+        return [f"{rel}/{name}" for name in sorted(os.listdir(fd)) if name.endswith(".conf")]
+
+
 def _rewrite(datadir: Path, edit: Callable[[Path, str], str | None]) -> None:
     """Walk the base's configuration files, following includes that stay inside ``datadir``,
-    and replace each line for which ``edit`` returns a replacement (keeping the file's owner)."""
-    pending = [datadir / name for name in FILES]
-    seen: set[Path] = set()
+    and replace each line for which ``edit`` returns a replacement (the file keeps its owner).
+    No link is followed: a file reached through one is neither read nor written."""
+    pending = list(FILES)
+    seen: set[str] = set()
     while pending:
-        conf = pending.pop()
-        if conf in seen or not conf.is_file():
+        rel = pending.pop()
+        if rel in seen:
             continue
-        seen.add(conf)
-        lines = conf.read_text(errors="replace").splitlines(keepends=True)
+        seen.add(rel)
+        try:
+            text = safefs.read_under(datadir, rel)
+        except UnsafePathError as err:
+            log.warning("%s", err)
+            continue
+        if text is None:
+            continue
+        conf = datadir / rel
+        lines = text.splitlines(keepends=True)
         changed = False
         for i, line in enumerate(lines):
             replacement = edit(conf, line)
@@ -60,13 +102,12 @@ def _rewrite(datadir: Path, edit: Callable[[Path, str], str | None]) -> None:
                 changed = True
                 continue
             found = _include(conf, line)
-            if found and _inside(found[2], datadir) and found[2].exists():
-                path = found[2]
-                pending += sorted(path.glob("*.conf")) if path.is_dir() else [path]
+            kind = _kind(found[2], datadir) if found else None
+            if found and kind is not None:
+                target = _relative(found[2], datadir) or ""
+                pending += _conf_files(datadir, target) if kind == "dir" else [target]
         if changed:
-            stat = conf.stat()
-            conf.write_text("".join(lines))
-            os.chown(conf, stat.st_uid, stat.st_gid)
+            safefs.rewrite_under(datadir, rel, "".join(lines))
 
 
 def confine_includes(datadir: Path) -> list[str]:
@@ -76,7 +117,7 @@ def confine_includes(datadir: Path) -> list[str]:
 
     def edit(conf: Path, line: str) -> str | None:
         found = _include(conf, line)
-        if found is None or (_inside(found[2], datadir) and found[2].exists()):
+        if found is None or _kind(found[2], datadir) is not None:
             return None
         kind, target, _ = found
         warnings.append(

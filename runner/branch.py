@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import time
@@ -28,7 +27,7 @@ from pgoverlay.errors import (
     PoolFullError,
     PortsExhaustedError,
 )
-from pgoverlay.runner import locks, roles, sizes
+from pgoverlay.runner import locks, roles, safefs, sizes
 from pgoverlay.runner.branchconf import server_options, write_conf
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool
@@ -77,24 +76,21 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     return base
 
 
-def _own(pool: Pool, path: Path) -> None:
-    """Give ``path`` to the branches' user (a no-op when that user is the one running)."""
-    if os.geteuid() == 0:
-        os.chown(path, pool.owner.uid, pool.owner.gid)
-
-
 def _make_dirs(pool: Pool, lay: Layout) -> None:
-    # Everything belongs to the branches' user, so that user can later reset or destroy the
-    # branch without root (the Docker runtime).
+    """The branch's directory is root's, so the branches' user cannot swap what root mounts
+    or reads there; that user owns only what its Postgres writes: upper, work, log, sockets."""
+    uid, gid = pool.owner.uid, pool.owner.gid
     try:
-        lay.root.mkdir(mode=0o711)
-        _own(pool, lay.root)
-        for path in (lay.upper, lay.work, lay.data, lay.conf, lay.log):
-            path.mkdir(mode=0o700)
-            _own(pool, path)
-        pool.make_socket_root()
-        lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
-        _own(pool, lay.socket_dir)
+        safefs.make_dir(lay.root, uid=0, gid=0, mode=0o711)
+        for path, owner, mode in (
+            (lay.upper, (uid, gid), 0o700),
+            (lay.work, (uid, gid), 0o700),
+            (lay.data, (0, 0), 0o700),
+            (lay.conf, (0, 0), 0o755),
+            (lay.log, (uid, gid), 0o700),
+        ):
+            safefs.make_dir(path, uid=owner[0], gid=owner[1], mode=mode)
+        _make_socket_dir(pool, lay)
     except OSError as err:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
@@ -102,27 +98,22 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
     write_conf(pool, lay)
 
 
+def _make_socket_dir(pool: Pool, lay: Layout) -> None:
+    pool.make_socket_root()
+    safefs.make_dir(
+        lay.socket_dir, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700, exist_ok=True
+    )
+
+
 def _empty_workdir(work: Path) -> None:
-    """Empty OverlayFS's work directory as far as this user may. The kernel leaves root-owned,
-    mode 000 directories in it: root removes them; another user removes the empty ones, and the
-    Docker runtime has its daemon remove the rest (see ``DockerRuntime.detach``)."""
-    if not work.is_dir():
-        return
-    for child in work.iterdir():
-        with contextlib.suppress(OSError):
-            if child.is_dir() and not child.is_symlink():
-                try:
-                    child.rmdir()
-                except OSError:
-                    shutil.rmtree(child)
-            else:
-                child.unlink()
+    """Empty OverlayFS's work directory (the kernel leaves root-owned, mode 000 directories in
+    it), without following any link the branches' user put there."""
+    safefs.empty_dir(work)
 
 
 def _remove_dirs(lay: Layout) -> None:
-    _empty_workdir(lay.work)
-    shutil.rmtree(lay.root, ignore_errors=True)
-    shutil.rmtree(lay.socket_dir, ignore_errors=True)
+    safefs.remove_tree(lay.root)
+    safefs.remove_tree(lay.socket_dir)
 
 
 # -- ports and passwords ------------------------------------------------------------------
@@ -330,10 +321,9 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     rt.stop(lay)
     rt.detach(lay)
     _empty_workdir(lay.work)
-    shutil.rmtree(lay.upper)
-    lay.upper.mkdir(mode=0o700)
-    _own(pool, lay.upper)
-    lay.log_file.unlink(missing_ok=True)
+    safefs.remove_tree(lay.upper)
+    safefs.make_dir(lay.upper, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
+    safefs.remove_tree(lay.log_file)
     pool.registry.update_branch(branch.name, step="wiped")
     fault(pool, "reset:wiped")
     _bring_up(pool, base, branch, saga="reset")
@@ -347,9 +337,7 @@ def restart(pool: Pool, branch: Branch) -> None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
     lay = layout(pool, branch.name)
     rt = runtime_for(pool, base, branch.runtime, check=True)
-    pool.make_socket_root()
-    lay.socket_dir.mkdir(mode=0o700, exist_ok=True)
-    _own(pool, lay.socket_dir)
+    _make_socket_dir(pool, lay)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
     _check_ready(pool, branch)

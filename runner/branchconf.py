@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from pgoverlay.runner import cluster
+from pgoverlay.runner import cluster, safefs
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import Branch
 from pgoverlay.runner.runtime import Layout
@@ -68,8 +68,6 @@ def write_conf(pool: Pool, lay: Layout) -> None:
         ),
         "pg_ident.conf": "",
     }
+    # Root's files in root's directory: the branches' user reads them and changes nothing.
     for filename, text in files.items():
-        path = lay.conf / filename
-        path.write_text(text)
-        os.chown(path, pool.owner.uid, pool.owner.gid)
-        os.chmod(path, 0o600)
+        safefs.write_new(lay.conf / filename, text, uid=0, gid=0, mode=0o644)

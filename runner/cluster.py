@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgoverlay.runner import postmaster
+from pgoverlay.runner import postmaster, safefs
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime.docker_tools import DockerTools
@@ -96,14 +96,25 @@ def running(
     """
     work = Path(tempfile.mkdtemp(prefix=f"pgo-{os.getpid()}-", dir=scratch))
     try:
+        # Root writes the files while the directory is still its own, then hands it over.
+        hba = work / "pg_hba.conf"
+        safefs.write_new(
+            hba,
+            "local all all trust\nlocal replication all trust\n",
+            uid=owner.uid,
+            gid=owner.gid,
+            mode=0o600,
+        )
+        conf = work / "postgresql.conf"
+        safefs.write_new(
+            conf,
+            f"include_if_exists '{datadir / 'postgresql.conf'}'\n",
+            uid=owner.uid,
+            gid=owner.gid,
+            mode=0o600,
+        )
         os.chown(work, owner.uid, owner.gid)
         os.chmod(work, 0o700)
-        hba = work / "pg_hba.conf"
-        hba.write_text("local all all trust\nlocal replication all trust\n")
-        conf = work / "postgresql.conf"
-        conf.write_text(f"include_if_exists '{datadir / 'postgresql.conf'}'\n")
-        for path in (hba, conf):
-            os.chown(path, owner.uid, owner.gid)
         settings = {
             "data_directory": os.fspath(datadir),
             "config_file": os.fspath(conf),

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import demo, locks, mounts, postmaster, seed
+from pgoverlay.runner import demo, locks, mounts, postmaster, safefs, seed
+from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.runtime import docker as docker_runtime
 
@@ -54,13 +53,11 @@ class Report:
 def collect(pool: Pool, *, now: float | None = None) -> Report:
     report = Report()
     now = time.time() if now is None else now
+    # A row pgoverlay could not have written names paths and ports nobody vouches for: it is
+    # reported, and nothing is done with it.
+    report.problems += pool.registry.rejected()
     _branches(pool, report, now)
     _orphan_containers(pool, report)
-    if os.geteuid() != 0:
-        # The rest unmounts and removes root's files; the Docker runtime's user leaves it to
-        # root's next gc.
-        report.skipped.append("mounts, base versions and scratch files (they need root)")
-        return report
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
     _scratch(pool, report)
@@ -121,24 +118,35 @@ def _orphan_containers(pool: Pool, report: Report) -> None:
 
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
     """Directories and mounts under branches/ that no registry row claims."""
-    known = {b.name for b in pool.registry.branches()}
+    # Rows that fail validation still claim their directory: it is left for a person to judge.
+    known = {b.name for b in pool.registry.branches()} | pool.registry.branch_names()
     root = pool.root / "branches"
     for target in mounts.mounts_under(root):
         name = Path(target).relative_to(root).parts[0]
-        if name not in known and locks.is_free(pool.lock_path("branch", name)):
+        if NAME_RE.match(name) and name not in known and _free(pool, name):
             postmaster.stop(
                 root / name / "upper" / "postmaster.pid", timeout=pool.settings.stop_timeout
             )
             mounts.unmount(Path(target))
     for path in sorted(root.iterdir()) if root.is_dir() else []:
-        if path.name in known or not locks.is_free(pool.lock_path("branch", path.name)):
+        if not NAME_RE.match(path.name):
+            report.problems.append(f"{path}: not a branch pgoverlay made; left alone")
+            continue
+        if path.name in known or not _free(pool, path.name):
             continue
         postmaster.stop(path / "upper" / "postmaster.pid", timeout=pool.settings.stop_timeout)
         if mounts.is_mounted(path / "data"):
             mounts.unmount(path / "data")
-        shutil.rmtree(path, ignore_errors=True)
-        shutil.rmtree(branches.layout(pool, path.name).socket_dir, ignore_errors=True)
+        safefs.remove_tree(path)
+        safefs.remove_tree(branches.layout(pool, path.name).socket_dir)
         report.orphans.append(f"branch dir {path.name}")
+
+
+def _free(pool: Pool, name: str) -> bool:
+    try:
+        return locks.is_free(pool.lock_path("branch", name))
+    except PgoverlayError:
+        return False  # a lock that is not root's file: leave the branch to a person
 
 
 def _bases(pool: Pool, report: Report) -> None:
@@ -170,5 +178,5 @@ def _scratch(pool: Pool, report: Report) -> None:
     for path in pool.tmp.glob("pgo-*-*"):
         pid = path.name.split("-")[1]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(path, ignore_errors=True)
+            safefs.remove_tree(path)
             report.orphans.append(f"scratch {path.name}")

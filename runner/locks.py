@@ -2,6 +2,9 @@
 
 A saga holds its object's lock for its whole run; ``gc`` only repairs an object whose lock it
 can take, so it never undoes work that a live process is still doing.
+
+Lock files are root's, in the root-only ``locks/`` directory; each is opened without following
+a link and must be a regular file of this user, or it is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pgoverlay.errors import LockBusyError, PgoverlayError, TimeoutExpiredError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
 
 
@@ -36,12 +40,7 @@ def hold(
 
     Raises ``busy`` if the lock stays taken.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    if os.geteuid() == 0:
-        # Lock files belong to whoever owns the locks directory (the branches' user), so a
-        # lock that root made first can later be taken by that user too.
-        parent = path.parent.stat()
-        os.fchown(fd, parent.st_uid, parent.st_gid)
+    fd = safefs.open_regular(path, os.O_RDWR | os.O_CREAT, mode=0o600, uid=os.geteuid())
     try:
         if not _try(fd):
             if timeout <= 0:
@@ -63,9 +62,10 @@ def hold(
 
 def is_free(path: Path) -> bool:
     """True if nobody holds the lock at ``path`` right now (or it was never created)."""
-    if not path.exists():
+    try:
+        fd = safefs.open_regular(path, os.O_RDWR, uid=os.geteuid())
+    except FileNotFoundError:
         return True
-    fd = os.open(path, os.O_RDWR)
     try:
         if _try(fd):
             fcntl.flock(fd, fcntl.LOCK_UN)

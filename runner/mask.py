@@ -29,8 +29,8 @@ What happens, in order (docs/engine.md, "Masked bases"):
 from __future__ import annotations
 
 import logging
+import os
 import secrets
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +39,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgoverlay.errors import MaskError
+from pgoverlay.errors import MaskError, UnsafePathError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.maskcheck import Column, Table, catalog, check
 from pgoverlay.runner.maskrules import ColumnRule, QualifiedName, Rules
 from pgoverlay.runner.masksql import FUNCTIONS
@@ -358,13 +359,14 @@ def finish(datadir: Path, masked: Masked) -> None:
             f"{len(left)} file(s) of masked tables (e.g. {left[0]}) are still in the base after "
             "its clean shutdown; the base was not kept: report this as a bug"
         )
+    # The copy is the Postgres user's: no link in it is followed (safefs).
     for name in ("pg_stat", "pg_stat_tmp"):
-        _empty(datadir / name)
+        _empty(datadir, name)
     (datadir / "current_logfiles").unlink(missing_ok=True)
     if masked.log_directory and not Path(masked.log_directory).is_absolute():
-        logs = (datadir / masked.log_directory).resolve()
-        if logs != datadir.resolve() and logs.is_relative_to(datadir.resolve()):
-            _empty(logs)
+        logs = os.path.normpath(masked.log_directory)
+        if logs != "." and not logs.startswith(".."):
+            _empty(datadir, logs)
 
 
 def _relation_files(path: Path) -> list[Path]:
@@ -373,11 +375,10 @@ def _relation_files(path: Path) -> list[Path]:
     return found + [*path.parent.glob(f"{path.name}.*"), *path.parent.glob(f"{path.name}_*")]
 
 
-def _empty(directory: Path) -> None:
-    if not directory.is_dir():
+def _empty(datadir: Path, relative: str) -> None:
+    """Remove everything in directory ``datadir/relative``, reached through no link."""
+    try:
+        with safefs.dir_under(datadir, relative) as fd:
+            safefs.empty_fd(fd)
+    except (FileNotFoundError, NotADirectoryError, UnsafePathError):
         return
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from pgoverlay.errors import CommandError, OverlayUnsupportedError, PoolFullError
-from pgoverlay.runner import proc
+from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.polling import wait_for
 
 MOUNT_TIMEOUT = 60.0
@@ -69,6 +69,10 @@ def check_option_path(path: Path) -> str:
 
 
 def mount_overlay(*, lower: Path, upper: Path, work: Path, target: Path) -> None:
+    # Each path must be the real directory pgoverlay made, reached through no link: a link
+    # would let whoever made it choose what root mounts, or where.
+    for path in (lower, upper, work, target):
+        safefs.require_real_dir(path)
     options = (
         f"lowerdir={check_option_path(lower)},upperdir={check_option_path(upper)},"
         f"workdir={check_option_path(work)}"
@@ -86,6 +90,8 @@ def mount_overlay(*, lower: Path, upper: Path, work: Path, target: Path) -> None
 def bind_readonly(source: Path, target: Path) -> None:
     """Bind ``source`` at ``target`` read-only: nobody, root included, writes through it."""
     if not is_mounted(target):
+        for path in (source, target):
+            safefs.require_real_dir(path)
         proc.run(["mount", "--bind", source, target], timeout=MOUNT_TIMEOUT)
     proc.run(["mount", "-o", "remount,bind,ro", target], timeout=MOUNT_TIMEOUT)
 

@@ -5,12 +5,17 @@ Layout under ``PGOVERLAY_HOME``::
     pool.json                 how the pool was made (mode, image size)
     pool.img                  sparse XFS image with reflink (image mode only)
     pool/                     the data root (the image's mount point in image mode)
-        registry.db           state (see registry.py)
-        locks/                one flock file per base name and branch
-        staging/              base versions being seeded (writable by the Postgres user)
+        registry.db           state (see registry.py); root's alone (0600)
+        locks/                one flock file per base name and branch; root's alone
+        staging/              base versions being seeded: each one the Postgres user's
         store/                prepared base versions; root-only, nobody else can reach them
         bases/NAME/VERSION    read-only bind mount of store/NAME/VERSION: the overlay lower
-        branches/NAME/        upper, work, data (the overlay), run (socket), conf, log
+        branches/NAME/        root's: upper, work and log (the Postgres user's), data (the
+                              overlay's mount point) and conf (root's)
+
+Root never trusts what another user can write: every directory above a branch's own files is
+root's, so the Postgres user cannot swap a mount target, a lock or the registry for a link.
+Where root works inside the Postgres user's directories it goes through ``safefs``.
 """
 
 from __future__ import annotations
@@ -27,8 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pgoverlay.errors import ConfigError, NotRootError, OverlayUnsupportedError, PoolError
-from pgoverlay.runner import mounts, proc
+from pgoverlay.errors import (
+    ConfigError,
+    NotRootError,
+    OverlayUnsupportedError,
+    PoolError,
+    UnsafePathError,
+)
+from pgoverlay.runner import mounts, proc, safefs
+from pgoverlay.runner.names import check_name
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.registry import Registry
 from pgoverlay.runner.settings import Settings
@@ -53,7 +65,8 @@ SOCKET_ROOT = Path("/run/pgoverlay")
 def require_root() -> None:
     if os.geteuid() != 0:
         raise NotRootError(
-            "pgoverlay needs root to mount branches: run it with sudo (or as root on the runner)"
+            "pgoverlay needs root (it mounts branches and keeps the pool's registry root-only): "
+            "run it with sudo, or as root on the runner"
         )
 
 
@@ -61,10 +74,16 @@ def supports_reflink(directory: Path) -> bool:
     """Try a FICLONE between two scratch files in ``directory``."""
     src = directory / ".reflink-probe-src"
     dst = directory / ".reflink-probe-dst"
+    for path in (src, dst):  # made afresh: never written through a link left in their place
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    fresh = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        src.write_bytes(b"x" * 4096)
-        with open(src, "rb") as s, open(dst, "wb") as d:
-            fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        with open(os.open(src, os.O_RDWR | fresh, 0o600), "r+b") as s:
+            s.write(b"x" * 4096)
+            s.flush()
+            with open(os.open(dst, os.O_WRONLY | fresh, 0o600), "wb") as d:
+                fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
         return True
     except OSError as err:
         if err.errno in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY):
@@ -101,7 +120,9 @@ class Pool:
         self.info = info
         self.home = settings.home
         self.root = settings.home / "pool"
-        self.registry = Registry(self.root / "registry.db")
+        self.registry = Registry(
+            self.root / "registry.db", ports=(settings.port_min, settings.port_max)
+        )
         self.owner = OsUser.lookup(settings.os_user)
 
     def close(self) -> None:
@@ -110,7 +131,7 @@ class Pool:
     @property
     def id(self) -> str:
         """A short id of this pool, for socket paths and Docker labels."""
-        return hashlib.sha256(os.fspath(self.home.resolve()).encode()).hexdigest()[:8]
+        return pool_id(self.home)
 
     @property
     def socket_root(self) -> Path:
@@ -119,30 +140,34 @@ class Pool:
         return SOCKET_ROOT / self.id
 
     def make_socket_root(self) -> None:
-        """Create the socket directory's parent; owned by the branches' user, so that user can
-        make branches without root (the Docker runtime). /run is emptied by a reboot."""
-        root = self.socket_root
-        if root.is_dir() and root.stat().st_uid == self.owner.uid:
-            return
-        root.mkdir(parents=True, exist_ok=True, mode=0o711)
-        if os.geteuid() == 0:
-            os.chown(root, self.owner.uid, self.owner.gid)
+        """Create the socket directories' parents, root's (each branch's own socket directory
+        is its user's). /run is emptied by a reboot."""
+        safefs.make_dir(SOCKET_ROOT, uid=0, gid=0, mode=0o755, exist_ok=True)
+        safefs.make_dir(self.socket_root, uid=0, gid=0, mode=0o755, exist_ok=True)
 
-    # paths ------------------------------------------------------------------------------
+    # paths: every one is checked to stay inside the pool --------------------------------
+    def _inside(self, path: Path) -> Path:
+        return safefs.inside(self.root, path)
+
     def lock_path(self, kind: str, name: str) -> Path:
-        return self.root / "locks" / f"{kind}-{name}.lock"
+        check_name(name, what=kind)
+        return self._inside(self.root / "locks" / f"{kind}-{name}.lock")
 
     def staging_dir(self, name: str, version: int) -> Path:
-        return self.root / "staging" / f"{name}-{version}"
+        check_name(name, what="base")
+        return self._inside(self.root / "staging" / f"{name}-{int(version)}")
 
     def store_dir(self, name: str, version: int) -> Path:
-        return self.root / "store" / name / str(version)
+        check_name(name, what="base")
+        return self._inside(self.root / "store" / name / str(int(version)))
 
     def base_dir(self, name: str, version: int) -> Path:
-        return self.root / "bases" / name / str(version)
+        check_name(name, what="base")
+        return self._inside(self.root / "bases" / name / str(int(version)))
 
     def branch_dir(self, name: str) -> Path:
-        return self.root / "branches" / name
+        check_name(name)
+        return self._inside(self.root / "branches" / name)
 
     @property
     def tmp(self) -> Path:
@@ -162,12 +187,10 @@ class Pool:
                 f"the pool image {settings.home / 'pool.img'} is not mounted (after a reboot?): "
                 "run `pgoverlay pool init` to mount it again"
             )
-        registry = settings.home / "pool" / "registry.db"
-        if os.geteuid() != 0 and not os.access(registry, os.R_OK | os.W_OK):
+        if os.geteuid() != 0:
             raise NotRootError(
-                f"this user cannot write the pool's registry {registry}: run pgoverlay with sudo, "
-                f"or as the pool's user {settings.os_user!r} (PGOVERLAY_OS_USER) with "
-                "PGOVERLAY_RUNTIME=docker"
+                f"the pool's registry {settings.home / 'pool' / 'registry.db'} is root's alone: "
+                "run pgoverlay with sudo (or as root on the runner)"
             )
         return cls(settings, info)
 
@@ -232,6 +255,21 @@ def _check_reachable(home: Path, owner: OsUser) -> None:
         )
 
 
+def _check_root_only(home: Path) -> None:
+    """Nobody but root may rename the pool away: every directory above it is root's and not
+    writable by others (a sticky one, like /var/tmp, protects root's entries in it)."""
+    for parent in home.parents:
+        st = parent.stat()
+        open_to_others = st.st_mode & 0o022 and not st.st_mode & 0o1000
+        if st.st_uid != 0 or open_to_others:
+            raise ConfigError(
+                f"{parent} is writable by a user other than root (owner uid {st.st_uid}, mode "
+                f"{st.st_mode & 0o7777:o}), who could move the pool under it away: make it "
+                f"root's (`chown root: {parent}; chmod go-w {parent}`) or choose another "
+                "PGOVERLAY_HOME"
+            )
+
+
 def init(settings: Settings, *, size: str | None = None, allow_plain: bool = False) -> Pool:
     """Prepare the pool; safe to run again (after a reboot it mounts what needs mounting)."""
     require_root()
@@ -243,7 +281,8 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
     home = settings.home
     _check_reachable(home, OsUser.lookup(settings.os_user))
     home.mkdir(parents=True, exist_ok=True)
-    os.chmod(home, 0o755)
+    _check_root_only(home.resolve())
+    safefs.make_dir(home.resolve(), uid=0, gid=0, mode=0o755, exist_ok=True)
     root = home / "pool"
     root.mkdir(exist_ok=True)
     info = read_info(home)
@@ -263,38 +302,71 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
             _make_image(image, info.image_bytes)
         if not mounts.is_mounted(root):
             proc.run(["mount", "-o", "loop,noatime", image, root], timeout=120)
-        if not supports_reflink(root):
-            raise PoolError(f"{image} is mounted at {root} but does not support reflink")
+    _own_layout(root, socket_root=SOCKET_ROOT / pool_id(home))
+    if info.mode == "image" and not supports_reflink(root):
+        raise PoolError(f"{home / 'pool.img'} is mounted at {root} but does not support reflink")
     (home / "pool.json").write_text(
         json.dumps({"mode": info.mode, "image_bytes": info.image_bytes}, indent=2) + "\n"
     )
-    owner = OsUser.lookup(settings.os_user)
-    # The branches' user owns what branch commands change (the registry, locks, branches), so
-    # that user can run branches without root through the Docker runtime. The bases stay
-    # out of its reach: store/ is root's alone and bases/ are read-only mounts.
-    for sub, mode, owned in (
-        ("locks", 0o700, True),
-        ("store", 0o700, False),
-        ("tmp", 0o711, False),
-        ("staging", 0o711, False),
-        ("bases", 0o755, False),
-        ("branches", 0o711, True),
-    ):
-        (root / sub).mkdir(exist_ok=True)
-        os.chmod(root / sub, mode)
-        os.chown(root / sub, owner.uid if owned else 0, owner.gid if owned else 0)
-    os.chmod(root, 0o711)
-    os.chown(root, owner.uid, owner.gid)  # SQLite makes its -wal and -shm files next to the db
     pool = Pool(settings, info)
-    for suffix in ("", "-wal", "-shm"):
-        path = root / f"registry.db{suffix}"
-        if path.exists():
-            os.chown(path, owner.uid, owner.gid)
-    for path in sorted((root / "locks").iterdir()):
-        os.chown(path, owner.uid, owner.gid)
     pool.make_socket_root()
     remount_bases(pool)
     return pool
+
+
+# Every directory of the pool is root's; the Postgres user reaches only what it must traverse.
+LAYOUT = (
+    ("locks", 0o700),
+    ("store", 0o700),
+    ("tmp", 0o711),
+    ("staging", 0o711),
+    ("bases", 0o755),
+    ("branches", 0o711),
+)
+
+
+def _own_layout(root: Path, *, socket_root: Path) -> None:
+    """Give every directory and file that must be root's to root, repairing a pool made by an
+    older release (where the Postgres user owned the registry, locks/ and branches/). A link
+    where a directory or file of the pool should be is refused, never followed."""
+    safefs.make_dir(root, uid=0, gid=0, mode=0o711, exist_ok=True)
+    for sub, mode in LAYOUT:
+        safefs.make_dir(root / sub, uid=0, gid=0, mode=mode, exist_ok=True)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        safefs.repair_file(root / f"registry.db{suffix}", uid=0, gid=0, mode=0o600)
+    with safefs.dir_under(root, "locks") as locks_fd:
+        for name in os.listdir(locks_fd):
+            try:
+                safefs.repair_file(root / "locks" / name, uid=0, gid=0, mode=0o600)
+            except UnsafePathError:
+                log.warning("removing %s: not a lock file pgoverlay made", root / "locks" / name)
+                os.unlink(name, dir_fd=locks_fd)
+    with safefs.dir_under(root, "branches") as branches_fd:
+        names = os.listdir(branches_fd)
+    for name in names:
+        branch = root / "branches" / name
+        if os.path.islink(branch) or not branch.is_dir():
+            raise UnsafePathError(
+                f"{branch} is not a directory pgoverlay made: remove it (`rm {branch}`), then "
+                "run `pgoverlay pool init` again"
+            )
+        safefs.make_dir(branch, uid=0, gid=0, mode=0o711, exist_ok=True)
+        for sub, mode in (("conf", 0o755), ("data", 0o700)):
+            path = branch / sub
+            if os.path.lexists(path) and not mounts.is_mounted(path):
+                safefs.make_dir(path, uid=0, gid=0, mode=mode, exist_ok=True)
+        if (branch / "conf").is_dir():
+            with safefs.dir_under(branch, "conf") as conf_fd:
+                for entry in os.listdir(conf_fd):
+                    safefs.repair_file(branch / "conf" / entry, uid=0, gid=0, mode=0o644)
+    if socket_root.is_dir():
+        safefs.make_dir(socket_root.parent, uid=0, gid=0, mode=0o755, exist_ok=True)
+        safefs.make_dir(socket_root, uid=0, gid=0, mode=0o755, exist_ok=True)
+
+
+def pool_id(home: Path) -> str:
+    """A short id of the pool at ``home``, for socket paths and Docker labels."""
+    return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
 
 
 def remount_bases(pool: Pool) -> None:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgoverlay.errors import BranchStartError, TimeoutExpiredError
-from pgoverlay.runner import proc
+from pgoverlay.errors import BranchStartError, TimeoutExpiredError, UnsafePathError
+from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.proc import OsUser
@@ -37,25 +37,29 @@ READY_POLL = 0.02  # seconds between looks at a starting server's pid file
 
 
 def read_pidfile(path: Path) -> PidFile | None:
-    try:
-        lines = path.read_text().splitlines()
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    # In a directory the server's user owns: read no link, FIFO or hard link as root.
+    text = safefs.read_small(path, limit=4096)
+    if text is None:
         return None
+    lines = text.splitlines()
     if len(lines) < 3 or not lines[0].strip().lstrip("-").isdigit():
         return None
 
     def line(i: int) -> str:
         return lines[i].strip() if len(lines) > i else ""
 
-    return PidFile(
-        pid=abs(int(line(0))),
-        datadir=line(1),
-        start_epoch=int(line(2) or 0),
-        port=int(line(3) or 0) if line(3).isdigit() else 0,
-        socket_dir=line(4),
-        status=line(7),
-        shm_id=int(line(6).split()[1]) if len(line(6).split()) == 2 else None,
-    )
+    try:
+        return PidFile(
+            pid=abs(int(line(0))),
+            datadir=line(1),
+            start_epoch=int(line(2) or 0),
+            port=int(line(3) or 0) if line(3).isdigit() else 0,
+            socket_dir=line(4),
+            status=line(7),
+            shm_id=int(line(6).split()[1]) if len(line(6).split()) == 2 else None,
+        )
+    except ValueError:
+        return None  # not a file Postgres wrote
 
 
 def shm_attached(shm_id: int) -> int:
@@ -162,10 +166,15 @@ def wait_ready(
 
 
 def log_tail(log_path: Path, lines: int = 3) -> str:
-    """The log's last lines, led by its first FATAL or PANIC line (the cause, usually)."""
+    """The log's last lines, led by its first FATAL or PANIC line (the cause, usually).
+
+    The log is in a directory the server's user owns: only its last 64 KiB are read, never
+    through a link, and nothing but a regular file with one link is read at all."""
     try:
-        text = log_path.read_text(errors="replace")
-    except FileNotFoundError:
+        text = safefs.read_tail(log_path)
+    except (UnsafePathError, OSError) as err:
+        return f"(log not read: {type(err).__name__})"
+    if text is None:
         return "(no log)"
     tail = proc.last_lines(text, lines)
     cause = next((ln for ln in text.splitlines() if "FATAL:" in ln or "PANIC:" in ln), "")

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, cluster, mask, roles, tablespaces
+from pgoverlay.runner import baseconf, cluster, mask, roles, safefs, tablespaces
 from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.tools import Tools
@@ -44,10 +44,10 @@ class Prepared:
 
 
 def start_lsn(datadir: Path) -> str:
-    label = datadir / "backup_label"
-    if not label.exists():
+    text = safefs.read_small(datadir / "backup_label")  # the Postgres user's copy: no link
+    if text is None:
         return ""
-    match = _START_LSN.search(label.read_text())
+    match = _START_LSN.search(text)
     return match.group(1) if match else ""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgoverlay.errors import CommandError, TimeoutExpiredError
+from pgoverlay.runner import safefs
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +152,13 @@ def spawn(
     args = [os.fspath(a) for a in argv]
     log.debug("spawn %s", args)
     uid, gid, groups = _identity(user)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    if user is not None:
-        os.fchown(fd, user.uid, user.gid)
+    # The log's directory is the server user's: open no link, and append only to that
+    # user's own regular file.
+    fd = safefs.open_log(
+        log_path,
+        uid=user.uid if user is not None else os.geteuid(),
+        gid=user.gid if user is not None else os.getegid(),
+    )
     try:
         return subprocess.Popen(
             args,

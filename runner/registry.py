@@ -8,6 +8,7 @@ check-then-insert in Python.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from pgoverlay.errors import RegistryRowError
+from pgoverlay.runner.names import NAME_RE
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bases (
@@ -142,9 +146,72 @@ def _columns(cls: type) -> str:
     return ", ".join(f.name for f in fields(cls))
 
 
+# What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
+# row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
+BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying"})
+BASE_STATES = frozenset({"seeding", "ready"})
+RUNTIMES = frozenset({"local", "docker"})
+IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")
+
+
+def _bad(kind: str, name: object, why: str) -> RegistryRowError:
+    return RegistryRowError(
+        f"registry row {kind} {str(name)[:80]!r} is not one pgoverlay wrote ({why}): it is left "
+        "alone; remove it with `sqlite3` (as root) once you know how it got there"
+    )
+
+
+def _check_common(kind: str, name: object, version: object) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _bad(kind, name, "its name is not a valid name")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _bad(kind, name, f"version {version!r} is not a positive integer")
+
+
+def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> Branch:
+    """A branch row as a Branch, if every field is one pgoverlay could have written."""
+    b = Branch(*row)
+    _check_common("branch", b.name, b.base_version)
+    if not isinstance(b.base_name, str) or not NAME_RE.match(b.base_name):
+        raise _bad("branch", b.name, "its base name is not a valid name")
+    if b.state not in BRANCH_STATES:
+        raise _bad("branch", b.name, f"unknown state {str(b.state)[:40]!r}")
+    if b.runtime not in RUNTIMES:
+        raise _bad("branch", b.name, f"unknown runtime {str(b.runtime)[:40]!r}")
+    low, high = ports or (1, 65535)
+    if not isinstance(b.port, int) or isinstance(b.port, bool) or not low <= b.port <= high:
+        raise _bad(
+            "branch",
+            b.name,
+            f"port {b.port!r} is outside the pool's range {low}-{high} "
+            "(PGOVERLAY_PORT_MIN/PGOVERLAY_PORT_MAX)",
+        )
+    for what, value in (("user", b.user), ("database", b.database)):
+        if not isinstance(value, str) or not IDENTIFIER_RE.match(value):
+            raise _bad("branch", b.name, f"its {what} is not a plain identifier")
+    return b
+
+
+def base_from_row(row: tuple[Any, ...]) -> BaseVersion:
+    """A base row as a BaseVersion, if every field is one pgoverlay could have written."""
+    b = BaseVersion(*row)
+    _check_common("base", b.name, b.version)
+    if b.state not in BASE_STATES:
+        raise _bad("base", b.name, f"unknown state {str(b.state)[:40]!r}")
+    for what, value in (("superuser", b.superuser), ("database", b.database)):
+        if value and (not isinstance(value, str) or not IDENTIFIER_RE.match(value)):
+            raise _bad("base", b.name, f"its {what} is not a plain identifier")
+    return b
+
+
 class Registry:
-    def __init__(self, path: Path) -> None:
+    """The registry file, root's alone. Rows are validated as they are read: ``branches()`` and
+    ``bases()`` leave out rows that fail (``rejected()`` names them), and a lookup of one such
+    row raises RegistryRowError."""
+
+    def __init__(self, path: Path, *, ports: tuple[int, int] | None = None) -> None:
         self.path = path
+        self.ports = ports
         fresh = not path.exists()
         self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None)
         if fresh:
@@ -184,7 +251,34 @@ class Registry:
             query += " WHERE name = ?"
             args = (name,)
         rows = self._db.execute(query + " ORDER BY name, version", args).fetchall()
-        return [BaseVersion(*row) for row in rows]
+        return [base for base in map(self._base_or_none, rows) if base is not None]
+
+    def _base_or_none(self, row: tuple[Any, ...]) -> BaseVersion | None:
+        try:
+            return base_from_row(row)
+        except RegistryRowError:
+            return None
+
+    def _branch_or_none(self, row: tuple[Any, ...]) -> Branch | None:
+        try:
+            return branch_from_row(row, ports=self.ports)
+        except RegistryRowError:
+            return None
+
+    def rejected(self) -> list[str]:
+        """Why each row that fails validation is refused (one line per row)."""
+        found = []
+        for row in self._db.execute(f"SELECT {_columns(BaseVersion)} FROM bases"):
+            try:
+                base_from_row(row)
+            except RegistryRowError as err:
+                found.append(str(err))
+        for row in self._db.execute(f"SELECT {_columns(Branch)} FROM branches"):
+            try:
+                branch_from_row(row, ports=self.ports)
+            except RegistryRowError as err:
+                found.append(str(err))
+        return found
 
     def latest_base(self, name: str) -> BaseVersion | None:
         ready = [b for b in self.bases(name) if b.state == "ready"]
@@ -225,13 +319,18 @@ class Registry:
 
     def branches(self) -> list[Branch]:
         rows = self._db.execute(f"SELECT {_columns(Branch)} FROM branches ORDER BY name").fetchall()
-        return [Branch(*row) for row in rows]
+        return [branch for branch in map(self._branch_or_none, rows) if branch is not None]
+
+    def branch_names(self) -> set[str]:
+        """The name of every branch row, valid or not."""
+        return {str(row[0]) for row in self._db.execute("SELECT name FROM branches")}
 
     def branch(self, name: str) -> Branch | None:
+        """Branch ``name``, None if there is none; RegistryRowError if its row is not valid."""
         row = self._db.execute(
             f"SELECT {_columns(Branch)} FROM branches WHERE name = ?", (name,)
         ).fetchone()
-        return Branch(*row) if row else None
+        return branch_from_row(row, ports=self.ports) if row else None
 
     def insert_branch(self, db: sqlite3.Connection, branch: Branch) -> None:
         names = [f.name for f in fields(Branch)]

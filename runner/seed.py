@@ -8,11 +8,11 @@ seed left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -43,6 +43,7 @@ from pgoverlay.runner import (
     pgbin,
     prepare,
     proc,
+    safefs,
     sourceinfo,
     tablespaces,
 )
@@ -152,8 +153,8 @@ class Source:
 
 
 def _own(pool: Pool, path: Path) -> None:
-    os.chown(path, pool.owner.uid, pool.owner.gid)
-    os.chmod(path, 0o700)
+    """Make ``path``, in root's staging/, for the Postgres user (pg_basebackup writes it)."""
+    safefs.make_dir(path, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
 
 
 def _basebackup(
@@ -417,12 +418,10 @@ def _seed_version(
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     staging = pool.staging_dir(name, version)
     try:
-        staging.mkdir(mode=0o700)
         _own(pool, staging)
         spaces = [t for t in info.tablespaces if t.outside]
         if via == "basebackup":
             if spaces:
-                tablespaces.staging_root(staging).mkdir(mode=0o700)
                 _own(pool, tablespaces.staging_root(staging))
             _basebackup(pool, install, src, staging, spaces, progress)
             lsn = prepare.start_lsn(staging)
@@ -511,5 +510,6 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
         pool.store_dir(name, version),
         target,
     ):
-        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            safefs.remove_tree(path)
     pool.registry.delete_base(name, version)

@@ -162,7 +162,7 @@ def layer_size(root: str | os.PathLike[str]) -> LayerSize:
     Files that vanish during the walk (a live server writes in the tree) are skipped.
     """
     top = os.fspath(root)
-    if not stat.S_ISDIR(os.stat(top).st_mode):
+    if not stat.S_ISDIR(os.lstat(top).st_mode):  # the layer itself is never a link
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), top)
     seen: set[tuple[int, int]] = set()
     logical = physical = 0

@@ -10,12 +10,15 @@ same base works unchanged where host paths differ (a container).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from pgoverlay.errors import SeedError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.sourceinfo import Tablespace
 
 
@@ -39,21 +42,30 @@ def mapping_args(tablespaces: Iterable[Tablespace], root: Path) -> list[str]:
 
 def make_in_place(datadir: Path, root: Path) -> list[str]:
     """Move every tablespace the backup put under ``root`` into ``datadir/pg_tblspc``, in place
-    of its symlink. Returns the tablespace OIDs moved."""
+    of its symlink. Returns the tablespace OIDs moved.
+
+    Both directories are the Postgres user's: root works through their file descriptors, so no
+    link that user might add leads it elsewhere."""
     moved: list[str] = []
-    tblspc = datadir / "pg_tblspc"
-    for link in sorted(tblspc.iterdir()) if tblspc.is_dir() else []:
-        if not link.is_symlink():
-            continue  # in place already
-        target = Path(os.readlink(link))
-        if target.parent.resolve() != root.resolve():
-            raise SeedError(
-                f"tablespace {link.name} of the copy points to {target}, outside the seed's "
-                "staging area (a tablespace created on the source during the copy?): seed again"
-            )
-        link.unlink()
-        target.rename(link)
-        moved.append(link.name)
+    if not (datadir / "pg_tblspc").is_dir():
+        remove(root)
+        return moved
+    with contextlib.ExitStack() as stack:
+        tblspc = stack.enter_context(safefs.dir_under(datadir, "pg_tblspc"))
+        root_fd = stack.enter_context(safefs.dir_under(root)) if root.is_dir() else -1
+        for name in sorted(os.listdir(tblspc)):
+            if not stat.S_ISLNK(os.stat(name, dir_fd=tblspc, follow_symlinks=False).st_mode):
+                continue  # in place already
+            target = Path(os.readlink(name, dir_fd=tblspc))
+            if root_fd < 0 or target.parent != root or not name.isdigit():
+                raise SeedError(
+                    f"tablespace {name} of the copy points to {target}, outside the seed's "
+                    "staging area (a tablespace created on the source during the copy?): "
+                    "seed again"
+                )
+            os.unlink(name, dir_fd=tblspc)
+            os.rename(target.name, name, src_dir_fd=root_fd, dst_dir_fd=tblspc)
+            moved.append(name)
     remove(root)
     return moved
 

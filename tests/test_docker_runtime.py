@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli, docker_objects_for, require_docker_image
-from pgoverlay.errors import DockerError, NotRootError, VersionMismatchError
+from helpers import assert_no_leaks, docker_objects_for, require_docker_image
+from pgoverlay.errors import DockerError, VersionMismatchError
 from pgoverlay.runner import branch, doctor, gc
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -121,53 +121,6 @@ def test_an_image_of_another_major_is_refused_before_anything_starts(
         pool.settings.docker_image = previous
         client.images.remove(tag, force=True)
     assert_no_leaks(pool, "dock-mismatch")
-
-
-def test_a_docker_group_user_runs_branches_without_root(
-    pool: Pool, base: BaseVersion, client: Any, env: dict[str, str]
-) -> None:
-    """The pool's user, in the `docker` group, creates, resets and destroys with no sudo."""
-    user = pool.owner.name
-    as_user = {**env, "PGOVERLAY_RUNTIME": "docker"}
-
-    def run(*args: str) -> str:
-        done = cli(list(args), env=as_user, user=user, groups=["docker"])
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    run("branch", "create", "dock-user")
-    try:
-        status = json.loads(run("branch", "status", "dock-user", "--json"))
-        assert status["runtime"] == "docker" and status["running"] is True
-        b = branch.get(pool, "dock-user")
-        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
-            conn.execute("CREATE TABLE scratch AS SELECT 1 AS x")
-        run("branch", "reset", "dock-user")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
-            assert conn.execute("SELECT to_regclass('scratch')").fetchone() == (None,)
-        run("gc")
-        assert run("action", "privileges").strip() == "user", "the Action would skip sudo"
-        local = cli(
-            ["action", "privileges"],
-            env={**as_user, "INPUT_RUNTIME": "local"},
-            user=user,
-            groups=["docker"],
-        )
-        assert local.stdout.strip() == "root", "a local branch needs the Action to use sudo"
-        refused = cli(
-            ["branch", "create", "dock-local", "--runtime", "local"],
-            env=as_user,
-            user=user,
-            groups=["docker"],
-        )
-        assert refused.returncode == NotRootError.exit_code
-        assert "needs root" in refused.stderr and "--runtime docker" in refused.stderr
-        assert pool.registry.branch("dock-local") is None
-        run("branch", "destroy", "dock-user")
-    finally:
-        branch.destroy(pool, "dock-user")
-        branch.destroy(pool, "dock-local")
-    assert_no_leaks(pool, "dock-user", port=b.port)
 
 
 def test_auto_falls_back_to_local_when_the_image_cannot_be_had(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BranchStartError, DockerError, PoolFullError, TimeoutExpiredError
-from pgoverlay.runner import postmaster
+from pgoverlay.runner import postmaster, safefs
 from pgoverlay.runner.mounts import check_option_path
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.proc import OsUser
@@ -210,6 +209,10 @@ class DockerRuntime:
     def attach(self, layout: Layout, *, lower: Path) -> None:
         import docker.errors
 
+        # The daemon mounts what these paths name: each must be the real directory pgoverlay
+        # made, reached through no link.
+        for path in (lower, layout.upper, layout.work):
+            safefs.require_real_dir(path)
         name = self.object_name(layout)
         try:
             self.client.volumes.get(name)
@@ -229,21 +232,6 @@ class DockerRuntime:
 
     def detach(self, layout: Layout) -> None:
         remove_volume(self.client, self.object_name(layout))
-        if os.geteuid() != 0 and layout.work.is_dir() and any(layout.work.iterdir()):
-            self._empty_workdir(layout)
-
-    def _empty_workdir(self, layout: Layout) -> None:
-        """OverlayFS leaves root-owned entries (whiteouts in a mode 000 directory) in its work
-        directory, which only root may remove: without root ourselves, the daemon's root does."""
-        self.client.containers.run(
-            self.image,
-            entrypoint=["find", "/work", "-mindepth", "1", "-delete"],
-            user="0:0",
-            volumes={str(layout.work): {"bind": "/work", "mode": "rw"}},
-            network_mode="none",
-            labels=self.labels(layout, "cleanup"),
-            remove=True,
-        )
 
     def start(self, layout: Layout, *, options: dict[str, str]) -> None:
         import docker.errors
@@ -251,6 +239,8 @@ class DockerRuntime:
         self._remove_container(layout)
         # A dead server's pid file names a PID of another PID namespace: it is ours to remove.
         (layout.upper / "postmaster.pid").unlink(missing_ok=True)
+        # The server appends to its log by name: leave it no link to follow.
+        safefs.clear_unsafe(layout.log_file, uid=self.owner.uid)
         port = options["port"]
         settings = {
             **options,

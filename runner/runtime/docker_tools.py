@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.errors import BranchStartError, CommandError, DockerError, TimeoutExpiredError
-from pgoverlay.runner import postmaster, proc
+from pgoverlay.runner import postmaster, proc, safefs
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime.docker import LABEL_KIND, image_major
@@ -287,7 +287,9 @@ class DockerTools:
             with contextlib.suppress(Exception):
                 container.stop(timeout=int(stop_timeout))
             with contextlib.suppress(Exception):
-                log_path.write_bytes(container.logs())
+                # In the server user's directory: made afresh, never written through a link.
+                text = container.logs().decode(errors="replace")
+                safefs.write_new(log_path, text, uid=user.uid, gid=user.gid, mode=0o600)
             with contextlib.suppress(Exception):
                 container.remove(force=True)
 

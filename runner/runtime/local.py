@@ -26,8 +26,7 @@ class LocalRuntime:
     def attach(self, layout: Layout, *, lower: Path) -> None:
         if os.geteuid() != 0:
             raise NotRootError(
-                "the local runtime mounts OverlayFS, which needs root: run pgoverlay with sudo, "
-                "or use the Docker runtime (--runtime docker), whose daemon does the mounting"
+                "the local runtime mounts OverlayFS, which needs root: run pgoverlay with sudo"
             )
         if not mounts.is_mounted(layout.data):
             mounts.mount_overlay(
