@@ -31,7 +31,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import locks, roles, sizes
 from pgoverlay.runner.branchconf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, release_freed
 from pgoverlay.runner.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
@@ -291,6 +291,7 @@ def teardown(pool: Pool, branch: Branch) -> None:
     fault(pool, "destroy:stopped")
     _remove_dirs(lay)
     pool.registry.delete_branch(branch.name)
+    release_freed(pool)
 
 
 def destroy(pool: Pool, name: str) -> bool:
@@ -334,6 +335,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     lay.upper.mkdir(mode=0o700)
     _own(pool, lay.upper)
     lay.log_file.unlink(missing_ok=True)
+    release_freed(pool)
     pool.registry.update_branch(branch.name, step="wiped")
     fault(pool, "reset:wiped")
     _bring_up(pool, base, branch, saga="reset")
