@@ -310,9 +310,7 @@ def _mount_image(image: Path, root: Path) -> None:
                 "`pgoverlay pool init` when no branch exists, or after a reboot)"
             )
     if not mounts.is_mounted(root):
-        proc.run(
-            ["mount", "-o", discard.IMAGE_MOUNT_OPTIONS, image, root], timeout=120
-        )
+        proc.run(["mount", "-o", discard.IMAGE_MOUNT_OPTIONS, image, root], timeout=120)
     discard.trim(root)
 
 

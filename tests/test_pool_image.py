@@ -5,22 +5,28 @@ pool's use."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from helpers import source_dsn
+from helpers import cli, dismantle, require_root, source_dsn
 from pgoverlay.errors import TimeoutExpiredError
-from pgoverlay.runner import branch, cluster, seed
+from pgoverlay.runner import branch, cluster, discard, mounts, proc, seed
+from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.settings import Settings
 
 MiB = 1024**2
+_low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
+PORTS_OLD = (int(_high) - 20, int(_high))  # the small pool's branches, apart from the main pool's
 CHUNK = 16 * MiB
 ROWS = 600
 # In every original value and in no masked one: fakes and hashes never contain it.
@@ -185,35 +191,151 @@ def test_no_original_value_of_a_masked_seed_is_left_anywhere_in_the_pool_image(
         )
 
 
-def test_destroying_a_filled_branch_gives_its_blocks_back_to_the_host(
-    pool: Pool, masked: BaseVersion
-) -> None:
+def fill(pool: Pool, name: str) -> None:
+    """Write ~200 MiB into branch ``name``, through to the image."""
+    with psycopg.connect(**branch.connect_kwargs(pool, branch.get(pool, name))) as conn:
+        conn.autocommit = True
+        conn.execute("CREATE TABLE ballast (filler text)")
+        conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")
+        conn.execute(
+            "INSERT INTO ballast SELECT repeat(md5(g::text), 60) FROM generate_series(1, 80000) g"
+        )
+        conn.execute("CHECKPOINT")
     os.sync()
-    before = allocated_bytes(pool)
-    b = branch.create(pool, "image-fill", base_name=masked.name)
-    try:
-        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
-            conn.execute("CREATE TABLE ballast (filler text)")
-            conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")
-            conn.execute(
-                "INSERT INTO ballast SELECT repeat(md5(g::text), 60) "
-                "FROM generate_series(1, 80000) g"
-            )
-            conn.execute("CHECKPOINT")
-        os.sync()
-        filled = allocated_bytes(pool)
-        assert filled > before + 150 * MiB, (before, filled)  # the fill reached the image
-    finally:
-        branch.destroy(pool, "image-fill")
+
+
+def assert_given_back(pool: Pool, *, before: int, filled: int) -> None:
+    """The image's allocation comes back to within a few MiB of ``before``."""
 
     def given_back() -> bool:
         os.sync()
         return allocated_bytes(pool) <= before + 4 * MiB
 
     try:
-        _wait_until(given_back, what="the destroyed branch's blocks to leave the pool image")
+        _wait_until(given_back, what="the freed blocks to leave the pool image")
     except TimeoutExpiredError:
         pytest.fail(
             f"the pool image holds {(allocated_bytes(pool) - before) / MiB:.0f} MiB more than "
             f"before the branch ({before / MiB:.0f} MiB then, {filled / MiB:.0f} MiB filled)"
         )
+
+
+def test_destroying_a_filled_branch_gives_its_blocks_back_to_the_host(
+    pool: Pool, masked: BaseVersion
+) -> None:
+    os.sync()
+    before = allocated_bytes(pool)
+    branch.create(pool, "image-fill", base_name=masked.name)
+    try:
+        fill(pool, "image-fill")
+        filled = allocated_bytes(pool)
+        assert filled > before + 150 * MiB, (before, filled)  # the fill reached the image
+    finally:
+        branch.destroy(pool, "image-fill")
+    assert_given_back(pool, before=before, filled=filled)
+
+
+def test_resetting_a_filled_branch_gives_its_blocks_back_to_the_host(
+    pool: Pool, masked: BaseVersion
+) -> None:
+    branch.create(pool, "image-reset", base_name=masked.name)
+    try:
+        os.sync()
+        before = allocated_bytes(pool)
+        fill(pool, "image-reset")
+        filled = allocated_bytes(pool)
+        assert filled > before + 150 * MiB, (before, filled)
+        branch.reset(pool, "image-reset")
+        assert_given_back(pool, before=before, filled=filled)
+    finally:
+        branch.destroy(pool, "image-reset")
+
+
+def test_pool_status_and_doctor_show_the_image_allocation_next_to_the_pool_use(
+    pool: Pool, env: dict[str, str]
+) -> None:
+    done = cli(["pool", "status", "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["discard"] is True
+    assert abs(status["image_allocated_bytes"] - allocated_bytes(pool)) < 64 * MiB
+    assert 0 < status["used_bytes"] < status["size_bytes"]
+    doctor = {c["name"]: c for c in json.loads(cli(["doctor", "--json"], env=env).stdout)}
+    assert doctor["discard"]["verdict"] == "ok"
+    assert "pool.img occupies" in doctor["discard"]["detail"]
+    assert "used in the pool" in doctor["discard"]["detail"]
+
+
+# -- a pool image mounted before without discard -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def old_pool(source: cluster.Running) -> Iterator[Settings]:
+    """A small pool of its own, with a base."""
+    require_root()
+    home = Path(tempfile.mkdtemp(prefix="pgoverlay-discard-", dir="/var/tmp"))
+    settings = Settings(home=home, port_min=PORTS_OLD[0], port_max=PORTS_OLD[1])
+    p = poolmod.init(settings, size="1G")
+    try:
+        seed.seed(p, "small", source_dsn=source_dsn(source))
+        p.close()
+        yield settings
+    finally:
+        dismantle(Pool.open(settings))
+
+
+def mount_without_discard(settings: Settings) -> Pool:
+    """Mount the pool image as pool init did before: without discard."""
+    root = settings.home / "pool"
+    for point in mounts.mounts_under(root):
+        mounts.unmount(Path(point))
+    mounts.unmount(root)
+    proc.run(["mount", "-o", "loop,noatime", settings.home / "pool.img", root], timeout=60)
+    assert not discard.discards(root)
+    p = Pool.open(settings)
+    poolmod.remount_bases(p)
+    return p
+
+
+def test_pool_init_mounts_an_image_made_without_discard_again_with_it(
+    old_pool: Settings, env: dict[str, str]
+) -> None:
+    mount_without_discard(old_pool).close()
+    done = cli(["pool", "init"], env={**env, "PGOVERLAY_HOME": os.fspath(old_pool.home)})
+    assert done.returncode == 0, done.stderr
+    assert discard.discards(old_pool.home / "pool")
+    p = Pool.open(old_pool)
+    try:
+        assert mounts.is_mounted(p.base_dir("small", 1))  # the base is bound again
+        branch.create(p, "after-remount")
+        branch.destroy(p, "after-remount")
+    finally:
+        p.close()
+
+
+def test_a_pool_image_in_use_without_discard_is_trimmed_after_a_destroy(
+    old_pool: Settings, env: dict[str, str]
+) -> None:
+    p = mount_without_discard(old_pool)
+    try:
+        branch.create(p, "keeps-it-busy")
+        # A branch exists: init leaves the mount alone, and says so.
+        done = cli(["pool", "init"], env={**env, "PGOVERLAY_HOME": os.fspath(old_pool.home)})
+        assert done.returncode == 0, done.stderr
+        assert not discard.discards(p.root)
+        doctor = cli(["doctor", "--json"], env={**env, "PGOVERLAY_HOME": os.fspath(p.home)})
+        found = {c["name"]: c for c in json.loads(doctor.stdout)}
+        assert found["discard"]["verdict"] == "warn"
+        assert "pgoverlay pool init" in found["discard"]["detail"]
+        os.sync()
+        before = allocated_bytes(p)
+        branch.create(p, "filled")
+        fill(p, "filled")
+        filled = allocated_bytes(p)
+        assert filled > before + 150 * MiB, (before, filled)
+        branch.destroy(p, "filled")
+        assert_given_back(p, before=before, filled=filled)
+    finally:
+        for b in p.registry.branches():
+            branch.destroy(p, b.name)
+        p.close()
