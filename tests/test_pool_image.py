@@ -105,6 +105,16 @@ def test_search_finds_a_needle_across_a_chunk_boundary_and_skips_holes(tmp_path:
     assert allocated < 64 * MiB // 4  # holes are not read
 
 
+def test_mount_options_join_the_mounts_own_and_its_filesystems() -> None:
+    text = (
+        "44 27 7:0 / /var/tmp/p\\040q/pool rw,noatime - xfs /dev/loop0 rw,discard,inode64\n"
+        "45 44 7:0 /store/a/1 /var/tmp/p\\040q/pool/bases/a/1 ro,relatime - xfs /dev/loop0 rw\n"
+    )
+    found = mounts.parse_options(text)
+    assert found["/var/tmp/p q/pool"] == {"rw", "noatime", "discard", "inode64"}
+    assert "discard" not in found["/var/tmp/p q/pool/bases/a/1"]
+
+
 def allocated_bytes(pool: Pool) -> int:
     return (pool.home / "pool.img").stat().st_blocks * 512
 
