@@ -30,7 +30,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import locks, roles, safefs, sizes
 from pgoverlay.runner.branchconf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, release_freed
 from pgoverlay.runner.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
@@ -282,6 +282,7 @@ def teardown(pool: Pool, branch: Branch) -> None:
     fault(pool, "destroy:stopped")
     _remove_dirs(lay)
     pool.registry.delete_branch(branch.name)
+    release_freed(pool)
 
 
 def destroy(pool: Pool, name: str) -> bool:
@@ -324,6 +325,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     safefs.remove_tree(lay.upper)
     safefs.make_dir(lay.upper, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
     safefs.remove_tree(lay.log_file)
+    release_freed(pool)
     pool.registry.update_branch(branch.name, step="wiped")
     fault(pool, "reset:wiped")
     _bring_up(pool, base, branch, saga="reset")

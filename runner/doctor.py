@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner import mounts, pgbin
-from pgoverlay.runner.pool import PLAIN_COST, read_info, supports_reflink
+from pgoverlay.runner import discard, mounts, pgbin
+from pgoverlay.runner.pool import PLAIN_COST, PoolInfo, read_info, supports_reflink
 from pgoverlay.runner.registry import Registry
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.settings import Settings
@@ -67,6 +67,7 @@ def _pool(settings: Settings) -> list[Check]:
             f"{usage.free / GIB:.1f} GiB free of {usage.total / GIB:.1f} GiB in the pool",
         )
     )
+    checks.append(_discard(settings, info))
     db = root / "registry.db"
     if db.exists() and os.access(db, os.R_OK):
         registry = Registry(db)
@@ -74,6 +75,42 @@ def _pool(settings: Settings) -> list[Check]:
         registry.close()
         checks += _majors(settings, needed)
     return checks
+
+
+def _size(count: int) -> str:
+    return f"{count / GIB:.1f} GiB" if count >= GIB else f"{count / 1024**2:.0f} MiB"
+
+
+def _discard(settings: Settings, info: PoolInfo) -> Check:
+    """Do freed blocks go back to the host? With an image: what the image really occupies next to
+    what the pool uses."""
+    root = settings.home / "pool"
+    if info.mode != "image":
+        point = mounts.containing(root)
+        if discard.discards(point):
+            return Check("discard", "ok", f"the host filesystem at {point} is mounted with discard")
+        return Check(
+            "discard",
+            "warn",
+            f"the host filesystem at {point} is mounted without discard: blocks freed by "
+            "destroyed branches keep their bytes on the disk until it is trimmed; enable "
+            "`fstrim.timer` (or mount it with discard)",
+        )
+    usage = shutil.disk_usage(root)
+    image = settings.home / "pool.img"
+    sizes = (
+        f"pool.img occupies {_size(discard.allocated_bytes(image))} of the host's disk for "
+        f"{_size(usage.total - usage.free)} used in the pool"
+    )
+    if discard.discards(root):
+        return Check("discard", "ok", f"freed blocks go back to the host; {sizes}")
+    return Check(
+        "discard",
+        "warn",
+        f"the pool image is mounted without discard (pgoverlay trims it after every destroy, "
+        f"reset and seed); {sizes}: run `pgoverlay pool init` when no branch exists, or after "
+        "a reboot, to mount it with discard",
+    )
 
 
 def _binaries(settings: Settings) -> Check:

@@ -38,8 +38,41 @@ def parse_mountinfo(text: str) -> dict[str, str]:
     return points
 
 
+def parse_options(text: str) -> dict[str, frozenset[str]]:
+    """Mount point -> its options: the mount's own (``noatime``) and its filesystem's
+    (``discard``), for every line of a mountinfo file (last mount wins)."""
+    points: dict[str, frozenset[str]] = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, super_fields = left.split(), right.split()
+        own = fields[5].split(",")
+        fs = super_fields[2].split(",") if len(super_fields) > 2 else []
+        points[_unescape(fields[4])] = frozenset(own + fs)
+    return points
+
+
 def mounted() -> dict[str, str]:
     return parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+
+
+def containing(path: Path) -> str:
+    """The mount point of the filesystem that holds ``path``."""
+    target = os.fspath(path.resolve())
+    best = "/"
+    for point in mounted():
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best = point
+    return best
+
+
+def options(point: str | os.PathLike[str]) -> frozenset[str]:
+    """The options ``point`` is mounted with (empty if it is not a mount point)."""
+    return parse_options(Path("/proc/self/mountinfo").read_text()).get(
+        os.fspath(point), frozenset()
+    )
 
 
 def is_mounted(path: Path) -> bool:

@@ -39,7 +39,7 @@ from pgoverlay.errors import (
     PoolError,
     UnsafePathError,
 )
-from pgoverlay.runner import mounts, proc, safefs
+from pgoverlay.runner import discard, mounts, proc, safefs
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.registry import Registry
@@ -96,14 +96,7 @@ def supports_reflink(directory: Path) -> bool:
 
 
 def fs_type(path: Path) -> str:
-    best, kind = "", "unknown"
-    target = os.fspath(path.resolve())
-    for point, fstype in mounts.mounted().items():
-        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) > len(
-            best
-        ):
-            best, kind = point, fstype
-    return kind
+    return mounts.mounted().get(mounts.containing(path), "unknown")
 
 
 @dataclass(frozen=True)
@@ -300,8 +293,7 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
         image = home / "pool.img"
         if not image.exists():
             _make_image(image, info.image_bytes)
-        if not mounts.is_mounted(root):
-            proc.run(["mount", "-o", "loop,noatime", image, root], timeout=120)
+        _mount_image(image, root)
     _own_layout(root, socket_root=SOCKET_ROOT / pool_id(home))
     if info.mode == "image" and not supports_reflink(root):
         raise PoolError(f"{home / 'pool.img'} is mounted at {root} but does not support reflink")
@@ -369,6 +361,31 @@ def pool_id(home: Path) -> str:
     return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
 
 
+def _mount_image(image: Path, root: Path) -> None:
+    """Mount the image with discard; one mounted before without it is mounted again (XFS ignores
+    discard on a remount) when no branch uses it, and trimmed once in any case, so the blocks it
+    freed before go back to the host. The bases' binds are restored by ``remount_bases``."""
+    if mounts.is_mounted(root) and not discard.discards(root):
+        branches = 0
+        if (root / "registry.db").exists():
+            registry = Registry(root / "registry.db")
+            branches = len(registry.branches())
+            registry.close()
+        if discard.can_remount(root, branches=branches):
+            for point in mounts.mounts_under(root):
+                mounts.unmount(Path(point))
+            proc.run(["umount", root], timeout=mounts.MOUNT_TIMEOUT, check=False)
+        if mounts.is_mounted(root):
+            log.warning(
+                "the pool image is mounted without discard and is in use: pgoverlay trims it "
+                "after every destroy, reset and seed until it is mounted again (run "
+                "`pgoverlay pool init` when no branch exists, or after a reboot)"
+            )
+    if not mounts.is_mounted(root):
+        proc.run(["mount", "-o", discard.IMAGE_MOUNT_OPTIONS, image, root], timeout=120)
+    discard.trim(root)
+
+
 def remount_bases(pool: Pool) -> None:
     """Make every prepared base version reachable, read-only, at its bases/ path."""
     for base in pool.registry.bases():
@@ -381,13 +398,26 @@ def remount_bases(pool: Pool) -> None:
             mounts.bind_readonly(store, target)
 
 
+def release_freed(pool: Pool) -> None:
+    """Blocks were freed in the pool (a destroy, a reset, a seed): see ``discard.release``."""
+    discard.release(pool.root, image_mode=pool.info.mode == "image")
+
+
 def describe(pool: Pool) -> dict[str, Any]:
     usage = shutil.disk_usage(pool.root)
-    return {
+    image = pool.home / "pool.img"
+    # A native or plain pool discards as its host filesystem does: look at that mount.
+    point = pool.root if pool.info.mode == "image" else Path(mounts.containing(pool.root))
+    found: dict[str, Any] = {
         "home": os.fspath(pool.home),
         "mode": pool.info.mode,
         "filesystem": fs_type(pool.root),
         "reflink": pool.info.mode != "plain",
+        "discard": discard.discards(point),
         "size_bytes": usage.total,
+        "used_bytes": usage.total - usage.free,
         "free_bytes": usage.free,
     }
+    if pool.info.mode == "image" and image.exists():
+        found["image_allocated_bytes"] = discard.allocated_bytes(image)
+    return found

@@ -50,7 +50,7 @@ from pgoverlay.runner import (
 from pgoverlay.runner.credentials import Credentials
 from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, require_root
+from pgoverlay.runner.pool import Pool, release_freed, require_root
 from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.choose import choose_runtime
@@ -490,6 +490,7 @@ def _seed_version(
         log.warning("seeding %s version %s failed; removing it", name, version)
         remove_version(pool, name, version)
         raise
+    release_freed(pool)  # the staging copy's blocks: before masking, they held the originals
     found = pool.registry.base(name, version)
     assert found is not None
     return found
@@ -513,3 +514,4 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
         with contextlib.suppress(OSError):
             safefs.remove_tree(path)
     pool.registry.delete_base(name, version)
+    release_freed(pool)
