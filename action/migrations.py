@@ -27,7 +27,7 @@ from sqlparse import tokens as T
 
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
-from pgoverlay.runner import proc, safefile
+from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.tools import Tools
 
@@ -194,7 +194,7 @@ def all_files(repo: Path, folder: str) -> list[str]:
     to folders. Entries that are not regular files (a link out of the checkout, a FIFO, a
     directory named like a migration) are listed too: applying them reports why they are
     refused, rather than skipping them silently."""
-    if safefile.inside(repo, folder) is None:
+    if safefs.inside_checkout(repo, folder) is None:
         raise MigrationError(
             f"migrations folder {folder!r} leads out of the checkout {repo}: fix the "
             "`migrations` input (a path inside the repository)"
@@ -214,12 +214,12 @@ def all_files(repo: Path, folder: str) -> list[str]:
 
 
 def _read(repo: Path, name: str, *, limit: int) -> bytes:
-    return safefile.read_inside(repo, name, limit=limit, what=f"migration file {name}")
+    return safefs.read_inside(repo, name, limit=limit, what=f"migration file {name}")
 
 
 def read_migration(repo: Path, name: str, *, limit: int = MAX_FILE_BYTES) -> str:
     """The text of migration ``name`` under ``repo``: a regular file inside the checkout of at
-    most ``limit`` bytes (see ``safefile.read_inside``), read once without blocking."""
+    most ``limit`` bytes (see ``safefs.read_inside``), read once without blocking."""
     data = _read(repo, name, limit=limit)
     try:
         text = data.decode()

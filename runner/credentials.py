@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pgoverlay.errors import ConfigError, UnsafeFileError
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.safefile import read_regular
+from pgoverlay.runner.safefs import read_regular
 
 WAYS = (
     "PGPASSWORD, a passfile (PGPASSFILE or ~/.pgpass), --password-file PATH, "
