@@ -83,7 +83,7 @@ def _own(pool: Pool, path: Path) -> None:
         os.chown(path, pool.owner.uid, pool.owner.gid)
 
 
-def _make_dirs(pool: Pool, lay: Layout) -> None:
+def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
     # Everything belongs to the branches' user, so that user can later reset or destroy the
     # branch without root (the Docker runtime).
     try:
@@ -99,7 +99,7 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
         raise
-    write_conf(pool, lay)
+    write_conf(pool, lay, user=user, superuser=superuser)
 
 
 def _empty_workdir(work: Path) -> None:
@@ -171,6 +171,7 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
             user=branch.user,
             password=branch.password,
             superuser=pool.settings.branch_superuser,
+            createrole=pool.settings.branch_createrole,
             refresh=False,
         )
 
@@ -267,7 +268,7 @@ def create(
             pool.registry.insert_branch(db, branch)
         fault(pool, "create:registered")
         try:
-            _make_dirs(pool, layout(pool, name))
+            _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
             pool.registry.update_branch(name, step="dirs")
             fault(pool, "create:dirs")
             _bring_up(pool, base, branch, saga="create")

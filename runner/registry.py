@@ -7,6 +7,7 @@ check-then-insert in Python.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -69,6 +70,7 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("bases", "tablespaces", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_rules", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
+    ("bases", "neutralised", "TEXT NOT NULL DEFAULT '[]'"),
 ]
 
 
@@ -92,10 +94,15 @@ class BaseVersion:
     tablespaces: str = ""  # comma-separated names of the tablespaces made in-place
     mask_rules: str = ""  # name of the masking rules file; '' when the base is not masked
     mask_sha256: str = ""  # SHA-256 of that file's bytes
+    neutralised: str = "[]"  # JSON list: what preparing took away (see lockdown), one note each
 
     @property
     def masked(self) -> bool:
         return bool(self.mask_sha256)
+
+    @property
+    def neutralised_notes(self) -> list[str]:
+        return [str(note) for note in json.loads(self.neutralised or "[]")]
 
     @property
     def mask_label(self) -> str:
