@@ -115,7 +115,7 @@ def roles(conn: Conn, *, branch_user: str) -> list[str]:
         notes.append(f"role {role}: {' and '.join(what)} removed")
     if major >= 15:
         for parameter, grantee in conn.execute(
-            """SELECT p.parname, coalesce(r.rolname, 'PUBLIC')
+            """SELECT p.parname, r.rolname
                  FROM pg_parameter_acl p, aclexplode(p.paracl) a
                  LEFT JOIN pg_roles r ON r.oid = a.grantee
                 WHERE a.grantee = 0 OR NOT r.rolsuper
@@ -126,12 +126,13 @@ def roles(conn: Conn, *, branch_user: str) -> list[str]:
                     sql.Identifier(*parameter.split(".")), _grantee(grantee)
                 )
             )
-            notes.append(f"role {grantee}: privileges on parameter {parameter} revoked")
+            notes.append(f"role {grantee or 'PUBLIC'}: privileges on parameter {parameter} revoked")
     return notes
 
 
-def _grantee(name: str) -> sql.Composable:
-    return sql.SQL("PUBLIC") if name == "PUBLIC" else sql.Identifier(name)
+def _grantee(name: str | None) -> sql.Composable:
+    """A role, or PUBLIC for None (a role may be named "PUBLIC")."""
+    return sql.SQL("PUBLIC") if name is None else sql.Identifier(name)
 
 
 def database(conn: Conn) -> list[str]:
@@ -139,7 +140,7 @@ def database(conn: Conn) -> list[str]:
     dbname = conn.info.dbname
     notes: list[str] = []
     for signature, grantee in conn.execute(
-        """SELECT p.oid::regprocedure::text, coalesce(r.rolname, 'PUBLIC')
+        """SELECT p.oid::regprocedure::text, r.rolname
              FROM pg_proc p, aclexplode(p.proacl) a
              LEFT JOIN pg_roles r ON r.oid = a.grantee
             WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE'
@@ -153,9 +154,11 @@ def database(conn: Conn) -> list[str]:
                 sql.SQL(signature), _grantee(grantee)
             )
         )
-        notes.append(f"database {dbname}: EXECUTE on {signature} revoked from {grantee}")
+        notes.append(
+            f"database {dbname}: EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}"
+        )
     for server, user in conn.execute(
-        """SELECT srvname, CASE WHEN umuser = 0 THEN 'PUBLIC' ELSE usename END
+        """SELECT srvname, CASE WHEN umuser <> 0 THEN usename END
              FROM pg_user_mappings ORDER BY 1, 2"""
     ).fetchall():
         conn.execute(
@@ -164,7 +167,8 @@ def database(conn: Conn) -> list[str]:
             )
         )
         notes.append(
-            f"database {dbname}: user mapping for {user} on foreign server {server} removed"
+            f"database {dbname}: user mapping for {user or 'PUBLIC'} on foreign server {server} "
+            "removed"
         )
     for (subscription,) in conn.execute(
         """SELECT subname FROM pg_subscription
