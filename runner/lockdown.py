@@ -15,7 +15,9 @@ Invariants once a base is prepared:
 - no role other than a superuser may execute the server-side file functions
   (``FILE_FUNCTIONS``), nor holds a privilege on a configuration parameter (Postgres 15+);
 - every subscription is disabled, has ``slot_name = NONE`` and no connection string;
-- no foreign server has a user mapping (the servers themselves stay, so schemas load).
+- no foreign server has a user mapping (the servers themselves stay, so schemas load);
+- the catalogs that held secrets (passwords, connection strings, user mapping options) are
+  rewritten, so their old row versions are not left in the base's files.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ def database(conn: Conn) -> list[str]:
             f"database {dbname}: user mapping for {user or 'PUBLIC'} on foreign server {server} "
             "removed"
         )
+    conn.execute("VACUUM FULL pg_catalog.pg_user_mapping")
     for (subscription,) in conn.execute(
         """SELECT subname FROM pg_subscription
             WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -177,6 +180,12 @@ def database(conn: Conn) -> list[str]:
     ).fetchall():
         notes.append(f"database {dbname}: {_subscription(conn, subscription)}")
     return notes
+
+
+def scrub_shared(conn: Conn) -> None:
+    """Rewrite the shared catalogs that held passwords and subscriptions' connection strings:
+    an UPDATE leaves the old row version in the table's file until it is rewritten."""
+    conn.execute("VACUUM FULL pg_catalog.pg_authid, pg_catalog.pg_subscription")
 
 
 def _subscription(conn: Conn, name: str) -> str:

@@ -162,6 +162,9 @@ def prepare(
                     superuser=branch_superuser,
                     createrole=branch_createrole,
                 )
+        for dbname in databases[:1]:  # shared catalogs: from any one database, once
+            with connect(dbname) as conn:
+                lockdown.scrub_shared(conn)
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
