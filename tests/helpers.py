@@ -192,7 +192,12 @@ def dismantle(pool: Pool) -> None:
 
 @contextmanager
 def extra_server(
-    pool: Pool, name: str, *, options: Mapping[str, str] | None = None, hba: str | None = None
+    pool: Pool,
+    name: str,
+    *,
+    options: Mapping[str, str] | None = None,
+    hba: str | None = None,
+    superuser: str = "postgres",
 ) -> Iterator[cluster.Running]:
     """Another real Postgres server for a test (a source, a publisher, a foreign server), with
     its own socket; ``hba`` replaces its pg_hba.conf (for password logins over TCP). Its log is
@@ -210,7 +215,7 @@ def extra_server(
         os.chown(hba_file, pool.owner.uid, pool.owner.gid)
         settings["hba_file"] = os.fspath(hba_file)
     try:
-        cluster.initdb(install, work / "data", owner=pool.owner)
+        cluster.initdb(install, work / "data", owner=pool.owner, superuser=superuser)
         with cluster.running(
             install, work / "data", owner=pool.owner, scratch=pool.tmp, options=settings
         ) as srv:

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from helpers import cli, extra_server, require_docker_image, source_dsn
+from pgoverlay.errors import SeedError
 from pgoverlay.runner import branch, cluster, seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
@@ -266,3 +267,35 @@ def test_production_logins_and_the_bootstrap_superuser_cannot_log_in_over_tcp(
         assert conn.execute(
             "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
         ).fetchone() == (True,)
+
+
+def test_createrole_setting_gives_nothing_on_postgres_15_or_older(
+    pool: Pool, seeded: tuple[BaseVersion, str]
+) -> None:
+    base, _ = seeded
+    assert (base.pg_major or 0) <= 15, "this test is about Postgres 15 or older"
+    pool.settings.branch_createrole = True
+    try:
+        b = branch.create(pool, "attack-createrole", base_name="attack", runtime="local")
+        with as_branch_role(pool, b) as conn:
+            assert conn.execute(
+                "SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user"
+            ).fetchone() == (False,)
+            refused(conn, "CREATE ROLE intruder")
+    finally:
+        pool.settings.branch_createrole = False
+        branch.destroy(pool, "attack-createrole")
+
+
+def test_seed_refuses_a_source_whose_bootstrap_superuser_has_the_branch_roles_name(
+    pool: Pool,
+) -> None:
+    user = pool.settings.branch_user
+    with (
+        extra_server(pool, "attack-bootstrap", superuser=user) as srv,
+        pytest.raises(SeedError, match="PGOVERLAY_BRANCH_USER to another name"),
+    ):
+        seed.seed(
+            pool, "attack-bootstrap", source_dsn=source_dsn(srv, user=user, dbname="postgres")
+        )
+    assert pool.registry.bases("attack-bootstrap") == []
