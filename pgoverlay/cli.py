@@ -189,7 +189,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             [
                 {
                     **b.__dict__,
-                    "neutralised": b.neutralised_notes,
+                    "neutralised": b.neutralised_notes if b.locked_down else None,
                     "branches": refs.get((b.name, b.version), 0),
                 }
                 for b in bases
@@ -222,7 +222,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.start_lsn or "-",
             _when(b.prepared_at or b.created_at),
             b.mask_label if b.masked else "no",
-            str(len(b.neutralised_notes)),
+            str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
             str(refs.get((b.name, b.version), 0)),
         )
     out.print(table)

@@ -70,7 +70,8 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("bases", "tablespaces", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_rules", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
-    ("bases", "neutralised", "TEXT NOT NULL DEFAULT '[]'"),
+    # '' for a base prepared before preparing locked bases down (see lockdown)
+    ("bases", "neutralised", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 
@@ -94,11 +95,17 @@ class BaseVersion:
     tablespaces: str = ""  # comma-separated names of the tablespaces made in-place
     mask_rules: str = ""  # name of the masking rules file; '' when the base is not masked
     mask_sha256: str = ""  # SHA-256 of that file's bytes
-    neutralised: str = "[]"  # JSON list: what preparing took away (see lockdown), one note each
+    # JSON list: what preparing took away (see lockdown), one note each; '' when the base was
+    # prepared by a release that did not lock bases down
+    neutralised: str = ""
 
     @property
     def masked(self) -> bool:
         return bool(self.mask_sha256)
+
+    @property
+    def locked_down(self) -> bool:
+        return bool(self.neutralised)
 
     @property
     def neutralised_notes(self) -> list[str]:

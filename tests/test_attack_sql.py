@@ -137,6 +137,22 @@ def test_seed_prints_and_records_what_it_neutralised(
     assert PRODUCTION_PASSWORD not in output + json.dumps(listed) + table
 
 
+def test_seed_list_tells_a_base_prepared_before_lockdown_apart(
+    pool: Pool, env: dict[str, str], seeded: tuple[BaseVersion, str]
+) -> None:
+    base, _ = seeded
+    pool.registry.update_base(
+        base.name, base.version, neutralised=""
+    )  # as an older release left it
+    try:
+        listed = json.loads(cli(["seed", "list", "--json"], env=env).stdout)
+        assert [b["neutralised"] for b in listed if b["name"] == "attack"] == [None]
+        table = cli(["seed", "list"], env={**env, "COLUMNS": "400"}).stdout
+        assert "not locked down" in table
+    finally:
+        pool.registry.update_base(base.name, base.version, neutralised=base.neutralised)
+
+
 def test_the_base_keeps_no_password_and_no_path_to_a_superuser_or_the_os(
     pool: Pool, seeded: tuple[BaseVersion, str], attacked: Branch
 ) -> None:
@@ -299,3 +315,35 @@ def test_seed_refuses_a_source_whose_bootstrap_superuser_has_the_branch_roles_na
             pool, "attack-bootstrap", source_dsn=source_dsn(srv, user=user, dbname="postgres")
         )
     assert pool.registry.bases("attack-bootstrap") == []
+
+
+def test_a_masked_base_is_locked_down_the_same_way(
+    pool: Pool, attack_source: cluster.Running, tmp_path: Path
+) -> None:
+    rules = tmp_path / "orders-rules.yml"
+    rules.write_text("tables:\n  public.orders:\n    note: {fake: text}\n")
+    base = seed.seed(
+        pool, "attack-masked", source_dsn=source_dsn(attack_source, dbname="shop"), mask=rules
+    )
+    try:
+        assert base.masked
+        for note in (
+            "role app_owner: membership in pg_execute_server_program revoked",
+            "role app_owner: CREATEROLE removed (it could grant itself any role)",
+            "role app_admin: login and password removed",
+        ):
+            assert note in base.neutralised_notes, note
+        b = branch.create(pool, "attack-masked", base_name="attack-masked", runtime="local")
+        with as_branch_role(pool, b) as conn:
+            conn.execute("SET ROLE app_owner")
+            refused(conn, "COPY (SELECT 1) TO PROGRAM 'true'")
+        kwargs = {
+            **branch.connect_kwargs(pool, b),
+            "user": "app_admin",
+            "password": PRODUCTION_PASSWORD,
+        }
+        with pytest.raises(psycopg.OperationalError, match="pg_hba.conf rejects connection"):
+            psycopg.connect(**kwargs, connect_timeout=10)
+    finally:
+        branch.destroy(pool, "attack-masked")
+        seed.remove_version(pool, base.name, base.version)
