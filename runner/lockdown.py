@@ -86,9 +86,11 @@ def roles(conn: Conn, *, branch_user: str) -> list[str]:
              JOIN pg_roles r ON r.oid = a.roleid
              JOIN pg_roles m ON m.oid = a.member
              LEFT JOIN pg_roles g ON g.oid = a.grantor
-            WHERE NOT m.rolsuper AND (r.rolsuper OR r.rolname = ANY(%s))
+            WHERE (NOT m.rolsuper OR m.rolname = %s) AND (r.rolsuper OR r.rolname = ANY(%s))
             ORDER BY 2, 1""",
-        (list(DANGEROUS),),
+        # The branch role counts as a non-superuser even when the source made it one: it
+        # becomes one when the login role is made, and keeps its memberships.
+        (branch_user, list(DANGEROUS)),
     ).fetchall():
         query = sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(role), sql.Identifier(member))
         if major >= 16 and grantor:

@@ -43,6 +43,9 @@ def attack_source(pool: Pool) -> Iterator[cluster.Running]:
                 "CREATE ROLE app_user LOGIN PASSWORD 'prod-secret-Zq8'",
                 "GRANT SET ON PARAMETER session_preload_libraries TO app_owner",
                 "CREATE DATABASE shop OWNER app_owner",
+                # A role with the branch role's name, a superuser in production.
+                "CREATE ROLE pgoverlay LOGIN SUPERUSER PASSWORD 'prod-secret-Zq8'",
+                "GRANT ops, pg_execute_server_program TO pgoverlay",
             ):
                 conn.execute(statement)
         with psycopg.connect(
@@ -118,6 +121,8 @@ def test_seed_prints_and_records_what_it_neutralised(
         "role app_owner: membership in pg_read_server_files revoked",
         "role app_owner: membership in pg_write_server_files revoked",
         "role app_owner: membership in ops revoked",
+        "role pgoverlay: membership in ops revoked",
+        "role pgoverlay: membership in pg_execute_server_program revoked",
         "role app_owner: CREATEROLE removed (it could grant itself any role)",
         "role app_admin: login and password removed",
         "role app_user: login and password removed",
