@@ -80,29 +80,52 @@ def check_branch_user(conn: Conn, *, branch_user: str, branch_superuser: bool) -
 def roles(conn: Conn, *, branch_user: str) -> list[str]:
     """Cluster-wide (roles are shared by every database): memberships, powers, logins."""
     major = conn.info.server_version // 10000
-    notes: list[str] = []
+    notes = _memberships(conn, branch_user=branch_user, major=major)
+    if major <= 15:
+        notes += _createrole(conn)
+    notes += _logins(conn, branch_user=branch_user)
+    if major >= 15:
+        notes += _parameters(conn, branch_user=branch_user)
+    return notes
+
+
+# Grantees lockdown takes a privilege from: PUBLIC, non-superusers, and the branch role even
+# when the source made it a superuser (it becomes one when the login role is made). Used with
+# the branch role's name as its one parameter; ``r`` is the grantee's pg_roles row.
+_NOT_SUPERUSER = "(r.oid IS NULL OR NOT r.rolsuper OR r.rolname = %s)"
+
+
+def _memberships(conn: Conn, *, branch_user: str, major: int) -> list[str]:
+    notes = []
     for role, member, grantor in conn.execute(
-        """SELECT r.rolname, m.rolname, g.rolname FROM pg_auth_members a
-             JOIN pg_roles r ON r.oid = a.roleid
-             JOIN pg_roles m ON m.oid = a.member
-             LEFT JOIN pg_roles g ON g.oid = a.grantor
-            WHERE (NOT m.rolsuper OR m.rolname = %s) AND (r.rolsuper OR r.rolname = ANY(%s))
-            ORDER BY 2, 1""",
-        # The branch role counts as a non-superuser even when the source made it one: it
-        # becomes one when the login role is made, and keeps its memberships.
+        f"""SELECT g.rolname, r.rolname, gr.rolname FROM pg_auth_members a
+              JOIN pg_roles g ON g.oid = a.roleid
+              JOIN pg_roles r ON r.oid = a.member
+              LEFT JOIN pg_roles gr ON gr.oid = a.grantor
+             WHERE {_NOT_SUPERUSER} AND (g.rolsuper OR g.rolname = ANY(%s))
+             ORDER BY 2, 1""",
         (branch_user, list(DANGEROUS)),
     ).fetchall():
         query = sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(role), sql.Identifier(member))
-        if major >= 16 and grantor:
+        if major >= 16 and grantor:  # from 16 on, each grantor's grant is a row of its own
             query = sql.SQL("{} GRANTED BY {} CASCADE").format(query, sql.Identifier(grantor))
         conn.execute(query)
         notes.append(f"role {member}: membership in {role} revoked")
-    if major <= 15:
-        for (role,) in conn.execute(
-            "SELECT rolname FROM pg_roles WHERE rolcreaterole AND NOT rolsuper ORDER BY 1"
-        ).fetchall():
-            conn.execute(sql.SQL("ALTER ROLE {} NOCREATEROLE").format(sql.Identifier(role)))
-            notes.append(f"role {role}: CREATEROLE removed (it could grant itself any role)")
+    return notes
+
+
+def _createrole(conn: Conn) -> list[str]:
+    notes = []
+    for (role,) in conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolcreaterole AND NOT rolsuper ORDER BY 1"
+    ).fetchall():
+        conn.execute(sql.SQL("ALTER ROLE {} NOCREATEROLE").format(sql.Identifier(role)))
+        notes.append(f"role {role}: CREATEROLE removed (it could grant itself any role)")
+    return notes
+
+
+def _logins(conn: Conn, *, branch_user: str) -> list[str]:
+    notes = []
     for role, oid, login, password in conn.execute(
         """SELECT rolname, oid, rolcanlogin, rolpassword IS NOT NULL FROM pg_authid
             WHERE rolname <> %s AND (rolcanlogin OR rolpassword IS NOT NULL)
@@ -117,20 +140,25 @@ def roles(conn: Conn, *, branch_user: str) -> list[str]:
         conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN PASSWORD NULL").format(sql.Identifier(role)))
         what = ["login"] * bool(login) + ["password"] * bool(password)
         notes.append(f"role {role}: {' and '.join(what)} removed")
-    if major >= 15:
-        for parameter, grantee in conn.execute(
-            """SELECT p.parname, r.rolname
-                 FROM pg_parameter_acl p, aclexplode(p.paracl) a
-                 LEFT JOIN pg_roles r ON r.oid = a.grantee
-                WHERE a.grantee = 0 OR NOT r.rolsuper
-                GROUP BY 1, 2 ORDER BY 1, 2"""
-        ).fetchall():
-            conn.execute(
-                sql.SQL("REVOKE ALL ON PARAMETER {} FROM {}").format(
-                    sql.Identifier(*parameter.split(".")), _grantee(grantee)
-                )
+    return notes
+
+
+def _parameters(conn: Conn, *, branch_user: str) -> list[str]:
+    notes = []
+    for parameter, grantee in conn.execute(
+        f"""SELECT p.parname, r.rolname
+              FROM pg_parameter_acl p, aclexplode(p.paracl) a
+              LEFT JOIN pg_roles r ON r.oid = a.grantee
+             WHERE {_NOT_SUPERUSER}
+             GROUP BY 1, 2 ORDER BY 1, 2""",
+        (branch_user,),
+    ).fetchall():
+        conn.execute(
+            sql.SQL("REVOKE ALL ON PARAMETER {} FROM {}").format(
+                sql.Identifier(*parameter.split(".")), _grantee(grantee)
             )
-            notes.append(f"role {grantee or 'PUBLIC'}: privileges on parameter {parameter} revoked")
+        )
+        notes.append(f"role {grantee or 'PUBLIC'}: privileges on parameter {parameter} revoked")
     return notes
 
 
@@ -139,18 +167,17 @@ def _grantee(name: str | None) -> sql.Composable:
     return sql.SQL("PUBLIC") if name is None else sql.Identifier(name)
 
 
-def database(conn: Conn) -> list[str]:
+def database(conn: Conn, *, branch_user: str) -> list[str]:
     """In the connected database: file functions, user mappings, subscriptions."""
     dbname = conn.info.dbname
     notes: list[str] = []
     for signature, grantee in conn.execute(
-        """SELECT p.oid::regprocedure::text, r.rolname
-             FROM pg_proc p, aclexplode(p.proacl) a
-             LEFT JOIN pg_roles r ON r.oid = a.grantee
-            WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE'
-              AND (a.grantee = 0 OR NOT r.rolsuper)
-            ORDER BY 1, 2""",
-        (list(FILE_FUNCTIONS),),
+        f"""SELECT p.oid::regprocedure::text, r.rolname
+              FROM pg_proc p, aclexplode(p.proacl) a
+              LEFT JOIN pg_roles r ON r.oid = a.grantee
+             WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE' AND {_NOT_SUPERUSER}
+             ORDER BY 1, 2""",
+        (list(FILE_FUNCTIONS), branch_user),
     ).fetchall():
         # regprocedure's text is Postgres's own quoted spelling of the function's signature.
         conn.execute(

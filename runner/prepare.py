@@ -142,7 +142,7 @@ def prepare(
             ).fetchone()
         for dbname in databases:
             with connect(dbname) as conn:
-                neutralised += lockdown.database(conn)
+                neutralised += lockdown.database(conn, branch_user=branch_user)
         if database in databases:
             with connect(database) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)

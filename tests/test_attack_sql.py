@@ -41,18 +41,18 @@ def attack_source(pool: Pool) -> Iterator[cluster.Running]:
                 "GRANT ops TO app_owner",
                 "CREATE ROLE app_admin LOGIN SUPERUSER PASSWORD 'prod-secret-Zq8'",
                 "CREATE ROLE app_user LOGIN PASSWORD 'prod-secret-Zq8'",
-                "GRANT SET ON PARAMETER session_preload_libraries TO app_owner",
                 "CREATE DATABASE shop OWNER app_owner",
                 # A role with the branch role's name, a superuser in production.
                 "CREATE ROLE pgoverlay LOGIN SUPERUSER PASSWORD 'prod-secret-Zq8'",
                 "GRANT ops, pg_execute_server_program TO pgoverlay",
+                "GRANT SET ON PARAMETER session_preload_libraries TO app_owner, pgoverlay",
             ):
                 conn.execute(statement)
         with psycopg.connect(
             **srv.conninfo(user="postgres", dbname="shop"), autocommit=True
         ) as conn:
             conn.execute("GRANT EXECUTE ON FUNCTION lo_import(text) TO app_owner")
-            conn.execute("GRANT EXECUTE ON FUNCTION pg_read_file(text) TO app_owner")
+            conn.execute("GRANT EXECUTE ON FUNCTION pg_read_file(text) TO app_owner, pgoverlay")
             conn.execute("SET ROLE app_owner")
             conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
             conn.execute(
@@ -128,8 +128,10 @@ def test_seed_prints_and_records_what_it_neutralised(
         "role app_user: login and password removed",
         "role postgres: password removed (bootstrap superuser)",
         "role app_owner: privileges on parameter session_preload_libraries revoked",
+        "role pgoverlay: privileges on parameter session_preload_libraries revoked",
         "database shop: EXECUTE on lo_import(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from app_owner",
+        "database shop: EXECUTE on pg_read_file(text) revoked from pgoverlay",
     ]
     for note in expected:
         assert f"neutralised in the base: {note}" in output, note
