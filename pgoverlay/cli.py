@@ -211,7 +211,16 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
         key = (br.base_name, br.base_version)
         refs[key] = refs.get(key, 0) + 1
     if getattr(args, "json", False):
-        _print_json([{**b.__dict__, "branches": refs.get((b.name, b.version), 0)} for b in bases])
+        _print_json(
+            [
+                {
+                    **b.__dict__,
+                    "neutralised": b.neutralised_notes if b.locked_down else None,
+                    "branches": refs.get((b.name, b.version), 0),
+                }
+                for b in bases
+            ]
+        )
         return 0
     table = Table(
         "base",
@@ -224,6 +233,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
         "start LSN",
         "seeded",
         "masked",
+        "neutralised",
         "branches",
     )
     for b in bases:
@@ -238,9 +248,13 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.start_lsn or "-",
             _when(b.prepared_at or b.created_at),
             b.mask_label if b.masked else "no",
+            str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
             str(refs.get((b.name, b.version), 0)),
         )
     out.print(table)
+    for b in bases:
+        for note in b.neutralised_notes:
+            out.print(f"{b.name} v{b.version} neutralised: {note}", soft_wrap=True)
     return 0
 
 

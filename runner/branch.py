@@ -76,7 +76,7 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     return base
 
 
-def _make_dirs(pool: Pool, lay: Layout) -> None:
+def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
     """The branch's directory is root's, so the branches' user cannot swap what root mounts
     or reads there; that user owns only what its Postgres writes: upper, work, log, sockets."""
     uid, gid = pool.owner.uid, pool.owner.gid
@@ -95,7 +95,7 @@ def _make_dirs(pool: Pool, lay: Layout) -> None:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
         raise
-    write_conf(pool, lay)
+    write_conf(pool, lay, user=user, superuser=superuser)
 
 
 def _make_socket_dir(pool: Pool, lay: Layout) -> None:
@@ -162,6 +162,7 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
             user=branch.user,
             password=branch.password,
             superuser=pool.settings.branch_superuser,
+            createrole=pool.settings.branch_createrole,
             refresh=False,
         )
 
@@ -258,7 +259,7 @@ def create(
             pool.registry.insert_branch(db, branch)
         fault(pool, "create:registered")
         try:
-            _make_dirs(pool, layout(pool, name))
+            _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
             pool.registry.update_branch(name, step="dirs")
             fault(pool, "create:dirs")
             _bring_up(pool, base, branch, saga="create")
@@ -325,6 +326,8 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     safefs.remove_tree(lay.upper)
     safefs.make_dir(lay.upper, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
     safefs.remove_tree(lay.log_file)
+    # Written again, so a branch made by an earlier release gets today's pg_hba.conf.
+    write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     release_freed(pool)
     pool.registry.update_branch(branch.name, step="wiped")
     fault(pool, "reset:wiped")
@@ -340,6 +343,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     lay = layout(pool, branch.name)
     rt = runtime_for(pool, base, branch.runtime, check=True)
     _make_socket_dir(pool, lay)
+    write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
     _check_ready(pool, branch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from pgoverlay.runner import cluster, safefs
+from pgoverlay.runner import cluster, lockdown, safefs
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import Branch
 from pgoverlay.runner.runtime import Layout
@@ -55,17 +55,28 @@ def ssl_options(pool: Pool) -> dict[str, str]:
     }
 
 
-def write_conf(pool: Pool, lay: Layout) -> None:
+def hba(*, user: str, superuser: str) -> str:
+    """Who may connect: the engine as the base's bootstrap superuser on the private socket, and
+    the branch login role over TCP with its password. Nobody else, whatever the base's roles."""
+    for role in (user, superuser):
+        lockdown.check_hba_name(role)
+    return (
+        # The socket directory is 0700 and owned by the branch's OS user: only that user
+        # (and root) reach the trusted socket.
+        f'local all "{superuser}" trust\n'
+        f'host all "{user}" 0.0.0.0/0 scram-sha-256\n'
+        f'host all "{user}" ::/0 scram-sha-256\n'
+        "local all all reject\n"
+        "host all all 0.0.0.0/0 reject\n"
+        "host all all ::/0 reject\n"
+    )
+
+
+def write_conf(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
     files = {
         # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
         "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
-        # The socket directory is 0700 and owned by the branch's OS user: only that user
-        # (and root) reach the trusted socket. Everyone else needs the branch password.
-        "pg_hba.conf": (
-            "local all all trust\n"
-            "host all all 0.0.0.0/0 scram-sha-256\n"
-            "host all all ::/0 scram-sha-256\n"
-        ),
+        "pg_hba.conf": hba(user=user, superuser=superuser),
         "pg_ident.conf": "",
     }
     # Root's files in root's directory: the branches' user reads them and changes nothing.

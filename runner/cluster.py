@@ -32,6 +32,9 @@ CUT_OFF = {
     "primary_conninfo": "",
     "primary_slot_name": "",
     "synchronous_standby_names": "",
+    # No subscription's apply worker starts, whatever the catalogs say (lockdown also
+    # disables every subscription in the base).
+    "max_logical_replication_workers": "0",
     "huge_pages": "try",
     "unix_socket_group": "",
     "superuser_reserved_connections": "3",

@@ -4,7 +4,9 @@ Run Postgres once directly on the base (finishing recovery), shut it down cleanl
 control file says "shut down", then shrink the WAL segment size so a branch's first write
 copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6). A masked base is masked while
 it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
-original values.
+original values. While it runs, :mod:`pgoverlay.runner.lockdown` takes away what would let a
+branch reach the OS or production (logins, passwords, dangerous memberships, subscriptions,
+user mappings), and the branch login role is made.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, cluster, mask, roles, safefs, tablespaces
+from pgoverlay.runner import baseconf, cluster, lockdown, mask, roles, safefs, tablespaces
 from pgoverlay.runner.maskrules import RulesFile
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.tools import Tools
@@ -41,6 +43,7 @@ class Prepared:
     superuser_tables: int  # tables, views, sequences owned by a superuser in the branch database
     masked: mask.Masked | None = None  # what masking did, when the base is masked
     dropped_databases: tuple[str, ...] = ()  # databases a masked base does not keep
+    neutralised: tuple[str, ...] = ()  # what lockdown took away, one note per thing
 
 
 def start_lsn(datadir: Path) -> str:
@@ -84,6 +87,7 @@ def prepare(
     branch_user: str,
     branch_superuser: bool,
     wal_segsize_mb: int,
+    branch_createrole: bool = False,
     timeout: float,
     masking: RulesFile | None = None,
 ) -> Prepared:
@@ -96,6 +100,7 @@ def prepare(
     for note in baseconf.remove_secret_settings(datadir):
         log.info("%s", note)
     superuser_tables = 0
+    neutralised: list[str] = []
     masked: mask.Masked | None = None
     dropped: list[str] = []
     options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
@@ -111,6 +116,10 @@ def prepare(
         with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
             row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
             superuser = str(row[0]) if row else "postgres"
+            lockdown.check_hba_name(superuser)
+            lockdown.check_branch_user(
+                conn, branch_user=branch_user, branch_superuser=branch_superuser
+            )
             if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
                 raise SeedError("the base is still in recovery after start; it cannot be prepared")
             databases = [
@@ -127,9 +136,13 @@ def prepare(
                     )
                 dropped = mask.drop_other_databases(conn, connect, keep=database)
                 databases = [d for d in databases if d not in dropped]
+            neutralised += lockdown.roles(conn, branch_user=branch_user)
             size_row = conn.execute(
                 "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
             ).fetchone()
+        for dbname in databases:
+            with connect(dbname) as conn:
+                neutralised += lockdown.database(conn, branch_user=branch_user)
         if database in databases:
             with connect(database) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)
@@ -147,7 +160,11 @@ def prepare(
                     user=branch_user,
                     password=secrets.token_urlsafe(32),
                     superuser=branch_superuser,
+                    createrole=branch_createrole,
                 )
+        for dbname in databases[:1]:  # shared catalogs: from any one database, once
+            with connect(dbname) as conn:
+                lockdown.scrub_shared(conn)
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
@@ -166,4 +183,5 @@ def prepare(
         superuser_tables=superuser_tables,
         masked=masked,
         dropped_databases=tuple(dropped),
+        neutralised=tuple(neutralised),
     )

@@ -7,6 +7,7 @@ check-then-insert in Python.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -73,6 +74,8 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("bases", "tablespaces", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_rules", "TEXT NOT NULL DEFAULT ''"),
     ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
+    # '' for a base prepared before preparing locked bases down (see lockdown)
+    ("bases", "neutralised", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 
@@ -96,10 +99,21 @@ class BaseVersion:
     tablespaces: str = ""  # comma-separated names of the tablespaces made in-place
     mask_rules: str = ""  # name of the masking rules file; '' when the base is not masked
     mask_sha256: str = ""  # SHA-256 of that file's bytes
+    # JSON list: what preparing took away (see lockdown), one note each; '' when the base was
+    # prepared by a release that did not lock bases down
+    neutralised: str = ""
 
     @property
     def masked(self) -> bool:
         return bool(self.mask_sha256)
+
+    @property
+    def locked_down(self) -> bool:
+        return bool(self.neutralised)
+
+    @property
+    def neutralised_notes(self) -> list[str]:
+        return [str(note) for note in json.loads(self.neutralised or "[]")]
 
     @property
     def mask_label(self) -> str:

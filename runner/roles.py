@@ -4,6 +4,12 @@ Migrations run as this role, so by default it is not a superuser (a superuser ca
 on the runner with ``COPY ... TO PROGRAM``). It may read and write all data, and it is made a
 member of every non-superuser role that owns objects in the branch's database, so it can alter
 what those roles own, as a deploy user would.
+
+It never has ``CREATEROLE`` on Postgres 15 or older: there, ``CREATEROLE`` may grant any
+non-superuser role, ``pg_execute_server_program`` included. From 16 on, ``CREATEROLE`` only
+administers the roles it creates, and the role has it when ``createrole`` asks. The roles it is
+granted cannot lead it further: :mod:`pgoverlay.runner.lockdown` has removed, in the base,
+every membership of a non-superuser in a superuser or a dangerous predefined role.
 """
 
 from __future__ import annotations
@@ -56,21 +62,28 @@ def set_login(
     user: str,
     password: str,
     superuser: bool,
+    createrole: bool = False,
     refresh: bool = True,
 ) -> None:
     """Create or update ``user`` with ``password``; only a SCRAM verifier is sent.
 
     Seeding prepares the role, its grants and the ledger schema in the base once; a branch
     then passes ``refresh=False`` and only sets its password (one catalog row), unless the
-    role is missing (a base prepared for another user name).
+    role is missing (a base prepared for another user name). ``createrole`` is honoured on
+    Postgres 16 and newer only.
     """
     verifier = conn.pgconn.encrypt_password(
         password.encode(), user.encode(), b"scram-sha-256"
     ).decode()
     exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone()
     verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
-    power = sql.SQL(
-        "SUPERUSER" if superuser else "NOSUPERUSER CREATEDB CREATEROLE NOREPLICATION NOBYPASSRLS"
+    may_create_roles = createrole and conn.info.server_version >= 160000
+    power = (
+        sql.SQL("SUPERUSER")
+        if superuser
+        else sql.SQL("NOSUPERUSER CREATEDB {} NOREPLICATION NOBYPASSRLS").format(
+            sql.SQL("CREATEROLE" if may_create_roles else "NOCREATEROLE")
+        )
     )
     with conn.transaction():
         conn.execute("SET LOCAL log_statement = 'none'")

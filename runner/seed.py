@@ -438,6 +438,7 @@ def _seed_version(
             database=src.dbname,
             branch_user=pool.settings.branch_user,
             branch_superuser=pool.settings.branch_superuser,
+            branch_createrole=pool.settings.branch_createrole,
             wal_segsize_mb=pool.settings.wal_segsize_mb,
             timeout=pool.settings.command_timeout,
             masking=rules,
@@ -457,6 +458,8 @@ def _seed_version(
                 src.dbname,
                 result.superuser,
             )
+        for note in result.neutralised:
+            log.warning("neutralised in the base: %s", note)
         if result.dropped_databases:
             log.warning(
                 "the masked base keeps only database %s; not kept: %s",
@@ -485,6 +488,7 @@ def _seed_version(
             tablespaces=",".join(t.name for t in spaces) if via == "basebackup" else "",
             mask_rules=rules.name if rules else "",
             mask_sha256=rules.sha256 if rules else "",
+            neutralised=json.dumps(list(result.neutralised)),
         )
     except BaseException:
         log.warning("seeding %s version %s failed; removing it", name, version)

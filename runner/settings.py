@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     advertise_host: str | None = None
     branch_user: str = "pgoverlay"
     branch_superuser: bool = False
+    # Postgres 16+ only: the branch role gets CREATEROLE (which there administers only the roles
+    # it creates). Never on 15 or older, where CREATEROLE may grant itself a shell.
+    branch_createrole: bool = False
     shared_buffers: str = "32MB"
     max_connections: int = Field(default=30, ge=5)
     work_mem: str = "4MB"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -186,3 +188,44 @@ def dismantle(pool: Pool) -> None:
         mounts.unmount(Path(target))
     mounts.unmount(pool.home / "pool")
     shutil.rmtree(pool.home, ignore_errors=True)
+
+
+@contextmanager
+def extra_server(
+    pool: Pool,
+    name: str,
+    *,
+    options: Mapping[str, str] | None = None,
+    hba: str | None = None,
+    superuser: str = "postgres",
+) -> Iterator[cluster.Running]:
+    """Another real Postgres server for a test (a source, a publisher, a foreign server), with
+    its own socket; ``hba`` replaces its pg_hba.conf (for password logins over TCP). Its log is
+    ``socket_dir / "postgres.log"``."""
+    from pgoverlay.runner import pgbin
+
+    install = pgbin.newest()
+    work = pool.home / name
+    work.mkdir(mode=0o700)
+    os.chown(work, pool.owner.uid, pool.owner.gid)
+    settings = {"fsync": "off", **(options or {})}
+    if hba is not None:
+        hba_file = work / "pg_hba.conf"
+        hba_file.write_text(hba)
+        os.chown(hba_file, pool.owner.uid, pool.owner.gid)
+        settings["hba_file"] = os.fspath(hba_file)
+    try:
+        cluster.initdb(install, work / "data", owner=pool.owner, superuser=superuser)
+        with cluster.running(
+            install, work / "data", owner=pool.owner, scratch=pool.tmp, options=settings
+        ) as srv:
+            yield dataclasses.replace(srv, port=int(settings.get("port", srv.port)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def free_tcp_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

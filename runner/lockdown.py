@@ -1,0 +1,233 @@
+"""What preparing a base takes away, so that a branch reaches neither the OS nor production.
+
+A base is a copy of production's catalogs: its roles keep their passwords, powers and
+memberships, its subscriptions point at the real publisher and its foreign servers' user
+mappings hold production credentials. Preparing runs these steps as the bootstrap superuser,
+and each returns one note per thing it changed, which the seed prints and the registry keeps.
+
+Invariants once a base is prepared:
+
+- no role but the bootstrap superuser (oid 10) and the branch role can log in, and no role
+  but the branch role has a password;
+- no role other than a superuser is a member of a superuser or of ``DANGEROUS`` (so no chain
+  of ``SET ROLE`` from the branch role leads to a shell or to the server's files), nor has
+  ``CREATEROLE`` on Postgres 15 or older (which could grant itself those roles);
+- no role other than a superuser may execute the server-side file functions
+  (``FILE_FUNCTIONS``), nor holds a privilege on a configuration parameter (Postgres 15+);
+- every subscription is disabled, has ``slot_name = NONE`` and no connection string;
+- no foreign server has a user mapping (the servers themselves stay, so schemas load);
+- the catalogs that held secrets (passwords, connection strings, user mapping options) are
+  rewritten, so their old row versions are not left in the base's files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgoverlay.errors import SeedError
+
+# Predefined roles whose members reach the OS (a shell, the server's files) or connect out.
+DANGEROUS = (
+    "pg_execute_server_program",
+    "pg_read_server_files",
+    "pg_write_server_files",
+    "pg_create_subscription",
+)
+# Server-side functions on the server's files; EXECUTE is revoked from PUBLIC by default, but a
+# production GRANT to an application role would carry into the base.
+FILE_FUNCTIONS = (
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_dir",
+    "pg_stat_file",
+    "lo_import",
+    "lo_export",
+    # adminpack's
+    "pg_file_write",
+    "pg_file_rename",
+    "pg_file_unlink",
+    "pg_file_sync",
+    "pg_logdir_ls",
+)
+_BAD_HBA_CHARACTERS = ('"', "\n", "\r", "\0")
+
+Conn = psycopg.Connection[Any]
+
+
+def check_hba_name(role: str) -> None:
+    """A role name must be writable as a quoted pg_hba.conf token."""
+    if not role or any(c in role for c in _BAD_HBA_CHARACTERS):
+        raise SeedError(
+            f"role {role!r} cannot be named in a branch's pg_hba.conf (it has a double quote "
+            "or a line break): rename it in the source and seed again"
+        )
+
+
+def check_branch_user(conn: Conn, *, branch_user: str, branch_superuser: bool) -> None:
+    """Refuse a base whose bootstrap superuser has the branch role's name."""
+    row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+    if row and row[0] == branch_user and not branch_superuser:
+        raise SeedError(
+            f"the source's bootstrap superuser is named {branch_user!r}, the branch login role's "
+            "name: branches would log in as a superuser. Set PGOVERLAY_BRANCH_USER to another "
+            "name and seed again"
+        )
+
+
+def roles(conn: Conn, *, branch_user: str) -> list[str]:
+    """Cluster-wide (roles are shared by every database): memberships, powers, logins."""
+    major = conn.info.server_version // 10000
+    notes = _memberships(conn, branch_user=branch_user, major=major)
+    if major <= 15:
+        notes += _createrole(conn)
+    notes += _logins(conn, branch_user=branch_user)
+    if major >= 15:
+        notes += _parameters(conn, branch_user=branch_user)
+    return notes
+
+
+# Grantees lockdown takes a privilege from: PUBLIC, non-superusers, and the branch role even
+# when the source made it a superuser (it becomes one when the login role is made). Used with
+# the branch role's name as its one parameter; ``r`` is the grantee's pg_roles row.
+_NOT_SUPERUSER = "(r.oid IS NULL OR NOT r.rolsuper OR r.rolname = %s)"
+
+
+def _memberships(conn: Conn, *, branch_user: str, major: int) -> list[str]:
+    notes = []
+    for role, member, grantor in conn.execute(
+        f"""SELECT g.rolname, r.rolname, gr.rolname FROM pg_auth_members a
+              JOIN pg_roles g ON g.oid = a.roleid
+              JOIN pg_roles r ON r.oid = a.member
+              LEFT JOIN pg_roles gr ON gr.oid = a.grantor
+             WHERE {_NOT_SUPERUSER} AND (g.rolsuper OR g.rolname = ANY(%s))
+             ORDER BY 2, 1""",
+        (branch_user, list(DANGEROUS)),
+    ).fetchall():
+        query = sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(role), sql.Identifier(member))
+        if major >= 16 and grantor:  # from 16 on, each grantor's grant is a row of its own
+            query = sql.SQL("{} GRANTED BY {} CASCADE").format(query, sql.Identifier(grantor))
+        conn.execute(query)
+        notes.append(f"role {member}: membership in {role} revoked")
+    return notes
+
+
+def _createrole(conn: Conn) -> list[str]:
+    notes = []
+    for (role,) in conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolcreaterole AND NOT rolsuper ORDER BY 1"
+    ).fetchall():
+        conn.execute(sql.SQL("ALTER ROLE {} NOCREATEROLE").format(sql.Identifier(role)))
+        notes.append(f"role {role}: CREATEROLE removed (it could grant itself any role)")
+    return notes
+
+
+def _logins(conn: Conn, *, branch_user: str) -> list[str]:
+    notes = []
+    for role, oid, login, password in conn.execute(
+        """SELECT rolname, oid, rolcanlogin, rolpassword IS NOT NULL FROM pg_authid
+            WHERE rolname <> %s AND (rolcanlogin OR rolpassword IS NOT NULL)
+            ORDER BY 1""",
+        (branch_user,),
+    ).fetchall():
+        if oid == 10:  # the engine logs in as the bootstrap superuser, over a private socket
+            if password:
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD NULL").format(sql.Identifier(role)))
+                notes.append(f"role {role}: password removed (bootstrap superuser)")
+            continue
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN PASSWORD NULL").format(sql.Identifier(role)))
+        what = ["login"] * bool(login) + ["password"] * bool(password)
+        notes.append(f"role {role}: {' and '.join(what)} removed")
+    return notes
+
+
+def _parameters(conn: Conn, *, branch_user: str) -> list[str]:
+    notes = []
+    for parameter, grantee in conn.execute(
+        f"""SELECT p.parname, r.rolname
+              FROM pg_parameter_acl p, aclexplode(p.paracl) a
+              LEFT JOIN pg_roles r ON r.oid = a.grantee
+             WHERE {_NOT_SUPERUSER}
+             GROUP BY 1, 2 ORDER BY 1, 2""",
+        (branch_user,),
+    ).fetchall():
+        conn.execute(
+            sql.SQL("REVOKE ALL ON PARAMETER {} FROM {}").format(
+                sql.Identifier(*parameter.split(".")), _grantee(grantee)
+            )
+        )
+        notes.append(f"role {grantee or 'PUBLIC'}: privileges on parameter {parameter} revoked")
+    return notes
+
+
+def _grantee(name: str | None) -> sql.Composable:
+    """A role, or PUBLIC for None (a role may be named "PUBLIC")."""
+    return sql.SQL("PUBLIC") if name is None else sql.Identifier(name)
+
+
+def database(conn: Conn, *, branch_user: str) -> list[str]:
+    """In the connected database: file functions, user mappings, subscriptions."""
+    dbname = conn.info.dbname
+    notes: list[str] = []
+    for signature, grantee in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, r.rolname
+              FROM pg_proc p, aclexplode(p.proacl) a
+              LEFT JOIN pg_roles r ON r.oid = a.grantee
+             WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE' AND {_NOT_SUPERUSER}
+             ORDER BY 1, 2""",
+        (list(FILE_FUNCTIONS), branch_user),
+    ).fetchall():
+        # regprocedure's text is Postgres's own quoted spelling of the function's signature.
+        conn.execute(
+            sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(
+                sql.SQL(signature), _grantee(grantee)
+            )
+        )
+        notes.append(
+            f"database {dbname}: EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}"
+        )
+    for server, user in conn.execute(
+        """SELECT srvname, CASE WHEN umuser <> 0 THEN usename END
+             FROM pg_user_mappings ORDER BY 1, 2"""
+    ).fetchall():
+        conn.execute(
+            sql.SQL("DROP USER MAPPING FOR {} SERVER {}").format(
+                _grantee(user), sql.Identifier(server)
+            )
+        )
+        notes.append(
+            f"database {dbname}: user mapping for {user or 'PUBLIC'} on foreign server {server} "
+            "removed"
+        )
+    conn.execute("VACUUM FULL pg_catalog.pg_user_mapping")
+    for (subscription,) in conn.execute(
+        """SELECT subname FROM pg_subscription
+            WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+            ORDER BY 1"""
+    ).fetchall():
+        notes.append(f"database {dbname}: {_subscription(conn, subscription)}")
+    return notes
+
+
+def scrub_shared(conn: Conn) -> None:
+    """Rewrite the shared catalogs that held passwords and subscriptions' connection strings:
+    an UPDATE leaves the old row version in the table's file until it is rewritten."""
+    conn.execute("VACUUM FULL pg_catalog.pg_authid, pg_catalog.pg_subscription")
+
+
+def _subscription(conn: Conn, name: str) -> str:
+    ident = sql.Identifier(name)
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(ident))
+    conn.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(ident))
+    try:
+        with conn.transaction():
+            # Checked but not used: the subscription can never be enabled without a slot.
+            conn.execute(sql.SQL("ALTER SUBSCRIPTION {} CONNECTION ''").format(ident))
+    except psycopg.Error as err:
+        return (
+            f"subscription {name}: disabled, slot_name NONE; its connection string is kept "
+            f"({str(err).strip().splitlines()[0]})"
+        )
+    return f"subscription {name}: disabled, slot_name NONE, connection string removed"
