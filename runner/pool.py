@@ -293,8 +293,12 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
         image = home / "pool.img"
         if not image.exists():
             _make_image(image, info.image_bytes)
-        _mount_image(image, root)
+        if not mounts.is_mounted(root):
+            _mount(image, root)
+    # Made root's before the registry is read: an earlier release let Postgres's user own it.
     _own_layout(root, socket_root=SOCKET_ROOT / pool_id(home))
+    if info.mode == "image":
+        _ensure_discard(home / "pool.img", root)
     if info.mode == "image" and not supports_reflink(root):
         raise PoolError(f"{home / 'pool.img'} is mounted at {root} but does not support reflink")
     (home / "pool.json").write_text(
@@ -361,28 +365,32 @@ def pool_id(home: Path) -> str:
     return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
 
 
-def _mount_image(image: Path, root: Path) -> None:
-    """Mount the image with discard; one mounted before without it is mounted again (XFS ignores
-    discard on a remount) when no branch uses it, and trimmed once in any case, so the blocks it
-    freed before go back to the host. The bases' binds are restored by ``remount_bases``."""
-    if mounts.is_mounted(root) and not discard.discards(root):
+def _mount(image: Path, root: Path) -> None:
+    proc.run(["mount", "-o", discard.IMAGE_MOUNT_OPTIONS, image, root], timeout=120)
+
+
+def _ensure_discard(image: Path, root: Path) -> None:
+    """An image mounted before without discard is mounted again with it (XFS ignores discard on
+    a remount) when no branch uses it, and trimmed once in any case, so the blocks it freed
+    before go back to the host. The bases' binds are restored by ``remount_bases``."""
+    if not discard.discards(root):
         branches = 0
         if (root / "registry.db").exists():
             registry = Registry(root / "registry.db")
-            branches = len(registry.branches())
+            branches = len(registry.branch_names())
             registry.close()
         if discard.can_remount(root, branches=branches):
             for point in mounts.mounts_under(root):
                 mounts.unmount(Path(point))
             proc.run(["umount", root], timeout=mounts.MOUNT_TIMEOUT, check=False)
-        if mounts.is_mounted(root):
+            if not mounts.is_mounted(root):
+                _mount(image, root)
+        if not discard.discards(root):
             log.warning(
                 "the pool image is mounted without discard and is in use: pgoverlay trims it "
                 "after every destroy, reset and seed until it is mounted again (run "
                 "`pgoverlay pool init` when no branch exists, or after a reboot)"
             )
-    if not mounts.is_mounted(root):
-        proc.run(["mount", "-o", discard.IMAGE_MOUNT_OPTIONS, image, root], timeout=120)
     discard.trim(root)
 
 

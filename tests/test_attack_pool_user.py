@@ -256,10 +256,13 @@ def test_a_start_failure_quotes_the_real_log_not_a_linked_root_file(
         stop_server(pool, "log-fail")
         lay = branch.layout(pool, "log-fail")
         _plant_log_link(pool, "log-fail", victim)
-        os.unlink(lay.conf / "pg_hba.conf")  # the server now refuses to start
+        # The server now refuses to start (restarts write conf/ again, so break the data's own).
+        broken = lay.data / "postgresql.auto.conf"  # through the overlay, still mounted
+        broken.write_text("this is = not = a setting\n")
+        os.chown(broken, pool.owner.uid, pool.owner.gid)
         report = gc.collect(pool)
         problem = " ".join(p for p in report.problems if "log-fail" in p)
-        assert "pg_hba.conf" in problem, report.lines()
+        assert "postgresql.auto.conf" in problem, report.lines()
         assert "secret" not in problem
     finally:
         branch.destroy(pool, "log-fail")
