@@ -11,12 +11,14 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from pgoverlay.runner import branch, cluster, mounts
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion, Branch
 
 
 def source_dsn(srv: cluster.Running, *, user: str = "postgres", dbname: str = "app") -> str:
@@ -229,3 +231,20 @@ def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def as_branch_role(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
+    """The branch's login role over TCP with its password: what a pull request's SQL runs as."""
+    return psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True, connect_timeout=10)
+
+
+def as_engine(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
+    """The base's bootstrap superuser through the branch's private socket (the engine's way)."""
+    return psycopg.connect(
+        host=os.fspath(branch.layout(pool, b.name).socket_dir),
+        port=b.port,
+        user=base.superuser,
+        dbname=base.database,
+        autocommit=True,
+        connect_timeout=10,
+    )

@@ -8,7 +8,6 @@ production logins with known passwords.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import cli, extra_server, require_docker_image, source_dsn
+from helpers import (
+    as_branch_role,
+    as_engine,
+    cli,
+    extra_server,
+    require_docker_image,
+    source_dsn,
+)
 from pgoverlay.errors import SeedError
 from pgoverlay.runner import branch, cluster, seed
 from pgoverlay.runner.pool import Pool
@@ -91,21 +97,6 @@ def attacked(
     branch.destroy(pool, name)
 
 
-def as_branch_role(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
-    return psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True, connect_timeout=10)
-
-
-def engine(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
-    """The base's bootstrap superuser, through the branch's private socket (the engine's way)."""
-    return psycopg.connect(
-        host=os.fspath(branch.layout(pool, b.name).socket_dir),
-        port=b.port,
-        user=base.superuser,
-        dbname=base.database,
-        autocommit=True,
-    )
-
-
 def refused(conn: psycopg.Connection[Any], statement: str) -> None:
     """``statement`` fails for lack of privilege."""
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -164,7 +155,7 @@ def test_the_base_keeps_no_password_and_no_path_to_a_superuser_or_the_os(
     pool: Pool, seeded: tuple[BaseVersion, str], attacked: Branch
 ) -> None:
     base, _ = seeded
-    with engine(pool, attacked, base) as conn:
+    with as_engine(pool, attacked, base) as conn:
         with_password = conn.execute(
             "SELECT rolname FROM pg_authid WHERE rolpassword IS NOT NULL"
         ).fetchall()
@@ -286,7 +277,7 @@ def test_production_logins_and_the_bootstrap_superuser_cannot_log_in_over_tcp(
     with as_branch_role(pool, attacked) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (100,)
         conn.execute("ALTER TABLE orders ADD COLUMN shipped boolean")
-    with engine(pool, attacked, base) as conn:
+    with as_engine(pool, attacked, base) as conn:
         assert conn.execute(
             "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
         ).fetchone() == (True,)

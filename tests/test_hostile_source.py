@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 
 from helpers import (
+    as_engine,
     assert_no_leaks,
     postgres_processes_for,
     require_docker_image,
@@ -220,17 +221,6 @@ def store_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def superuser(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
-    """The base's superuser through the branch's private socket."""
-    return psycopg.connect(
-        host=os.fspath(branch.layout(pool, b.name).socket_dir),
-        port=b.port,
-        user=base.superuser,
-        dbname=base.database,
-        autocommit=True,
-    )
-
-
 def write_heavily(conn: psycopg.Connection[Any], tag: str) -> None:
     """About 30 MB of WAL: many 1 MiB segments of the base, and several 16 MiB ones."""
     for table in ("near", "far_rows"):
@@ -305,7 +295,7 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
     ]
     try:
         for b, tag in zip(made, ("a", "b"), strict=True):
-            with superuser(pool, b, hostile_base) as conn:
+            with as_engine(pool, b, hostile_base) as conn:
                 shown = {
                     name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
                     for name in ("archive_mode", "ssl", "shared_buffers", "restore_command")
@@ -329,7 +319,7 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
             with psycopg.connect(**branch.connect_kwargs(pool, b)) as client:
                 assert client.execute("SELECT 1").fetchone() == (1,)
         for b, tag, other in zip(made, ("a", "b"), ("b", "a"), strict=True):
-            with superuser(pool, b, hostile_base) as conn:
+            with as_engine(pool, b, hostile_base) as conn:
                 for table in ("near", "far_rows"):
                     counts = conn.execute(
                         sql.SQL(
@@ -352,7 +342,7 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
         assert imposed["shared_buffers"] == ("1TB", "32MB")
         assert imposed["ssl"] == ("on", "off")
         branch.reset(pool, names[0])
-        with superuser(pool, branch.get(pool, names[0]), hostile_base) as conn:
+        with as_engine(pool, branch.get(pool, names[0]), hostile_base) as conn:
             assert conn.execute("SELECT count(*) FROM far_rows").fetchone() == (ROWS + 1,)
             assert conn.execute("SELECT count(*) FROM near").fetchone() == (ROWS,)
     finally:
@@ -375,7 +365,7 @@ def test_seed_via_dump_from_a_source_with_tablespaces_restores_into_the_default_
         assert not any("archive_mode" in line for line in warned), "a dump brings no settings"
         b = create_branch(pool, "hostile-dumped", base_name="hostile-dump", runtime=branch_runtime)
         try:
-            with superuser(pool, b, dumped) as conn:
+            with as_engine(pool, b, dumped) as conn:
                 assert conn.execute("SELECT count(*) FROM far_rows").fetchone() == (ROWS + 1,)
                 assert conn.execute("SELECT count(*) FROM pg_tablespace").fetchone() == (2,)
         finally:
@@ -422,7 +412,7 @@ def test_a_crashed_branch_of_a_base_with_tablespaces_recovers_its_writes(
 ) -> None:
     b = create_branch(pool, "hostile-crash", base_name="hostile", runtime=branch_runtime)
     try:
-        with superuser(pool, b, hostile_base) as conn:
+        with as_engine(pool, b, hostile_base) as conn:
             conn.execute("INSERT INTO far_rows VALUES (-1, 'before the crash')")
         # The server and all its processes, as a crash.
         os.killpg(server_pid(pool, b.name), signal.SIGKILL)
@@ -434,7 +424,7 @@ def test_a_crashed_branch_of_a_base_with_tablespaces_recovers_its_writes(
         )
         report = gc.collect(pool)
         assert "hostile-crash" in report.restarted, report.problems
-        with superuser(pool, b, hostile_base) as conn:
+        with as_engine(pool, b, hostile_base) as conn:
             assert conn.execute("SELECT note FROM far_rows WHERE id = -1").fetchone() == (
                 "before the crash",
             )

@@ -15,7 +15,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import extra_server, free_tcp_port, require_docker_image, source_dsn
+from helpers import (
+    as_branch_role,
+    extra_server,
+    free_tcp_port,
+    require_docker_image,
+    source_dsn,
+)
 from pgoverlay.runner import branch, cluster, seed
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
@@ -161,10 +167,6 @@ def wired_branch(
     b = branch.create(pool, name, base_name="wired", runtime=str(request.param))
     yield b
     branch.destroy(pool, name)
-
-
-def as_branch_role(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
-    return psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True, connect_timeout=10)
 
 
 def assert_publisher_sees_only_the_real_subscriber(wired: Wired, tcp_before: int) -> None:
