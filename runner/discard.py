@@ -41,7 +41,11 @@ def allocated_bytes(path: Path) -> int:
 
 
 def trim(point: Path, *, timeout: float = TRIM_TIMEOUT) -> None:
-    """Discard every free block of the filesystem mounted at ``point`` (root only)."""
+    """Discard every free block of the filesystem mounted at ``point`` (root only).
+
+    XFS frees a removed file's blocks in the background; ``sync -f`` (syncfs) waits for that
+    first, or blocks freed a moment later would not be trimmed."""
+    proc.run(["sync", "-f", point], timeout=timeout)
     proc.run(["fstrim", point], timeout=timeout)
 
 
