@@ -16,6 +16,7 @@ Invariants once a base is prepared:
   (``FILE_FUNCTIONS``), nor holds a privilege on a configuration parameter (Postgres 15+);
 - every subscription is disabled, has ``slot_name = NONE`` and no connection string;
 - no foreign server has a user mapping (the servers themselves stay, so schemas load);
+- no routine outside an extension runs as a superuser for its caller (``SECURITY DEFINER``);
 - the catalogs that held secrets (passwords, connection strings, user mapping options) are
   rewritten, so their old row versions are not left in the base's files.
 """
@@ -188,6 +189,7 @@ def database(conn: Conn, *, branch_user: str) -> list[str]:
         notes.append(
             f"database {dbname}: EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}"
         )
+    notes += _definers(conn, dbname=dbname)
     for server, user in conn.execute(
         """SELECT srvname, CASE WHEN umuser <> 0 THEN usename END
              FROM pg_user_mappings ORDER BY 1, 2"""
@@ -208,6 +210,32 @@ def database(conn: Conn, *, branch_user: str) -> list[str]:
             ORDER BY 1"""
     ).fetchall():
         notes.append(f"database {dbname}: {_subscription(conn, subscription)}")
+    return notes
+
+
+def _definers(conn: Conn, *, dbname: str) -> list[str]:
+    """A ``SECURITY DEFINER`` routine a superuser owns runs its body as that superuser, for
+    whoever may call it: one that runs dynamic SQL, or resolves a name through a ``search_path``
+    its caller can write to, hands the caller a superuser. In the base such routines run as
+    their caller (``SECURITY INVOKER``); those of an extension are left as it made them."""
+    notes = []
+    for signature, owner in conn.execute(
+        """SELECT p.oid::regprocedure::text, r.rolname FROM pg_proc p
+             JOIN pg_roles r ON r.oid = p.proowner
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE p.prosecdef AND r.rolsuper
+              AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+              AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                               WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                                 AND d.deptype = 'e')
+            ORDER BY 1"""
+    ).fetchall():
+        # regprocedure's text is Postgres's own quoted spelling of the routine's signature.
+        conn.execute(sql.SQL("ALTER ROUTINE {} SECURITY INVOKER").format(sql.SQL(signature)))
+        notes.append(
+            f"database {dbname}: {signature} runs as its caller, not as its owner, the "
+            f"superuser {owner}"
+        )
     return notes
 
 

@@ -59,6 +59,18 @@ def attack_source(pool: Pool) -> Iterator[cluster.Running]:
         ) as conn:
             conn.execute("GRANT EXECUTE ON FUNCTION lo_import(text) TO app_owner")
             conn.execute("GRANT EXECUTE ON FUNCTION pg_read_file(text) TO app_owner, pgoverlay")
+            # Routines that run as a superuser for their callers, running dynamic SQL: one
+            # granted only to app_owner in production, one left open to everyone.
+            conn.execute(
+                "CREATE FUNCTION run_admin(q text) RETURNS void LANGUAGE plpgsql "
+                "SECURITY DEFINER AS $$BEGIN EXECUTE q; END$$"
+            )
+            conn.execute("REVOKE EXECUTE ON FUNCTION run_admin(text) FROM PUBLIC")
+            conn.execute("GRANT EXECUTE ON FUNCTION run_admin(text) TO app_owner")
+            conn.execute(
+                "CREATE PROCEDURE maintain(q text) LANGUAGE plpgsql "
+                "SECURITY DEFINER AS $$BEGIN EXECUTE q; END$$"
+            )
             conn.execute("SET ROLE app_owner")
             conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
             conn.execute(
@@ -123,6 +135,10 @@ def test_seed_prints_and_records_what_it_neutralised(
         "database shop: EXECUTE on lo_import(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from pgoverlay",
+        "database shop: maintain(text) runs as its caller, not as its owner, the superuser "
+        "postgres",
+        "database shop: run_admin(text) runs as its caller, not as its owner, the superuser "
+        "postgres",
     ]
     for note in expected:
         assert f"neutralised in the base: {note}" in output, note
@@ -192,6 +208,34 @@ def test_branch_role_cannot_run_programs_on_the_runner(
         refused(conn, f"COPY (SELECT 1) TO PROGRAM 'touch {marker}'")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SET ROLE ops")  # app_owner's superuser role in the source
+    assert not marker.exists()
+
+
+def test_branch_role_cannot_borrow_a_superuser_through_its_security_definer_routines(
+    pool: Pool, attacked: Branch, seeded: tuple[BaseVersion, str]
+) -> None:
+    base, _ = seeded
+    marker = Path("/tmp") / f"pgoverlay-attack-{uuid.uuid4().hex}"
+    shell = f"COPY (SELECT 1) TO PROGRAM ''touch {marker}''"
+    with as_branch_role(pool, attacked) as conn:
+        for role in ("NONE", "app_owner"):
+            conn.execute(f"SET ROLE {role}")
+            refused(conn, f"CALL maintain('{shell}')")
+            refused(conn, "CALL maintain('ALTER ROLE pgoverlay SUPERUSER')")
+        conn.execute("SET ROLE app_owner")  # the role production granted it to
+        refused(conn, f"SELECT run_admin('{shell}')")
+        # The routines are still there, and do what their caller may do.
+        conn.execute("SELECT run_admin('UPDATE orders SET note = note WHERE id = 1')")
+        conn.execute("RESET ROLE")
+        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        assert row.fetchone() == (False,)
+    with as_engine(pool, attacked, base) as conn:
+        left = conn.execute(
+            """SELECT p.oid::regprocedure::text FROM pg_proc p
+                 JOIN pg_roles r ON r.oid = p.proowner
+                WHERE p.prosecdef AND r.rolsuper"""
+        ).fetchall()
+        assert left == []
     assert not marker.exists()
 
 
