@@ -190,6 +190,7 @@ def database(conn: Conn, *, branch_user: str) -> list[str]:
             f"database {dbname}: EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}"
         )
     notes += _definers(conn, dbname=dbname)
+    notes += _untrusted(conn, dbname=dbname, branch_user=branch_user)
     for server, user in conn.execute(
         """SELECT srvname, CASE WHEN umuser <> 0 THEN usename END
              FROM pg_user_mappings ORDER BY 1, 2"""
@@ -237,6 +238,66 @@ def _definers(conn: Conn, *, dbname: str) -> list[str]:
             f"superuser {owner}"
         )
     return notes
+
+
+# Routines of the connected database's own, in an untrusted language: not in the system
+# schemas, not an extension's.
+_UNTRUSTED = """
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    JOIN pg_language l ON l.oid = p.prolang AND NOT l.lanpltrusted
+    JOIN pg_roles o ON o.oid = p.proowner"""
+_OWN = """n.nspname NOT IN ('pg_catalog', 'information_schema')
+    AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                     WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                       AND d.deptype = 'e')"""
+
+
+def _untrusted(conn: Conn, *, dbname: str, branch_user: str) -> list[str]:
+    """A routine in an untrusted language (``internal``, ``c``, ``plpython3u`` ...) runs code in
+    the server as the pool's OS user: a wrapper of ``pg_read_file`` left open to PUBLIC, or a
+    function passing its argument to the OS, would hand that to its caller. Only superusers
+    may call them in the base; one a non-superuser owns is given to the bootstrap superuser."""
+    notes = []
+    for signature, owner, language in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, o.rolname, l.lanname {_UNTRUSTED}
+             WHERE {_OWN} AND (NOT o.rolsuper OR o.rolname = %s)
+             ORDER BY 1""",
+        (branch_user,),
+    ).fetchall():
+        conn.execute(
+            sql.SQL("ALTER ROUTINE {} OWNER TO {}").format(
+                sql.SQL(signature), sql.Identifier(_bootstrap(conn))
+            )
+        )
+        notes.append(
+            f"database {dbname}: {signature} ({language}) given to the bootstrap superuser, "
+            f"from {owner}"
+        )
+    for signature, language, grantee in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, l.lanname, r.rolname {_UNTRUSTED}
+             CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+              LEFT JOIN pg_roles r ON r.oid = a.grantee
+             WHERE {_OWN} AND a.privilege_type = 'EXECUTE' AND {_NOT_SUPERUSER}
+             ORDER BY 1, 3""",
+        (branch_user,),
+    ).fetchall():
+        conn.execute(
+            sql.SQL("REVOKE EXECUTE ON ROUTINE {} FROM {}").format(
+                sql.SQL(signature), _grantee(grantee)
+            )
+        )
+        notes.append(
+            f"database {dbname}: EXECUTE on {signature} ({language}, runs code in the server) "
+            f"revoked from {grantee or 'PUBLIC'}"
+        )
+    return notes
+
+
+def _bootstrap(conn: Conn) -> str:
+    row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+    assert row is not None  # the bootstrap superuser always exists
+    return str(row[0])
 
 
 def scrub_shared(conn: Conn) -> None:

@@ -71,6 +71,17 @@ def attack_source(pool: Pool) -> Iterator[cluster.Running]:
                 "CREATE PROCEDURE maintain(q text) LANGUAGE plpgsql "
                 "SECURITY DEFINER AS $$BEGIN EXECUTE q; END$$"
             )
+            # Wrappers of the server's file functions, in an untrusted language: one left open
+            # to PUBLIC (the default), one handed to app_owner.
+            conn.execute(
+                "CREATE FUNCTION read_any(text) RETURNS text LANGUAGE internal STRICT "
+                "AS 'pg_read_file_all'"
+            )
+            conn.execute(
+                "CREATE FUNCTION list_any(text) RETURNS SETOF text LANGUAGE internal STRICT "
+                "AS 'pg_ls_dir_1arg'"
+            )
+            conn.execute("ALTER FUNCTION list_any(text) OWNER TO app_owner")
             conn.execute("SET ROLE app_owner")
             conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
             conn.execute(
@@ -135,6 +146,10 @@ def test_seed_prints_and_records_what_it_neutralised(
         "database shop: EXECUTE on lo_import(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from pgoverlay",
+        "database shop: list_any(text) (internal) given to the bootstrap superuser, from "
+        "app_owner",
+        "database shop: EXECUTE on read_any(text) (internal, runs code in the server) revoked "
+        "from PUBLIC",
         "database shop: maintain(text) runs as its caller, not as its owner, the superuser "
         "postgres",
         "database shop: run_admin(text) runs as its caller, not as its owner, the superuser "
@@ -247,6 +262,9 @@ def test_branch_role_cannot_read_the_servers_files(pool: Pool, attacked: Branch)
             refused(conn, "SELECT pg_read_file('/etc/passwd')")
             refused(conn, "COPY orders (note) FROM '/etc/passwd'")
             refused(conn, "SELECT lo_import('/etc/passwd')")
+            # Production's own wrappers: a relative path reads the server's data directory.
+            refused(conn, "SELECT read_any('postgresql.auto.conf')")
+            refused(conn, "SELECT list_any('.')")
             refused(conn, "SELECT lo_export(lo_create(0), '/tmp/pgoverlay-attack-lo')")
         assert conn.execute("SELECT count(*) FROM pg_largeobject_metadata").fetchone() == (0,)
 
