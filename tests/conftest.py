@@ -11,17 +11,22 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import DOCKER_IMAGE, dismantle, require, require_docker_image, require_root, source_dsn
+from helpers import (
+    DOCKER_IMAGE,
+    TEST_PORTS,
+    dismantle,
+    require,
+    require_docker_image,
+    require_root,
+    source_dsn,
+)
 from pgoverlay.runner import branch, cluster, pgbin, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.runner.settings import Settings
 
-# Ports handed to the test pool's branches. Two test runs on one machine (two checkouts) can
-# pick disjoint ranges: PGOVERLAY_TEST_PORTS=58000-58199.
-_low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
-PORTS = (int(_low), int(_high))
+PORTS = TEST_PORTS  # see helpers.TEST_PORTS
 
 
 @pytest.fixture(autouse=True)

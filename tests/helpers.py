@@ -20,6 +20,18 @@ from pgoverlay.runner import branch, cluster, mounts
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
 
+# Ports handed to the test pools' branches. Two test runs on one machine (two checkouts) pick
+# disjoint ranges: PGOVERLAY_TEST_PORTS=58000-58199. The main pool takes them from the bottom;
+# small pools of single tests and extra servers take theirs from the top.
+_low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
+TEST_PORTS = (int(_low), int(_high))
+
+
+def top_ports(offset: int, count: int) -> tuple[int, int]:
+    """``count`` ports ending ``offset`` below the top of the test range, for a small pool."""
+    high = TEST_PORTS[1] - offset
+    return high - count + 1, high
+
 
 def source_dsn(srv: cluster.Running, *, user: str = "postgres", dbname: str = "app") -> str:
     return psycopg.conninfo.make_conninfo(

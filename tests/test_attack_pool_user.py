@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, dismantle, postgres_processes_for, require_root, server_pid
+from helpers import cli, dismantle, postgres_processes_for, require_root, server_pid, top_ports
 from pgoverlay.errors import NotRootError, RegistryRowError, UnsafePathError
 from pgoverlay.runner import baseconf, branch, gc, locks, mask, mounts, postmaster
 from pgoverlay.runner import pool as poolmod
@@ -333,7 +333,8 @@ def test_a_non_root_user_gets_a_clear_error_telling_it_to_use_sudo(
 def spare_pool() -> Iterator[Pool]:
     require_root()
     home = Path(tempfile.mkdtemp(prefix="pgoverlay-spare-", dir="/var/tmp"))
-    p = poolmod.init(Settings(home=home, port_min=59900, port_max=59909), size="400M")
+    low, high = top_ports(50, 10)
+    p = poolmod.init(Settings(home=home, port_min=low, port_max=high), size="400M")
     try:
         yield p
     finally:

@@ -146,8 +146,7 @@ def test_seed_prints_and_records_what_it_neutralised(
         "database shop: EXECUTE on lo_import(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from app_owner",
         "database shop: EXECUTE on pg_read_file(text) revoked from pgoverlay",
-        "database shop: list_any(text) (internal) given to the bootstrap superuser, from "
-        "app_owner",
+        "database shop: list_any(text) (internal) given to the bootstrap superuser, from app_owner",
         "database shop: EXECUTE on read_any(text) (internal, runs code in the server) revoked "
         "from PUBLIC",
         "database shop: maintain(text) runs as its caller, not as its owner, the superuser "

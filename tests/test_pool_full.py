@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import dismantle, require_root, source_dsn
+from helpers import dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import PoolFullError
 from pgoverlay.runner import branch, cluster, gc, seed
 from pgoverlay.runner import pool as poolmod
@@ -22,7 +22,8 @@ from pgoverlay.runner.settings import Settings
 def small_pool(source: cluster.Running) -> Iterator[Pool]:
     require_root()
     home = Path(tempfile.mkdtemp(prefix="pgoverlay-full-", dir="/var/tmp"))
-    p = poolmod.init(Settings(home=home, port_min=57300, port_max=57399), size="400M")
+    low, high = top_ports(30, 20)
+    p = poolmod.init(Settings(home=home, port_min=low, port_max=high), size="400M")
     try:
         seed.seed(p, "small", source_dsn=source_dsn(source))
         yield p

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import cli, dismantle, require_root, source_dsn
+from helpers import cli, dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import TimeoutExpiredError
 from pgoverlay.runner import branch, cluster, discard, mounts, proc, seed
 from pgoverlay.runner import pool as poolmod
@@ -25,8 +25,7 @@ from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.runner.settings import Settings
 
 MiB = 1024**2
-_low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
-PORTS_OLD = (int(_high) - 20, int(_high))  # the small pool's branches, apart from the main pool's
+PORTS_OLD = top_ports(0, 21)  # the small pool's branches, apart from the main pool's
 CHUNK = 16 * MiB
 ROWS = 600
 # In every original value and in no masked one: fakes and hashes never contain it.
