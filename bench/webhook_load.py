@@ -55,7 +55,7 @@ from pgoverlay.runner.settings import Settings  # noqa: E402
 from pgoverlay.runner.sizes import format_bytes  # noqa: E402
 from pgoverlay.webhook.signature import sign  # noqa: E402
 
-FIXTURES = ROOT.parent / "shared" / "github-fixtures" / "webhooks"
+FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
 START, END = "<!-- webhook:start -->", "<!-- webhook:end -->"
 REPO, OTHER, BASE_NAME, FIRST_PR = "acme/shop", "acme/elsewhere", "bench", 100
 SECRET, TOKEN, BASE_SHA = "webhook-bench-secret", "ghp_webhookBenchToken0123", "b" * 40

@@ -3,7 +3,7 @@
 GitHub is unreachable from the test machines, so this stands in for it. It speaks HTTP (the
 standard library's `ThreadingHTTPServer`), keeps repositories, pulls, issue comments, commit
 statuses and check runs in memory, and checks every request to an operation of
-`shared/github-fixtures/github_openapi_subset.json`, and its own answer, with openapi-core. A
+`tests/fixtures/github/github_openapi_subset.json`, and its own answer, with openapi-core. A
 request that fails the check gets GitHub's 422 and is recorded in `violations`; so is an answer of
 the fake that does not match the schema. Tests end with `assert fake.violations == []`.
 
@@ -56,7 +56,7 @@ from openapi_core.templating.paths.exceptions import PathError
 from openapi_core.templating.responses.exceptions import ResponseNotFound
 from openapi_core.testing import MockRequest, MockResponse
 
-SPEC = Path(__file__).resolve().parents[2] / "shared/github-fixtures/github_openapi_subset.json"
+SPEC = Path(__file__).resolve().parent / "fixtures" / "github" / "github_openapi_subset.json"
 SPEC_SERVER = "https://api.github.com"  # requests are checked as if they had been sent there
 WEB = "https://github.com"
 DOCS = "https://docs.github.com/rest"

@@ -23,7 +23,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "github-fixtures" / "webhooks"
+FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
 REPO = "acme/shop"
 PR = 7
 TOKEN = "ghs_e2eJobToken0123456789"  # an installation-style token, like the job's GITHUB_TOKEN

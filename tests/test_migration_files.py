@@ -91,10 +91,10 @@ def test_a_file_that_is_not_a_regular_file_in_the_checkout_is_refused_unread(
 def test_a_link_inside_the_checkout_is_followed_and_a_folder_out_of_it_refused(
     checkout: Path, outside: tuple[Path, str]
 ) -> None:
-    (checkout / "shared").mkdir()
-    (checkout / "shared/real.sql").write_text("SELECT 1;\r\n")
+    (checkout / "common").mkdir()
+    (checkout / "common/real.sql").write_text("SELECT 1;\r\n")
     (checkout / "m").mkdir()
-    (checkout / "m/001_alias.sql").symlink_to("../shared/real.sql")
+    (checkout / "m/001_alias.sql").symlink_to("../common/real.sql")
     assert migrations.read_migration(checkout, "m/001_alias.sql") == "SELECT 1;\n"
     (checkout / "escape").symlink_to(outside[0].parent)
     with pytest.raises(MigrationError, match="leads out of the checkout"):

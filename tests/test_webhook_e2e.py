@@ -29,7 +29,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 from pgoverlay.webhook.signature import sign
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "github-fixtures" / "webhooks"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
 REPO = "acme/shop"
 SECRET = "webhook-test-secret"
 TOKEN = "ghp_webhookTestToken0123"

@@ -9,7 +9,7 @@ from typing import Any
 from pgoverlay.webhook.routing import Routed, route
 from pgoverlay.webhook.settings import WebhookSettings
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "github-fixtures" / "webhooks"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
 SETTINGS = WebhookSettings(
     secret="s", token="t", repositories={"Codertocat/Hello-World": {"fork_label": "db-ok"}}
 )

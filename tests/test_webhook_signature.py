@@ -12,7 +12,7 @@ import pytest
 
 from pgoverlay.webhook.signature import PREFIX, sign, verify
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/github-fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github"
 SECRET = "correct horse battery staple"
 
 

@@ -21,7 +21,7 @@ from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "github-fixtures" / "webhooks"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
 
 
 def payload(name: str) -> dict[str, Any]:
