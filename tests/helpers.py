@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgoverlay.runner import branch, cluster, mounts
+from pgoverlay.runner import branch, cluster, mounts, seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
 
@@ -260,3 +260,23 @@ def as_engine(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[An
         autocommit=True,
         connect_timeout=10,
     )
+
+
+@contextmanager
+def branch_of(pool: Pool, base: BaseVersion, *, name: str, runtime: str) -> Iterator[Branch]:
+    """A branch of ``base`` on ``runtime``, destroyed afterwards (Docker: needs the image)."""
+    if runtime == "docker":
+        require_docker_image(base.pg_major or 0)
+    made = branch.create(pool, name, base_name=base.name, runtime=runtime)
+    try:
+        yield made
+    finally:
+        branch.destroy(pool, name)
+
+
+def remove_base(pool: Pool, base: BaseVersion) -> None:
+    """Destroy every branch of ``base``'s name, then remove the version."""
+    for b in pool.registry.branches():
+        if b.base_name == base.name:
+            branch.destroy(pool, b.name)
+    seed.remove_version(pool, base.name, base.version)

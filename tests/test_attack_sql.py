@@ -19,9 +19,10 @@ import pytest
 from helpers import (
     as_branch_role,
     as_engine,
+    branch_of,
     cli,
     extra_server,
-    require_docker_image,
+    remove_base,
     source_dsn,
 )
 from pgoverlay.errors import SeedError
@@ -100,10 +101,7 @@ def seeded(
     base = pool.registry.latest_base("attack")
     assert base is not None
     yield base, done.stdout + done.stderr
-    for b in pool.registry.branches():
-        if b.base_name == "attack":
-            branch.destroy(pool, b.name)
-    seed.remove_version(pool, base.name, base.version)
+    remove_base(pool, base)
 
 
 @pytest.fixture(scope="module", params=["local", "docker"])
@@ -112,12 +110,9 @@ def attacked(
 ) -> Iterator[Branch]:
     """A branch of the attack base, in each runtime."""
     base, _ = seeded
-    if request.param == "docker":
-        require_docker_image(base.pg_major or 0)
-    name = f"attack-{request.param}"
-    b = branch.create(pool, name, base_name="attack", runtime=str(request.param))
-    yield b
-    branch.destroy(pool, name)
+    runtime = str(request.param)
+    with branch_of(pool, base, name=f"attack-{runtime}", runtime=runtime) as made:
+        yield made
 
 
 def refused(conn: psycopg.Connection[Any], statement: str) -> None:

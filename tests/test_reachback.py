@@ -5,7 +5,6 @@ preparing its base nor any branch of it may connect to that server, or keep its 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,12 +16,14 @@ import pytest
 
 from helpers import (
     as_branch_role,
+    as_engine,
+    branch_of,
     extra_server,
     free_tcp_port,
-    require_docker_image,
+    remove_base,
     source_dsn,
 )
-from pgoverlay.runner import branch, cluster, seed
+from pgoverlay.runner import cluster, seed
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion, Branch
@@ -150,10 +151,7 @@ def seeded(pool: Pool, wired: Wired) -> Iterator[tuple[BaseVersion, int]]:
     before = tcp_connections(wired)
     base = seed.seed(pool, "wired", source_dsn=source_dsn(wired.source))
     yield base, before
-    for b in pool.registry.branches():
-        if b.base_name == "wired":
-            branch.destroy(pool, b.name)
-    seed.remove_version(pool, base.name, base.version)
+    remove_base(pool, base)
 
 
 @pytest.fixture(scope="module", params=["local", "docker"])
@@ -161,12 +159,9 @@ def wired_branch(
     request: pytest.FixtureRequest, pool: Pool, seeded: tuple[BaseVersion, int]
 ) -> Iterator[Branch]:
     base, _ = seeded
-    if request.param == "docker":
-        require_docker_image(base.pg_major or 0)
-    name = f"wired-{request.param}"
-    b = branch.create(pool, name, base_name="wired", runtime=str(request.param))
-    yield b
-    branch.destroy(pool, name)
+    runtime = str(request.param)
+    with branch_of(pool, base, name=f"wired-{runtime}", runtime=runtime) as made:
+        yield made
 
 
 def assert_publisher_sees_only_the_real_subscriber(wired: Wired, tcp_before: int) -> None:
@@ -207,13 +202,7 @@ def test_a_branch_never_connects_to_the_publisher_or_the_foreign_server(
     pool: Pool, wired: Wired, seeded: tuple[BaseVersion, int], wired_branch: Branch
 ) -> None:
     base, tcp_before = seeded
-    with psycopg.connect(
-        host=os.fspath(branch.layout(pool, wired_branch.name).socket_dir),
-        port=wired_branch.port,
-        user=base.superuser,
-        dbname=base.database,
-        autocommit=True,
-    ) as conn:
+    with as_engine(pool, wired_branch, base) as conn:
         assert conn.execute(
             "SELECT subenabled, subslotname, subconninfo FROM pg_subscription"
         ).fetchall() == [(False, None, "")]
