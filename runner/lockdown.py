@@ -69,8 +69,7 @@ def check_hba_name(role: str) -> None:
 
 def check_branch_user(conn: Conn, *, branch_user: str, branch_superuser: bool) -> None:
     """Refuse a base whose bootstrap superuser has the branch role's name."""
-    row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
-    if row and row[0] == branch_user and not branch_superuser:
+    if _bootstrap(conn) == branch_user and not branch_superuser:
         raise SeedError(
             f"the source's bootstrap superuser is named {branch_user!r}, the branch login role's "
             "name: branches would log in as a superuser. Set PGOVERLAY_BRANCH_USER to another "
@@ -169,28 +168,114 @@ def _grantee(name: str | None) -> sql.Composable:
 
 
 def database(conn: Conn, *, branch_user: str) -> list[str]:
-    """In the connected database: file functions, user mappings, subscriptions."""
+    """In the connected database: routines that reach the OS or run as a superuser, user
+    mappings, subscriptions."""
     dbname = conn.info.dbname
-    notes: list[str] = []
+    notes = _file_functions(conn, branch_user=branch_user)
+    notes += _definers(conn)
+    notes += _untrusted(conn, branch_user=branch_user)
+    notes += _user_mappings(conn)
+    notes += _subscriptions(conn)
+    return [f"database {dbname}: {note}" for note in notes]
+
+
+# The connected database's own routines: not in the system schemas, not an extension's.
+_OWN = """n.nspname NOT IN ('pg_catalog', 'information_schema')
+    AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                     WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                       AND d.deptype = 'e')"""
+_ROUTINES = """
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    JOIN pg_language l ON l.oid = p.prolang
+    JOIN pg_roles o ON o.oid = p.proowner"""
+# Who may execute a routine (no ACL yet means the default: its owner and PUBLIC); ``r`` is the
+# grantee's pg_roles row, as _NOT_SUPERUSER expects.
+_EXECUTORS = """
+    CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+    LEFT JOIN pg_roles r ON r.oid = a.grantee"""
+
+
+def _revoke_execute(conn: Conn, signature: str, grantee: str | None) -> None:
+    # regprocedure's text is Postgres's own quoted spelling of the routine's signature.
+    conn.execute(
+        sql.SQL("REVOKE EXECUTE ON ROUTINE {} FROM {}").format(
+            sql.SQL(signature), _grantee(grantee)
+        )
+    )
+
+
+def _file_functions(conn: Conn, *, branch_user: str) -> list[str]:
+    notes = []
     for signature, grantee in conn.execute(
-        f"""SELECT p.oid::regprocedure::text, r.rolname
-              FROM pg_proc p, aclexplode(p.proacl) a
-              LEFT JOIN pg_roles r ON r.oid = a.grantee
-             WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE' AND {_NOT_SUPERUSER}
+        f"""SELECT p.oid::regprocedure::text, r.rolname {_ROUTINES} {_EXECUTORS}
+             WHERE p.proname = ANY(%s) AND a.privilege_type = 'EXECUTE' AND p.proacl IS NOT NULL
+               AND {_NOT_SUPERUSER}
              ORDER BY 1, 2""",
         (list(FILE_FUNCTIONS), branch_user),
     ).fetchall():
-        # regprocedure's text is Postgres's own quoted spelling of the function's signature.
+        _revoke_execute(conn, signature, grantee)
+        notes.append(f"EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}")
+    return notes
+
+
+def _definers(conn: Conn) -> list[str]:
+    """A ``SECURITY DEFINER`` routine a superuser owns runs its body as that superuser, for
+    whoever may call it: one that runs dynamic SQL, or resolves a name through a ``search_path``
+    its caller can write to, hands the caller a superuser. In the base such routines run as
+    their caller (``SECURITY INVOKER``); those of an extension are left as it made them."""
+    notes = []
+    for signature, owner in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, o.rolname {_ROUTINES}
+             WHERE p.prosecdef AND o.rolsuper AND {_OWN}
+             ORDER BY 1"""
+    ).fetchall():
+        conn.execute(sql.SQL("ALTER ROUTINE {} SECURITY INVOKER").format(sql.SQL(signature)))
+        notes.append(f"{signature} runs as its caller, not as its owner, the superuser {owner}")
+    return notes
+
+
+def _untrusted(conn: Conn, *, branch_user: str) -> list[str]:
+    """A routine in an untrusted language (``internal``, ``c``, ``plpython3u`` ...) runs code in
+    the server as the pool's OS user: a wrapper of ``pg_read_file`` left open to PUBLIC, or a
+    function passing its argument to the OS, would hand that to its caller. Only superusers
+    may call them in the base; one a non-superuser owns is given to the bootstrap superuser."""
+    notes = []
+    for signature, owner, language in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, o.rolname, l.lanname {_ROUTINES}
+             WHERE NOT l.lanpltrusted AND {_OWN} AND (NOT o.rolsuper OR o.rolname = %s)
+             ORDER BY 1""",
+        (branch_user,),
+    ).fetchall():
         conn.execute(
-            sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(
-                sql.SQL(signature), _grantee(grantee)
+            sql.SQL("ALTER ROUTINE {} OWNER TO {}").format(
+                sql.SQL(signature), sql.Identifier(_bootstrap(conn))
             )
         )
+        notes.append(f"{signature} ({language}) given to the bootstrap superuser, from {owner}")
+    for signature, language, grantee in conn.execute(
+        f"""SELECT p.oid::regprocedure::text, l.lanname, r.rolname {_ROUTINES} {_EXECUTORS}
+             WHERE NOT l.lanpltrusted AND {_OWN} AND a.privilege_type = 'EXECUTE'
+               AND {_NOT_SUPERUSER}
+             ORDER BY 1, 3""",
+        (branch_user,),
+    ).fetchall():
+        _revoke_execute(conn, signature, grantee)
         notes.append(
-            f"database {dbname}: EXECUTE on {signature} revoked from {grantee or 'PUBLIC'}"
+            f"EXECUTE on {signature} ({language}, runs code in the server) revoked from "
+            f"{grantee or 'PUBLIC'}"
         )
-    notes += _definers(conn, dbname=dbname)
-    notes += _untrusted(conn, dbname=dbname, branch_user=branch_user)
+    return notes
+
+
+def _bootstrap(conn: Conn) -> str:
+    row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+    assert row is not None  # the bootstrap superuser always exists
+    return str(row[0])
+
+
+def _user_mappings(conn: Conn) -> list[str]:
+    notes = []
     for server, user in conn.execute(
         """SELECT srvname, CASE WHEN umuser <> 0 THEN usename END
              FROM pg_user_mappings ORDER BY 1, 2"""
@@ -200,104 +285,20 @@ def database(conn: Conn, *, branch_user: str) -> list[str]:
                 _grantee(user), sql.Identifier(server)
             )
         )
-        notes.append(
-            f"database {dbname}: user mapping for {user or 'PUBLIC'} on foreign server {server} "
-            "removed"
-        )
+        notes.append(f"user mapping for {user or 'PUBLIC'} on foreign server {server} removed")
     conn.execute("VACUUM FULL pg_catalog.pg_user_mapping")
-    for (subscription,) in conn.execute(
-        """SELECT subname FROM pg_subscription
-            WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-            ORDER BY 1"""
-    ).fetchall():
-        notes.append(f"database {dbname}: {_subscription(conn, subscription)}")
     return notes
 
 
-def _definers(conn: Conn, *, dbname: str) -> list[str]:
-    """A ``SECURITY DEFINER`` routine a superuser owns runs its body as that superuser, for
-    whoever may call it: one that runs dynamic SQL, or resolves a name through a ``search_path``
-    its caller can write to, hands the caller a superuser. In the base such routines run as
-    their caller (``SECURITY INVOKER``); those of an extension are left as it made them."""
-    notes = []
-    for signature, owner in conn.execute(
-        """SELECT p.oid::regprocedure::text, r.rolname FROM pg_proc p
-             JOIN pg_roles r ON r.oid = p.proowner
-             JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE p.prosecdef AND r.rolsuper
-              AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-              AND NOT EXISTS (SELECT 1 FROM pg_depend d
-                               WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
-                                 AND d.deptype = 'e')
-            ORDER BY 1"""
-    ).fetchall():
-        # regprocedure's text is Postgres's own quoted spelling of the routine's signature.
-        conn.execute(sql.SQL("ALTER ROUTINE {} SECURITY INVOKER").format(sql.SQL(signature)))
-        notes.append(
-            f"database {dbname}: {signature} runs as its caller, not as its owner, the "
-            f"superuser {owner}"
-        )
-    return notes
-
-
-# Routines of the connected database's own, in an untrusted language: not in the system
-# schemas, not an extension's.
-_UNTRUSTED = """
-    FROM pg_proc p
-    JOIN pg_namespace n ON n.oid = p.pronamespace
-    JOIN pg_language l ON l.oid = p.prolang AND NOT l.lanpltrusted
-    JOIN pg_roles o ON o.oid = p.proowner"""
-_OWN = """n.nspname NOT IN ('pg_catalog', 'information_schema')
-    AND NOT EXISTS (SELECT 1 FROM pg_depend d
-                     WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
-                       AND d.deptype = 'e')"""
-
-
-def _untrusted(conn: Conn, *, dbname: str, branch_user: str) -> list[str]:
-    """A routine in an untrusted language (``internal``, ``c``, ``plpython3u`` ...) runs code in
-    the server as the pool's OS user: a wrapper of ``pg_read_file`` left open to PUBLIC, or a
-    function passing its argument to the OS, would hand that to its caller. Only superusers
-    may call them in the base; one a non-superuser owns is given to the bootstrap superuser."""
-    notes = []
-    for signature, owner, language in conn.execute(
-        f"""SELECT p.oid::regprocedure::text, o.rolname, l.lanname {_UNTRUSTED}
-             WHERE {_OWN} AND (NOT o.rolsuper OR o.rolname = %s)
-             ORDER BY 1""",
-        (branch_user,),
-    ).fetchall():
-        conn.execute(
-            sql.SQL("ALTER ROUTINE {} OWNER TO {}").format(
-                sql.SQL(signature), sql.Identifier(_bootstrap(conn))
-            )
-        )
-        notes.append(
-            f"database {dbname}: {signature} ({language}) given to the bootstrap superuser, "
-            f"from {owner}"
-        )
-    for signature, language, grantee in conn.execute(
-        f"""SELECT p.oid::regprocedure::text, l.lanname, r.rolname {_UNTRUSTED}
-             CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
-              LEFT JOIN pg_roles r ON r.oid = a.grantee
-             WHERE {_OWN} AND a.privilege_type = 'EXECUTE' AND {_NOT_SUPERUSER}
-             ORDER BY 1, 3""",
-        (branch_user,),
-    ).fetchall():
-        conn.execute(
-            sql.SQL("REVOKE EXECUTE ON ROUTINE {} FROM {}").format(
-                sql.SQL(signature), _grantee(grantee)
-            )
-        )
-        notes.append(
-            f"database {dbname}: EXECUTE on {signature} ({language}, runs code in the server) "
-            f"revoked from {grantee or 'PUBLIC'}"
-        )
-    return notes
-
-
-def _bootstrap(conn: Conn) -> str:
-    row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
-    assert row is not None  # the bootstrap superuser always exists
-    return str(row[0])
+def _subscriptions(conn: Conn) -> list[str]:
+    return [
+        _subscription(conn, name)
+        for (name,) in conn.execute(
+            """SELECT subname FROM pg_subscription
+                WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                ORDER BY 1"""
+        ).fetchall()
+    ]
 
 
 def scrub_shared(conn: Conn) -> None:
