@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 ACTIONS_BOT = "github-actions[bot]"
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 STATUS_CONTEXT = "pgoverlay/branch"
+# The permission levels that may approve a fork's pull request: GitHub reports the maintain
+# role (and custom roles built on write) as "write", and triage as "read".
+WRITERS = frozenset({"admin", "write"})
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,43 @@ class GitHub:
             return [p.number for p in self._gh.get_repo(repository).get_pulls(state="open")]
         except GithubException as err:
             raise GitHubError(f"could not list open pull requests ({_reason(err)})") from None
+
+    def pull(self, repository: str, number: int) -> dict[str, Any] | None:
+        """The pull request as the API has it now (state, head, base, labels, draft), or None
+        if it is gone: what a worker acts on, rather than on a delivery that may be stale."""
+        try:
+            return dict(self._gh.get_repo(repository).get_pull(number).raw_data)
+        except GithubException as err:
+            if err.status == 404:
+                return None
+            raise GitHubError(f"could not read pull request #{number} ({_reason(err)})") from None
+
+    def labels(self, repository: str, number: int) -> list[str]:
+        """The names of the labels on the pull request now."""
+        try:
+            issue = self._gh.get_repo(repository).get_issue(number)
+            return [label.name for label in issue.get_labels()]
+        except GithubException as err:
+            raise GitHubError(f"could not list the labels of #{number} ({_reason(err)})") from None
+
+    def remove_label(self, repository: str, number: int, label: str) -> None:
+        """Take ``label`` off the pull request (already gone is fine)."""
+        try:
+            self._gh.get_repo(repository).get_issue(number).remove_from_labels(label)
+        except GithubException as err:
+            if err.status == 404:
+                return
+            raise GitHubError(f"could not remove the label {label!r} ({_reason(err)})") from None
+
+    def can_write(self, repository: str, login: str) -> bool:
+        """Whether ``login`` has write, maintain or admin rights on the repository."""
+        try:
+            answer = self._gh.get_repo(repository).get_collaborator_permission(login)
+        except GithubException as err:
+            if err.status == 404:
+                return False
+            raise GitHubError(f"could not read {login}'s permission ({_reason(err)})") from None
+        return answer in WRITERS
 
     def download_tarball(self, repository: str, ref: str, dest: Path) -> None:
         """The repository at ``ref`` as a tarball, through the API (no git credentials)."""
