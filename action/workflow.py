@@ -25,14 +25,13 @@ from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
+from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import BranchMissingError, ConfigError, NotOwnerError, PgoverlayError
 from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +170,10 @@ def _migrate(
     repo_dir: Path,
     echo: Echo,
     changed: Changed | None,
-    user: OsUser | None,
+    sandbox: Sandbox,
 ) -> tuple[list[MigrationRun], str]:
-    """Apply the PR's migrations, as ``user`` (None: this process's own user); returns the
-    runs and a note for the report."""
+    """Apply the PR's migrations, running its code in ``sandbox``; returns the runs and a note
+    for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
     target = _target(connection)
     if inputs.migrate_command:
@@ -190,7 +189,7 @@ def _migrate(
             cwd=workdir,
             timeout=pool_settings.command_timeout,
             echo=echo,
-            user=user,
+            sandbox=sandbox,
         )
         return [run], ""
     if not inputs.migrations:
@@ -201,7 +200,11 @@ def _migrate(
             changed(folder)
             if changed is not None
             else migrations.changed_files(
-                repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=user
+                repo_dir,
+                folder,
+                base_sha=event.base_sha,
+                head_sha=event.head_sha,
+                sandbox=sandbox,
             )
         )
     else:
@@ -211,15 +214,15 @@ def _migrate(
         target,
         repo_dir,
         files,
-        tools=psql_tools(major, pool_settings),
+        psql=psql_tools(major, pool_settings).tool("psql"),
         skip_recorded=True,
         timeout=pool_settings.command_timeout,
-        user=user,
+        sandbox=sandbox,
     )
     return runs, ""
 
 
-def psql_tools(major: int, settings: Settings) -> Tools:
+def psql_tools(major: int, settings: Settings) -> pgbin.PgInstall:
     """This host's psql of the base's major version, or its newest (psql speaks to servers of
     other versions; only its backslash commands may lag behind a newer server)."""
     installs = pgbin.installs(settings.pg_bindir)
@@ -271,14 +274,15 @@ def handle(
     run_url: str = "",
     echo: Echo = log.info,
     changed: Changed | None = None,
-    user: OsUser | None = None,
+    sandbox: Sandbox = AS_SELF,
 ) -> Outcome:
     """Do what ``event`` asks for; never raises for a failed comment.
 
     ``repo_dir`` holds the PR's head. ``changed`` lists a folder's changed .sql files when
     there is no git history to ask (the webhook listener works from tarballs). The PR's SQL
-    and commands run as ``user`` (None: this process's user), never with the engine's
-    privileges: the engine is reached through ``engine`` only.
+    and commands run in ``sandbox`` (the Action's: as itself; the listener's: a uid of the
+    job's own), never with the engine's privileges: the engine is reached through ``engine``
+    only.
     """
     if event.kind == "ignore":
         return Outcome(report=None, branch=None)
@@ -341,7 +345,7 @@ def handle(
                 repo_dir,
                 echo,
                 changed,
-                user,
+                sandbox,
             )
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
