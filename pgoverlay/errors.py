@@ -21,6 +21,11 @@ class UnsafeFileError(ConfigError):
     folder it must stay in (a password file, a pull request's migration file)."""
 
 
+class SandboxError(ConfigError):
+    """The webhook listener cannot run a job's code in a sandbox of its own: it runs as root,
+    or its user has no subordinate uid range, or unshare/newuidmap is missing."""
+
+
 class NotRootError(PgoverlayError):
     exit_code = 3
 
