@@ -14,8 +14,9 @@ inside, the range is mapped above it. There, still as that inner root, it
 * drops to the job's uid and gid with no supplementary group (so not the service's group: the
   engine socket is out of reach), no capabilities and ``no_new_privs``, and runs the command.
 
-The command is pid 1's child chain in its pid namespace: when it ends, or the listener kills it
-at its timeout, the kernel kills every process it started, detached or not. Files owned by the
+The command is a child of the namespace's pid 1, a shell that stays the namespace's root: when
+the command ends, or the listener kills ``unshare`` at a timeout (or dies), that shell ends and
+the kernel kills every process of the namespace, detached or not. Files owned by the
 job's uid cannot be removed by the listener's own uid: :meth:`JobSandbox.remove` removes the
 scratch folder from inside such a namespace. The network is shared: the branch is on TCP
 localhost.
@@ -44,7 +45,9 @@ _MAPPED = (
 _JAILED = (*_MAPPED, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
 FIRST_UID, LAST_UID = 1000, 65535  # job uids inside the namespace (below 1000: left unused)
 # Runs as the namespace's root, with the scratch folder, the job's uid and the folder to work
-# in (relative to the scratch folder) first; then becomes the job and runs the command.
+# in (relative to the scratch folder) first; then runs the command as the job. The shell stays
+# pid 1 and root inside (not exec'd away): a change of uid would clear the signal that kills
+# it when `unshare` dies (at a timeout, or with the listener), and the job cannot signal it.
 _INSIDE = """
 set -eu
 scratch=$1 uid=$2 dir=$3
@@ -56,7 +59,7 @@ for shared in /dev/shm /var/tmp; do
     if [ -d "$shared" ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$shared"; fi
 done
 cd "/tmp/$dir"
-exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --inh-caps=-all \
+setpriv --reuid="$uid" --regid="$uid" --clear-groups --inh-caps=-all \
     --bounding-set=-all --no-new-privs -- "$@"
 """
 JOB_HOME = "/tmp"  # noqa: S108 - the job's own scratch folder, mounted there in its namespace
