@@ -80,7 +80,7 @@ def cli(
     supplementary ``groups``), not as root."""
     argv = [sys.executable, "-m", "pgoverlay", *args]
     if user is not None:
-        argv = as_user_argv(args, user=user, groups=groups)
+        argv = [sys.executable, "-c", _AS_USER, user, ",".join(groups), *args]
     return subprocess.run(
         argv,
         env={**os.environ, **env},
@@ -90,12 +90,6 @@ def cli(
         check=False,
         cwd="/",
     )
-
-
-def as_user_argv(args: list[str], *, user: str, groups: Sequence[str] = ()) -> list[str]:
-    """The command line of `pgoverlay ARGS` run as ``user`` with supplementary ``groups``
-    (for a long-lived child such as a listener; ``cli`` runs one to completion)."""
-    return [sys.executable, "-c", _AS_USER, user, ",".join(groups), *args]
 
 
 def postgres_processes_for(path: Path) -> list[int]:

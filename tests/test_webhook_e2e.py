@@ -13,6 +13,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -27,7 +29,7 @@ import requests
 import yaml
 
 from fakegithub import FakeGitHub
-from helpers import as_user_argv, cli
+from helpers import cli, require
 from pgoverlay.runner import branch, mounts
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
@@ -69,12 +71,38 @@ def tarball(sha: str, files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
+# The listener as production runs it: an interpreter every user can read (this one may live
+# in root's home), with this checkout's packages; it becomes its user before importing anything.
+SYSTEM_PYTHON = "/usr/bin/python3"
+AS_LISTENER = """
+import grp, os, pwd, site, sys
+user = pwd.getpwnam(sys.argv[2])
+os.setgroups([user.pw_gid, grp.getgrnam("pgoverlay").gr_gid])
+os.setgid(user.pw_gid)
+os.setuid(user.pw_uid)
+site.addsitedir(sys.argv[1])
+import pgoverlay.cli
+raise SystemExit(pgoverlay.cli.main(sys.argv[3:]))
+"""
+
+
+def system_python_fits() -> bool:
+    """The system interpreter is this one's version, so this checkout's packages load in it."""
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() == str(sys.version_info[:2])
+
+
 def job_command(socket: Path) -> str:
     """A migrate command that records, in the branch, who it ran as and whether it could reach
     the engine service's socket, then leaves a detached process behind."""
     reach = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
     return (
-        f'if python3 -c "{reach}" {socket} 2>/dev/null; then reach=yes; else reach=no; fi; '
+        f'if {SYSTEM_PYTHON} -c "{reach}" {socket} 2>/dev/null; then reach=yes; else reach=no; fi; '
         'psql -v ON_ERROR_STOP=1 -c "CREATE TABLE ran_as AS SELECT '
         "$(id -u) AS uid, '$reach'::text AS reached_service\"; "
         f"setsid sleep {LEFTOVER} </dev/null >/dev/null 2>&1 &"
@@ -150,9 +178,17 @@ class Listener:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            as_user_argv(
-                ["webhook", "serve", "--port", str(self.port)], user=LISTENER, groups=["pgoverlay"]
-            ),
+            [
+                SYSTEM_PYTHON,
+                "-c",
+                AS_LISTENER,
+                sysconfig.get_paths()["purelib"],
+                LISTENER,
+                "webhook",
+                "serve",
+                "--port",
+                str(self.port),
+            ],
             env=self.env,
             cwd="/",
             stdout=self.log.open("ab"),
@@ -232,6 +268,7 @@ def pr_payload(
 
 @pytest.fixture()
 def listener(pool: Pool, base: BaseVersion, service: Path) -> Iterator[tuple[Listener, FakeGitHub]]:
+    require(system_python_fits(), f"needs {SYSTEM_PYTHON} of this Python's version")
     with FakeGitHub() as github:
         github.add_token(TOKEN, "pgoverlay-bot")
         github.add_collaborator(REPO, MAINTAINER, "maintain")
@@ -246,6 +283,7 @@ def listener(pool: Pool, base: BaseVersion, service: Path) -> Iterator[tuple[Lis
             yield hook, github
         finally:
             hook.stop()
+            print(hook.log.read_text()[-6000:])  # shown when a test fails
             for b in pool.registry.branches():
                 if b.name.startswith(("shop-pr-", "tools-pr-")):
                     branch.destroy(pool, b.name)
@@ -548,7 +586,9 @@ def test_a_fork_approved_at_one_head_runs_nothing_at_the_next_nor_on_a_replayed_
     eventually(
         lambda: f"is now {head_b[:7]}" in comments(github, 23)[0]["body"], what="why, on the PR"
     )
-    assert statuses(github, head_b) == ["failure", "failure"]
+    eventually(
+        lambda: statuses(github, head_b) == ["failure", "failure"], what="the replay's status"
+    )
     assert columns(hook.pool, "shop-pr-23") == "id"
 
 
@@ -563,7 +603,7 @@ def test_a_label_added_by_someone_without_write_permission_runs_nothing(
         github.pull(REPO, 24)["labels"].append("db-ok")
     labelled = pr_payload("labeled", head, number=24, fork=True, labels=("db-ok",), sender=TRIAGER)
     assert hook.send(labelled).status_code == 202
-    eventually(lambda: comments(github, 24), what="the refusal comment")
+    eventually(lambda: statuses(github, head), what="the refusal")
     assert "@triager, who cannot write" in comments(github, 24)[0]["body"]
     assert "db-ok" not in github.pull(REPO, 24)["labels"]
     assert statuses(github, head) == ["failure"]

@@ -141,11 +141,24 @@ class GitHubClients:
 def _extract(tarball: Path, dest: Path) -> Path:
     """Extract a GitHub tarball (one top-level folder) safely; return that folder."""
     with tarfile.open(tarball) as archive:
-        archive.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(dest, filter="data")
+        else:  # Python before 3.11.4 (Debian 12's 3.11.2) has no extraction filters
+            for member in archive.getmembers():
+                if _plain(member):
+                    archive.extract(member, dest, set_attrs=False)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1:
         raise PgoverlayError("the repository tarball does not have one top-level folder")
     return tops[0]
+
+
+def _plain(member: tarfile.TarInfo) -> bool:
+    """A folder or a regular file that stays inside the destination; links, devices and FIFOs
+    are left out (what the ``data`` filter refuses or rewrites, kept simple)."""
+    parts = Path(member.name).parts
+    inside = bool(parts) and not Path(member.name).is_absolute() and ".." not in parts
+    return inside and (member.isreg() or member.isdir())
 
 
 class Worker:
