@@ -179,3 +179,35 @@ def test_the_listener_refuses_to_run_as_root() -> None:
     done = cli(["webhook", "serve"], env={"PGOVERLAY_WEBHOOK_SECRET": "x"})
     assert done.returncode == 2
     assert "does not run as root" in done.stderr and "webhook setup" in done.stderr
+
+
+def test_tarballs_extract_only_plain_files_inside_without_extraction_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import tarfile
+
+    from pgoverlay.webhook.worker import _extract
+
+    archive = tmp_path / "pr.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, kind in (
+            ("top/db/001.sql", tarfile.REGTYPE),
+            ("top/../escaped.sql", tarfile.REGTYPE),
+            ("/tmp/absolute.sql", tarfile.REGTYPE),
+            ("top/link.sql", tarfile.SYMTYPE),
+            ("top/fifo", tarfile.FIFOTYPE),
+        ):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            data = b"SELECT 1;\n" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            info.linkname = "/etc/shadow" if kind == tarfile.SYMTYPE else ""
+            info.mode = 0o4755
+            tar.addfile(info, io.BytesIO(data))
+    monkeypatch.delattr(tarfile, "data_filter")
+    top = _extract(archive, tmp_path / "out")
+    found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert found == ["out", "out/top", "out/top/db", "out/top/db/001.sql", "pr.tar.gz"]
+    assert top == tmp_path / "out" / "top"
+    assert (top / "db" / "001.sql").stat().st_mode & 0o7000 == 0
