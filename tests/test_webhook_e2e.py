@@ -284,6 +284,9 @@ def listener(pool: Pool, base: BaseVersion, service: Path) -> Iterator[tuple[Lis
         finally:
             hook.stop()
             print(hook.log.read_text()[-6000:])  # shown when a test fails
+            engine_log = pool.home / "service.log"
+            if engine_log.is_file():
+                print(engine_log.read_text()[-6000:])
             for b in pool.registry.branches():
                 if b.name.startswith(("shop-pr-", "tools-pr-")):
                     branch.destroy(pool, b.name)
@@ -509,6 +512,8 @@ def test_each_jobs_code_runs_as_its_own_uid_away_from_the_service_and_its_leftov
     assert host_uid not in (0, pwd.getpwnam(LISTENER).pw_uid) and int(inner) >= 1000
     assert reached == "no", "the job's code reached the engine service"
     assert [p.name for p in hook.state.glob("pgoverlay-pr-*")] == [], "scratch left behind"
+    private = {p.name: p.stat().st_mode & 0o777 for p in hook.state.glob("queue.db*")}
+    assert "queue.db" in private and set(private.values()) == {0o600}, private
 
 
 def test_a_replayed_old_synchronize_does_not_move_the_branch_off_the_current_head(
@@ -543,6 +548,13 @@ def test_a_replayed_old_synchronize_does_not_move_the_branch_off_the_current_hea
     assert statuses(github, head1) == ["pending", "success"], "the old head ran again"
     record = hook.pool.registry.record("shop-pr-22")
     assert record is not None and record.head_sha == head2
+    # A `closed` for a pull request the API says is open destroys nothing.
+    assert hook.send(pr_payload("closed", head2, number=22)).status_code == 202
+    eventually(
+        lambda: "the pull request is open: nothing to destroy" in hook.log.read_text(),
+        what="the close job to end",
+    )
+    assert columns(hook.pool, "shop-pr-22") == "id,name"
 
 
 def test_a_fork_approved_at_one_head_runs_nothing_at_the_next_nor_on_a_replayed_label(
