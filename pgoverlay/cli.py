@@ -302,7 +302,12 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
     b = engine.create(
-        CreateRequest(name=args.name, base=args.base, ttl_seconds=ttl, runtime=args.runtime)
+        CreateRequest(
+            name=check_name(args.name),
+            base=check_name(args.base, what="base") if args.base else None,
+            ttl_seconds=ttl,
+            runtime=None if args.runtime in (None, "auto") else args.runtime,
+        )
     )
     elapsed = time.monotonic() - started
     if args.json:

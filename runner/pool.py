@@ -169,6 +169,12 @@ class Pool:
     @classmethod
     def open(cls, settings: Settings) -> Pool:
         """Open an initialised pool; say how to fix it if it is not ready."""
+        if os.geteuid() != 0:
+            raise NotRootError(
+                f"the pool's registry {settings.home / 'pool' / 'registry.db'} is root's alone: "
+                "run this command as root on the runner (a workflow's user asks the engine "
+                "service instead: `pgoverlay branch ...`)"
+            )
         info = read_info(settings.home)
         if info is None:
             raise PoolError(
@@ -179,11 +185,6 @@ class Pool:
             raise PoolError(
                 f"the pool image {settings.home / 'pool.img'} is not mounted (after a reboot?): "
                 "run `pgoverlay pool init` to mount it again"
-            )
-        if os.geteuid() != 0:
-            raise NotRootError(
-                f"the pool's registry {settings.home / 'pool' / 'registry.db'} is root's alone: "
-                "run pgoverlay with sudo (or as root on the runner)"
             )
         return cls(settings, info)
 
