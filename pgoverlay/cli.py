@@ -115,7 +115,11 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 def cmd_service(args: argparse.Namespace) -> int:
     """The engine service, in the foreground (systemd's ExecStart, or `pool init`'s child)."""
+    if args.openapi:
+        from pgoverlay.runner.service.app import openapi_document
 
+        sys.stdout.write(openapi_document())
+        return 0
     from pgoverlay.runner.service import serve
 
     logging.getLogger().setLevel(logging.INFO)
@@ -633,6 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     service_cmd = sub.add_parser(
         "service",
         help="run the engine service (root): workflows ask it for branches on its Unix socket",
+    )
+    service_cmd.add_argument(
+        "--openapi", action="store_true", help="print the service's OpenAPI document and exit"
     )
     service_cmd.set_defaults(func=cmd_service)
 
