@@ -106,9 +106,10 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
         if line != "nothing to do":
             out.print(f"recovered: {line}")
     p.close()
-    if p.settings.service_autostart:
-        from pgoverlay.runner.service import serve
+    from pgoverlay.runner.service import serve
 
+    serve.ensure_group(p.settings.service_group)
+    if p.settings.service_autostart:
         out.print(serve.start(p.settings))
     return 0
 
