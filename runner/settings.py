@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     max_branches_per_repository: int = Field(default=10, ge=1)
     # `pool init` starts the service when it is not answering and systemd does not run it
     service_autostart: bool = True
+    # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
+    service_gc_interval: float = Field(default=300.0, ge=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
