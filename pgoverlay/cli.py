@@ -224,7 +224,33 @@ def _home() -> Path | None:
         return None
 
 
+def _seed_list_from_service(args: argparse.Namespace) -> int:
+    """A workflow's user sees the bases as the engine service shows them."""
+    from pgoverlay.runner.service.client import client
+
+    bases = client(_settings()).bases()
+    if getattr(args, "json", False):
+        _print_json([b.model_dump() for b in bases])
+        return 0
+    table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    for b in bases:
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            _size(b.size_bytes),
+            _when(b.prepared_at or b.created_at),
+            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+            str(b.branches),
+        )
+    out.print(table)
+    return 0
+
+
 def cmd_seed_list(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        return _seed_list_from_service(args)
     p = _pool()
     bases = p.registry.bases()
     refs: dict[tuple[str, int], int] = {}

@@ -225,6 +225,8 @@ def test_the_non_root_cli_talks_to_the_service(
         conn.execute("SELECT 1")
     denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
     assert denied.returncode == 28 and "created by another user" in denied.stderr
+    bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
     outside = cli(["branch", "list"], env=env, user=OUTSIDER)
     assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
     gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])
