@@ -136,3 +136,10 @@ class RegistryRowError(PoolError):
     it is reported, never acted on."""
 
     exit_code = 26
+
+
+class BaseInUseError(PgoverlayError):
+    """A base (or one version of it) that branches still use was asked to be removed without
+    destroying them."""
+
+    exit_code = 27
