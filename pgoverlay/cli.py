@@ -123,7 +123,8 @@ def cmd_pool_down(args: argparse.Namespace) -> int:
     stopped = maintenance.down(settings)
     out.print(
         f"pool at {settings.home} is down: stopped branches: {', '.join(stopped) or 'none'}; "
-        "everything is unmounted, the registry is kept"
+        "everything is unmounted, the registry is kept",
+        soft_wrap=True,
     )
     out.print("bring it back with: pgoverlay pool init")
     return 0
