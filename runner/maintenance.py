@@ -55,12 +55,14 @@ def down(settings: Settings) -> list[str]:
         raise PoolError(f"no pool at {home}: nothing to take down (PGOVERLAY_HOME names it)")
     root = home / "pool"
     write_info(home, PoolInfo(mode=info.mode, image_bytes=info.image_bytes, down=True))
+    started = False  # once something is stopped, the pool stays marked down until `pool init`
     try:
         if info.mode == "image" and not mounts.is_mounted(root):
             return []  # nothing of it is mounted, so nothing runs
         pool = Pool(settings, info)
         try:
             with _every_lock(pool):
+                started = True
                 stopped = _stop_branches(pool)
                 _stop_staging(pool)
                 for point in mounts.mounts_under(root):  # the deepest first
@@ -70,8 +72,8 @@ def down(settings: Settings) -> list[str]:
         if info.mode == "image":
             _unmount(root)
     except BaseException:
-        if not info.down:
-            write_info(home, info)  # not down after all: commands may use it again
+        if not info.down and not started:
+            write_info(home, info)  # nothing was touched: commands may use it again
         raise
     log.info("pool %s is down; stopped branches: %s", home, ", ".join(stopped) or "none")
     return stopped
