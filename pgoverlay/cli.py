@@ -26,12 +26,14 @@ from rich.progress import (
 from rich.table import Table
 
 from pgoverlay import demo as demo_run
-from pgoverlay.errors import ConfigError, MigrationError, PgoverlayError
+from pgoverlay.errors import BranchMissingError, ConfigError, MigrationError, PgoverlayError
 from pgoverlay.runner import bases, branch, credentials, demo, doctor, gc, maintenance, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.names import parse_duration
+from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.service.engine import Engine, LocalEngine
+from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
@@ -103,6 +105,21 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
     for line in gc.collect(p).lines():
         if line != "nothing to do":
             out.print(f"recovered: {line}")
+    p.close()
+    if p.settings.service_autostart:
+        from pgoverlay.runner.service import serve
+
+        out.print(serve.start(p.settings))
+    return 0
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    """The engine service, in the foreground (systemd's ExecStart, or `pool init`'s child)."""
+
+    from pgoverlay.runner.service import serve
+
+    logging.getLogger().setLevel(logging.INFO)
+    serve.serve(_settings())
     return 0
 
 
@@ -165,9 +182,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-
-    report = gc.collect(_pool())
-    for line in report.lines():
+    report = _engine().gc()
+    for line in report.lines:
         out.print(line)
     return 1 if report.problems else 0
 
@@ -319,27 +335,47 @@ def cmd_seed_rm(args: argparse.Namespace) -> int:
 # -- branches -----------------------------------------------------------------------------
 
 
-def cmd_branch_create(args: argparse.Namespace) -> int:
+def _engine() -> Engine:
+    """Root works on the engine directly; anyone else asks the engine service, so an admin
+    and a workflow see the same branches, the same errors and the same limits."""
+    settings = _settings()
+    if os.geteuid() == 0:
+        return LocalEngine(Pool.open(settings))
+    from pgoverlay.runner.service.client import client
 
-    p = _pool()
+    return client(settings)
+
+
+def _branch_dict(b: BranchView) -> dict[str, Any]:
+    data = b.model_dump(exclude={"layer", "record", "seconds"})
+    data["base_version"] = b.base_version
+    if b.layer is not None:
+        data["layer_logical_bytes"] = b.layer.logical_bytes
+        data["layer_physical_bytes"] = b.layer.physical_bytes
+    return data
+
+
+def cmd_branch_create(args: argparse.Namespace) -> int:
+    engine = _engine()
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
-    b = branch.create(p, args.name, base_name=args.base, ttl_seconds=ttl, runtime=args.runtime)
+    b = engine.create(
+        CreateRequest(name=args.name, base=args.base, ttl_seconds=ttl, runtime=args.runtime)
+    )
     elapsed = time.monotonic() - started
     if args.json:
-        _print_json({**branch.status(p, b.name).as_dict(), "seconds": round(elapsed, 3)})
+        _print_json({**_branch_dict(b), "seconds": round(elapsed, 3)})
     else:
         out.print(
             f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
-            f"(base {b.base_name} v{b.base_version})"
+            f"(base {b.base} v{b.base_version})"
         )
         out.print(f"connect: pgoverlay branch connect {b.name}")
     return 0
 
 
 def cmd_branch_destroy(args: argparse.Namespace) -> int:
-
-    if branch.destroy(_pool(), args.name):
+    if _engine().destroy(check_name(args.name)).destroyed:
         out.print(f"branch {args.name} destroyed")
     else:
         out.print(f"no branch {args.name}: nothing to destroy")
@@ -347,21 +383,19 @@ def cmd_branch_destroy(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_reset(args: argparse.Namespace) -> int:
-
     started = time.monotonic()
-    b = branch.reset(_pool(), args.name)
+    b = _engine().reset(check_name(args.name))
     out.print(
-        f"branch {b.name} reset to base {b.base_name} v{b.base_version} in "
+        f"branch {b.name} reset to base {b.base} v{b.base_version} in "
         f"{time.monotonic() - started:.2f} s (same port {b.port} and password)"
     )
     return 0
 
 
 def cmd_branch_list(args: argparse.Namespace) -> int:
-
-    rows = branch.statuses(_pool())
+    rows = _engine().branches(layer=True)
     if args.json:
-        _print_json([s.as_dict() for s in rows])
+        _print_json([_branch_dict(b) for b in rows])
         return 0
     table = Table(
         "branch",
@@ -371,19 +405,21 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         "port",
         "layer (logical)",
         "layer (physical)",
+        "for",
         "created",
         "expires",
     )
-    for s in rows:
-        b = s.branch
+    for b in rows:
+        layer = b.layer or Layer(logical_bytes=0, physical_bytes=0)
         table.add_row(
             b.name,
             b.state,
-            "yes" if s.running else "no",
-            f"{b.base_name} v{b.base_version}",
+            "yes" if b.running else "no",
+            f"{b.base} v{b.base_version}",
             str(b.port),
-            _size(s.layer.logical_bytes),
-            _size(s.layer.physical_bytes),
+            _size(layer.logical_bytes),
+            _size(layer.physical_bytes),
+            f"{b.repository}#{b.pr}" if b.pr else (b.repository or f"uid {b.owner_uid}"),
             _when(b.created_at),
             _when(b.expires_at),
         )
@@ -392,9 +428,8 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
-
-    p = _pool()
     if args.config:
+        p = _pool()
         changed = branch.overrides(p, args.name)
         if args.json:
             _print_json([o.__dict__ for o in changed])
@@ -404,8 +439,13 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
             table.add_row(o.name, o.branch_value, o.base_value or "(default)")
         out.print(table)
         return 0
-    s = branch.status(p, args.name)
-    data = s.as_dict()
+    found = _engine().branch(check_name(args.name), layer=True)
+    if found is None:
+        raise BranchMissingError(
+            f"no branch named {args.name}: see `pgoverlay branch list`, or create it with "
+            f"`pgoverlay branch create {args.name}`"
+        )
+    data = _branch_dict(found)
     if args.json:
         _print_json(data)
         return 0
@@ -419,19 +459,14 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_connect(args: argparse.Namespace) -> int:
-
-    p = _pool()
-    b = branch.get(p, args.name)
+    c = _engine().connection(check_name(args.name))
     # The one place a password is printed: the user asked for it, on their own terminal.
-    sys.stdout.write((branch.url(p, b) if args.url else branch.dsn(p, b)) + "\n")
+    sys.stdout.write((c.url if args.url else c.dsn) + "\n")
     return 0
 
 
 def cmd_branch_size(args: argparse.Namespace) -> int:
-
-    p = _pool()
-    branch.get(p, args.name)
-    size = branch.layer_size(p, args.name)
+    size = _engine().size(check_name(args.name))
     if args.json:
         _print_json({"logical_bytes": size.logical_bytes, "physical_bytes": size.physical_bytes})
     else:
@@ -668,6 +703,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("name")
     size.add_argument("--json", action="store_true")
     size.set_defaults(func=cmd_branch_size)
+
+    service_cmd = sub.add_parser(
+        "service",
+        help="run the engine service (root): workflows ask it for branches on its Unix socket",
+    )
+    service_cmd.set_defaults(func=cmd_service)
 
     gc_cmd = sub.add_parser("gc", help="finish or undo interrupted work, reap expired branches")
     gc_cmd.set_defaults(func=cmd_gc)

@@ -7,10 +7,11 @@ unmounts every branch overlay and base bind mount; then, in image mode, the pool
 registry stays as it is: ``pool init`` clears the mark, mounts the image and the bases again,
 and ``gc`` restarts every ready branch on its own port with its own password.
 
-``remove`` takes the pool down, then removes this pool's Docker containers and volumes (found
-by label), the pool's tree, its image, ``pool.json`` (last, so a killed removal can be run
-again) and its socket directory in /run. Nothing is removed while anything is still mounted
-under the pool, and trees are removed through file descriptors, following no link.
+``remove`` takes the pool down and stops its engine service, then removes this pool's Docker
+containers and volumes (found by label), the pool's tree, its image, the service's log,
+``pool.json`` (last, so a killed removal can be run again) and its socket directory in /run.
+Nothing is removed while anything is still mounted under the pool, and trees are removed
+through file descriptors, following no link.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pgoverlay.runner.pool import (
 )
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.choose import runtime_for
+from pgoverlay.runner.service import serve
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ def remove(settings: Settings) -> list[str]:
         )
     stopped = down(settings)
     done = [f"stopped branches: {', '.join(stopped)}"] if stopped else []
+    if serve.stop(settings):  # it notices its socket is gone, and exits
+        done.append("stopped the engine service")
     done += _remove_docker_objects(pool_id(home))
     left = mounts.mounts_under(home)
     if left:
@@ -98,7 +102,12 @@ def remove(settings: Settings) -> list[str]:
             f"{', '.join(left)} still mounted under the pool: nothing was removed; unmount "
             "them (`umount PATH`), then run `pgoverlay pool rm` again"
         )
-    for path in (home / "pool", home / "pool.img", SOCKET_ROOT / pool_id(home)):
+    for path in (
+        home / "pool",
+        home / "pool.img",
+        home / "service.log",
+        SOCKET_ROOT / pool_id(home),
+    ):
         if os.path.lexists(path):
             safefs.remove_tree(path)
             done.append(f"removed {path}")

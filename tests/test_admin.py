@@ -37,6 +37,7 @@ from pgoverlay.runner import branch, cluster, gc, locks, mounts, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import SOCKET_ROOT, Pool
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.service import serve
 from pgoverlay.runner.settings import Settings
 
 KILLED = -signal.SIGKILL
@@ -282,6 +283,7 @@ def test_pool_rm_leaves_no_mounts_files_containers_and_follows_no_link(
     os.symlink(outside / "precious", upper / "link-to-file")
     pool_hash = p.id
     p.close()
+    serve.start(settings)  # as `pool init` starts it where there is no systemd
     try:
         unconfirmed = cli(["pool", "rm"], env=env)
         assert unconfirmed.returncode == ConfigError.exit_code
@@ -294,6 +296,8 @@ def test_pool_rm_leaves_no_mounts_files_containers_and_follows_no_link(
         nothing_runs_or_is_mounted(settings, [local.port, docker.port])
         assert not home.exists(), list(home.rglob("*"))
         assert not (SOCKET_ROOT / pool_hash).exists()
+        assert "stopped the engine service" in done.stdout
+        assert not serve.socket_path(settings).exists() and not serve.answering(settings)
         assert docker_objects_for(p, "rm-docker") == []
         assert (outside / "precious").read_text() == "keep me"
 
@@ -301,6 +305,7 @@ def test_pool_rm_leaves_no_mounts_files_containers_and_follows_no_link(
         assert again.returncode == PoolError.exit_code
         assert "no pool at" in again.stderr
     finally:
+        serve.stop(settings)
         (outside / "precious").unlink()
         outside.rmdir()
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 
 from pgoverlay.action.github import GitHubError
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner import gc
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook.queue import NewJob, Queue
 from pgoverlay.webhook.settings import WebhookSettings
@@ -19,16 +19,16 @@ from pgoverlay.webhook.worker import GitHubClients, Metrics, Worker, cleanup_scr
 
 log = logging.getLogger(__name__)
 
-LIVE = ("ready", "migration failed", "failed", "not branched")
-
 
 class Service:
     def __init__(self, settings: WebhookSettings, runner: Settings) -> None:
         self.settings = settings
         self.runner = runner
-        pool = Pool.open(runner)  # fails early, with how to fix it, if the pool is not ready
-        self.queue_path = settings.queue_path or pool.root / "webhook.db"
-        pool.close()
+        # The listener's own directory: its queue and each job's scratch space, its alone.
+        settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(settings.state_dir, 0o700)
+        self.engine = service.client(runner)
+        self.queue_path = settings.queue_path or settings.state_dir / "queue.db"
         self.queue = Queue(self.queue_path, max_attempts=settings.max_attempts)
         self.metrics = Metrics()
         self.clients = GitHubClients(settings)
@@ -39,14 +39,10 @@ class Service:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        pool = Pool.open(self.runner)
-        try:
-            # A previous process may have been killed mid-job: finish or undo its sagas first.
-            report = gc.collect(pool)
-            log.info("start-up repair: %s", "; ".join(report.lines()))
-            cleanup_scratch(pool)
-        finally:
-            pool.close()
+        # A previous process may have been killed mid-job: finish or undo its sagas first.
+        report = self.engine.gc()
+        log.info("start-up repair: %s", "; ".join(report.lines))
+        cleanup_scratch(self.settings.state_dir)
         for index in range(self.settings.workers):
             worker = Worker(
                 f"worker-{index}-{threading.get_native_id()}-{time.time_ns()}",
@@ -91,27 +87,24 @@ class Service:
     def reconcile(self) -> dict[str, int]:
         """Destroy branches whose PR is closed or gone; reap expired TTLs."""
         actions = {"closed": 0, "expired": 0}
-        pool = Pool.open(self.runner)
-        try:
-            states = [
-                s for s in pool.registry.all_pr_states() if s.status in LIVE and s.pr is not None
-            ]
-            for repository in sorted({s.repository for s in states}):
-                if self.settings.repo(repository) is None:
-                    continue
-                try:
-                    open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
-                except (GitHubError, PgoverlayError) as err:
-                    log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
-                    continue
-                gone = [s for s in states if s.repository == repository and s.pr not in open_prs]
-                for state in gone:
-                    if self._queue_close(repository, state.pr or 0, state.head_sha):
+        mine = [b for b in self.engine.branches() if b.repository and b.pr is not None]
+        for repository in sorted({b.repository for b in mine}):
+            if self.settings.repo(repository) is None:
+                continue
+            try:
+                open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
+            except (GitHubError, PgoverlayError) as err:
+                log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
+                continue
+            for b in mine:
+                if b.repository == repository and b.pr not in open_prs:
+                    head = b.record.head_sha if b.record else ""
+                    if self._queue_close(repository, b.pr or 0, head):
                         actions["closed"] += 1
-            actions["expired"] = len(gc.collect(pool).expired)
-            self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
-        finally:
-            pool.close()
+        actions["expired"] = sum(
+            line.startswith("destroyed expired") for line in self.engine.gc().lines
+        )
+        self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
         with self.metrics.lock:
             for key, value in actions.items():
                 self.metrics.reconcile_actions[key] += value
@@ -162,7 +155,7 @@ class Service:
         except Exception as err:
             return False, f"queue unreadable: {err}"
         try:
-            Pool.open(self.runner).close()
+            self.engine.bases()
         except PgoverlayError as err:
             return False, str(err)
         return True, "ok"
@@ -217,13 +210,9 @@ class Service:
             "Branches reconcile destroyed, by reason.",
             [(f'{{action="{a}"}}', v) for a, v in sorted(reconciled.items())],
         )
-        pool = Pool.open(self.runner)
-        try:
-            by_state: dict[str, int] = {}
-            for b in pool.registry.branches():
-                by_state[b.state] = by_state.get(b.state, 0) + 1
-        finally:
-            pool.close()
+        by_state: dict[str, int] = {}
+        for b in self.engine.branches():
+            by_state[b.state] = by_state.get(b.state, 0) + 1
         metric(
             "pgoverlay_branches",
             "gauge",

@@ -67,7 +67,9 @@ class WebhookSettings(BaseSettings):
     repositories: dict[str, RepoSettings] = Field(default_factory=dict)
     workers: int = Field(default=2, ge=1, le=32)
     max_body_bytes: int = Field(default=25 * MIB, ge=1024)
-    queue_path: Path | None = None  # default: webhook.db in the pool
+    # The listener's own directory (its user's, 0700): the queue and each job's scratch space.
+    state_dir: Path = Path("/var/lib/pgoverlay-webhook")
+    queue_path: Path | None = None  # default: queue.db in state_dir
     lease_seconds: float = Field(default=120.0, gt=1)
     max_attempts: int = Field(default=5, ge=1)
     reconcile_interval: float = Field(default=600.0, gt=0)
