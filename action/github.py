@@ -15,6 +15,7 @@ from typing import Literal
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry
+from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +68,39 @@ class GitHub:
         self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
         self._api_url = api_url.rstrip("/")
         self._timeout = timeout
+        self._retries = retries
+        self._backoff = backoff
 
     def close(self) -> None:
         self._gh.close()
 
     def login(self) -> str:
-        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot]."""
+        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].
+
+        Asked once, retrying server errors only: PyGithub's own retry also looks at every 403
+        and logs the job token's normal answer as a failed request."""
         if self._login is None:
+            who = Github(
+                auth=self._auth,
+                base_url=self._api_url,
+                timeout=int(self._timeout),
+                retry=Retry(
+                    total=self._retries,
+                    backoff_factor=self._backoff,
+                    status_forcelist=sorted(RETRY_STATUSES),
+                    allowed_methods=["GET"],
+                ),
+            )
             try:
-                self._login = self._gh.get_user().login
+                self._login = who.get_user().login
             except GithubException as err:
                 if err.status not in (401, 403, 404):
                     raise GitHubError(
                         f"cannot tell who the token belongs to ({_reason(err)})"
                     ) from None
                 self._login = ACTIONS_BOT
+            finally:
+                who.close()
         return self._login
 
     def upsert_comment(

@@ -25,7 +25,13 @@ from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.errors import BranchMissingError, ConfigError, NotOwnerError, PgoverlayError
+from pgoverlay.errors import (
+    BranchMissingError,
+    ConfigError,
+    NotOwnerError,
+    PgoverlayError,
+    PostgresBinariesError,
+)
 from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.proc import OsUser
@@ -51,6 +57,7 @@ class Inputs(BaseModel):
     comment: bool = True
     runtime: Literal["auto", "local", "docker"] = "auto"
     fail_on_migration_error: bool = True
+    allow_forks: bool = False
     allow_fork_commands: bool = False
 
     @model_validator(mode="before")
@@ -159,6 +166,21 @@ def _owner_refusal(current: BranchView | None, repository: str) -> str:
     )
 
 
+def fork_refusal(event: Event, inputs: Inputs) -> str:
+    """Why a pull request from a fork gets no branch, or '' when it may have one.
+
+    Closing is never refused: a branch made while forks were allowed is still destroyed.
+    """
+    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
+        return ""
+    return (
+        "this pull request comes from a fork, and this workflow does not branch forks: no "
+        "branch was made and none of the fork's migrations or commands ran. To branch pull "
+        "requests from forks, set `allow-forks: true` on the pgoverlay step (their SQL then "
+        "runs against their own branch; `migrate-command` also needs `allow-fork-commands: true`)"
+    )
+
+
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
@@ -225,7 +247,15 @@ def psql_tools(major: int, settings: Settings) -> Tools:
     installs = pgbin.installs(settings.pg_bindir)
     if major in installs:
         return installs[major]
-    return pgbin.newest(settings.pg_bindir)
+    try:
+        return pgbin.newest(settings.pg_bindir)
+    except PostgresBinariesError:
+        wanted = f"postgresql-{major}" if major else "postgresql"
+        raise PostgresBinariesError(
+            "no psql for the migrations on this runner: they run with the host's psql, as the "
+            f"job's own user (a Docker branch too); install {wanted} on the runner, or set "
+            "PGOVERLAY_PG_BINDIR to the bin directory of a Postgres install"
+        ) from None
 
 
 def _bring_up(

@@ -21,6 +21,12 @@ class UnsafeFileError(ConfigError):
     folder it must stay in (a password file, a pull request's migration file)."""
 
 
+class JobFileError(ConfigError):
+    """A file a GitHub Actions job names in its environment (GITHUB_EVENT_PATH, GITHUB_OUTPUT,
+    GITHUB_STEP_SUMMARY) cannot be read or written as the job's user, or is not a regular
+    file: the Action reads and writes them as that user, through no link."""
+
+
 class NotRootError(PgoverlayError):
     exit_code = 3
 
