@@ -189,6 +189,9 @@ def _run(
     inputs: Inputs,
     out: TextIO,
 ) -> int:
+    # Before any work: a step that cannot report what it did must not make a branch.
+    outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
+    outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
     refusal = fork_refusal(ev, inputs)
     if refusal:
         return _not_branched(job, ev, refusal, out)

@@ -85,6 +85,12 @@ def append(path: Path, text: str, *, variable: str) -> None:
         os.close(fd)
 
 
+def check_writable(path: Path | None, *, variable: str) -> None:
+    """Refuse now, before any work, a file that ``append`` would refuse later."""
+    if path is not None:
+        append(path, "", variable=variable)
+
+
 def write_outputs(path: Path | None, values: Mapping[str, str]) -> None:
     """Append ``name<<DELIM`` blocks, the form that allows any value."""
     if path is None:

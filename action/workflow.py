@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
@@ -33,7 +33,7 @@ from pgoverlay.errors import (
     PostgresBinariesError,
 )
 from pgoverlay.runner import pgbin
-from pgoverlay.runner.names import check_name, parse_duration
+from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
@@ -75,6 +75,11 @@ class Inputs(BaseModel):
             )
         if self.ttl:
             parse_duration(self.ttl)
+        if self.base and not NAME_RE.match(self.base):
+            raise ConfigError(
+                f"input `base`: {self.base!r} is not a base name; name one of the bases seeded "
+                "on this runner (`pgoverlay seed list`), or leave it empty for the only one"
+            )
 
 
 @dataclass(frozen=True)
@@ -265,8 +270,8 @@ def _bring_up(
     name = branch_name(event, inputs.branch_name)
     if current is None:
         echo(f"creating branch {name}")
-        created = engine.create(
-            CreateRequest(
+        try:
+            request = CreateRequest(
                 name=name,
                 base=inputs.base,
                 ttl_seconds=parse_duration(inputs.ttl) if inputs.ttl else None,
@@ -274,7 +279,11 @@ def _bring_up(
                 repository=event.repository,
                 pr=event.pr,
             )
-        )
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "request"
+            raise ConfigError(f"cannot ask for branch {name}: {where}: {first['msg']}") from None
+        created = engine.create(request)
         return created, created.seconds
     if current.state != "ready":
         raise PgoverlayError(
