@@ -27,7 +27,7 @@ from rich.table import Table
 
 from pgoverlay import demo as demo_run
 from pgoverlay.errors import BranchMissingError, ConfigError, MigrationError, PgoverlayError
-from pgoverlay.runner import branch, credentials, demo, doctor, gc, seed
+from pgoverlay.runner import bases, branch, credentials, demo, doctor, gc, maintenance, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.pool import Pool
@@ -106,16 +106,21 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
         if line != "nothing to do":
             out.print(f"recovered: {line}")
     p.close()
-    if p.settings.service_autostart:
-        from pgoverlay.runner.service import serve
+    from pgoverlay.runner.service import serve
 
+    serve.ensure_group(p.settings.service_group)
+    if p.settings.service_autostart:
         out.print(serve.start(p.settings))
     return 0
 
 
 def cmd_service(args: argparse.Namespace) -> int:
     """The engine service, in the foreground (systemd's ExecStart, or `pool init`'s child)."""
+    if args.openapi:
+        from pgoverlay.runner.service.app import openapi_document
 
+        sys.stdout.write(openapi_document())
+        return 0
     from pgoverlay.runner.service import serve
 
     logging.getLogger().setLevel(logging.INFO)
@@ -131,6 +136,41 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     else:
         for key, value in info.items():
             out.print(f"{key}: {_size(value) if key.endswith('bytes') else value}")
+    return 0
+
+
+def cmd_pool_down(args: argparse.Namespace) -> int:
+
+    settings = _settings()
+    stopped = maintenance.down(settings)
+    out.print(
+        f"pool at {settings.home} is down: stopped branches: {', '.join(stopped) or 'none'}; "
+        "everything is unmounted, the registry is kept",
+        soft_wrap=True,
+    )
+    out.print("bring it back with: pgoverlay pool init")
+    return 0
+
+
+def cmd_pool_rm(args: argparse.Namespace) -> int:
+
+    settings = _settings()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                f"pool rm removes the pool at {settings.home} with every base and branch in "
+                "it: pass --yes to confirm"
+            )
+        answer = input(
+            f"remove the pool at {settings.home} with every base and branch in it? "
+            "type yes to confirm: "
+        )
+        if answer.strip() != "yes":
+            out.print("nothing removed")
+            return 1
+    for line in maintenance.remove(settings):
+        out.print(line)
+    out.print(f"pool at {settings.home} removed")
     return 0
 
 
@@ -160,6 +200,15 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
+    if args.name == "rm" and not args.source and not args.demo:
+        return cmd_seed_rm(args)
+    if args.base is not None:
+        raise ConfigError(
+            f"seed takes one base name, got {args.name!r} and {args.base!r} "
+            "(`pgoverlay seed rm NAME` removes a base)"
+        )
+    if args.version is not None or args.destroy_branches:
+        raise ConfigError("--version and --destroy-branches go with `pgoverlay seed rm NAME`")
     if bool(args.source) == bool(args.demo):
         raise ConfigError("seed needs exactly one of --from DSN or --demo")
     if args.mask and args.no_mask:
@@ -219,7 +268,33 @@ def _home() -> Path | None:
         return None
 
 
+def _seed_list_from_service(args: argparse.Namespace) -> int:
+    """A workflow's user sees the bases as the engine service shows them."""
+    from pgoverlay.runner.service.client import client
+
+    bases = client(_settings()).bases()
+    if getattr(args, "json", False):
+        _print_json([b.model_dump() for b in bases])
+        return 0
+    table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    for b in bases:
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            _size(b.size_bytes),
+            _when(b.prepared_at or b.created_at),
+            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+            str(b.branches),
+        )
+    out.print(table)
+    return 0
+
+
 def cmd_seed_list(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        return _seed_list_from_service(args)
     p = _pool()
     bases = p.registry.bases()
     refs: dict[tuple[str, int], int] = {}
@@ -274,6 +349,20 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_seed_rm(args: argparse.Namespace) -> int:
+
+    if args.base is None:
+        raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+    removed = bases.remove(
+        _pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
+    )
+    versions = ", ".join(f"v{v}" for v in removed.versions)
+    out.print(f"base {removed.name} removed ({versions})")
+    if removed.branches:
+        out.print(f"destroyed branches: {', '.join(removed.branches)}")
+    return 0
+
+
 # -- branches -----------------------------------------------------------------------------
 
 
@@ -302,7 +391,12 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
     b = engine.create(
-        CreateRequest(name=args.name, base=args.base, ttl_seconds=ttl, runtime=args.runtime)
+        CreateRequest(
+            name=check_name(args.name),
+            base=check_name(args.base, what="base") if args.base else None,
+            ttl_seconds=ttl,
+            runtime=None if args.runtime in (None, "auto") else args.runtime,
+        )
     )
     elapsed = time.monotonic() - started
     if args.json:
@@ -524,15 +618,28 @@ def build_parser() -> argparse.ArgumentParser:
     pstatus = pool_cmds.add_parser("status", help="show the pool")
     pstatus.add_argument("--json", action="store_true")
     pstatus.set_defaults(func=cmd_pool_status)
+    pool_cmds.add_parser(
+        "down",
+        help="stop every branch and unmount everything for maintenance (`pool init` brings "
+        "it back)",
+    ).set_defaults(func=cmd_pool_down)
+    prm = pool_cmds.add_parser(
+        "rm", help="remove the pool entirely: every branch, base, container and file"
+    )
+    prm.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    prm.set_defaults(func=cmd_pool_rm)
 
     doctor_cmd = sub.add_parser("doctor", help="check this host can run branches")
     doctor_cmd.add_argument("--json", action="store_true")
     doctor_cmd.set_defaults(func=cmd_doctor)
 
     seed_cmd = sub.add_parser(
-        "seed", help="seed a base from a running Postgres (`seed list` lists bases)"
+        "seed",
+        help="seed a base from a running Postgres (`seed list` lists bases, `seed rm NAME` "
+        "removes one)",
     )
-    seed_cmd.add_argument("name", help="base name, or `list`")
+    seed_cmd.add_argument("name", help="base name, or `list`, or `rm`")
+    seed_cmd.add_argument("base", nargs="?", metavar="NAME", help="with `rm`: the base to remove")
     seed_cmd.add_argument(
         "--from",
         dest="source",
@@ -580,6 +687,14 @@ def build_parser() -> argparse.ArgumentParser:
         "this host's binaries of the source's version when it has them",
     )
     seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
+    seed_cmd.add_argument(
+        "--version", type=int, metavar="N", help="with `seed rm`: remove only version N"
+    )
+    seed_cmd.add_argument(
+        "--destroy-branches",
+        action="store_true",
+        help="with `seed rm`: destroy the branches that use the base, then remove it",
+    )
     seed_cmd.set_defaults(func=cmd_seed)
 
     br = sub.add_parser(
@@ -628,6 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
     service_cmd = sub.add_parser(
         "service",
         help="run the engine service (root): workflows ask it for branches on its Unix socket",
+    )
+    service_cmd.add_argument(
+        "--openapi", action="store_true", help="print the service's OpenAPI document and exit"
     )
     service_cmd.set_defaults(func=cmd_service)
 

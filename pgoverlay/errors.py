@@ -169,3 +169,10 @@ class ServiceError(PgoverlayError):
     or it answered something that is not its protocol."""
 
     exit_code = 30
+
+
+class BaseInUseError(PgoverlayError):
+    """A base (or one version of it) that branches still use was asked to be removed without
+    destroying them."""
+
+    exit_code = 31

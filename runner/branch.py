@@ -240,6 +240,12 @@ def create(
     ):
         now = time.time()
         with pool.registry.transaction() as db:
+            current = pool.registry.base(base.name, base.version)
+            if current is None or current.state != "ready":
+                raise BaseMissingError(
+                    f"base {base.name} v{base.version} is being removed (`pgoverlay seed rm`): "
+                    "create the branch from another base (`pgoverlay seed list`)"
+                )
             existing = pool.registry.branch(name)
             if existing is not None:
                 raise BranchExistsError(

@@ -167,7 +167,8 @@ def _columns(cls: type) -> str:
 # What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
 # row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
 BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying"})
-BASE_STATES = frozenset({"seeding", "ready"})
+# "removing": `seed rm` committed to removing the version; gc finishes it (see bases.py)
+BASE_STATES = frozenset({"seeding", "ready", "removing"})
 RUNTIMES = frozenset({"local", "docker"})
 IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")
 REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
@@ -331,6 +332,31 @@ class Registry:
                 f"UPDATE bases SET {assignments} WHERE name = ? AND version = ?",
                 (*values.values(), name, version),
             )
+
+    def mark_removing(
+        self, name: str, versions: list[int], *, allow_branches: bool
+    ) -> dict[int, list[str]]:
+        """Mark ``versions`` of base ``name`` as ``removing``, in one transaction with the check
+        of which branches use them (every row, valid or not), so no branch of them is created
+        in between. Returns those branches per version; marks nothing if some exist and
+        ``allow_branches`` is false."""
+        with self.transaction() as db:
+            users = {v: found for v in versions if (found := self.branches_of(name, v))}
+            if users and not allow_branches:
+                return users
+            db.executemany(
+                "UPDATE bases SET state = 'removing' WHERE name = ? AND version = ?",
+                [(name, version) for version in versions],
+            )
+        return users
+
+    def branches_of(self, name: str, version: int) -> list[str]:
+        """The name of every branch row of base ``name`` version ``version``, valid or not."""
+        rows = self._db.execute(
+            "SELECT name FROM branches WHERE base_name = ? AND base_version = ? ORDER BY name",
+            (name, version),
+        ).fetchall()
+        return [str(row[0]) for row in rows]
 
     def delete_base(self, name: str, version: int) -> None:
         with self.transaction() as db:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -66,6 +65,8 @@ class Settings(BaseSettings):
     max_branches_per_repository: int = Field(default=10, ge=1)
     # `pool init` starts the service when it is not answering and systemd does not run it
     service_autostart: bool = True
+    # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
+    service_gc_interval: float = Field(default=300.0, ge=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
@@ -123,13 +124,15 @@ def load() -> Settings:
     /etc/pgoverlay/pgoverlay.env (when this user may read it; it holds no secrets, and a
     workflow's user needs it to find the engine service)."""
     env_file = None
-    if ADMIN_ENV_FILE.is_file():
-        if os.access(ADMIN_ENV_FILE, os.R_OK):
+    try:
+        with open(ADMIN_ENV_FILE, "rb"):
             env_file = ADMIN_ENV_FILE
-        else:
-            log.warning(
-                "cannot read %s as this user: its settings are not applied (make it readable, "
-                "mode 0644: it holds no secrets)",
-                ADMIN_ENV_FILE,
-            )
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        pass
+    except PermissionError:
+        log.warning(
+            "cannot read %s as this user: its settings are not applied (make it and its "
+            "folder readable, e.g. mode 0644: it holds no secrets)",
+            ADMIN_ENV_FILE,
+        )
     return Settings(_env_file=env_file)  # type: ignore[call-arg]

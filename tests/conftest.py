@@ -150,6 +150,8 @@ def service(pool: Pool) -> Iterator[Path]:
     systemd (a detached root process); its socket's path."""
     from pgoverlay.runner.service import serve
 
-    serve.start(pool.settings)
-    yield serve.socket_path(pool.settings)
-    serve.stop(pool.settings)
+    # No periodic gc: tests leave half-made branches on purpose and call gc themselves.
+    settings = pool.settings.model_copy(update={"service_gc_interval": 0})
+    serve.start(settings)
+    yield serve.socket_path(settings)
+    serve.stop(settings)

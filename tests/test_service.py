@@ -225,7 +225,19 @@ def test_the_non_root_cli_talks_to_the_service(
         conn.execute("SELECT 1")
     denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
     assert denied.returncode == 28 and "created by another user" in denied.stderr
+    bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
     outside = cli(["branch", "list"], env=env, user=OUTSIDER)
     assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
     gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])
     assert gone.returncode == 0, gone.stderr
+
+
+def test_the_published_openapi_document_is_the_services() -> None:
+    from pgoverlay.runner.service.app import openapi_document
+
+    published = Path(__file__).resolve().parents[1] / "docs" / "service-openapi.json"
+    assert published.read_text() == openapi_document(), (
+        "docs/service-openapi.json is stale: `pgoverlay service --openapi > "
+        "docs/service-openapi.json`"
+    )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from helpers import require_root
 from pgoverlay.runner import settings as settings_module
 from pgoverlay.runner.settings import Settings, load
 
@@ -30,6 +32,36 @@ def test_the_admins_file_is_read_by_every_user_who_can_and_the_environment_wins(
     assert (load().home, load().port_min) == (Path("/srv/admin-pool"), 6000)
     monkeypatch.setenv("PGOVERLAY_PORT_MIN", "7000")
     assert (load().home, load().port_min) == (Path("/srv/admin-pool"), 7000)
+
+
+def test_an_admin_file_this_user_cannot_read_is_skipped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    require_root()
+    import pwd
+
+    admin = tmp_path / "pgoverlay.env"
+    admin.write_text("PGOVERLAY_HOME=/srv/admin-pool\n")
+    admin.chmod(0o600)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(settings_module, "ADMIN_ENV_FILE", admin)
+    monkeypatch.delenv("PGOVERLAY_HOME", raising=False)
+    assert load().home == Path("/srv/admin-pool")  # root reads it, with or without sudo
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: as nobody, the file cannot be read
+        os.close(read_end)
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+        os.write(write_end, os.fspath(load().home).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        seen = stream.read()
+    os.waitpid(pid, 0)
+    assert seen == "/var/lib/pgoverlay"
 
 
 def test_bad_settings_are_refused_with_the_variable_named() -> None:

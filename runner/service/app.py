@@ -7,6 +7,7 @@ from anything the caller sends. Every request is logged with that uid; secrets n
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Annotated
@@ -185,3 +186,8 @@ def create_app(settings: Settings) -> FastAPI:
         return e.gc()
 
     return app
+
+
+def openapi_document() -> str:
+    """The service's API as an OpenAPI document (published as docs/service-openapi.json)."""
+    return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"

@@ -117,7 +117,7 @@ def bind(path: Path, *, gid: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, *, gc_interval: float = 300.0) -> None:
+def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, or until the pool or the socket is removed."""
     require_root()
     path = socket_path(settings)
@@ -138,7 +138,9 @@ def serve(settings: Settings, *, gc_interval: float = 300.0) -> None:
     stop = threading.Event()
 
     def housekeeping() -> None:
-        """gc (TTLs, crashed servers) every ``gc_interval``; stop when the pool is gone."""
+        """gc (TTLs, crashed servers) every ``service_gc_interval`` s; stop when the pool or
+        the socket is gone."""
+        gc_interval = settings.service_gc_interval
         waited = 0.0
         while not stop.wait(2.0):
             waited += 2.0
@@ -150,7 +152,7 @@ def serve(settings: Settings, *, gc_interval: float = 300.0) -> None:
                 log.info("the pool or the service's socket is gone: stopping")
                 server.should_exit = True
                 return
-            if waited >= gc_interval:
+            if gc_interval and waited >= gc_interval:
                 waited = 0.0
                 try:
                     with contextlib.closing(Pool.open(settings)) as pool:
