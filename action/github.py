@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +72,43 @@ class GitHub:
         self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
         self._api_url = api_url.rstrip("/")
         self._timeout = timeout
+        self._retries = retries
+        self._backoff = backoff
 
     def close(self) -> None:
         self._gh.close()
 
     def login(self) -> str:
-        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot]."""
+        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].
+
+        Asked once, outside PyGithub, retrying server errors only: PyGithub's retry looks at
+        every 403 and logs the job token's normal answer as a failed request."""
         if self._login is None:
+            headers = {"Accept": "application/vnd.github+json"}
+            self._auth_header(headers)
+            retry = Retry(
+                total=self._retries,
+                backoff_factor=self._backoff,
+                status_forcelist=sorted(RETRY_STATUSES),
+                allowed_methods=["GET"],
+                raise_on_status=False,
+            )
             try:
-                self._login = self._gh.get_user().login
-            except GithubException as err:
-                if err.status not in (401, 403, 404):
-                    raise GitHubError(
-                        f"cannot tell who the token belongs to ({_reason(err)})"
-                    ) from None
+                with requests.Session() as session:
+                    session.mount(self._api_url, HTTPAdapter(max_retries=retry))
+                    resp = session.get(
+                        f"{self._api_url}/user", headers=headers, timeout=self._timeout
+                    )
+            except requests.RequestException as err:
+                raise GitHubError(
+                    f"cannot tell who the token belongs to ({type(err).__name__})"
+                ) from None
+            if resp.status_code in (401, 403, 404):
                 self._login = ACTIONS_BOT
+            elif resp.status_code != 200:
+                raise GitHubError(f"cannot tell who the token belongs to (HTTP {resp.status_code})")
+            else:
+                self._login = str(resp.json()["login"])
         return self._login
 
     def upsert_comment(

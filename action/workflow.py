@@ -19,16 +19,22 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
-from pgoverlay.errors import BranchMissingError, ConfigError, NotOwnerError, PgoverlayError
+from pgoverlay.errors import (
+    BranchMissingError,
+    ConfigError,
+    NotOwnerError,
+    PgoverlayError,
+    PostgresBinariesError,
+)
 from pgoverlay.runner import pgbin
-from pgoverlay.runner.names import check_name, parse_duration
+from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
 from pgoverlay.runner.settings import Settings
@@ -50,6 +56,7 @@ class Inputs(BaseModel):
     comment: bool = True
     runtime: Literal["auto", "local", "docker"] = "auto"
     fail_on_migration_error: bool = True
+    allow_forks: bool = False
     allow_fork_commands: bool = False
 
     @model_validator(mode="before")
@@ -67,6 +74,11 @@ class Inputs(BaseModel):
             )
         if self.ttl:
             parse_duration(self.ttl)
+        if self.base and not NAME_RE.match(self.base):
+            raise ConfigError(
+                f"input `base`: {self.base!r} is not a base name; name one of the bases seeded "
+                "on this runner (`pgoverlay seed list`), or leave it empty for the only one"
+            )
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,21 @@ def _owner_refusal(current: BranchView | None, repository: str) -> str:
     )
 
 
+def fork_refusal(event: Event, inputs: Inputs) -> str:
+    """Why a pull request from a fork gets no branch, or '' when it may have one.
+
+    Closing is never refused: a branch made while forks were allowed is still destroyed.
+    """
+    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
+        return ""
+    return (
+        "this pull request comes from a fork, and this workflow does not branch forks: no "
+        "branch was made and none of the fork's migrations or commands ran. To branch pull "
+        "requests from forks, set `allow-forks: true` on the pgoverlay step (their SQL then "
+        "runs against their own branch; `migrate-command` also needs `allow-fork-commands: true`)"
+    )
+
+
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
@@ -228,7 +255,15 @@ def psql_tools(major: int, settings: Settings) -> pgbin.PgInstall:
     installs = pgbin.installs(settings.pg_bindir)
     if major in installs:
         return installs[major]
-    return pgbin.newest(settings.pg_bindir)
+    try:
+        return pgbin.newest(settings.pg_bindir)
+    except PostgresBinariesError:
+        wanted = f"postgresql-{major}" if major else "postgresql"
+        raise PostgresBinariesError(
+            "no psql for the migrations on this runner: they run with the host's psql, as the "
+            f"job's own user (a Docker branch too); install {wanted} on the runner, or set "
+            "PGOVERLAY_PG_BINDIR to the bin directory of a Postgres install"
+        ) from None
 
 
 def _bring_up(
@@ -238,8 +273,8 @@ def _bring_up(
     name = branch_name(event, inputs.branch_name)
     if current is None:
         echo(f"creating branch {name}")
-        created = engine.create(
-            CreateRequest(
+        try:
+            request = CreateRequest(
                 name=name,
                 base=inputs.base,
                 ttl_seconds=parse_duration(inputs.ttl) if inputs.ttl else None,
@@ -247,7 +282,11 @@ def _bring_up(
                 repository=event.repository,
                 pr=event.pr,
             )
-        )
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "request"
+            raise ConfigError(f"cannot ask for branch {name}: {where}: {first['msg']}") from None
+        created = engine.create(request)
         return created, created.seconds
     if current.state != "ready":
         raise PgoverlayError(

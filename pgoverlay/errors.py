@@ -26,6 +26,12 @@ class SandboxError(ConfigError):
     or its user has no subordinate uid range, or unshare/newuidmap is missing."""
 
 
+class JobFileError(ConfigError):
+    """A file a GitHub Actions job names in its environment (GITHUB_EVENT_PATH, GITHUB_OUTPUT,
+    GITHUB_STEP_SUMMARY) cannot be read or written as the job's user, or is not a regular
+    file: the Action reads and writes them as that user, through no link."""
+
+
 class NotRootError(PgoverlayError):
     exit_code = 3
 
