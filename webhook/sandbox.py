@@ -3,7 +3,7 @@
 
 The listener runs as an unprivileged user with a subordinate uid and gid range (/etc/subuid,
 /etc/subgid; `pgoverlay webhook setup` gives it one). Every command of a job (psql on a
-migration file, the migrate command) starts in new user, pid and mount namespaces
+migration file, the migrate command) starts in new user, pid, mount and IPC namespaces
 (``unshare``, which asks ``newuidmap``/``newgidmap`` for the mapping): the listener is root
 inside, the range is mapped above it. There, still as that inner root, it
 
@@ -42,7 +42,7 @@ _MAPPED = (
     "--map-groups=auto",
     "--map-root-user",
 )
-_JAILED = (*_MAPPED, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
+_JAILED = (*_MAPPED, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc")
 FIRST_UID, LAST_UID = 1000, 65535  # job uids inside the namespace (below 1000: left unused)
 # Runs as the namespace's root, with the scratch folder, the job's uid and the folder to work
 # in (relative to the scratch folder) first; then runs the command as the job. The shell stays
