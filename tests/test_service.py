@@ -241,3 +241,32 @@ def test_the_published_openapi_document_is_the_services() -> None:
         "docs/service-openapi.json is stale: `pgoverlay service --openapi > "
         "docs/service-openapi.json`"
     )
+
+
+def test_concurrent_requests_each_get_their_answer(
+    service: Path, clean: None, pool: Pool, base: BaseVersion
+) -> None:
+    """Routes and their dependencies run on the service's thread pool: each request must work
+    on a registry connection of its own thread, however many arrive together."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pgoverlay.runner.service.client import RemoteEngine
+    from pgoverlay.runner.service.models import CreateRequest, RecordRequest
+
+    engine = RemoteEngine(service)  # root's own client: may act on every branch
+    engine.create(CreateRequest(name="svc-busy", repository="acme/busy", pr=1))
+
+    def one(i: int) -> str:
+        engine.save_record(
+            "svc-busy",
+            RecordRequest(
+                repository="acme/busy", head_sha=f"{i:040x}", status="ready", report="{}"
+            ),
+        )
+        found = engine.branch("svc-busy")
+        assert found is not None and found.record is not None
+        return found.name
+
+    with ThreadPoolExecutor(max_workers=16) as workers:
+        assert set(workers.map(one, range(64))) == {"svc-busy"}
+    engine.destroy("svc-busy")

@@ -85,7 +85,7 @@ AND kind IN ('close', 'sync') GROUP BY kind
 
 
 class QueueError(PgoverlayError):
-    exit_code = 30
+    exit_code = 33
 
 
 @dataclass(frozen=True)

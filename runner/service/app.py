@@ -61,16 +61,22 @@ def status_of(err: PgoverlayError) -> int:
     return next((code for cls, code in STATUS if isinstance(err, cls)), 500)
 
 
-def _engine(request: Request) -> LocalEngine:
+async def _engine(request: Request) -> LocalEngine:
     """The engine, acting for the uid at the other end of the socket."""
     peer = request.scope.get("state", {}).get("peer")
     if peer is None:  # not through the service's socket (cannot happen when run by `serve`)
         raise errors.ServiceError("the caller's identity is unknown")
     pools: threading.local = request.app.state.pools
-    # SQLite connections stay in their thread: one pool per worker thread, kept open.
-    pool: Pool | None = getattr(pools, "pool", None)
-    if pool is None:
-        pool = pools.pool = Pool.open(request.app.state.settings)
+    settings: Settings = request.app.state.settings
+
+    def pool() -> Pool:
+        # SQLite connections stay in their thread: one pool per thread of the route's
+        # threadpool, opened there on first use and kept open.
+        found: Pool | None = getattr(pools, "pool", None)
+        if found is None:
+            found = pools.pool = Pool.open(settings)
+        return found
+
     return LocalEngine(pool, uid=peer.uid)
 
 

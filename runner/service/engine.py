@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from pgoverlay.errors import (
@@ -70,9 +71,15 @@ def _record(pool: Pool, name: str) -> Record | None:
 class LocalEngine:
     """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
 
-    def __init__(self, pool: Pool, *, uid: int = 0) -> None:
-        self.pool = pool
+    def __init__(self, pool: Pool | Callable[[], Pool], *, uid: int = 0) -> None:
+        self._pool = pool
         self.uid = uid
+
+    @property
+    def pool(self) -> Pool:
+        """The pool; given as a function, asked for at each use (the service keeps one per
+        thread, and a request's dependency and its route may run in different threads)."""
+        return self._pool if isinstance(self._pool, Pool) else self._pool()
 
     def close(self) -> None:
         self.pool.close()
