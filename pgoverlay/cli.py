@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -35,6 +35,9 @@ from pgoverlay.runner.runtime.choose import RUNTIMES
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from pgoverlay.webhook.settings import WebhookSettings
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -425,10 +428,8 @@ def cmd_action_run(args: argparse.Namespace) -> int:
 # -- the webhook listener -------------------------------------------------------------------
 
 
-def cmd_webhook_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from pgoverlay.webhook.app import create_app
+def _webhook_settings() -> WebhookSettings:
+    """The listener's settings and its log format (both processes log alike)."""
     from pgoverlay.webhook.settings import WebhookSettings
     from pgoverlay.webhook.worker import JobLogContext
 
@@ -451,7 +452,20 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    app = create_app(settings, _settings())
+    return settings
+
+
+def cmd_webhook_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pgoverlay.webhook.app import create_app
+    from pgoverlay.webhook.process import KILL_WAIT, WorkerProcess
+
+    settings = _webhook_settings()
+    runner = _settings()
+    Pool.open(runner).close()  # fails early, with how to fix it, if the pool is not ready
+    worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT)
+    app = create_app(settings, settings.queue_file(runner.home), worker=worker, runner=runner)
     uvicorn.run(
         app,
         host=args.host or settings.host,
@@ -460,6 +474,12 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
     )
     return 0
+
+
+def cmd_webhook_work(args: argparse.Namespace) -> int:
+    from pgoverlay.webhook.service import work
+
+    return work(_webhook_settings(), _settings())
 
 
 # -- parser -------------------------------------------------------------------------------
@@ -615,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (default from settings)")
     serve.add_argument("--port", type=int, help="port to listen on (default from settings)")
     serve.set_defaults(func=cmd_webhook_serve)
+    hooks.add_parser(
+        "work", help="run the listener's jobs and reconcile (`serve` starts and stops it)"
+    ).set_defaults(func=cmd_webhook_work)
     return parser
 
 

@@ -74,6 +74,10 @@ class WebhookSettings(BaseSettings):
     shutdown_grace: float = Field(default=60.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8088, ge=1, le=65535)
+    # When set, /healthz and /metrics answer only `Authorization: Bearer <metrics_token>`.
+    metrics_token: SecretStr | None = None
+    # How much lower the worker process's CPU priority is than intake's (nice, 0-19).
+    worker_nice: int = Field(default=10, ge=0, le=19)
 
     @classmethod
     def settings_customise_sources(
@@ -106,7 +110,13 @@ class WebhookSettings(BaseSettings):
         for name in self.repositories:
             if name.count("/") != 1:
                 raise ValueError(f"repository {name!r} must be written owner/name")
+        if self.metrics_token is not None and not self.metrics_token.get_secret_value():
+            raise ValueError("metrics_token is empty: set a long random string, or leave it out")
         return self
+
+    def queue_file(self, home: Path) -> Path:
+        """The job queue: ``queue_path``, else ``webhook.db`` in the pool under ``home``."""
+        return self.queue_path or home / "pool" / "webhook.db"
 
     def repo(self, full_name: str) -> RepoSettings | None:
         """Settings for an allowed repository (names compare case-insensitively)."""
