@@ -94,7 +94,10 @@ def test_redelivery_after_a_restart_is_a_duplicate_and_queues_nothing(tmp_path: 
     )
     assert again == "duplicate"
     assert len(restarted.jobs()) == 1
-    assert restarted.delivery_count() == {("pull_request", "queued"): 1}
+    assert restarted.delivery_count() == {
+        ("pull_request", "queued"): 1,
+        ("pull_request", "duplicate"): 1,
+    }
     restarted.close()
 
 
@@ -102,7 +105,7 @@ def test_delivery_without_a_job_is_remembered_as_ignored(queue: Queue) -> None:
     assert queue.accept(delivery_id="p", event="ping", action="", job=None) == "ignored"
     assert queue.accept(delivery_id="p", event="ping", action="", job=None) == "duplicate"
     assert queue.jobs() == []
-    assert queue.delivery_count() == {("ping", "ignored"): 1}
+    assert queue.delivery_count() == {("ping", "ignored"): 1, ("ping", "duplicate"): 1}
 
 
 def test_delivery_outcome_follows_its_job_and_can_be_set(queue: Queue) -> None:
@@ -537,7 +540,10 @@ def test_concurrent_accepts_and_claims_run_every_job_exactly_once(tmp_path: Path
     total = producers * per_producer
     assert sorted(ran) == sorted(set(ran)) and len(ran) == total
     assert q.depth()["done"] == total and sum(q.depth().values()) == total
-    assert q.delivery_count() == {("pull_request", "done"): total}
+    assert q.delivery_count() == {
+        ("pull_request", "done"): total,
+        ("pull_request", "duplicate"): producers,
+    }
     q.close()
 
 

@@ -124,8 +124,8 @@ def check_headers(event: str | None, delivery_id: str | None) -> tuple[str, str]
     if event not in KNOWN_EVENTS:
         raise DeliveryError(
             f"X-GitHub-Event {event[:40]!r} is not an event pgoverlay knows: it acts on"
-            f" {HANDLED} and acknowledges {', '.join(sorted(KNOWN_EVENTS - {HANDLED}))};"
-            " subscribe the webhook to those only"
+            f" {HANDLED}, answers ping and acknowledges the other GitHub events listed in"
+            " docs/webhook.md; subscribe the webhook to pull requests only"
         )
     if not delivery_id:
         raise DeliveryError(
