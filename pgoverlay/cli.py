@@ -464,7 +464,7 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
     settings = _webhook_settings()
     runner = _settings()
     Pool.open(runner).close()  # fails early, with how to fix it, if the pool is not ready
-    worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT)
+    worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT, nice=settings.worker_nice)
     app = create_app(settings, settings.queue_file(runner.home), worker=worker, runner=runner)
     uvicorn.run(
         app,

@@ -271,7 +271,7 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
     eventually(lambda: "Destroyed" in comments(github, 9)[0]["body"], what="the final comment")
     assert statuses(github, head1).count("success") == 1, "the redelivery ran nothing"
     metrics = requests.get(f"{service.url}/metrics", timeout=5).text
-    assert 'pgoverlay_webhook_deliveries_total{event="pull_request",outcome="done"} 3' in metrics
+    assert 'pgoverlay_webhook_deliveries_total{event="pull_request",outcome="done"} 3.0' in metrics
 
 
 def test_bad_deliveries_are_refused_and_leave_no_job(

@@ -590,3 +590,73 @@ def test_two_processes_accepting_the_same_deliveries_queue_each_once(tmp_path: P
     # Coalescing ran under concurrency too: one live sync per PR, the rest superseded.
     assert Counter(j.state for j in jobs) == Counter({"queued": 25, "skipped": 475})
     q.close()
+
+
+def test_the_queue_file_and_its_journals_are_their_owners_alone(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    old = os.umask(0)
+    try:
+        q = Queue(path)
+        put(q, "open")
+    finally:
+        os.umask(old)
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == ["queue.db", "queue.db-shm", "queue.db-wal"]
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == dict.fromkeys(
+        made, 0o600
+    )
+    q.close()
+
+
+def test_a_queue_file_left_readable_by_an_earlier_release_is_made_private(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "queue.db"
+    with closing(sqlite3.connect(path)) as db:  # an earlier release's queue, mode 0644
+        db.execute(
+            "CREATE TABLE deliveries (delivery_id TEXT PRIMARY KEY, event TEXT NOT NULL,"
+            " action TEXT NOT NULL, received_at REAL NOT NULL, outcome TEXT NOT NULL)"
+        )
+        db.execute("INSERT INTO deliveries VALUES ('old', 'pull_request', 'opened', 1, 'done')")
+        db.commit()
+    path.chmod(0o644)
+    q = Queue(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert q.accept(delivery_id="old", event="pull_request", action="x", job=None) == ("duplicate")
+    assert (
+        q.accept(
+            delivery_id="new", event="pull_request", action="x", job=None, body_sha256="f" * 64
+        )
+        == "ignored"
+    )
+    assert (
+        q.accept(
+            delivery_id="newer", event="pull_request", action="x", job=None, body_sha256="f" * 64
+        )
+        == "duplicate"
+    )
+    q.close()
+
+
+def test_a_link_in_place_of_the_queue_file_is_refused(tmp_path: Path) -> None:
+    from pgoverlay.errors import UnsafePathError
+
+    target = tmp_path / "elsewhere"
+    target.write_text("not a queue")
+    target.chmod(0o644)
+    (tmp_path / "queue.db").symlink_to(target)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        Queue(tmp_path / "queue.db")
+    assert target.read_text() == "not a queue" and target.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_rejected_delivery_is_recorded_with_its_reason_once(queue: Queue) -> None:
+    args = {"event": "pull_request", "action": "opened", "body_sha256": "e" * 64}
+    assert queue.reject(delivery_id="r-1", reason="pull_request.head: missing", **args)
+    assert not queue.reject(delivery_id="r-2", reason="pull_request.head: missing", **args)
+    assert queue.accept(delivery_id="r-3", job=new("open"), **args) == "duplicate"
+    assert queue.jobs() == []
+    assert queue.delivery_count() == {
+        ("pull_request", "rejected"): 1,
+        ("pull_request", "duplicate"): 2,
+    }

@@ -19,18 +19,20 @@ KILL_WAIT = 10.0  # seconds a SIGKILLed worker process gets to be reaped
 
 
 class WorkerProcess:
-    """``pgoverlay webhook work`` as a child of intake. ``grace`` is how long it gets to stop
+    """``pgoverlay webhook work`` as a child of intake, ``nice`` steps below intake's CPU
+    priority (the branch servers it starts inherit that). ``grace`` is how long it gets to stop
     after SIGTERM (its own shutdown grace, plus a margin) before it is killed."""
 
-    def __init__(self, *, grace: float, argv: list[str] | None = None) -> None:
+    def __init__(self, *, grace: float, nice: int, argv: list[str] | None = None) -> None:
         self.grace = grace
+        self.nice = nice
         self.argv = argv or WORK
         self.child: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
 
     def start(self) -> None:
         """Call from the main thread (see :func:`proc.companion`)."""
-        self.child = proc.companion(self.argv, env=os.environ)
+        self.child = proc.companion(self.argv, env=os.environ, nice=self.nice)
         log.info("started the worker process %s", self.child.pid)
         threading.Thread(target=self._watch, name="pgoverlay-watch-workers", daemon=True).start()
 

@@ -1,6 +1,6 @@
 """The worker process (`pgoverlay webhook work`, started and stopped by `webhook serve`): the
-workers and reconcile, on the queue the intake process fills. It runs at a lower CPU priority
-than intake, so acknowledging deliveries wins the CPU over building branches."""
+workers and reconcile, on the queue the intake process fills. `serve` starts it at a lower CPU
+priority than intake, so acknowledging deliveries wins the CPU over building branches."""
 
 from __future__ import annotations
 
@@ -162,8 +162,6 @@ def work(settings: WebhookSettings, runner: Settings) -> int:
     """Run the workers and reconcile until SIGTERM or SIGINT, or until the intake process that
     started this one is gone; then stop as :meth:`Service.stop` says."""
     parent = os.getppid()
-    if settings.worker_nice:
-        os.nice(settings.worker_nice)  # the branches' local servers inherit it too
     service = Service(settings, runner)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stopping.set())
