@@ -51,7 +51,7 @@ class Intake:
             action = payload.action_of(data)
             if event == "ping":
                 return Answer(200, "pong")
-            job = self._job(event, data)
+            job = self._job(event, data, body)
         except DeliveryError as err:
             self._reject(err, event=event, delivery_id=delivery_id, action=action, digest=digest)
             return Answer(400, str(err))
@@ -72,8 +72,9 @@ class Intake:
             return Answer(204)
         return Answer(202, "queued")
 
-    def _job(self, event: str, data: dict[str, Any]) -> NewJob | str:
-        """The job a valid delivery asks for, or why it needs none."""
+    def _job(self, event: str, data: dict[str, Any], body: bytes) -> NewJob | str:
+        """The job a valid delivery asks for, or why it needs none. The job keeps the body as
+        it was signed (GitHub sends UTF-8; anything else JSON allows is written out again)."""
         if event != payload.HANDLED:
             return f"event {event} is not handled"
         routed = route(payload.pull_request_event(data), self.settings)
@@ -84,7 +85,7 @@ class Intake:
             pr=routed.pr,
             kind=routed.kind,
             head_sha=routed.head_sha,
-            payload=json.dumps(data, separators=(",", ":")),
+            payload=_text(body, data),
         )
 
     def _reject(
@@ -113,3 +114,10 @@ class Intake:
             err,
             extra={"delivery_id": delivery_id or "-", "pr": "-"},
         )
+
+
+def _text(body: bytes, data: dict[str, Any]) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return json.dumps(data, separators=(",", ":"))
