@@ -271,3 +271,17 @@ def test_healthz_and_metrics_need_the_bearer_token_when_one_is_set(
 def test_without_a_token_healthz_and_metrics_are_open(intake: Intake) -> None:
     assert requests.get(f"{intake.url}/healthz", timeout=30).json() == {"ok": True, "detail": "ok"}
     assert requests.get(f"{intake.url}/metrics", timeout=30).status_code == 200
+
+
+def test_a_job_keeps_the_signed_body_and_other_json_encodings_are_read_back(
+    intake: Intake,
+) -> None:
+    plain = compact(opened())
+    assert intake.post(plain).status_code == 202
+    with_bom = b"\xef\xbb\xbf" + compact({**opened(), "action": "reopened"})
+    assert intake.post(with_bom).status_code == 202
+    utf16 = json.dumps({**opened(), "action": "synchronize"}).encode("utf-16")
+    assert intake.post(utf16).status_code == 202
+    stored = [row[0] for row in intake.rows("SELECT payload FROM jobs ORDER BY id")]
+    assert stored[0] == plain.decode()
+    assert [json.loads(text)["action"] for text in stored] == ["opened", "reopened", "synchronize"]

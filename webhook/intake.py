@@ -117,7 +117,12 @@ class Intake:
 
 
 def _text(body: bytes, data: dict[str, Any]) -> str:
+    """The body as text the worker's ``json.loads`` reads back: UTF-8 as sent, else (UTF-16, a
+    byte-order mark) the decoded object written out again."""
     try:
-        return body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
-        return json.dumps(data, separators=(",", ":"))
+        text = ""
+    if text.lstrip(" \t\r\n").startswith("{"):
+        return text
+    return json.dumps(data, separators=(",", ":"))
