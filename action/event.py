@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -88,23 +89,32 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
 
 
 def branch_name(event: Event, template: str | None) -> str:
-    """The branch for this event: the template if given ({number} and {ref} are filled in),
-    else ``pr-<number>``, or the ref made into a valid name for other events."""
-    if template:
-        # Outside a pull request there is no number: the ref stands in for it.
-        number = str(event.pr) if event.pr is not None else slug(event.ref_name)
-        repo = slug(event.repository.rsplit("/", 1)[-1])
-        return (
-            template.replace("{number}", number)
-            .replace("{ref}", slug(event.ref_name))
-            .replace("{repo}", repo)
-        )
-    if event.pr is not None:
-        return f"pr-{event.pr}"
-    return slug(event.ref_name) or "default"
+    """The branch for this event: the template if given ({number}, {ref} and {repo} are
+    filled in), else ``{repo}-pr-{number}``, so that two repositories' pull requests on one
+    runner never share a name; the ref made into a name for other events. A name too long
+    for Postgres's 63 characters keeps its start and ends with a stable hash of the whole."""
+    repo = slug(event.repository.rsplit("/", 1)[-1])
+    # Outside a pull request there is no number: the ref stands in for it.
+    number = str(event.pr) if event.pr is not None else slug(event.ref_name)
+    if not template:
+        template = "{repo}-pr-{number}" if event.pr is not None else "{repo}-{ref}"
+    name = (
+        template.replace("{number}", number)
+        .replace("{ref}", slug(event.ref_name))
+        .replace("{repo}", repo)
+    )
+    return shorten(slug(name) or "default", whole=f"{event.repository}:{name}")
+
+
+def shorten(name: str, *, whole: str, limit: int = 63) -> str:
+    """``name`` if it fits in ``limit`` characters, else its start, a dash and 8 hex digits of
+    the SHA-256 of ``whole`` (stable: the same PR always gets the same name)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
 
 
 def slug(text: str) -> str:
-    """Lowercase, [a-z0-9-] only, at most 63 characters, starting with a letter or digit."""
-    cleaned = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return cleaned[:63].rstrip("-")
+    """Lowercase, [a-z0-9-] only, starting and ending with a letter or digit."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

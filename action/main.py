@@ -17,8 +17,9 @@ from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.workflow import Inputs, Outcome, handle
 from pgoverlay.errors import ConfigError, PgoverlayError
-from pgoverlay.runner import branch as branches
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.engine import Engine
+from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 
 
@@ -74,28 +75,27 @@ def read_inputs(environ: dict[str, str]) -> Inputs:
         raise ConfigError(f"input `{field}`: {first['msg']}") from None
 
 
-def _outputs(pool: Pool, outcome: Outcome, out: TextIO) -> dict[str, str]:
+def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
     report = outcome.report
     values = {
         "status": report.status if report else "skipped",
         "branch": report.branch_name if report else "",
     }
-    b = outcome.branch
-    if b is None or report is None or report.status == "destroyed":
+    b, c = outcome.branch, outcome.connection
+    if b is None or c is None or report is None or report.status == "destroyed":
         return values
-    url = branches.url(pool, b)
-    outputs.mask(b.password, out)
-    outputs.mask(url, out)
-    layer = branches.layer_size(pool, b.name)  # now, not when the report was first made
+    outputs.mask(c.password, out)
+    outputs.mask(c.url, out)
+    layer = engine.size(b.name)  # now, not when the report was first made
     applied = 0 if outcome.reused else sum(m.status == "applied" for m in report.migrations)
     values.update(
         {
-            "host": pool.settings.public_host,
-            "port": str(b.port),
-            "database": b.database,
-            "user": b.user,
-            "password": b.password,
-            "dsn": url,
+            "host": c.host,
+            "port": str(c.port),
+            "database": c.database,
+            "user": c.user,
+            "password": c.password,
+            "dsn": c.url,
             "layer-bytes": str(layer.logical_bytes),
             "layer-physical-bytes": str(layer.physical_bytes),
             "migrations-applied": str(applied),
@@ -118,20 +118,28 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)
     if destroy:
         ev = dataclasses.replace(ev, kind="close")
-    pool = Pool.open(load_settings())
-    try:
-        return _run(pool, job, ev, inputs, out)
-    finally:
-        pool.close()
+    settings = load_settings()
+    # The engine is the service's: this job (and the pull request's code in it) runs as the
+    # runner's own user, never as root.
+    engine = service.client(settings)
+    return _run(engine, settings, job, ev, inputs, out)
 
 
-def _run(pool: Pool, job: JobEnv, ev: event.Event, inputs: Inputs, out: TextIO) -> int:
+def _run(
+    engine: Engine,
+    settings: Settings,
+    job: JobEnv,
+    ev: event.Event,
+    inputs: Inputs,
+    out: TextIO,
+) -> int:
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
     try:
         outcome = handle(
-            pool,
+            engine,
             ev,
             inputs,
+            settings=settings,
             repo_dir=job.workspace.resolve(),
             github=github,
             run_url=job.run_url(),
@@ -145,7 +153,7 @@ def _run(pool: Pool, job: JobEnv, ev: event.Event, inputs: Inputs, out: TextIO) 
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
         outputs.write_outputs(job.output, {"status": "skipped"})
         return 0
-    outputs.write_outputs(job.output, _outputs(pool, outcome, out))
+    outputs.write_outputs(job.output, _outputs(engine, outcome, out))
     summary = comment.render_summary(report)
     if outcome.comment_error:
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")

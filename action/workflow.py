@@ -13,10 +13,7 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,15 +25,13 @@ from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.errors import BranchExistsError, ConfigError, PgoverlayError
-from pgoverlay.runner import branch as branches
+from pgoverlay.errors import BranchMissingError, ConfigError, NotOwnerError, PgoverlayError
 from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.registry import Branch, PrState
-from pgoverlay.runner.runtime import docker as docker_runtime
-from pgoverlay.runner.runtime.docker_tools import DockerTools
+from pgoverlay.runner.service.engine import Engine
+from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
+from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
@@ -78,7 +73,8 @@ class Inputs(BaseModel):
 @dataclass(frozen=True)
 class Outcome:
     report: Report | None  # None when the event needs nothing (e.g. a PR was labeled)
-    branch: Branch | None  # the ready branch to hand out, if any
+    branch: BranchView | None  # the ready branch to hand out, if any
+    connection: Connection | None = None  # how to log in to it
     comment: CommentResult | None = None
     comment_error: str = ""
     reused: bool = False  # a re-run found the work already done
@@ -89,21 +85,23 @@ Echo = Callable[[str], None]
 
 def password_hint(name: str) -> str:
     return (
-        f"the step's `password` output (masked in logs), or `sudo pgoverlay branch connect {name}` "
-        "on the runner"
+        f"the step's `password` output (masked in logs), or `pgoverlay branch connect {name}` "
+        "on the runner, as the runner's user"
     )
 
 
-def _branch_info(pool: Pool, b: Branch, *, create_seconds: float | None) -> BranchInfo:
-    base = pool.registry.base(b.base_name, b.base_version)
-    layer = branches.layer_size(pool, b.name)
+def _branch_info(engine: Engine, b: BranchView, *, create_seconds: float | None) -> BranchInfo:
+    base = next(
+        (x for x in engine.bases() if (x.name, x.version) == (b.base, b.base_version)), None
+    )
+    layer = engine.size(b.name)
     return BranchInfo(
         name=b.name,
-        host=pool.settings.public_host,
+        host=b.host,
         port=b.port,
         database=b.database,
         user=b.user,
-        base_name=b.base_name,
+        base_name=b.base,
         base_version=b.base_version,
         base_seeded_at=base.prepared_at if base else None,
         layer_logical_bytes=layer.logical_bytes,
@@ -116,13 +114,9 @@ def _branch_info(pool: Pool, b: Branch, *, create_seconds: float | None) -> Bran
     )
 
 
-def _target(pool: Pool, b: Branch) -> migrations.Target:
+def _target(c: Connection) -> migrations.Target:
     return migrations.Target(
-        host=pool.settings.public_host,
-        port=b.port,
-        user=b.user,
-        password=b.password,
-        database=b.database,
+        host=c.host, port=c.port, user=c.user, password=c.password, database=c.database
     )
 
 
@@ -137,51 +131,52 @@ def report_from_json(text: str) -> Report:
     return Report(branch=BranchInfo(**info) if info else None, migrations=runs, **data)
 
 
-def _save(pool: Pool, report: Report) -> None:
-    pool.registry.save_pr_state(
-        PrState(
-            repository=report.repository,
-            branch=report.branch_name,
-            pr=report.pr,
-            head_sha=report.head_sha,
-            status=report.status,
-            report=report_to_json(report),
-            updated_at=time.time(),
+def _save(engine: Engine, report: Report) -> None:
+    """Keep the report with its branch, for re-runs and the closing comment. A branch that
+    could not be made, or that is not this caller's, keeps nothing."""
+    with contextlib.suppress(BranchMissingError, NotOwnerError):
+        engine.save_record(
+            report.branch_name,
+            RecordRequest(
+                repository=report.repository,
+                head_sha=report.head_sha,
+                status=report.status,
+                report=report_to_json(report),
+            ),
         )
+
+
+def _owner_refusal(current: BranchView | None, repository: str) -> str:
+    """Why a branch name is not this repository's to use, or ''."""
+    if current is None or not current.repository:
+        return ""
+    if current.repository.lower() == repository.lower():
+        return ""
+    where = f"{current.repository}#{current.pr}" if current.pr else current.repository
+    return (
+        f"branch {current.name} on this runner belongs to {where}: set the `branch-name` input "
+        "to a name unique on this runner (the default, '{repo}-pr-{number}', is)"
     )
-
-
-def _check_ownership(pool: Pool, name: str, repository: str) -> None:
-    """A branch name is one repository's: refuse to touch another's live branch."""
-    if pool.registry.branch(name) is None:
-        return
-    for other in pool.registry.pr_states(name):
-        if other.repository != repository and other.status in ("ready", "migration failed"):
-            where = f"{other.repository}#{other.pr}" if other.pr else other.repository
-            raise BranchExistsError(
-                f"branch {name} on this runner belongs to {where}: set the `branch-name` input "
-                "to a name unique on this runner (e.g. 'myrepo-pr-{number}')"
-            )
 
 
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
 def _migrate(
-    pool: Pool,
-    b: Branch,
+    pool_settings: Settings,
+    connection: Connection,
+    major: int,
     event: Event,
     inputs: Inputs,
     repo_dir: Path,
     echo: Echo,
     changed: Changed | None,
+    user: OsUser | None,
 ) -> tuple[list[MigrationRun], str]:
-    """Apply the PR's migrations; returns the runs and a note for the report."""
+    """Apply the PR's migrations, as ``user`` (None: this process's own user); returns the
+    runs and a note for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
-    target = _target(pool, b)
-    # The PR's code and SQL run as the owner of the checkout (the runner user), never with
-    # the engine's root privileges.
-    owner = OsUser.owner_of(repo_dir)
+    target = _target(connection)
     if inputs.migrate_command:
         if event.from_fork and not inputs.allow_fork_commands:
             return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
@@ -193,9 +188,9 @@ def _migrate(
             target,
             inputs.migrate_command,
             cwd=workdir,
-            timeout=pool.settings.command_timeout,
+            timeout=pool_settings.command_timeout,
             echo=echo,
-            user=owner,
+            user=user,
         )
         return [run], ""
     if not inputs.migrations:
@@ -206,102 +201,89 @@ def _migrate(
             changed(folder)
             if changed is not None
             else migrations.changed_files(
-                repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=owner
+                repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=user
             )
         )
     else:
         files = migrations.all_files(repo_dir, folder)
-    base = pool.registry.base(b.base_name, b.base_version)
-    major = base.pg_major if base and base.pg_major else 0
     echo(f"applying {len(files)} migration file(s) from {folder}")
-    with _psql_tools(pool, b, major, repo_dir=repo_dir, owner=owner) as tools:
-        runs = migrations.apply_files(
-            target,
-            repo_dir,
-            files,
-            tools=tools,
-            skip_recorded=True,
-            timeout=pool.settings.command_timeout,
-            user=owner,
-        )
+    runs = migrations.apply_files(
+        target,
+        repo_dir,
+        files,
+        tools=psql_tools(major, pool_settings),
+        skip_recorded=True,
+        timeout=pool_settings.command_timeout,
+        user=user,
+    )
     return runs, ""
 
 
-@contextlib.contextmanager
-def _psql_tools(
-    pool: Pool, b: Branch, major: int, *, repo_dir: Path, owner: OsUser
-) -> Iterator[Tools]:
-    """This host's psql when it has one of the base's major; otherwise, for a Docker branch,
-    the image's, in a container that sees only the checkout and a private scratch directory."""
-    if b.runtime != "docker" or major in pgbin.installs(pool.settings.pg_bindir):
-        yield pgbin.for_major(major, pool.settings.pg_bindir)
-        return
-    scratch = Path(tempfile.mkdtemp(prefix="pgoverlay-psql-"))
-    try:
-        if os.geteuid() == 0:
-            os.chown(scratch, owner.uid, owner.gid)
-        yield DockerTools.for_image(
-            docker_runtime.connect(),
-            pool.settings.image_for(major),
-            owner=owner,
-            scratch=scratch,
-            mounts=[repo_dir],
-            timeout=pool.settings.command_timeout,
-            labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BRANCH: b.name},
-        )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+def psql_tools(major: int, settings: Settings) -> Tools:
+    """This host's psql of the base's major version, or its newest (psql speaks to servers of
+    other versions; only its backslash commands may lag behind a newer server)."""
+    installs = pgbin.installs(settings.pg_bindir)
+    if major in installs:
+        return installs[major]
+    return pgbin.newest(settings.pg_bindir)
 
 
 def _bring_up(
-    pool: Pool, event: Event, inputs: Inputs, name: str, state: PrState | None, echo: Echo
-) -> tuple[Branch, float | None]:
+    engine: Engine, event: Event, inputs: Inputs, current: BranchView | None, echo: Echo
+) -> tuple[BranchView, float | None]:
     """Create the branch, or reset it for a new head; returns it and the seconds it took."""
-    existing = pool.registry.branch(name)
-    started = time.monotonic()
-    if existing is None:
+    name = branch_name(event, inputs.branch_name)
+    if current is None:
         echo(f"creating branch {name}")
-        ttl = parse_duration(inputs.ttl) if inputs.ttl else None
-        created = branches.create(
-            pool,
-            name,
-            base_name=inputs.base,
-            ttl_seconds=ttl,
-            runtime=None if inputs.runtime == "auto" else inputs.runtime,
+        created = engine.create(
+            CreateRequest(
+                name=name,
+                base=inputs.base,
+                ttl_seconds=parse_duration(inputs.ttl) if inputs.ttl else None,
+                runtime=None if inputs.runtime == "auto" else inputs.runtime,
+                repository=event.repository,
+                pr=event.pr,
+            )
         )
-        return created, time.monotonic() - started
-    if existing.state != "ready":
+        return created, created.seconds
+    if current.state != "ready":
         raise PgoverlayError(
-            f"branch {name} is {existing.state} (an earlier run was interrupted): run "
-            "`sudo pgoverlay gc` on the runner, then re-run this job"
+            f"branch {name} is {current.state} (an earlier run was interrupted): run "
+            "`pgoverlay gc` on the runner, then re-run this job"
         )
-    new_head = state is None or state.head_sha != event.head_sha
-    if inputs.reset_on_push and (new_head or (state and state.status != "ready")):
+    record = current.record
+    new_head = record is None or record.head_sha != event.head_sha
+    if inputs.reset_on_push and (new_head or (record and record.status != "ready")):
         echo(f"resetting branch {name} to its base")
-        return branches.reset(pool, name), time.monotonic() - started
-    return existing, None
+        done = engine.reset(name, repository=event.repository)
+        return done, done.seconds
+    return current, None
 
 
 def handle(
-    pool: Pool,
+    engine: Engine,
     event: Event,
     inputs: Inputs,
     *,
+    settings: Settings,
     repo_dir: Path,
     github: GitHub | None,
     run_url: str = "",
     echo: Echo = log.info,
     changed: Changed | None = None,
+    user: OsUser | None = None,
 ) -> Outcome:
     """Do what ``event`` asks for; never raises for a failed comment.
 
     ``repo_dir`` holds the PR's head. ``changed`` lists a folder's changed .sql files when
-    there is no git history to ask (the webhook listener works from tarballs).
+    there is no git history to ask (the webhook listener works from tarballs). The PR's SQL
+    and commands run as ``user`` (None: this process's user), never with the engine's
+    privileges: the engine is reached through ``engine`` only.
     """
     if event.kind == "ignore":
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
-    state = pool.registry.pr_state(event.repository, name)
+    current = engine.branch(name)
     skeleton = Report(
         repository=event.repository,
         pr=event.pr,
@@ -312,41 +294,60 @@ def handle(
         password_hint=password_hint(name),
         run_url=run_url,
     )
-    ready: Branch | None = None
-    reused = False
-    try:
-        _check_ownership(pool, name, event.repository)
-    except BranchExistsError as err:
-        # Nothing of ours to record: the branch and its state belong to the other repository.
-        report = dataclasses.replace(skeleton, message=str(err))
+    refusal = _owner_refusal(current, event.repository)
+    if refusal:
+        # Nothing of ours to record: the branch and its report belong to the other repository.
+        report = dataclasses.replace(skeleton, message=refusal)
         result, error = post_comment(github, event, inputs, report)
         return Outcome(report=report, branch=None, comment=result, comment_error=error)
-    if event.kind == "close" and state is None and pool.registry.branch(name) is None:
-        echo(f"no branch {name} to destroy")
-        return Outcome(report=None, branch=None)
     if event.kind == "close":
-        report = _close(pool, event, name, state, skeleton)
-    elif (
-        state is not None
-        and state.head_sha == event.head_sha
-        and state.status == "ready"
-        and (current := pool.registry.branch(name)) is not None
+        if current is None:
+            echo(f"no branch {name} to destroy")
+            return Outcome(report=None, branch=None)
+        report = _close(engine, event, current, skeleton)
+        result, error = post_comment(github, event, inputs, report)
+        return Outcome(report=report, branch=None, comment=result, comment_error=error)
+    ready: BranchView | None = None
+    connection: Connection | None = None
+    reused = False
+    record = current.record if current else None
+    if (
+        current is not None
+        and record is not None
+        and record.head_sha == event.head_sha
+        and record.status == "ready"
         and current.state == "ready"
-        and branches.status(pool, name).running
+        and current.running
     ):
         echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
-        previous = report_from_json(state.report)
+        previous = report_from_json(record.report)
         report = dataclasses.replace(previous, run_url=run_url or previous.run_url)
         ready, reused = current, True
+        connection = engine.connection(name)
     else:
         try:
-            b, seconds = _bring_up(pool, event, inputs, name, state, echo)
-            runs, note = _migrate(pool, b, event, inputs, repo_dir, echo, changed)
+            b, seconds = _bring_up(engine, event, inputs, current, echo)
+            connection = engine.connection(name)
+            base = next(
+                (x for x in engine.bases() if (x.name, x.version) == (b.base, b.base_version)),
+                None,
+            )
+            runs, note = _migrate(
+                settings,
+                connection,
+                base.pg_major if base and base.pg_major else 0,
+                event,
+                inputs,
+                repo_dir,
+                echo,
+                changed,
+                user,
+            )
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
                 skeleton,
                 status="migration failed" if failed else "ready",
-                branch=_branch_info(pool, b, create_seconds=seconds),
+                branch=_branch_info(engine, b, create_seconds=seconds),
                 migrations=runs,
                 message=note,
             )
@@ -354,21 +355,27 @@ def handle(
         except (PgoverlayError, psycopg.Error, OSError) as err:
             log.warning("branch %s not ready: %s", name, err)
             report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
-    _save(pool, report)
+            connection = None
+        _save(engine, report)
     result, error = post_comment(github, event, inputs, report)
-    return Outcome(report=report, branch=ready, comment=result, comment_error=error, reused=reused)
+    return Outcome(
+        report=report,
+        branch=ready,
+        connection=connection if ready else None,
+        comment=result,
+        comment_error=error,
+        reused=reused,
+    )
 
 
-def _close(pool: Pool, event: Event, name: str, state: PrState | None, skeleton: Report) -> Report:
-    current = pool.registry.branch(name)
-    last = report_from_json(state.report) if state else None
-    info = _branch_info(pool, current, create_seconds=None) if current else None
-    if current is not None:
-        branches.destroy(pool, name)
+def _close(engine: Engine, event: Event, current: BranchView, skeleton: Report) -> Report:
+    info = _branch_info(engine, current, create_seconds=None)
+    done = engine.destroy(current.name, repository=event.repository)
+    last = report_from_json(done.record.report) if done.record else None
     return dataclasses.replace(
         skeleton,
         status="destroyed",
-        branch=info or (last.branch if last else None),
+        branch=info,
         merged=event.merged,
         migrations=last.migrations if last else [],
     )

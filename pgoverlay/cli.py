@@ -26,12 +26,14 @@ from rich.progress import (
 from rich.table import Table
 
 from pgoverlay import demo as demo_run
-from pgoverlay.errors import ConfigError, MigrationError, PgoverlayError
-from pgoverlay.runner import branch, credentials, demo, doctor, gc, seed
+from pgoverlay.errors import BranchMissingError, ConfigError, MigrationError, PgoverlayError
+from pgoverlay.runner import bases, branch, credentials, demo, doctor, gc, maintenance, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.names import parse_duration
+from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.service.engine import Engine, LocalEngine
+from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
@@ -106,6 +108,26 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
     for line in gc.collect(p).lines():
         if line != "nothing to do":
             out.print(f"recovered: {line}")
+    p.close()
+    from pgoverlay.runner.service import serve
+
+    serve.ensure_group(p.settings.service_group)
+    if p.settings.service_autostart:
+        out.print(serve.start(p.settings))
+    return 0
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    """The engine service, in the foreground (systemd's ExecStart, or `pool init`'s child)."""
+    if args.openapi:
+        from pgoverlay.runner.service.app import openapi_document
+
+        sys.stdout.write(openapi_document())
+        return 0
+    from pgoverlay.runner.service import serve
+
+    logging.getLogger().setLevel(logging.INFO)
+    serve.serve(_settings())
     return 0
 
 
@@ -117,6 +139,41 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     else:
         for key, value in info.items():
             out.print(f"{key}: {_size(value) if key.endswith('bytes') else value}")
+    return 0
+
+
+def cmd_pool_down(args: argparse.Namespace) -> int:
+
+    settings = _settings()
+    stopped = maintenance.down(settings)
+    out.print(
+        f"pool at {settings.home} is down: stopped branches: {', '.join(stopped) or 'none'}; "
+        "everything is unmounted, the registry is kept",
+        soft_wrap=True,
+    )
+    out.print("bring it back with: pgoverlay pool init")
+    return 0
+
+
+def cmd_pool_rm(args: argparse.Namespace) -> int:
+
+    settings = _settings()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                f"pool rm removes the pool at {settings.home} with every base and branch in "
+                "it: pass --yes to confirm"
+            )
+        answer = input(
+            f"remove the pool at {settings.home} with every base and branch in it? "
+            "type yes to confirm: "
+        )
+        if answer.strip() != "yes":
+            out.print("nothing removed")
+            return 1
+    for line in maintenance.remove(settings):
+        out.print(line)
+    out.print(f"pool at {settings.home} removed")
     return 0
 
 
@@ -133,9 +190,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-
-    report = gc.collect(_pool())
-    for line in report.lines():
+    report = _engine().gc()
+    for line in report.lines:
         out.print(line)
     return 1 if report.problems else 0
 
@@ -147,6 +203,15 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
+    if args.name == "rm" and not args.source and not args.demo:
+        return cmd_seed_rm(args)
+    if args.base is not None:
+        raise ConfigError(
+            f"seed takes one base name, got {args.name!r} and {args.base!r} "
+            "(`pgoverlay seed rm NAME` removes a base)"
+        )
+    if args.version is not None or args.destroy_branches:
+        raise ConfigError("--version and --destroy-branches go with `pgoverlay seed rm NAME`")
     if bool(args.source) == bool(args.demo):
         raise ConfigError("seed needs exactly one of --from DSN or --demo")
     if args.mask and args.no_mask:
@@ -206,7 +271,33 @@ def _home() -> Path | None:
         return None
 
 
+def _seed_list_from_service(args: argparse.Namespace) -> int:
+    """A workflow's user sees the bases as the engine service shows them."""
+    from pgoverlay.runner.service.client import client
+
+    bases = client(_settings()).bases()
+    if getattr(args, "json", False):
+        _print_json([b.model_dump() for b in bases])
+        return 0
+    table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    for b in bases:
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            _size(b.size_bytes),
+            _when(b.prepared_at or b.created_at),
+            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+            str(b.branches),
+        )
+    out.print(table)
+    return 0
+
+
 def cmd_seed_list(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        return _seed_list_from_service(args)
     p = _pool()
     bases = p.registry.bases()
     refs: dict[tuple[str, int], int] = {}
@@ -261,30 +352,69 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_seed_rm(args: argparse.Namespace) -> int:
+
+    if args.base is None:
+        raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+    removed = bases.remove(
+        _pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
+    )
+    versions = ", ".join(f"v{v}" for v in removed.versions)
+    out.print(f"base {removed.name} removed ({versions})")
+    if removed.branches:
+        out.print(f"destroyed branches: {', '.join(removed.branches)}")
+    return 0
+
+
 # -- branches -----------------------------------------------------------------------------
 
 
-def cmd_branch_create(args: argparse.Namespace) -> int:
+def _engine() -> Engine:
+    """Root works on the engine directly; anyone else asks the engine service, so an admin
+    and a workflow see the same branches, the same errors and the same limits."""
+    settings = _settings()
+    if os.geteuid() == 0:
+        return LocalEngine(Pool.open(settings))
+    from pgoverlay.runner.service.client import client
 
-    p = _pool()
+    return client(settings)
+
+
+def _branch_dict(b: BranchView) -> dict[str, Any]:
+    data = b.model_dump(exclude={"layer", "record", "seconds"})
+    data["base_version"] = b.base_version
+    if b.layer is not None:
+        data["layer_logical_bytes"] = b.layer.logical_bytes
+        data["layer_physical_bytes"] = b.layer.physical_bytes
+    return data
+
+
+def cmd_branch_create(args: argparse.Namespace) -> int:
+    engine = _engine()
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
-    b = branch.create(p, args.name, base_name=args.base, ttl_seconds=ttl, runtime=args.runtime)
+    b = engine.create(
+        CreateRequest(
+            name=check_name(args.name),
+            base=check_name(args.base, what="base") if args.base else None,
+            ttl_seconds=ttl,
+            runtime=None if args.runtime in (None, "auto") else args.runtime,
+        )
+    )
     elapsed = time.monotonic() - started
     if args.json:
-        _print_json({**branch.status(p, b.name).as_dict(), "seconds": round(elapsed, 3)})
+        _print_json({**_branch_dict(b), "seconds": round(elapsed, 3)})
     else:
         out.print(
             f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
-            f"(base {b.base_name} v{b.base_version})"
+            f"(base {b.base} v{b.base_version})"
         )
         out.print(f"connect: pgoverlay branch connect {b.name}")
     return 0
 
 
 def cmd_branch_destroy(args: argparse.Namespace) -> int:
-
-    if branch.destroy(_pool(), args.name):
+    if _engine().destroy(check_name(args.name)).destroyed:
         out.print(f"branch {args.name} destroyed")
     else:
         out.print(f"no branch {args.name}: nothing to destroy")
@@ -292,21 +422,19 @@ def cmd_branch_destroy(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_reset(args: argparse.Namespace) -> int:
-
     started = time.monotonic()
-    b = branch.reset(_pool(), args.name)
+    b = _engine().reset(check_name(args.name))
     out.print(
-        f"branch {b.name} reset to base {b.base_name} v{b.base_version} in "
+        f"branch {b.name} reset to base {b.base} v{b.base_version} in "
         f"{time.monotonic() - started:.2f} s (same port {b.port} and password)"
     )
     return 0
 
 
 def cmd_branch_list(args: argparse.Namespace) -> int:
-
-    rows = branch.statuses(_pool())
+    rows = _engine().branches(layer=True)
     if args.json:
-        _print_json([s.as_dict() for s in rows])
+        _print_json([_branch_dict(b) for b in rows])
         return 0
     table = Table(
         "branch",
@@ -316,19 +444,21 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         "port",
         "layer (logical)",
         "layer (physical)",
+        "for",
         "created",
         "expires",
     )
-    for s in rows:
-        b = s.branch
+    for b in rows:
+        layer = b.layer or Layer(logical_bytes=0, physical_bytes=0)
         table.add_row(
             b.name,
             b.state,
-            "yes" if s.running else "no",
-            f"{b.base_name} v{b.base_version}",
+            "yes" if b.running else "no",
+            f"{b.base} v{b.base_version}",
             str(b.port),
-            _size(s.layer.logical_bytes),
-            _size(s.layer.physical_bytes),
+            _size(layer.logical_bytes),
+            _size(layer.physical_bytes),
+            f"{b.repository}#{b.pr}" if b.pr else (b.repository or f"uid {b.owner_uid}"),
             _when(b.created_at),
             _when(b.expires_at),
         )
@@ -337,9 +467,8 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
-
-    p = _pool()
     if args.config:
+        p = _pool()
         changed = branch.overrides(p, args.name)
         if args.json:
             _print_json([o.__dict__ for o in changed])
@@ -349,8 +478,13 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
             table.add_row(o.name, o.branch_value, o.base_value or "(default)")
         out.print(table)
         return 0
-    s = branch.status(p, args.name)
-    data = s.as_dict()
+    found = _engine().branch(check_name(args.name), layer=True)
+    if found is None:
+        raise BranchMissingError(
+            f"no branch named {args.name}: see `pgoverlay branch list`, or create it with "
+            f"`pgoverlay branch create {args.name}`"
+        )
+    data = _branch_dict(found)
     if args.json:
         _print_json(data)
         return 0
@@ -364,19 +498,14 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_connect(args: argparse.Namespace) -> int:
-
-    p = _pool()
-    b = branch.get(p, args.name)
+    c = _engine().connection(check_name(args.name))
     # The one place a password is printed: the user asked for it, on their own terminal.
-    sys.stdout.write((branch.url(p, b) if args.url else branch.dsn(p, b)) + "\n")
+    sys.stdout.write((c.url if args.url else c.dsn) + "\n")
     return 0
 
 
 def cmd_branch_size(args: argparse.Namespace) -> int:
-
-    p = _pool()
-    branch.get(p, args.name)
-    size = branch.layer_size(p, args.name)
+    size = _engine().size(check_name(args.name))
     if args.json:
         _print_json({"logical_bytes": size.logical_bytes, "physical_bytes": size.physical_bytes})
     else:
@@ -458,14 +587,20 @@ def _webhook_settings() -> WebhookSettings:
 def cmd_webhook_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from pgoverlay.runner.service.client import client as service_client
     from pgoverlay.webhook.app import create_app
     from pgoverlay.webhook.process import KILL_WAIT, WorkerProcess
 
     settings = _webhook_settings()
     runner = _settings()
-    Pool.open(runner).close()  # fails early, with how to fix it, if the pool is not ready
+    engine = service_client(runner)
+    try:
+        engine.bases()  # fails early, with how to fix it, if the engine service is not there
+    finally:
+        engine.close()
+    settings.make_state_dir()
     worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT, nice=settings.worker_nice)
-    app = create_app(settings, settings.queue_file(runner.home), worker=worker, runner=runner)
+    app = create_app(settings, settings.queue_file(), worker=worker, runner=runner)
     uvicorn.run(
         app,
         host=args.host or settings.host,
@@ -509,15 +644,28 @@ def build_parser() -> argparse.ArgumentParser:
     pstatus = pool_cmds.add_parser("status", help="show the pool")
     pstatus.add_argument("--json", action="store_true")
     pstatus.set_defaults(func=cmd_pool_status)
+    pool_cmds.add_parser(
+        "down",
+        help="stop every branch and unmount everything for maintenance (`pool init` brings "
+        "it back)",
+    ).set_defaults(func=cmd_pool_down)
+    prm = pool_cmds.add_parser(
+        "rm", help="remove the pool entirely: every branch, base, container and file"
+    )
+    prm.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    prm.set_defaults(func=cmd_pool_rm)
 
     doctor_cmd = sub.add_parser("doctor", help="check this host can run branches")
     doctor_cmd.add_argument("--json", action="store_true")
     doctor_cmd.set_defaults(func=cmd_doctor)
 
     seed_cmd = sub.add_parser(
-        "seed", help="seed a base from a running Postgres (`seed list` lists bases)"
+        "seed",
+        help="seed a base from a running Postgres (`seed list` lists bases, `seed rm NAME` "
+        "removes one)",
     )
-    seed_cmd.add_argument("name", help="base name, or `list`")
+    seed_cmd.add_argument("name", help="base name, or `list`, or `rm`")
+    seed_cmd.add_argument("base", nargs="?", metavar="NAME", help="with `rm`: the base to remove")
     seed_cmd.add_argument(
         "--from",
         dest="source",
@@ -565,6 +713,14 @@ def build_parser() -> argparse.ArgumentParser:
         "this host's binaries of the source's version when it has them",
     )
     seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
+    seed_cmd.add_argument(
+        "--version", type=int, metavar="N", help="with `seed rm`: remove only version N"
+    )
+    seed_cmd.add_argument(
+        "--destroy-branches",
+        action="store_true",
+        help="with `seed rm`: destroy the branches that use the base, then remove it",
+    )
     seed_cmd.set_defaults(func=cmd_seed)
 
     br = sub.add_parser(
@@ -609,6 +765,15 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("name")
     size.add_argument("--json", action="store_true")
     size.set_defaults(func=cmd_branch_size)
+
+    service_cmd = sub.add_parser(
+        "service",
+        help="run the engine service (root): workflows ask it for branches on its Unix socket",
+    )
+    service_cmd.add_argument(
+        "--openapi", action="store_true", help="print the service's OpenAPI document and exit"
+    )
+    service_cmd.set_defaults(func=cmd_service)
 
     gc_cmd = sub.add_parser("gc", help="finish or undo interrupted work, reap expired branches")
     gc_cmd.set_defaults(func=cmd_gc)

@@ -138,6 +138,38 @@ class RegistryRowError(PoolError):
     exit_code = 26
 
 
+class BranchOwnedError(BranchExistsError):
+    """The branch belongs to another repository's pull request: a workflow may not reset,
+    destroy or re-record it."""
+
+    exit_code = 27
+
+
+class NotOwnerError(BranchError):
+    """The branch was created by another user of the engine service: only that user (or root)
+    may reset it, destroy it, read its password or record its report."""
+
+    exit_code = 28
+
+
+class LimitReachedError(BranchError):
+    """The pool's limit on branches (in total, or per repository) is reached."""
+
+    exit_code = 29
+
+
+class ServiceError(PgoverlayError):
+    """The engine service cannot be reached (not running, or this user is not in its group),
+    or it answered something that is not its protocol."""
+
+    exit_code = 30
+
+
+class BaseInUseError(PgoverlayError):
+    """A base (or one version of it) that branches still use was asked to be removed without
+    destroying them."""
+
+
 class DeliveryError(PgoverlayError):
     """A signed webhook delivery the listener cannot act on: a header missing or outside what
     GitHub sends, a body that is not the JSON GitHub sends for its event. It is answered 400

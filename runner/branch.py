@@ -224,7 +224,12 @@ def create(
     base_name: str | None = None,
     ttl_seconds: int | None = None,
     runtime: str | None = None,
+    repository: str = "",
+    pr: int | None = None,
+    owner_uid: int = 0,
 ) -> Branch:
+    """Create branch ``name`` of a base and wait until it accepts logins. ``repository``,
+    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in)."""
     check_name(name)
     base = resolve_base(pool, base_name)
     chosen = choose_runtime(pool, runtime, major=base.pg_major or 0)
@@ -235,6 +240,12 @@ def create(
     ):
         now = time.time()
         with pool.registry.transaction() as db:
+            current = pool.registry.base(base.name, base.version)
+            if current is None or current.state != "ready":
+                raise BaseMissingError(
+                    f"base {base.name} v{base.version} is being removed (`pgoverlay seed rm`): "
+                    "create the branch from another base (`pgoverlay seed list`)"
+                )
             existing = pool.registry.branch(name)
             if existing is not None:
                 raise BranchExistsError(
@@ -255,6 +266,9 @@ def create(
                 created_at=now,
                 ready_at=None,
                 expires_at=now + ttl_seconds if ttl_seconds else None,
+                repository=repository,
+                pr=pr,
+                owner_uid=owner_uid,
             )
             pool.registry.insert_branch(db, branch)
         fault(pool, "create:registered")
@@ -401,15 +415,22 @@ def layer_size(pool: Pool, name: str) -> sizes.LayerSize:
     return sizes.layer_size(upper)
 
 
+def is_running(pool: Pool, branch: Branch) -> bool:
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is None:
+        return False
+    with contextlib.suppress(Exception):
+        return runtime_for(pool, base, branch.runtime).is_running(layout(pool, branch.name))
+    return False
+
+
 def status(pool: Pool, name: str) -> Status:
     branch = _get(pool, name)
-    running = False
-    base = pool.registry.base(branch.base_name, branch.base_version)
-    if base is not None:
-        with contextlib.suppress(Exception):
-            running = runtime_for(pool, base, branch.runtime).is_running(layout(pool, name))
     return Status(
-        branch=branch, running=running, host=pool.settings.public_host, layer=layer_size(pool, name)
+        branch=branch,
+        running=is_running(pool, branch),
+        host=pool.settings.public_host,
+        layer=layer_size(pool, name),
     )
 
 

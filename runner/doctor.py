@@ -45,6 +45,15 @@ def _pool(settings: Settings) -> list[Check]:
     root = settings.home / "pool"
     if info is None:
         return [Check("pool", "fail", f"no pool at {settings.home}: run `pgoverlay pool init`")]
+    if info.down:
+        return [
+            Check(
+                "pool",
+                "fail",
+                f"the pool at {settings.home} is down for maintenance (`pgoverlay pool down`): "
+                "run `pgoverlay pool init` to bring it back",
+            )
+        ]
     if info.mode == "image" and not mounts.is_mounted(root):
         return [
             Check("pool", "fail", f"pool image not mounted at {root}: run `pgoverlay pool init`")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
+from pgoverlay.runner import bases as base_removal
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, locks, mounts, postmaster, safefs, seed
 from pgoverlay.runner.names import NAME_RE
@@ -56,12 +57,29 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     # A row pgoverlay could not have written names paths and ports nobody vouches for: it is
     # reported, and nothing is done with it.
     report.problems += pool.registry.rejected()
+    _removals(pool, report)
     _branches(pool, report, now)
     _orphan_containers(pool, report)
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
     _scratch(pool, report)
     return report
+
+
+def _removals(pool: Pool, report: Report) -> None:
+    """Finish the base removals (`seed rm`) a killed process left: their branches first."""
+    for base in pool.registry.bases():
+        if base.state != "removing":
+            continue
+        try:
+            with locks.hold(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
+                base_removal.finish(pool, base.name, base.version)
+            report.bases_removed.append(f"{base.name} v{base.version} (interrupted removal)")
+        except LockBusyError:
+            continue  # a live `seed rm` is working on it
+        except PgoverlayError as err:
+            report.problems.append(f"base {base.name} v{base.version}: {err}")
+            log.warning("gc could not finish removing base %s: %s", base.name, err)
 
 
 def _branches(pool: Pool, report: Report, now: float) -> None:
@@ -158,6 +176,8 @@ def _bases(pool: Pool, report: Report) -> None:
     for base in pool.registry.bases():
         key = (base.name, base.version)
         lock = pool.lock_path("seed", base.name)
+        if base.state == "removing":
+            continue  # see _removals
         if base.state != "ready":
             if locks.is_free(lock):
                 seed.remove_version(pool, base.name, base.version)

@@ -103,6 +103,7 @@ def fs_type(path: Path) -> str:
 class PoolInfo:
     mode: Mode
     image_bytes: int
+    down: bool = False  # taken down for maintenance (`pool down`) until the next `pool init`
 
 
 class Pool:
@@ -169,21 +170,27 @@ class Pool:
     @classmethod
     def open(cls, settings: Settings) -> Pool:
         """Open an initialised pool; say how to fix it if it is not ready."""
+        if os.geteuid() != 0:
+            raise NotRootError(
+                f"the pool's registry {settings.home / 'pool' / 'registry.db'} is root's alone: "
+                "run this command as root on the runner (a workflow's user asks the engine "
+                "service instead: `pgoverlay branch ...`)"
+            )
         info = read_info(settings.home)
         if info is None:
             raise PoolError(
                 f"no pool at {settings.home}: run `pgoverlay pool init` first "
                 "(or set PGOVERLAY_HOME to an existing pool)"
             )
+        if info.down:
+            raise PoolError(
+                f"the pool at {settings.home} is down for maintenance (`pgoverlay pool down`): "
+                "run `pgoverlay pool init` to bring it and its branches back"
+            )
         if info.mode == "image" and not mounts.is_mounted(settings.home / "pool"):
             raise PoolError(
                 f"the pool image {settings.home / 'pool.img'} is not mounted (after a reboot?): "
                 "run `pgoverlay pool init` to mount it again"
-            )
-        if os.geteuid() != 0:
-            raise NotRootError(
-                f"the pool's registry {settings.home / 'pool' / 'registry.db'} is root's alone: "
-                "run pgoverlay with sudo (or as root on the runner)"
             )
         return cls(settings, info)
 
@@ -193,7 +200,19 @@ def read_info(home: Path) -> PoolInfo | None:
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    return PoolInfo(mode=data["mode"], image_bytes=int(data.get("image_bytes", 0)))
+    return PoolInfo(
+        mode=data["mode"],
+        image_bytes=int(data.get("image_bytes", 0)),
+        down=bool(data.get("down", False)),
+    )
+
+
+def write_info(home: Path, info: PoolInfo) -> None:
+    """Record how the pool was made (and whether it is down) in ``pool.json``."""
+    data: dict[str, Any] = {"mode": info.mode, "image_bytes": info.image_bytes}
+    if info.down:
+        data["down"] = True
+    (home / "pool.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
 def parse_size(text: str) -> int:
@@ -301,9 +320,8 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
         _ensure_discard(home / "pool.img", root)
     if info.mode == "image" and not supports_reflink(root):
         raise PoolError(f"{home / 'pool.img'} is mounted at {root} but does not support reflink")
-    (home / "pool.json").write_text(
-        json.dumps({"mode": info.mode, "image_bytes": info.image_bytes}, indent=2) + "\n"
-    )
+    info = PoolInfo(mode=info.mode, image_bytes=info.image_bytes)  # up again
+    write_info(home, info)
     pool = Pool(settings, info)
     pool.make_socket_root()
     remount_bases(pool)

@@ -54,15 +54,12 @@ CREATE TABLE IF NOT EXISTS branches (
     expires_at REAL,
     FOREIGN KEY (base_name, base_version) REFERENCES bases (name, version)
 );
-CREATE TABLE IF NOT EXISTS pr_state (
-    repository TEXT NOT NULL,
-    branch TEXT NOT NULL,
-    pr INTEGER,
+CREATE TABLE IF NOT EXISTS pr_record (
+    branch TEXT PRIMARY KEY REFERENCES branches (name) ON DELETE CASCADE,
     head_sha TEXT NOT NULL,
     status TEXT NOT NULL,
     report TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (repository, branch)
+    updated_at REAL NOT NULL
 );
 """
 
@@ -76,6 +73,11 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("bases", "mask_sha256", "TEXT NOT NULL DEFAULT ''"),
     # '' for a base prepared before preparing locked bases down (see lockdown)
     ("bases", "neutralised", "TEXT NOT NULL DEFAULT ''"),
+    # who asked for the branch: a repository's pull request (through the engine service), and
+    # the uid of the caller (0 for root's own CLI)
+    ("branches", "repository", "TEXT NOT NULL DEFAULT ''"),
+    ("branches", "pr", "INTEGER"),
+    ("branches", "owner_uid", "INTEGER NOT NULL DEFAULT 0"),
 ]
 
 
@@ -138,18 +140,20 @@ class Branch:
     created_at: float
     ready_at: float | None
     expires_at: float | None
+    repository: str = ""  # owner/name of the pull request's repository, '' when none
+    pr: int | None = None
+    owner_uid: int = 0  # the uid that asked for it
 
     def __repr__(self) -> str:  # keep the password out of any repr that reaches a log
         return f"Branch(name={self.name!r}, state={self.state!r}, port={self.port})"
 
 
 @dataclass(frozen=True)
-class PrState:
-    """What the PR workflow last did for a branch of a repository (for idempotent re-runs)."""
+class PrRecord:
+    """What the PR workflow last did with a branch (for idempotent re-runs). It lives and dies
+    with its branch: a branch destroyed by hand or by its TTL leaves no record behind."""
 
-    repository: str
     branch: str
-    pr: int | None
     head_sha: str
     status: str
     report: str  # JSON of the last report
@@ -163,9 +167,11 @@ def _columns(cls: type) -> str:
 # What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
 # row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
 BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying"})
-BASE_STATES = frozenset({"seeding", "ready"})
+# "removing": `seed rm` committed to removing the version; gc finishes it (see bases.py)
+BASE_STATES = frozenset({"seeding", "ready", "removing"})
 RUNTIMES = frozenset({"local", "docker"})
 IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")
+REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 
 
 def _bad(kind: str, name: object, why: str) -> RegistryRowError:
@@ -203,6 +209,8 @@ def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> B
     for what, value in (("user", b.user), ("database", b.database)):
         if not isinstance(value, str) or not IDENTIFIER_RE.match(value):
             raise _bad("branch", b.name, f"its {what} is not a plain identifier")
+    if b.repository and not REPOSITORY_RE.match(b.repository):
+        raise _bad("branch", b.name, "its repository is not owner/name")
     return b
 
 
@@ -325,6 +333,31 @@ class Registry:
                 (*values.values(), name, version),
             )
 
+    def mark_removing(
+        self, name: str, versions: list[int], *, allow_branches: bool
+    ) -> dict[int, list[str]]:
+        """Mark ``versions`` of base ``name`` as ``removing``, in one transaction with the check
+        of which branches use them (every row, valid or not), so no branch of them is created
+        in between. Returns those branches per version; marks nothing if some exist and
+        ``allow_branches`` is false."""
+        with self.transaction() as db:
+            users = {v: found for v in versions if (found := self.branches_of(name, v))}
+            if users and not allow_branches:
+                return users
+            db.executemany(
+                "UPDATE bases SET state = 'removing' WHERE name = ? AND version = ?",
+                [(name, version) for version in versions],
+            )
+        return users
+
+    def branches_of(self, name: str, version: int) -> list[str]:
+        """The name of every branch row of base ``name`` version ``version``, valid or not."""
+        rows = self._db.execute(
+            "SELECT name FROM branches WHERE base_name = ? AND base_version = ? ORDER BY name",
+            (name, version),
+        ).fetchall()
+        return [str(row[0]) for row in rows]
+
     def delete_base(self, name: str, version: int) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM bases WHERE name = ? AND version = ?", (name, version))
@@ -371,27 +404,21 @@ class Registry:
         with self.transaction() as db:
             db.execute("DELETE FROM branches WHERE name = ?", (name,))
 
-    # PR workflow state ---------------------------------------------------------------------
+    # PR workflow records -------------------------------------------------------------------
 
-    def pr_states(self, branch: str) -> list[PrState]:
-        rows = self._db.execute(
-            f"SELECT {_columns(PrState)} FROM pr_state WHERE branch = ?", (branch,)
-        ).fetchall()
-        return [PrState(*row) for row in rows]
+    def record(self, branch: str) -> PrRecord | None:
+        row = self._db.execute(
+            f"SELECT {_columns(PrRecord)} FROM pr_record WHERE branch = ?", (branch,)
+        ).fetchone()
+        return PrRecord(*row) if row else None
 
-    def all_pr_states(self) -> list[PrState]:
-        rows = self._db.execute(f"SELECT {_columns(PrState)} FROM pr_state").fetchall()
-        return [PrState(*row) for row in rows]
-
-    def pr_state(self, repository: str, branch: str) -> PrState | None:
-        found = [s for s in self.pr_states(branch) if s.repository == repository]
-        return found[0] if found else None
-
-    def save_pr_state(self, state: PrState) -> None:
-        names = [f.name for f in fields(PrState)]
+    def save_record(self, record: PrRecord) -> None:
+        """Keep ``record`` with its branch; a branch that is gone takes no record."""
+        names = [f.name for f in fields(PrRecord)]
         with self.transaction() as db:
-            db.execute(
-                f"INSERT OR REPLACE INTO pr_state ({', '.join(names)}) "
-                f"VALUES ({', '.join('?' for _ in names)})",
-                tuple(getattr(state, n) for n in names),
-            )
+            if db.execute("SELECT 1 FROM branches WHERE name = ?", (record.branch,)).fetchone():
+                db.execute(
+                    f"INSERT OR REPLACE INTO pr_record ({', '.join(names)}) "
+                    f"VALUES ({', '.join('?' for _ in names)})",
+                    tuple(getattr(record, n) for n in names),
+                )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -58,6 +57,16 @@ class Settings(BaseSettings):
     stop_timeout: float = Field(default=30.0, gt=0)
     command_timeout: float = Field(default=3600.0, gt=0)
     lock_timeout: float = Field(default=120.0, gt=0)
+    # The engine service (`pgoverlay service`): its socket is root's and this group's (0660);
+    # members of the group (the runner's user, the webhook listener's user) may ask it for
+    # branches. Its limits hold for every caller but root's own CLI.
+    service_group: str = "pgoverlay"
+    max_branches: int = Field(default=50, ge=1)
+    max_branches_per_repository: int = Field(default=10, ge=1)
+    # `pool init` starts the service when it is not answering and systemd does not run it
+    service_autostart: bool = True
+    # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
+    service_gc_interval: float = Field(default=300.0, ge=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
@@ -112,23 +121,18 @@ ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")
 
 def load() -> Settings:
     """The settings for this process: PGOVERLAY_* variables over the administrator's
-    /etc/pgoverlay/pgoverlay.env.
-
-    Run through sudo (the Action on a runner that is not root), the caller's PGOVERLAY_*
-    variables are ignored: a workflow could otherwise point root at its own binaries or pool.
-    """
-    if os.environ.get("SUDO_UID") and os.geteuid() == 0:
-        ignored = sorted(
-            k
-            for k in os.environ
-            if k.startswith("PGOVERLAY_") and not k.startswith("PGOVERLAY_WEBHOOK_")
+    /etc/pgoverlay/pgoverlay.env (when this user may read it; it holds no secrets, and a
+    workflow's user needs it to find the engine service)."""
+    env_file = None
+    try:
+        with open(ADMIN_ENV_FILE, "rb"):
+            env_file = ADMIN_ENV_FILE
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        pass
+    except PermissionError:
+        log.warning(
+            "cannot read %s as this user: its settings are not applied (make it and its "
+            "folder readable, e.g. mode 0644: it holds no secrets)",
+            ADMIN_ENV_FILE,
         )
-        for key in ignored:
-            del os.environ[key]
-        if ignored:
-            log.warning(
-                "running through sudo: ignoring %s; the administrator sets these in %s",
-                ", ".join(ignored),
-                ADMIN_ENV_FILE,
-            )
-    return Settings(_env_file=ADMIN_ENV_FILE if ADMIN_ENV_FILE.is_file() else None)  # type: ignore[call-arg]
+    return Settings(_env_file=env_file)  # type: ignore[call-arg]

@@ -36,6 +36,9 @@ def _local_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     as some tests (of settings loaded under sudo) clear PGOVERLAY_* from the environment."""
     monkeypatch.setenv("PGOVERLAY_RUNTIME", "local")
     monkeypatch.setenv("PGOVERLAY_DOCKER_IMAGE", DOCKER_IMAGE)
+    # A test that wants the engine service starts it (the `service` fixture): `pool init`
+    # would otherwise leave one running for every pool a test makes.
+    monkeypatch.setenv("PGOVERLAY_SERVICE_AUTOSTART", "false")
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +142,16 @@ def runtime(request: pytest.FixtureRequest, pool: Pool, base: BaseVersion) -> It
 def runtime_env(env: dict[str, str], runtime: str) -> dict[str, str]:
     """``env`` for `pgoverlay` commands that should use the runtime under test."""
     return {**env, "PGOVERLAY_RUNTIME": runtime}
+
+
+@pytest.fixture(scope="session")
+def service(pool: Pool) -> Iterator[Path]:
+    """The engine service of the test pool, started as `pool init` starts it where there is no
+    systemd (a detached root process); its socket's path."""
+    from pgoverlay.runner.service import serve
+
+    # No periodic gc: tests leave half-made branches on purpose and call gc themselves.
+    settings = pool.settings.model_copy(update={"service_gc_interval": 0})
+    serve.start(settings)
+    yield serve.socket_path(settings)
+    serve.stop(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -280,3 +281,37 @@ def remove_base(pool: Pool, base: BaseVersion) -> None:
         if b.base_name == base.name:
             branch.destroy(pool, b.name)
     seed.remove_version(pool, base.name, base.version)
+
+
+def os_user(name: str, *, groups: Sequence[str] = ()) -> pwd.struct_passwd:
+    """An unprivileged system user for tests (made once), in ``groups`` as well as its own."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--create-home", "--shell", "/bin/sh", name],
+            check=True,
+            capture_output=True,
+        )
+    for group in groups:
+        subprocess.run(["usermod", "-aG", group, name], check=True, capture_output=True)
+    return pwd.getpwnam(name)
+
+
+def as_user_call(user: str, groups: Sequence[str], code: str) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` as ``user`` with supplementary ``groups`` (a real child process)."""
+    prelude = (
+        "import grp, os, pwd, sys\n"
+        "import pgoverlay.runner.service.client\n"
+        f"u = pwd.getpwnam({user!r})\n"
+        f"os.setgroups([grp.getgrnam(g).gr_gid for g in {list(groups)!r}])\n"
+        "os.setgid(u.pw_gid); os.setuid(u.pw_uid)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd="/",
+    )

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import cli, dismantle, postgres_processes_for, require_root, server_pid, top_ports
-from pgoverlay.errors import NotRootError, RegistryRowError, UnsafePathError
+from pgoverlay.errors import RegistryRowError, ServiceError, UnsafePathError
 from pgoverlay.runner import baseconf, branch, gc, locks, mask, mounts, postmaster
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.polling import wait_for
@@ -312,8 +312,8 @@ def test_a_crafted_registry_row_is_refused_and_gc_deletes_nothing_outside_the_po
         db.close()
 
 
-def test_a_non_root_user_gets_a_clear_error_telling_it_to_use_sudo(
-    pool: Pool, base: BaseVersion, env: dict[str, str]
+def test_a_user_outside_the_service_group_gets_a_clear_error(
+    pool: Pool, base: BaseVersion, env: dict[str, str], service: Path
 ) -> None:
     done = cli(
         ["branch", "create", "as-user", "--runtime", "docker"],
@@ -321,8 +321,8 @@ def test_a_non_root_user_gets_a_clear_error_telling_it_to_use_sudo(
         user=pool.owner.name,
         groups=["docker"],
     )
-    assert done.returncode == NotRootError.exit_code, done.stderr
-    assert "sudo" in done.stderr and "root" in done.stderr
+    assert done.returncode == ServiceError.exit_code, done.stderr
+    assert "usermod -aG pgoverlay" in done.stderr
     assert pool.registry.branch("as-user") is None
 
 

@@ -18,6 +18,7 @@ from pgoverlay.errors import (
     PortsExhaustedError,
     SeedBusyError,
     SeedError,
+    ServiceError,
     SourceUnreachableError,
     VersionMismatchError,
 )
@@ -178,14 +179,15 @@ def test_user_errors_have_distinct_exit_codes_and_one_line(
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
-    # Fork and drop to `nobody` with everything already imported: the interpreter itself may
-    # live where `nobody` cannot read.
+def _as_nobody(env: dict[str, str], argv: list[str]) -> tuple[int, str]:
+    """Run the CLI in a forked child that dropped to `nobody` with everything already imported
+    (the interpreter itself may live where `nobody` cannot read); its exit code and stderr."""
     import pwd
 
     from pgoverlay import cli as cli_module
     from pgoverlay.runner import branch as _branch  # noqa: F401  (imported before dropping root)
     from pgoverlay.runner import pool as _pool  # noqa: F401
+    from pgoverlay.runner.service import client as _client  # noqa: F401
 
     nobody = pwd.getpwnam("nobody")
     read_end, write_end = os.pipe()
@@ -199,7 +201,7 @@ def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
             os.environ.update(env)
-            code = cli_module.main(["branch", "list"])
+            code = cli_module.main(argv)
             sys.stderr.flush()
         except BaseException:
             code = 99
@@ -208,8 +210,19 @@ def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
     with os.fdopen(read_end) as stream:
         stderr = stream.read()
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == NotRootError.exit_code, stderr
-    assert "sudo" in stderr
+    return os.waitstatus_to_exitcode(status), stderr
+
+
+def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
+    # An admin's command needs root ...
+    code, stderr = _as_nobody(env, ["pool", "status"])
+    assert code == NotRootError.exit_code, stderr
+    assert "root" in stderr
+    # ... and a workflow's command asks the engine service: `nobody` is not in its group (or,
+    # earlier in a run, no service answers yet); either way the message says what to do.
+    code, stderr = _as_nobody(env, ["branch", "list"])
+    assert code == ServiceError.exit_code, stderr
+    assert "usermod -aG pgoverlay" in stderr or "pool init" in stderr
 
 
 def test_exhausted_port_range_is_a_clear_error(

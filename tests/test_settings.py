@@ -20,20 +20,34 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert (loaded.home, loaded.port_min) == (Path("/srv/pool"), 6000)
 
 
-def test_through_sudo_the_callers_settings_are_ignored_for_the_admins(
+def test_an_admin_file_this_user_cannot_read_is_skipped_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     require_root()
+    import pwd
+
     admin = tmp_path / "pgoverlay.env"
     admin.write_text("PGOVERLAY_HOME=/srv/admin-pool\n")
+    admin.chmod(0o600)
+    tmp_path.chmod(0o755)
     monkeypatch.setattr(settings_module, "ADMIN_ENV_FILE", admin)
-    monkeypatch.setenv("SUDO_UID", "1000")
-    monkeypatch.setenv("PGOVERLAY_HOME", "/tmp/attacker-pool")
-    monkeypatch.setenv("PGOVERLAY_PG_BINDIR", "/tmp/attacker-bin")
-    loaded = load()
-    assert loaded.home == Path("/srv/admin-pool")
-    assert loaded.pg_bindir is None
-    assert "PGOVERLAY_PG_BINDIR" not in os.environ
+    monkeypatch.delenv("PGOVERLAY_HOME", raising=False)
+    assert load().home == Path("/srv/admin-pool")  # root reads it, with or without sudo
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: as nobody, the file cannot be read
+        os.close(read_end)
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+        os.write(write_end, os.fspath(load().home).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as stream:
+        seen = stream.read()
+    os.waitpid(pid, 0)
+    assert seen == "/var/lib/pgoverlay"
 
 
 def test_bad_settings_are_refused_with_the_variable_named() -> None:

@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import metrics
 from pgoverlay.webhook.intake import Intake
@@ -38,15 +39,16 @@ def create_app(
     runner: Settings | None = None,
 ) -> FastAPI:
     """The intake app on the queue at ``queue_path``. With ``worker``, the app starts it and
-    stops it, and /healthz fails while it is down; with ``runner``, /healthz also checks the
-    pool and /metrics counts its branches."""
+    stops it, and /healthz fails while it is down; with ``runner``, /healthz also asks the
+    engine service and /metrics counts the runner's branches."""
     queue = Queue(queue_path, max_attempts=settings.max_attempts)
     intake = Intake(settings, queue)
     cap = settings.max_body_bytes
+    engine = service.client(runner) if runner is not None else None
     collector = metrics.QueueCollector(
         queue,
         worker_up=worker.alive if worker is not None else None,
-        branches=_branch_counter(runner) if runner is not None else None,
+        branches=_branch_counter(engine) if engine is not None else None,
     )
     registry = metrics.registry(collector)
     token = settings.metrics_token.get_secret_value() if settings.metrics_token else None
@@ -60,6 +62,8 @@ def create_app(
         finally:
             if worker is not None:
                 await run_in_threadpool(worker.stop)
+            if engine is not None:
+                engine.close()
             queue.close()
 
     app = FastAPI(title="pgoverlay webhook", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -103,7 +107,7 @@ def create_app(
     async def healthz(request: Request) -> Response:
         if not authorised(request):
             return unauthorised()
-        problem = await run_in_threadpool(_health, queue, worker, runner)
+        problem = await run_in_threadpool(_health, queue, worker, engine)
         return JSONResponse(
             {"ok": problem is None, "detail": problem or "ok"},
             status_code=200 if problem is None else 503,
@@ -122,7 +126,7 @@ def create_app(
     return app
 
 
-def _health(queue: Queue, worker: WorkerProcess | None, runner: Settings | None) -> str | None:
+def _health(queue: Queue, worker: WorkerProcess | None, engine: Engine | None) -> str | None:
     """None when all is well, else the first problem found."""
     try:
         queue.depth()
@@ -131,23 +135,19 @@ def _health(queue: Queue, worker: WorkerProcess | None, runner: Settings | None)
     problem = worker.problem() if worker is not None else None
     if problem:
         return problem
-    if runner is not None:
+    if engine is not None:
         try:
-            Pool.open(runner).close()
+            engine.bases()
         except PgoverlayError as err:
             return str(err)
     return None
 
 
-def _branch_counter(runner: Settings) -> Callable[[], Mapping[str, int]]:
+def _branch_counter(engine: Engine) -> Callable[[], Mapping[str, int]]:
     def count() -> Mapping[str, int]:
-        pool = Pool.open(runner)
-        try:
-            by_state: dict[str, int] = {}
-            for b in pool.registry.branches():
-                by_state[b.state] = by_state.get(b.state, 0) + 1
-            return by_state
-        finally:
-            pool.close()
+        by_state: dict[str, int] = {}
+        for b in engine.branches():
+            by_state[b.state] = by_state.get(b.state, 0) + 1
+        return by_state
 
     return count

@@ -13,8 +13,7 @@ import time
 
 from pgoverlay.action.github import GitHubError
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner import gc
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook.queue import NewJob, Queue
 from pgoverlay.webhook.settings import WebhookSettings
@@ -22,15 +21,14 @@ from pgoverlay.webhook.worker import GitHubClients, Metrics, Worker, cleanup_scr
 
 log = logging.getLogger(__name__)
 
-LIVE = ("ready", "migration failed", "failed", "not branched")
-
 
 class Service:
     def __init__(self, settings: WebhookSettings, runner: Settings) -> None:
         self.settings = settings
         self.runner = runner
-        Pool.open(runner).close()  # fails early, with how to fix it, if the pool is not ready
-        self.queue_path = settings.queue_file(runner.home)
+        settings.make_state_dir()
+        self.engine = service.client(runner)
+        self.queue_path = settings.queue_file()
         self.queue = Queue(self.queue_path, max_attempts=settings.max_attempts)
         self.metrics = Metrics(self.queue)
         self.clients = GitHubClients(settings)
@@ -41,14 +39,10 @@ class Service:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        pool = Pool.open(self.runner)
-        try:
-            # A previous process may have been killed mid-job: finish or undo its sagas first.
-            report = gc.collect(pool)
-            log.info("start-up repair: %s", "; ".join(report.lines()))
-            cleanup_scratch(pool)
-        finally:
-            pool.close()
+        # A previous process may have been killed mid-job: finish or undo its sagas first.
+        report = self.engine.gc()
+        log.info("start-up repair: %s", "; ".join(report.lines))
+        cleanup_scratch(self.settings.state_dir)
         for index in range(self.settings.workers):
             worker = Worker(
                 f"worker-{index}-{threading.get_native_id()}-{time.time_ns()}",
@@ -93,27 +87,24 @@ class Service:
     def reconcile(self) -> dict[str, int]:
         """Destroy branches whose PR is closed or gone; reap expired TTLs."""
         actions = {"closed": 0, "expired": 0}
-        pool = Pool.open(self.runner)
-        try:
-            states = [
-                s for s in pool.registry.all_pr_states() if s.status in LIVE and s.pr is not None
-            ]
-            for repository in sorted({s.repository for s in states}):
-                if self.settings.repo(repository) is None:
-                    continue
-                try:
-                    open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
-                except (GitHubError, PgoverlayError) as err:
-                    log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
-                    continue
-                gone = [s for s in states if s.repository == repository and s.pr not in open_prs]
-                for state in gone:
-                    if self._queue_close(repository, state.pr or 0, state.head_sha):
+        mine = [b for b in self.engine.branches() if b.repository and b.pr is not None]
+        for repository in sorted({b.repository for b in mine}):
+            if self.settings.repo(repository) is None:
+                continue
+            try:
+                open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
+            except (GitHubError, PgoverlayError) as err:
+                log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
+                continue
+            for b in mine:
+                if b.repository == repository and b.pr not in open_prs:
+                    head = b.record.head_sha if b.record else ""
+                    if self._queue_close(repository, b.pr or 0, head):
                         actions["closed"] += 1
-            actions["expired"] = len(gc.collect(pool).expired)
-            self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
-        finally:
-            pool.close()
+        actions["expired"] = sum(
+            line.startswith("destroyed expired") for line in self.engine.gc().lines
+        )
+        self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
         self.queue.count_reconcile(actions)
         if any(actions.values()):
             log.info("reconcile: %s", actions)
@@ -162,17 +153,17 @@ def work(settings: WebhookSettings, runner: Settings) -> int:
     """Run the workers and reconcile until SIGTERM or SIGINT, or until the intake process that
     started this one is gone; then stop as :meth:`Service.stop` says."""
     parent = os.getppid()
-    service = Service(settings, runner)
+    jobs = Service(settings, runner)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: service.stopping.set())
+        signal.signal(sig, lambda *_: jobs.stopping.set())
     log.info("worker process %s: %s workers", os.getpid(), settings.workers)
     try:
-        service.start()
-        while not service.stopping.wait(1.0):
+        jobs.start()
+        while not jobs.stopping.wait(1.0):
             if os.getppid() != parent:
                 log.warning("the intake process is gone: stopping")
-                service.stopping.set()
+                jobs.stopping.set()
     finally:
-        service.stop()
-        service.close()
+        jobs.stop()
+        jobs.close()
     return 0

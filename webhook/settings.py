@@ -67,7 +67,9 @@ class WebhookSettings(BaseSettings):
     repositories: dict[str, RepoSettings] = Field(default_factory=dict)
     workers: int = Field(default=2, ge=1, le=32)
     max_body_bytes: int = Field(default=25 * MIB, ge=1024)
-    queue_path: Path | None = None  # default: webhook.db in the pool
+    # The listener's own directory (its user's, 0700): the queue and each job's scratch space.
+    state_dir: Path = Path("/var/lib/pgoverlay-webhook")
+    queue_path: Path | None = None  # default: queue.db in state_dir
     lease_seconds: float = Field(default=120.0, gt=1)
     max_attempts: int = Field(default=5, ge=1)
     reconcile_interval: float = Field(default=600.0, gt=0)
@@ -114,9 +116,14 @@ class WebhookSettings(BaseSettings):
             raise ValueError("metrics_token is empty: set a long random string, or leave it out")
         return self
 
-    def queue_file(self, home: Path) -> Path:
-        """The job queue: ``queue_path``, else ``webhook.db`` in the pool under ``home``."""
-        return self.queue_path or home / "pool" / "webhook.db"
+    def queue_file(self) -> Path:
+        """The job queue: ``queue_path``, else ``queue.db`` in ``state_dir``."""
+        return self.queue_path or self.state_dir / "queue.db"
+
+    def make_state_dir(self) -> None:
+        """Make ``state_dir`` (the queue and each job's scratch space) its owner's alone."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
 
     def repo(self, full_name: str) -> RepoSettings | None:
         """Settings for an allowed repository (names compare case-insensitively)."""

@@ -31,8 +31,9 @@ from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.workflow import Inputs, handle, post_comment
 from pgoverlay.errors import ConfigError, PgoverlayError
-from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook.queue import Job, Queue, QueueError, backoff_delay
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
@@ -172,7 +173,7 @@ class Worker:
         self.stop = stop
 
     def run_forever(self) -> None:
-        pool = Pool.open(self.runner)
+        engine = service.client(self.runner)
         try:
             while not self.stop.is_set():
                 try:
@@ -182,15 +183,15 @@ class Worker:
                     if job is None:
                         self.stop.wait(0.2)
                         continue
-                    self.run_one(pool, job)
+                    self.run_one(engine, job)
                 except QueueError as err:
                     # e.g. our lease ran out while the job ran: another worker owns it now
                     log.warning("%s: %s", self.name, err)
                     self.stop.wait(1.0)
         finally:
-            pool.close()
+            engine.close()
 
-    def run_one(self, pool: Pool, job: Job) -> None:
+    def run_one(self, engine: Engine, job: Job) -> None:
         extra = {"delivery_id": job.delivery_id, "pr": f"{job.repository}#{job.pr}"}
         CURRENT.set((job.delivery_id, f"{job.repository}#{job.pr}"))
         started = time.monotonic()
@@ -198,7 +199,7 @@ class Worker:
         keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
         keeper.start()
         try:
-            result = self.process(pool, job)
+            result = self.process(engine, job)
         except Transient as err:
             delay = backoff_delay(
                 job.attempts, retry_after=err.retry_after, ratelimit_reset=err.ratelimit_reset
@@ -242,7 +243,7 @@ class Worker:
 
     # -- one job ----------------------------------------------------------------------------
 
-    def process(self, pool: Pool, job: Job) -> str:
+    def process(self, engine: Engine, job: Job) -> str:
         payload: dict[str, Any] = json.loads(job.payload)
         repo = self.settings.repo(job.repository)
         if repo is None:
@@ -269,14 +270,18 @@ class Worker:
             allow_fork_commands=False,
         )
         if ev.kind == "close":
-            outcome = handle(pool, ev, inputs, repo_dir=Path("/"), github=github)
+            outcome = handle(
+                engine, ev, inputs, settings=self.runner, repo_dir=Path("/"), github=github
+            )
             return outcome.report.status if outcome.report else "nothing to destroy"
         refusal = self._refusal(ev, repo, approved)
         if refusal:
             self._refuse(github, ev, inputs, "not branched", refusal)
             return "not branched"
         self._status(github, ev, "pending", "creating the branch")
-        with tempfile.TemporaryDirectory(prefix="pgoverlay-pr-", dir=pool.tmp) as scratch:
+        with tempfile.TemporaryDirectory(
+            prefix="pgoverlay-pr-", dir=self.settings.state_dir
+        ) as scratch:
             head, base = self._sources(github, ev, Path(scratch))
             if repo.honour_repo_file and not ev.from_fork:
                 try:
@@ -285,9 +290,10 @@ class Worker:
                     self._refuse(github, ev, inputs, "failed", str(err))
                     return "failed: bad repository file"
             outcome = handle(
-                pool,
+                engine,
                 ev,
                 inputs,
+                settings=self.runner,
                 repo_dir=head,
                 github=github,
                 changed=(lambda folder: changed_between(base, head, folder)) if base else None,
@@ -384,7 +390,7 @@ class Worker:
             ) from None
 
 
-def cleanup_scratch(pool: Pool) -> None:
+def cleanup_scratch(state_dir: Path) -> None:
     """PR sources left by a killed worker."""
-    for path in pool.tmp.glob("pgoverlay-pr-*"):
+    for path in state_dir.glob("pgoverlay-pr-*"):
         shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,193 @@
+"""The engine service's HTTP API: each route validates its request with pydantic, acts
+through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
+
+The caller's uid comes from the socket's peer credentials (``serve.PeerCredProtocol``), never
+from anything the caller sends. Every request is logged with that uid; secrets never are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pgoverlay import errors
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service.client import API, error_code
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import (
+    BaseView,
+    BranchView,
+    Connection,
+    CreateRequest,
+    Destroyed,
+    ErrorBody,
+    GcReport,
+    Layer,
+    Name,
+    OwnerRequest,
+    RecordRequest,
+)
+from pgoverlay.runner.settings import Settings
+
+log = logging.getLogger("pgoverlay.service")
+
+# The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
+STATUS: list[tuple[type[PgoverlayError], int]] = [
+    (errors.NotOwnerError, 403),
+    (errors.BranchMissingError, 404),
+    (errors.BaseMissingError, 404),
+    (errors.LimitReachedError, 429),
+    (errors.PortsExhaustedError, 429),
+    (errors.BranchExistsError, 409),  # BranchOwnedError too
+    (errors.LockBusyError, 409),
+    (errors.InvalidNameError, 422),
+    (errors.ConfigError, 422),
+    (errors.PoolFullError, 507),
+]
+ERROR_ANSWERS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (403, 404, 409, 422, 429, 500, 503, 507)
+}
+
+
+def status_of(err: PgoverlayError) -> int:
+    return next((code for cls, code in STATUS if isinstance(err, cls)), 500)
+
+
+def _engine(request: Request) -> LocalEngine:
+    """The engine, acting for the uid at the other end of the socket."""
+    peer = request.scope.get("state", {}).get("peer")
+    if peer is None:  # not through the service's socket (cannot happen when run by `serve`)
+        raise errors.ServiceError("the caller's identity is unknown")
+    pools: threading.local = request.app.state.pools
+    # SQLite connections stay in their thread: one pool per worker thread, kept open.
+    pool: Pool | None = getattr(pools, "pool", None)
+    if pool is None:
+        pool = pools.pool = Pool.open(request.app.state.settings)
+    return LocalEngine(pool, uid=peer.uid)
+
+
+Caller = Annotated[LocalEngine, Depends(_engine)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    app = FastAPI(
+        title="pgoverlay engine service",
+        summary="Branches of seeded bases for the workflows of this runner",
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        responses=ERROR_ANSWERS,
+    )
+    app.state.settings = settings
+    app.state.pools = threading.local()
+
+    @app.middleware("http")
+    async def audit(request: Request, call_next):  # type: ignore[no-untyped-def]
+        response = await call_next(request)
+        peer = request.scope.get("state", {}).get("peer")
+        log.info(
+            "uid=%s pid=%s %s %s -> %s",
+            peer.uid if peer else "?",
+            peer.pid if peer else "?",
+            request.method,
+            request.url.path,
+            response.status_code,
+        )
+        return response
+
+    @app.exception_handler(PgoverlayError)
+    async def engine_error(_: Request, err: PgoverlayError) -> JSONResponse:
+        body = ErrorBody(code=error_code(type(err)), message=str(err))
+        return JSONResponse(body.model_dump(), status_code=status_of(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+        body = ErrorBody(
+            code="invalid_request", message=f"{where}: {first.get('msg', 'not valid')}"
+        )
+        return JSONResponse(body.model_dump(), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "bad_request")
+        message = (
+            "no such operation: the service's API is in docs/service-openapi.json"
+            if err.status_code in (404, 405)
+            else str(err.detail)
+        )
+        body = ErrorBody(code=code, message=message)
+        return JSONResponse(body.model_dump(), status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def failure(_: Request, err: Exception) -> JSONResponse:
+        log.error("request failed: %s", type(err).__name__, exc_info=err)
+        body = ErrorBody(
+            code="internal",
+            message=f"the engine failed ({type(err).__name__}): the service's log has the "
+            "details; `pgoverlay gc` (as root) mends what an interrupted operation left",
+        )
+        return JSONResponse(body.model_dump(), status_code=500)
+
+    @app.get(f"{API}/health")
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get(f"{API}/bases")
+    def bases(e: Caller) -> list[BaseView]:
+        return e.bases()
+
+    @app.get(f"{API}/branches")
+    def branch_list(e: Caller, layer: Annotated[bool, Query()] = False) -> list[BranchView]:
+        return e.branches(layer=layer)
+
+    @app.post(f"{API}/branches", status_code=201)
+    def create(e: Caller, body: CreateRequest) -> BranchView:
+        return e.create(body)
+
+    @app.get(f"{API}/branches/{{name}}")
+    def branch(e: Caller, name: Name, layer: Annotated[bool, Query()] = False) -> BranchView:
+        found = e.branch(name, layer=layer)
+        if found is None:
+            raise errors.BranchMissingError(f"no branch named {name}: see `pgoverlay branch list`")
+        return found
+
+    @app.post(f"{API}/branches/{{name}}/reset")
+    def reset(e: Caller, name: Name, body: OwnerRequest) -> BranchView:
+        return e.reset(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/destroy")
+    def destroy(e: Caller, name: Name, body: OwnerRequest) -> Destroyed:
+        return e.destroy(name, repository=body.repository)
+
+    @app.get(f"{API}/branches/{{name}}/connection")
+    def connection(e: Caller, name: Name) -> Connection:
+        return e.connection(name)
+
+    @app.get(f"{API}/branches/{{name}}/size")
+    def size(e: Caller, name: Name) -> Layer:
+        return e.size(name)
+
+    @app.put(f"{API}/branches/{{name}}/record", status_code=204)
+    def record(e: Caller, name: Name, body: RecordRequest) -> None:
+        e.save_record(name, body)
+
+    @app.post(f"{API}/gc")
+    def gc(e: Caller) -> GcReport:
+        return e.gc()
+
+    return app
+
+
+def openapi_document() -> str:
+    """The service's API as an OpenAPI document (published as docs/service-openapi.json)."""
+    return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,234 @@
+"""What a workflow may ask of the engine, and the engine's own answer to it.
+
+``Engine`` is the whole surface: the engine service serves a ``LocalEngine`` on its socket, and
+a caller that is not root reaches it through ``client.RemoteEngine``, so the Action, the
+webhook listener and an admin's CLI all see the same operations with the same errors.
+
+A ``LocalEngine`` acts for one caller (a uid). Every caller may list and look; only the uid
+that created a branch (or root) may reset it, destroy it, read its password or record its
+report. A create names the repository and pull request it is for: a branch of one repository
+is never reset, destroyed or re-recorded for another.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from pgoverlay.errors import (
+    BranchMissingError,
+    BranchOwnedError,
+    LimitReachedError,
+    NotOwnerError,
+)
+from pgoverlay.runner import branch as branches
+from pgoverlay.runner import gc
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import Branch, PrRecord
+from pgoverlay.runner.service.models import (
+    BaseView,
+    BranchView,
+    Connection,
+    CreateRequest,
+    Destroyed,
+    GcReport,
+    Layer,
+    Record,
+    RecordRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    def bases(self) -> list[BaseView]: ...
+    def branches(self, *, layer: bool = False) -> list[BranchView]: ...
+    def branch(self, name: str, *, layer: bool = False) -> BranchView | None: ...
+    def create(self, request: CreateRequest) -> BranchView: ...
+    def reset(self, name: str, *, repository: str | None = None) -> BranchView: ...
+    def destroy(self, name: str, *, repository: str | None = None) -> Destroyed: ...
+    def connection(self, name: str) -> Connection: ...
+    def size(self, name: str) -> Layer: ...
+    def save_record(self, name: str, request: RecordRequest) -> None: ...
+    def gc(self) -> GcReport: ...
+    def close(self) -> None: ...
+
+
+def _record(pool: Pool, name: str) -> Record | None:
+    found = pool.registry.record(name)
+    if found is None:
+        return None
+    return Record(
+        head_sha=found.head_sha,
+        status=found.status,
+        report=found.report,
+        updated_at=found.updated_at,
+    )
+
+
+class LocalEngine:
+    """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
+
+    def __init__(self, pool: Pool, *, uid: int = 0) -> None:
+        self.pool = pool
+        self.uid = uid
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # -- looking --------------------------------------------------------------------------
+
+    def bases(self) -> list[BaseView]:
+        used: dict[tuple[str, int], int] = {}
+        for b in self.pool.registry.branches():
+            key = (b.base_name, b.base_version)
+            used[key] = used.get(key, 0) + 1
+        return [
+            BaseView(
+                name=b.name,
+                version=b.version,
+                state=b.state,
+                pg_major=b.pg_major,
+                size_bytes=b.size_bytes,
+                database=b.database,
+                created_at=b.created_at,
+                prepared_at=b.prepared_at,
+                masked=b.masked,
+                mask_rules=b.mask_rules,
+                mask_sha256=b.mask_sha256,
+                locked_down=b.locked_down,
+                branches=used.get((b.name, b.version), 0),
+            )
+            for b in self.pool.registry.bases()
+        ]
+
+    def _view(self, b: Branch, *, layer: bool, seconds: float | None = None) -> BranchView:
+        size = branches.layer_size(self.pool, b.name) if layer else None
+        return BranchView(
+            name=b.name,
+            state=b.state,
+            running=branches.is_running(self.pool, b),
+            base=b.base_name,
+            base_version=b.base_version,
+            runtime=b.runtime,
+            host=self.pool.settings.public_host,
+            port=b.port,
+            database=b.database,
+            user=b.user,
+            created_at=b.created_at,
+            ready_at=b.ready_at,
+            expires_at=b.expires_at,
+            repository=b.repository,
+            pr=b.pr,
+            owner_uid=b.owner_uid,
+            layer=Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
+            if size
+            else None,
+            record=_record(self.pool, b.name),
+            seconds=round(seconds, 3) if seconds is not None else None,
+        )
+
+    def branches(self, *, layer: bool = False) -> list[BranchView]:
+        return [self._view(b, layer=layer) for b in self.pool.registry.branches()]
+
+    def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
+        found = self.pool.registry.branch(name)
+        return self._view(found, layer=layer) if found else None
+
+    def size(self, name: str) -> Layer:
+        branches.get(self.pool, name)
+        size = branches.layer_size(self.pool, name)
+        return Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
+
+    # -- acting ---------------------------------------------------------------------------
+
+    def _mine(self, name: str, *, repository: str | None = None) -> Branch:
+        """Branch ``name`` if this caller may act on it (for ``repository``, when given)."""
+        b = branches.get(self.pool, name)
+        if self.uid != 0 and b.owner_uid != self.uid:
+            raise NotOwnerError(
+                f"branch {name} was created by another user (uid {b.owner_uid}): only that user "
+                "or root may change it or read its password; pick another branch name"
+            )
+        if repository and b.repository and b.repository.lower() != repository.lower():
+            where = f"{b.repository}#{b.pr}" if b.pr else b.repository
+            raise BranchOwnedError(
+                f"branch {name} on this runner belongs to {where}: name branches after their "
+                "repository (the default, `{repo}-pr-{number}`), or pick another name"
+            )
+        return b
+
+    def create(self, request: CreateRequest) -> BranchView:
+        if self.uid != 0:
+            self._within_limits(request.repository)
+        started = time.monotonic()
+        created = branches.create(
+            self.pool,
+            request.name,
+            base_name=request.base,
+            ttl_seconds=request.ttl_seconds,
+            runtime=request.runtime,
+            repository=request.repository or "",
+            pr=request.pr,
+            owner_uid=self.uid,
+        )
+        return self._view(created, layer=False, seconds=time.monotonic() - started)
+
+    def _within_limits(self, repository: str | None) -> None:
+        s = self.pool.settings
+        existing = self.pool.registry.branches()
+        if len(existing) >= s.max_branches:
+            raise LimitReachedError(
+                f"this pool already has {len(existing)} branches, its limit: destroy branches "
+                "that are no longer needed, or raise PGOVERLAY_MAX_BRANCHES"
+            )
+        if repository:
+            mine = [b for b in existing if b.repository.lower() == repository.lower()]
+            if len(mine) >= s.max_branches_per_repository:
+                raise LimitReachedError(
+                    f"{repository} already has {len(mine)} branches on this runner, its limit: "
+                    "close pull requests or destroy their branches, or raise "
+                    "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
+                )
+
+    def reset(self, name: str, *, repository: str | None = None) -> BranchView:
+        self._mine(name, repository=repository)
+        started = time.monotonic()
+        done = branches.reset(self.pool, name)
+        return self._view(done, layer=False, seconds=time.monotonic() - started)
+
+    def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
+        if self.pool.registry.branch(name) is None:
+            return Destroyed(destroyed=False)
+        self._mine(name, repository=repository)
+        last = _record(self.pool, name)
+        return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
+
+    def connection(self, name: str) -> Connection:
+        b = self._mine(name)
+        return Connection(
+            host=self.pool.settings.public_host,
+            port=b.port,
+            database=b.database,
+            user=b.user,
+            password=b.password,
+        )
+
+    def save_record(self, name: str, request: RecordRequest) -> None:
+        self._mine(name, repository=request.repository)
+        self.pool.registry.save_record(
+            PrRecord(
+                branch=name,
+                head_sha=request.head_sha,
+                status=request.status,
+                report=request.report,
+                updated_at=time.time(),
+            )
+        )
+        if self.pool.registry.record(name) is None:
+            raise BranchMissingError(f"branch {name} was destroyed while its report was saved")
+
+    def gc(self) -> GcReport:
+        report = gc.collect(self.pool)
+        return GcReport(lines=report.lines(), problems=len(report.problems))

@@ -1,0 +1,160 @@
+"""What the engine service accepts and answers: one pydantic model per request and answer,
+shared by the service and its clients.
+
+Nothing here names a filesystem path, a command or a setting: a caller chooses a branch name,
+a base among the seeded ones, a runtime among two, a TTL and whose pull request it is for.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from pgoverlay.runner.names import NAME_RE
+from pgoverlay.runner.registry import REPOSITORY_RE
+
+Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
+Repository = Annotated[str, StringConstraints(pattern=REPOSITORY_RE.pattern, max_length=201)]
+Sha = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,64}$")]
+RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
+MAX_REPORT_BYTES = 256 * 1024
+MAX_TTL_SECONDS = 366 * 86400
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CreateRequest(Request):
+    name: Name
+    base: Name | None = None
+    ttl_seconds: int | None = Field(default=None, gt=0, le=MAX_TTL_SECONDS)
+    runtime: Literal["local", "docker"] | None = None
+    repository: Repository | None = None
+    pr: int | None = Field(default=None, gt=0, lt=2**31)
+
+
+class OwnerRequest(Request):
+    """Reset and destroy: with ``repository``, refused when the branch is another's."""
+
+    repository: Repository | None = None
+
+
+class RecordRequest(Request):
+    """What the PR workflow last did with the branch (its report, JSON)."""
+
+    repository: Repository | None = None
+    head_sha: Sha
+    status: RunStatus
+    report: str = Field(max_length=MAX_REPORT_BYTES)
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Record(Answer):
+    head_sha: str
+    status: str
+    report: str
+    updated_at: float
+
+
+class Layer(Answer):
+    logical_bytes: int
+    physical_bytes: int
+
+
+class BranchView(Answer):
+    """A branch as anyone in the service's group may see it: no password."""
+
+    name: str
+    state: str
+    running: bool
+    base: str
+    base_version: int
+    runtime: str
+    host: str
+    port: int
+    database: str
+    user: str
+    created_at: float
+    ready_at: float | None
+    expires_at: float | None
+    repository: str
+    pr: int | None
+    owner_uid: int
+    layer: Layer | None = None  # asked for by `list` and `status`; measuring it walks the layer
+    record: Record | None = None
+    seconds: float | None = None  # how long a create or reset took
+
+
+class Connection(Answer):
+    """How to log in to a branch: for its owner (or root) only."""
+
+    host: str
+    port: int
+    database: str
+    user: str
+    password: str = Field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return (
+            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
+        )
+
+    @property
+    def dsn(self) -> str:
+        return (
+            f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
+            f"password={self.password}"
+        )
+
+    def environ(self) -> dict[str, str]:
+        """The libpq variables, and DATABASE_URL."""
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGPASSWORD": self.password,
+            "PGDATABASE": self.database,
+            "DATABASE_URL": self.url,
+        }
+
+
+class BaseView(Answer):
+    name: str
+    version: int
+    state: str
+    pg_major: int | None
+    size_bytes: int
+    database: str
+    created_at: float
+    prepared_at: float | None
+    masked: bool
+    mask_rules: str
+    mask_sha256: str
+    locked_down: bool
+    branches: int
+
+
+class Destroyed(Answer):
+    destroyed: bool
+    record: Record | None = None  # what the workflow last recorded, for its closing report
+
+
+class GcReport(Answer):
+    lines: list[str]
+    problems: int
+
+
+class ErrorBody(Answer):
+    """Every error answer: a stable ``code`` (the error's class, snake_case) and a message that
+    says what is wrong and how to fix it."""
+
+    code: str
+    message: str

@@ -1,0 +1,242 @@
+"""Run the engine service: a root process answering on a Unix socket that only root and the
+service's group may open (root:pgoverlay, 0660), and start it where systemd does not.
+
+Who is calling is read from the socket itself (SO_PEERCRED: the kernel's word for the peer's
+pid, uid and gid), attached to each request as ``request.scope["state"]["peer"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from pgoverlay.errors import ConfigError, ServiceError, UnsafePathError
+from pgoverlay.runner import gc, polling, safefs
+from pgoverlay.runner.pool import Pool, require_root
+from pgoverlay.runner.service.app import create_app
+from pgoverlay.runner.service.client import client, socket_path
+from pgoverlay.runner.settings import Settings
+
+log = logging.getLogger("pgoverlay.service")
+
+UNIT = "pgoverlay.service"
+SOCKET_MODE = 0o660
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+class PeerCredProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with the connection's peer credentials in each request's
+    state."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is None or sock.family != socket.AF_UNIX:
+            transport.close()  # only the Unix socket is served
+            return
+        self.app_state = {**self.app_state, "peer": peer_of(sock)}
+
+
+def answering(settings: Settings) -> bool:
+    try:
+        client(settings)._call("GET", "/health")
+    except ServiceError:
+        return False
+    return True
+
+
+def group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(
+            f"the service's group {name!r} does not exist: `pgoverlay pool init` makes it "
+            f"(or `groupadd --system {name}`), or set PGOVERLAY_SERVICE_GROUP"
+        ) from None
+
+
+def ensure_group(name: str) -> int:
+    with contextlib.suppress(ConfigError):
+        return group_id(name)
+    subprocess.run(["groupadd", "--system", name], check=True, capture_output=True)
+    return group_id(name)
+
+
+def bind(path: Path, *, gid: int) -> socket.socket:
+    """A listening socket at ``path``, root's and group ``gid``'s, mode 0660 from the moment
+    its name appears (bound under a temporary name, then renamed over)."""
+    parent = path.parent
+    safefs.make_dir(parent, uid=0, gid=0, mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != 0:
+            raise UnsafePathError(
+                f"{path} exists and is not the service's socket: remove it, then start again"
+            )
+    temporary = parent / f".{path.name}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(os.fspath(temporary))
+    finally:
+        os.umask(old)
+    os.chown(temporary, 0, gid, follow_symlinks=False)
+    os.chmod(temporary, SOCKET_MODE)
+    os.rename(temporary, path)
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT, or until the pool or the socket is removed."""
+    require_root()
+    path = socket_path(settings)
+    with contextlib.closing(Pool.open(settings)) as pool:
+        report = gc.collect(pool)  # a previous run may have been killed mid-operation
+        log.info("start-up repair: %s", "; ".join(report.lines()))
+    sock = bind(path, gid=ensure_group(settings.service_group))
+    inode = os.stat(path).st_ino
+    config = uvicorn.Config(
+        create_app(settings),
+        http=PeerCredProtocol,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=int(settings.stop_timeout),
+    )
+    server = uvicorn.Server(config)
+    stop = threading.Event()
+
+    def housekeeping() -> None:
+        """gc (TTLs, crashed servers) every ``service_gc_interval`` s; stop when the pool or
+        the socket is gone."""
+        gc_interval = settings.service_gc_interval
+        waited = 0.0
+        while not stop.wait(2.0):
+            waited += 2.0
+            try:
+                still_ours = os.stat(path).st_ino == inode
+            except FileNotFoundError:
+                still_ours = False
+            if not still_ours or not (settings.home / "pool.json").exists():
+                log.info("the pool or the service's socket is gone: stopping")
+                server.should_exit = True
+                return
+            if gc_interval and waited >= gc_interval:
+                waited = 0.0
+                try:
+                    with contextlib.closing(Pool.open(settings)) as pool:
+                        lines = gc.collect(pool).lines()
+                    if lines != ["nothing to do"]:
+                        log.info("gc: %s", "; ".join(lines))
+                except Exception:  # the edge of a loop: log, try again next interval
+                    log.exception("gc failed")
+
+    keeper = threading.Thread(target=housekeeping, name="pgoverlay-housekeeping", daemon=True)
+    keeper.start()
+    log.info("engine service for %s listening on %s", settings.home, path)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stop.set()
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == inode:
+                os.unlink(path)
+
+
+def _systemd_runs_it() -> bool:
+    if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
+        return False
+    found = subprocess.run(
+        ["systemctl", "cat", UNIT], capture_output=True, text=True, check=False, timeout=30
+    )
+    return found.returncode == 0
+
+
+def start(settings: Settings) -> str:
+    """Make sure the service answers; say how. Under systemd the unit is started; elsewhere
+    (containers, CI, the demo) a detached `pgoverlay service` process, logging to the pool's
+    service.log."""
+    require_root()
+    if answering(settings):
+        return f"engine service answering on {socket_path(settings)}"
+    ensure_group(settings.service_group)
+    if _systemd_runs_it():
+        subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
+        how = f"started {UNIT}"
+    else:
+        log_fd = safefs.open_log(settings.home / "service.log", uid=0, gid=0)
+        try:
+            subprocess.Popen(
+                [sys.executable, "-m", "pgoverlay", "service"],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+                env={**os.environ, **settings_environ(settings)},
+                close_fds=True,
+            )
+        finally:
+            os.close(log_fd)
+        how = f"started the engine service (log: {settings.home / 'service.log'})"
+    polling.wait_for(
+        lambda: answering(settings),
+        timeout=settings.start_timeout,
+        what=f"the engine service to answer on {socket_path(settings)}",
+    )
+    return f"{how}; answering on {socket_path(settings)}"
+
+
+def settings_environ(settings: Settings) -> dict[str, str]:
+    """``settings`` as the PGOVERLAY_* variables that make them again in a child process."""
+    found: dict[str, str] = {}
+    for name, value in settings.model_dump(exclude_defaults=True).items():
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        found[f"PGOVERLAY_{name.upper()}"] = text
+    return found
+
+
+def stop(settings: Settings) -> bool:
+    """Ask a running service to stop (by removing its socket: it notices and exits)."""
+    path = socket_path(settings)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISSOCK(st.st_mode) and st.st_uid == 0:
+        os.unlink(path)
+        return True
+    return False

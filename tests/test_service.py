@@ -1,0 +1,243 @@
+"""The engine service: a root process on a root:pgoverlay 0660 Unix socket, asked by users of
+its group for branches. Tried as those users would, in real child processes of other uids."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from helpers import as_user_call, cli, os_user
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.service import serve
+
+RUNNER = "pgo-runner"  # a workflow's user: in the service's group
+OTHER = "pgo-other"  # another user of the group (e.g. the webhook listener)
+OUTSIDER = "pgo-outsider"  # not in the group
+
+
+@pytest.fixture(scope="module")
+def users(service: Path) -> None:
+    os_user(RUNNER, groups=["pgoverlay"])
+    os_user(OTHER, groups=["pgoverlay"])
+    os_user(OUTSIDER)
+
+
+def ask(user: str, code: str, *, groups: tuple[str, ...] = ("pgoverlay",)) -> dict[str, object]:
+    """Run ``code`` (which sets ``result``) as ``user`` against the service; its JSON answer,
+    or the error it raised as {"error": class name, "message": ...}."""
+    inner = textwrap.indent(textwrap.dedent(code).strip(), "    ")
+    body = "\n".join(
+        [
+            "import json",
+            "from pathlib import Path",
+            "from pgoverlay.errors import PgoverlayError",
+            "from pgoverlay.runner.service.client import RemoteEngine",
+            "from pgoverlay.runner.service.models import CreateRequest, RecordRequest",
+            f"engine = RemoteEngine(Path({os.fspath(SOCKET)!r}))",
+            "try:",
+            inner,
+            "except PgoverlayError as err:",
+            '    result = {"error": type(err).__name__, "message": str(err), '
+            '"exit": err.exit_code}',
+            "print(json.dumps(result))",
+        ]
+    )
+    done = as_user_call(user, groups, body)
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+SOCKET = Path()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _socket(service: Path) -> None:
+    global SOCKET
+    SOCKET = service
+
+
+@pytest.fixture
+def clean(pool: Pool) -> None:
+    for b in pool.registry.branches():
+        branch.destroy(pool, b.name)
+
+
+def test_the_socket_is_root_and_the_groups_alone(service: Path, pool: Pool) -> None:
+    st = os.lstat(service)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert st.st_uid == 0 and st.st_gid == serve.group_id(pool.settings.service_group)
+    assert stat.S_IMODE(st.st_mode) == 0o660
+
+
+def test_a_user_outside_the_group_is_told_how_to_get_in(users: None) -> None:
+    answer = ask(OUTSIDER, "result = [b.name for b in engine.bases()]", groups=())
+    assert answer["error"] == "ServiceError"
+    assert "usermod -aG pgoverlay" in str(answer["message"])
+
+
+def test_a_workflow_user_creates_logs_in_and_destroys(
+    users: None, clean: None, pool: Pool, base: BaseVersion
+) -> None:
+    created = ask(
+        RUNNER,
+        """
+        b = engine.create(CreateRequest(name="svc-a", repository="acme/widgets", pr=7))
+        c = engine.connection("svc-a")
+        result = {"view": b.model_dump(), "url": c.url}
+        """,
+    )
+    assert "view" in created, created
+    view = created["view"]
+    assert isinstance(view, dict)
+    assert view["repository"] == "acme/widgets" and view["pr"] == 7
+    # The caller's uid comes from the socket's peer credentials, and is kept in the registry.
+    runner_uid = os_user(RUNNER).pw_uid
+    row = pool.registry.branch("svc-a")
+    assert row is not None and row.owner_uid == runner_uid == view["owner_uid"]
+    with psycopg.connect(str(created["url"]), connect_timeout=10) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == (pool.settings.branch_user,)
+    log = (pool.settings.home / "service.log").read_text()
+    assert f"uid={runner_uid} " in log and "POST /v1/branches" in log
+    assert row.password not in log
+    gone = ask(RUNNER, 'result = engine.destroy("svc-a").model_dump()')
+    assert gone["destroyed"] is True and pool.registry.branch("svc-a") is None
+
+
+def test_another_user_may_look_but_not_touch(
+    users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b")).model_dump()')
+    seen = ask(OTHER, "result = [b.name for b in engine.branches()]")
+    assert seen == ["svc-b"]  # type: ignore[comparison-overlap]
+    for call in (
+        'result = engine.connection("svc-b").model_dump()',
+        'result = engine.destroy("svc-b").model_dump()',
+        'result = engine.reset("svc-b").model_dump()',
+    ):
+        answer = ask(OTHER, call)
+        assert answer["error"] == "NotOwnerError", call
+        assert answer["exit"] == 28
+    assert pool.registry.branch("svc-b") is not None
+    # root, through its own CLI, may do anything
+    done = cli(["branch", "destroy", "svc-b"], env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_branch_of_another_repository_is_refused_and_freed_when_destroyed(
+    users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    ask(
+        RUNNER,
+        'result = engine.create(CreateRequest(name="pr-31", repository="acme/widgets", pr=31))'
+        ".model_dump()",
+    )
+    refused = ask(RUNNER, 'result = engine.reset("pr-31", repository="other/gadgets").model_dump()')
+    assert refused["error"] == "BranchOwnedError" and "acme/widgets#31" in str(refused["message"])
+    # Destroyed by hand: the name, and its record, are free for anyone.
+    assert cli(["branch", "destroy", "pr-31"], env=env)
+    again = ask(
+        RUNNER,
+        'result = engine.create(CreateRequest(name="pr-31", repository="other/gadgets", pr=31))'
+        ".model_dump()",
+    )
+    assert again["repository"] == "other/gadgets" and again["record"] is None
+
+
+def test_requests_name_nothing_but_what_the_api_allows(
+    users: None, clean: None, pool: Pool, base: BaseVersion
+) -> None:
+    raw = """
+        import http.client
+        from pgoverlay.runner.service.client import _UnixConnection
+        answers = []
+        for method, url, body in REQUESTS:
+            conn = _UnixConnection(engine.path, 30)
+            conn.request(method, url, body=body, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            answers.append([r.status, json.loads(r.read() or b"null")])
+        result = {"answers": answers}
+    """
+    requests = [
+        ("POST", "/v1/branches", json.dumps({"name": "../../etc"})),
+        ("POST", "/v1/branches", json.dumps({"name": "x", "home": "/etc"})),
+        ("POST", "/v1/branches", json.dumps({"name": "x", "base": "/var/lib/other-pool"})),
+        ("POST", "/v1/branches", json.dumps({"name": "x", "runtime": "/bin/sh"})),
+        ("GET", "/v1/branches/..%2F..%2Fetc/connection", None),
+        ("PUT", "/v1/branches/x/record", json.dumps({"head_sha": "zz", "status": "ready"})),
+    ]
+    answer = ask(RUNNER, f"REQUESTS = {requests!r}\n" + textwrap.dedent(raw).strip())
+    answers = answer["answers"]
+    assert isinstance(answers, list)
+    for (status, body), request in zip(answers, requests, strict=True):
+        assert status in (404, 422), request
+        assert set(body) == {"code", "message"}, request
+        assert body["code"] in ("invalid_request", "branch_missing", "not_found"), request
+    assert pool.registry.branches() == []
+
+
+def test_per_repository_and_total_limits(
+    users: None, clean: None, pool: Pool, base: BaseVersion
+) -> None:
+    # The service runs with the pool's settings: limit 10 per repository by default; the test
+    # asks for names until refused, without measuring anything.
+    limit = pool.settings.max_branches_per_repository
+    code = f"""
+        made = []
+        result = None
+        for i in range({limit + 1}):
+            try:
+                engine.create(CreateRequest(name=f"lim-{{i}}", repository="acme/many", pr=i + 1))
+                made.append(i)
+            except PgoverlayError as err:
+                result = {{"made": len(made), "error": type(err).__name__, "message": str(err)}}
+                break
+        """
+    answer = ask(RUNNER, code)
+    assert answer["made"] == limit and answer["error"] == "LimitReachedError"
+    assert "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY" in str(answer["message"])
+    other = ask(
+        RUNNER,
+        'result = engine.create(CreateRequest(name="lim-x", repository="acme/few", pr=1)).model_dump()',  # noqa: E501
+    )
+    assert other["name"] == "lim-x"
+
+
+def test_the_non_root_cli_talks_to_the_service(
+    users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    made = cli(
+        ["branch", "create", "svc-cli", "--json"], env=env, user=RUNNER, groups=["pgoverlay"]
+    )
+    assert made.returncode == 0, made.stderr
+    listed = cli(["branch", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    assert [b["name"] for b in json.loads(listed.stdout)] == ["svc-cli"]
+    url = cli(["branch", "connect", "svc-cli", "--url"], env=env, user=RUNNER, groups=["pgoverlay"])
+    with psycopg.connect(url.stdout.strip(), connect_timeout=10) as conn:
+        conn.execute("SELECT 1")
+    denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
+    assert denied.returncode == 28 and "created by another user" in denied.stderr
+    bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
+    outside = cli(["branch", "list"], env=env, user=OUTSIDER)
+    assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
+    gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])
+    assert gone.returncode == 0, gone.stderr
+
+
+def test_the_published_openapi_document_is_the_services() -> None:
+    from pgoverlay.runner.service.app import openapi_document
+
+    published = Path(__file__).resolve().parents[1] / "docs" / "service-openapi.json"
+    assert published.read_text() == openapi_document(), (
+        "docs/service-openapi.json is stale: `pgoverlay service --openapi > "
+        "docs/service-openapi.json`"
+    )
