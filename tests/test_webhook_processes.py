@@ -40,16 +40,16 @@ CREATE TABLE widgets (id int);
 
 @pytest.fixture()
 def listener(
-    pool: Pool, base: BaseVersion, tmp_path: Path
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path
 ) -> Iterator[tuple[Listener, FakeGitHub]]:
     with FakeGitHub() as github:
         github.add_token(TOKEN, "pgoverlay-bot")
-        service = Listener(pool, github, tmp_path)
-        service.start()
+        listening = Listener(pool, github, tmp_path)
+        listening.start()
         try:
-            yield service, github
+            yield listening, github
         finally:
-            service.stop()
+            listening.stop()
             for b in pool.registry.branches():
                 if b.name.startswith("shop-pr-"):
                     branch.destroy(pool, b.name)
