@@ -53,6 +53,7 @@ from fakegithub import FakeGitHub  # noqa: E402
 from pgoverlay.runner import branch, demo, mounts, pgbin, seed  # noqa: E402
 from pgoverlay.runner import pool as poolmod  # noqa: E402
 from pgoverlay.runner.polling import wait_for  # noqa: E402
+from pgoverlay.runner.service import serve  # noqa: E402
 from pgoverlay.runner.settings import Settings  # noqa: E402
 from pgoverlay.runner.sizes import format_bytes  # noqa: E402
 from pgoverlay.webhook.signature import sign  # noqa: E402
@@ -209,7 +210,8 @@ class Bench:
             home=self.work / "pool-home", port_min=self.ports[0], port_max=self.ports[1]
         )
         self.install = pgbin.newest(self.settings.pg_bindir)
-        self.queue = self.settings.home / "pool" / "webhook.db"  # the default place
+        self.state = self.work / "listener-state"  # the listener's state_dir
+        self.queue = self.state / "queue.db"  # the default place in it
         self.log = self.work / "listener.log"
         self.pool: poolmod.Pool | None = None
         self.listener: subprocess.Popen[bytes] | None = None
@@ -221,10 +223,10 @@ class Bench:
         self.pool = pool = poolmod.init(self.settings, size="4G")
         for b in pool.registry.branches():  # left by a kept or killed run
             branch.destroy(pool, b.name)
-        for old in self.queue.parent.glob(self.queue.name + "*"):
-            old.unlink()
+        shutil.rmtree(self.state, ignore_errors=True)
         if pool.registry.latest_base(BASE_NAME) is None:  # a small base (~35 MB): enough here
             demo.seed_demo(pool, BASE_NAME, scale=1)
+        console.log(serve.start(self.settings))  # the listener asks the engine service
         return pool
 
     def start_listener(self, github: FakeGitHub) -> str:
@@ -239,6 +241,7 @@ class Bench:
             "PGOVERLAY_PORT_MIN": str(self.ports[0]),
             "PGOVERLAY_PORT_MAX": str(self.ports[1]),
             "PGOVERLAY_WEBHOOK_CONFIG": os.fspath(config),
+            "PGOVERLAY_WEBHOOK_STATE_DIR": os.fspath(self.state),
         }
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -351,6 +354,7 @@ class Bench:
 
     def cleanup(self, *, keep: bool) -> None:
         self.stop_listener()
+        serve.stop(self.settings)
         pool, self.pool = self.pool, None
         if pool is not None and not keep:
             for b in pool.registry.branches():
@@ -361,7 +365,8 @@ class Bench:
         if pool is not None:
             pool.close()
         if not keep:
-            for target in [*mounts.mounts_under(self.work), os.fspath(self.queue.parent)]:
+            pool_mount = os.fspath(self.settings.home / "pool")
+            for target in [*mounts.mounts_under(self.work), pool_mount]:
                 mounts.unmount(Path(target))  # deepest first, the pool image last
             shutil.rmtree(self.work, ignore_errors=True)
 
@@ -435,7 +440,7 @@ Two scenarios, in one run:
 | RAM | {format_bytes(ram)} |
 | Kernel | {platform.system()} {platform.release()} |
 | Work dir | `{a.work}` on {poolmod.fs_type(Path(a.work))}; the pool is a sparse xfs image in it |
-| Queue | SQLite (WAL, synchronous=FULL) in the pool: the default place |
+| Queue | SQLite (WAL, synchronous=FULL) in the listener's `state_dir`: the default place |
 | Listener | {run["processes"]} |
 | Postgres | {run["postgres"]} |
 
