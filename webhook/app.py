@@ -26,6 +26,8 @@ from pgoverlay.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 
+INTAKE_CHECKPOINT = 25_000  # pages of 4 KiB: ~100 MB of WAL, some 4,000 deliveries
+
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"message": message}, status_code=status)
@@ -41,7 +43,12 @@ def create_app(
     """The intake app on the queue at ``queue_path``. With ``worker``, the app starts it and
     stops it, and /healthz fails while it is down; with ``runner``, /healthz also asks the
     engine service and /metrics counts the runner's branches."""
-    queue = Queue(queue_path, max_attempts=settings.max_attempts)
+    # Copying the WAL into the database (and syncing it) is left to the worker process's
+    # commits: on intake's, it stalls every delivery behind it. The limit is a backstop for a
+    # dead worker process.
+    queue = Queue(
+        queue_path, max_attempts=settings.max_attempts, checkpoint_pages=INTAKE_CHECKPOINT
+    )
     intake = Intake(settings, queue)
     cap = settings.max_body_bytes
     engine = service.client(runner) if runner is not None else None

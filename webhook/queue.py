@@ -163,7 +163,11 @@ class Queue:
         max_attempts: int = 5,
         synchronous: Literal["NORMAL", "FULL"] = "FULL",
         busy_timeout: float = 30.0,
+        checkpoint_pages: int = 1000,
     ) -> None:
+        """``checkpoint_pages``: the WAL size (in pages) past which a commit of this process
+        copies the WAL into the database (SQLite's ``wal_autocheckpoint``; 1000 is its
+        default). Intake sets it high, so the worker process's commits do that work."""
         if max_attempts < 1 or synchronous not in ("NORMAL", "FULL"):
             raise QueueError(
                 f"max_attempts must be at least 1 (got {max_attempts}) and synchronous NORMAL or"
@@ -173,8 +177,10 @@ class Queue:
         self.max_attempts = max_attempts
         self._synchronous = synchronous
         self._busy_ms = int(busy_timeout * 1000)
+        self._checkpoint_pages = int(checkpoint_pages)
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
         _make_private(path)
@@ -209,6 +215,7 @@ class Queue:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             db.execute(f"PRAGMA synchronous = {self._synchronous}")
+            db.execute(f"PRAGMA wal_autocheckpoint = {self._checkpoint_pages}")
             # A new file turns to WAL once for good. That needs it alone, and SQLite says "locked"
             # at once instead of waiting if another process opens it too: retry to a deadline.
             mode = wait_for(
@@ -230,15 +237,19 @@ class Queue:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._db()
+        # This process's threads queue up here, in turn, rather than in SQLite's busy handler,
+        # which sleeps and retries (1, 2, 5 … 100 ms) and lets a busy burst wait for nothing.
+        # Only another process's transaction makes BEGIN IMMEDIATE wait there.
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
+            with self._writing:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
         except sqlite3.Error as err:
             raise QueueError(
                 f"job queue {self.path}: {err} (if locked: another process held the database"
