@@ -660,3 +660,48 @@ def test_a_rejected_delivery_is_recorded_with_its_reason_once(queue: Queue) -> N
         ("pull_request", "rejected"): 1,
         ("pull_request", "duplicate"): 2,
     }
+
+
+def test_deliveries_stored_together_keep_their_order_and_dedupe_among_themselves(
+    queue: Queue,
+) -> None:
+    from pgoverlay.webhook.queue import Delivery
+
+    opened = Delivery("d-1", "pull_request", "opened", new("open"), "1" * 64)
+    replay = Delivery("d-2", "pull_request", "opened", new("open"), "1" * 64)
+    push = Delivery("d-3", "pull_request", "synchronize", new("sync"), "3" * 64)
+    newer = Delivery("d-4", "pull_request", "synchronize", new("sync", sha="b" * 40), "4" * 64)
+    outcomes = queue.accept_all([opened, replay, push, newer], now=T0)
+    assert outcomes == ["queued", "duplicate", "queued", "queued"]
+    assert [(j.delivery_id, j.state) for j in queue.jobs()] == [
+        ("d-1", "queued"),
+        ("d-3", "skipped"),
+        ("d-4", "queued"),
+    ]
+
+
+def test_the_committer_answers_every_concurrent_delivery_with_its_own_outcome(
+    queue: Queue,
+) -> None:
+    from pgoverlay.webhook.intake import Committer
+    from pgoverlay.webhook.queue import Delivery
+
+    committer = Committer(queue)
+    outcomes: dict[int, str] = {}
+
+    def send(i: int) -> None:
+        body = f"{i % 50:064x}"  # every body twice: one of each pair is a replay
+        job = new("open", pr=i % 50)
+        outcomes[i] = committer.accept(Delivery(f"c-{i}", "pull_request", "opened", job, body))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    committer.close()
+    assert len(outcomes) == 100
+    assert Counter(outcomes.values()) == {"queued": 50, "duplicate": 50}
+    for pr in range(50):
+        assert sorted(outcomes[i] for i in (pr, pr + 50)) == ["duplicate", "queued"]
+    assert len(queue.jobs()) == 50

@@ -71,6 +71,7 @@ def create_app(
                 await run_in_threadpool(worker.stop)
             if engine is not None:
                 engine.close()
+            intake.close()
             queue.close()
 
     app = FastAPI(title="pgoverlay webhook", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -99,13 +100,17 @@ def create_app(
             body += chunk
             if len(body) > cap:
                 return _error(413, f"payload larger than {cap} bytes")
-        answer = await run_in_threadpool(
-            intake.receive,
-            bytes(body),
-            signed=request.headers.get("x-hub-signature-256"),
-            event=request.headers.get("x-github-event"),
-            delivery_id=request.headers.get("x-github-delivery"),
-        )
+        try:
+            answer = await run_in_threadpool(
+                intake.receive,
+                bytes(body),
+                signed=request.headers.get("x-hub-signature-256"),
+                event=request.headers.get("x-github-event"),
+                delivery_id=request.headers.get("x-github-delivery"),
+            )
+        except PgoverlayError as err:  # the queue cannot store it: GitHub marks it failed
+            log.error("delivery not stored: %s", err)
+            return _error(503, f"the delivery could not be stored ({err}); redeliver it later")
         if answer.status == 204:
             return Response(status_code=204)
         return _error(answer.status, answer.message)
