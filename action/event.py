@@ -89,11 +89,12 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
 
 
 def branch_name(event: Event, template: str | None) -> str:
-    """The branch for this event: the template if given ({number}, {ref} and {repo} are
-    filled in), else ``{repo}-pr-{number}``, so that two repositories' pull requests on one
+    """The branch for this event: the template if given ({number}, {ref}, {repo} and {owner}
+    are filled in), else ``{repo}-pr-{number}``, so that two repositories' pull requests on one
     runner never share a name; the ref made into a name for other events. A name too long
     for Postgres's 63 characters keeps its start and ends with a stable hash of the whole."""
-    repo = slug(event.repository.rsplit("/", 1)[-1])
+    owner, _, name = event.repository.rpartition("/")
+    repo = slug(name)
     # Outside a pull request there is no number: the ref stands in for it.
     number = str(event.pr) if event.pr is not None else slug(event.ref_name)
     if not template:
@@ -102,6 +103,7 @@ def branch_name(event: Event, template: str | None) -> str:
         template.replace("{number}", number)
         .replace("{ref}", slug(event.ref_name))
         .replace("{repo}", repo)
+        .replace("{owner}", slug(owner))
     )
     return shorten(slug(name) or "default", whole=f"{event.repository}:{name}")
 

@@ -11,16 +11,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 log = logging.getLogger(__name__)
 
 ACTIONS_BOT = "github-actions[bot]"
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 STATUS_CONTEXT = "pgoverlay/branch"
+# The permission levels that may approve a fork's pull request: GitHub reports the maintain
+# role (and custom roles built on write) as "write", and triage as "read".
+WRITERS = frozenset({"admin", "write"})
 
 
 @dataclass(frozen=True)
@@ -67,21 +72,43 @@ class GitHub:
         self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
         self._api_url = api_url.rstrip("/")
         self._timeout = timeout
+        self._retries = retries
+        self._backoff = backoff
 
     def close(self) -> None:
         self._gh.close()
 
     def login(self) -> str:
-        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot]."""
+        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].
+
+        Asked once, outside PyGithub, retrying server errors only: PyGithub's retry looks at
+        every 403 and logs the job token's normal answer as a failed request."""
         if self._login is None:
+            headers = {"Accept": "application/vnd.github+json"}
+            self._auth_header(headers)
+            retry = Retry(
+                total=self._retries,
+                backoff_factor=self._backoff,
+                status_forcelist=sorted(RETRY_STATUSES),
+                allowed_methods=["GET"],
+                raise_on_status=False,
+            )
             try:
-                self._login = self._gh.get_user().login
-            except GithubException as err:
-                if err.status not in (401, 403, 404):
-                    raise GitHubError(
-                        f"cannot tell who the token belongs to ({_reason(err)})"
-                    ) from None
+                with requests.Session() as session:
+                    session.mount(self._api_url, HTTPAdapter(max_retries=retry))
+                    resp = session.get(
+                        f"{self._api_url}/user", headers=headers, timeout=self._timeout
+                    )
+            except requests.RequestException as err:
+                raise GitHubError(
+                    f"cannot tell who the token belongs to ({type(err).__name__})"
+                ) from None
+            if resp.status_code in (401, 403, 404):
                 self._login = ACTIONS_BOT
+            elif resp.status_code != 200:
+                raise GitHubError(f"cannot tell who the token belongs to (HTTP {resp.status_code})")
+            else:
+                self._login = str(resp.json()["login"])
         return self._login
 
     def upsert_comment(
@@ -123,6 +150,43 @@ class GitHub:
             return [p.number for p in self._gh.get_repo(repository).get_pulls(state="open")]
         except GithubException as err:
             raise GitHubError(f"could not list open pull requests ({_reason(err)})") from None
+
+    def pull(self, repository: str, number: int) -> dict[str, Any] | None:
+        """The pull request as the API has it now (state, head, base, labels, draft), or None
+        if it is gone: what a worker acts on, rather than on a delivery that may be stale."""
+        try:
+            return dict(self._gh.get_repo(repository).get_pull(number).raw_data)
+        except GithubException as err:
+            if err.status == 404:
+                return None
+            raise GitHubError(f"could not read pull request #{number} ({_reason(err)})") from None
+
+    def labels(self, repository: str, number: int) -> list[str]:
+        """The names of the labels on the pull request now."""
+        try:
+            issue = self._gh.get_repo(repository).get_issue(number)
+            return [label.name for label in issue.get_labels()]
+        except GithubException as err:
+            raise GitHubError(f"could not list the labels of #{number} ({_reason(err)})") from None
+
+    def remove_label(self, repository: str, number: int, label: str) -> None:
+        """Take ``label`` off the pull request (already gone is fine)."""
+        try:
+            self._gh.get_repo(repository).get_issue(number).remove_from_labels(label)
+        except GithubException as err:
+            if err.status == 404:
+                return
+            raise GitHubError(f"could not remove the label {label!r} ({_reason(err)})") from None
+
+    def can_write(self, repository: str, login: str) -> bool:
+        """Whether ``login`` has write, maintain or admin rights on the repository."""
+        try:
+            answer = self._gh.get_repo(repository).get_collaborator_permission(login)
+        except GithubException as err:
+            if err.status == 404:
+                return False
+            raise GitHubError(f"could not read {login}'s permission ({_reason(err)})") from None
+        return answer in WRITERS
 
     def download_tarball(self, repository: str, ref: str, dest: Path) -> None:
         """The repository at ``ref`` as a tarball, through the API (no git credentials)."""

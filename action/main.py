@@ -1,5 +1,10 @@
 """The composite Action's entry point: read the job's environment, run the PR workflow, write
-masks, outputs, annotations and the job summary. Called as `pgoverlay action run`."""
+masks, outputs, annotations and the job summary. Called as `pgoverlay action run`.
+
+It runs as the runner's own user, with no privilege of its own: branches come from the engine
+service (for members of its group), and everything the job names (its workspace, event file,
+output and summary files) is read, written or run with this user's rights alone.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.workflow import Inputs, Outcome, handle
-from pgoverlay.errors import ConfigError, PgoverlayError
+from pgoverlay.action.report import Report
+from pgoverlay.action.workflow import Inputs, Outcome, fork_refusal, handle
+from pgoverlay.errors import ConfigError, JobFileError, PgoverlayError, UnsafeFileError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
@@ -61,8 +68,10 @@ INPUT_NAMES = (
     "comment",
     "runtime",
     "fail_on_migration_error",
+    "allow_forks",
     "allow_fork_commands",
 )
+MAX_EVENT_BYTES = 25 * 1024 * 1024  # GitHub caps a webhook payload at 25 MB
 
 
 def read_inputs(environ: dict[str, str]) -> Inputs:
@@ -112,17 +121,64 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
         missing = ", ".join(str(e["loc"][0]) for e in exc.errors())
         raise ConfigError(f"not running inside GitHub Actions? missing or bad: {missing}") from None
     inputs = read_inputs(dict(os.environ))
-    payload: dict[str, Any] = (
-        json.loads(job.event_path.read_text()) if job.event_path.exists() else {}
-    )
+    payload = read_event(job.event_path)
     ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)
     if destroy:
         ev = dataclasses.replace(ev, kind="close")
+    if os.geteuid() == 0:
+        outputs.annotation(
+            "warning",
+            "this job runs as root, so the pull request's code does too: run the runner as an "
+            "ordinary user in the `pgoverlay` group (docs/action.md)",
+            out,
+            title="pgoverlay",
+        )
     settings = load_settings()
     # The engine is the service's: this job (and the pull request's code in it) runs as the
     # runner's own user, never as root.
     engine = service.client(settings)
     return _run(engine, settings, job, ev, inputs, out)
+
+
+def read_event(path: Path) -> dict[str, Any]:
+    """The event's payload, read as this user (``{}`` when the runner wrote no file)."""
+    if not path.exists():
+        return {}
+    try:
+        raw = safefs.read_regular(path, limit=MAX_EVENT_BYTES, what=f"GITHUB_EVENT_PATH={path}")
+    except UnsafeFileError as err:
+        raise JobFileError(
+            f"{err}. GitHub Actions sets GITHUB_EVENT_PATH to the job's event file: do not "
+            "change it in the workflow"
+        ) from None
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise JobFileError(
+            f"GITHUB_EVENT_PATH={path} is not a JSON object, so not an event GitHub Actions "
+            "wrote: do not change GITHUB_EVENT_PATH in the workflow"
+        )
+    return payload
+
+
+def _not_branched(job: JobEnv, ev: event.Event, message: str, out: TextIO) -> int:
+    """A fork's pull request without `allow-forks`: say why in the summary, make nothing."""
+    report = Report(
+        repository=ev.repository,
+        pr=ev.pr,
+        branch_name="",
+        head_sha=ev.head_sha,
+        status="not branched",
+        branch=None,
+        message=message,
+        run_url=job.run_url(),
+    )
+    outputs.annotation("notice", message, out, title="No branch for a fork")
+    outputs.write_outputs(job.output, {"status": "skipped", "branch": ""})
+    outputs.write_summary(job.summary, comment.render_summary(report))
+    return 0
 
 
 def _run(
@@ -133,6 +189,12 @@ def _run(
     inputs: Inputs,
     out: TextIO,
 ) -> int:
+    # Before any work: a step that cannot report what it did must not make a branch.
+    outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
+    outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
+    refusal = fork_refusal(ev, inputs)
+    if refusal:
+        return _not_branched(job, ev, refusal, out)
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
     try:
         outcome = handle(

@@ -26,10 +26,9 @@ import sqlparse
 from sqlparse import tokens as T
 
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
-from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.tools import Tools
 
 # The schema itself is made by the engine when it creates the branch (runner/roles.py), so
 # the ledger works whoever owns the database.
@@ -140,16 +139,16 @@ def checksum(text: str) -> str:
 # -- which files ---------------------------------------------------------------------------
 
 
-def _git(repo: Path, *args: str, user: OsUser | None) -> str:
-    return proc.run(["git", "-C", repo, *args], timeout=120, user=user).stdout
+def _git(repo: Path, *args: str, sandbox: Sandbox) -> str:
+    return sandbox.run(["git", "-C", repo, *args], timeout=120, env={}, cwd=repo).stdout
 
 
 def changed_files(
-    repo: Path, folder: str, *, base_sha: str, head_sha: str, user: OsUser | None = None
+    repo: Path, folder: str, *, base_sha: str, head_sha: str, sandbox: Sandbox = AS_SELF
 ) -> list[str]:
     """The .sql files under ``folder`` the PR adds or changes, in lexical order.
 
-    git runs as ``user`` (the owner of the checkout): git refuses a repository owned by
+    git runs in ``sandbox``, as the owner of the checkout: git refuses a repository owned by
     someone else.
     """
     try:
@@ -162,7 +161,7 @@ def changed_files(
             f"{base_sha}...{head_sha}",
             "--",
             folder,
-            user=user,
+            sandbox=sandbox,
         )
     except CommandError as err:
         raise MigrationError(
@@ -298,27 +297,34 @@ def apply_files(
     repo: Path,
     files: list[str],
     *,
-    tools: Tools,
+    psql: Path,
     skip_recorded: bool,
     timeout: float,
-    user: OsUser | None = None,
+    sandbox: Sandbox = AS_SELF,
     max_bytes: int = MAX_FILE_BYTES,
 ) -> list[MigrationRun]:
-    r"""Apply ``files`` (paths relative to ``repo``) in order; stop at the first failure.
+    r"""Apply ``files`` (paths relative to ``repo``) in order with the ``psql`` program; stop
+    at the first failure.
 
-    psql runs as ``user``, the owner of the checkout, never as root: a file's ``\!`` shell
-    escape must not gain privileges the pull request's own job steps do not have. This process
-    reads each file once, for its checksum and to see whether it can run in a transaction, only
-    if it is a regular file inside the checkout of at most ``max_bytes``: a link to a device or
-    out of the checkout, a FIFO or a directory fails that file without being read.
+    psql runs in ``sandbox`` (as the owner of the checkout, or a job's own uid), never as
+    root: a file's ``\!`` shell escape must not gain privileges the pull request's own job
+    steps do not have. This process reads every file once, before psql runs on any of them
+    (psql's shell escapes could change the tree), for its checksum and to see whether it can
+    run in a transaction, only if it is a regular file inside the checkout of at most
+    ``max_bytes``: a link to a device or out of the checkout, a FIFO or a directory fails that
+    file without being read.
     """
+    texts: list[str | UnsafeFileError] = []
+    for name in files:
+        try:
+            texts.append(read_migration(repo, name, limit=max_bytes))
+        except UnsafeFileError as err:
+            texts.append(err)
     recorded = ledger(target)
     results: list[MigrationRun] = []
-    for index, name in enumerate(files):
-        try:
-            text = read_migration(repo, name, limit=max_bytes)
-        except UnsafeFileError as err:
-            results.append(MigrationRun(name, "failed", 0.0, str(err), file=name))
+    for index, (name, text) in enumerate(zip(files, texts, strict=True)):
+        if isinstance(text, UnsafeFileError):
+            results.append(MigrationRun(name, "failed", 0.0, str(text), file=name))
             results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
             return results
         if name in recorded:
@@ -345,14 +351,8 @@ def apply_files(
         argv += ["-f", name]
         started = time.monotonic()
         try:
-            done = tools.run(
-                "psql",
-                argv,
-                timeout=timeout,
-                env=target.libpq_env(),
-                user=user,
-                cwd=repo,
-                check=False,
+            done = sandbox.run(
+                [psql, *argv], timeout=timeout, env=target.libpq_env(), cwd=repo, check=False
             )
         except TimeoutExpiredError:
             results.append(
@@ -396,16 +396,16 @@ def run_command(
     timeout: float,
     echo: Callable[[str], None] | None = None,
     extra_env: Mapping[str, str] | None = None,
-    user: OsUser | None = None,
+    sandbox: Sandbox = AS_SELF,
 ) -> MigrationRun:
-    """Run the project's own migration command against the branch, as ``user`` (the owner of
-    the checkout), never with the engine's privileges."""
+    """Run the project's own migration command against the branch in ``sandbox`` (as the owner
+    of the checkout, or a job's own uid), never with the engine's privileges."""
     env = {**target.libpq_env(), "DATABASE_URL": target.url(), **(extra_env or {})}
     env.pop("PGAPPNAME")
     started = time.monotonic()
     try:
-        done = proc.run(
-            ["/bin/sh", "-c", command], timeout=timeout, env=env, user=user, cwd=cwd, check=False
+        done = sandbox.run(
+            ["/bin/sh", "-c", command], timeout=timeout, env=env, cwd=cwd, check=False
         )
     except TimeoutExpiredError:
         return MigrationRun(

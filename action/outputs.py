@@ -1,15 +1,24 @@
 """What the step writes back to GitHub Actions: masks, outputs, the job summary, annotations.
 
 Workflow commands are printed to stdout; outputs and the summary go to the files GitHub names
-in GITHUB_OUTPUT and GITHUB_STEP_SUMMARY.
+in GITHUB_OUTPUT and GITHUB_STEP_SUMMARY. Those names come from the job's environment, which
+the job's own steps can change: the files are appended to as this process's user (never root's
+privileges), through no symbolic link, and only when they are regular files.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import secrets
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
+
+from pgoverlay.errors import JobFileError
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _escape_data(text: str) -> str:
@@ -48,18 +57,52 @@ def annotation(
     out.flush()
 
 
+def append(path: Path, text: str, *, variable: str) -> None:
+    """Append ``text`` to the regular file ``path`` that ``variable`` names, following no link."""
+    try:
+        fd = os.open(path, _APPEND, 0o644)
+    except OSError as err:
+        why = {
+            errno.ELOOP: "it is a symbolic link",
+            errno.ENXIO: "it is a FIFO",
+            errno.EACCES: "this user may not write it",
+            errno.EPERM: "this user may not write it",
+        }.get(err.errno or 0, err.strerror or str(err))
+        raise JobFileError(
+            f"cannot write {variable}={path}: {why}. GitHub Actions sets {variable} to a file "
+            "of the job's own: do not change it in the workflow"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JobFileError(
+                f"cannot write {variable}={path}: it is not a regular file. GitHub Actions sets "
+                f"{variable} to a file of the job's own: do not change it in the workflow"
+            )
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
+def check_writable(path: Path | None, *, variable: str) -> None:
+    """Refuse now, before any work, a file that ``append`` would refuse later."""
+    if path is not None:
+        append(path, "", variable=variable)
+
+
 def write_outputs(path: Path | None, values: Mapping[str, str]) -> None:
     """Append ``name<<DELIM`` blocks, the form that allows any value."""
     if path is None:
         return
-    with path.open("a") as handle:
-        for key, value in values.items():
-            delimiter = f"pgoverlay_{secrets.token_hex(8)}"
-            handle.write(f"{key}<<{delimiter}\n{value}\n{delimiter}\n")
+    blocks = []
+    for key, value in values.items():
+        delimiter = f"pgoverlay_{secrets.token_hex(8)}"
+        blocks.append(f"{key}<<{delimiter}\n{value}\n{delimiter}\n")
+    append(path, "".join(blocks), variable="GITHUB_OUTPUT")
 
 
 def write_summary(path: Path | None, markdown: str) -> None:
     if path is None:
         return
-    with path.open("a") as handle:
-        handle.write(markdown.rstrip() + "\n")
+    append(path, markdown.rstrip() + "\n", variable="GITHUB_STEP_SUMMARY")

@@ -19,20 +19,25 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from pgoverlay.action import comment, migrations
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.errors import BranchMissingError, ConfigError, NotOwnerError, PgoverlayError
+from pgoverlay.action.sandbox import AS_SELF, Sandbox
+from pgoverlay.errors import (
+    BranchMissingError,
+    ConfigError,
+    NotOwnerError,
+    PgoverlayError,
+    PostgresBinariesError,
+)
 from pgoverlay.runner import pgbin
-from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.tools import Tools
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class Inputs(BaseModel):
     comment: bool = True
     runtime: Literal["auto", "local", "docker"] = "auto"
     fail_on_migration_error: bool = True
+    allow_forks: bool = False
     allow_fork_commands: bool = False
 
     @model_validator(mode="before")
@@ -68,6 +74,11 @@ class Inputs(BaseModel):
             )
         if self.ttl:
             parse_duration(self.ttl)
+        if self.base and not NAME_RE.match(self.base):
+            raise ConfigError(
+                f"input `base`: {self.base!r} is not a base name; name one of the bases seeded "
+                "on this runner (`pgoverlay seed list`), or leave it empty for the only one"
+            )
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,21 @@ def _owner_refusal(current: BranchView | None, repository: str) -> str:
     )
 
 
+def fork_refusal(event: Event, inputs: Inputs) -> str:
+    """Why a pull request from a fork gets no branch, or '' when it may have one.
+
+    Closing is never refused: a branch made while forks were allowed is still destroyed.
+    """
+    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
+        return ""
+    return (
+        "this pull request comes from a fork, and this workflow does not branch forks: no "
+        "branch was made and none of the fork's migrations or commands ran. To branch pull "
+        "requests from forks, set `allow-forks: true` on the pgoverlay step (their SQL then "
+        "runs against their own branch; `migrate-command` also needs `allow-fork-commands: true`)"
+    )
+
+
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
@@ -171,10 +197,10 @@ def _migrate(
     repo_dir: Path,
     echo: Echo,
     changed: Changed | None,
-    user: OsUser | None,
+    sandbox: Sandbox,
 ) -> tuple[list[MigrationRun], str]:
-    """Apply the PR's migrations, as ``user`` (None: this process's own user); returns the
-    runs and a note for the report."""
+    """Apply the PR's migrations, running its code in ``sandbox``; returns the runs and a note
+    for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
     target = _target(connection)
     if inputs.migrate_command:
@@ -190,7 +216,7 @@ def _migrate(
             cwd=workdir,
             timeout=pool_settings.command_timeout,
             echo=echo,
-            user=user,
+            sandbox=sandbox,
         )
         return [run], ""
     if not inputs.migrations:
@@ -201,7 +227,11 @@ def _migrate(
             changed(folder)
             if changed is not None
             else migrations.changed_files(
-                repo_dir, folder, base_sha=event.base_sha, head_sha=event.head_sha, user=user
+                repo_dir,
+                folder,
+                base_sha=event.base_sha,
+                head_sha=event.head_sha,
+                sandbox=sandbox,
             )
         )
     else:
@@ -211,21 +241,29 @@ def _migrate(
         target,
         repo_dir,
         files,
-        tools=psql_tools(major, pool_settings),
+        psql=psql_tools(major, pool_settings).tool("psql"),
         skip_recorded=True,
         timeout=pool_settings.command_timeout,
-        user=user,
+        sandbox=sandbox,
     )
     return runs, ""
 
 
-def psql_tools(major: int, settings: Settings) -> Tools:
+def psql_tools(major: int, settings: Settings) -> pgbin.PgInstall:
     """This host's psql of the base's major version, or its newest (psql speaks to servers of
     other versions; only its backslash commands may lag behind a newer server)."""
     installs = pgbin.installs(settings.pg_bindir)
     if major in installs:
         return installs[major]
-    return pgbin.newest(settings.pg_bindir)
+    try:
+        return pgbin.newest(settings.pg_bindir)
+    except PostgresBinariesError:
+        wanted = f"postgresql-{major}" if major else "postgresql"
+        raise PostgresBinariesError(
+            "no psql for the migrations on this runner: they run with the host's psql, as the "
+            f"job's own user (a Docker branch too); install {wanted} on the runner, or set "
+            "PGOVERLAY_PG_BINDIR to the bin directory of a Postgres install"
+        ) from None
 
 
 def _bring_up(
@@ -235,8 +273,8 @@ def _bring_up(
     name = branch_name(event, inputs.branch_name)
     if current is None:
         echo(f"creating branch {name}")
-        created = engine.create(
-            CreateRequest(
+        try:
+            request = CreateRequest(
                 name=name,
                 base=inputs.base,
                 ttl_seconds=parse_duration(inputs.ttl) if inputs.ttl else None,
@@ -244,7 +282,11 @@ def _bring_up(
                 repository=event.repository,
                 pr=event.pr,
             )
-        )
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "request"
+            raise ConfigError(f"cannot ask for branch {name}: {where}: {first['msg']}") from None
+        created = engine.create(request)
         return created, created.seconds
     if current.state != "ready":
         raise PgoverlayError(
@@ -271,14 +313,15 @@ def handle(
     run_url: str = "",
     echo: Echo = log.info,
     changed: Changed | None = None,
-    user: OsUser | None = None,
+    sandbox: Sandbox = AS_SELF,
 ) -> Outcome:
     """Do what ``event`` asks for; never raises for a failed comment.
 
     ``repo_dir`` holds the PR's head. ``changed`` lists a folder's changed .sql files when
     there is no git history to ask (the webhook listener works from tarballs). The PR's SQL
-    and commands run as ``user`` (None: this process's user), never with the engine's
-    privileges: the engine is reached through ``engine`` only.
+    and commands run in ``sandbox`` (the Action's: as itself; the listener's: a uid of the
+    job's own), never with the engine's privileges: the engine is reached through ``engine``
+    only.
     """
     if event.kind == "ignore":
         return Outcome(report=None, branch=None)
@@ -341,7 +384,7 @@ def handle(
                 repo_dir,
                 echo,
                 changed,
-                user,
+                sandbox,
             )
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(

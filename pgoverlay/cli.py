@@ -557,11 +557,27 @@ def cmd_action_run(args: argparse.Namespace) -> int:
 # -- the webhook listener -------------------------------------------------------------------
 
 
+def cmd_webhook_setup(args: argparse.Namespace) -> int:
+    from pgoverlay.webhook import account
+
+    account.setup(
+        user=args.user,
+        state_dir=Path(args.state_dir),
+        group=_settings().service_group,
+        say=lambda line: print(f"pgoverlay: {line}"),
+    )
+    print(f"pgoverlay: {args.user} is ready to run the webhook listener")
+    return 0
+
+
 def _webhook_settings() -> WebhookSettings:
     """The listener's settings and its log format (both processes log alike)."""
+    from pgoverlay.webhook import sandbox
     from pgoverlay.webhook.settings import WebhookSettings
     from pgoverlay.webhook.worker import JobLogContext
 
+    sandbox.check()  # never as root; each job's code gets a uid of its own
+    os.umask(0o077)  # the queue, its journals and the jobs' trees: the listener's alone
     try:
         settings = WebhookSettings()  # type: ignore[call-arg]
     except ValidationError as exc:
@@ -803,6 +819,17 @@ def build_parser() -> argparse.ArgumentParser:
     hooks.add_parser(
         "work", help="run the listener's jobs and reconcile (`serve` starts and stops it)"
     ).set_defaults(func=cmd_webhook_work)
+    hook_setup = hooks.add_parser(
+        "setup",
+        help="as root: make the listener's user, its state folder and its subordinate id range",
+    )
+    hook_setup.add_argument("--user", default="pgoverlay-webhook", help="the listener's user")
+    hook_setup.add_argument(
+        "--state-dir",
+        default="/var/lib/pgoverlay-webhook",
+        help="the listener's state folder (its `state_dir` setting)",
+    )
+    hook_setup.set_defaults(func=cmd_webhook_setup)
     return parser
 
 

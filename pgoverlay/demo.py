@@ -67,7 +67,7 @@ def run(
         ),
         repo,
         migrations.all_files(repo, "migrations"),
-        tools=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir),
+        psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),
         skip_recorded=True,
         timeout=pool.settings.command_timeout,
     )

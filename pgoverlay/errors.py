@@ -21,6 +21,17 @@ class UnsafeFileError(ConfigError):
     folder it must stay in (a password file, a pull request's migration file)."""
 
 
+class SandboxError(ConfigError):
+    """The webhook listener cannot run a job's code in a sandbox of its own: it runs as root,
+    or its user has no subordinate uid range, or unshare/newuidmap is missing."""
+
+
+class JobFileError(ConfigError):
+    """A file a GitHub Actions job names in its environment (GITHUB_EVENT_PATH, GITHUB_OUTPUT,
+    GITHUB_STEP_SUMMARY) cannot be read or written as the job's user, or is not a regular
+    file: the Action reads and writes them as that user, through no link."""
+
+
 class NotRootError(PgoverlayError):
     exit_code = 3
 
@@ -169,10 +180,12 @@ class BaseInUseError(PgoverlayError):
     """A base (or one version of it) that branches still use was asked to be removed without
     destroying them."""
 
+    exit_code = 31
+
 
 class DeliveryError(PgoverlayError):
     """A signed webhook delivery the listener cannot act on: a header missing or outside what
     GitHub sends, a body that is not the JSON GitHub sends for its event. It is answered 400
     and recorded with this message, and nothing is queued."""
 
-    exit_code = 31
+    exit_code = 32

@@ -11,7 +11,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(postgresql-15 postgresql-client-15 xfsprogs util-linux kmod python3-venv git ca-certificates)
+packages=(postgresql-15 postgresql-client-15 xfsprogs util-linux uidmap kmod python3-venv git ca-certificates)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

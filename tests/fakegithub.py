@@ -85,6 +85,9 @@ ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
     ("PATCH", _R + r"/check-runs/(?P<id>[^/]+)", "update_check_run"),
     ("GET", _R + r"/pulls", "list_pulls"),
     ("GET", _R + r"/pulls/(?P<number>[^/]+)", "get_pull"),
+    ("GET", _R + r"/issues/(?P<number>[^/]+)/labels", "list_labels"),
+    ("DELETE", _R + r"/issues/(?P<number>[^/]+)/labels/(?P<name>[^/]+)", "remove_label"),
+    ("GET", _R + r"/collaborators/(?P<username>[^/]+)/permission", "get_permission"),
     ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
     # Outside the subset, so unchecked: what PyGithub fetches on the way.
     ("GET", r"/user", "get_user"),
@@ -197,6 +200,8 @@ class State:
     check_runs: list[Json] = field(default_factory=list)
     faults: list[Json] = field(default_factory=list)
     tarballs: dict[str, str] = field(default_factory=dict)  # "owner/name@ref" -> base64 .tar.gz
+    # "owner/name" -> {login: "admin" | "maintain" | "write" | "triage" | "read"}
+    collaborators: dict[str, dict[str, str]] = field(default_factory=dict)
     requests: list[Json] = field(default_factory=list)
     violations: list[Json] = field(default_factory=list)
 
@@ -311,6 +316,22 @@ class FakeGitHub:
                 "title": title, "body": body, "login": login, "merged": merged,
                 "created_at": t, "updated_at": t, "closed_at": None if state == "open" else t})
             self._changed()
+
+    def add_collaborator(self, repo: str, login: str, role: str) -> None:
+        """Give `login` a role on `repo`: admin, maintain, write, triage or read."""
+        self.add_repo(repo)
+        with self._lock:
+            self._user_id(login)
+            self.state.collaborators.setdefault(repo, {})[login] = role
+            self._changed()
+
+    def pull(self, repo: str, number: int) -> Json:
+        """The stored pull (change it in place, under `locked()`, to move its head or labels)."""
+        with self._lock:
+            return next(p for p in self.state.pulls if p["repo"] == repo and p["number"] == number)
+
+    def locked(self) -> threading.RLock:
+        return self._lock
 
     def add_comment(self, repo: str, issue: int, body: str, login: str) -> int:
         """Seed a comment on an issue or pull (made if missing); returns the comment's id."""
@@ -557,6 +578,44 @@ class FakeGitHub:
             if p["repo"] == repo and p["number"] == number:
                 return Reply(200, self._pull_json(p, full=True))
         raise Fail(404, "Not Found")
+
+    def _stored_pull(self, call: Call) -> Json:
+        repo, number = self._issue(call)
+        for p in self.state.pulls:
+            if p["repo"] == repo and p["number"] == number:
+                return p
+        raise Fail(404, "Not Found")
+
+    def _list_labels(self, call: Call) -> Reply:
+        repo, number = self._issue(call)
+        pull = next((p for p in self.state.pulls if p["repo"] == repo and p["number"] == number),
+                    None)
+        names = pull["labels"] if pull else []
+        return self._page([{"name": n} for n in names], call,
+                          lambda x: self._label(repo, x["name"]))
+
+    def _remove_label(self, call: Call) -> Reply:
+        pull, name = self._stored_pull(call), call.params["name"]
+        if name not in pull["labels"]:
+            raise Fail(404, "Label does not exist")
+        pull["labels"].remove(name)
+        pull["updated_at"] = now()
+        return Reply(200, [self._label(pull["repo"], n) for n in pull["labels"]])
+
+    def _get_permission(self, call: Call) -> Reply:
+        """GitHub's answer: `permission` is admin, write, read or none (maintain reads as write,
+        triage as read); `role_name` is the role itself."""
+        repo, login = self._repo(call), call.params["username"]
+        if login not in self.state.users:
+            raise Fail(404, "Not Found")
+        role = self.state.collaborators.get(repo, {}).get(login)
+        permission = {"admin": "admin", "maintain": "write", "write": "write",
+                      "triage": "read", "read": "read"}.get(role or "", "none")
+        user = self._user(login) | {"permissions": {
+            "admin": role == "admin", "maintain": role in ("admin", "maintain"),
+            "push": permission in ("admin", "write"), "triage": role is not None,
+            "pull": role is not None}, "role_name": role or "none"}
+        return Reply(200, {"permission": permission, "role_name": role or "none", "user": user})
 
     def _create_token(self, call: Call) -> Reply:
         if call.caller.kind != "app":

@@ -315,3 +315,26 @@ def as_user_call(user: str, groups: Sequence[str], code: str) -> subprocess.Comp
         check=False,
         cwd="/",
     )
+
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def path_without(program: str, *, scratch: Path, path: str = SYSTEM_PATH) -> str:
+    """``path`` with ``program`` nowhere on it: a directory that holds it is replaced by one
+    (under ``scratch``) of links to everything else it holds."""
+    parts = []
+    for i, entry in enumerate(path.split(os.pathsep)):
+        folder = Path(entry)
+        if not entry or not folder.is_dir():
+            continue
+        if not (folder / program).exists():
+            parts.append(entry)
+            continue
+        shadow = scratch / f"path-{i}"
+        shadow.mkdir(parents=True, exist_ok=True)
+        for item in folder.iterdir():
+            if item.name != program:
+                (shadow / item.name).symlink_to(item)
+        parts.append(os.fspath(shadow))
+    return os.pathsep.join(parts)

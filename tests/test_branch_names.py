@@ -39,3 +39,5 @@ def test_a_long_name_is_shortened_with_a_stable_hash_of_the_whole() -> None:
 def test_a_template_is_filled_and_made_a_valid_name() -> None:
     assert branch_name(pr("acme/Shop_API", 3), "{repo}-{number}") == "shop-api-3"
     assert branch_name(pr("acme/widgets", 3), "pr-{number}") == "pr-3"
+    # two owners' repositories of one name, on one runner
+    assert branch_name(pr("Acme/shop", 3), "{owner}-{repo}-pr-{number}") == "acme-shop-pr-3"

@@ -97,17 +97,18 @@ def test_gc_removes_a_killed_seeds_containers_but_not_a_running_seeds(
         client.close()
 
 
-def test_migrations_of_a_docker_branch_use_the_images_psql(
+def test_migrations_of_a_docker_branch_need_a_psql_on_the_host_and_say_so(
     pool: Pool, base: BaseVersion, no_host_binaries: Path, tmp_path: Path
 ) -> None:
+    """The PR's SQL runs as the job's own user, who has no Docker: a Docker branch is made by
+    the engine, but its migrations run the host's psql, and without one the report says what
+    to install."""
     from pgoverlay.action import event
     from pgoverlay.action.workflow import Inputs, handle
+    from pgoverlay.runner.service.engine import LocalEngine
 
     (tmp_path / "db").mkdir()
     (tmp_path / "db" / "001_widgets.sql").write_text("CREATE TABLE widgets (id int);\n")
-    (tmp_path / "db" / "002_rows.sql").write_text(
-        "\\set n 3\nINSERT INTO widgets SELECT generate_series(1, :n);\n"
-    )
     inputs = Inputs(migrations="db", migrations_select="all", comment=False, runtime="docker")
     ev = event.Event(
         kind="open",
@@ -122,15 +123,17 @@ def test_migrations_of_a_docker_branch_use_the_images_psql(
         action="opened",
     )
     try:
-        outcome = handle(pool, ev, inputs, repo_dir=tmp_path, github=None)
-        assert outcome.report is not None and outcome.report.status == "ready", outcome.report
-        assert [m.status for m in outcome.report.migrations] == ["applied", "applied"]
-        assert outcome.branch is not None and outcome.branch.runtime == "docker"
-        with psycopg.connect(**branch.connect_kwargs(pool, outcome.branch)) as conn:
-            assert conn.execute("SELECT count(*) FROM widgets").fetchone() == (3,)
-        assert program_containers(pool) == []
+        outcome = handle(
+            LocalEngine(pool), ev, inputs, settings=pool.settings, repo_dir=tmp_path, github=None
+        )
+        assert outcome.report is not None and outcome.report.status == "failed", outcome.report
+        assert "no psql for the migrations" in outcome.report.message
+        assert "install postgresql-15" in outcome.report.message
+        made = branch.get(pool, "shop-pr-41")
+        assert made.runtime == "docker"
+        assert program_containers(pool) == [], "no program container is started for psql"
     finally:
-        branch.destroy(pool, "pr-41")
+        branch.destroy(pool, "shop-pr-41")
 
 
 def test_a_silent_program_past_its_deadline_is_killed_and_removed(

@@ -323,3 +323,27 @@ def test_runs_as_a_process_and_persists_its_state(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_collaborator_permission_labels_and_label_removal_through_pygithub(
+    gh: FakeGitHub,
+) -> None:
+    gh.add_collaborator(REPO, "alice", "maintain")
+    gh.add_collaborator(REPO, "bob", "triage")
+    repo = client(gh, JOB).get_repo(REPO)
+    assert repo.get_collaborator_permission("alice") == "write"
+    assert repo.get_collaborator_role_name("alice") == "maintain"
+    assert repo.get_collaborator_permission("bob") == "read"
+    assert repo.get_collaborator_permission("github-actions[bot]") == "none"
+    with pytest.raises(GithubException) as missing:
+        repo.get_collaborator_permission("nobody-at-all")
+    assert missing.value.status == 404
+    pull = repo.get_pull(7)
+    assert [label.name for label in pull.get_labels()] == ["database"]
+    pull.remove_from_labels("database")
+    assert [label.name for label in pull.get_labels()] == []
+    assert repo.get_pull(7).labels == []
+    with pytest.raises(GithubException) as gone:
+        pull.remove_from_labels("database")
+    assert gone.value.status == 404
+    assert gh.violations == []

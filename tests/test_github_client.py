@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import responses
@@ -110,3 +111,15 @@ def test_a_refused_comment_is_a_clear_error_without_the_token() -> None:
     with pytest.raises(GitHubError, match="HTTP 403: Resource not accessible") as caught:
         client().upsert_comment("acme/shop", 5, "x", lambda body: False)
     assert "ghs_token" not in str(caught.value)
+
+
+@responses.activate
+def test_the_job_tokens_normal_403_on_user_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG - 9)  # everything, down to urllib3's retry lines
+    mock_common(responses.mock, [[comment(2, f"{MARK}\nsame", "github-actions[bot]")]])
+    result = client().upsert_comment(
+        "acme/shop", 5, f"{MARK}\nsame", lambda body: has_marker(body, MARK)
+    )
+    assert result.action == "unchanged", "the job token is known as github-actions[bot]"
+    noisy = [r for r in caplog.records if r.levelno >= logging.INFO and "/user" in r.getMessage()]
+    assert noisy == []

@@ -19,6 +19,7 @@ from pgoverlay.action import migrations
 from pgoverlay.action.comment import render_comment
 from pgoverlay.action.migrations import Target
 from pgoverlay.action.report import Report
+from pgoverlay.action.sandbox import AsUser
 from pgoverlay.errors import MigrationError, UnsafeFileError
 from pgoverlay.runner import branch, pgbin
 from pgoverlay.runner.pool import Pool
@@ -171,10 +172,10 @@ def test_a_hostile_file_fails_alone_after_the_good_files_are_applied(
         hostile_branch,
         checkout,
         files,
-        tools=pgbin.for_major(15),
+        psql=pgbin.for_major(15).tool("psql"),
         skip_recorded=True,
         timeout=30,
-        user=OsUser.owner_of(checkout),
+        sandbox=AsUser(OsUser.owner_of(checkout)),
     )
     assert [(r.name.split("/")[-1], r.status) for r in runs] == [
         ("001_good.sql", "applied"),

@@ -149,9 +149,9 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
     branch.create(pool, "migrating")
     try:
         target = target_for(pool, "migrating")
-        psql = pgbin.for_major(15)
+        psql = pgbin.for_major(15).tool("psql")
         results = migrations.apply_files(
-            target, repo, files, tools=psql, skip_recorded=True, timeout=60
+            target, repo, files, psql=psql, skip_recorded=True, timeout=60
         )
         assert [r.status for r in results] == ["applied", "applied", "failed", "not run"]
         failed = results[2]
@@ -173,12 +173,12 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
         # A second run skips what is recorded and refuses an edited, already-applied file.
         (repo / "m/003_bad.sql").write_text("SELECT 1;\n")
         again = migrations.apply_files(
-            target, repo, files, tools=psql, skip_recorded=True, timeout=60
+            target, repo, files, psql=psql, skip_recorded=True, timeout=60
         )
         assert [r.status for r in again] == ["skipped", "skipped", "applied", "applied"]
         (repo / "m/001_ok.sql").write_text("SELECT 'edited';\n")
         edited = migrations.apply_files(
-            target, repo, files, tools=psql, skip_recorded=True, timeout=60
+            target, repo, files, psql=psql, skip_recorded=True, timeout=60
         )
         assert edited[0].status == "failed" and "changed after it was applied" in edited[0].error
     finally:
@@ -218,6 +218,7 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
     import shutil
     import tempfile
 
+    from pgoverlay.action.sandbox import AsUser
     from pgoverlay.runner.proc import OsUser
 
     nobody = pwd.getpwnam("nobody")
@@ -233,15 +234,19 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
             target,
             repo,
             ["m/001_escape.sql"],
-            tools=pgbin.for_major(15),
+            psql=pgbin.for_major(15).tool("psql"),
             skip_recorded=True,
             timeout=60,
-            user=OsUser.owner_of(repo),
+            sandbox=AsUser(OsUser.owner_of(repo)),
         )
         assert [r.status for r in runs] == ["applied"], runs
         assert (repo / "whoami.txt").read_text().strip() == str(nobody.pw_uid)
         command = migrations.run_command(
-            target, "id -u > by-command.txt", cwd=repo, timeout=60, user=OsUser.owner_of(repo)
+            target,
+            "id -u > by-command.txt",
+            cwd=repo,
+            timeout=60,
+            sandbox=AsUser(OsUser.owner_of(repo)),
         )
         assert command.status == "applied", command.error
         assert (repo / "by-command.txt").read_text().strip() == str(nobody.pw_uid)

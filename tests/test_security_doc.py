@@ -62,6 +62,6 @@ def test_every_link_of_the_security_page_leads_to_a_file_and_heading() -> None:
 
 def test_slugs_follow_githubs_rule() -> None:
     assert _slug(" `PGOVERLAY_BRANCH_SUPERUSER=true`") == "pgoverlay_branch_superusertrue"
-    assert _slug(" 3. Let the runner start pgoverlay as root") == (
-        "3-let-the-runner-start-pgoverlay-as-root"
+    assert _slug(" 3. Put the runner's user in the `pgoverlay` group") == (
+        "3-put-the-runners-user-in-the-pgoverlay-group"
     )

@@ -1,4 +1,4 @@
-"""Settings come from the environment, except through sudo, where the caller cannot set them."""
+"""Settings come from the environment over the admin's file, for every user."""
 
 from __future__ import annotations
 
@@ -13,11 +13,25 @@ from pgoverlay.runner.settings import Settings, load
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SUDO_UID", raising=False)
     monkeypatch.setenv("PGOVERLAY_HOME", "/srv/pool")
     monkeypatch.setenv("PGOVERLAY_PORT_MIN", "6000")
     loaded = load()
     assert (loaded.home, loaded.port_min) == (Path("/srv/pool"), 6000)
+
+
+def test_the_admins_file_is_read_by_every_user_who_can_and_the_environment_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Root without sudo (a boot unit, the service) reads /etc/pgoverlay/pgoverlay.env as a
+    workflow's user does; a PGOVERLAY_* variable of the caller's own overrides it."""
+    admin = tmp_path / "pgoverlay.env"
+    admin.write_text("PGOVERLAY_HOME=/srv/admin-pool\nPGOVERLAY_PORT_MIN=6000\n")
+    monkeypatch.setattr(settings_module, "ADMIN_ENV_FILE", admin)
+    monkeypatch.delenv("PGOVERLAY_HOME", raising=False)
+    monkeypatch.delenv("PGOVERLAY_PORT_MIN", raising=False)
+    assert (load().home, load().port_min) == (Path("/srv/admin-pool"), 6000)
+    monkeypatch.setenv("PGOVERLAY_PORT_MIN", "7000")
+    assert (load().home, load().port_min) == (Path("/srv/admin-pool"), 7000)
 
 
 def test_an_admin_file_this_user_cannot_read_is_skipped_with_a_warning(

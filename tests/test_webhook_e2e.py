@@ -4,14 +4,19 @@ API, and real branches."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,13 +29,19 @@ import requests
 import yaml
 
 from fakegithub import FakeGitHub
+from helpers import cli, require
 from pgoverlay.runner import branch, mounts
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.webhook.account import SUBUID, ranges
 from pgoverlay.webhook.signature import sign
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
 REPO = "acme/shop"
+TOOLS = "acme/tools"  # a repository whose migrations are a command
+LISTENER = "pgoverlay-test-listener"
+MAINTAINER, TRIAGER = "maintainer", "triager"
+LEFTOVER = "7654.25"  # what the migrate command leaves sleeping, detached
 SECRET = "webhook-test-secret"
 TOKEN = "ghp_webhookTestToken0123"
 BASE_SHA = "b" * 40
@@ -60,6 +71,62 @@ def tarball(sha: str, files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
+# The listener as production runs it: an interpreter every user can read (this one may live
+# in root's home), with this checkout's packages; it becomes its user before importing anything.
+SYSTEM_PYTHON = "/usr/bin/python3"
+AS_LISTENER = """
+import grp, os, pwd, site, sys
+user = pwd.getpwnam(sys.argv[2])
+os.setgroups([user.pw_gid, grp.getgrnam("pgoverlay").gr_gid])
+os.setgid(user.pw_gid)
+os.setuid(user.pw_uid)
+site.addsitedir(sys.argv[1])
+import pgoverlay.cli
+raise SystemExit(pgoverlay.cli.main(sys.argv[3:]))
+"""
+
+
+def system_python_fits() -> bool:
+    """The system interpreter is this one's version, so this checkout's packages load in it."""
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() == str(sys.version_info[:2])
+
+
+def job_command(socket: Path) -> str:
+    """A migrate command that records, in the branch, who it ran as and whether it could reach
+    the engine service's socket, then leaves a detached process behind."""
+    reach = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
+    return (
+        f'if {SYSTEM_PYTHON} -c "{reach}" {socket} 2>/dev/null; then reach=yes; else reach=no; fi; '
+        'psql -v ON_ERROR_STOP=1 -c "CREATE TABLE ran_as AS SELECT '
+        "$(id -u) AS uid, '$reach'::text AS reached_service\"; "
+        f"setsid sleep {LEFTOVER} </dev/null >/dev/null 2>&1 &"
+    )
+
+
+def leftovers() -> list[int]:
+    marker = f"sleep\x00{LEFTOVER}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def move_head(github: FakeGitHub, repo: str, pr: int, sha: str) -> None:
+    """A push to the pull request, as the API then tells it."""
+    with github.locked():
+        github.pull(repo, pr)["head_sha"] = sha
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,20 +134,32 @@ def free_port() -> int:
 
 
 class Listener:
-    """`pgoverlay webhook serve` in its own process, and the means to talk to it."""
+    """`pgoverlay webhook serve` in its own process, as the listener's own unprivileged user
+    (made by `pgoverlay webhook setup`), asking the engine service (root) for branches; and the
+    means to talk to it."""
 
-    def __init__(self, pool: Pool, github: FakeGitHub, tmp: Path) -> None:
+    def __init__(self, pool: Pool, github: FakeGitHub, socket: Path) -> None:
         self.pool = pool
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = tmp / "webhook.yml"
+        # Not under pytest's tmp_path: the listener's user must be able to reach it.
+        self.top = Path(tempfile.mkdtemp(prefix="pgoverlay-listener-", dir="/var/tmp"))
+        self.top.chmod(0o755)
+        self.state = self.top / "state"
+        done = cli(["webhook", "setup", "--user", LISTENER, "--state-dir", str(self.state)], env={})
+        assert done.returncode == 0, done.stderr
+        config = self.top / "webhook.yml"
         config.write_text(
             yaml.safe_dump(
                 {
-                    "repositories": {REPO: {"migrations": "db/migrations", "fork_label": "db-ok"}},
+                    "repositories": {
+                        REPO: {"migrations": "db/migrations", "fork_label": "db-ok"},
+                        TOOLS: {"migrate_command": job_command(socket)},
+                    },
                 }
             )
         )
+        config.chmod(0o644)
         self.env = {
             **os.environ,
             "PGOVERLAY_HOME": os.fspath(pool.home),
@@ -90,18 +169,28 @@ class Listener:
             "PGOVERLAY_WEBHOOK_TOKEN": TOKEN,
             "PGOVERLAY_WEBHOOK_API_URL": github.url,
             "PGOVERLAY_WEBHOOK_CONFIG": os.fspath(config),
-            "PGOVERLAY_WEBHOOK_QUEUE_PATH": os.fspath(tmp / "queue.db"),
-            "PGOVERLAY_WEBHOOK_STATE_DIR": os.fspath(tmp / "state"),
+            "PGOVERLAY_WEBHOOK_STATE_DIR": os.fspath(self.state),
             "PGOVERLAY_WEBHOOK_LEASE_SECONDS": "4",
             "PGOVERLAY_WEBHOOK_RECONCILE_INTERVAL": "2",
         }
-        self.log = tmp / "listener.log"
+        self.log = self.top / "listener.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pgoverlay", "webhook", "serve", "--port", str(self.port)],
+            [
+                SYSTEM_PYTHON,
+                "-c",
+                AS_LISTENER,
+                sysconfig.get_paths()["purelib"],
+                LISTENER,
+                "webhook",
+                "serve",
+                "--port",
+                str(self.port),
+            ],
             env=self.env,
+            cwd="/",
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
         )
@@ -148,6 +237,8 @@ def pr_payload(
     fork: bool = False,
     labels: tuple[str, ...] = (),
     merged: bool = False,
+    repo: str = REPO,
+    sender: str = MAINTAINER,
 ) -> dict[str, Any]:
     name = {"reopened": "opened"}.get(action, action)
     name = name if (FIXTURES / f"pull_request.{name}.json").exists() else "opened"
@@ -165,33 +256,41 @@ def pr_payload(
     )
     for side, sha in (("head", head_sha), ("base", BASE_SHA)):
         pull[side]["sha"] = sha
-        pull[side]["repo"]["full_name"] = REPO
+        pull[side]["repo"]["full_name"] = repo
     if fork:
         pull["head"]["repo"]["full_name"] = "stranger/shop"
-    payload["repository"]["full_name"] = REPO
+    payload["repository"]["full_name"] = repo
+    payload["sender"]["login"] = sender
     if action == "labeled":
         payload["label"] = {"name": labels[-1] if labels else "other"}
     return payload
 
 
 @pytest.fixture()
-def listener(
-    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path
-) -> Iterator[tuple[Listener, FakeGitHub]]:
+def listener(pool: Pool, base: BaseVersion, service: Path) -> Iterator[tuple[Listener, FakeGitHub]]:
+    require(system_python_fits(), f"needs {SYSTEM_PYTHON} of this Python's version")
     with FakeGitHub() as github:
         github.add_token(TOKEN, "pgoverlay-bot")
-        github.add_tarball(
-            REPO, BASE_SHA, tarball(BASE_SHA, {"db/migrations/000_old.sql": "SELECT 1;\n"})
-        )
-        service = Listener(pool, github, tmp_path)
-        service.start()
+        github.add_collaborator(REPO, MAINTAINER, "maintain")
+        github.add_collaborator(REPO, TRIAGER, "triage")
+        for repo in (REPO, TOOLS):
+            github.add_tarball(
+                repo, BASE_SHA, tarball(BASE_SHA, {"db/migrations/000_old.sql": "SELECT 1;\n"})
+            )
+        hook = Listener(pool, github, service)
         try:
-            yield service, github
+            hook.start()
+            yield hook, github
         finally:
-            service.stop()
+            hook.stop()
+            print(hook.log.read_text()[-6000:])  # shown when a test fails
+            engine_log = pool.home / "service.log"
+            if engine_log.is_file():
+                print(engine_log.read_text()[-6000:])
             for b in pool.registry.branches():
-                if b.name.startswith("shop-pr-"):
+                if b.name.startswith(("shop-pr-", "tools-pr-")):
                     branch.destroy(pool, b.name)
+            shutil.rmtree(hook.top, ignore_errors=True)
         assert github.violations == []
 
 
@@ -261,12 +360,15 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
             },
         ),
     )
+    move_head(github, REPO, 9, head2)
     assert service.send(pr_payload("synchronize", head2)).status_code == 202
     eventually(lambda: "success" in statuses(github, head2), what="the second head's status")
     assert columns(pool, "shop-pr-9") == "id,name"
     [updated] = comments(github, 9)
     assert updated["id"] == first["id"] and head2[:7] in updated["body"]
 
+    with github.locked():
+        github.pull(REPO, 9).update(state="closed", merged=True)
     assert service.send(pr_payload("closed", head2, merged=True)).status_code == 202
     eventually(lambda: pool.registry.branch("shop-pr-9") is None, what="the branch to go")
     eventually(lambda: "Destroyed" in comments(github, 9)[0]["body"], what="the final comment")
@@ -338,6 +440,8 @@ def test_a_fork_gets_no_branch_until_a_maintainer_labels_it(
     eventually(lambda: comments(github, 12), what="the fork comment")
     assert "`db-ok`" in comments(github, 12)[0]["body"]
     assert service.pool.registry.branch("shop-pr-12") is None
+    with github.locked():
+        github.pull(REPO, 12)["labels"].append("db-ok")
     labelled = pr_payload("labeled", head, number=12, fork=True, labels=("db-ok",))
     assert service.send(labelled).status_code == 202
     eventually(lambda: service.pool.registry.branch("shop-pr-12"), what="the approved branch")
@@ -383,11 +487,140 @@ def test_reconcile_destroys_a_branch_whose_close_was_missed(
     github.add_tarball(REPO, head, tarball(head, {"db/migrations/001.sql": "SELECT 1;\n"}))
     assert service.send(pr_payload("opened", head, number=14)).status_code == 202
     eventually(lambda: "success" in statuses(github, head), what="the branch")
-    for pull in github.state.pulls:
-        if pull.get("number") == 14:
-            pull["state"] = "closed"
+    with github.locked():
+        github.pull(REPO, 14)["state"] = "closed"
     eventually(
         lambda: service.pool.registry.branch("shop-pr-14") is None,
         timeout=60,
         what="reconcile to destroy the branch",
     )
+
+
+def test_each_jobs_code_runs_as_its_own_uid_away_from_the_service_and_its_leftovers_die(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head = "7" * 40
+    github.add_pull(TOOLS, 21, head, BASE_SHA)
+    github.add_tarball(TOOLS, head, tarball(head, {"README.md": "tools\n"}))
+    assert hook.send(pr_payload("opened", head, number=21, repo=TOOLS)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head), what="the migrate command's branch")
+    assert leftovers() == [], "the command's detached process outlived its job"
+    b = branch.get(hook.pool, "tools-pr-21")
+    with psycopg.connect(**branch.connect_kwargs(hook.pool, b)) as conn:
+        row = conn.execute("SELECT uid, reached_service FROM ran_as").fetchone()
+    assert row is not None
+    inner, reached = row
+    [(_, first, _)] = [r for r in ranges(SUBUID.read_text()) if r[0] == LISTENER]
+    host_uid = first + int(inner) - 1
+    assert host_uid not in (0, pwd.getpwnam(LISTENER).pw_uid) and int(inner) >= 1000
+    assert reached == "no", "the job's code reached the engine service"
+    assert [p.name for p in hook.state.glob("pgoverlay-pr-*")] == [], "scratch left behind"
+    private = {p.name: p.stat().st_mode & 0o777 for p in hook.state.glob("queue.db*")}
+    assert "queue.db" in private and set(private.values()) == {0o600}, private
+
+
+def test_a_replayed_old_synchronize_does_not_move_the_branch_off_the_current_head(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head1, head2 = "8" * 40, "9" * 40
+    github.add_pull(REPO, 22, head1, BASE_SHA)
+    for sha, columns_sql in ((head1, "id int"), (head2, "id int, name text")):
+        github.add_tarball(
+            REPO,
+            sha,
+            tarball(
+                sha, {"db/migrations/001_widgets.sql": f"CREATE TABLE widgets ({columns_sql});\n"}
+            ),
+        )
+    old_sync = pr_payload("synchronize", head1, number=22)
+    assert hook.send(old_sync).status_code == 202
+    eventually(lambda: "success" in statuses(github, head1), what="the first head's branch")
+    move_head(github, REPO, 22, head2)
+    assert hook.send(pr_payload("synchronize", head2, number=22)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head2), what="the second head's branch")
+    assert columns(hook.pool, "shop-pr-22") == "id,name"
+
+    replay = copy.deepcopy(old_sync)
+    replay["pull_request"]["updated_at"] = "2030-01-01T00:00:00Z"  # a new body, as if edited
+    assert hook.send(replay).status_code == 202  # under a new delivery id
+    eventually(
+        lambda: statuses(github, head2).count("success") == 2, what="the replay's job to end"
+    )
+    assert columns(hook.pool, "shop-pr-22") == "id,name"
+    assert statuses(github, head1) == ["pending", "success"], "the old head ran again"
+    record = hook.pool.registry.record("shop-pr-22")
+    assert record is not None and record.head_sha == head2
+    # A `closed` for a pull request the API says is open destroys nothing.
+    assert hook.send(pr_payload("closed", head2, number=22)).status_code == 202
+    eventually(
+        lambda: "the pull request is open: nothing to destroy" in hook.log.read_text(),
+        what="the close job to end",
+    )
+    assert columns(hook.pool, "shop-pr-22") == "id,name"
+
+
+def test_a_fork_approved_at_one_head_runs_nothing_at_the_next_nor_on_a_replayed_label(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head_a, head_b = "a" * 40, "c" * 40
+    github.add_pull(REPO, 23, head_a, BASE_SHA, head_repo="stranger/shop")
+    for sha, columns_sql in ((head_a, "id int"), (head_b, "id int, evil text")):
+        github.add_tarball(
+            REPO,
+            sha,
+            tarball(
+                sha, {"db/migrations/001_widgets.sql": f"CREATE TABLE widgets ({columns_sql});\n"}
+            ),
+        )
+    with github.locked():
+        github.pull(REPO, 23)["labels"].append("db-ok")
+    approval = pr_payload("labeled", head_a, number=23, fork=True, labels=("db-ok",))
+    assert hook.send(approval).status_code == 202
+    eventually(lambda: "success" in statuses(github, head_a), what="the approved head's branch")
+    assert columns(hook.pool, "shop-pr-23") == "id"
+
+    move_head(github, REPO, 23, head_b)
+    assert hook.send(pr_payload("synchronize", head_b, number=23, fork=True)).status_code == 202
+    eventually(lambda: statuses(github, head_b), what="the push's refusal")
+    assert statuses(github, head_b) == ["failure"]
+    assert "db-ok" not in github.pull(REPO, 23)["labels"], "the label was left on"
+    assert "new commits since @maintainer approved" in comments(github, 23)[0]["body"]
+    assert columns(hook.pool, "shop-pr-23") == "id", "the unapproved head ran"
+
+    # Someone puts the label back, and the maintainer's old `labeled` is replayed.
+    with github.locked():
+        github.pull(REPO, 23)["labels"].append("db-ok")
+    replay = copy.deepcopy(approval)
+    replay["pull_request"]["updated_at"] = "2030-01-01T00:00:00Z"
+    assert hook.send(replay).status_code == 202
+    eventually(
+        lambda: "db-ok" not in github.pull(REPO, 23)["labels"], what="the replay's label removal"
+    )
+    eventually(
+        lambda: f"is now {head_b[:7]}" in comments(github, 23)[0]["body"], what="why, on the PR"
+    )
+    eventually(
+        lambda: statuses(github, head_b) == ["failure", "failure"], what="the replay's status"
+    )
+    assert columns(hook.pool, "shop-pr-23") == "id"
+
+
+def test_a_label_added_by_someone_without_write_permission_runs_nothing(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head = "d" * 40
+    github.add_pull(REPO, 24, head, BASE_SHA, head_repo="stranger/shop")
+    github.add_tarball(REPO, head, tarball(head, {"db/migrations/001.sql": "SELECT 1;\n"}))
+    with github.locked():
+        github.pull(REPO, 24)["labels"].append("db-ok")
+    labelled = pr_payload("labeled", head, number=24, fork=True, labels=("db-ok",), sender=TRIAGER)
+    assert hook.send(labelled).status_code == 202
+    eventually(lambda: statuses(github, head), what="the refusal")
+    assert "@triager, who cannot write" in comments(github, 24)[0]["body"]
+    assert "db-ok" not in github.pull(REPO, 24)["labels"]
+    assert statuses(github, head) == ["failure"]
+    assert hook.pool.registry.branch("shop-pr-24") is None

@@ -5,6 +5,7 @@ never outlives it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 from collections.abc import Iterator
@@ -15,9 +16,20 @@ import psycopg
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from test_webhook_e2e import BASE_SHA, REPO, TOKEN, Listener, pr_payload, statuses, tarball
+from test_webhook_e2e import (
+    BASE_SHA,
+    REPO,
+    SYSTEM_PYTHON,
+    TOKEN,
+    Listener,
+    pr_payload,
+    statuses,
+    system_python_fits,
+    tarball,
+)
 
 from fakegithub import FakeGitHub
+from helpers import require
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
@@ -39,20 +51,24 @@ CREATE TABLE widgets (id int);
 
 
 @pytest.fixture()
-def listener(
-    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path
-) -> Iterator[tuple[Listener, FakeGitHub]]:
+def listener(pool: Pool, base: BaseVersion, service: Path) -> Iterator[tuple[Listener, FakeGitHub]]:
+    require(system_python_fits(), f"needs {SYSTEM_PYTHON} of this Python's version")
     with FakeGitHub() as github:
         github.add_token(TOKEN, "pgoverlay-bot")
-        listening = Listener(pool, github, tmp_path)
-        listening.start()
+        github.add_tarball(
+            REPO, BASE_SHA, tarball(BASE_SHA, {"db/migrations/000.sql": "SELECT 1;"})
+        )
+        hook = Listener(pool, github, service)
         try:
-            yield listening, github
+            hook.start()
+            yield hook, github
         finally:
-            listening.stop()
+            hook.stop()
+            print(hook.log.read_text()[-6000:])  # shown when a test fails
             for b in pool.registry.branches():
                 if b.name.startswith("shop-pr-"):
                     branch.destroy(pool, b.name)
+            shutil.rmtree(hook.top, ignore_errors=True)
         assert github.violations == []
 
 
@@ -78,7 +94,7 @@ def gone(pid: int) -> bool:
 
 
 def job_states(service: Listener) -> dict[int, str]:
-    path = f"file:{service.env['PGOVERLAY_WEBHOOK_QUEUE_PATH']}?mode=ro"
+    path = f"file:{service.state / 'queue.db'}?mode=ro"
     with closing(sqlite3.connect(path, uri=True, timeout=30)) as db:
         return dict(db.execute("SELECT pr, state FROM jobs").fetchall())
 
@@ -119,7 +135,6 @@ def test_intake_keeps_acknowledging_while_the_worker_process_is_busy(
     listener: tuple[Listener, FakeGitHub],
 ) -> None:
     service, github = listener
-    github.add_tarball(REPO, BASE_SHA, tarball(BASE_SHA, {"db/migrations/000.sql": "SELECT 1;"}))
     held, other = "a" * 40, "c" * 40
     add_pull(github, 21, held, WAIT_FOR_GO)
     add_pull(github, 22, other, "CREATE TABLE widgets (id int);\n")

@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 
 from fakegithub import FakeGitHub
-from pgoverlay.action import event, main
+from helpers import cli
+from pgoverlay.action import event, main, workflow
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.workflow import Inputs, handle
+from pgoverlay.action.workflow import Inputs, Outcome
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.service.engine import LocalEngine
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
 
@@ -57,13 +59,14 @@ def test_a_fork_is_told_by_the_head_repository_not_by_repository_fork() -> None:
     assert parse(deleted).from_fork is True
 
 
-def test_other_events_get_a_branch_named_after_the_ref() -> None:
+def test_branches_are_named_after_the_repository_and_the_pr_or_the_ref() -> None:
     ev = event.parse(
         "workflow_dispatch", {}, repository="x/y", sha="abc", ref="refs/heads/Feature/Big_Change"
     )
-    assert ev.kind == "ref" and event.branch_name(ev, None) == "feature-big-change"
+    assert ev.kind == "ref" and event.branch_name(ev, None) == "y-feature-big-change"
     pr = parse(payload("opened"))
-    assert event.branch_name(pr, None) == f"pr-{pr.pr}"
+    assert pr.repository == "Codertocat/Hello-World"
+    assert event.branch_name(pr, None) == f"hello-world-pr-{pr.pr}"
     assert event.branch_name(pr, "shop-pr-{number}") == f"shop-pr-{pr.pr}"
 
 
@@ -91,11 +94,16 @@ def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
 
 
 def pr_event(
-    *, fork: bool = False, kind: event.Kind = "open", number: int = 5, head: str = "a" * 40
+    *,
+    fork: bool = False,
+    kind: event.Kind = "open",
+    number: int = 5,
+    head: str = "a" * 40,
+    repository: str = "acme/shop",
 ) -> event.Event:
     return event.Event(
         kind=kind,
-        repository="acme/shop",
+        repository=repository,
         pr=number,
         head_sha=head,
         base_sha="b" * 40,
@@ -107,11 +115,16 @@ def pr_event(
     )
 
 
+def handle(pool: Pool, ev: event.Event, inputs: Inputs, **options: Any) -> Outcome:
+    """The workflow as root's engine runs it (the service's own tests cover other callers)."""
+    return workflow.handle(LocalEngine(pool), ev, inputs, settings=pool.settings, **options)
+
+
 def test_a_forks_migrate_command_is_not_run_unless_allowed(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
-    inputs = Inputs(migrate_command=f"touch {marker}", comment=False)
+    inputs = Inputs(migrate_command=f"touch {marker}", comment=False, allow_forks=True)
     try:
         outcome = handle(pool, pr_event(fork=True), inputs, repo_dir=tmp_path, github=None)
         assert outcome.report is not None and outcome.report.status == "ready"
@@ -121,6 +134,7 @@ def test_a_forks_migrate_command_is_not_run_unless_allowed(
         allowed = Inputs(
             migrate_command=f"touch {marker}",
             comment=False,
+            allow_forks=True,
             allow_fork_commands=True,
             reset_on_push=False,
         )
@@ -129,7 +143,7 @@ def test_a_forks_migrate_command_is_not_run_unless_allowed(
         assert second.report is not None and second.report.migrations[0].status == "applied"
         assert marker.exists()
     finally:
-        branch.destroy(pool, "pr-5")
+        branch.destroy(pool, "shop-pr-5")
 
 
 def test_a_comment_that_cannot_be_written_does_not_hide_a_ready_branch(
@@ -144,7 +158,9 @@ def test_a_comment_that_cannot_be_written_does_not_hide_a_ready_branch(
         body={"message": "Resource not accessible by integration"},
     )
     try:
-        outcome = handle(pool, pr_event(fork=True), Inputs(), repo_dir=tmp_path, github=client)
+        outcome = handle(
+            pool, pr_event(fork=True), Inputs(allow_forks=True), repo_dir=tmp_path, github=client
+        )
         assert outcome.report is not None and outcome.report.status == "ready"
         assert outcome.branch is not None
         assert (
@@ -152,7 +168,7 @@ def test_a_comment_that_cannot_be_written_does_not_hide_a_ready_branch(
             and "forks get a read-only token" in outcome.comment_error
         )
     finally:
-        branch.destroy(pool, "pr-5")
+        branch.destroy(pool, "shop-pr-5")
 
 
 def test_server_errors_from_github_are_retried(
@@ -166,24 +182,82 @@ def test_server_errors_from_github_are_retried(
         posts = [r for r in fake.requests if r["method"] == "POST"]
         assert [r["status"] for r in posts] == [502, 502, 201]
     finally:
-        branch.destroy(pool, "pr-5")
+        branch.destroy(pool, "shop-pr-5")
 
 
 def test_a_branch_name_taken_by_another_repository_is_refused(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
-    mine = handle(pool, pr_event(), Inputs(comment=False), repo_dir=tmp_path, github=None)
+    shared = Inputs(comment=False, branch_name="pr-{number}")  # a name without the repository
+    mine = handle(pool, pr_event(), shared, repo_dir=tmp_path, github=None)
     try:
         assert mine.report is not None and mine.report.status == "ready"
-        other = pr_event()
-        other = event.Event(**{**other.__dict__, "repository": "other/repo"})
-        outcome = handle(pool, other, Inputs(comment=False), repo_dir=tmp_path, github=None)
+        other = pr_event(repository="other/repo")
+        outcome = handle(pool, other, shared, repo_dir=tmp_path, github=None)
         assert outcome.report is not None and outcome.report.status == "failed"
         assert "belongs to acme/shop#5" in outcome.report.message
         assert "branch-name" in outcome.report.message
         assert outcome.branch is None
+        closed = handle(
+            pool,
+            pr_event(repository="other/repo", kind="close"),
+            shared,
+            repo_dir=tmp_path,
+            github=None,
+        )
+        assert closed.report is not None and closed.report.status == "failed"
+        assert pool.registry.branch("pr-5") is not None, "another repository's close destroyed it"
     finally:
         branch.destroy(pool, "pr-5")
+
+
+def test_two_repositories_pr_7_on_one_runner_get_two_branches(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    inputs = Inputs(comment=False)
+    try:
+        shop = handle(pool, pr_event(number=7), inputs, repo_dir=tmp_path, github=None)
+        blog = handle(
+            pool, pr_event(number=7, repository="acme/blog"), inputs, repo_dir=tmp_path, github=None
+        )
+        assert shop.report is not None and shop.report.status == "ready"
+        assert blog.report is not None and blog.report.status == "ready"
+        assert (shop.report.branch_name, blog.report.branch_name) == ("shop-pr-7", "blog-pr-7")
+        rows = {b.name: (b.repository, b.pr) for b in pool.registry.branches()}
+        assert rows["shop-pr-7"] == ("acme/shop", 7) and rows["blog-pr-7"] == ("acme/blog", 7)
+        handle(pool, pr_event(number=7, kind="close"), inputs, repo_dir=tmp_path, github=None)
+        assert pool.registry.branch("shop-pr-7") is None
+        assert pool.registry.branch("blog-pr-7") is not None, "closing one closed the other"
+    finally:
+        for name in ("shop-pr-7", "blog-pr-7"):
+            branch.destroy(pool, name)
+
+
+def test_a_branch_destroyed_by_hand_frees_its_pr_for_another_repository(
+    pool: Pool, base: BaseVersion, tmp_path: Path, env: dict[str, str]
+) -> None:
+    shared = Inputs(comment=False, branch_name="pr-{number}")
+    widgets = pr_event(number=31, repository="acme/widgets")
+    try:
+        first = handle(pool, widgets, shared, repo_dir=tmp_path, github=None)
+        assert first.report is not None and first.report.status == "ready"
+        by_hand = cli(["branch", "destroy", "pr-31"], env=env)
+        assert by_hand.returncode == 0, by_hand.stderr
+        gadgets = pr_event(number=31, repository="other/gadgets")
+        made = handle(pool, gadgets, shared, repo_dir=tmp_path, github=None)
+        assert made.report is not None and made.report.status == "ready", made.report
+        assert branch.get(pool, "pr-31").repository == "other/gadgets"
+        rerun = handle(pool, gadgets, shared, repo_dir=tmp_path, github=None)
+        assert rerun.reused and rerun.report is not None and rerun.report.status == "ready"
+        pushed = pr_event(number=31, repository="other/gadgets", kind="sync", head="c" * 40)
+        again = handle(pool, pushed, shared, repo_dir=tmp_path, github=None)
+        assert again.report is not None and again.report.status == "ready", again.report
+        closing = pr_event(number=31, repository="other/gadgets", kind="close", head="c" * 40)
+        closed = handle(pool, closing, shared, repo_dir=tmp_path, github=None)
+        assert closed.report is not None and closed.report.status == "destroyed"
+        assert pool.registry.branch("pr-31") is None
+    finally:
+        branch.destroy(pool, "pr-31")
 
 
 # -- the entry point: masks before outputs, no DSN unless ready --------------------------------
@@ -219,7 +293,7 @@ def read_outputs(path: Path) -> dict[str, str]:
 
 
 def test_the_entry_point_masks_secrets_before_writing_outputs(
-    pool: Pool, base: BaseVersion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = payload("opened")
     data["pull_request"]["number"] = 6
@@ -230,7 +304,7 @@ def test_the_entry_point_masks_secrets_before_writing_outputs(
     try:
         assert main.run(out=out) == 0
         values = read_outputs(tmp_path / "output")
-        b = branch.get(pool, "pr-6")
+        b = branch.get(pool, "hello-world-pr-6")
         assert values["password"] == b.password and values["status"] == "ready"
         assert values["dsn"].startswith("postgresql://pgoverlay:")
         log = out.getvalue()
@@ -241,11 +315,11 @@ def test_the_entry_point_masks_secrets_before_writing_outputs(
         assert b.password not in (tmp_path / "summary").read_text()
         assert "**Ready**" in (tmp_path / "summary").read_text()
     finally:
-        branch.destroy(pool, "pr-6")
+        branch.destroy(pool, "hello-world-pr-6")
 
 
 def test_a_branch_that_cannot_be_made_ready_fails_the_step_without_a_dsn(
-    pool: Pool, base: BaseVersion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = payload("opened")
     env = job_env(tmp_path, pool, data, comment="false", base="no-such-base")
@@ -256,6 +330,35 @@ def test_a_branch_that_cannot_be_made_ready_fails_the_step_without_a_dsn(
     values = read_outputs(tmp_path / "output")
     assert values["status"] == "failed" and "dsn" not in values and "password" not in values
     assert "::error title=Branch not ready::no base named 'no-such-base'" in out.getvalue()
+
+
+def test_a_forks_pull_request_gets_no_branch_unless_forks_are_allowed(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = payload("opened")
+    data["pull_request"]["head"]["repo"]["full_name"] = "stranger/Hello-World"
+    marker = tmp_path / "ran"
+    env = job_env(tmp_path, pool, data, comment="false", migrate_command=f"touch {marker}")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = io.StringIO()
+    assert main.run(out=out) == 0
+    assert read_outputs(tmp_path / "output") == {"status": "skipped", "branch": ""}
+    summary = (tmp_path / "summary").read_text()
+    assert "Not branched" in summary and "from a fork" in summary
+    assert "`allow-forks: true`" in summary, "the summary says how to opt in"
+    assert "::notice title=No branch for a fork::" in out.getvalue()
+    assert pool.registry.branches() == [] and not marker.exists()
+
+    (tmp_path / "output").unlink()
+    monkeypatch.setenv("INPUT_ALLOW_FORKS", "true")
+    try:
+        assert main.run(out=io.StringIO()) == 0
+        values = read_outputs(tmp_path / "output")
+        assert values["status"] == "ready" and values["branch"] == "hello-world-pr-2"
+        assert not marker.exists(), "a fork's command still needs allow-fork-commands"
+    finally:
+        branch.destroy(pool, "hello-world-pr-2")
 
 
 def test_zizmor_finds_nothing_in_the_actions_and_example_workflows() -> None:
@@ -301,4 +404,4 @@ def test_a_failed_migration_is_retried_by_a_rerun_of_the_same_head(
         third = handle(pool, pr_event(), inputs, repo_dir=tmp_path, github=None)
         assert third.reused, "a successful head is not redone"
     finally:
-        branch.destroy(pool, "pr-5")
+        branch.destroy(pool, "shop-pr-5")

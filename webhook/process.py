@@ -14,7 +14,14 @@ from pgoverlay.runner import proc
 
 log = logging.getLogger(__name__)
 
-WORK = [sys.executable, "-m", "pgoverlay", "webhook", "work"]
+# `pgoverlay webhook work` on this interpreter, finding the modules where this process found
+# them (its sys.path, .pth files included: a venv, an editable install, a folder it was given).
+WORK = """import site, sys
+for entry in sys.argv[1:]:
+    site.addsitedir(entry)
+from pgoverlay.cli import main
+sys.exit(main(["webhook", "work"]))
+"""
 KILL_WAIT = 10.0  # seconds a SIGKILLed worker process gets to be reaped
 
 
@@ -26,7 +33,7 @@ class WorkerProcess:
     def __init__(self, *, grace: float, nice: int, argv: list[str] | None = None) -> None:
         self.grace = grace
         self.nice = nice
-        self.argv = argv or WORK
+        self.argv = argv or [sys.executable, "-c", WORK, *(p for p in sys.path if p)]
         self.child: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
 

@@ -547,6 +547,57 @@ class Queue:
             ).rowcount
         return {"jobs": jobs, "deliveries": deliveries}
 
+    # fork approvals -----------------------------------------------------------------------
+    # A maintainer's label approves a fork's pull request at one head SHA only. The table is
+    # made on first use, in the transaction that uses it.
+
+    def approve(
+        self, repository: str, pr: int, *, head_sha: str, approver: str, now: float | None = None
+    ) -> None:
+        """Record that ``approver`` approved ``repository#pr`` at ``head_sha`` (replacing any
+        earlier approval of that pull request)."""
+        with self._write() as db:
+            db.execute(_APPROVALS)
+            db.execute(
+                "INSERT INTO approvals VALUES (?, ?, ?, ?, ?) ON CONFLICT (repository, pr)"
+                " DO UPDATE SET head_sha = excluded.head_sha, approver = excluded.approver,"
+                " approved_at = excluded.approved_at",
+                (repository.lower(), pr, head_sha, approver, _clock(now)),
+            )
+
+    def approval(self, repository: str, pr: int) -> Approval | None:
+        """The pull request's latest approval, or None."""
+        with self._write() as db:
+            db.execute(_APPROVALS)
+            row = db.execute(
+                "SELECT head_sha, approver, approved_at FROM approvals"
+                " WHERE repository = ? AND pr = ?",
+                (repository.lower(), pr),
+            ).fetchone()
+        return Approval(*row) if row else None
+
+    def revoke(self, repository: str, pr: int) -> None:
+        """Forget the pull request's approval (e.g. once it is closed)."""
+        with self._write() as db:
+            db.execute(_APPROVALS)
+            db.execute(
+                "DELETE FROM approvals WHERE repository = ? AND pr = ?", (repository.lower(), pr)
+            )
+
+
+_APPROVALS = """
+CREATE TABLE IF NOT EXISTS approvals (
+    repository TEXT NOT NULL, pr INTEGER NOT NULL, head_sha TEXT NOT NULL,
+    approver TEXT NOT NULL, approved_at REAL NOT NULL, PRIMARY KEY (repository, pr))
+"""
+
+
+@dataclass(frozen=True)
+class Approval:
+    head_sha: str  # the head the maintainer labelled: the only one it approves
+    approver: str
+    approved_at: float
+
 
 def _accept(db: sqlite3.Connection, delivery: Delivery, now: float) -> tuple[Accepted, int | None]:
     """One delivery of :meth:`Queue.accept_all`, inside its transaction; its job's id."""

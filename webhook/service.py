@@ -15,6 +15,7 @@ from pgoverlay.action.github import GitHubError
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
+from pgoverlay.webhook import sandbox
 from pgoverlay.webhook.queue import NewJob, Queue
 from pgoverlay.webhook.settings import WebhookSettings
 from pgoverlay.webhook.worker import GitHubClients, Metrics, Worker, cleanup_scratch
@@ -39,6 +40,7 @@ class Service:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        sandbox.check()
         # A previous process may have been killed mid-job: finish or undo its sagas first.
         report = self.engine.gc()
         log.info("start-up repair: %s", "; ".join(report.lines))

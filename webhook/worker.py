@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import tarfile
 import tempfile
 import threading
@@ -30,19 +29,21 @@ from pgoverlay.action.github import GitHub, GitHubError
 from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.workflow import Inputs, handle, post_comment
-from pgoverlay.errors import ConfigError, PgoverlayError
-from pgoverlay.runner.proc import OsUser
+from pgoverlay.errors import ConfigError, PgoverlayError, UnsafeFileError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
+from pgoverlay.webhook import forks
 from pgoverlay.webhook.queue import Job, Queue, QueueError, backoff_delay
+from pgoverlay.webhook.sandbox import JobSandbox, job_uid, remove_scratch
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
 
 log = logging.getLogger(__name__)
 
 REPO_FILE = ".pgoverlay.yml"
 REPO_FILE_KEYS = {"migrations", "migrations_select", "working_directory", "base"}
-RUN_AS = "nobody"
+REPO_FILE_BYTES = 64 * 1024
 # The job a worker thread is on, for log lines written deep inside the engine.
 CURRENT: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
     "pgoverlay_job", default=("-", "-")
@@ -56,7 +57,7 @@ class JobLogContext(logging.Filter):
         delivery, pr = CURRENT.get()
         record.delivery_id = getattr(record, "delivery_id", delivery)
         record.pr = getattr(record, "pr", pr)
-        return True  # who owns the extracted PR sources, so their SQL and commands run unprivileged
+        return True
 
 
 @dataclass
@@ -136,18 +137,24 @@ class GitHubClients:
 def _extract(tarball: Path, dest: Path) -> Path:
     """Extract a GitHub tarball (one top-level folder) safely; return that folder."""
     with tarfile.open(tarball) as archive:
-        archive.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(dest, filter="data")
+        else:  # Python before 3.11.4 (Debian 12's 3.11.2) has no extraction filters
+            for member in archive.getmembers():
+                if _plain(member):
+                    archive.extract(member, dest, set_attrs=False)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1:
         raise PgoverlayError("the repository tarball does not have one top-level folder")
     return tops[0]
 
 
-def _give_to(root: Path, user: OsUser) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            os.lchown(os.path.join(dirpath, name), user.uid, user.gid)
-    os.chown(root, user.uid, user.gid)
+def _plain(member: tarfile.TarInfo) -> bool:
+    """A folder or a regular file that stays inside the destination; links, devices and FIFOs
+    are left out (what the ``data`` filter refuses or rewrites, kept simple)."""
+    parts = Path(member.name).parts
+    inside = bool(parts) and not Path(member.name).is_absolute() and ".." not in parts
+    return inside and (member.isreg() or member.isdir())
 
 
 class Worker:
@@ -244,18 +251,17 @@ class Worker:
     # -- one job ----------------------------------------------------------------------------
 
     def process(self, engine: Engine, job: Job) -> str:
-        payload: dict[str, Any] = json.loads(job.payload)
+        delivered: dict[str, Any] = json.loads(job.payload)
         repo = self.settings.repo(job.repository)
         if repo is None:
             return "repository no longer allowed"
-        self.clients.remember(job.repository, payload)
+        self.clients.remember(job.repository, delivered)
         github = self.clients.for_repo(job.repository)
+        # A delivery may be old (a redelivery, a replay): act on the pull request as it is now.
+        payload = self._now(github, job, delivered)
+        if payload is None:
+            return "pull request not found"
         ev = events.parse("pull_request", payload, repository=job.repository, sha="", ref="")
-        approved = self._labelled(payload, repo.fork_label)
-        if job.kind == "label":
-            if not (ev.from_fork and approved) or payload["pull_request"].get("state") != "open":
-                return "label needs no work"
-            ev = dataclasses.replace(ev, kind="open")
         inputs = Inputs(
             base=repo.base,
             migrations=repo.migrations,
@@ -269,20 +275,38 @@ class Worker:
             runtime=repo.runtime,
             allow_fork_commands=False,
         )
-        if ev.kind == "close":
+        if job.kind == "close":
+            if payload["pull_request"].get("state") == "open":
+                return "the pull request is open: nothing to destroy"
+            self.queue.revoke(job.repository, job.pr or 0)
             outcome = handle(
                 engine, ev, inputs, settings=self.runner, repo_dir=Path("/"), github=github
             )
             return outcome.report.status if outcome.report else "nothing to destroy"
-        refusal = self._refusal(ev, repo, approved)
+        if payload["pull_request"].get("state") != "open":
+            return "the pull request is closed: nothing to do"
+        if job.kind == "label" and not ev.from_fork:
+            return "label needs no work"
+        ev = dataclasses.replace(ev, kind="open" if job.kind == "label" else ev.kind)
+        refusal = self._refusal(ev, repo)
+        if not refusal and ev.from_fork:
+            verdict = self._fork_verdict(github, job, delivered, payload, ev, repo.fork_label)
+            if verdict.quiet:
+                return f"not branched: {verdict.reason}"
+            refusal = verdict.reason
         if refusal:
             self._refuse(github, ev, inputs, "not branched", refusal)
             return "not branched"
         self._status(github, ev, "pending", "creating the branch")
-        with tempfile.TemporaryDirectory(
-            prefix="pgoverlay-pr-", dir=self.settings.state_dir
-        ) as scratch:
-            head, base = self._sources(github, ev, Path(scratch))
+        sandbox = JobSandbox(
+            Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=self.settings.state_dir)),
+            job_uid(job.id),
+        )
+        try:
+            # Everything the listener reads from the trees is read before the sandbox gets
+            # them (the first command hands them over): the repository file here, the
+            # migration list and the migration files inside handle().
+            head, base = self._sources(github, ev, sandbox.scratch)
             if repo.honour_repo_file and not ev.from_fork:
                 try:
                     inputs = self._repo_file(head, inputs)
@@ -297,7 +321,13 @@ class Worker:
                 repo_dir=head,
                 github=github,
                 changed=(lambda folder: changed_between(base, head, folder)) if base else None,
+                sandbox=sandbox,
             )
+        finally:
+            try:
+                sandbox.remove()
+            except PgoverlayError as err:  # left for the start-up clean-up
+                log.warning("job %s: could not remove its scratch folder: %s", job.id, err)
         if outcome.report is None:
             return "nothing to do"
         report = outcome.report
@@ -307,6 +337,64 @@ class Worker:
             reason = f"branch {report.branch_name} ready on port {report.branch.port}"
         self._status(github, ev, state, reason)
         return report.status
+
+    def _now(self, github: GitHub, job: Job, delivered: dict[str, Any]) -> dict[str, Any] | None:
+        """The delivery with its pull request (state, head and base, head repository, draft,
+        merged) and labels as the API has them now; for a pull request the API no longer
+        knows, the delivery itself if it is a close, else None."""
+        try:
+            pull = github.pull(job.repository, job.pr or 0)
+            if pull is None:
+                return delivered if job.kind == "close" else None
+            labels = github.labels(job.repository, job.pr or 0)
+        except GitHubError as err:
+            raise Transient(str(err)) from None
+        pull["labels"] = [{"name": name} for name in labels]
+        return {**delivered, "pull_request": pull}
+
+    def _fork_verdict(
+        self,
+        github: GitHub,
+        job: Job,
+        delivered: dict[str, Any],
+        payload: dict[str, Any],
+        ev: events.Event,
+        label: str,
+    ) -> forks.Verdict:
+        """Whether this fork's head may run (see ``forks.decide``), and its side effects: an
+        approval recorded, or the label taken off."""
+        sender = str((delivered.get("sender") or {}).get("login") or "")
+        labelled_sha = str(((delivered.get("pull_request") or {}).get("head") or {}).get("sha"))
+        labels = [str(x.get("name")) for x in payload["pull_request"]["labels"]]
+        pending = any(
+            j.kind == "label" and j.state == "queued" and j.id > job.id
+            for j in self.queue.jobs(repository=job.repository, pr=job.pr)
+        )
+        try:
+            can_write = (
+                job.kind == "label" and label in labels and github.can_write(ev.repository, sender)
+            )
+            verdict = forks.decide(
+                kind=job.kind,
+                label=label,
+                labels=labels,
+                head_sha=ev.head_sha,
+                approval=self.queue.approval(job.repository, job.pr or 0),
+                labelled_sha=labelled_sha,
+                sender=sender,
+                sender_can_write=can_write,
+                label_job_pending=pending,
+            )
+            if verdict.remove_label:
+                github.remove_label(ev.repository, job.pr or 0, label)
+        except GitHubError as err:
+            raise Transient(str(err)) from None
+        if verdict.approver:
+            self.queue.approve(
+                job.repository, job.pr or 0, head_sha=ev.head_sha, approver=verdict.approver
+            )
+            log.info("fork approved at %s by %s", ev.head_sha[:7], verdict.approver)
+        return verdict
 
     def _refuse(
         self, github: GitHub, ev: events.Event, inputs: Inputs, status: RunStatus, reason: str
@@ -325,19 +413,9 @@ class Worker:
         self._status(github, ev, "failure", f"{status}: {reason}")
 
     @staticmethod
-    def _labelled(payload: dict[str, Any], label: str) -> bool:
-        labels = (payload.get("pull_request") or {}).get("labels") or []
-        return any(isinstance(x, dict) and x.get("name") == label for x in labels)
-
-    @staticmethod
-    def _refusal(ev: events.Event, repo: RepoSettings, approved: bool) -> str:
+    def _refusal(ev: events.Event, repo: RepoSettings) -> str:
         if ev.from_fork and repo.forks == "deny":
             return "pull requests from forks are not branched in this repository"
-        if ev.from_fork and not approved:
-            return (
-                f"this pull request comes from a fork: a maintainer can allow a branch "
-                f"by adding the label `{repo.fork_label}`"
-            )
         if ev.draft and not repo.drafts:
             return "draft pull requests are not branched here: mark it ready for review"
         return ""
@@ -349,7 +427,6 @@ class Worker:
             raise Transient(str(err)) from None
 
     def _sources(self, github: GitHub, ev: events.Event, scratch: Path) -> tuple[Path, Path | None]:
-        owner = OsUser.lookup(RUN_AS) if os.geteuid() == 0 else None
         trees: list[Path | None] = []
         for label, sha in (("head", ev.head_sha), ("base", ev.base_sha)):
             if sha is None:
@@ -362,20 +439,23 @@ class Worker:
                 raise Transient(str(err)) from None
             tree = _extract(archive, scratch / label)
             archive.unlink()
-            if owner is not None:
-                _give_to(tree, owner)
             trees.append(tree)
-        os.chmod(scratch, 0o755)
         head, base = trees
         assert head is not None
         return head, base
 
     @staticmethod
     def _repo_file(head: Path, inputs: Inputs) -> Inputs:
-        path = head / REPO_FILE
-        if not path.is_file():
+        if not os.path.lexists(head / REPO_FILE):
             return inputs
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            text = safefs.read_inside(head, REPO_FILE, limit=REPO_FILE_BYTES, what=REPO_FILE)
+        except UnsafeFileError as err:
+            raise ConfigError(f"{REPO_FILE} at the PR's head: {err}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{REPO_FILE} at the PR's head is not YAML: {err}") from None
         if not isinstance(data, dict):
             return inputs
         changes = {
@@ -391,6 +471,9 @@ class Worker:
 
 
 def cleanup_scratch(state_dir: Path) -> None:
-    """PR sources left by a killed worker."""
+    """Scratch folders (PR sources, and what their jobs left) of a killed worker."""
     for path in state_dir.glob("pgoverlay-pr-*"):
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            remove_scratch(path)
+        except PgoverlayError as err:
+            log.warning("could not remove %s: %s", path, err)

@@ -1,0 +1,213 @@
+"""Each job's PR code in a sandbox of its own: run by the listener's real, unprivileged user
+(made by `pgoverlay webhook setup`), with real namespaces, real subordinate uids and real
+processes left behind on purpose."""
+
+from __future__ import annotations
+
+import grp
+import json
+import pwd
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import as_user_call, cli, require_root
+from pgoverlay.webhook.account import SUBUID, ranges
+
+HOOK_USER = "pgoverlay-test-hook"
+
+
+@pytest.fixture(scope="module")
+def hook() -> Iterator[tuple[pwd.struct_passwd, Path]]:
+    """The listener's user and its state folder, as `pgoverlay webhook setup` makes them."""
+    require_root()
+    top = Path(tempfile.mkdtemp(prefix="pgoverlay-hook-", dir="/var/tmp"))
+    top.chmod(0o755)
+    state = top / "state"
+    try:
+        done = cli(["webhook", "setup", "--user", HOOK_USER, "--state-dir", str(state)], env={})
+        assert done.returncode == 0, done.stderr
+        again = cli(["webhook", "setup", "--user", HOOK_USER, "--state-dir", str(state)], env={})
+        assert again.returncode == 0 and "made" not in again.stdout, again.stdout
+        yield pwd.getpwnam(HOOK_USER), state
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def as_listener(code: str, **values: Any) -> Any:
+    """Run ``code`` as the listener's user; it prints one JSON value, returned here."""
+    prelude = (
+        "import json, os, sys, tempfile\n"
+        "from pathlib import Path\n"
+        "from pgoverlay.webhook.sandbox import JobSandbox\n"
+        "from pgoverlay.runner.polling import wait_for\n"
+        f"values = json.loads({json.dumps(json.dumps(values))})\n"
+    )
+    done = as_user_call(HOOK_USER, ["pgoverlay"], prelude + code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+FIND_LEFTOVERS = """
+def leftovers(marker):
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker in open(f"/proc/{entry}/cmdline", "rb").read():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+"""
+
+
+def subordinate_uid(user: str, inner: int) -> int:
+    """The host uid of ``inner`` in ``user``'s sandboxes (inner 0 is the user itself)."""
+    [(_, first, _)] = [r for r in ranges(SUBUID.read_text()) if r[0] == user]
+    return first + inner - 1
+
+
+def test_setup_makes_a_user_in_the_service_group_with_a_private_state_folder_and_ids(
+    hook: tuple[pwd.struct_passwd, Path],
+) -> None:
+    user, state = hook
+    assert user.pw_uid != 0 and user.pw_shell.endswith("nologin")
+    assert HOOK_USER in grp.getgrnam("pgoverlay").gr_mem
+    st = state.lstat()
+    assert (st.st_uid, st.st_mode & 0o777) == (user.pw_uid, 0o700)
+    assert subordinate_uid(HOOK_USER, 1) > 65535
+
+
+def test_a_jobs_detached_leftover_dies_with_the_job_and_the_next_job_sees_nothing_of_it(
+    hook: tuple[pwd.struct_passwd, Path],
+) -> None:
+    user, state = hook
+    first = as_listener(
+        FIND_LEFTOVERS
+        + """
+job = JobSandbox(Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=values["state"])), 1001)
+(job.scratch / "head").mkdir()
+(job.scratch / "head" / "001.sql").write_text("SELECT 1;\\n")
+done = job.run(
+    ["/bin/sh", "-c", values["script"]],
+    timeout=60,
+    env={"JOB_SECRET": "first-job-secret"},
+    cwd=job.scratch / "head",
+)
+print(json.dumps({"scratch": str(job.scratch), "out": done.stdout,
+                  "left": leftovers(b"sleep\\x001001")}))
+""",
+        state=str(state),
+        script=(
+            "id -u > whoami.txt; echo mine > /tmp/first-was-here; "
+            "echo mine > /var/tmp/first-was-here; echo mine > /dev/shm/first-was-here; "
+            "setsid sleep 1001 </dev/null >/dev/null 2>&1 & echo started"
+        ),
+    )
+    assert first["out"].strip() == "started"
+    assert first["left"] == [], "the detached process outlived its job"
+    scratch = Path(first["scratch"])
+    owner = (scratch / "head" / "whoami.txt").stat().st_uid
+    assert (scratch / "head" / "whoami.txt").read_text().strip() == "1001"
+    assert owner == subordinate_uid(HOOK_USER, 1001)
+    assert owner not in (0, user.pw_uid)
+
+    second = as_listener(
+        """
+job = JobSandbox(Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=values["state"])), 1002)
+(job.scratch / "head").mkdir()
+done = job.run(["/bin/sh", "-c", values["script"]], timeout=60, env={}, cwd=job.scratch / "head",
+               check=False)
+first = JobSandbox(Path(values["first"]), 1001)
+first.remove()
+job.remove()
+print(json.dumps({"out": done.stdout, "err": done.stderr,
+                  "left": [p for p in (first.scratch, job.scratch) if p.exists()]}))
+""",
+        state=str(state),
+        first=first["scratch"],
+        script=(
+            'echo "uid $(id -u) groups $(id -G)"; '
+            "ls -A /tmp /var/tmp /dev/shm; "
+            "for p in /proc/[0-9]*; do echo \"proc $(stat -c %u $p) $(tr '\\0' ' ' <$p/cmdline)\"; "
+            "done; "
+            'echo "secret ${JOB_SECRET:-none}"; '
+            f"cat {first['scratch']}/head/001.sql || echo 'first tree unreadable'"
+        ),
+    )
+    out = second["out"]
+    assert "uid 1002 groups 1002\n" in out, out
+    assert "first-was-here" not in out and "whoami" not in out
+    # Only its own processes, and the namespace's root shell that waits for them.
+    seen = [line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("proc ")]
+    assert seen and {uid for uid, _ in seen} == {"0", "1002"}, out
+    assert not [cmd for _, cmd in seen if "sleep" in cmd], out
+    assert "secret none" in out and "first tree unreadable" in out
+    assert second["left"] == [], "a scratch folder was left behind"
+
+
+def test_a_job_killed_at_its_timeout_takes_its_detached_processes_along(
+    hook: tuple[pwd.struct_passwd, Path],
+) -> None:
+    _, state = hook
+    result = as_listener(
+        FIND_LEFTOVERS
+        + """
+from pgoverlay.errors import TimeoutExpiredError
+job = JobSandbox(Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=values["state"])), 1003)
+try:
+    job.run(["/bin/sh", "-c", "setsid sleep 1003 </dev/null >/dev/null 2>&1 & sleep 600"],
+            timeout=3, env={}, cwd=job.scratch)
+    outcome = "finished"
+except TimeoutExpiredError:
+    outcome = "timed out"
+wait_for(lambda: leftovers(b"sleep\\x001003") == [], timeout=30, what="the job's processes")
+job.remove()
+print(json.dumps({"outcome": outcome, "scratch": job.scratch.exists()}))
+""",
+        state=str(state),
+    )
+    assert result == {"outcome": "timed out", "scratch": False}
+
+
+def test_the_listener_refuses_to_run_as_root() -> None:
+    require_root()
+    done = cli(["webhook", "serve"], env={"PGOVERLAY_WEBHOOK_SECRET": "x"})
+    assert done.returncode == 2
+    assert "does not run as root" in done.stderr and "webhook setup" in done.stderr
+
+
+def test_tarballs_extract_only_plain_files_inside_without_extraction_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import tarfile
+
+    from pgoverlay.webhook.worker import _extract
+
+    archive = tmp_path / "pr.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, kind in (
+            ("top/db/001.sql", tarfile.REGTYPE),
+            ("top/../escaped.sql", tarfile.REGTYPE),
+            ("/tmp/absolute.sql", tarfile.REGTYPE),
+            ("top/link.sql", tarfile.SYMTYPE),
+            ("top/fifo", tarfile.FIFOTYPE),
+        ):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            data = b"SELECT 1;\n" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            info.linkname = "/etc/shadow" if kind == tarfile.SYMTYPE else ""
+            info.mode = 0o4755
+            tar.addfile(info, io.BytesIO(data))
+    monkeypatch.delattr(tarfile, "data_filter")
+    top = _extract(archive, tmp_path / "out")
+    found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert found == ["out", "out/top", "out/top/db", "out/top/db/001.sql", "pr.tar.gz"]
+    assert top == tmp_path / "out" / "top"
+    assert (top / "db" / "001.sql").stat().st_mode & 0o7000 == 0
