@@ -4,8 +4,10 @@
     sudo .venv/bin/python bench/webhook_load.py [--deliveries 2000] [--rate 200] [--keep]
 
 A pool of its own, the fake GitHub API (tests/fakegithub.py), a real `pgoverlay webhook serve`
-on loopback, and paced, signed `pull_request` deliveries; then a bounded wait for the queue to
-drain, checks that nothing was lost or run twice, and a baseline against the idle listener. The
+on loopback, and two scenarios in one run. Busy: 10 senders post paced, signed `pull_request`
+deliveries for PRs that each get a fresh branch, while both workers create branches and run
+migrations; then a bounded wait for the queue to drain and checks that nothing was lost or run
+twice. Idle: deliveries the listener records and ignores, sent to the then idle listener. The
 report replaces the webhook section of docs/benchmarks.md. No timing is asserted; a failed
 correctness check exits 1.
 """
@@ -51,6 +53,7 @@ from fakegithub import FakeGitHub  # noqa: E402
 from pgoverlay.runner import branch, demo, mounts, pgbin, seed  # noqa: E402
 from pgoverlay.runner import pool as poolmod  # noqa: E402
 from pgoverlay.runner.polling import wait_for  # noqa: E402
+from pgoverlay.runner.service import serve  # noqa: E402
 from pgoverlay.runner.settings import Settings  # noqa: E402
 from pgoverlay.runner.sizes import format_bytes  # noqa: E402
 from pgoverlay.webhook.signature import sign  # noqa: E402
@@ -59,7 +62,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
 START, END = "<!-- webhook:start -->", "<!-- webhook:end -->"
 REPO, OTHER, BASE_NAME, FIRST_PR = "acme/shop", "acme/elsewhere", "bench", 100
 SECRET, TOKEN, BASE_SHA = "webhook-bench-secret", "ghp_webhookBenchToken0123", "b" * 40
-PORTS = (56300, 56399)
+PORTS = "56300-56399"
 TARGET_P99_MS, REDELIVERED, BASELINE = 50.0, 0.05, 500  # ms; share of the ids; deliveries
 console = Console(highlight=False)
 
@@ -179,23 +182,40 @@ def load_elsewhere(url: str, deliveries: list[Delivery], clients: int, rate: flo
     return [acks.get(d.index, Ack(-1, 0.0, 0.0, 0.0)) for d in deliveries]
 
 
-def read_only(path: Path, query: str) -> list[Any]:
+def read_only(path: Path, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
-        return db.execute(query).fetchall()
+        return db.execute(query, args).fetchall()
     finally:
         db.close()
+
+
+def processes(pid: int) -> str:
+    """How the listener runs: one process, or intake plus a worker process at some nice."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if not children:
+        return "one process (intake and workers share it)"
+    nice = [
+        int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[16]) for c in children
+    ]
+    return f"intake, and a worker process at nice {', '.join(map(str, nice))}"
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.work = args, Path(args.work).resolve()
-        self.settings = Settings(home=self.work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
+        low, _, high = args.ports.partition("-")
+        self.ports = (int(low), int(high))
+        self.settings = Settings(
+            home=self.work / "pool-home", port_min=self.ports[0], port_max=self.ports[1]
+        )
         self.install = pgbin.newest(self.settings.pg_bindir)
-        self.queue = self.settings.home / "pool" / "webhook.db"  # the default place
+        self.state = self.work / "listener-state"  # the listener's state_dir
+        self.queue = self.state / "queue.db"  # the default place in it
         self.log = self.work / "listener.log"
         self.pool: poolmod.Pool | None = None
         self.listener: subprocess.Popen[bytes] | None = None
+        self.processes = ""
 
     def open_pool(self) -> poolmod.Pool:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -203,10 +223,10 @@ class Bench:
         self.pool = pool = poolmod.init(self.settings, size="4G")
         for b in pool.registry.branches():  # left by a kept or killed run
             branch.destroy(pool, b.name)
-        for old in self.queue.parent.glob(self.queue.name + "*"):
-            old.unlink()
+        shutil.rmtree(self.state, ignore_errors=True)
         if pool.registry.latest_base(BASE_NAME) is None:  # a small base (~35 MB): enough here
             demo.seed_demo(pool, BASE_NAME, scale=1)
+        console.log(serve.start(self.settings))  # the listener asks the engine service
         return pool
 
     def start_listener(self, github: FakeGitHub) -> str:
@@ -218,9 +238,10 @@ class Bench:
         env = {
             **os.environ,
             "PGOVERLAY_HOME": os.fspath(self.settings.home),
-            "PGOVERLAY_PORT_MIN": str(PORTS[0]),
-            "PGOVERLAY_PORT_MAX": str(PORTS[1]),
+            "PGOVERLAY_PORT_MIN": str(self.ports[0]),
+            "PGOVERLAY_PORT_MAX": str(self.ports[1]),
             "PGOVERLAY_WEBHOOK_CONFIG": os.fspath(config),
+            "PGOVERLAY_WEBHOOK_STATE_DIR": os.fspath(self.state),
         }
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -234,6 +255,7 @@ class Bench:
         )
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: self.healthy(url), timeout=120, what="the listener's /healthz")
+        self.processes = processes(self.listener.pid)
         return url
 
     def healthy(self, url: str) -> bool:
@@ -260,7 +282,11 @@ class Bench:
         url = self.start_listener(github)
         console.log(f"sending {len(deliveries)} deliveries from {a.clients} clients …")
         acks = load_elsewhere(f"{url}/webhook", deliveries, a.clients, a.rate)
-        sent = time.perf_counter()
+        sent, sent_wall = time.perf_counter(), time.time()
+        opens = "SELECT count(*) FROM jobs WHERE kind = 'open'"
+        busy_opens = read_only(
+            self.queue, opens + " AND (finished_at IS NULL OR finished_at > ?)", (sent_wall,)
+        )[0][0]
         console.log("waiting for the queue to drain …")
         busy = "SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')"
         wait_for(
@@ -271,11 +297,19 @@ class Bench:
         )
         drain = time.perf_counter() - sent
         console.log(f"baseline: {a.baseline} deliveries of {OTHER} to the idle listener …")
-        moved = [(d, d.body.replace(b'"acme/shop"', b'"acme/elsewhere"')) for d in deliveries]
+        fresh = [d for d in deliveries if not d.redelivery]  # a repeated body is a duplicate
+        moved = [(d, d.body.replace(b'"acme/shop"', b'"acme/elsewhere"')) for d in fresh]
         other = [replace(d, delivery_id=f"b-{d.index}", body=b) for d, b in moved[: a.baseline]]
         baseline = load_elsewhere(f"{url}/webhook", other, a.clients, a.rate)
         stop = self.stop_listener()
-        return dict(acks=acks, baseline=baseline, drain=drain, stop=stop)
+        return dict(
+            acks=acks,
+            baseline=baseline,
+            drain=drain,
+            stop=stop,
+            busy_opens=busy_opens,
+            processes=self.processes,
+        )
 
     def verify(
         self, github: FakeGitHub, deliveries: list[Delivery], run: dict[str, Any]
@@ -320,6 +354,7 @@ class Bench:
 
     def cleanup(self, *, keep: bool) -> None:
         self.stop_listener()
+        serve.stop(self.settings)
         pool, self.pool = self.pool, None
         if pool is not None and not keep:
             for b in pool.registry.branches():
@@ -330,7 +365,8 @@ class Bench:
         if pool is not None:
             pool.close()
         if not keep:
-            for target in [*mounts.mounts_under(self.work), os.fspath(self.queue.parent)]:
+            pool_mount = os.fspath(self.settings.home / "pool")
+            for target in [*mounts.mounts_under(self.work), pool_mount]:
                 mounts.unmount(Path(target))  # deepest first, the pool image last
             shutil.rmtree(self.work, ignore_errors=True)
 
@@ -380,15 +416,20 @@ def render(a: argparse.Namespace, run: dict[str, Any], c: Counter[str]) -> str:
 
 Generated by `{" ".join(["python bench/webhook_load.py", *run["argv"]])}`: a real
 `pgoverlay webhook serve` (uvicorn, {a.workers} workers) on loopback, with the fake GitHub API.
-{a.clients} client threads with keep-alive sessions, in a process of their own, send
-{a.deliveries} signed `pull_request` deliveries (compact JSON shaped like GitHub's examples,
-{format_bytes(run["body_bytes"])} on average) at up to {a.rate:g} a second: {a.prs} PRs, each
-`opened` then pushed to (`synchronize`), {a.deliveries - run["fresh"]} of them redeliveries of
-earlier ids. Every push carries a migration with `SELECT pg_sleep({a.sleep:g})`, so the workers
-are busy creating, resetting and migrating branches meanwhile. *Acknowledgement latency*: from
-sending a request to its HTTP response, timed by the client. The baseline, sent once the queue
-has drained, is {a.baseline} deliveries of a repository outside the allow-list
-(recorded, acknowledged 204, no job) to the then idle listener.
+Two scenarios, in one run:
+
+- **Busy workers.** {a.clients} senders (threads with keep-alive sessions, in a process of their
+  own) send {a.deliveries} signed `pull_request` deliveries (compact JSON shaped like GitHub's
+  examples, {format_bytes(run["body_bytes"])} on average) at up to {a.rate:g} a second: {a.prs}
+  PRs, each `opened` (a fresh branch) then pushed to (`synchronize`),
+  {a.deliveries - run["fresh"]} of them redeliveries of earlier ids. Every push carries a
+  migration with `SELECT pg_sleep({a.sleep:g})`. The {a.prs} fresh branches keep both workers
+  creating branches and migrating for the whole scenario: when its last delivery was
+  acknowledged, {run["busy_opens"]} of the {a.prs} `opened` jobs had not finished yet.
+- **Idle workers.** Once the queue has drained, {a.baseline} deliveries of a repository outside
+  the allow-list (recorded, acknowledged 204, no job).
+
+*Acknowledgement latency*: from sending a request to its HTTP response, timed by the client.
 
 ### Machine
 
@@ -399,17 +440,18 @@ has drained, is {a.baseline} deliveries of a repository outside the allow-list
 | RAM | {format_bytes(ram)} |
 | Kernel | {platform.system()} {platform.release()} |
 | Work dir | `{a.work}` on {poolmod.fs_type(Path(a.work))}; the pool is a sparse xfs image in it |
-| Queue | SQLite (WAL, synchronous=FULL) in the pool: the default place |
+| Queue | SQLite (WAL, synchronous=FULL) in the listener's `state_dir`: the default place |
+| Listener | {run["processes"]} |
 | Postgres | {run["postgres"]} |
 
 ### Acknowledgement latency (ms)
 
 Target: p99 under {TARGET_P99_MS:g} ms while the workers migrate.
 
-| deliveries | p50 | p90 | p99 | max | throughput | latest start behind schedule (ms) | target |
+| deliveries | median | p90 | p99 | max | throughput | latest start behind schedule (ms) | target |
 |---|---|---|---|---|---|---|---|
-{latency_row("while the workers migrate", run["acks"], target=True)}
-{latency_row("baseline: idle workers", run["baseline"], target=False)}
+{latency_row("busy: workers create fresh branches and migrate", run["acks"], target=True)}
+{latency_row("idle workers", run["baseline"], target=False)}
 
 The tail moves from run to run: branch starts and migrations compete with the listener for the
 CPU and the disk. Run it more than once before reading much into one p99.
@@ -432,13 +474,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Load the webhook listener (run as root).")
     add = parser.add_argument
     add("--deliveries", type=int, default=2000, help="requests, redeliveries included")
-    add("--prs", type=int, default=40, help="pull requests the deliveries are spread over")
+    add("--prs", type=int, default=60, help="pull requests the deliveries are spread over")
     add("--rate", type=float, default=200.0, help="deliveries a second, at most")
-    add("--clients", type=int, default=4, help="client threads")
+    add("--clients", type=int, default=10, help="senders (client threads)")
     add("--workers", type=int, default=2, help="the listener's workers")
     add("--sleep", type=float, default=0.5, help="pg_sleep seconds in every migration")
     add("--drain-timeout", type=float, default=900.0, help="seconds to wait for the queue")
     add("--work", default="/var/tmp/pgoverlay-webhook-bench", help="work directory")
+    add("--ports", default=PORTS, help="the branches' port range, LOW-HIGH")
     add("--keep", action="store_true", help="keep the pool, its base and the branches")
     a = parser.parse_args(argv)
     if not (a.prs >= 1 and 2 * a.prs < a.deliveries <= 100_000 and a.rate > 0 and a.clients > 0):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -37,6 +37,9 @@ from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 from pgoverlay.runner.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from pgoverlay.webhook.settings import WebhookSettings
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -567,11 +570,9 @@ def cmd_webhook_setup(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_webhook_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+def _webhook_settings() -> WebhookSettings:
+    """The listener's settings and its log format (both processes log alike)."""
     from pgoverlay.webhook import sandbox
-    from pgoverlay.webhook.app import create_app
     from pgoverlay.webhook.settings import WebhookSettings
     from pgoverlay.webhook.worker import JobLogContext
 
@@ -596,7 +597,26 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    app = create_app(settings, _settings())
+    return settings
+
+
+def cmd_webhook_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from pgoverlay.runner.service.client import client as service_client
+    from pgoverlay.webhook.app import create_app
+    from pgoverlay.webhook.process import KILL_WAIT, WorkerProcess
+
+    settings = _webhook_settings()
+    runner = _settings()
+    engine = service_client(runner)
+    try:
+        engine.bases()  # fails early, with how to fix it, if the engine service is not there
+    finally:
+        engine.close()
+    settings.make_state_dir()
+    worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT, nice=settings.worker_nice)
+    app = create_app(settings, settings.queue_file(), worker=worker, runner=runner)
     uvicorn.run(
         app,
         host=args.host or settings.host,
@@ -605,6 +625,12 @@ def cmd_webhook_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.shutdown_grace) + 5,
     )
     return 0
+
+
+def cmd_webhook_work(args: argparse.Namespace) -> int:
+    from pgoverlay.webhook.service import work
+
+    return work(_webhook_settings(), _settings())
 
 
 # -- parser -------------------------------------------------------------------------------
@@ -790,6 +816,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (default from settings)")
     serve.add_argument("--port", type=int, help="port to listen on (default from settings)")
     serve.set_defaults(func=cmd_webhook_serve)
+    hooks.add_parser(
+        "work", help="run the listener's jobs and reconcile (`serve` starts and stops it)"
+    ).set_defaults(func=cmd_webhook_work)
     hook_setup = hooks.add_parser(
         "setup",
         help="as root: make the listener's user, its state folder and its subordinate id range",

@@ -181,3 +181,11 @@ class BaseInUseError(PgoverlayError):
     destroying them."""
 
     exit_code = 31
+
+
+class DeliveryError(PgoverlayError):
+    """A signed webhook delivery the listener cannot act on: a header missing or outside what
+    GitHub sends, a body that is not the JSON GitHub sends for its event. It is answered 400
+    and recorded with this message, and nothing is queued."""
+
+    exit_code = 32

@@ -177,6 +177,31 @@ def spawn(
         os.close(fd)
 
 
+def companion(
+    argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str], nice: int = 0
+) -> subprocess.Popen[bytes]:
+    """Start a process of our own program that works beside us: it shares our output, runs
+    ``nice`` steps below our CPU priority from its first instruction, and gets SIGTERM when we
+    die, so it can stop cleanly. ``env`` is passed whole (the companion reads the same settings
+    as we did). The kernel sends that SIGTERM when the *thread* that started the companion
+    ends: start it from the main thread."""
+    args = [os.fspath(a) for a in argv]
+    log.debug("companion %s", args)
+
+    def before_exec() -> None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if nice:
+            os.nice(nice)
+
+    return subprocess.Popen(
+        args,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+        preexec_fn=before_exec,
+    )
+
+
 def last_lines(text: str, count: int = 3) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[-count:]) if lines else "(no output)"

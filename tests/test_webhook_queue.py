@@ -94,7 +94,10 @@ def test_redelivery_after_a_restart_is_a_duplicate_and_queues_nothing(tmp_path: 
     )
     assert again == "duplicate"
     assert len(restarted.jobs()) == 1
-    assert restarted.delivery_count() == {("pull_request", "queued"): 1}
+    assert restarted.delivery_count() == {
+        ("pull_request", "queued"): 1,
+        ("pull_request", "duplicate"): 1,
+    }
     restarted.close()
 
 
@@ -102,7 +105,7 @@ def test_delivery_without_a_job_is_remembered_as_ignored(queue: Queue) -> None:
     assert queue.accept(delivery_id="p", event="ping", action="", job=None) == "ignored"
     assert queue.accept(delivery_id="p", event="ping", action="", job=None) == "duplicate"
     assert queue.jobs() == []
-    assert queue.delivery_count() == {("ping", "ignored"): 1}
+    assert queue.delivery_count() == {("ping", "ignored"): 1, ("ping", "duplicate"): 1}
 
 
 def test_delivery_outcome_follows_its_job_and_can_be_set(queue: Queue) -> None:
@@ -537,7 +540,10 @@ def test_concurrent_accepts_and_claims_run_every_job_exactly_once(tmp_path: Path
     total = producers * per_producer
     assert sorted(ran) == sorted(set(ran)) and len(ran) == total
     assert q.depth()["done"] == total and sum(q.depth().values()) == total
-    assert q.delivery_count() == {("pull_request", "done"): total}
+    assert q.delivery_count() == {
+        ("pull_request", "done"): total,
+        ("pull_request", "duplicate"): producers,
+    }
     q.close()
 
 
@@ -584,3 +590,118 @@ def test_two_processes_accepting_the_same_deliveries_queue_each_once(tmp_path: P
     # Coalescing ran under concurrency too: one live sync per PR, the rest superseded.
     assert Counter(j.state for j in jobs) == Counter({"queued": 25, "skipped": 475})
     q.close()
+
+
+def test_the_queue_file_and_its_journals_are_their_owners_alone(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    old = os.umask(0)
+    try:
+        q = Queue(path)
+        put(q, "open")
+    finally:
+        os.umask(old)
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert made == ["queue.db", "queue.db-shm", "queue.db-wal"]
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == dict.fromkeys(
+        made, 0o600
+    )
+    q.close()
+
+
+def test_a_queue_file_left_readable_by_an_earlier_release_is_made_private(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "queue.db"
+    with closing(sqlite3.connect(path)) as db:  # an earlier release's queue, mode 0644
+        db.execute(
+            "CREATE TABLE deliveries (delivery_id TEXT PRIMARY KEY, event TEXT NOT NULL,"
+            " action TEXT NOT NULL, received_at REAL NOT NULL, outcome TEXT NOT NULL)"
+        )
+        db.execute("INSERT INTO deliveries VALUES ('old', 'pull_request', 'opened', 1, 'done')")
+        db.commit()
+    path.chmod(0o644)
+    q = Queue(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert q.accept(delivery_id="old", event="pull_request", action="x", job=None) == ("duplicate")
+    assert (
+        q.accept(
+            delivery_id="new", event="pull_request", action="x", job=None, body_sha256="f" * 64
+        )
+        == "ignored"
+    )
+    assert (
+        q.accept(
+            delivery_id="newer", event="pull_request", action="x", job=None, body_sha256="f" * 64
+        )
+        == "duplicate"
+    )
+    q.close()
+
+
+def test_a_link_in_place_of_the_queue_file_is_refused(tmp_path: Path) -> None:
+    from pgoverlay.errors import UnsafePathError
+
+    target = tmp_path / "elsewhere"
+    target.write_text("not a queue")
+    target.chmod(0o644)
+    (tmp_path / "queue.db").symlink_to(target)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        Queue(tmp_path / "queue.db")
+    assert target.read_text() == "not a queue" and target.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_rejected_delivery_is_recorded_with_its_reason_once(queue: Queue) -> None:
+    args = {"event": "pull_request", "action": "opened", "body_sha256": "e" * 64}
+    assert queue.reject(delivery_id="r-1", reason="pull_request.head: missing", **args)
+    assert not queue.reject(delivery_id="r-2", reason="pull_request.head: missing", **args)
+    assert queue.accept(delivery_id="r-3", job=new("open"), **args) == "duplicate"
+    assert queue.jobs() == []
+    assert queue.delivery_count() == {
+        ("pull_request", "rejected"): 1,
+        ("pull_request", "duplicate"): 2,
+    }
+
+
+def test_deliveries_stored_together_keep_their_order_and_dedupe_among_themselves(
+    queue: Queue,
+) -> None:
+    from pgoverlay.webhook.queue import Delivery
+
+    opened = Delivery("d-1", "pull_request", "opened", new("open"), "1" * 64)
+    replay = Delivery("d-2", "pull_request", "opened", new("open"), "1" * 64)
+    push = Delivery("d-3", "pull_request", "synchronize", new("sync"), "3" * 64)
+    newer = Delivery("d-4", "pull_request", "synchronize", new("sync", sha="b" * 40), "4" * 64)
+    outcomes = queue.accept_all([opened, replay, push, newer], now=T0)
+    assert outcomes == ["queued", "duplicate", "queued", "queued"]
+    assert [(j.delivery_id, j.state) for j in queue.jobs()] == [
+        ("d-1", "queued"),
+        ("d-3", "skipped"),
+        ("d-4", "queued"),
+    ]
+
+
+def test_the_committer_answers_every_concurrent_delivery_with_its_own_outcome(
+    queue: Queue,
+) -> None:
+    from pgoverlay.webhook.intake import Committer
+    from pgoverlay.webhook.queue import Delivery
+
+    committer = Committer(queue)
+    outcomes: dict[int, str] = {}
+
+    def send(i: int) -> None:
+        body = f"{i % 50:064x}"  # every body twice: one of each pair is a replay
+        job = new("open", pr=i % 50)
+        outcomes[i] = committer.accept(Delivery(f"c-{i}", "pull_request", "opened", job, body))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    committer.close()
+    assert len(outcomes) == 100
+    assert Counter(outcomes.values()) == {"queued": 50, "duplicate": 50}
+    for pr in range(50):
+        assert sorted(outcomes[i] for i in (pr, pr + 50)) == ["duplicate", "queued"]
+    assert len(queue.jobs()) == 50

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pgoverlay.webhook.payload import PullRequestEvent, pull_request_event
 from pgoverlay.webhook.routing import Routed, route
 from pgoverlay.webhook.settings import WebhookSettings
 
@@ -20,6 +21,10 @@ def load(name: str) -> dict[str, Any]:
     return data
 
 
+def delivery(payload: dict[str, Any]) -> PullRequestEvent:
+    return pull_request_event(payload)
+
+
 def test_pull_request_actions_become_jobs_of_their_kind() -> None:
     for name, kind in (
         ("pull_request.opened", "open"),
@@ -27,33 +32,32 @@ def test_pull_request_actions_become_jobs_of_their_kind() -> None:
         ("pull_request.synchronize", "sync"),
         ("pull_request.closed", "close"),
     ):
-        routed = route("pull_request", load(name), SETTINGS)
+        routed = route(delivery(load(name)), SETTINGS)
         assert isinstance(routed, Routed) and routed.kind == kind, name
         assert routed.repository == "Codertocat/Hello-World" and routed.pr == 2
-        assert json.loads(routed.payload)["action"] == load(name)["action"]
+        assert routed.head_sha == load(name)["pull_request"]["head"]["sha"]
 
 
 def test_only_the_approval_label_makes_a_job() -> None:
     labeled = load("pull_request.labeled")
-    assert isinstance(route("pull_request", labeled, SETTINGS), str)
+    assert isinstance(route(delivery(labeled), SETTINGS), str)
     labeled["label"]["name"] = "db-ok"
-    routed = route("pull_request", labeled, SETTINGS)
+    routed = route(delivery(labeled), SETTINGS)
     assert isinstance(routed, Routed) and routed.kind == "label"
 
 
-def test_other_events_actions_and_repositories_are_ignored_with_a_reason() -> None:
-    assert route("ping", load("ping"), SETTINGS) == "event ping is not handled"
+def test_other_actions_and_repositories_are_ignored_with_a_reason() -> None:
     edited = {**load("pull_request.opened"), "action": "edited"}
-    assert route("pull_request", edited, SETTINGS) == "pull_request edited is not handled"
+    assert route(delivery(edited), SETTINGS) == "pull_request edited is not handled"
     other = load("pull_request.opened")
     other["repository"]["full_name"] = "someone/else"
-    assert "not in the allow-list" in str(route("pull_request", other, SETTINGS))
+    assert "not in the allow-list" in str(route(delivery(other), SETTINGS))
 
 
 def test_repository_names_compare_without_case() -> None:
     opened = load("pull_request.opened")
     opened["repository"]["full_name"] = "codertocat/hello-world"
-    assert isinstance(route("pull_request", opened, SETTINGS), Routed)
+    assert isinstance(route(delivery(opened), SETTINGS), Routed)
 
 
 def test_bad_repository_settings_stop_the_listener_at_start() -> None:

@@ -1,48 +1,94 @@
-"""The FastAPI app: receive, verify, dedupe, queue; health and metrics. Routes hold no
-business logic: they check the request and hand it to the queue or the service."""
+"""The intake process's HTTP edge: POST /webhook, GET /healthz and GET /metrics. Routes hold no
+business logic: they read the request, call intake (or the collector), and shape the answer.
+The jobs run in the worker process, which this app starts and stops with itself."""
 
 from __future__ import annotations
 
-import json
+import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
-from pgoverlay.webhook import signature
-from pgoverlay.webhook.queue import NewJob
-from pgoverlay.webhook.routing import Routed, route
-from pgoverlay.webhook.service import Service
+from pgoverlay.webhook import metrics
+from pgoverlay.webhook.intake import Intake
+from pgoverlay.webhook.process import WorkerProcess
+from pgoverlay.webhook.queue import Queue
 from pgoverlay.webhook.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
+
+INTAKE_CHECKPOINT = 25_000  # pages of 4 KiB: ~100 MB of WAL, some 4,000 deliveries
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"message": message}, status_code=status)
 
 
-def create_app(settings: WebhookSettings, runner: Settings, *, start: bool = True) -> FastAPI:
-    service = Service(settings, runner)
-    secret = settings.secret.get_secret_value()
+def create_app(
+    settings: WebhookSettings,
+    queue_path: Path,
+    *,
+    worker: WorkerProcess | None = None,
+    runner: Settings | None = None,
+) -> FastAPI:
+    """The intake app on the queue at ``queue_path``. With ``worker``, the app starts it and
+    stops it, and /healthz fails while it is down; with ``runner``, /healthz also asks the
+    engine service and /metrics counts the runner's branches."""
+    # Copying the WAL into the database (and syncing it) is left to the worker process's
+    # commits: on intake's, it stalls every delivery behind it. The limit is a backstop for a
+    # dead worker process.
+    queue = Queue(
+        queue_path, max_attempts=settings.max_attempts, checkpoint_pages=INTAKE_CHECKPOINT
+    )
+    intake = Intake(settings, queue)
     cap = settings.max_body_bytes
+    engine = service.client(runner) if runner is not None else None
+    collector = metrics.QueueCollector(
+        queue,
+        worker_up=worker.alive if worker is not None else None,
+        branches=_branch_counter(engine) if engine is not None else None,
+    )
+    registry = metrics.registry(collector)
+    token = settings.metrics_token.get_secret_value() if settings.metrics_token else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if start:
-            await run_in_threadpool(service.start)
+        if worker is not None:
+            worker.start()  # in the main thread: it gets SIGTERM when this process dies
         try:
             yield
         finally:
-            await run_in_threadpool(service.stop)
-            service.close()
+            if worker is not None:
+                await run_in_threadpool(worker.stop)
+            if engine is not None:
+                engine.close()
+            intake.close()
+            queue.close()
 
     app = FastAPI(title="pgoverlay webhook", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.service = service
+    app.state.queue = queue
+
+    def authorised(request: Request) -> bool:
+        if token is None:
+            return True
+        sent = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(sent, f"Bearer {token}".encode())
+
+    def unauthorised() -> JSONResponse:
+        return JSONResponse(
+            {"message": "missing or wrong bearer token: send Authorization: Bearer <token>"},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     @app.post("/webhook")
     async def receive(request: Request) -> Response:
@@ -54,54 +100,66 @@ def create_app(settings: WebhookSettings, runner: Settings, *, start: bool = Tru
             body += chunk
             if len(body) > cap:
                 return _error(413, f"payload larger than {cap} bytes")
-        if not signature.verify(secret, bytes(body), request.headers.get("x-hub-signature-256")):
-            return _error(401, "missing or wrong X-Hub-Signature-256")
-        event = request.headers.get("x-github-event", "")
-        delivery = request.headers.get("x-github-delivery", "")
-        if event == "ping":
-            return JSONResponse({"message": "pong"})
-        if not delivery:
-            return _error(400, "missing X-GitHub-Delivery")
         try:
-            payload = json.loads(body)
-        except ValueError:
-            return _error(400, "the body is not JSON")
-        if not isinstance(payload, dict):
-            return _error(400, "the body is not a JSON object")
-        routed = route(event, payload, settings)
-        job = None
-        if isinstance(routed, Routed):
-            job = NewJob(
-                repository=routed.repository,
-                pr=routed.pr,
-                kind=routed.kind,
-                head_sha=routed.head_sha,
-                payload=routed.payload,
+            answer = await run_in_threadpool(
+                intake.receive,
+                bytes(body),
+                signed=request.headers.get("x-hub-signature-256"),
+                event=request.headers.get("x-github-event"),
+                delivery_id=request.headers.get("x-github-delivery"),
             )
-        outcome = await run_in_threadpool(
-            service.queue.accept,
-            delivery_id=delivery,
-            event=event,
-            action=str(payload.get("action", "")),
-            job=job,
-        )
-        extra = {"delivery_id": delivery, "pr": f"{job.repository}#{job.pr}" if job else "-"}
-        if outcome == "duplicate":
-            log.info("duplicate delivery acknowledged", extra=extra)
-            return JSONResponse({"message": "already received"}, status_code=200)
-        if outcome == "ignored":
-            log.info("ignored: %s", routed, extra=extra)
+        except PgoverlayError as err:  # the queue cannot store it: GitHub marks it failed
+            log.error("delivery not stored: %s", err)
+            return _error(503, f"the delivery could not be stored ({err}); redeliver it later")
+        if answer.status == 204:
             return Response(status_code=204)
-        return JSONResponse({"message": "queued"}, status_code=202)
+        return _error(answer.status, answer.message)
 
     @app.get("/healthz")
-    async def healthz() -> Response:
-        ok, detail = await run_in_threadpool(service.healthy)
-        return JSONResponse({"ok": ok, "detail": detail}, status_code=200 if ok else 503)
+    async def healthz(request: Request) -> Response:
+        if not authorised(request):
+            return unauthorised()
+        problem = await run_in_threadpool(_health, queue, worker, engine)
+        return JSONResponse(
+            {"ok": problem is None, "detail": problem or "ok"},
+            status_code=200 if problem is None else 503,
+        )
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        text = await run_in_threadpool(service.metrics_text)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    async def scrape(request: Request) -> Response:
+        if not authorised(request):
+            return unauthorised()
+        try:
+            text = await run_in_threadpool(metrics.render, registry)
+        except PgoverlayError as err:
+            return _error(503, f"metrics unavailable: {err}")
+        return Response(text, media_type=metrics.CONTENT_TYPE)
 
     return app
+
+
+def _health(queue: Queue, worker: WorkerProcess | None, engine: Engine | None) -> str | None:
+    """None when all is well, else the first problem found."""
+    try:
+        queue.depth()
+    except PgoverlayError as err:
+        return f"queue unreadable: {err}"
+    problem = worker.problem() if worker is not None else None
+    if problem:
+        return problem
+    if engine is not None:
+        try:
+            engine.bases()
+        except PgoverlayError as err:
+            return str(err)
+    return None
+
+
+def _branch_counter(engine: Engine) -> Callable[[], Mapping[str, int]]:
+    def count() -> Mapping[str, int]:
+        by_state: dict[str, int] = {}
+        for b in engine.branches():
+            by_state[b.state] = by_state.get(b.state, 0) + 1
+        return by_state
+
+    return count

@@ -2,7 +2,8 @@
 
 It remembers deliveries (a redelivery is acknowledged, not run twice, across restarts) and holds
 their jobs. Threads share one :class:`Queue` (each gets its own connection); processes open
-their own. The queue, not its callers, enforces:
+their own. The file is its owner's alone (0600): it holds every delivery's payload. The queue,
+not its callers, enforces:
 
 * **Lanes**: one per PR (``repository`` + ``pr``; PR-less jobs share one per repository). A lane
   runs one job at a time, oldest first, even past an older job waiting out a retry delay.
@@ -14,6 +15,9 @@ their own. The queue, not its callers, enforces:
   adds one, ``retry`` does not), so a crash costs an attempt and a job that kills its worker
   every time fails after ``max_attempts`` starts. Delivery is at least once (a worker that
   outlives its lease may run a job twice): the PR workflow must be idempotent.
+* **Dedupe** by delivery id and by the SHA-256 of the signed body: the signature does not cover
+  ``X-GitHub-Delivery``, so a captured body replayed under a new id is the same delivery. A
+  repeat is counted on the delivery first recorded (``repeats``), so replays add no rows.
 * **Retention**: deliveries are kept 30 days by default, never less than the 3 days GitHub lets
   users redeliver; a delivery's ``outcome`` follows its job's final state in the same commit.
 """
@@ -23,17 +27,20 @@ from __future__ import annotations
 import datetime
 import email.utils
 import logging
+import os
 import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,8 @@ log = logging.getLogger(__name__)
 State = Literal["queued", "running", "done", "failed", "skipped", "cancelled"]
 STATES: tuple[State, ...] = ("queued", "running", "done", "failed", "skipped", "cancelled")
 Accepted = Literal["queued", "duplicate", "ignored"]
+# A delivery's outcome: its job's state, or one of these when it has none.
+OUTCOMES: tuple[str, ...] = (*STATES, "ignored", "rejected", "duplicate")
 
 REDELIVERY_WINDOW = 3 * 86400.0  # GitHub lets users redeliver a webhook for 3 days
 DEFAULT_RETENTION = 30 * 86400.0
@@ -49,7 +58,8 @@ MAX_SERVER_WAIT = 3600.0  # GitHub's primary rate limit resets within the hour
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
     delivery_id TEXT PRIMARY KEY, event TEXT NOT NULL, action TEXT NOT NULL,
-    received_at REAL NOT NULL, outcome TEXT NOT NULL);
+    received_at REAL NOT NULL, outcome TEXT NOT NULL, body_sha256 TEXT,
+    reason TEXT NOT NULL DEFAULT '', repeats INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, delivery_id TEXT NOT NULL,
     repository TEXT NOT NULL, pr INTEGER, kind TEXT NOT NULL, head_sha TEXT NOT NULL,
@@ -62,6 +72,22 @@ CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
 CREATE INDEX IF NOT EXISTS jobs_by_lane ON jobs (repository, pr, state, id);
 CREATE INDEX IF NOT EXISTS jobs_by_delivery ON jobs (delivery_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_age ON deliveries (received_at);
+CREATE TABLE IF NOT EXISTS job_runs (
+    kind TEXT NOT NULL, result TEXT NOT NULL, runs INTEGER NOT NULL, seconds REAL NOT NULL,
+    PRIMARY KEY (kind, result));
+CREATE TABLE IF NOT EXISTS reconcile_actions (action TEXT PRIMARY KEY, count INTEGER NOT NULL);
+"""
+# Columns a queue made by an earlier release lacks; the index needs the column first.
+_ADDED = {
+    "body_sha256": "TEXT",
+    "reason": "TEXT NOT NULL DEFAULT ''",
+    "repeats": "INTEGER NOT NULL DEFAULT 0",
+}
+_BODY_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS deliveries_by_body ON deliveries (body_sha256)"
+# The delivery recorded before under this id or with this signed body, counted once more.
+_REPEAT = """
+UPDATE deliveries SET repeats = repeats + 1 WHERE rowid = (SELECT rowid FROM deliveries
+WHERE delivery_id = ?1 OR (?2 IS NOT NULL AND body_sha256 = ?2) LIMIT 1)
 """
 
 # The oldest due queued job that heads its lane (nothing of the lane running or queued before).
@@ -95,6 +121,17 @@ class NewJob:
     kind: str  # 'open' | 'sync' | 'close' | 'label' | 'reconcile': only close and sync coalesce
     head_sha: str
     payload: str  # JSON text
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A delivery to record (and its job, if it needs one)."""
+
+    delivery_id: str
+    event: str
+    action: str
+    job: NewJob | None
+    body_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +174,11 @@ class Queue:
         max_attempts: int = 5,
         synchronous: Literal["NORMAL", "FULL"] = "FULL",
         busy_timeout: float = 30.0,
+        checkpoint_pages: int = 1000,
     ) -> None:
+        """``checkpoint_pages``: the WAL size (in pages) past which a commit of this process
+        copies the WAL into the database (SQLite's ``wal_autocheckpoint``; 1000 is its
+        default). Intake sets it high, so the worker process's commits do that work."""
         if max_attempts < 1 or synchronous not in ("NORMAL", "FULL"):
             raise QueueError(
                 f"max_attempts must be at least 1 (got {max_attempts}) and synchronous NORMAL or"
@@ -147,13 +188,21 @@ class Queue:
         self.max_attempts = max_attempts
         self._synchronous = synchronous
         self._busy_ms = int(busy_timeout * 1000)
+        self._checkpoint_pages = int(checkpoint_pages)
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
         self._closed = False
+        _make_private(path)
         with self._write() as db:
             for statement in filter(str.strip, SCHEMA.split(";")):
                 db.execute(statement)
+            have = {row[1] for row in db.execute("PRAGMA table_info(deliveries)")}
+            for column, declaration in _ADDED.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {declaration}")
+            db.execute(_BODY_INDEX)
 
     def close(self) -> None:
         """Close every thread's connection; call once the threads using the queue are done."""
@@ -177,6 +226,7 @@ class Queue:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             db.execute(f"PRAGMA synchronous = {self._synchronous}")
+            db.execute(f"PRAGMA wal_autocheckpoint = {self._checkpoint_pages}")
             # A new file turns to WAL once for good. That needs it alone, and SQLite says "locked"
             # at once instead of waiting if another process opens it too: retry to a deadline.
             mode = wait_for(
@@ -198,15 +248,19 @@ class Queue:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._db()
+        # This process's threads queue up here, in turn, rather than in SQLite's busy handler,
+        # which sleeps and retries (1, 2, 5 … 100 ms) and lets a busy burst wait for nothing.
+        # Only another process's transaction makes BEGIN IMMEDIATE wait there.
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
+            with self._writing:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
         except sqlite3.Error as err:
             raise QueueError(
                 f"job queue {self.path}: {err} (if locked: another process held the database"
@@ -228,41 +282,61 @@ class Queue:
         event: str,
         action: str,
         job: NewJob | None,
+        body_sha256: str | None = None,
         now: float | None = None,
     ) -> Accepted:
         """Record a delivery and queue its job, in one transaction.
 
-        ``"duplicate"``: the delivery id was seen before, nothing is queued. ``"ignored"``:
-        recorded, no job. ``"queued"``: recorded, job queued, its lane coalesced.
+        ``"duplicate"``: the delivery id or the signed body (its SHA-256) was seen before,
+        nothing is queued. ``"ignored"``: recorded, no job. ``"queued"``: recorded, job queued,
+        its lane coalesced.
         """
+        delivery = Delivery(delivery_id, event, action, job, body_sha256)
+        [outcome] = self.accept_all([delivery], now=now)
+        return outcome
+
+    def accept_all(
+        self, deliveries: Sequence[Delivery], *, now: float | None = None
+    ) -> list[Accepted]:
+        """:meth:`accept` each delivery, in order, all in one transaction: deliveries that
+        arrive together share one disk sync instead of waiting for one each."""
         now = _clock(now)
-        outcome = "ignored" if job is None else "queued"
         with self._write() as db:
-            if not db.execute(
-                "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (delivery_id, event, action, now, outcome),
-            ).rowcount:
-                return "duplicate"
-            if job is None:
-                return "ignored"
-            job_id = db.execute(
-                "INSERT INTO jobs (delivery_id, repository, pr, kind, head_sha, payload, state,"
-                " not_before, created_at) VALUES (:delivery_id, :repository, :pr, :kind,"
-                " :head_sha, :payload, 'queued', :now, :now)",
-                {**asdict(job), "delivery_id": delivery_id, "now": now},
-            ).lastrowid
-            if job.kind in ("sync", "close"):
-                state: State = "skipped" if job.kind == "sync" else "cancelled"
-                why = f"{state} by {job.kind} job {job_id} (head {job.head_sha})"
-                ended = db.execute(
-                    _COALESCE, (state, now, why, job.repository, job.pr, job_id, job.kind)
-                ).fetchall()
-                _set_outcomes(db, state, (delivery for (delivery,) in ended))
-        extra = {"delivery_id": delivery_id, "pr": job.pr}
-        log.info(
-            "queued %s job %s for %s#%s", job.kind, job_id, job.repository, job.pr, extra=extra
-        )
-        return "queued"
+            done = [_accept(db, delivery, now) for delivery in deliveries]
+        for delivery, (outcome, job_id) in zip(deliveries, done, strict=True):
+            job = delivery.job
+            if outcome == "queued" and job is not None:
+                log.info(
+                    "queued %s job %s for %s#%s",
+                    job.kind,
+                    job_id,
+                    job.repository,
+                    job.pr,
+                    extra={"delivery_id": delivery.delivery_id, "pr": job.pr},
+                )
+        return [outcome for outcome, _ in done]
+
+    def reject(
+        self,
+        *,
+        delivery_id: str,
+        event: str,
+        action: str,
+        reason: str,
+        body_sha256: str,
+        now: float | None = None,
+    ) -> bool:
+        """Record a signed delivery that cannot be acted on, with why; False if it repeats one
+        recorded before (same id or same body), which is then counted once more instead."""
+        with self._write() as db:
+            if db.execute(_REPEAT, (delivery_id, body_sha256)).rowcount:
+                return False
+            db.execute(
+                "INSERT INTO deliveries (delivery_id, event, action, received_at, outcome,"
+                " body_sha256, reason) VALUES (?, ?, ?, ?, 'rejected', ?, ?)",
+                (delivery_id, event, action, _clock(now), body_sha256, reason),
+            )
+        return True
 
     # work --------------------------------------------------------------------------------
 
@@ -383,8 +457,52 @@ class Queue:
         return counts
 
     def delivery_count(self) -> dict[tuple[str, str], int]:
-        rows = self._read("SELECT event, outcome, count(*) FROM deliveries GROUP BY 1, 2")
-        return {(event, outcome): n for event, outcome, n in rows}
+        """Deliveries by event and outcome; repeats of a recorded one count as "duplicate"."""
+        rows = self._read(
+            "SELECT event, outcome, count(*), sum(repeats) FROM deliveries GROUP BY 1, 2"
+        )
+        counts: Counter[tuple[str, str]] = Counter()
+        for event, outcome, n, repeats in rows:
+            counts[(event, outcome)] += n
+            if repeats:
+                counts[(event, "duplicate")] += repeats
+        return dict(counts)
+
+    def job_count(self) -> dict[tuple[str, str], int]:
+        """Jobs by kind and state (kinds and states with no job are left out)."""
+        rows = self._read("SELECT kind, state, count(*) FROM jobs GROUP BY 1, 2")
+        return {(kind, state): n for kind, state, n in rows}
+
+    def oldest_queued_age(self, *, now: float | None = None) -> float:
+        """Seconds the oldest queued job has waited since it was accepted; 0 with none."""
+        [(created,)] = self._read("SELECT min(created_at) FROM jobs WHERE state = 'queued'")
+        return max(_clock(now) - created, 0.0) if created is not None else 0.0
+
+    def count_run(self, *, kind: str, result: str, seconds: float) -> None:
+        """Add one job run (an attempt) and its duration to the durable totals."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO job_runs VALUES (?, ?, 1, ?) ON CONFLICT (kind, result) DO UPDATE"
+                " SET runs = runs + 1, seconds = seconds + excluded.seconds",
+                (kind, result, seconds),
+            )
+
+    def runs(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Job runs by kind and result: (runs, seconds)."""
+        rows = self._read("SELECT kind, result, runs, seconds FROM job_runs")
+        return {(kind, result): (runs, seconds) for kind, result, runs, seconds in rows}
+
+    def count_reconcile(self, actions: dict[str, int]) -> None:
+        """Add what a reconcile run did to the durable totals."""
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO reconcile_actions VALUES (?, ?) ON CONFLICT (action) DO UPDATE"
+                " SET count = count + excluded.count",
+                list(actions.items()),
+            )
+
+    def reconcile_count(self) -> dict[str, int]:
+        return dict(self._read("SELECT action, count FROM reconcile_actions"))
 
     def set_delivery_outcome(self, delivery_id: str, outcome: str) -> None:
         with self._write() as db:
@@ -479,6 +597,62 @@ class Approval:
     head_sha: str  # the head the maintainer labelled: the only one it approves
     approver: str
     approved_at: float
+
+
+def _accept(db: sqlite3.Connection, delivery: Delivery, now: float) -> tuple[Accepted, int | None]:
+    """One delivery of :meth:`Queue.accept_all`, inside its transaction; its job's id."""
+    d, job = delivery, delivery.job
+    if db.execute(_REPEAT, (d.delivery_id, d.body_sha256)).rowcount:
+        return "duplicate", None
+    db.execute(
+        "INSERT INTO deliveries (delivery_id, event, action, received_at, outcome, body_sha256)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            d.delivery_id,
+            d.event,
+            d.action,
+            now,
+            "ignored" if job is None else "queued",
+            d.body_sha256,
+        ),
+    )
+    if job is None:
+        return "ignored", None
+    job_id = db.execute(
+        "INSERT INTO jobs (delivery_id, repository, pr, kind, head_sha, payload, state,"
+        " not_before, created_at) VALUES (:delivery_id, :repository, :pr, :kind,"
+        " :head_sha, :payload, 'queued', :now, :now)",
+        {**asdict(job), "delivery_id": d.delivery_id, "now": now},
+    ).lastrowid
+    if job.kind in ("sync", "close"):
+        state: State = "skipped" if job.kind == "sync" else "cancelled"
+        why = f"{state} by {job.kind} job {job_id} (head {job.head_sha})"
+        ended = db.execute(
+            _COALESCE, (state, now, why, job.repository, job.pr, job_id, job.kind)
+        ).fetchall()
+        _set_outcomes(db, state, (delivery for (delivery,) in ended))
+    return "queued", job_id
+
+
+def _make_private(path: Path) -> None:
+    """Create the database file, or take the one there, as its owner's alone (0600), along
+    with the journals SQLite left beside it (it makes new ones with the database's mode)."""
+    for suffix, flags in (("", os.O_RDWR | os.O_CREAT), ("-wal", 0), ("-shm", 0), ("-journal", 0)):
+        try:
+            fd = safefs.open_regular(Path(f"{path}{suffix}"), os.O_RDONLY | flags, mode=0o600)
+        except FileNotFoundError:
+            if not suffix:
+                raise QueueError(
+                    f"cannot create the job queue {path}: its folder is missing; create it or"
+                    " set queue_path"
+                ) from None
+            continue
+        except OSError as err:
+            raise QueueError(f"cannot open the job queue {path}: {err.strerror}") from None
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _journal_mode(db: sqlite3.Connection) -> str | None:

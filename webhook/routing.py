@@ -1,12 +1,11 @@
-"""Which deliveries become jobs. Pure: the event name, the payload and the settings in; a job
-description (or the reason there is none) out."""
+"""Which ``pull_request`` deliveries become jobs. Pure: the validated delivery and the settings
+in; a job description (or the reason there is none) out."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
+from pgoverlay.webhook.payload import PullRequestEvent
 from pgoverlay.webhook.settings import WebhookSettings
 
 _KINDS = {
@@ -25,28 +24,22 @@ class Routed:
     pr: int
     kind: str
     head_sha: str
-    payload: str  # the delivery's JSON, kept for the worker
 
 
-def route(event: str, payload: dict[str, Any], settings: WebhookSettings) -> Routed | str:
+def route(delivery: PullRequestEvent, settings: WebhookSettings) -> Routed | str:
     """A job for a handled delivery, or why it is ignored."""
-    if event != "pull_request":
-        return f"event {event} is not handled"
-    action = str(payload.get("action", ""))
-    kind = _KINDS.get(action)
+    kind = _KINDS.get(delivery.action)
     if kind is None:
-        return f"pull_request {action} is not handled"
-    repository = str((payload.get("repository") or {}).get("full_name") or "")
+        return f"pull_request {delivery.action} is not handled"
+    repository = delivery.repository.full_name
     repo = settings.repo(repository)
     if repo is None:
-        return f"repository {repository or '(none)'} is not in the allow-list"
-    pull = payload.get("pull_request") or {}
-    if kind == "label" and (payload.get("label") or {}).get("name") != repo.fork_label:
+        return f"repository {repository} is not in the allow-list"
+    if kind == "label" and (delivery.label is None or delivery.label.name != repo.fork_label):
         return "a label other than the fork approval label"
     return Routed(
         repository=repository,
-        pr=int(pull.get("number") or payload.get("number") or 0),
+        pr=delivery.number,
         kind=kind,
-        head_sha=str((pull.get("head") or {}).get("sha") or ""),
-        payload=json.dumps(payload, separators=(",", ":")),
+        head_sha=delivery.pull_request.head.sha,
     )

@@ -1,11 +1,13 @@
-"""The listener's moving parts: the queue, the workers, reconcile, metrics; started and
-stopped by the app's lifespan."""
+"""The worker process (`pgoverlay webhook work`, started and stopped by `webhook serve`): the
+workers and reconcile, on the queue the intake process fills. `serve` starts it at a lower CPU
+priority than intake, so acknowledging deliveries wins the CPU over building branches."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -25,13 +27,11 @@ class Service:
     def __init__(self, settings: WebhookSettings, runner: Settings) -> None:
         self.settings = settings
         self.runner = runner
-        # The listener's own directory: its queue and each job's scratch space, its alone.
-        settings.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(settings.state_dir, 0o700)
+        settings.make_state_dir()
         self.engine = service.client(runner)
-        self.queue_path = settings.queue_path or settings.state_dir / "queue.db"
+        self.queue_path = settings.queue_file()
         self.queue = Queue(self.queue_path, max_attempts=settings.max_attempts)
-        self.metrics = Metrics()
+        self.metrics = Metrics(self.queue)
         self.clients = GitHubClients(settings)
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -107,9 +107,7 @@ class Service:
             line.startswith("destroyed expired") for line in self.engine.gc().lines
         )
         self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
-        with self.metrics.lock:
-            for key, value in actions.items():
-                self.metrics.reconcile_actions[key] += value
+        self.queue.count_reconcile(actions)
         if any(actions.values()):
             log.info("reconcile: %s", actions)
         return actions
@@ -149,79 +147,25 @@ class Service:
         )
         return outcome == "queued"
 
-    # -- health and metrics -----------------------------------------------------------------
-
-    def healthy(self) -> tuple[bool, str]:
-        try:
-            self.queue.depth()
-        except Exception as err:
-            return False, f"queue unreadable: {err}"
-        try:
-            self.engine.bases()
-        except PgoverlayError as err:
-            return False, str(err)
-        return True, "ok"
-
-    def metrics_text(self) -> str:
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {value}" for labels, value in rows)
-
-        deliveries = self.queue.delivery_count()
-        metric(
-            "pgoverlay_webhook_deliveries_total",
-            "counter",
-            "Deliveries received, by event and outcome.",
-            [(f'{{event="{e}",outcome="{o}"}}', n) for (e, o), n in sorted(deliveries.items())],
-        )
-        metric(
-            "pgoverlay_webhook_queue_jobs",
-            "gauge",
-            "Jobs in the queue, by state.",
-            [(f'{{state="{s}"}}', n) for s, n in sorted(self.queue.depth().items())],
-        )
-        with self.metrics.lock:
-            seconds = dict(self.metrics.job_seconds)
-            counts = dict(self.metrics.job_count)
-            results = dict(self.metrics.job_results)
-            reconciled = dict(self.metrics.reconcile_actions)
-        metric(
-            "pgoverlay_webhook_job_seconds_sum",
-            "counter",
-            "Time spent in jobs, by kind.",
-            [(f'{{kind="{k}"}}', round(v, 3)) for k, v in sorted(seconds.items())],
-        )
-        metric(
-            "pgoverlay_webhook_job_seconds_count",
-            "counter",
-            "Jobs run, by kind.",
-            [(f'{{kind="{k}"}}', v) for k, v in sorted(counts.items())],
-        )
-        metric(
-            "pgoverlay_webhook_jobs_total",
-            "counter",
-            "Jobs ended, by kind and result.",
-            [(f'{{kind="{k}",result="{r}"}}', v) for (k, r), v in sorted(results.items())],
-        )
-        metric(
-            "pgoverlay_webhook_reconcile_actions_total",
-            "counter",
-            "Branches reconcile destroyed, by reason.",
-            [(f'{{action="{a}"}}', v) for a, v in sorted(reconciled.items())],
-        )
-        by_state: dict[str, int] = {}
-        for b in self.engine.branches():
-            by_state[b.state] = by_state.get(b.state, 0) + 1
-        metric(
-            "pgoverlay_branches",
-            "gauge",
-            "Branches on this runner, by state.",
-            [(f'{{state="{s}"}}', n) for s, n in sorted(by_state.items())],
-        )
-        return "\n".join(lines) + "\n"
-
     def close(self) -> None:
         self.queue.close()
+
+
+def work(settings: WebhookSettings, runner: Settings) -> int:
+    """Run the workers and reconcile until SIGTERM or SIGINT, or until the intake process that
+    started this one is gone; then stop as :meth:`Service.stop` says."""
+    parent = os.getppid()
+    jobs = Service(settings, runner)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: jobs.stopping.set())
+    log.info("worker process %s: %s workers", os.getpid(), settings.workers)
+    try:
+        jobs.start()
+        while not jobs.stopping.wait(1.0):
+            if os.getppid() != parent:
+                log.warning("the intake process is gone: stopping")
+                jobs.stopping.set()
+    finally:
+        jobs.stop()
+        jobs.close()
+    return 0

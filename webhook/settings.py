@@ -76,6 +76,10 @@ class WebhookSettings(BaseSettings):
     shutdown_grace: float = Field(default=60.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8088, ge=1, le=65535)
+    # When set, /healthz and /metrics answer only `Authorization: Bearer <metrics_token>`.
+    metrics_token: SecretStr | None = None
+    # How much lower the worker process's CPU priority is than intake's (nice, 0-19).
+    worker_nice: int = Field(default=10, ge=0, le=19)
 
     @classmethod
     def settings_customise_sources(
@@ -108,7 +112,18 @@ class WebhookSettings(BaseSettings):
         for name in self.repositories:
             if name.count("/") != 1:
                 raise ValueError(f"repository {name!r} must be written owner/name")
+        if self.metrics_token is not None and not self.metrics_token.get_secret_value():
+            raise ValueError("metrics_token is empty: set a long random string, or leave it out")
         return self
+
+    def queue_file(self) -> Path:
+        """The job queue: ``queue_path``, else ``queue.db`` in ``state_dir``."""
+        return self.queue_path or self.state_dir / "queue.db"
+
+    def make_state_dir(self) -> None:
+        """Make ``state_dir`` (the queue and each job's scratch space) its owner's alone."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
 
     def repo(self, full_name: str) -> RepoSettings | None:
         """Settings for an allowed repository (names compare case-insensitively)."""

@@ -16,8 +16,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +62,16 @@ class JobLogContext(logging.Filter):
 
 @dataclass
 class Metrics:
-    """Counters for /metrics (deliveries are counted durably by the queue)."""
+    """Job runs for /metrics, counted in the queue database: the intake process, which serves
+    /metrics, then reports what the worker process did, across restarts."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    job_seconds: dict[str, float] = field(default_factory=dict)
-    job_count: Counter[str] = field(default_factory=Counter)
-    job_results: Counter[tuple[str, str]] = field(default_factory=Counter)
-    reconcile_actions: Counter[str] = field(default_factory=Counter)
+    queue: Queue
 
     def job(self, kind: str, result: str, seconds: float) -> None:
-        with self.lock:
-            self.job_seconds[kind] = self.job_seconds.get(kind, 0.0) + seconds
-            self.job_count[kind] += 1
-            self.job_results[(kind, result)] += 1
+        try:
+            self.queue.count_run(kind=kind, result=result, seconds=seconds)
+        except QueueError as err:  # a lost count must not fail the job it counts
+            log.warning("could not count a %s job run: %s", kind, err)
 
 
 class Transient(Exception):
