@@ -31,6 +31,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import threading
 import time
@@ -49,6 +50,8 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.fspath(ROOT / "tests"))
+from test_webhook_e2e import AS_LISTENER, SYSTEM_PYTHON  # noqa: E402
+
 from fakegithub import FakeGitHub  # noqa: E402
 from pgoverlay.runner import branch, demo, mounts, pgbin, seed  # noqa: E402
 from pgoverlay.runner import pool as poolmod  # noqa: E402
@@ -63,6 +66,7 @@ START, END = "<!-- webhook:start -->", "<!-- webhook:end -->"
 REPO, OTHER, BASE_NAME, FIRST_PR = "acme/shop", "acme/elsewhere", "bench", 100
 SECRET, TOKEN, BASE_SHA = "webhook-bench-secret", "ghp_webhookBenchToken0123", "b" * 40
 PORTS = "56300-56399"
+LISTENER_USER = "pgoverlay-webhook"  # the user `webhook setup` makes by default
 TARGET_P99_MS, REDELIVERED, BASELINE = 50.0, 0.05, 500  # ms; share of the ids; deliveries
 console = Console(highlight=False)
 
@@ -235,6 +239,10 @@ class Bench:
         auth = {"secret": SECRET, "token": TOKEN, "api_url": github.url}
         settings = {"repositories": repos, "workers": self.args.workers, "reconcile_interval": 3600}
         config.write_text(yaml.safe_dump({**auth, **settings}))
+        config.chmod(0o644)
+        # The listener runs as its own user (it refuses root), made as an admin makes it.
+        setup = ["webhook", "setup", "--user", LISTENER_USER, "--state-dir", str(self.state)]
+        subprocess.run([sys.executable, "-m", "pgoverlay", *setup], check=True, capture_output=True)
         env = {
             **os.environ,
             "PGOVERLAY_HOME": os.fspath(self.settings.home),
@@ -247,8 +255,9 @@ class Bench:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
         serve = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        purelib = sysconfig.get_paths()["purelib"]
         self.listener = subprocess.Popen(
-            [sys.executable, "-m", "pgoverlay", *serve],
+            [SYSTEM_PYTHON, "-c", AS_LISTENER, purelib, LISTENER_USER, *serve],
             env=env,
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
