@@ -186,6 +186,25 @@ def load_elsewhere(url: str, deliveries: list[Delivery], clients: int, rate: flo
     return [acks.get(d.index, Ack(-1, 0.0, 0.0, 0.0)) for d in deliveries]
 
 
+def move_heads(
+    github: FakeGitHub,
+    deliveries: list[Delivery],
+    rate: float,
+    start: float,
+    stop: threading.Event,
+) -> None:
+    """GitHub's side of each push: the pull request's head moves in the API when the push is
+    made, before its `synchronize` is delivered (the senders start after ``start``). Workers
+    act on the head the API gives them, not on the delivery's."""
+    for d in deliveries:
+        if d.redelivery or d.action != "synchronize":
+            continue
+        if stop.wait(max(start + d.index / rate - time.perf_counter(), 0.0)):
+            return
+        with github.locked():
+            github.pull(REPO, d.pr)["head_sha"] = d.head_sha
+
+
 def read_only(path: Path, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
@@ -211,7 +230,12 @@ class Bench:
         low, _, high = args.ports.partition("-")
         self.ports = (int(low), int(high))
         self.settings = Settings(
-            home=self.work / "pool-home", port_min=self.ports[0], port_max=self.ports[1]
+            home=self.work / "pool-home",
+            port_min=self.ports[0],
+            port_max=self.ports[1],
+            # one repository's many pull requests at once: above the service's default limits
+            max_branches=args.prs + 10,
+            max_branches_per_repository=args.prs + 10,
         )
         self.install = pgbin.newest(self.settings.pg_bindir)
         self.state = self.work / "listener-state"  # the listener's state_dir
@@ -290,7 +314,16 @@ class Bench:
         a = self.args
         url = self.start_listener(github)
         console.log(f"sending {len(deliveries)} deliveries from {a.clients} clients …")
-        acks = load_elsewhere(f"{url}/webhook", deliveries, a.clients, a.rate)
+        sent_all = threading.Event()
+        pushes = threading.Thread(
+            target=move_heads, args=(github, deliveries, a.rate, time.perf_counter(), sent_all)
+        )
+        pushes.start()
+        try:
+            acks = load_elsewhere(f"{url}/webhook", deliveries, a.clients, a.rate)
+        finally:
+            sent_all.set()
+            pushes.join()
         sent, sent_wall = time.perf_counter(), time.time()
         opens = "SELECT count(*) FROM jobs WHERE kind = 'open'"
         busy_opens = read_only(

@@ -297,6 +297,10 @@ class Worker:
         if refusal:
             self._refuse(github, ev, inputs, "not branched", refusal)
             return "not branched"
+        if self._done_at_head(engine, ev, inputs):
+            # An older delivery, or a replay, of a head already branched and migrated: its
+            # status and comment stand.
+            return f"already done at {ev.head_sha[:7]}"
         self._status(github, ev, "pending", "creating the branch")
         sandbox = JobSandbox(
             Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=self.settings.state_dir)),
@@ -337,6 +341,21 @@ class Worker:
             reason = f"branch {report.branch_name} ready on port {report.branch.port}"
         self._status(github, ev, state, reason)
         return report.status
+
+    @staticmethod
+    def _done_at_head(engine: Engine, ev: events.Event, inputs: Inputs) -> bool:
+        """The PR's branch is up, and its record says this head was migrated."""
+        found = engine.branch(events.branch_name(ev, inputs.branch_name))
+        record = found.record if found else None
+        return (
+            found is not None
+            and record is not None
+            and found.repository.lower() == ev.repository.lower()
+            and record.head_sha == ev.head_sha
+            and record.status in ("ready", "migration failed")
+            and found.state == "ready"
+            and found.running
+        )
 
     def _now(self, github: GitHub, job: Job, delivered: dict[str, Any]) -> dict[str, Any] | None:
         """The delivery with its pull request (state, head and base, head repository, draft,
