@@ -17,9 +17,8 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import sqlparse
@@ -29,6 +28,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
+from pgoverlay.runner.service.models import Connection
 
 # The schema itself is made by the engine when it creates the branch (runner/roles.py), so
 # the ledger works whoever owns the database.
@@ -230,43 +230,8 @@ def read_migration(repo: Path, name: str, *, limit: int = MAX_FILE_BYTES) -> str
 # -- applying ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    """How to reach the branch; the password travels only in child environments."""
-
-    host: str
-    port: int
-    user: str
-    password: str = field(repr=False)
-    database: str
-
-    def libpq_env(self) -> dict[str, str]:
-        return {
-            "PGHOST": self.host,
-            "PGPORT": str(self.port),
-            "PGUSER": self.user,
-            "PGPASSWORD": self.password,
-            "PGDATABASE": self.database,
-            "PGAPPNAME": "pgoverlay-migrate",
-            "PGCONNECT_TIMEOUT": "15",
-        }
-
-    def url(self) -> str:
-        from urllib.parse import quote
-
-        return (
-            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
-            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
-        )
-
-    def connect_kwargs(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "password": self.password,
-            "dbname": self.database,
-        }
+# How to reach the branch; the password travels only in child environments.
+Target = Connection
 
 
 def ledger(target: Target) -> dict[str, str]:
@@ -400,7 +365,7 @@ def run_command(
 ) -> MigrationRun:
     """Run the project's own migration command against the branch in ``sandbox`` (as the owner
     of the checkout, or a job's own uid), never with the engine's privileges."""
-    env = {**target.libpq_env(), "DATABASE_URL": target.url(), **(extra_env or {})}
+    env = {**target.libpq_env(), "DATABASE_URL": target.url, **(extra_env or {})}
     env.pop("PGAPPNAME")
     started = time.monotonic()
     try:

@@ -36,7 +36,13 @@ from pgoverlay.errors import (
 from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
 from pgoverlay.runner.service.engine import Engine
-from pgoverlay.runner.service.models import BranchView, Connection, CreateRequest, RecordRequest
+from pgoverlay.runner.service.models import (
+    BaseView,
+    BranchView,
+    Connection,
+    CreateRequest,
+    RecordRequest,
+)
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,10 +107,15 @@ def password_hint(name: str) -> str:
     )
 
 
-def _branch_info(engine: Engine, b: BranchView, *, create_seconds: float | None) -> BranchInfo:
-    base = next(
+def _base_of(engine: Engine, b: BranchView) -> BaseView | None:
+    return next(
         (x for x in engine.bases() if (x.name, x.version) == (b.base, b.base_version)), None
     )
+
+
+def _branch_info(
+    engine: Engine, b: BranchView, base: BaseView | None, *, create_seconds: float | None
+) -> BranchInfo:
     layer = engine.size(b.name)
     return BranchInfo(
         name=b.name,
@@ -122,12 +133,6 @@ def _branch_info(engine: Engine, b: BranchView, *, create_seconds: float | None)
         base_masked=base.masked if base else None,
         base_mask_rules=base.mask_rules if base else "",
         base_mask_sha256=base.mask_sha256 if base else "",
-    )
-
-
-def _target(c: Connection) -> migrations.Target:
-    return migrations.Target(
-        host=c.host, port=c.port, user=c.user, password=c.password, database=c.database
     )
 
 
@@ -202,7 +207,6 @@ def _migrate(
     """Apply the PR's migrations, running its code in ``sandbox``; returns the runs and a note
     for the report."""
     workdir = (repo_dir / inputs.working_directory).resolve()
-    target = _target(connection)
     if inputs.migrate_command:
         if event.from_fork and not inputs.allow_fork_commands:
             return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
@@ -211,7 +215,7 @@ def _migrate(
             )
         echo(f"running migrate command in {workdir}")
         run = migrations.run_command(
-            target,
+            connection,
             inputs.migrate_command,
             cwd=workdir,
             timeout=pool_settings.command_timeout,
@@ -238,7 +242,7 @@ def _migrate(
         files = migrations.all_files(repo_dir, folder)
     echo(f"applying {len(files)} migration file(s) from {folder}")
     runs = migrations.apply_files(
-        target,
+        connection,
         repo_dir,
         files,
         psql=psql_tools(major, pool_settings).tool("psql"),
@@ -371,10 +375,7 @@ def handle(
         try:
             b, seconds = _bring_up(engine, event, inputs, current, echo)
             connection = engine.connection(name)
-            base = next(
-                (x for x in engine.bases() if (x.name, x.version) == (b.base, b.base_version)),
-                None,
-            )
+            base = _base_of(engine, b)
             runs, note = _migrate(
                 settings,
                 connection,
@@ -390,7 +391,7 @@ def handle(
             report = dataclasses.replace(
                 skeleton,
                 status="migration failed" if failed else "ready",
-                branch=_branch_info(engine, b, create_seconds=seconds),
+                branch=_branch_info(engine, b, base, create_seconds=seconds),
                 migrations=runs,
                 message=note,
             )
@@ -412,7 +413,7 @@ def handle(
 
 
 def _close(engine: Engine, event: Event, current: BranchView, skeleton: Report) -> Report:
-    info = _branch_info(engine, current, create_seconds=None)
+    info = _branch_info(engine, current, _base_of(engine, current), create_seconds=None)
     done = engine.destroy(current.name, repository=event.repository)
     last = report_from_json(done.record.report) if done.record else None
     return dataclasses.replace(

@@ -382,7 +382,6 @@ def _engine() -> Engine:
 
 def _branch_dict(b: BranchView) -> dict[str, Any]:
     data = b.model_dump(exclude={"layer", "record", "seconds"})
-    data["base_version"] = b.base_version
     if b.layer is not None:
         data["layer_logical_bytes"] = b.layer.logical_bytes
         data["layer_physical_bytes"] = b.layer.physical_bytes

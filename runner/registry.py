@@ -412,13 +412,15 @@ class Registry:
         ).fetchone()
         return PrRecord(*row) if row else None
 
-    def save_record(self, record: PrRecord) -> None:
-        """Keep ``record`` with its branch; a branch that is gone takes no record."""
+    def save_record(self, record: PrRecord) -> bool:
+        """Keep ``record`` with its branch; False if the branch is gone (nothing kept)."""
         names = [f.name for f in fields(PrRecord)]
         with self.transaction() as db:
-            if db.execute("SELECT 1 FROM branches WHERE name = ?", (record.branch,)).fetchone():
-                db.execute(
-                    f"INSERT OR REPLACE INTO pr_record ({', '.join(names)}) "
-                    f"VALUES ({', '.join('?' for _ in names)})",
-                    tuple(getattr(record, n) for n in names),
-                )
+            if not db.execute("SELECT 1 FROM branches WHERE name = ?", (record.branch,)).fetchone():
+                return False
+            db.execute(
+                f"INSERT OR REPLACE INTO pr_record ({', '.join(names)}) "
+                f"VALUES ({', '.join('?' for _ in names)})",
+                tuple(getattr(record, n) for n in names),
+            )
+        return True

@@ -270,3 +270,19 @@ def test_concurrent_requests_each_get_their_answer(
     with ThreadPoolExecutor(max_workers=16) as workers:
         assert set(workers.map(one, range(64))) == {"svc-busy"}
     engine.destroy("svc-busy")
+
+
+def test_connection_strings_survive_any_password() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from pgoverlay.runner.service.models import Connection
+
+    c = Connection(host="h", port=5, database="my db", user="u", password="it's a \\ secret")
+    assert conninfo_to_dict(c.dsn) == {
+        "host": "h",
+        "port": "5",
+        "dbname": "my db",
+        "user": "u",
+        "password": "it's a \\ secret",
+    }
+    assert "it's" not in repr(c)

@@ -130,6 +130,10 @@ class RemoteEngine:
     def _get(self, url: str, model: type[M]) -> M:
         return model.model_validate(self._call("GET", url))
 
+    def health(self) -> None:
+        """Return when the service answers; ServiceError (saying how to fix it) otherwise."""
+        self._call("GET", "/health")
+
     # -- the Engine operations -----------------------------------------------------------
 
     def bases(self) -> list[BaseView]:

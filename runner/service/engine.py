@@ -224,7 +224,7 @@ class LocalEngine:
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._mine(name, repository=request.repository)
-        self.pool.registry.save_record(
+        saved = self.pool.registry.save_record(
             PrRecord(
                 branch=name,
                 head_sha=request.head_sha,
@@ -233,7 +233,7 @@ class LocalEngine:
                 updated_at=time.time(),
             )
         )
-        if self.pool.registry.record(name) is None:
+        if not saved:
             raise BranchMissingError(f"branch {name} was destroyed while its report was saved")
 
     def gc(self) -> GcReport:

@@ -7,7 +7,7 @@ a base among the seeded ones, a runtime among two, a TTL and whose pull request 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -107,23 +107,40 @@ class Connection(Answer):
             f"{self.host}:{self.port}/{quote(self.database, safe='')}"
         )
 
-    @property
-    def dsn(self) -> str:
-        return (
-            f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
-            f"password={self.password}"
-        )
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg.connect's keywords."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "dbname": self.database,
+        }
 
-    def environ(self) -> dict[str, str]:
-        """The libpq variables, and DATABASE_URL."""
+    def libpq_env(self) -> dict[str, str]:
+        """The libpq variables a child process (psql, a migrate command) connects with."""
         return {
             "PGHOST": self.host,
             "PGPORT": str(self.port),
             "PGUSER": self.user,
             "PGPASSWORD": self.password,
             "PGDATABASE": self.database,
-            "DATABASE_URL": self.url,
+            "PGAPPNAME": "pgoverlay-migrate",
+            "PGCONNECT_TIMEOUT": "15",
         }
+
+    @property
+    def dsn(self) -> str:
+        """A libpq key=value string (values quoted as libpq needs them)."""
+        from psycopg.conninfo import make_conninfo  # only the `connect` command needs it
+
+        return make_conninfo(
+            host=self.host,
+            port=self.port,
+            dbname=self.database,
+            user=self.user,
+            password=self.password,
+        )
 
 
 class BaseView(Answer):

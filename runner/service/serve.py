@@ -66,7 +66,7 @@ class PeerCredProtocol(H11Protocol):
 
 def answering(settings: Settings) -> bool:
     try:
-        client(settings)._call("GET", "/health")
+        client(settings).health()
     except ServiceError:
         return False
     return True
