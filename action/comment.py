@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
-from pgoverlay.runner.sizes import format_bytes
+from pgoverlay.runner.branch.sizes import format_bytes
 
 __all__ = [
     "MAX_COMMENT",

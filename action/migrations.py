@@ -30,7 +30,7 @@ from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, 
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.service.models import Connection
 
-# The schema itself is made by the engine when it creates the branch (runner/roles.py), so
+# The schema itself is made by the engine when it creates the branch (runner/seed/roles.py), so
 # the ledger works whoever owns the database.
 LEDGER = """
 CREATE TABLE IF NOT EXISTS pgoverlay_ledger.migrations (

@@ -33,8 +33,8 @@ from pgoverlay.errors import (
     PgoverlayError,
     PostgresBinariesError,
 )
-from pgoverlay.runner import pgbin
 from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
+from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import (
     BaseView,

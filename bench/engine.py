@@ -34,11 +34,15 @@ from engine_report import REPORT, Context, Sample, SizeRun, render, write_report
 from psycopg import sql
 from rich.console import Console
 
-from pgoverlay.runner import branch, cluster, mounts, pgbin, postmaster, proc, seed, sizes
+from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch import sizes
+from pgoverlay.runner.branch.sizes import LayerSize
 from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.pool import mounts
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster, postmaster
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.sizes import LayerSize
 
 SCALE_PER_GIB = 68.4  # pgbench -s 68 is about 1 GiB, -s 342 about 5 GiB
 DB = "bench"

@@ -26,10 +26,13 @@ import psycopg
 from engine_report import write_report
 from psycopg.conninfo import make_conninfo
 
-from pgoverlay.runner import branch, cluster, mounts, pgbin, proc, seed
+from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.pool import mounts
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.sizes import format_bytes
 
 RULES = Path(__file__).resolve().parent.parent / "docs" / "examples" / "masking-rules.yml"
 START, END = "<!-- mask:start -->", "<!-- mask:end -->"

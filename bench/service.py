@@ -39,13 +39,15 @@ from discard import build_source, dismantle
 from engine_report import first_field, write_report
 from psycopg.conninfo import make_conninfo
 
-from pgoverlay.runner import branch, cluster, pgbin, proc, seed
+from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.client import client
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.sizes import format_bytes
 
 START, END = "<!-- service:start -->", "<!-- service:end -->"
 BASE = "service-bench"

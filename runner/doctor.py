@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner import discard, mounts, pgbin
-from pgoverlay.runner.pool import PLAIN_COST, PoolInfo, read_info, supports_reflink
-from pgoverlay.runner.registry import Registry
+from pgoverlay.runner.pool import PLAIN_COST, PoolInfo, discard, mounts, read_info, supports_reflink
+from pgoverlay.runner.pool.registry import Registry
+from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.settings import Settings
 

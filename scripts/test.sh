@@ -7,7 +7,7 @@ scripts/install.sh
 # The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages.
 scripts/docker.sh 15 >/dev/null
 .venv/bin/ruff check .
-.venv/bin/mypy
+.venv/bin/python scripts/typecheck.py
 status=0
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -eq 5 ]; then

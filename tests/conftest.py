@@ -20,10 +20,12 @@ from helpers import (
     require_root,
     source_dsn,
 )
-from pgoverlay.runner import branch, cluster, pgbin, seed
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
 PORTS = TEST_PORTS  # see helpers.TEST_PORTS

@@ -17,9 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgoverlay.runner import branch, cluster, mounts, seed
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner import branch, seed
+from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import cluster
 
 # Ports handed to the test pools' branches. Two test runs on one machine (two checkouts) pick
 # disjoint ranges: PGOVERLAY_TEST_PORTS=58000-58199. The main pool takes them from the bottom;
@@ -57,7 +58,7 @@ def require_root() -> None:
 # user cannot read), then becomes the user and runs the command in the same process.
 _AS_USER = """
 import grp, os, pwd, sys
-import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.gc
+import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.pool.gc
 import pgoverlay.runner.runtime.docker
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([grp.getgrnam(g).gr_gid for g in sys.argv[2].split(",") if g])
@@ -159,7 +160,7 @@ def server_pid(pool: Pool, name: str) -> int:
             return int(container.attrs["State"]["Pid"])
         finally:
             client.close()
-    from pgoverlay.runner import postmaster
+    from pgoverlay.runner.postgres import postmaster
 
     info = postmaster.read_pidfile(branch.layout(pool, name).upper / "postmaster.pid")
     assert info is not None, "no postmaster.pid"
@@ -217,7 +218,7 @@ def extra_server(
     """Another real Postgres server for a test (a source, a publisher, a foreign server), with
     its own socket; ``hba`` replaces its pg_hba.conf (for password logins over TCP). Its log is
     ``socket_dir / "postgres.log"``."""
-    from pgoverlay.runner import pgbin
+    from pgoverlay.runner.postgres import binaries as pgbin
 
     install = pgbin.newest()
     work = pool.home / name

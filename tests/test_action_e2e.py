@@ -27,7 +27,7 @@ from helpers import os_user, path_without, require, require_docker_image
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"

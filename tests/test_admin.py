@@ -33,10 +33,11 @@ from pgoverlay.errors import (
     PoolError,
     SeedBusyError,
 )
-from pgoverlay.runner import branch, cluster, gc, locks, mounts, seed
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.pool import SOCKET_ROOT, Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool import SOCKET_ROOT, Pool, gc, locks, mounts
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.settings import Settings
 

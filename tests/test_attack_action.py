@@ -25,7 +25,7 @@ import pytest
 from helpers import cli, os_user
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
 
 RUNNER = "pgo-runner"  # the runner's user: in the service's group
 OUTSIDER = "pgo-outsider"  # a user outside it

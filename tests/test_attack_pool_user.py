@@ -24,11 +24,13 @@ import pytest
 
 from helpers import cli, dismantle, postgres_processes_for, require_root, server_pid, top_ports
 from pgoverlay.errors import RegistryRowError, ServiceError, UnsafePathError
-from pgoverlay.runner import baseconf, branch, gc, locks, mask, mounts, postmaster
+from pgoverlay.runner import branch, mask
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool import Pool, gc, locks, mounts
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import postmaster
+from pgoverlay.runner.seed import baseconf
 from pgoverlay.runner.settings import Settings
 
 

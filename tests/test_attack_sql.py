@@ -26,9 +26,10 @@ from helpers import (
     source_dsn,
 )
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import branch, cluster, seed
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import cluster
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import branchconf
+from pgoverlay.runner.branch import conf as branchconf
 
 
 def test_hba_admits_the_branch_role_over_tcp_and_the_superuser_on_the_socket_only() -> None:

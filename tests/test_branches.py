@@ -12,10 +12,10 @@ import pytest
 
 from helpers import assert_no_leaks, postgres_processes_for, server_pid
 from pgoverlay.errors import BranchExistsError, BranchMissingError, InvalidNameError
-from pgoverlay.runner import branch, gc
+from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion
 
 pytestmark = pytest.mark.usefixtures("runtime")
 

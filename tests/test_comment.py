@@ -21,7 +21,7 @@ from pgoverlay.action.comment import (
     render_summary,
 )
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.runner import sizes
+from pgoverlay.runner.branch import sizes
 
 MARK = "<!-- pgoverlay:branch acme/shop#12 pr-12 -->"
 HINT = "run `pgoverlay branch password pr-12` on the runner"

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from helpers import assert_no_leaks, cli
-from pgoverlay.runner import branch, gc
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion
 
 KILLED = -signal.SIGKILL
 

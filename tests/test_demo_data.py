@@ -1,4 +1,4 @@
-"""Tests for pgoverlay.runner.demo_data: the demo "shop" database.
+"""Tests for pgoverlay.runner.demo.data: the demo "shop" database.
 
 The main test loads scale 1 into a throwaway Postgres cluster (initdb in a temp
 dir, unix socket only) and checks counts, emails, foreign keys and size.
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pgoverlay.runner.demo_data import (
+from pgoverlay.runner.demo.data import (
     DEMO_DATABASE,
     demo_data_sql,
     demo_index_sql,

@@ -12,9 +12,11 @@ import pytest
 
 from helpers import assert_no_leaks, require_docker_image, source_dsn
 from pgoverlay.errors import VersionMismatchError
-from pgoverlay.runner import branch, cluster, gc, locks, pgbin, seed
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import branch, seed
+from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import docker as docker_runtime
 
 

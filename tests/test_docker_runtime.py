@@ -11,9 +11,9 @@ import pytest
 
 from helpers import assert_no_leaks, docker_objects_for, require_docker_image
 from pgoverlay.errors import DockerError, VersionMismatchError
-from pgoverlay.runner import branch, doctor, gc
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import branch, doctor
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.runtime import docker as docker_runtime
 
 

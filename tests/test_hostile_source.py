@@ -31,10 +31,12 @@ from helpers import (
     server_pid,
     source_dsn,
 )
-from pgoverlay.runner import branch, cluster, gc, pgbin, proc, seed
+from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 
 pytestmark = pytest.mark.slow
 

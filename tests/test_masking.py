@@ -16,10 +16,11 @@ import pytest
 
 from helpers import cli, source_dsn
 from pgoverlay.errors import MaskError
-from pgoverlay.runner import branch, cluster, seed
-from pgoverlay.runner.maskrules import QualifiedName, parse
+from pgoverlay.runner import branch, seed
+from pgoverlay.runner.mask.rules import QualifiedName, parse
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import cluster
 
 RULES = b"""
 tables:

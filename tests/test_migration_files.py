@@ -21,10 +21,11 @@ from pgoverlay.action.migrations import Target
 from pgoverlay.action.report import Report
 from pgoverlay.action.sandbox import AsUser
 from pgoverlay.errors import MigrationError, UnsafeFileError
-from pgoverlay.runner import branch, pgbin
+from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.registry import BaseVersion
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ import pytest
 from pgoverlay.action import migrations
 from pgoverlay.action.migrations import Target, needs_no_transaction, parse_psql_error, statements
 from pgoverlay.errors import MigrationError
-from pgoverlay.runner import branch, pgbin
+from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
 
 FILE = """-- add a column
 ALTER TABLE accounts ADD COLUMN memo text;

@@ -12,9 +12,10 @@ import pytest
 
 from helpers import dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import PoolFullError
-from pgoverlay.runner import branch, cluster, gc, seed
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
 

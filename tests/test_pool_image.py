@@ -17,11 +17,12 @@ import pytest
 
 from helpers import cli, dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import TimeoutExpiredError
-from pgoverlay.runner import branch, cluster, discard, mounts, proc, seed
+from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool import Pool, discard, mounts
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
 MiB = 1024**2

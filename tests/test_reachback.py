@@ -23,10 +23,11 @@ from helpers import (
     remove_base,
     source_dsn,
 )
-from pgoverlay.runner import cluster, seed
+from pgoverlay.runner import seed
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import cluster
 
 pytestmark = pytest.mark.slow
 

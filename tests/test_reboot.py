@@ -9,9 +9,10 @@ from pathlib import Path
 import psycopg
 
 from helpers import cli, dismantle, postgres_processes_for, require_root, source_dsn
-from pgoverlay.runner import branch, cluster, mounts, postmaster, seed
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.postgres import cluster, postmaster
 from pgoverlay.runner.settings import Settings
 
 

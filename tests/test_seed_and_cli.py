@@ -22,9 +22,12 @@ from pgoverlay.errors import (
     SourceUnreachableError,
     VersionMismatchError,
 )
-from pgoverlay.runner import branch, cluster, gc, locks, pgbin, prepare, proc, seed
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import branch, proc, seed
+from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.seed import prepare
 
 
 def test_seeded_base_is_prepared_with_small_wal_segments_and_metadata(

@@ -15,7 +15,7 @@ import pytest
 from helpers import as_user_call, cli, os_user
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service import serve
 
 RUNNER = "pgo-runner"  # a workflow's user: in the service's group

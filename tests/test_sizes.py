@@ -1,4 +1,4 @@
-"""Tests for pgoverlay.runner.sizes: FIEMAP-based upper-layer accounting."""
+"""Tests for pgoverlay.runner.branch.sizes: FIEMAP-based upper-layer accounting."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pgoverlay.runner import sizes
-from pgoverlay.runner.sizes import (
+from pgoverlay.runner.branch import sizes
+from pgoverlay.runner.branch.sizes import (
     FIEMAP_EXTENT_DATA_INLINE,
     FIEMAP_EXTENT_DELALLOC,
     FIEMAP_EXTENT_LAST,

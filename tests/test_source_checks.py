@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, checks, tablespaces
+from pgoverlay.runner.seed import baseconf, checks, tablespaces
+from pgoverlay.runner.seed.source import SET, SourceInfo, Tablespace
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.sourceinfo import SET, SourceInfo, Tablespace
 
 
 def test_each_overridden_setting_gets_one_line_saying_what_branches_run_with() -> None:

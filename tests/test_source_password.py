@@ -27,9 +27,12 @@ from conftest import PORTS
 
 from helpers import port_free, require_docker_image
 from pgoverlay.errors import ConfigError, SourcePasswordError, UnsafeFileError
-from pgoverlay.runner import cluster, credentials, pgbin, seed
+from pgoverlay.runner import seed
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.seed import credentials
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ import yaml
 
 from fakegithub import FakeGitHub
 from helpers import cli, require
-from pgoverlay.runner import branch, mounts
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.webhook.account import SUBUID, ranges
 from pgoverlay.webhook.signature import sign
 

@@ -33,7 +33,7 @@ from helpers import require
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
 
 GO = "pgoverlay-test-go"
 # Holds the job until a session named GO connects to the branch (at most ~2 minutes).

@@ -20,7 +20,7 @@ from pgoverlay.action.workflow import Inputs, Outcome
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from pgoverlay.errors import ConfigError, PgoverlayError, VersionMismatchError
-from pgoverlay.runner import pgbin
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.runtime import Runtime
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.docker import DockerRuntime, Publish

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BranchStartError, DockerError, PoolFullError, TimeoutExpiredError
-from pgoverlay.runner import postmaster, safefs
-from pgoverlay.runner.mounts import check_option_path
+from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.pool.mounts import check_option_path
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime import Layout
 

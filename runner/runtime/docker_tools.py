@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.errors import BranchStartError, CommandError, DockerError, TimeoutExpiredError
-from pgoverlay.runner import postmaster, proc, safefs
+from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime.docker import LABEL_KIND, image_major
 

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 from pgoverlay.errors import BranchStartError, NotRootError, PoolFullError
-from pgoverlay.runner import mounts, postmaster
-from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner.pool import mounts
+from pgoverlay.runner.postgres import postmaster
+from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime import Layout
 

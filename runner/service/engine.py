@@ -24,9 +24,8 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import gc
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import Branch, PrRecord
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import Branch, PrRecord
 from pgoverlay.runner.service.models import (
     BaseView,
     BranchView,

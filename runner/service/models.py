@@ -13,7 +13,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from pgoverlay.runner.names import NAME_RE
-from pgoverlay.runner.registry import REPOSITORY_RE
+from pgoverlay.runner.pool.registry import REPOSITORY_RE
 
 Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
 Repository = Annotated[str, StringConstraints(pattern=REPOSITORY_RE.pattern, max_length=201)]

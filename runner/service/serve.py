@@ -26,8 +26,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pgoverlay.errors import ConfigError, ServiceError, UnsafePathError
-from pgoverlay.runner import gc, polling, safefs
-from pgoverlay.runner.pool import Pool, require_root
+from pgoverlay.runner import polling, safefs
+from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
 from pgoverlay.runner.settings import Settings

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pgoverlay.errors import SeedError
 from pgoverlay.runner import safefs
-from pgoverlay.runner.sourceinfo import Tablespace
+from pgoverlay.runner.seed.source import Tablespace
 
 
 def staging_root(staging: Path) -> Path:

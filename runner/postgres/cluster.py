@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgoverlay.runner import postmaster, safefs
-from pgoverlay.runner.pgbin import PgInstall
+from pgoverlay.runner import safefs
+from pgoverlay.runner.postgres import postmaster
+from pgoverlay.runner.postgres.binaries import PgInstall
+from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime.docker_tools import DockerTools
-from pgoverlay.runner.tools import Tools
 
 PRIVATE_PORT = 5432
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pgoverlay.errors import BranchStartError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import proc, safefs
-from pgoverlay.runner.pgbin import PgInstall
 from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
 
 

@@ -25,17 +25,20 @@ from pathlib import Path
 
 from pgoverlay.errors import DockerError, PoolError, TimeoutExpiredError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import locks, mounts, postmaster, safefs
+from pgoverlay.runner import safefs
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import (
     SOCKET_ROOT,
     Pool,
     PoolInfo,
+    locks,
+    mounts,
     pool_id,
     read_info,
     require_root,
     write_info,
 )
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service import serve

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from pgoverlay.errors import BaseInUseError, BaseMissingError, RegistryRowError, SeedBusyError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import locks, mounts, seed
+from pgoverlay.runner import seed
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, require_root
+from pgoverlay.runner.pool import Pool, locks, mounts, require_root
 
 log = logging.getLogger(__name__)
 

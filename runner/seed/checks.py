@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable
 
 from pgoverlay.errors import SeedError
+from pgoverlay.runner.postgres.tools import Tools
+from pgoverlay.runner.seed.source import SET, SourceInfo
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.sourceinfo import SET, SourceInfo
-from pgoverlay.runner.tools import Tools
 
 # Debian/Ubuntu (PGDG) packages for extensions whose package name is not simply
 # postgresql-MAJOR-NAME; {major} is the Postgres major version.

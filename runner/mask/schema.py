@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import MaskError
-from pgoverlay.runner.maskrules import DETERMINISTIC, ColumnRule, QualifiedName, Rules
+from pgoverlay.runner.mask.rules import DETERMINISTIC, ColumnRule, QualifiedName, Rules
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 

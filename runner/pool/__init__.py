@@ -39,10 +39,11 @@ from pgoverlay.errors import (
     PoolError,
     UnsafePathError,
 )
-from pgoverlay.runner import discard, mounts, proc, safefs
+from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.names import check_name
+from pgoverlay.runner.pool import discard, mounts
+from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.registry import Registry
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ import logging
 import os
 from pathlib import Path
 
-from pgoverlay.runner import mounts, proc
+from pgoverlay.runner import proc
+from pgoverlay.runner.pool import mounts
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ from pathlib import Path
 from pgoverlay.action import migrations
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import demo, pgbin, seed
+from pgoverlay.runner import demo, seed
+from pgoverlay.runner.branch.sizes import LayerSize
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion, Branch
-from pgoverlay.runner.sizes import LayerSize
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import binaries as pgbin
 
 
 def examples_dir() -> Path:

@@ -25,18 +25,19 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pgoverlay import demo as demo_run
 from pgoverlay.errors import BranchMissingError, ConfigError, MigrationError, PgoverlayError
-from pgoverlay.runner import bases, branch, credentials, demo, doctor, gc, maintenance, seed
+from pgoverlay.runner import branch, demo, doctor, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.demo import job as demo_run
 from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, gc, maintenance
 from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.seed import bases, credentials
 from pgoverlay.runner.service.engine import Engine, LocalEngine
 from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
-from pgoverlay.runner.sizes import format_bytes
 
 if TYPE_CHECKING:
     from pgoverlay.webhook.settings import WebhookSettings

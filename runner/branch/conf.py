@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
-from pgoverlay.runner import cluster, lockdown, safefs
+from pgoverlay.runner import safefs
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import Branch
+from pgoverlay.runner.pool.registry import Branch
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.seed import lockdown
 
 
 def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:

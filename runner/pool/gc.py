@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
-from pgoverlay.runner import bases as base_removal
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import demo, locks, mounts, postmaster, safefs, seed
+from pgoverlay.runner import demo, safefs, seed
 from pgoverlay.runner.names import NAME_RE
-from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool import Pool, locks, mounts
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.seed import bases as base_removal
 
 log = logging.getLogger(__name__)
 

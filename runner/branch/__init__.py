@@ -27,13 +27,15 @@ from pgoverlay.errors import (
     PoolFullError,
     PortsExhaustedError,
 )
-from pgoverlay.runner import locks, roles, safefs, sizes
-from pgoverlay.runner.branchconf import server_options, write_conf
+from pgoverlay.runner import safefs
+from pgoverlay.runner.branch import sizes
+from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, release_freed
-from pgoverlay.runner.registry import BaseVersion, Branch
+from pgoverlay.runner.pool import Pool, locks, release_freed
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
+from pgoverlay.runner.seed import roles
 
 log = logging.getLogger(__name__)
 

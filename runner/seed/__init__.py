@@ -32,31 +32,23 @@ from pgoverlay.errors import (
     SourceUnreachableError,
     VersionMismatchError,
 )
-from pgoverlay.runner import (
-    checks,
-    cluster,
-    credentials,
-    locks,
-    maskcheck,
-    maskrules,
-    mounts,
-    pgbin,
-    prepare,
-    proc,
-    safefs,
-    sourceinfo,
-    tablespaces,
-)
-from pgoverlay.runner.credentials import Credentials
-from pgoverlay.runner.maskrules import RulesFile
+from pgoverlay.runner import proc, safefs
+from pgoverlay.runner.mask import rules as maskrules
+from pgoverlay.runner.mask import schema as maskcheck
+from pgoverlay.runner.mask.rules import RulesFile
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, release_freed, require_root
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner.pool import Pool, locks, mounts, release_freed, require_root
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.choose import choose_runtime
 from pgoverlay.runner.runtime.docker_tools import DockerTools
-from pgoverlay.runner.sourceinfo import SourceInfo, Tablespace
-from pgoverlay.runner.tools import Tools
+from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces
+from pgoverlay.runner.seed import source as sourceinfo
+from pgoverlay.runner.seed.credentials import Credentials
+from pgoverlay.runner.seed.source import SourceInfo, Tablespace
 
 log = logging.getLogger(__name__)
 
@@ -504,7 +496,7 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
     """Remove every trace of one base version. Idempotent."""
     staging = pool.staging_dir(name, version)
     if staging.exists():
-        from pgoverlay.runner import postmaster
+        from pgoverlay.runner.postgres import postmaster
 
         postmaster.stop(staging / "postmaster.pid", timeout=pool.settings.stop_timeout)
     target = pool.base_dir(name, version)

@@ -11,9 +11,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgoverlay.runner import cluster, demo_data, locks, pgbin, postmaster, seed
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.registry import BaseVersion
+from pgoverlay.runner import seed
+from pgoverlay.runner.demo import data as demo_data
+from pgoverlay.runner.pool import Pool, locks
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster, postmaster
 
 DEFAULT_SCALE = 10
 DEMO_OWNER = "shop_owner"

@@ -8,7 +8,7 @@ what those roles own, as a deploy user would.
 It never has ``CREATEROLE`` on Postgres 15 or older: there, ``CREATEROLE`` may grant any
 non-superuser role, ``pg_execute_server_program`` included. From 16 on, ``CREATEROLE`` only
 administers the roles it creates, and the role has it when ``createrole`` asks. The roles it is
-granted cannot lead it further: :mod:`pgoverlay.runner.lockdown` has removed, in the base,
+granted cannot lead it further: :mod:`pgoverlay.runner.seed.lockdown` has removed, in the base,
 every membership of a non-superuser in a superuser or a dangerous predefined role.
 """
 

@@ -4,7 +4,7 @@ Run Postgres once directly on the base (finishing recovery), shut it down cleanl
 control file says "shut down", then shrink the WAL segment size so a branch's first write
 copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6). A masked base is masked while
 it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
-original values. While it runs, :mod:`pgoverlay.runner.lockdown` takes away what would let a
+original values. While it runs, :mod:`pgoverlay.runner.seed.lockdown` takes away what would let a
 branch reach the OS or production (logins, passwords, dangerous memberships, subscriptions,
 user mappings), and the branch login role is made.
 """
@@ -21,10 +21,12 @@ from typing import Any
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import baseconf, cluster, lockdown, mask, roles, safefs, tablespaces
-from pgoverlay.runner.maskrules import RulesFile
+from pgoverlay.runner import mask, safefs
+from pgoverlay.runner.mask.rules import RulesFile
+from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.tools import Tools
+from pgoverlay.runner.seed import baseconf, lockdown, roles, tablespaces
 
 log = logging.getLogger(__name__)
 
