@@ -1,4 +1,4 @@
-"""Runtimes run a branch's Postgres: ``local`` (a process on this host) and, later, Docker."""
+"""Runtimes run a branch's Postgres: ``local`` (a process on this host) or ``docker``."""
 
 from __future__ import annotations
 

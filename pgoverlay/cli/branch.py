@@ -1,0 +1,201 @@
+"""`pgoverlay branch`: create, reset, destroy and inspect branches."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from rich.table import Table
+
+from pgoverlay.cli import common
+from pgoverlay.cli.common import Subcommands, out
+from pgoverlay.errors import BranchMissingError
+from pgoverlay.runner import branch
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.names import check_name, parse_duration
+from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
+
+
+def _branch_dict(b: BranchView) -> dict[str, Any]:
+    data = b.model_dump(exclude={"layer", "record", "seconds"})
+    if b.layer is not None:
+        data["layer_logical_bytes"] = b.layer.logical_bytes
+        data["layer_physical_bytes"] = b.layer.physical_bytes
+    return data
+
+
+def cmd_branch_create(args: argparse.Namespace) -> int:
+    engine = common.engine()
+    ttl = parse_duration(args.ttl) if args.ttl else None
+    started = time.monotonic()
+    b = engine.create(
+        CreateRequest(
+            name=check_name(args.name),
+            base=check_name(args.base, what="base") if args.base else None,
+            ttl_seconds=ttl,
+            runtime=None if args.runtime in (None, "auto") else args.runtime,
+        )
+    )
+    elapsed = time.monotonic() - started
+    if args.json:
+        common.print_json({**_branch_dict(b), "seconds": round(elapsed, 3)})
+    else:
+        out.print(
+            f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
+            f"(base {b.base} v{b.base_version})"
+        )
+        out.print(f"connect: pgoverlay branch connect {b.name}")
+    return 0
+
+
+def cmd_branch_destroy(args: argparse.Namespace) -> int:
+    if common.engine().destroy(check_name(args.name)).destroyed:
+        out.print(f"branch {args.name} destroyed")
+    else:
+        out.print(f"no branch {args.name}: nothing to destroy")
+    return 0
+
+
+def cmd_branch_reset(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    b = common.engine().reset(check_name(args.name))
+    out.print(
+        f"branch {b.name} reset to base {b.base} v{b.base_version} in "
+        f"{time.monotonic() - started:.2f} s (same port {b.port} and password)"
+    )
+    return 0
+
+
+def cmd_branch_list(args: argparse.Namespace) -> int:
+    rows = common.engine().branches(layer=True)
+    if args.json:
+        common.print_json([_branch_dict(b) for b in rows])
+        return 0
+    table = Table(
+        "branch",
+        "state",
+        "running",
+        "base",
+        "port",
+        "layer (logical)",
+        "layer (physical)",
+        "for",
+        "created",
+        "expires",
+    )
+    for b in rows:
+        layer = b.layer or Layer(logical_bytes=0, physical_bytes=0)
+        table.add_row(
+            b.name,
+            b.state,
+            "yes" if b.running else "no",
+            f"{b.base} v{b.base_version}",
+            str(b.port),
+            format_bytes(layer.logical_bytes),
+            format_bytes(layer.physical_bytes),
+            f"{b.repository}#{b.pr}" if b.pr else (b.repository or f"uid {b.owner_uid}"),
+            common.when(b.created_at),
+            common.when(b.expires_at),
+        )
+    out.print(table)
+    return 0
+
+
+def cmd_branch_status(args: argparse.Namespace) -> int:
+    if args.config:
+        p = common.pool()
+        changed = branch.overrides(p, args.name)
+        if args.json:
+            common.print_json([o.__dict__ for o in changed])
+            return 0
+        table = Table("setting", "branch", "base")
+        for o in changed:
+            table.add_row(o.name, o.branch_value, o.base_value or "(default)")
+        out.print(table)
+        return 0
+    found = common.engine().branch(check_name(args.name), layer=True)
+    if found is None:
+        raise BranchMissingError(
+            f"no branch named {args.name}: see `pgoverlay branch list`, or create it with "
+            f"`pgoverlay branch create {args.name}`"
+        )
+    data = _branch_dict(found)
+    if args.json:
+        common.print_json(data)
+        return 0
+    for key, value in data.items():
+        if key.endswith("_bytes"):
+            value = format_bytes(int(value))
+        elif key.endswith("_at"):
+            value = common.when(value)
+        out.print(f"{key}: {value}")
+    return 0
+
+
+def cmd_branch_connect(args: argparse.Namespace) -> int:
+    c = common.engine().connection(check_name(args.name))
+    # The one place a password is printed: the user asked for it, on their own terminal.
+    sys.stdout.write((c.url if args.url else c.dsn) + "\n")
+    return 0
+
+
+def cmd_branch_size(args: argparse.Namespace) -> int:
+    size = common.engine().size(check_name(args.name))
+    if args.json:
+        common.print_json(
+            {"logical_bytes": size.logical_bytes, "physical_bytes": size.physical_bytes}
+        )
+    else:
+        out.print(
+            f"{args.name}: {format_bytes(size.logical_bytes)} logical, "
+            f"{format_bytes(size.physical_bytes)} physical (not shared with the base)"
+        )
+    return 0
+
+
+def register(sub: Subcommands) -> None:
+    br = sub.add_parser(
+        "branch", help="create, reset, destroy and inspect branches"
+    ).add_subparsers(dest="branch_command", required=True)
+    create = br.add_parser("create", help="create a branch and wait until it accepts connections")
+    create.add_argument("name")
+    create.add_argument("--base", help="base name (default: the only base)")
+    create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
+    create.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
+        "its daemon answers, otherwise a local process)",
+    )
+    create.add_argument("--json", action="store_true")
+    create.set_defaults(func=cmd_branch_create)
+    for verb, func, text in (
+        ("destroy", cmd_branch_destroy, "destroy a branch (idempotent)"),
+        ("reset", cmd_branch_reset, "discard every change of a branch"),
+    ):
+        p = br.add_parser(verb, help=text)
+        p.add_argument("name")
+        p.set_defaults(func=func)
+    blist = br.add_parser("list", help="list branches with their writable-layer sizes")
+    blist.add_argument("--json", action="store_true")
+    blist.set_defaults(func=cmd_branch_list)
+    st = br.add_parser("status", help="show one branch")
+    st.add_argument("name")
+    st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--config",
+        action="store_true",
+        help="the settings pgoverlay imposes that differ from the base's own",
+    )
+    st.set_defaults(func=cmd_branch_status)
+    conn = br.add_parser("connect", help="print the branch's connection string (with password)")
+    conn.add_argument("name")
+    conn.add_argument("--url", action="store_true", help="print a postgresql:// URL instead")
+    conn.set_defaults(func=cmd_branch_connect)
+    size = br.add_parser("size", help="writable-layer size: logical and physical exclusive bytes")
+    size.add_argument("name")
+    size.add_argument("--json", action="store_true")
+    size.set_defaults(func=cmd_branch_size)

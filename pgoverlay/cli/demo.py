@@ -1,0 +1,46 @@
+"""`pgoverlay demo`: the product's main job on sample data."""
+
+from __future__ import annotations
+
+import argparse
+
+from pgoverlay.cli import common
+from pgoverlay.cli.common import Subcommands, out
+from pgoverlay.errors import MigrationError
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.demo import job as demo_run
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    p = common.pool()
+    bar, update = common.seed_progress()
+    with bar:
+        result = demo_run.run(p, branch_name=args.branch, scale=args.scale, progress=update)
+    out.print(
+        f"[bold]base[/] {result.base.name} v{result.base.version}: "
+        f"{format_bytes(result.base.size_bytes)} of sample data"
+    )
+    out.print(f"[bold]branch[/] {result.branch.name} on port {result.branch.port}")
+    for m in result.migrations:
+        where = f" at {m.file}:{m.line}" if m.line else ""
+        detail = f": {m.error}{where}" if m.error else ""
+        out.print(f"  migration {m.name}: {m.status}{detail} ({m.seconds:.2f} s)")
+    out.print(
+        f"[bold]writable layer[/] {format_bytes(result.layer.logical_bytes)} logical, "
+        f"{format_bytes(result.layer.physical_bytes)} physical"
+    )
+    for step, seconds in result.timings.items():
+        out.print(f"  {step}: {seconds:.2f} s")
+    out.print(f'[bold]connect[/] psql "$(pgoverlay branch connect {result.branch.name})"')
+    out.print(f"[bold]destroy[/] pgoverlay branch destroy {result.branch.name}")
+    failed = any(m.status == "failed" for m in result.migrations)
+    return MigrationError.exit_code if failed else 0
+
+
+def register(sub: Subcommands) -> None:
+    demo_cmd = sub.add_parser(
+        "demo", help="seed the demo base if needed, branch it, apply examples"
+    )
+    demo_cmd.add_argument("--scale", type=int, default=10)
+    demo_cmd.add_argument("--branch", default="demo")
+    demo_cmd.set_defaults(func=cmd_demo)

@@ -1,0 +1,248 @@
+"""`pgoverlay seed`: seed a base, list the bases, remove one."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from pgoverlay.cli import common
+from pgoverlay.cli.common import Subcommands, out
+from pgoverlay.errors import ConfigError
+from pgoverlay.runner import demo, seed
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.seed import bases, credentials
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+
+    if args.name == "list" and not args.source and not args.demo:
+        return cmd_seed_list(args)
+    if args.name == "rm" and not args.source and not args.demo:
+        return cmd_seed_rm(args)
+    if args.base is not None:
+        raise ConfigError(
+            f"seed takes one base name, got {args.name!r} and {args.base!r} "
+            "(`pgoverlay seed rm NAME` removes a base)"
+        )
+    if args.version is not None or args.destroy_branches:
+        raise ConfigError("--version and --destroy-branches go with `pgoverlay seed rm NAME`")
+    if bool(args.source) == bool(args.demo):
+        raise ConfigError("seed needs exactly one of --from DSN or --demo")
+    if args.mask and args.no_mask:
+        raise ConfigError("seed takes --mask RULES or --no-mask, not both")
+    if args.demo and args.mask:
+        raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
+    if args.password_file and args.demo:
+        raise ConfigError("--password-file works with --from DSN; the demo needs no password")
+    auth = (
+        credentials.resolve(
+            password_file=args.password_file, environ=os.environ, home=common.home()
+        )
+        if args.source
+        else credentials.NONE
+    )
+    p = common.pool()
+    bar, update = common.seed_progress()
+
+    def ask_password(label: str) -> str:
+        bar.stop()  # the prompt needs the terminal the progress bar draws on
+        try:
+            return getpass.getpass(f"password for the source {label}: ")
+        finally:
+            bar.start()
+
+    started = time.monotonic()
+    with bar:
+        if args.demo:
+            base = demo.seed_demo(
+                p, args.name, scale=args.scale, refresh=args.refresh, progress=update
+            )
+        else:
+            base = seed.seed(
+                p,
+                args.name,
+                source_dsn=args.source,
+                auth=auth,
+                ask_password=ask_password if sys.stdin.isatty() else None,
+                refresh=args.refresh,
+                via=args.via,
+                progress=update,
+                mask=args.mask,
+                allow_unmasked=args.no_mask,
+                runtime=args.runtime,
+            )
+    masking = f"masked by {base.mask_label}" if base.masked else "not masked"
+    out.print(
+        f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
+        f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    return 0
+
+
+def _seed_list_from_service(args: argparse.Namespace) -> int:
+    """A workflow's user sees the bases as the engine service shows them."""
+    from pgoverlay.runner.service.client import client
+
+    bases = client(common.settings()).bases()
+    if getattr(args, "json", False):
+        common.print_json([b.model_dump() for b in bases])
+        return 0
+    table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    for b in bases:
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            format_bytes(b.size_bytes),
+            common.when(b.prepared_at or b.created_at),
+            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+            str(b.branches),
+        )
+    out.print(table)
+    return 0
+
+
+def cmd_seed_list(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        return _seed_list_from_service(args)
+    p = common.pool()
+    bases = p.registry.bases()
+    refs: dict[tuple[str, int], int] = {}
+    for br in p.registry.branches():
+        key = (br.base_name, br.base_version)
+        refs[key] = refs.get(key, 0) + 1
+    if getattr(args, "json", False):
+        common.print_json(
+            [
+                {
+                    **b.__dict__,
+                    "neutralised": b.neutralised_notes if b.locked_down else None,
+                    "branches": refs.get((b.name, b.version), 0),
+                }
+                for b in bases
+            ]
+        )
+        return 0
+    table = Table(
+        "base",
+        "version",
+        "state",
+        "postgres",
+        "size",
+        "source",
+        "via",
+        "start LSN",
+        "seeded",
+        "masked",
+        "neutralised",
+        "branches",
+    )
+    for b in bases:
+        table.add_row(
+            b.name,
+            str(b.version),
+            b.state,
+            str(b.pg_major or "-"),
+            format_bytes(b.size_bytes),
+            f"{b.source} ({b.source_role})" if b.source_role else b.source,
+            b.via,
+            b.start_lsn or "-",
+            common.when(b.prepared_at or b.created_at),
+            b.mask_label if b.masked else "no",
+            str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
+            str(refs.get((b.name, b.version), 0)),
+        )
+    out.print(table)
+    for b in bases:
+        for note in b.neutralised_notes:
+            out.print(f"{b.name} v{b.version} neutralised: {note}", soft_wrap=True)
+    return 0
+
+
+def cmd_seed_rm(args: argparse.Namespace) -> int:
+
+    if args.base is None:
+        raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+    removed = bases.remove(
+        common.pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
+    )
+    versions = ", ".join(f"v{v}" for v in removed.versions)
+    out.print(f"base {removed.name} removed ({versions})")
+    if removed.branches:
+        out.print(f"destroyed branches: {', '.join(removed.branches)}")
+    return 0
+
+
+def register(sub: Subcommands) -> None:
+    seed_cmd = sub.add_parser(
+        "seed",
+        help="seed a base from a running Postgres (`seed list` lists bases, `seed rm NAME` "
+        "removes one)",
+    )
+    seed_cmd.add_argument("name", help="base name, or `list`, or `rm`")
+    seed_cmd.add_argument("base", nargs="?", metavar="NAME", help="with `rm`: the base to remove")
+    seed_cmd.add_argument(
+        "--from",
+        dest="source",
+        metavar="DSN",
+        help="source connection string, without a password (it would show in `ps`)",
+    )
+    seed_cmd.add_argument(
+        "--password-file",
+        type=Path,
+        metavar="PATH",
+        help="a file holding the source's password (else PGPASSWORD, PGPASSFILE or ~/.pgpass; "
+        "on a terminal, a prompt)",
+    )
+    seed_cmd.add_argument(
+        "--refresh", action="store_true", help="seed a new version of an existing base"
+    )
+    seed_cmd.add_argument(
+        "--via",
+        choices=["basebackup", "dump"],
+        default="basebackup",
+        help="dump: for servers that refuse replication connections",
+    )
+    seed_cmd.add_argument(
+        "--mask",
+        type=Path,
+        metavar="RULES",
+        help="mask personal data while preparing the base, with this YAML rules file",
+    )
+    seed_cmd.add_argument(
+        "--no-mask",
+        action="store_true",
+        help="refresh a masked base without masking the new version",
+    )
+    seed_cmd.add_argument(
+        "--demo", action="store_true", help="seed from a throwaway local sample database"
+    )
+    seed_cmd.add_argument(
+        "--scale", type=int, default=10, help="demo data scale (10 = a few hundred MB)"
+    )
+    seed_cmd.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        help="where pg_basebackup and the prepare step run: `docker` runs them in a container "
+        "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
+        "this host's binaries of the source's version when it has them",
+    )
+    seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
+    seed_cmd.add_argument(
+        "--version", type=int, metavar="N", help="with `seed rm`: remove only version N"
+    )
+    seed_cmd.add_argument(
+        "--destroy-branches",
+        action="store_true",
+        help="with `seed rm`: destroy the branches that use the base, then remove it",
+    )
+    seed_cmd.set_defaults(func=cmd_seed)
