@@ -88,31 +88,50 @@ def test_inputs_left_empty_take_their_defaults_and_conflicts_are_refused() -> No
         read_inputs({"INPUT_MIGRATIONS_SELECT": "some"})
 
 
-def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model() -> None:
-    """Adding an input means adding a field to the model and the input (declared, and passed to
-    the entry point as INPUT_<NAME>) to action.yml: forgetting either side fails here."""
-    spec = yaml.safe_load((ROOT / "action.yml").read_text())
+def passed_inputs(spec: dict[str, Any]) -> dict[str, str]:
+    """The INPUT_* variables an action.yml's run step sets, and what it sets them to."""
+    [step] = [s for s in spec["runs"]["steps"] if s.get("id") == "run"]
+    return {k: v for k, v in step["env"].items() if k.startswith("INPUT_")}
+
+
+def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
+    """Each input an action.yml declares is a field of the model (or the token), with the
+    model's default, and is passed to the entry point as the model reads it; returns them."""
     declared: dict[str, dict[str, Any]] = spec["inputs"]
-    fields = Inputs.model_fields
-    # The token is a credential the job's environment model reads, no part of the request.
-    token = main.JobEnv.model_fields["token"].validation_alias
-    assert "INPUT_GITHUB_TOKEN" in getattr(token, "choices", ())
-    assert set(declared) == {request.input_name(f) for f in fields} | {"github-token"}
-    for field, info in fields.items():
-        entry = declared[request.input_name(field)]
-        assert entry.get("description"), field
-        assert entry.get("required", False) is info.is_required(), field
+    fields = {request.input_name(f): f for f in Inputs.model_fields}
+    for name, entry in declared.items():
+        assert entry.get("description"), name
+        assert passed_inputs(spec)[f"INPUT_{name.upper().replace('-', '_')}"] == (
+            f"${{{{ inputs.{name} }}}}"
+        ), name
+        if name == "github-token":
+            continue
+        assert name in fields, f"action.yml declares {name}, which Inputs lacks"
+        info = Inputs.model_fields[fields[name]]
+        assert entry.get("required", False) is info.is_required(), name
         default = info.default
         text = (
             "" if default is None else str(default).lower() if default in (True, False) else default
         )
-        assert str(entry.get("default", "")) == text, field
-    [step] = [s for s in spec["runs"]["steps"] if s.get("id") == "run"]
-    passed = {k: v for k, v in step["env"].items() if k.startswith("INPUT_")}
-    assert passed == {
-        **{request.env_name(f): f"${{{{ inputs.{request.input_name(f)} }}}}" for f in fields},
-        "INPUT_GITHUB_TOKEN": "${{ inputs.github-token }}",
+        assert str(entry.get("default", "")) == text, name
+        assert request.env_name(fields[name]) in passed_inputs(spec), name
+    assert set(passed_inputs(spec)) == {
+        f"INPUT_{name.upper().replace('-', '_')}" for name in declared
     }
+    return set(declared)
+
+
+def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model() -> None:
+    """Adding an input means adding a field to the model and the input (declared, and passed to
+    the entry point as INPUT_<NAME>) to action.yml: forgetting either side fails here."""
+    main_spec = yaml.safe_load((ROOT / "action.yml").read_text())
+    # The token is a credential the job's environment model reads, no part of the request.
+    token = main.JobEnv.model_fields["token"].validation_alias
+    assert "INPUT_GITHUB_TOKEN" in getattr(token, "choices", ())
+    declared = check_inputs_agree(main_spec)
+    assert declared == {request.input_name(f) for f in Inputs.model_fields} | {"github-token"}
+    destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
+    assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment"}
 
 
 def test_the_listeners_repository_settings_are_the_request_and_only_its_own_additions() -> None:
