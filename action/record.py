@@ -46,7 +46,8 @@ def read(found: Record | None, *, branch: str = "") -> PrRecord | None:
     try:
         return loads(found.data)
     except ValidationError as err:
-        log.warning("branch %s: its record is not one this release reads (%s)", branch, err)
+        first = err.errors(include_url=False, include_input=False)[0]
+        log.warning("branch %s: its record is not one this release reads: %s", branch, first["msg"])
         return None
 
 
