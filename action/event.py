@@ -9,15 +9,28 @@ from typing import Any, Literal
 
 from pgoverlay.errors import ConfigError
 
-Kind = Literal["open", "sync", "close", "ref", "ignore"]
+Kind = Literal["open", "sync", "close", "label", "ref", "ignore"]
 
-_PR_ACTIONS: dict[str, Kind] = {
+# What each `pull_request` action asks for: the one table the Action's event reading, the
+# listener's routing and its metrics share. Other actions are `ignore`. `label` is the listener's
+# fork approval (a maintainer's label); the Action does nothing for it.
+PR_KINDS: dict[str, Kind] = {
     "opened": "open",
     "reopened": "open",
     "ready_for_review": "open",
     "synchronize": "sync",
     "closed": "close",
+    "labeled": "label",
 }
+# The kinds of the table, each once, in order: the listener's job kinds.
+JOB_KINDS: tuple[Kind, ...] = tuple(dict.fromkeys(PR_KINDS.values()))
+# What the PR workflow acts on: a pull request's kinds but `label`, and other events' refs.
+WORK_KINDS: frozenset[Kind] = frozenset({"open", "sync", "close", "ref"})
+
+
+def kind_of(action: str) -> Kind:
+    """The kind of a `pull_request` action (``ignore`` for those pgoverlay does not act on)."""
+    return PR_KINDS.get(action, "ignore")
 
 
 @dataclass(frozen=True)
@@ -60,18 +73,10 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
             raise ConfigError(
                 f"the {name} event has no pull_request object: is the event file right?"
             )
-        action = str(payload.get("action", ""))
-        return Event(
-            kind=_PR_ACTIONS.get(action, "ignore"),
+        return from_pull(
+            str(payload.get("action", "")),
+            pull,
             repository=_repo_name(payload.get("repository")) or repository,
-            pr=int(pull["number"]),
-            head_sha=str(pull["head"]["sha"]),
-            base_sha=str(pull["base"]["sha"]),
-            merged=bool(pull.get("merged")) if action == "closed" else None,
-            from_fork=is_fork(pull),
-            draft=bool(pull.get("draft")),
-            ref_name=str(pull["head"].get("ref", "")),
-            action=action,
         )
     short = re.sub(r"^refs/(heads|tags)/", "", ref)
     return Event(
@@ -85,6 +90,23 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
         draft=False,
         ref_name=short,
         action=name,
+    )
+
+
+def from_pull(action: str, pull: dict[str, Any], *, repository: str) -> Event:
+    """The event of a `pull_request` ``action`` on ``pull`` (a pull request object, as a
+    delivery or the API has it) in ``repository``."""
+    return Event(
+        kind=kind_of(action),
+        repository=repository,
+        pr=int(pull["number"]),
+        head_sha=str(pull["head"]["sha"]),
+        base_sha=str(pull["base"]["sha"]),
+        merged=bool(pull.get("merged")) if action == "closed" else None,
+        from_fork=is_fork(pull),
+        draft=bool(pull.get("draft")),
+        ref_name=str(pull["head"].get("ref", "")),
+        action=action,
     )
 
 

@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.report import Report
-from pgoverlay.action.workflow import Inputs, Outcome, fork_refusal, handle
+from pgoverlay.action.request import Inputs, read_inputs
+from pgoverlay.action.workflow import Outcome, fork_refusal, handle
 from pgoverlay.errors import ConfigError, JobFileError, PgoverlayError, UnsafeFileError
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
@@ -56,32 +57,7 @@ class JobEnv(BaseSettings):
         )
 
 
-INPUT_NAMES = (
-    "base",
-    "migrations",
-    "migrate_command",
-    "migrations_select",
-    "working_directory",
-    "branch_name",
-    "reset_on_push",
-    "ttl",
-    "comment",
-    "runtime",
-    "fail_on_migration_error",
-    "allow_forks",
-    "allow_fork_commands",
-)
 MAX_EVENT_BYTES = 25 * 1024 * 1024  # GitHub caps a webhook payload at 25 MB
-
-
-def read_inputs(environ: dict[str, str]) -> Inputs:
-    raw = {name: environ.get(f"INPUT_{name.upper()}", "") for name in INPUT_NAMES}
-    try:
-        return Inputs(**raw)  # type: ignore[arg-type]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = str(first["loc"][0]).replace("_", "-") if first["loc"] else "input"
-        raise ConfigError(f"input `{field}`: {first['msg']}") from None
 
 
 def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
@@ -202,6 +178,7 @@ def _run(
             ev,
             inputs,
             settings=settings,
+            fork_commands=inputs.allow_fork_commands,
             repo_dir=job.workspace.resolve(),
             github=github,
             run_url=job.run_url(),

@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import psycopg
-from pydantic import BaseModel, ValidationError, model_validator
+from pydantic import ValidationError
 
-from pgoverlay.action import comment, migrations
-from pgoverlay.action.event import Event, branch_name
+from pgoverlay.action import comment, migrations, record
+from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, GitHubError
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
+from pgoverlay.action.request import Inputs, PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import (
     BranchMissingError,
@@ -33,7 +32,7 @@ from pgoverlay.errors import (
     PgoverlayError,
     PostgresBinariesError,
 )
-from pgoverlay.runner.names import NAME_RE, check_name, parse_duration
+from pgoverlay.runner.names import check_name
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import (
@@ -46,45 +45,6 @@ from pgoverlay.runner.service.models import (
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class Inputs(BaseModel):
-    """What a workflow (or the webhook's per-repository settings) asks for."""
-
-    base: str | None = None
-    migrations: str | None = None
-    migrate_command: str | None = None
-    migrations_select: Literal["changed", "all"] = "changed"
-    working_directory: str = "."
-    branch_name: str | None = None
-    reset_on_push: bool = True
-    ttl: str | None = None
-    comment: bool = True
-    runtime: Literal["auto", "local", "docker"] = "auto"
-    fail_on_migration_error: bool = True
-    allow_forks: bool = False
-    allow_fork_commands: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _blank_is_unset(cls, data: object) -> object:
-        """An input left empty in the workflow means its default."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
-        return data
-
-    def model_post_init(self, _context: object) -> None:
-        if self.migrations and self.migrate_command:
-            raise ConfigError(
-                "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
-            )
-        if self.ttl:
-            parse_duration(self.ttl)
-        if self.base and not NAME_RE.match(self.base):
-            raise ConfigError(
-                f"input `base`: {self.base!r} is not a base name; name one of the bases seeded "
-                "on this runner (`pgoverlay seed list`), or leave it empty for the only one"
-            )
 
 
 @dataclass(frozen=True)
@@ -136,17 +96,6 @@ def _branch_info(
     )
 
 
-def report_to_json(report: Report) -> str:
-    return json.dumps(dataclasses.asdict(report), sort_keys=True)
-
-
-def report_from_json(text: str) -> Report:
-    data = json.loads(text)
-    info = data.pop("branch")
-    runs = [MigrationRun(**m) for m in data.pop("migrations")]
-    return Report(branch=BranchInfo(**info) if info else None, migrations=runs, **data)
-
-
 def _save(engine: Engine, report: Report) -> None:
     """Keep the report with its branch, for re-runs and the closing comment. A branch that
     could not be made, or that is not this caller's, keeps nothing."""
@@ -155,9 +104,7 @@ def _save(engine: Engine, report: Report) -> None:
             report.branch_name,
             RecordRequest(
                 repository=report.repository,
-                head_sha=report.head_sha,
-                status=report.status,
-                report=report_to_json(report),
+                data=record.dumps(record.PrRecord(report.head_sha, report.status, report)),
             ),
         )
 
@@ -198,17 +145,18 @@ def _migrate(
     connection: Connection,
     major: int,
     event: Event,
-    inputs: Inputs,
+    inputs: PrRequest,
     repo_dir: Path,
     echo: Echo,
     changed: Changed | None,
     sandbox: Sandbox,
+    fork_commands: bool,
 ) -> tuple[list[MigrationRun], str]:
     """Apply the PR's migrations, running its code in ``sandbox``; returns the runs and a note
-    for the report."""
+    for the report. A fork's migrate command runs only with ``fork_commands``."""
     workdir = (repo_dir / inputs.working_directory).resolve()
     if inputs.migrate_command:
-        if event.from_fork and not inputs.allow_fork_commands:
+        if event.from_fork and not fork_commands:
             return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
                 "the migrate command was not run: this pull request comes from a fork, and "
                 "running a fork's code needs `allow-fork-commands: true`"
@@ -271,7 +219,7 @@ def psql_tools(major: int, settings: Settings) -> pgbin.PgInstall:
 
 
 def _bring_up(
-    engine: Engine, event: Event, inputs: Inputs, current: BranchView | None, echo: Echo
+    engine: Engine, event: Event, inputs: PrRequest, current: BranchView | None, echo: Echo
 ) -> tuple[BranchView, float | None]:
     """Create the branch, or reset it for a new head; returns it and the seconds it took."""
     name = branch_name(event, inputs.branch_name)
@@ -281,7 +229,7 @@ def _bring_up(
             request = CreateRequest(
                 name=name,
                 base=inputs.base,
-                ttl_seconds=parse_duration(inputs.ttl) if inputs.ttl else None,
+                ttl_seconds=inputs.ttl_seconds(),
                 runtime=None if inputs.runtime == "auto" else inputs.runtime,
                 repository=event.repository,
                 pr=event.pr,
@@ -297,9 +245,9 @@ def _bring_up(
             f"branch {name} is {current.state} (an earlier run was interrupted): run "
             "`pgoverlay gc` on the runner, then re-run this job"
         )
-    record = current.record
-    new_head = record is None or record.head_sha != event.head_sha
-    if inputs.reset_on_push and (new_head or (record and record.status != "ready")):
+    last = record.of(current)
+    new_head = last is None or last.head_sha != event.head_sha
+    if inputs.reset_on_push and (new_head or (last and last.status != "ready")):
         echo(f"resetting branch {name} to its base")
         done = engine.reset(name, repository=event.repository)
         return done, done.seconds
@@ -309,7 +257,7 @@ def _bring_up(
 def handle(
     engine: Engine,
     event: Event,
-    inputs: Inputs,
+    inputs: PrRequest,
     *,
     settings: Settings,
     repo_dir: Path,
@@ -318,6 +266,7 @@ def handle(
     echo: Echo = log.info,
     changed: Changed | None = None,
     sandbox: Sandbox = AS_SELF,
+    fork_commands: bool = False,
 ) -> Outcome:
     """Do what ``event`` asks for; never raises for a failed comment.
 
@@ -325,9 +274,10 @@ def handle(
     there is no git history to ask (the webhook listener works from tarballs). The PR's SQL
     and commands run in ``sandbox`` (the Action's: as itself; the listener's: a uid of the
     job's own), never with the engine's privileges: the engine is reached through ``engine``
-    only.
+    only. A fork's ``migrate_command`` runs only with ``fork_commands`` (the Action's
+    `allow-fork-commands`; the listener never sets it).
     """
-    if event.kind == "ignore":
+    if event.kind not in WORK_KINDS:
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
     current = engine.branch(name)
@@ -357,18 +307,17 @@ def handle(
     ready: BranchView | None = None
     connection: Connection | None = None
     reused = False
-    record = current.record if current else None
+    last = record.of(current)
     if (
         current is not None
-        and record is not None
-        and record.head_sha == event.head_sha
-        and record.status == "ready"
+        and last is not None
+        and last.head_sha == event.head_sha
+        and last.status == "ready"
         and current.state == "ready"
         and current.running
     ):
         echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
-        previous = report_from_json(record.report)
-        report = dataclasses.replace(previous, run_url=run_url or previous.run_url)
+        report = dataclasses.replace(last.report, run_url=run_url or last.report.run_url)
         ready, reused = current, True
         connection = engine.connection(name)
     else:
@@ -386,6 +335,7 @@ def handle(
                 echo,
                 changed,
                 sandbox,
+                fork_commands,
             )
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
@@ -415,18 +365,18 @@ def handle(
 def _close(engine: Engine, event: Event, current: BranchView, skeleton: Report) -> Report:
     info = _branch_info(engine, current, _base_of(engine, current), create_seconds=None)
     done = engine.destroy(current.name, repository=event.repository)
-    last = report_from_json(done.record.report) if done.record else None
+    last = record.read(done.record, branch=current.name)
     return dataclasses.replace(
         skeleton,
         status="destroyed",
         branch=info,
         merged=event.merged,
-        migrations=last.migrations if last else [],
+        migrations=last.report.migrations if last else [],
     )
 
 
 def post_comment(
-    github: GitHub | None, event: Event, inputs: Inputs, report: Report
+    github: GitHub | None, event: Event, inputs: PrRequest, report: Report
 ) -> tuple[CommentResult | None, str]:
     if github is None or not inputs.comment or event.pr is None:
         return None, ""

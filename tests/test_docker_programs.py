@@ -106,7 +106,8 @@ def test_migrations_of_a_docker_branch_need_a_psql_on_the_host_and_say_so(
     the engine, but its migrations run the host's psql, and without one the report says what
     to install."""
     from pgoverlay.action import event
-    from pgoverlay.action.workflow import Inputs, handle
+    from pgoverlay.action.request import Inputs
+    from pgoverlay.action.workflow import handle
     from pgoverlay.runner.service.engine import LocalEngine
 
     (tmp_path / "db").mkdir()

@@ -122,11 +122,13 @@ def test_another_user_may_look_but_not_touch(
         'result = engine.connection("svc-b").model_dump()',
         'result = engine.destroy("svc-b").model_dump()',
         'result = engine.reset("svc-b").model_dump()',
+        'result = engine.save_record("svc-b", RecordRequest(data="{}"))',
     ):
         answer = ask(OTHER, call)
         assert answer["error"] == "NotOwnerError", call
         assert answer["exit"] == 28
     assert pool.registry.branch("svc-b") is not None
+    assert pool.registry.record("svc-b") is None
     # root, through its own CLI, may do anything
     done = cli(["branch", "destroy", "svc-b"], env=env)
     assert done.returncode == 0, done.stderr
@@ -258,13 +260,11 @@ def test_concurrent_requests_each_get_their_answer(
 
     def one(i: int) -> str:
         engine.save_record(
-            "svc-busy",
-            RecordRequest(
-                repository="acme/busy", head_sha=f"{i:040x}", status="ready", report="{}"
-            ),
+            "svc-busy", RecordRequest(repository="acme/busy", data=json.dumps({"i": i}))
         )
         found = engine.branch("svc-busy")
         assert found is not None and found.record is not None
+        assert isinstance(json.loads(found.record.data)["i"], int)
         return found.name
 
     with ThreadPoolExecutor(max_workers=16) as workers:

@@ -45,7 +45,7 @@ def test_an_installation_token_is_minted_once_and_comments_come_from_the_app(
     clients = GitHubClients(settings)
     with pytest.raises(PgoverlayError, match="no GitHub App installation known"):
         clients.for_repo("acme/shop")
-    clients.remember("acme/shop", {"installation": {"id": 77}})
+    clients.remember("acme/shop", 77)
     first = clients.for_repo("acme/shop")
     assert clients.for_repo("ACME/shop") is first
     first.upsert_comment("acme/shop", 3, "hello", lambda body: False)

@@ -21,7 +21,8 @@ from test_webhook_payload import MALFORMED, nested
 from helpers import free_tcp_port
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.webhook.app import create_app
-from pgoverlay.webhook.payload import MAX_DEPTH
+from pgoverlay.webhook.payload import MAX_DEPTH, pull_request_event
+from pgoverlay.webhook.routing import JobEvent, job_event
 from pgoverlay.webhook.settings import WebhookSettings
 from pgoverlay.webhook.signature import sign
 
@@ -273,7 +274,7 @@ def test_without_a_token_healthz_and_metrics_are_open(intake: Intake) -> None:
     assert requests.get(f"{intake.url}/metrics", timeout=30).status_code == 200
 
 
-def test_a_job_keeps_the_signed_body_and_other_json_encodings_are_read_back(
+def test_a_job_keeps_the_event_parsed_from_its_body_in_whatever_json_encoding_it_came(
     intake: Intake,
 ) -> None:
     plain = compact(opened())
@@ -282,6 +283,13 @@ def test_a_job_keeps_the_signed_body_and_other_json_encodings_are_read_back(
     assert intake.post(with_bom).status_code == 202
     utf16 = json.dumps({**opened(), "action": "synchronize"}).encode("utf-16")
     assert intake.post(utf16).status_code == 202
-    stored = [row[0] for row in intake.rows("SELECT payload FROM jobs ORDER BY id")]
-    assert stored[0] == plain.decode()
-    assert [json.loads(text)["action"] for text in stored] == ["opened", "reopened", "synchronize"]
+    stored = [
+        JobEvent.model_validate_json(row[0])
+        for row in intake.rows("SELECT payload FROM jobs ORDER BY id")
+    ]
+    assert stored[0] == job_event(pull_request_event(opened()))  # not GitHub's JSON
+    assert [(s.event.action, s.event.kind) for s in stored] == [
+        ("opened", "open"),
+        ("reopened", "open"),
+        ("synchronize", "sync"),
+    ]

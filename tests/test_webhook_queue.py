@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -21,6 +22,7 @@ from typing import Literal
 
 import pytest
 
+from pgoverlay.webhook.payload import pull_request_event
 from pgoverlay.webhook.queue import (
     REDELIVERY_WINDOW,
     Job,
@@ -29,6 +31,7 @@ from pgoverlay.webhook.queue import (
     QueueError,
     backoff_delay,
 )
+from pgoverlay.webhook.routing import JobEvent, job_event
 
 T0 = 1_700_000_000.0  # a fixed "now" for tests that move the clock by hand
 LEASE = 30.0
@@ -705,3 +708,75 @@ def test_the_committer_answers_every_concurrent_delivery_with_its_own_outcome(
     for pr in range(50):
         assert sorted(outcomes[i] for i in (pr, pr + 50)) == ["duplicate", "queued"]
     assert len(queue.jobs()) == 50
+
+
+def test_an_older_queues_jobs_survive_the_upgrade_as_parsed_events(tmp_path: Path) -> None:
+    """A queue of the release before kept each job's delivery body: opening it keeps every
+    queued job, each with the event parsed from its body, as intake stores it now."""
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
+    opened = (fixtures / "pull_request.opened.json").read_text()
+    labeled = json.loads((fixtures / "pull_request.labeled.json").read_text())
+    made_up_close = json.dumps(  # what reconcile queued: a body GitHub never sent
+        {
+            "action": "closed",
+            "number": 9,
+            "repository": {"full_name": "org/app"},
+            "pull_request": {
+                "number": 9,
+                "merged": None,
+                "state": "closed",
+                "head": {"sha": "d" * 40, "repo": {"full_name": "org/app"}},
+                "base": {"sha": "", "repo": {"full_name": "org/app"}},
+            },
+        }
+    )
+    path = tmp_path / "queue.db"
+    Queue(path).close()
+    old = [
+        ("d-open", "open", 2, opened),
+        ("d-label", "label", 2, json.dumps(labeled)),
+        ("reconcile-org/app-9-1", "close", 9, made_up_close),
+        ("d-junk", "sync", 3, "{not json"),
+    ]
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("PRAGMA user_version = 0")  # what the release before left
+        for delivery, kind, pr, body in old:
+            db.execute(
+                "INSERT INTO deliveries (delivery_id, event, action, received_at, outcome)"
+                " VALUES (?, 'pull_request', ?, ?, 'queued')",
+                (delivery, kind, T0),
+            )
+            db.execute(
+                "INSERT INTO jobs (delivery_id, repository, pr, kind, head_sha, payload, state,"
+                " not_before, created_at) VALUES (?, 'org/app', ?, ?, ?, ?, 'queued', ?, ?)",
+                (delivery, pr, kind, "a" * 40, body, T0, T0),
+            )
+    q = Queue(path)
+    try:
+        jobs = {j.delivery_id: j for j in q.jobs()}
+        assert set(jobs) == {d for d, *_ in old}, "a job was lost"
+        assert {d: j.state for d, j in jobs.items()} == {
+            "d-open": "queued",
+            "d-label": "queued",
+            "reconcile-org/app-9-1": "queued",
+            "d-junk": "failed",
+        }
+        assert "redeliver it" in jobs["d-junk"].result
+        assert q.delivery_count()[("pull_request", "failed")] == 1
+        parsed_open = JobEvent.model_validate_json(jobs["d-open"].payload)
+        assert parsed_open == job_event(pull_request_event(json.loads(opened)))
+        assert parsed_open.event.kind == "open" and parsed_open.event.pr == 2
+        parsed_label = JobEvent.model_validate_json(jobs["d-label"].payload)
+        assert parsed_label.sender == labeled["sender"]["login"]
+        assert parsed_label.installation == labeled["installation"]["id"]
+        assert jobs["reconcile-org/app-9-1"].payload == ""  # a close needs no delivery
+        assert "pull_request" not in "".join(j.payload for j in jobs.values())
+    finally:
+        q.close()
+    q = Queue(path)  # upgraded once: opening again changes nothing
+    try:
+        assert {j.delivery_id: j.payload for j in q.jobs()} == {
+            d: j.payload for d, j in jobs.items()
+        }
+    finally:
+        q.close()

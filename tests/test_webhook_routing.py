@@ -77,7 +77,7 @@ def test_bad_repository_settings_stop_the_listener_at_start() -> None:
 def test_a_repository_file_is_validated_and_limited_to_safe_keys(tmp_path: Path) -> None:
     import pytest
 
-    from pgoverlay.action.workflow import Inputs
+    from pgoverlay.action.request import Inputs
     from pgoverlay.errors import ConfigError
     from pgoverlay.webhook.worker import Worker
 

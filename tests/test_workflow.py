@@ -11,19 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from fakegithub import FakeGitHub
 from helpers import cli
-from pgoverlay.action import event, main, workflow
+from pgoverlay.action import event, main, request, workflow
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.workflow import Inputs, Outcome
+from pgoverlay.action.request import Inputs, read_inputs
+from pgoverlay.action.workflow import Outcome
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
 
 
 def payload(name: str) -> dict[str, Any]:
@@ -44,7 +48,10 @@ def test_pull_request_actions_map_to_what_the_workflow_does() -> None:
     assert parse(payload("synchronize")).kind == "sync"
     closed = parse(payload("closed"))
     assert (closed.kind, closed.merged) == ("close", False)
-    assert parse(payload("labeled")).kind == "ignore"
+    assert parse(payload("labeled")).kind == "label"  # the listener's fork approval
+    assert "label" not in event.WORK_KINDS  # the Action does nothing for it
+    edited = {**payload("opened"), "action": "edited"}
+    assert parse(edited).kind == "ignore"
 
 
 def test_a_fork_is_told_by_the_head_repository_not_by_repository_fork() -> None:
@@ -74,9 +81,71 @@ def test_inputs_left_empty_take_their_defaults_and_conflicts_are_refused() -> No
     inputs = Inputs(migrations="", reset_on_push="", comment="", ttl="")  # type: ignore[arg-type]
     assert (inputs.migrations, inputs.reset_on_push, inputs.comment) == (None, True, True)
     with pytest.raises(ConfigError, match="not both"):
-        Inputs(migrations="db", migrate_command="alembic upgrade head")
-    with pytest.raises(ConfigError, match="duration"):
-        Inputs(ttl="soon")
+        read_inputs({"INPUT_MIGRATIONS": "db", "INPUT_MIGRATE_COMMAND": "alembic upgrade head"})
+    with pytest.raises(ConfigError, match="^input `ttl`: .*duration"):
+        read_inputs({"INPUT_TTL": "soon"})
+    with pytest.raises(ConfigError, match="^input `migrations-select`: "):
+        read_inputs({"INPUT_MIGRATIONS_SELECT": "some"})
+
+
+def passed_inputs(spec: dict[str, Any]) -> dict[str, str]:
+    """The INPUT_* variables an action.yml's run step sets, and what it sets them to."""
+    [step] = [s for s in spec["runs"]["steps"] if s.get("id") == "run"]
+    return {k: v for k, v in step["env"].items() if k.startswith("INPUT_")}
+
+
+def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
+    """Each input an action.yml declares is a field of the model (or the token), with the
+    model's default, and is passed to the entry point as the model reads it; returns them."""
+    declared: dict[str, dict[str, Any]] = spec["inputs"]
+    fields = {request.input_name(f): f for f in Inputs.model_fields}
+    for name, entry in declared.items():
+        assert entry.get("description"), name
+        assert passed_inputs(spec)[f"INPUT_{name.upper().replace('-', '_')}"] == (
+            f"${{{{ inputs.{name} }}}}"
+        ), name
+        if name == "github-token":
+            continue
+        assert name in fields, f"action.yml declares {name}, which Inputs lacks"
+        info = Inputs.model_fields[fields[name]]
+        assert entry.get("required", False) is info.is_required(), name
+        default = info.default
+        text = (
+            "" if default is None else str(default).lower() if default in (True, False) else default
+        )
+        assert str(entry.get("default", "")) == text, name
+        assert request.env_name(fields[name]) in passed_inputs(spec), name
+    assert set(passed_inputs(spec)) == {
+        f"INPUT_{name.upper().replace('-', '_')}" for name in declared
+    }
+    return set(declared)
+
+
+def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model() -> None:
+    """Adding an input means adding a field to the model and the input (declared, and passed to
+    the entry point as INPUT_<NAME>) to action.yml: forgetting either side fails here."""
+    main_spec = yaml.safe_load((ROOT / "action.yml").read_text())
+    # The token is a credential the job's environment model reads, no part of the request.
+    token = main.JobEnv.model_fields["token"].validation_alias
+    assert "INPUT_GITHUB_TOKEN" in getattr(token, "choices", ())
+    declared = check_inputs_agree(main_spec)
+    assert declared == {request.input_name(f) for f in Inputs.model_fields} | {"github-token"}
+    destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
+    assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment"}
+
+
+def test_the_listeners_repository_settings_are_the_request_and_only_its_own_additions() -> None:
+    from pgoverlay.webhook.settings import RepoSettings
+
+    assert issubclass(RepoSettings, request.PrRequest)
+    own = set(RepoSettings.model_fields) - set(request.PrRequest.model_fields)
+    assert own == {"forks", "fork_label", "drafts", "honour_repo_file"}
+    # the Action's own inputs are not settings a repository of the listener may set
+    action_only = set(Inputs.model_fields) - set(request.PrRequest.model_fields)
+    assert action_only == {"fail_on_migration_error", "allow_forks", "allow_fork_commands"}
+    assert not action_only & set(RepoSettings.model_fields)
+    with pytest.raises(ValidationError, match="allow_fork_commands"):
+        RepoSettings.model_validate({"allow_fork_commands": True})
 
 
 # -- the workflow against real branches and the fake GitHub -----------------------------------
@@ -139,7 +208,14 @@ def test_a_forks_migrate_command_is_not_run_unless_allowed(
             reset_on_push=False,
         )
         pushed = pr_event(fork=True, kind="sync", head="c" * 40)
-        second = handle(pool, pushed, allowed, repo_dir=tmp_path, github=None)
+        second = handle(
+            pool,
+            pushed,
+            allowed,
+            repo_dir=tmp_path,
+            github=None,
+            fork_commands=allowed.allow_fork_commands,  # as the Action's entry point passes it
+        )
         assert second.report is not None and second.report.migrations[0].status == "applied"
         assert marker.exists()
     finally:

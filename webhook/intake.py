@@ -10,7 +10,6 @@ not: anyone can send those, and recording them would let anyone fill the disk.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import queue as queues
 import threading
@@ -112,7 +111,7 @@ class Intake:
             action = payload.action_of(data)
             if event == "ping":
                 return Answer(200, "pong")
-            job = self._job(event, data, body)
+            job = self._job(event, data)
         except DeliveryError as err:
             self._reject(err, event=event, delivery_id=delivery_id, action=action, digest=digest)
             return Answer(400, str(err))
@@ -135,9 +134,9 @@ class Intake:
             return Answer(204)
         return Answer(202, "queued")
 
-    def _job(self, event: str, data: dict[str, Any], body: bytes) -> NewJob | str:
-        """The job a valid delivery asks for, or why it needs none. The job keeps the body as
-        it was signed (GitHub sends UTF-8; anything else JSON allows is written out again)."""
+    def _job(self, event: str, data: dict[str, Any]) -> NewJob | str:
+        """The job a valid delivery asks for, or why it needs none. The job keeps the event as
+        parsed here, not the body: the worker reads no GitHub JSON from the queue."""
         if event != payload.HANDLED:
             return f"event {event} is not handled"
         routed = route(payload.pull_request_event(data), self.settings)
@@ -148,7 +147,7 @@ class Intake:
             pr=routed.pr,
             kind=routed.kind,
             head_sha=routed.head_sha,
-            payload=_text(body, data),
+            payload=routed.event.model_dump_json(),
         )
 
     def _reject(
@@ -177,15 +176,3 @@ class Intake:
             err,
             extra={"delivery_id": delivery_id or "-", "pr": "-"},
         )
-
-
-def _text(body: bytes, data: dict[str, Any]) -> str:
-    """The body as text the worker's ``json.loads`` reads back: UTF-8 as sent, else (UTF-16, a
-    byte-order mark) the decoded object written out again."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = ""
-    if text.lstrip(" \t\r\n").startswith("{"):
-        return text
-    return json.dumps(data, separators=(",", ":"))

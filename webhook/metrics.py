@@ -18,12 +18,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from pgoverlay.action.event import JOB_KINDS
 from pgoverlay.webhook.payload import KNOWN_EVENTS
 from pgoverlay.webhook.queue import OUTCOMES, STATES, Queue
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 EVENTS = KNOWN_EVENTS | {"reconcile"}  # reconcile: closes queued by reconcile itself
-KINDS = ("open", "sync", "close", "label")
 RESULTS = ("done", "failed", "retry")
 RECONCILE_ACTIONS = ("closed", "expired")
 
@@ -96,7 +96,7 @@ class QueueCollector(Collector):
             "Jobs in the queue, by kind and state (every pair present).",
             labels=["kind", "state"],
         )
-        for kind in KINDS:
+        for kind in JOB_KINDS:
             for state in STATES:
                 family.add_metric([kind, state], counts.get((kind, state), 0))
         yield family
@@ -123,7 +123,7 @@ class QueueCollector(Collector):
             "Job runs by kind and how they ended: done, failed, or retry (back to the queue).",
             labels=["kind", "result"],
         )
-        for kind in KINDS:
+        for kind in JOB_KINDS:
             mine = [runs.get((kind, result), (0, 0.0)) for result in RESULTS]
             seconds.add_metric(
                 [kind], count_value=sum(n for n, _ in mine), sum_value=sum(s for _, s in mine)

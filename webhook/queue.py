@@ -2,8 +2,9 @@
 
 It remembers deliveries (a redelivery is acknowledged, not run twice, across restarts) and holds
 their jobs. Threads share one :class:`Queue` (each gets its own connection); processes open
-their own. The file is its owner's alone (0600): it holds every delivery's payload. The queue,
-not its callers, enforces:
+their own. The file is its owner's alone (0600): it holds what each delivery asked for. A job
+keeps its delivery's event as parsed at intake (``routing.JobEvent``, JSON), never GitHub's
+JSON; a close that reconcile queues keeps none. The queue, not its callers, enforces:
 
 * **Lanes**: one per PR (``repository`` + ``pr``; PR-less jobs share one per repository). A lane
   runs one job at a time, oldest first, even past an older job waiting out a retry delay.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import json
 import logging
 import os
 import random
@@ -39,9 +41,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from pgoverlay.errors import PgoverlayError
+from pgoverlay.errors import DeliveryError, PgoverlayError
 from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
+from pgoverlay.webhook.payload import pull_request_event
+from pgoverlay.webhook.routing import job_event
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,9 @@ OUTCOMES: tuple[str, ...] = (*STATES, "ignored", "rejected", "duplicate")
 REDELIVERY_WINDOW = 3 * 86400.0  # GitHub lets users redeliver a webhook for 3 days
 DEFAULT_RETENTION = 30 * 86400.0
 MAX_SERVER_WAIT = 3600.0  # GitHub's primary rate limit resets within the hour
+# The queue's format (SQLite's user_version): 0 kept each delivery's body in its job, 1 keeps the
+# parsed event (see _upgrade_payloads).
+FORMAT = 1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -118,9 +125,9 @@ class QueueError(PgoverlayError):
 class NewJob:
     repository: str  # "owner/name"
     pr: int | None
-    kind: str  # 'open' | 'sync' | 'close' | 'label' | 'reconcile': only close and sync coalesce
+    kind: str  # one of action.event.JOB_KINDS: only close and sync coalesce
     head_sha: str
-    payload: str  # JSON text
+    payload: str  # the delivery's routing.JobEvent as JSON; '' for a close reconcile queued
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,7 @@ class Job:
     finished_at: float | None
     result: str
 
-    def __repr__(self) -> str:  # the payload can be megabytes: keep it out of logs
+    def __repr__(self) -> str:  # what a job names, without the sender and installation
         return (
             f"Job(id={self.id}, {self.repository}#{self.pr}, kind={self.kind!r}, "
             f"state={self.state!r}, attempts={self.attempts}, delivery={self.delivery_id!r})"
@@ -203,6 +210,9 @@ class Queue:
                 if column not in have:
                     db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {declaration}")
             db.execute(_BODY_INDEX)
+            if db.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
+                _upgrade_payloads(db, time.time())
+                db.execute(f"PRAGMA user_version = {FORMAT}")
 
     def close(self) -> None:
         """Close every thread's connection; call once the threads using the queue are done."""
@@ -632,6 +642,31 @@ def _accept(db: sqlite3.Connection, delivery: Delivery, now: float) -> tuple[Acc
         ).fetchall()
         _set_outcomes(db, state, (delivery for (delivery,) in ended))
     return "queued", job_id
+
+
+def _upgrade_payloads(db: sqlite3.Connection, now: float) -> None:
+    """Jobs of a queue made before :data:`FORMAT` 1 hold their delivery's body: each gets the
+    event parsed from it, as intake stores it now, so an upgrade loses no queued job. A close
+    reconcile queued (its body was made up, not GitHub's) keeps none, as it would now. A body
+    that cannot be read any more ends its waiting job as failed, saying why."""
+    rows = db.execute("SELECT id, delivery_id, kind, state, payload FROM jobs").fetchall()
+    for job_id, delivery_id, kind, state, text in rows:
+        try:
+            parsed = job_event(pull_request_event(json.loads(text))).model_dump_json()
+        except (DeliveryError, ValueError):
+            parsed = ""
+            if kind != "close" and state in ("queued", "running"):
+                db.execute(
+                    "UPDATE jobs SET state = 'failed', finished_at = ?, result = ? WHERE id = ?",
+                    (
+                        now,
+                        "its delivery could not be read after an upgrade: redeliver it from the"
+                        " webhook's Recent Deliveries on GitHub",
+                        job_id,
+                    ),
+                )
+                _set_outcomes(db, "failed", [delivery_id])
+        db.execute("UPDATE jobs SET payload = ? WHERE id = ?", (parsed, job_id))
 
 
 def _make_private(path: Path) -> None:

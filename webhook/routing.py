@@ -1,35 +1,55 @@
-"""Which ``pull_request`` deliveries become jobs. Pure: the validated delivery and the settings
-in; a job description (or the reason there is none) out."""
+"""Which ``pull_request`` deliveries become jobs, and what a job keeps of its delivery. Pure: the
+validated delivery and the settings in; a job description (or the reason there is none) out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
+from pgoverlay.action import event as events
 from pgoverlay.webhook.payload import PullRequestEvent
 from pgoverlay.webhook.settings import WebhookSettings
 
-_KINDS = {
-    "opened": "open",
-    "reopened": "open",
-    "ready_for_review": "open",
-    "synchronize": "sync",
-    "closed": "close",
-    "labeled": "label",
-}
+
+class JobEvent(BaseModel):
+    """What a job keeps of its delivery, as JSON in the queue: the event parsed once at intake,
+    who sent it (a label's approver), and the GitHub App installation it came through. A close
+    that reconcile queues keeps none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: events.Event
+    sender: str = ""
+    installation: int | None = None
 
 
 @dataclass(frozen=True)
 class Routed:
     repository: str
     pr: int
-    kind: str
+    kind: events.Kind
     head_sha: str
+    event: JobEvent
+
+
+def job_event(delivery: PullRequestEvent) -> JobEvent:
+    """The parts of a validated delivery a job needs."""
+    return JobEvent(
+        event=events.from_pull(
+            delivery.action,
+            delivery.pull_request.model_dump(),
+            repository=delivery.repository.full_name,
+        ),
+        sender=delivery.sender.login if delivery.sender else "",
+        installation=delivery.installation.id if delivery.installation else None,
+    )
 
 
 def route(delivery: PullRequestEvent, settings: WebhookSettings) -> Routed | str:
     """A job for a handled delivery, or why it is ignored."""
-    kind = _KINDS.get(delivery.action)
-    if kind is None:
+    kind = events.kind_of(delivery.action)
+    if kind == "ignore":
         return f"pull_request {delivery.action} is not handled"
     repository = delivery.repository.full_name
     repo = settings.repo(repository)
@@ -42,4 +62,5 @@ def route(delivery: PullRequestEvent, settings: WebhookSettings) -> Routed | str
         pr=delivery.number,
         kind=kind,
         head_sha=delivery.pull_request.head.sha,
+        event=job_event(delivery),
     )

@@ -4,13 +4,13 @@ priority than intake, so acknowledging deliveries wins the CPU over building bra
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import time
 
+from pgoverlay.action import record
 from pgoverlay.action.github import GitHubError
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service import client as service
@@ -100,7 +100,8 @@ class Service:
                 continue
             for b in mine:
                 if b.repository == repository and b.pr not in open_prs:
-                    head = b.record.head_sha if b.record else ""
+                    last = record.of(b)
+                    head = last.head_sha if last else ""
                     if self._queue_close(repository, b.pr or 0, head):
                         actions["closed"] += 1
         actions["expired"] = sum(
@@ -113,7 +114,8 @@ class Service:
         return actions
 
     def _queue_close(self, repository: str, pr: int, head_sha: str) -> bool:
-        """Queue a close unless one is already queued or running; True if queued."""
+        """Queue a close (with no delivery: the worker asks the API about the pull request)
+        unless one is already queued or running; True if queued."""
         pending = [
             j
             for j in self.queue.jobs(repository=repository, pr=pr)
@@ -121,29 +123,11 @@ class Service:
         ]
         if pending:
             return False
-        payload = {
-            "action": "closed",
-            "number": pr,
-            "repository": {"full_name": repository},
-            "pull_request": {
-                "number": pr,
-                "merged": None,
-                "state": "closed",
-                "head": {"sha": head_sha, "repo": {"full_name": repository}},
-                "base": {"sha": "", "repo": {"full_name": repository}},
-            },
-        }
         outcome = self.queue.accept(
             delivery_id=f"reconcile-{repository}-{pr}-{time.time_ns()}",
             event="reconcile",
             action="closed",
-            job=NewJob(
-                repository=repository,
-                pr=pr,
-                kind="close",
-                head_sha=head_sha,
-                payload=json.dumps(payload),
-            ),
+            job=NewJob(repository=repository, pr=pr, kind="close", head_sha=head_sha, payload=""),
         )
         return outcome == "queued"
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,44 +15,21 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from pgoverlay.action.request import PrRequest
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner.names import parse_duration
 
 MIB = 1024 * 1024
 
 
-class RepoSettings(BaseModel):
-    """What to do for one allowed repository."""
+class RepoSettings(PrRequest):
+    """What to do for one allowed repository: the request the Action's inputs make too, and how
+    the listener treats forks, drafts and a repository file."""
 
-    model_config = {"extra": "forbid"}
-
-    base: str | None = None
-    migrations: str | None = None
-    migrate_command: str | None = None
-    migrations_select: Literal["changed", "all"] = "changed"
-    working_directory: str = "."
-    branch_name: str = "{repo}-pr-{number}"
-    ttl: str | None = None
-    reset_on_push: bool = True
-    comment: bool = True
-    # Where the repository's branches run; auto: the runner's PGOVERLAY_RUNTIME.
-    runtime: Literal["auto", "local", "docker"] = "auto"
     forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
     fork_label: str = "pgoverlay:allow"
     drafts: bool = True
     # May a `.pgoverlay.yml` at the PR's head change these settings? (never for forks)
     honour_repo_file: bool = False
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RepoSettings:
-        if self.migrations and self.migrate_command:
-            raise ValueError("set migrations or migrate_command, not both")
-        if self.ttl:
-            try:
-                parse_duration(self.ttl)
-            except ConfigError as err:
-                raise ValueError(str(err)) from None
-        return self
 
 
 class WebhookSettings(BaseSettings):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import json
 import logging
 import os
 import tarfile
@@ -18,17 +17,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from github import Auth
 from pydantic import ValidationError
 
 from pgoverlay.action import event as events
+from pgoverlay.action import record
 from pgoverlay.action.github import GitHub, GitHubError
 from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus
-from pgoverlay.action.workflow import Inputs, handle, post_comment
+from pgoverlay.action.request import PrRequest
+from pgoverlay.action.workflow import handle, post_comment
 from pgoverlay.errors import ConfigError, PgoverlayError, UnsafeFileError
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
@@ -36,6 +36,7 @@ from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import forks
 from pgoverlay.webhook.queue import Job, Queue, QueueError, backoff_delay
+from pgoverlay.webhook.routing import JobEvent
 from pgoverlay.webhook.sandbox import JobSandbox, job_uid, remove_scratch
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
 
@@ -94,8 +95,8 @@ class GitHubClients:
         self._installations: dict[str, int] = {}  # repository -> installation id
         self._lock = threading.Lock()
 
-    def remember(self, repository: str, payload: dict[str, Any]) -> None:
-        installation = (payload.get("installation") or {}).get("id")
+    def remember(self, repository: str, installation: int | None) -> None:
+        """The installation a delivery of ``repository`` came through (None: not an App's)."""
         if installation:
             with self._lock:
                 self._installations[repository.lower()] = int(installation)
@@ -155,6 +156,34 @@ def _plain(member: tarfile.TarInfo) -> bool:
     parts = Path(member.name).parts
     inside = bool(parts) and not Path(member.name).is_absolute() and ".." not in parts
     return inside and (member.isreg() or member.isdir())
+
+
+@dataclass(frozen=True)
+class Current:
+    """A job's pull request as the API has it now."""
+
+    event: events.Event  # its event, with the head, base and merged state of now
+    open: bool
+    labels: list[str] = dataclasses.field(default_factory=list)
+
+
+def _gone(job: Job, delivered: JobEvent | None) -> events.Event:
+    """The close of a pull request the API no longer knows: its delivery's event, or (for a
+    close reconcile queued) what the job itself says."""
+    if delivered is not None:
+        return delivered.event
+    return events.Event(
+        kind="close",
+        repository=job.repository,
+        pr=job.pr,
+        head_sha=job.head_sha,
+        base_sha=None,
+        merged=None,  # not known: the comment says so
+        from_fork=False,
+        draft=False,
+        ref_name="",
+        action="closed",
+    )
 
 
 class Worker:
@@ -251,53 +280,41 @@ class Worker:
     # -- one job ----------------------------------------------------------------------------
 
     def process(self, engine: Engine, job: Job) -> str:
-        delivered: dict[str, Any] = json.loads(job.payload)
         repo = self.settings.repo(job.repository)
         if repo is None:
             return "repository no longer allowed"
-        self.clients.remember(job.repository, delivered)
+        delivered = JobEvent.model_validate_json(job.payload) if job.payload else None
+        self.clients.remember(job.repository, delivered.installation if delivered else None)
         github = self.clients.for_repo(job.repository)
         # A delivery may be old (a redelivery, a replay): act on the pull request as it is now.
-        payload = self._now(github, job, delivered)
-        if payload is None:
+        now = self._now(github, job, delivered)
+        if now is None:
             return "pull request not found"
-        ev = events.parse("pull_request", payload, repository=job.repository, sha="", ref="")
-        inputs = Inputs(
-            base=repo.base,
-            migrations=repo.migrations,
-            migrate_command=repo.migrate_command,
-            migrations_select=repo.migrations_select,
-            working_directory=repo.working_directory,
-            branch_name=repo.branch_name,
-            reset_on_push=repo.reset_on_push,
-            ttl=repo.ttl,
-            comment=repo.comment,
-            runtime=repo.runtime,
-            allow_fork_commands=False,
-        )
+        ev = now.event
+        request: PrRequest = repo
         if job.kind == "close":
-            if payload["pull_request"].get("state") == "open":
+            if now.open:
                 return "the pull request is open: nothing to destroy"
             self.queue.revoke(job.repository, job.pr or 0)
             outcome = handle(
-                engine, ev, inputs, settings=self.runner, repo_dir=Path("/"), github=github
+                engine, ev, request, settings=self.runner, repo_dir=Path("/"), github=github
             )
             return outcome.report.status if outcome.report else "nothing to destroy"
-        if payload["pull_request"].get("state") != "open":
+        if not now.open:
             return "the pull request is closed: nothing to do"
         if job.kind == "label" and not ev.from_fork:
             return "label needs no work"
         ev = dataclasses.replace(ev, kind="open" if job.kind == "label" else ev.kind)
         refusal = self._refusal(ev, repo)
         if not refusal and ev.from_fork:
-            verdict = self._fork_verdict(github, job, delivered, payload, ev, repo.fork_label)
+            verdict = self._fork_verdict(github, job, delivered, now.labels, ev, repo.fork_label)
             if verdict.quiet:
                 return f"not branched: {verdict.reason}"
             refusal = verdict.reason
         if refusal:
-            self._refuse(github, ev, inputs, "not branched", refusal)
+            self._refuse(github, ev, request, "not branched", refusal)
             return "not branched"
-        if self._done_at_head(engine, ev, inputs):
+        if self._done_at_head(engine, ev, request):
             # An older delivery, or a replay, of a head already branched and migrated: its
             # status and comment stand.
             return f"already done at {ev.head_sha[:7]}"
@@ -313,14 +330,14 @@ class Worker:
             head, base = self._sources(github, ev, sandbox.scratch)
             if repo.honour_repo_file and not ev.from_fork:
                 try:
-                    inputs = self._repo_file(head, inputs)
+                    request = self._repo_file(head, request)
                 except ConfigError as err:
-                    self._refuse(github, ev, inputs, "failed", str(err))
+                    self._refuse(github, ev, request, "failed", str(err))
                     return "failed: bad repository file"
             outcome = handle(
                 engine,
                 ev,
-                inputs,
+                request,
                 settings=self.runner,
                 repo_dir=head,
                 github=github,
@@ -343,48 +360,48 @@ class Worker:
         return report.status
 
     @staticmethod
-    def _done_at_head(engine: Engine, ev: events.Event, inputs: Inputs) -> bool:
+    def _done_at_head(engine: Engine, ev: events.Event, request: PrRequest) -> bool:
         """The PR's branch is up, and its record says this head was migrated."""
-        found = engine.branch(events.branch_name(ev, inputs.branch_name))
-        record = found.record if found else None
+        found = engine.branch(events.branch_name(ev, request.branch_name))
+        last = record.of(found)
         return (
             found is not None
-            and record is not None
+            and last is not None
             and found.repository.lower() == ev.repository.lower()
-            and record.head_sha == ev.head_sha
-            and record.status in ("ready", "migration failed")
+            and last.head_sha == ev.head_sha
+            and last.status in ("ready", "migration failed")
             and found.state == "ready"
             and found.running
         )
 
-    def _now(self, github: GitHub, job: Job, delivered: dict[str, Any]) -> dict[str, Any] | None:
-        """The delivery with its pull request (state, head and base, head repository, draft,
-        merged) and labels as the API has them now; for a pull request the API no longer
-        knows, the delivery itself if it is a close, else None."""
+    def _now(self, github: GitHub, job: Job, delivered: JobEvent | None) -> Current | None:
+        """The pull request as the API has it now (state, head and base, head repository,
+        draft, merged, labels); for one the API no longer knows, the delivery's own event if
+        the job is a close, else None."""
         try:
             pull = github.pull(job.repository, job.pr or 0)
             if pull is None:
-                return delivered if job.kind == "close" else None
+                return Current(_gone(job, delivered), open=False) if job.kind == "close" else None
             labels = github.labels(job.repository, job.pr or 0)
         except GitHubError as err:
             raise Transient(str(err)) from None
-        pull["labels"] = [{"name": name} for name in labels]
-        return {**delivered, "pull_request": pull}
+        action = delivered.event.action if delivered else "closed"
+        ev = events.from_pull(action, pull, repository=job.repository)
+        return Current(ev, open=pull.get("state") == "open", labels=labels)
 
     def _fork_verdict(
         self,
         github: GitHub,
         job: Job,
-        delivered: dict[str, Any],
-        payload: dict[str, Any],
+        delivered: JobEvent | None,
+        labels: list[str],
         ev: events.Event,
         label: str,
     ) -> forks.Verdict:
         """Whether this fork's head may run (see ``forks.decide``), and its side effects: an
-        approval recorded, or the label taken off."""
-        sender = str((delivered.get("sender") or {}).get("login") or "")
-        labelled_sha = str(((delivered.get("pull_request") or {}).get("head") or {}).get("sha"))
-        labels = [str(x.get("name")) for x in payload["pull_request"]["labels"]]
+        approval recorded, or the label taken off. ``labels`` are the PR's labels now."""
+        sender = delivered.sender if delivered else ""
+        labelled_sha = job.head_sha  # the head the delivery (for a label job, the label) saw
         pending = any(
             j.kind == "label" and j.state == "queued" and j.id > job.id
             for j in self.queue.jobs(repository=job.repository, pr=job.pr)
@@ -416,19 +433,19 @@ class Worker:
         return verdict
 
     def _refuse(
-        self, github: GitHub, ev: events.Event, inputs: Inputs, status: RunStatus, reason: str
+        self, github: GitHub, ev: events.Event, request: PrRequest, status: RunStatus, reason: str
     ) -> None:
         """Say on the PR, and in its commit status, why it gets no branch."""
         report = Report(
             repository=ev.repository,
             pr=ev.pr,
-            branch_name=events.branch_name(ev, inputs.branch_name),
+            branch_name=events.branch_name(ev, request.branch_name),
             head_sha=ev.head_sha,
             status=status,
             branch=None,
             message=reason,
         )
-        post_comment(github, ev, inputs, report)
+        post_comment(github, ev, request, report)
         self._status(github, ev, "failure", f"{status}: {reason}")
 
     @staticmethod
@@ -464,9 +481,9 @@ class Worker:
         return head, base
 
     @staticmethod
-    def _repo_file(head: Path, inputs: Inputs) -> Inputs:
+    def _repo_file(head: Path, request: PrRequest) -> PrRequest:
         if not os.path.lexists(head / REPO_FILE):
-            return inputs
+            return request
         try:
             text = safefs.read_inside(head, REPO_FILE, limit=REPO_FILE_BYTES, what=REPO_FILE)
         except UnsafeFileError as err:
@@ -476,12 +493,12 @@ class Worker:
         except yaml.YAMLError as err:
             raise ConfigError(f"{REPO_FILE} at the PR's head is not YAML: {err}") from None
         if not isinstance(data, dict):
-            return inputs
+            return request
         changes = {
             k.replace("-", "_"): v for k, v in data.items() if k.replace("-", "_") in REPO_FILE_KEYS
         }
         try:
-            return Inputs.model_validate({**inputs.model_dump(), **changes})
+            return type(request).model_validate({**request.model_dump(), **changes})
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ConfigError(

@@ -54,13 +54,18 @@ CREATE TABLE IF NOT EXISTS branches (
     expires_at REAL,
     FOREIGN KEY (base_name, base_version) REFERENCES bases (name, version)
 );
-CREATE TABLE IF NOT EXISTS pr_record (
+CREATE TABLE IF NOT EXISTS records (
     branch TEXT PRIMARY KEY REFERENCES branches (name) ON DELETE CASCADE,
-    head_sha TEXT NOT NULL,
-    status TEXT NOT NULL,
-    report TEXT NOT NULL,
+    data TEXT NOT NULL,
     updated_at REAL NOT NULL
 );
+"""
+# Tables of earlier releases that held the PR workflow's state in the workflow's own columns:
+# ``pr_state`` (unread since records moved to ``pr_record``) and ``pr_record`` (moved into
+# ``records`` as the JSON the workflow writes now, then dropped).
+_OLD_RECORDS = """
+SELECT branch, head_sha, status, report, updated_at FROM pr_record
+WHERE branch IN (SELECT name FROM branches)
 """
 
 # Columns added after a table was first created: (table, column, definition). A pool made by an
@@ -149,14 +154,13 @@ class Branch:
 
 
 @dataclass(frozen=True)
-class PrRecord:
-    """What the PR workflow last did with a branch (for idempotent re-runs). It lives and dies
-    with its branch: a branch destroyed by hand or by its TTL leaves no record behind."""
+class Record:
+    """What a branch's owner last noted about it: JSON text the engine keeps and never reads
+    (the PR workflow's record, ``action/record.py``). It lives and dies with its branch: a
+    branch destroyed by hand or by its TTL leaves no record behind."""
 
     branch: str
-    head_sha: str
-    status: str
-    report: str  # JSON of the last report
+    data: str
     updated_at: float
 
 
@@ -243,6 +247,7 @@ class Registry:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+        self._move_old_records()
 
     def _add_missing_columns(self) -> None:
         with self.transaction() as db:
@@ -250,6 +255,28 @@ class Registry:
                 have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+
+    def _move_old_records(self) -> None:
+        """Move an earlier release's ``pr_record`` rows into ``records`` (as the JSON object the
+        workflow writes: ``head_sha``, ``status`` and ``report``), then drop the old tables."""
+        old = {"pr_record", "pr_state"}
+        if not old & {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}:
+            return
+        with self.transaction() as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+            if "pr_record" in tables:
+                for branch, head_sha, status, report, updated_at in db.execute(_OLD_RECORDS):
+                    try:
+                        last = json.loads(report)
+                    except ValueError:
+                        continue  # a report no release wrote: the branch is redone, not read
+                    data = json.dumps({"head_sha": head_sha, "status": status, "report": last})
+                    db.execute(
+                        "INSERT OR IGNORE INTO records VALUES (?, ?, ?)",
+                        (branch, data, updated_at),
+                    )
+                db.execute("DROP TABLE pr_record")
+            db.execute("DROP TABLE IF EXISTS pr_state")
 
     def close(self) -> None:
         self._db.close()
@@ -404,23 +431,21 @@ class Registry:
         with self.transaction() as db:
             db.execute("DELETE FROM branches WHERE name = ?", (name,))
 
-    # PR workflow records -------------------------------------------------------------------
+    # records ------------------------------------------------------------------------------
 
-    def record(self, branch: str) -> PrRecord | None:
+    def record(self, branch: str) -> Record | None:
         row = self._db.execute(
-            f"SELECT {_columns(PrRecord)} FROM pr_record WHERE branch = ?", (branch,)
+            f"SELECT {_columns(Record)} FROM records WHERE branch = ?", (branch,)
         ).fetchone()
-        return PrRecord(*row) if row else None
+        return Record(*row) if row else None
 
-    def save_record(self, record: PrRecord) -> bool:
+    def save_record(self, record: Record) -> bool:
         """Keep ``record`` with its branch; False if the branch is gone (nothing kept)."""
-        names = [f.name for f in fields(PrRecord)]
         with self.transaction() as db:
             if not db.execute("SELECT 1 FROM branches WHERE name = ?", (record.branch,)).fetchone():
                 return False
             db.execute(
-                f"INSERT OR REPLACE INTO pr_record ({', '.join(names)}) "
-                f"VALUES ({', '.join('?' for _ in names)})",
-                tuple(getattr(record, n) for n in names),
+                "INSERT OR REPLACE INTO records (branch, data, updated_at) VALUES (?, ?, ?)",
+                (record.branch, record.data, record.updated_at),
             )
         return True

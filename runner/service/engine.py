@@ -5,9 +5,10 @@ a caller that is not root reaches it through ``client.RemoteEngine``, so the Act
 webhook listener and an admin's CLI all see the same operations with the same errors.
 
 A ``LocalEngine`` acts for one caller (a uid). Every caller may list and look; only the uid
-that created a branch (or root) may reset it, destroy it, read its password or record its
-report. A create names the repository and pull request it is for: a branch of one repository
-is never reset, destroyed or re-recorded for another.
+that created a branch (or root) may reset it, destroy it, read its password or save its record
+(JSON the owner keeps with the branch; the engine never reads it). A create names the
+repository and pull request it is for: a branch of one repository is never reset, destroyed or
+re-recorded for another.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.pool import Pool, gc
-from pgoverlay.runner.pool.registry import Branch, PrRecord
+from pgoverlay.runner.pool import Pool, gc, registry
+from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.models import (
     BaseView,
     BranchView,
@@ -59,12 +60,7 @@ def _record(pool: Pool, name: str) -> Record | None:
     found = pool.registry.record(name)
     if found is None:
         return None
-    return Record(
-        head_sha=found.head_sha,
-        status=found.status,
-        report=found.report,
-        updated_at=found.updated_at,
-    )
+    return Record(data=found.data, updated_at=found.updated_at)
 
 
 class LocalEngine:
@@ -224,13 +220,7 @@ class LocalEngine:
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._mine(name, repository=request.repository)
         saved = self.pool.registry.save_record(
-            PrRecord(
-                branch=name,
-                head_sha=request.head_sha,
-                status=request.status,
-                report=request.report,
-                updated_at=time.time(),
-            )
+            registry.Record(branch=name, data=request.data, updated_at=time.time())
         )
         if not saved:
             raise BranchMissingError(f"branch {name} was destroyed while its report was saved")

@@ -7,19 +7,18 @@ a base among the seeded ones, a runtime among two, a TTL and whose pull request 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool.registry import REPOSITORY_RE
 
 Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
 Repository = Annotated[str, StringConstraints(pattern=REPOSITORY_RE.pattern, max_length=201)]
-Sha = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,64}$")]
-RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
-MAX_REPORT_BYTES = 256 * 1024
+MAX_RECORD_BYTES = 256 * 1024
 MAX_TTL_SECONDS = 366 * 86400
 
 
@@ -43,12 +42,24 @@ class OwnerRequest(Request):
 
 
 class RecordRequest(Request):
-    """What the PR workflow last did with the branch (its report, JSON)."""
+    """A note the branch's owner keeps with it: JSON text of at most ``MAX_RECORD_BYTES``
+    bytes, which the engine stores and hands back but never reads (the PR workflow keeps what
+    it last did there). With ``repository``, refused when the branch is another's."""
 
     repository: Repository | None = None
-    head_sha: Sha
-    status: RunStatus
-    report: str = Field(max_length=MAX_REPORT_BYTES)
+    data: str = Field(max_length=MAX_RECORD_BYTES)
+
+    @field_validator("data")
+    @classmethod
+    def _bounded_json(cls, data: str) -> str:
+        size = len(data.encode())
+        if size > MAX_RECORD_BYTES:
+            raise ValueError(f"the record is {size} bytes; at most {MAX_RECORD_BYTES} are kept")
+        try:
+            json.loads(data)
+        except ValueError:
+            raise ValueError("the record is not JSON text") from None
+        return data
 
 
 class Answer(BaseModel):
@@ -56,9 +67,9 @@ class Answer(BaseModel):
 
 
 class Record(Answer):
-    head_sha: str
-    status: str
-    report: str
+    """A branch's record, as its owner saved it."""
+
+    data: str
     updated_at: float
 
 

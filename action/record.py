@@ -1,0 +1,56 @@
+"""What the PR workflow keeps with a branch between runs: the head it last worked on, how that
+ended, and its report. A re-run of the same head finds its work done; the closing comment lists
+the migrations of the last run.
+
+The engine keeps this as JSON text it never reads (``Engine.save_record``), owner-checked,
+size-limited and removed with its branch; this module alone knows its fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter, ValidationError
+
+from pgoverlay.action.report import Report, RunStatus
+from pgoverlay.runner.service.models import BranchView, Record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrRecord:
+    head_sha: str  # the head the workflow last ran for
+    status: RunStatus  # how that run ended
+    report: Report  # what it found
+
+
+_ADAPTER: TypeAdapter[PrRecord] = TypeAdapter(PrRecord)
+
+
+def dumps(record: PrRecord) -> str:
+    return _ADAPTER.dump_json(record).decode()
+
+
+def loads(text: str) -> PrRecord:
+    """The record in ``text``; ``ValidationError`` if it is not one this module wrote."""
+    return _ADAPTER.validate_json(text)
+
+
+def read(found: Record | None, *, branch: str = "") -> PrRecord | None:
+    """The workflow's record in an engine record, or None when there is none or it cannot be
+    read (the branch is then treated as one with no record: its work is done again)."""
+    if found is None:
+        return None
+    try:
+        return loads(found.data)
+    except ValidationError as err:
+        first = err.errors(include_url=False, include_input=False)[0]
+        log.warning("branch %s: its record is not one this release reads: %s", branch, first["msg"])
+        return None
+
+
+def of(view: BranchView | None) -> PrRecord | None:
+    """The workflow's record of ``view``'s branch."""
+    return read(view.record, branch=view.name) if view is not None else None

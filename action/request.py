@@ -1,0 +1,110 @@
+"""What a pull request's branch is asked for: one model for the composite Action's inputs and
+the webhook listener's per-repository settings.
+
+:class:`PrRequest` holds what both front ends ask for, each rule checked once here. The Action's
+:class:`Inputs` and the listener's ``webhook.settings.RepoSettings`` extend it with what only
+they need. A field is the Action input of the same name with ``-`` for ``_`` (``action.yml``
+describes it and passes it to the entry point as ``INPUT_<NAME>``), with the same default:
+``tests/test_workflow.py`` checks that ``action.yml`` and :class:`Inputs` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from pgoverlay.errors import ConfigError
+from pgoverlay.runner.names import NAME_RE, parse_duration
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    """A validation error whose text is ``message`` as written (no "Value error, " prefix)."""
+    return PydanticCustomError("invalid_request", "{message}", {"message": message})
+
+
+class PrRequest(BaseModel):
+    """What a workflow, or the listener's settings for a repository, asks for a pull request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | None = None
+    migrations: str | None = None
+    migrate_command: str | None = None
+    migrations_select: Literal["changed", "all"] = "changed"
+    working_directory: str = "."
+    branch_name: str | None = None  # None: {repo}-pr-{number} (see event.branch_name)
+    reset_on_push: bool = True
+    ttl: str | None = None
+    comment: bool = True
+    runtime: Literal["auto", "local", "docker"] = "auto"  # auto: the runner's PGOVERLAY_RUNTIME
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_unset(cls, data: object) -> object:
+        """A value left empty (an input the workflow does not set) means its default."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
+        return data
+
+    @field_validator("base")
+    @classmethod
+    def _a_base_name(cls, base: str | None) -> str | None:
+        if base and not NAME_RE.match(base):
+            raise _invalid(
+                f"{base!r} is not a base name; name one of the bases seeded on this runner "
+                "(`pgoverlay seed list`), or leave it empty for the only one"
+            )
+        return base
+
+    @field_validator("ttl")
+    @classmethod
+    def _a_duration(cls, ttl: str | None) -> str | None:
+        if ttl:
+            try:
+                parse_duration(ttl)
+            except ConfigError as err:
+                raise _invalid(str(err)) from None
+        return ttl
+
+    @model_validator(mode="after")
+    def _one_way_to_migrate(self) -> PrRequest:
+        if self.migrations and self.migrate_command:
+            raise _invalid(
+                "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
+            )
+        return self
+
+    def ttl_seconds(self) -> int | None:
+        return parse_duration(self.ttl) if self.ttl else None
+
+
+class Inputs(PrRequest):
+    """The composite Action's inputs: the request, and what only a workflow decides."""
+
+    fail_on_migration_error: bool = True
+    allow_forks: bool = False
+    allow_fork_commands: bool = False
+
+
+def input_name(field: str) -> str:
+    """The Action input a field is read from: ``migrate_command`` -> ``migrate-command``."""
+    return field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    """The variable ``action.yml`` passes the field's input in: ``INPUT_MIGRATE_COMMAND``."""
+    return f"INPUT_{field.upper()}"
+
+
+def read_inputs(environ: dict[str, str]) -> Inputs:
+    """The Action's inputs from the step's environment (an unset variable is an empty input)."""
+    raw = {field: environ.get(env_name(field), "") for field in Inputs.model_fields}
+    try:
+        return Inputs.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        if not first["loc"]:
+            raise ConfigError(first["msg"]) from None
+        raise ConfigError(f"input `{input_name(str(first['loc'][0]))}`: {first['msg']}") from None
