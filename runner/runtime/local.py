@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pgoverlay.errors import BranchStartError, NotRootError, PoolFullError
+from pgoverlay.errors import BranchStartError, NotRootError, PgoverlayError, PoolFullError
 from pgoverlay.runner.pool import mounts
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
 
 
 class LocalRuntime:
@@ -67,6 +67,11 @@ class LocalRuntime:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.
         postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout)
 
-    def is_running(self, layout: Layout) -> bool:
-        info = postmaster.read_pidfile(layout.upper / "postmaster.pid")
-        return info is not None and postmaster.is_running(info)
+    def liveness(self, layout: Layout) -> Liveness:
+        pidfile = layout.upper / "postmaster.pid"
+        try:
+            info = postmaster.read_pidfile(pidfile)
+            alive = info is not None and postmaster.is_running(info)
+        except (PgoverlayError, OSError) as err:
+            return Liveness("unknown", f"cannot read {pidfile}: {err}")
+        return RUNNING if alive else STOPPED
