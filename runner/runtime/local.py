@@ -70,6 +70,12 @@ class LocalRuntime:
     def liveness(self, layout: Layout) -> Liveness:
         pidfile = layout.upper / "postmaster.pid"
         try:
+            os.lstat(pidfile)  # no file: stopped; a file that cannot be looked at: unknown
+        except FileNotFoundError:
+            return STOPPED
+        except OSError as err:
+            return Liveness("unknown", f"cannot look at {pidfile}: {err.strerror}")
+        try:
             info = postmaster.read_pidfile(pidfile)
             alive = info is not None and postmaster.is_running(info)
         except (PgoverlayError, OSError) as err:

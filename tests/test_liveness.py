@@ -1,0 +1,32 @@
+"""A runtime's liveness probe says running, stopped, or that it could not tell (and why)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.runtime.local import LocalRuntime
+
+
+def local_runtime() -> LocalRuntime:
+    return LocalRuntime(
+        pgbin.newest(), owner=OsUser.lookup("root"), start_timeout=10, stop_timeout=10
+    )
+
+
+def test_a_local_branch_without_a_pid_file_is_stopped(tmp_path: Path) -> None:
+    lay = Layout(root=tmp_path, socket_dir=tmp_path / "sockets")
+    lay.upper.mkdir()
+    assert local_runtime().liveness(lay).state == "stopped"
+
+
+def test_a_local_pid_file_that_cannot_be_looked_at_is_unknown_not_stopped(tmp_path: Path) -> None:
+    lay = Layout(root=tmp_path, socket_dir=tmp_path / "sockets")
+    os.symlink("upper", lay.upper)  # a loop: looking into it fails with ELOOP
+    alive = local_runtime().liveness(lay)
+    assert alive.state == "unknown" and not alive.running
+    assert alive.reason.startswith(f"cannot look at {lay.upper / 'postmaster.pid'}")
+    assert "symbolic links" in alive.reason
