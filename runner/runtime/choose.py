@@ -173,9 +173,11 @@ def runtime_for(
             start_timeout=s.start_timeout,
             stop_timeout=s.stop_timeout,
         )
-    install = pgbin.for_major(major, s.pg_bindir)
     return LocalRuntime(
-        install, owner=pool.owner, start_timeout=s.start_timeout, stop_timeout=s.stop_timeout
+        lambda: pgbin.for_major(major, s.pg_bindir),
+        owner=pool.owner,
+        start_timeout=s.start_timeout,
+        stop_timeout=s.stop_timeout,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from pgoverlay.errors import BranchStartError, NotRootError, PgoverlayError, PoolFullError
@@ -14,12 +15,20 @@ from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
 
 
 class LocalRuntime:
+    """``install`` gives the host's binaries of the branch's major; only a start asks for them,
+    so a branch whose binaries were removed can still be stopped and asked whether it runs."""
+
     name = "local"
 
     def __init__(
-        self, install: PgInstall, *, owner: OsUser, start_timeout: float, stop_timeout: float
+        self,
+        install: Callable[[], PgInstall],
+        *,
+        owner: OsUser,
+        start_timeout: float,
+        stop_timeout: float,
     ) -> None:
-        self.install = install
+        self._install = install
         self.owner = owner
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -45,7 +54,7 @@ class LocalRuntime:
             postmaster.wait_detached(stale, timeout=self.stop_timeout)
             (layout.data / "postmaster.pid").unlink(missing_ok=True)
         child = postmaster.start(
-            self.install,
+            self._install(),
             datadir=layout.data,
             options=options,
             user=self.owner,
