@@ -30,10 +30,9 @@ from pgoverlay.errors import (
     ConfigError,
     NotOwnerError,
     PgoverlayError,
-    PostgresBinariesError,
 )
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import (
     BaseView,
@@ -193,29 +192,12 @@ def _migrate(
         connection,
         repo_dir,
         files,
-        psql=psql_tools(major, pool_settings).tool("psql"),
+        psql=tools_for("psql", settings=pool_settings, major=major).tool("psql"),
         skip_recorded=True,
         timeout=pool_settings.command_timeout,
         sandbox=sandbox,
     )
     return runs, ""
-
-
-def psql_tools(major: int, settings: Settings) -> pgbin.PgInstall:
-    """This host's psql of the base's major version, or its newest (psql speaks to servers of
-    other versions; only its backslash commands may lag behind a newer server)."""
-    installs = pgbin.installs(settings.pg_bindir)
-    if major in installs:
-        return installs[major]
-    try:
-        return pgbin.newest(settings.pg_bindir)
-    except PostgresBinariesError:
-        wanted = f"postgresql-{major}" if major else "postgresql"
-        raise PostgresBinariesError(
-            "no psql for the migrations on this runner: they run with the host's psql, as the "
-            f"job's own user (a Docker branch too); install {wanted} on the runner, or set "
-            "PGOVERLAY_PG_BINDIR to the bin directory of a Postgres install"
-        ) from None
 
 
 def _bring_up(

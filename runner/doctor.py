@@ -11,7 +11,7 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.pool import PLAIN_COST, PoolInfo, discard, mounts, read_info, supports_reflink
 from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.postgres import binaries as pgbin
-from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.choose import choose, tools_for, verify
 from pgoverlay.runner.settings import Settings
 
 Verdict = Literal["ok", "warn", "fail"]
@@ -140,66 +140,46 @@ def _binaries(settings: Settings) -> Check:
 
 def _runtime(settings: Settings) -> Check:
     """Which runtime new branches get, and why."""
-    version = docker_runtime.reachable()
-    if settings.runtime == "docker":
-        if version is None:
-            return Check(
-                "runtime",
-                "fail",
-                "docker (PGOVERLAY_RUNTIME), but the Docker daemon does not answer: start it, "
-                "or set PGOVERLAY_RUNTIME=local",
-            )
-        return Check("runtime", "ok", f"docker (PGOVERLAY_RUNTIME; Docker {version})")
-    if settings.runtime == "local":
-        return Check("runtime", "ok", "local (PGOVERLAY_RUNTIME)")
-    if version is None:
-        return Check("runtime", "ok", "local (auto: the Docker daemon does not answer)")
-    return Check("runtime", "ok", f"docker (auto: Docker {version} answers)")
+    choice = choose(settings, "branch")
+    return Check("runtime", "ok" if choice.usable else "fail", f"{choice.name} ({choice.reason})")
+
+
+def _psql(settings: Settings) -> Check:
+    """Which psql the Action's migrations run with, and why."""
+    choice = choose(settings, "psql")
+    try:
+        psql = tools_for("psql", settings=settings, major=0).tool("psql")  # 0: the newest
+    except PgoverlayError as err:
+        return Check("psql", "fail", str(err))
+    return Check("psql", "ok", f"{choice.name}, {psql} ({choice.reason})")
 
 
 def _majors(settings: Settings, needed: list[int]) -> list[Check]:
-    """Can the chosen runtime run a server of each base's major version?"""
+    """Can the runtime chosen for each base's major version run a server of it?"""
     checks = []
-    docker = _runtime(settings).detail.startswith("docker")
-    have = {} if docker else pgbin.installs(settings.pg_bindir)
     for major in needed:
         name = f"postgres {major}"
-        if not docker:
-            if major in have:
-                checks.append(Check(name, "ok", f"bases of Postgres {major} can branch"))
-            else:
-                checks.append(
-                    Check(
-                        name, "fail", f"a base needs Postgres {major}: install postgresql-{major}"
-                    )
-                )
-            continue
-        image = settings.image_for(major)
         try:
-            client = docker_runtime.connect(timeout=10)
-            try:
-                found = docker_runtime.image_major(client, image, timeout=settings.command_timeout)
-            finally:
-                client.close()
+            choice = choose(settings, "branch", major=major)
+            found = verify(settings, choice.name, major, what="a base")
         except PgoverlayError as err:
             checks.append(Check(name, "fail", str(err)))
             continue
-        if found == major:
-            checks.append(Check(name, "ok", f"image {image} runs Postgres {major}"))
-        else:
-            checks.append(
-                Check(
-                    name,
-                    "fail",
-                    f"image {image} runs Postgres {found}, a base needs {major}: set "
-                    "PGOVERLAY_DOCKER_IMAGE to an image of that major ({major} stands for it)",
-                )
-            )
+        checks.append(
+            Check(name, "ok", f"bases of Postgres {major} branch with {choice.name}: {found}")
+        )
     return checks
 
 
 def run(settings: Settings) -> list[Check]:
-    return [_root(), _overlay(), _runtime(settings), *_pool(settings), _binaries(settings)]
+    return [
+        _root(),
+        _overlay(),
+        _runtime(settings),
+        _psql(settings),
+        *_pool(settings),
+        _binaries(settings),
+    ]
 
 
 def blocking(checks: list[Check]) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, docker_objects_for, require_docker_image
+from helpers import assert_no_leaks, cli, docker_objects_for, require_docker_image
 from pgoverlay.errors import DockerError, VersionMismatchError
 from pgoverlay.runner import branch, doctor
 from pgoverlay.runner.pool import Pool, gc
@@ -167,3 +167,42 @@ def test_an_image_without_pg_major_is_asked_and_a_non_postgres_image_refused(
     finally:
         for tag in ("pgoverlay-local/unlabelled:1", "pgoverlay-local/not-postgres:1"):
             client.images.remove(tag, force=True)
+
+
+def test_a_docker_outage_reads_as_unknown_and_gc_neither_restarts_nor_destroys(
+    pool: Pool, base: BaseVersion, client: Any, env: dict[str, str]
+) -> None:
+    """A process that cannot reach the daemon cannot tell whether a Docker branch runs: it says
+    so, and gc leaves the branch alone instead of restarting it."""
+    b = branch.create(pool, "dock-blind", runtime="docker")
+    try:
+        before = container_of(client, pool, "dock-blind").id
+        # The daemon is up for this test; for the commands below, no daemon answers.
+        blind = {**env, "DOCKER_HOST": f"unix://{pool.home}/no-daemon-here.sock"}
+        shown = cli(["branch", "status", "dock-blind", "--json"], env=blind)
+        assert shown.returncode == 0, shown.stderr
+        status = json.loads(shown.stdout)
+        assert status["liveness"] == "unknown" and status["running"] is False
+        assert "cannot reach the Docker daemon" in status["liveness_reason"]
+        listed = json.loads(cli(["branch", "list", "--json"], env=blind).stdout)
+        assert [(r["name"], r["liveness"]) for r in listed] == [("dock-blind", "unknown")]
+        table = cli(["branch", "list"], env={**blind, "COLUMNS": "200"}).stdout
+        assert "dock-blind: could not tell whether it runs: cannot reach the Docker" in table
+
+        done = cli(["gc"], env=blind)
+        assert "restarted branches" not in done.stdout
+        left_alone = "skipped: dock-blind (could not tell whether it runs: cannot reach the Docker"
+        assert left_alone in done.stdout, done.stdout
+        # Without a daemon, the pool's containers cannot be reconciled: a problem, exit 1.
+        assert done.returncode == 1 and "problems: cannot reach the Docker daemon" in done.stdout
+
+        after = container_of(client, pool, "dock-blind")
+        assert after.id == before and after.status == "running"
+        row = pool.registry.branch("dock-blind")
+        assert row is not None and row.state == "ready"
+        assert branch.status(pool, "dock-blind").liveness.state == "running"
+        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        branch.destroy(pool, "dock-blind")
+    assert_no_leaks(pool, "dock-blind", port=b.port)

@@ -271,9 +271,13 @@ def test_connect_prints_a_working_dsn_and_status_never_shows_the_password(
 
 def test_doctor_passes_on_this_runner(pool: Pool, env: dict[str, str]) -> None:
     done = cli(["doctor", "--json"], env=env)
-    checks = {c["name"]: c["verdict"] for c in json.loads(done.stdout)}
+    found = {c["name"]: c for c in json.loads(done.stdout)}
+    checks = {name: c["verdict"] for name, c in found.items()}
     assert checks["root"] == "ok" and checks["reflink"] == "ok" and checks["overlayfs"] == "ok"
     assert done.returncode == 0
+    # One place chooses the runtime and the psql, and doctor prints its reasons.
+    assert found["runtime"]["detail"] == "local (PGOVERLAY_RUNTIME=local)"
+    assert checks["psql"] == "ok" and "this host's psql" in found["psql"]["detail"]
 
 
 def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:

@@ -77,7 +77,7 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
     table = Table(
         "branch",
         "state",
-        "running",
+        "runs",
         "base",
         "port",
         "layer (logical)",
@@ -91,7 +91,7 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         table.add_row(
             b.name,
             b.state,
-            "yes" if b.running else "no",
+            {"running": "yes", "stopped": "no"}.get(b.liveness, b.liveness),
             f"{b.base} v{b.base_version}",
             str(b.port),
             format_bytes(layer.logical_bytes),
@@ -101,6 +101,11 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
             common.when(b.expires_at),
         )
     out.print(table)
+    for b in rows:
+        if b.liveness == "unknown":
+            out.print(
+                f"{b.name}: could not tell whether it runs: {b.liveness_reason}", soft_wrap=True
+            )
     return 0
 
 

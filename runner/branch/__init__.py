@@ -6,7 +6,6 @@ process killed at any point leaves a row that ``gc`` can finish or undo.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -24,6 +23,7 @@ from pgoverlay.errors import (
     BranchExistsError,
     BranchMissingError,
     BranchStartError,
+    PgoverlayError,
     PoolFullError,
     PortsExhaustedError,
 )
@@ -33,8 +33,8 @@ from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
-from pgoverlay.runner.runtime import Layout
-from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
+from pgoverlay.runner.runtime import Layout, Liveness
+from pgoverlay.runner.runtime.choose import choose, runtime_for
 from pgoverlay.runner.seed import roles
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def create(
     ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in)."""
     check_name(name)
     base = resolve_base(pool, base_name)
-    chosen = choose_runtime(pool, runtime, major=base.pg_major or 0)
+    chosen = choose(pool.settings, "branch", requested=runtime, major=base.pg_major or 0).name
     # Refuse a major-version mismatch (binaries or image) before touching anything.
     runtime_for(pool, base, chosen, check=True)
     with locks.hold(
@@ -385,9 +385,13 @@ def get(pool: Pool, name: str) -> Branch:
 @dataclass(frozen=True)
 class Status:
     branch: Branch
-    running: bool
+    liveness: Liveness
     host: str
     layer: sizes.LayerSize
+
+    @property
+    def running(self) -> bool:
+        return self.liveness.running
 
     def as_dict(self) -> dict[str, Any]:
         b = self.branch
@@ -395,6 +399,8 @@ class Status:
             "name": b.name,
             "state": b.state,
             "running": self.running,
+            "liveness": self.liveness.state,
+            "liveness_reason": self.liveness.reason,
             "base": b.base_name,
             "base_version": b.base_version,
             "runtime": b.runtime,
@@ -417,20 +423,29 @@ def layer_size(pool: Pool, name: str) -> sizes.LayerSize:
     return sizes.layer_size(upper)
 
 
-def is_running(pool: Pool, branch: Branch) -> bool:
+def liveness(pool: Pool, branch: Branch) -> Liveness:
+    """Whether the branch's server runs, without measuring its layer (see ``status``):
+    ``unknown``, with the reason, when its runtime cannot be asked."""
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
-        return False
-    with contextlib.suppress(Exception):
-        return runtime_for(pool, base, branch.runtime).is_running(layout(pool, branch.name))
-    return False
+        return Liveness("stopped", f"base {branch.base_name} v{branch.base_version} is gone")
+    try:
+        rt = runtime_for(pool, base, branch.runtime)
+    except PgoverlayError as err:
+        return Liveness("unknown", str(err))
+    return rt.liveness(layout(pool, branch.name))
+
+
+def is_running(pool: Pool, branch: Branch) -> bool:
+    return liveness(pool, branch).running
 
 
 def status(pool: Pool, name: str) -> Status:
+    """The branch, whether it runs, and its layer's size (which walks the whole layer)."""
     branch = _get(pool, name)
     return Status(
         branch=branch,
-        running=is_running(pool, branch),
+        liveness=liveness(pool, branch),
         host=pool.settings.public_host,
         layer=layer_size(pool, name),
     )
@@ -447,7 +462,7 @@ def overrides(pool: Pool, name: str) -> list[Override]:
     """The settings pgoverlay imposes on the branch that differ from the base's own."""
     branch = _get(pool, name)
     base = pool.registry.base(branch.base_name, branch.base_version)
-    if base is None or not status(pool, name).running:
+    if base is None or not is_running(pool, branch):
         raise BranchStartError(
             f"branch {name} is not running: start it with `pgoverlay gc`, then ask again"
         )
@@ -471,7 +486,3 @@ def overrides(pool: Pool, name: str) -> list[Override]:
             continue
         found.append(Override(str(setting_name), str(shown), base_value))
     return sorted(found, key=lambda o: o.name)
-
-
-def statuses(pool: Pool) -> list[Status]:
-    return [status(pool, b.name) for b in pool.registry.branches()]

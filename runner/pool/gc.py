@@ -17,8 +17,9 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, safefs, seed
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool, locks, mounts
+from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime import leftovers
 from pgoverlay.runner.seed import bases as base_removal
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,8 @@ def _branches(pool: Pool, report: Report, now: float) -> None:
                     pool.registry.update_branch(current.name, state="destroying")
                     branches.teardown(pool, current)
                     report.expired.append(current.name)
-                elif not branches.status(pool, current.name).running:
-                    branches.restart(pool, current)
-                    report.restarted.append(current.name)
+                else:
+                    _restart_if_down(pool, current, report)
         except LockBusyError:
             continue  # a live process is working on it
         except PgoverlayError as err:
@@ -114,25 +114,32 @@ def _branches(pool: Pool, report: Report, now: float) -> None:
             log.warning("gc could not repair branch %s: %s", row.name, err)
 
 
+def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
+    """Restart a ready branch whose server is gone; one whose runtime cannot tell is left
+    alone (a Docker outage is not a stopped server)."""
+    alive = branches.liveness(pool, branch)
+    if alive.state == "unknown":
+        report.skipped.append(f"{branch.name} (could not tell whether it runs: {alive.reason})")
+        log.warning("gc left branch %s alone: %s", branch.name, alive.reason)
+    elif alive.state == "stopped":
+        branches.restart(pool, branch)
+        report.restarted.append(branch.name)
+
+
 def _orphan_containers(pool: Pool, report: Report) -> None:
     """This pool's Docker containers and volumes (found by label) that no branch claims."""
     uses_docker = any(b.runtime == "docker" for b in pool.registry.branches())
     try:
-        client = docker_runtime.connect(timeout=10)
-    except DockerError as err:
-        if uses_docker:
-            report.problems.append(str(err))
-        return  # without a daemon there are no containers to reconcile
-    try:
-        report.orphans += docker_runtime.reconcile(
-            client,
-            pool_id=pool.id,
+        report.orphans += leftovers.reconcile(
+            pool.id,
             known={b.name for b in pool.registry.branches()},
             may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
             stop_timeout=pool.settings.stop_timeout,
         )
-    finally:
-        client.close()
+    except DockerError as err:
+        if uses_docker:
+            report.problems.append(str(err))
+        # without a daemon there are no containers to reconcile
 
 
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:

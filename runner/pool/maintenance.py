@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-from pgoverlay.errors import DockerError, PoolError, TimeoutExpiredError
+from pgoverlay.errors import PoolError, TimeoutExpiredError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import safefs
 from pgoverlay.runner.names import NAME_RE
@@ -39,7 +39,7 @@ from pgoverlay.runner.pool import (
     write_info,
 )
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime import leftovers
 from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.settings import Settings
@@ -98,7 +98,7 @@ def remove(settings: Settings) -> list[str]:
     done = [f"stopped branches: {', '.join(stopped)}"] if stopped else []
     if serve.stop(settings):  # it notices its socket is gone, and exits
         done.append("stopped the engine service")
-    done += _remove_docker_objects(pool_id(home))
+    done += leftovers.remove_all(pool_id(home))
     left = mounts.mounts_under(home)
     if left:
         raise PoolError(
@@ -156,7 +156,7 @@ def _stop_branches(pool: Pool) -> list[str]:
             continue
         lay = branches.layout(pool, b.name)
         rt = runtime_for(pool, base, b.runtime)
-        running = rt.is_running(lay)
+        running = rt.liveness(lay).running
         rt.stop(lay)
         rt.detach(lay)
         if running:
@@ -185,24 +185,3 @@ def _unmount(point: Path) -> None:
             f"{point}` names it; a webhook listener or another pgoverlay command keeps the "
             "pool open); stop it, then run the command again"
         ) from None
-
-
-def _remove_docker_objects(pool_hash: str) -> list[str]:
-    """Every container and volume labelled with this pool, whatever made it."""
-    try:
-        client = docker_runtime.connect(timeout=10)
-    except DockerError:
-        log.info("no Docker daemon answers: no containers or volumes of this pool to remove")
-        return []
-    removed = []
-    try:
-        containers, volumes = docker_runtime.labelled(client, pool_hash)
-        for container in containers:
-            container.remove(force=True)
-            removed.append(f"removed container {container.name}")
-        for volume in volumes:
-            docker_runtime.remove_volume(client, volume.name)
-            removed.append(f"removed volume {volume.name}")
-    finally:
-        client.close()
-    return removed

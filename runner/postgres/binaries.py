@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pgoverlay.errors import PostgresBinariesError, VersionMismatchError
 from pgoverlay.runner import proc
+from pgoverlay.runner.postgres import postmaster
 
 MIN_MAJOR = 14
 _VERSION = re.compile(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?")
@@ -26,6 +28,10 @@ class PgInstall:
     major: int
     version: str
     bindir: Path
+
+    @property
+    def where(self) -> str:
+        return f"this runner's Postgres {self.major}"
 
     def run(
         self,
@@ -65,6 +71,31 @@ class PgInstall:
         """Extensions these binaries can load: the names of their ``.control`` files."""
         sharedir = Path(self.run("pg_config", ["--sharedir"], timeout=30).stdout.strip())
         return {p.name.removesuffix(".control") for p in (sharedir / "extension").glob("*.control")}
+
+    @contextlib.contextmanager
+    def server(
+        self,
+        datadir: Path,
+        *,
+        options: Mapping[str, str],
+        user: proc.OsUser,
+        log_path: Path,
+        timeout: float,
+        stop_timeout: float,
+    ) -> Iterator[None]:
+        """Postgres on ``datadir`` as a child of this process, run as ``user``; stopped on
+        exit."""
+        child = postmaster.start(
+            self, datadir=datadir, options=options, user=user, log_path=log_path
+        )
+        try:
+            postmaster.wait_ready(datadir, child=child, log_path=log_path, timeout=timeout)
+            yield
+        finally:
+            postmaster.stop(datadir / "postmaster.pid", timeout=stop_timeout)
+            if child.poll() is None:
+                child.kill()
+            child.wait()
 
     def tool(self, name: str) -> Path:
         path = self.bindir / name

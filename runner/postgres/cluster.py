@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pgoverlay.runner import safefs
-from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime.docker_tools import DockerTools
 
 PRIVATE_PORT = 5432
 
@@ -133,29 +130,14 @@ def running(
             "max_connections": "20",
         }
         settings.update(options or {})
-        log_path = work / "postgres.log"
-        if isinstance(install, DockerTools):
-            with install.server(
-                datadir,
-                options=settings,
-                user=owner,
-                log_path=log_path,
-                timeout=timeout,
-                stop_timeout=stop_timeout,
-            ):
-                yield Running(socket_dir=work, port=PRIVATE_PORT, datadir=datadir)
-            return
-        assert isinstance(install, PgInstall)
-        child = postmaster.start(
-            install, datadir=datadir, options=settings, user=owner, log_path=log_path
-        )
-        try:
-            postmaster.wait_ready(datadir, child=child, log_path=log_path, timeout=timeout)
+        with install.server(
+            datadir,
+            options=settings,
+            user=owner,
+            log_path=work / "postgres.log",
+            timeout=timeout,
+            stop_timeout=stop_timeout,
+        ):
             yield Running(socket_dir=work, port=PRIVATE_PORT, datadir=datadir)
-        finally:
-            postmaster.stop(datadir / "postmaster.pid", timeout=stop_timeout)
-            if child.poll() is None:
-                child.kill()
-            child.wait()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -14,12 +14,15 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgoverlay.errors import BranchStartError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
+
+if TYPE_CHECKING:  # binaries runs its server through this module
+    from pgoverlay.runner.postgres.binaries import PgInstall
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,11 @@ class Tools(Protocol):
 
     @property
     def version(self) -> str: ...
+
+    @property
+    def where(self) -> str:
+        """Where the programs come from, for messages: ``this runner's Postgres 16``,
+        ``image postgres:16``."""
 
     def run(
         self,
@@ -49,3 +55,17 @@ class Tools(Protocol):
     def libraries(self) -> set[str]: ...
 
     def extensions(self) -> set[str]: ...
+
+    def server(
+        self,
+        datadir: Path,
+        *,
+        options: Mapping[str, str],
+        user: OsUser,
+        log_path: Path,
+        timeout: float,
+        stop_timeout: float,
+    ) -> AbstractContextManager[None]:
+        """Run Postgres on ``datadir`` as ``user`` with ``options`` (which name the socket
+        directory it is reached by), once it accepts connections; stop it on exit. Its log
+        ends up at ``log_path``."""

@@ -1,10 +1,14 @@
-"""Runtimes run a branch's Postgres: ``local`` (a process on this host) or ``docker``."""
+"""Runtimes run a branch's Postgres: ``local`` (a process on this host) or ``docker`` (a
+container of a Postgres image). ``choose`` decides which one serves a purpose, and which
+programs (``postgres.tools.Tools``) go with it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
+
+LivenessState = Literal["running", "stopped", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,23 @@ class Layout:
         return self.log / "postgres.log"
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """Whether a branch's server runs: ``unknown`` when the runtime could not be asked (the
+    Docker daemon does not answer, a file could not be read), with ``reason`` saying why."""
+
+    state: LivenessState
+    reason: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+RUNNING = Liveness("running")
+STOPPED = Liveness("stopped")
+
+
 class Runtime(Protocol):
     name: str
 
@@ -54,4 +75,6 @@ class Runtime(Protocol):
     def stop(self, layout: Layout) -> None:
         """Stop the branch's Postgres if it runs; idempotent."""
 
-    def is_running(self, layout: Layout) -> bool: ...
+    def liveness(self, layout: Layout) -> Liveness:
+        """Whether the branch's Postgres runs; ``unknown`` (never ``stopped``) when it cannot
+        tell. Cheap: it reads no more than a pid file or asks the daemon about one container."""

@@ -1,46 +1,156 @@
-"""Which runtime runs a branch, and the runtime object for it."""
+"""The one place that decides which runtime, and which programs, serve a purpose.
+
+A purpose is a branch (where its server runs), a seed (where the programs that copy and prepare
+a base run) or the Action's psql (migrations). ``choose`` answers with a ``Choice``: the
+runtime's name and the sentence ``doctor`` prints. ``tools_for`` gives the programs of a
+choice, ``runtime_for`` the runtime of a branch whose runtime is recorded, and ``verify`` checks
+that a runtime can run a base's major version.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, overload
 
-from pgoverlay.errors import ConfigError, PgoverlayError, VersionMismatchError
+from pgoverlay.errors import (
+    ConfigError,
+    PgoverlayError,
+    PostgresBinariesError,
+    VersionMismatchError,
+)
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres.binaries import PgInstall
+from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime import Runtime
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
+from pgoverlay.runner.runtime.docker_tools import DockerTools
 from pgoverlay.runner.runtime.local import LocalRuntime
+from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("auto", "local", "docker")
+Purpose = Literal["branch", "seed", "psql"]
+Name = Literal["local", "docker"]
+
+# Issue 12: a job's migrations never get the Docker daemon, which is root on this host.
+PSQL_REASON = (
+    "migrations run with this host's psql, as the job's own user, whatever runs the branch: "
+    "a job is never given the Docker daemon, which is root on this host"
+)
 
 
-def choose_runtime(pool: Pool, requested: str | None = None, *, major: int | None = None) -> str:
-    """``local`` or ``docker``: what was asked for, else the pool's setting. ``auto`` means
-    Docker when its daemon answers and (given the base's ``major``) its image is usable, else
-    local; when neither has that major, Docker, so the error names the image."""
-    wanted = requested or pool.settings.runtime
+@dataclass(frozen=True)
+class Choice:
+    """Which runtime serves a purpose, and why, in the words ``doctor`` prints. ``usable`` is
+    False when the choice is the only one left but cannot work; ``reason`` then says the fix."""
+
+    name: Name
+    reason: str
+    usable: bool = True
+
+
+def _docker_version() -> str | None:
+    """The daemon's version if it answers, else None."""
+    if not docker_runtime.available():
+        return None
+    try:
+        return str(docker_runtime.shared().version().get("Version", "?"))
+    except Exception:  # docker raises many kinds; it answered a moment ago
+        return "?"
+
+
+def choose(
+    settings: Settings,
+    purpose: Purpose = "branch",
+    *,
+    requested: str | None = None,
+    major: int | None = None,
+) -> Choice:
+    """Which runtime serves ``purpose``: what was asked for, else ``PGOVERLAY_RUNTIME``.
+
+    ``auto`` for a branch means Docker when its daemon answers and (given the base's ``major``)
+    its image is usable, else local; when neither has that major, Docker, so the error names
+    the image. ``auto`` for a seed means this host's binaries of ``major`` when it has them,
+    else Docker when its daemon answers. The Action's psql is always this host's.
+    """
+    if purpose == "psql":
+        return Choice("local", PSQL_REASON)
+    wanted = requested or settings.runtime
     if wanted not in RUNTIMES:
         raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
-    if wanted != "auto":
-        return wanted
-    if not docker_runtime.available():
-        return "local"
+    source = f"{wanted} was asked for" if requested else f"PGOVERLAY_RUNTIME={wanted}"
+    if wanted == "local":
+        return Choice("local", source)
+    if wanted == "docker":
+        version = _docker_version()
+        if version is None:
+            return Choice(
+                "docker",
+                f"{source}, but the Docker daemon does not answer: start it, or set "
+                "PGOVERLAY_RUNTIME=local",
+                usable=False,
+            )
+        return Choice("docker", f"{source}; Docker {version}")
+    local = major is not None and major in pgbin.installs(settings.pg_bindir)
+    if purpose == "seed" and local:
+        return Choice("local", f"auto: this host has Postgres {major} binaries")
+    version = _docker_version()
+    if version is None:
+        if purpose == "seed" and major is not None:
+            return Choice(
+                "local",
+                f"auto: no Postgres {major} binaries on this host and the Docker daemon does not "
+                f"answer: install postgresql-{major}, or start Docker",
+                usable=False,
+            )
+        return Choice("local", "auto: the Docker daemon does not answer")
     if major is None:
-        return "docker"
-    image = pool.settings.image_for(major)
+        return Choice("docker", f"auto: Docker {version} answers")
+    image = settings.image_for(major)
+    if purpose == "seed":
+        return Choice(
+            "docker",
+            f"auto: no Postgres {major} binaries on this host; Docker {version} answers, so the "
+            f"programs run from image {image}",
+        )
     try:
-        docker_runtime.image_major(
-            docker_runtime.shared(), image, timeout=pool.settings.command_timeout
+        found = docker_runtime.image_major(
+            docker_runtime.shared(), image, timeout=settings.command_timeout
         )
     except PgoverlayError as err:
-        if major in pgbin.installs(pool.settings.pg_bindir):
+        if local:
             log.warning("runtime auto: %s; using the local runtime", err)
-            return "local"
-    return "docker"
+            return Choice("local", f"auto: {err}; this host has Postgres {major} binaries")
+        return Choice(
+            "docker", f"auto: {err}; this host has no Postgres {major} binaries", usable=False
+        )
+    return Choice("docker", f"auto: Docker {version} answers; image {image} runs Postgres {found}")
+
+
+def verify(settings: Settings, name: str, major: int, *, what: str) -> str:
+    """Check that runtime ``name`` can run Postgres ``major`` for ``what`` (``base app``),
+    before anything starts; says with which binaries or image. Raises what to fix."""
+    if name == "docker":
+        image = settings.image_for(major)
+        found = docker_runtime.image_major(
+            docker_runtime.shared(), image, timeout=settings.command_timeout
+        )
+        if found != major:
+            raise VersionMismatchError(
+                f"image {image} runs Postgres {found}, but {what} is Postgres {major}: set "
+                f"PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+                "({major} in it stands for the base's major version)"
+            )
+        return f"image {image} runs Postgres {major}"
+    install = pgbin.for_major(major, settings.pg_bindir)
+    return f"this host's Postgres {install.version} ({install.bindir})"
 
 
 def runtime_for(
@@ -50,20 +160,12 @@ def runtime_for(
     starts) binaries or an image whose Postgres major version is not the base's."""
     s = pool.settings
     major = base.pg_major or 0
+    if check:
+        verify(s, name, major, what=f"base {base.name}")
     if name == "docker":
-        client = docker_runtime.shared()
-        image = s.image_for(major)
-        if check:
-            found = docker_runtime.image_major(client, image, timeout=s.command_timeout)
-            if found != major:
-                raise VersionMismatchError(
-                    f"image {image} runs Postgres {found}, but base {base.name} is Postgres "
-                    f"{major}: set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
-                    "({major} in it stands for the base's major version)"
-                )
         return DockerRuntime(
-            client,
-            image=image,
+            docker_runtime.shared(),
+            image=s.image_for(major),
             pool_id=pool.id,
             owner=pool.owner,
             publish=Publish.parse(s.listen_address),
@@ -71,7 +173,84 @@ def runtime_for(
             start_timeout=s.start_timeout,
             stop_timeout=s.stop_timeout,
         )
-    install = pgbin.for_major(major, s.pg_bindir)
     return LocalRuntime(
-        install, owner=pool.owner, start_timeout=s.start_timeout, stop_timeout=s.stop_timeout
+        lambda: pgbin.for_major(major, s.pg_bindir),
+        owner=pool.owner,
+        start_timeout=s.start_timeout,
+        stop_timeout=s.stop_timeout,
     )
+
+
+@overload
+def tools_for(purpose: Literal["psql"], *, settings: Settings, major: int) -> PgInstall: ...
+
+
+@overload
+def tools_for(
+    purpose: Literal["seed"],
+    *,
+    pool: Pool,
+    major: int,
+    requested: str | None = None,
+    base_name: str,
+    mounts: Sequence[Path] = (),
+) -> Tools: ...
+
+
+def tools_for(
+    purpose: Literal["psql", "seed"],
+    *,
+    major: int,
+    settings: Settings | None = None,
+    pool: Pool | None = None,
+    requested: str | None = None,
+    base_name: str = "",
+    mounts: Sequence[Path] = (),
+) -> Tools:
+    """The programs that serve ``purpose``, as ``choose`` decides.
+
+    ``psql``: this host's psql of ``major``, or its newest (psql speaks to servers of other
+    versions; only its backslash commands may lag behind a newer server).
+    ``seed``: the programs that copy and prepare base ``base_name`` of Postgres ``major``,
+    this host's or an image's; in a container they see the pool and ``mounts``.
+    """
+    if purpose == "psql":
+        assert settings is not None
+        return _host_psql(settings, major)
+    assert pool is not None
+    s = pool.settings
+    choice = choose(s, "seed", requested=requested, major=major)
+    if choice.name == "local":
+        return pgbin.for_major(major, s.pg_bindir)  # says what to install when it has none
+    image = s.image_for(major)
+    tools = DockerTools.for_image(
+        docker_runtime.connect(),
+        image,
+        owner=pool.owner,
+        scratch=pool.tmp,
+        mounts=[pool.root, *mounts],
+        timeout=s.command_timeout,
+        labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BASE: base_name},
+    )
+    if tools.major != major:
+        raise VersionMismatchError(
+            f"the source runs Postgres {major} but image {image} is Postgres {tools.major}: "
+            f"set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+            "({major} in it stands for the source's major version)"
+        )
+    return tools
+
+
+def _host_psql(settings: Settings, major: int) -> PgInstall:
+    installs = pgbin.installs(settings.pg_bindir)
+    if major in installs:
+        return installs[major]
+    try:
+        return pgbin.newest(settings.pg_bindir)
+    except PostgresBinariesError:
+        wanted = f"postgresql-{major}" if major else "postgresql"
+        raise PostgresBinariesError(
+            "no psql for the migrations on this runner: they run with the host's psql, as the "
+            f"job's own user (a Docker branch too); install {wanted} on the runner, or set "
+            "PGOVERLAY_PG_BINDIR to the bin directory of a Postgres install"
+        ) from None

@@ -26,7 +26,7 @@ from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool.mounts import check_option_path
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -358,9 +358,12 @@ class DockerRuntime:
         except docker.errors.NotFound:
             pass
 
-    def is_running(self, layout: Layout) -> bool:
-        container = self._container(layout)
-        return container is not None and container.status == "running"
+    def liveness(self, layout: Layout) -> Liveness:
+        try:
+            container = self._container(layout)
+        except Exception as err:  # docker raises many kinds: none says the container stopped
+            return Liveness("unknown", f"the Docker daemon did not answer ({_first_line(err)})")
+        return RUNNING if container is not None and container.status == "running" else STOPPED
 
 
 def remove_volume(client: DockerClient, name: str) -> None:

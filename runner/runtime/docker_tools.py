@@ -80,6 +80,10 @@ class DockerTools:
             labels=dict(labels or {}),
         )
 
+    @property
+    def where(self) -> str:
+        return f"image {self.image}"
+
     # -- containers -----------------------------------------------------------------------
     def _volumes(self, extra: Sequence[Path] = ()) -> dict[str, dict[str, str]]:
         paths = dict.fromkeys([*self.mounts, *extra])

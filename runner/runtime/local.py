@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from pgoverlay.errors import BranchStartError, NotRootError, PoolFullError
+from pgoverlay.errors import BranchStartError, NotRootError, PgoverlayError, PoolFullError
 from pgoverlay.runner.pool import mounts
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
 
 
 class LocalRuntime:
+    """``install`` gives the host's binaries of the branch's major; only a start asks for them,
+    so a branch whose binaries were removed can still be stopped and asked whether it runs."""
+
     name = "local"
 
     def __init__(
-        self, install: PgInstall, *, owner: OsUser, start_timeout: float, stop_timeout: float
+        self,
+        install: Callable[[], PgInstall],
+        *,
+        owner: OsUser,
+        start_timeout: float,
+        stop_timeout: float,
     ) -> None:
-        self.install = install
+        self._install = install
         self.owner = owner
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -45,7 +54,7 @@ class LocalRuntime:
             postmaster.wait_detached(stale, timeout=self.stop_timeout)
             (layout.data / "postmaster.pid").unlink(missing_ok=True)
         child = postmaster.start(
-            self.install,
+            self._install(),
             datadir=layout.data,
             options=options,
             user=self.owner,
@@ -67,6 +76,17 @@ class LocalRuntime:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.
         postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout)
 
-    def is_running(self, layout: Layout) -> bool:
-        info = postmaster.read_pidfile(layout.upper / "postmaster.pid")
-        return info is not None and postmaster.is_running(info)
+    def liveness(self, layout: Layout) -> Liveness:
+        pidfile = layout.upper / "postmaster.pid"
+        try:
+            os.lstat(pidfile)  # no file: stopped; a file that cannot be looked at: unknown
+        except FileNotFoundError:
+            return STOPPED
+        except OSError as err:
+            return Liveness("unknown", f"cannot look at {pidfile}: {err.strerror}")
+        try:
+            info = postmaster.read_pidfile(pidfile)
+            alive = info is not None and postmaster.is_running(info)
+        except (PgoverlayError, OSError) as err:
+            return Liveness("unknown", f"cannot read {pidfile}: {err}")
+        return RUNNING if alive else STOPPED

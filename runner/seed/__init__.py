@@ -30,7 +30,6 @@ from pgoverlay.errors import (
     SeedError,
     SourcePasswordError,
     SourceUnreachableError,
-    VersionMismatchError,
 )
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.mask import rules as maskrules
@@ -42,9 +41,7 @@ from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.runtime import docker as docker_runtime
-from pgoverlay.runner.runtime.choose import choose_runtime
-from pgoverlay.runner.runtime.docker_tools import DockerTools
+from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
@@ -311,7 +308,15 @@ def seed(
             raise SeedError(
                 f"the source runs Postgres {info.major}; pgoverlay needs {pgbin.MIN_MAJOR} or newer"
             )
-        install = tools_for(pool, info.major, runtime=runtime, src=src, base_name=name)
+        install = tools_for(
+            "seed",
+            pool=pool,
+            major=info.major,
+            requested=runtime,
+            base_name=name,
+            # A source on a Unix socket of this host: its directory, for a container to reach.
+            mounts=[Path(src.host)] if src.host.startswith("/") else [],
+        )
         check_source(install, info, database=src.dbname)
         # A dump is restored into a fresh cluster: none of the source's settings come along.
         for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:
@@ -330,43 +335,9 @@ def seed(
         )
 
 
-def tools_for(pool: Pool, major: int, *, runtime: str | None, src: Source, base_name: str) -> Tools:
-    """The programs that copy and prepare the base: this host's binaries, or with the Docker
-    runtime the image's. ``auto`` takes this host's binaries of ``major`` when it has them."""
-    wanted = runtime or pool.settings.runtime
-    if wanted == "local" or (wanted == "auto" and major in pgbin.installs(pool.settings.pg_bindir)):
-        return pgbin.for_major(major, pool.settings.pg_bindir)
-    if choose_runtime(pool, wanted) != "docker":
-        return pgbin.for_major(major, pool.settings.pg_bindir)  # says what to install
-    image = pool.settings.image_for(major)
-    mounts = [pool.root]
-    if src.host.startswith("/"):
-        mounts.append(Path(src.host))  # a source on a Unix socket of this host
-    tools = DockerTools.for_image(
-        docker_runtime.connect(),
-        image,
-        owner=pool.owner,
-        scratch=pool.tmp,
-        mounts=mounts,
-        timeout=pool.settings.command_timeout,
-        labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BASE: base_name},
-    )
-    if tools.major != major:
-        raise VersionMismatchError(
-            f"the source runs Postgres {major} but image {image} is Postgres {tools.major}: "
-            f"set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
-            "({major} in it stands for the source's major version)"
-        )
-    return tools
-
-
 def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
     """Refuse a source whose branches could not run with this runner's Postgres."""
-    where = (
-        f"image {install.image}"
-        if isinstance(install, DockerTools)
-        else f"this runner's Postgres {install.major}"
-    )
+    where = install.where
     checks.check_libraries(
         info.libraries, checks.available_libraries(install), major=install.major, where=where
     )

@@ -107,10 +107,13 @@ class LocalEngine:
 
     def _view(self, b: Branch, *, layer: bool, seconds: float | None = None) -> BranchView:
         size = branches.layer_size(self.pool, b.name) if layer else None
+        alive = branches.liveness(self.pool, b)
         return BranchView(
             name=b.name,
             state=b.state,
-            running=branches.is_running(self.pool, b),
+            running=alive.running,
+            liveness=alive.state,
+            liveness_reason=alive.reason,
             base=b.base_name,
             base_version=b.base_version,
             runtime=b.runtime,

@@ -84,6 +84,9 @@ class BranchView(Answer):
     name: str
     state: str
     running: bool
+    # running, stopped, or unknown when the runtime could not be asked (liveness_reason: why)
+    liveness: Literal["running", "stopped", "unknown"]
+    liveness_reason: str = ""
     base: str
     base_version: int
     runtime: str

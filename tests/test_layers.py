@@ -1,0 +1,85 @@
+"""One place decides runtime and tools: nobody else reaches into the Docker modules, and nobody
+switches on which ``Tools`` it holds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("runner", "action", "webhook", "pgoverlay")
+# The runtime layer: it alone may import the Docker runtime and the Docker tools.
+RUNTIME = ROOT / "runner" / "runtime"
+DOCKER_MODULES = {"pgoverlay.runner.runtime.docker", "pgoverlay.runner.runtime.docker_tools"}
+TOOLS_CLASSES = {"Tools", "PgInstall", "DockerTools"}
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Every module a file imports, ``from a import b`` counted as ``a`` and ``a.b``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _names(node: ast.expr) -> set[str]:
+    if isinstance(node, ast.Tuple):
+        return {name for item in node.elts for name in _names(item)}
+    if isinstance(node, ast.Attribute):
+        return {node.attr}
+    if isinstance(node, ast.Name):
+        return {node.id}
+    return set()
+
+
+def tools_switches(tree: ast.AST) -> list[int]:
+    """Lines that call ``isinstance`` with a tools class."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and _names(node.args[1]) & TOOLS_CLASSES
+    ]
+
+
+def sources() -> list[Path]:
+    return [path for folder in PACKAGES for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_only_the_runtime_layer_imports_the_docker_runtime_and_tools() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}: {', '.join(sorted(hits))}"
+        for path in sources()
+        if RUNTIME not in path.parents
+        for hits in [imported_modules(ast.parse(path.read_text())) & DOCKER_MODULES]
+        if hits
+    ]
+    assert found == []
+
+
+def test_no_module_switches_on_the_type_of_its_tools() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sources()
+        for line in tools_switches(ast.parse(path.read_text()))
+    ]
+    assert found == []
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    sample = ast.parse(
+        "from pgoverlay.runner.runtime import docker as d\n"
+        "import pgoverlay.runner.runtime.docker_tools\n"
+        "if isinstance(install, (PgInstall, int)):\n"
+        "    pass\n"
+        "ok = isinstance(install, str)\n"
+    )
+    assert imported_modules(sample) & DOCKER_MODULES == DOCKER_MODULES
+    assert tools_switches(sample) == [3]
