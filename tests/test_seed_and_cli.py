@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import cli, source_dsn
+from helpers import cli, postgres_processes_for, source_dsn
 from pgoverlay.errors import (
     ConfigError,
     NotRootError,
@@ -23,7 +24,7 @@ from pgoverlay.errors import (
     VersionMismatchError,
 )
 from pgoverlay.runner import branch, proc, seed
-from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool import Pool, gc, locks, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
@@ -117,34 +118,67 @@ def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
         seed.seed(pool, "busy", source_dsn=source_dsn(source))
 
 
-def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
-) -> None:
-    import subprocess
-    import sys
-    import time
+# Each step of the seed saga (runner/seed/__init__.py), what the killed seed leaves there.
+SEED_STEPS = {
+    "registered": "row",  # the `seeding` row only
+    "restored": "staging+server",  # a restored dump in staging/, its server's scratch directory
+    "copied": "staging",  # a base backup in staging/ (backup_label still in it)
+    "prepared": "staging",  # prepared (no backup_label), still in staging/
+    "stored": "store",  # moved into store/, not yet mounted
+    "mounted": "store+mount",  # store/ bound read-only at bases/NAME/1, row not yet ready
+}
 
-    child = subprocess.Popen(
-        [sys.executable, "-m", "pgoverlay", "seed", "killed", "--from", source_dsn(source)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+
+@pytest.mark.parametrize("step", list(SEED_STEPS))
+def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
+    pool: Pool, source: cluster.Running, env: dict[str, str], step: str
+) -> None:
+    name = f"killed-{step}"
+    via = "dump" if step == "restored" else "basebackup"
+    dsn = source_dsn(source)
+    gc.collect(pool)  # what other tests left, so the report below is this seed's alone
+    before = set(pool.tmp.glob("pgo-*-*"))
+    done = cli(
+        ["seed", name, "--from", dsn, "--via", via],
+        env={**env, "PGOVERLAY_FAULT_POINT": f"seed:{step}"},
     )
-    deadline = time.monotonic() + 60
-    while not pool.registry.bases("killed") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)  # somewhere inside pg_basebackup or prepare
-    child.kill()
-    child.wait()
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [row] = pool.registry.bases(name)
+    assert (row.version, row.state) == (1, "seeding")
+    staging, store, target = (
+        pool.staging_dir(name, 1),
+        pool.store_dir(name, 1),
+        pool.base_dir(name, 1),
+    )
+    left = SEED_STEPS[step]
+    assert staging.is_dir() == left.startswith("staging")
+    assert (staging / "backup_label").exists() == (step == "copied")
+    assert store.is_dir() == left.startswith("store")
+    assert mounts.is_mounted(target) == (left == "store+mount")
+    scratch = sorted(set(pool.tmp.glob("pgo-*-*")) - before)  # the killed process's
+    assert len(scratch) == (1 if left == "staging+server" else 0), scratch
+
     report = gc.collect(pool)
-    if pool.registry.bases("killed"):  # it finished before the kill
-        seed.remove_version(pool, "killed", 1)
-    else:
-        assert (
-            report.bases_removed == ["killed v1 (interrupted seed)"] or report.bases_removed == []
-        )
-    assert list((pool.root / "staging").iterdir()) == []
-    assert not (pool.root / "store" / "killed" / "1").exists()
+    assert report.bases_removed == [f"{name} v1 (interrupted seed)"], report
+    assert report.problems == [], report
+    assert report.orphans == [f"scratch {p.name}" for p in scratch], report
+    assert pool.registry.bases(name) == []
+    assert not staging.exists() and not store.exists() and not target.exists()
+    assert not mounts.is_mounted(target)
+    assert postgres_processes_for(staging) == [] and postgres_processes_for(store) == []
+    assert not any(p.exists() for p in scratch)
+
+    again = seed.seed(pool, name, source_dsn=dsn, via=via)
+    try:
+        assert (again.version, again.state) == (1, "ready")
+        made = branch.create(pool, f"{name}-branch", base_name=name)
+        try:
+            with psycopg.connect(**branch.connect_kwargs(pool, made)) as conn:
+                assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+        finally:
+            branch.destroy(pool, made.name)
+    finally:
+        seed.remove_version(pool, name, again.version)
 
 
 def test_create_with_binaries_of_another_major_is_refused(

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import secrets
-import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, locks, release_freed
+from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
@@ -45,12 +44,6 @@ log = logging.getLogger(__name__)
 
 def layout(pool: Pool, name: str) -> Layout:
     return Layout(root=pool.branch_dir(name), socket_dir=pool.socket_root / name)
-
-
-def fault(pool: Pool, point: str) -> None:
-    """Crash tests: die here, as a kill -9 would, if the settings ask for it."""
-    if pool.settings.fault_point == point:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
