@@ -116,9 +116,6 @@ class Source:
     def label(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def server_major(self) -> int:
-        return self.inspect().major
-
     def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(
             self.conninfo,
