@@ -687,17 +687,6 @@ class FakeGitHub:
         return {"label": f"{owner}:{ref}", "ref": ref, "sha": sha, "user": self._user(owner),
                 "repo": self._repo_json(repo)}
 
-    def _pull_minimal(self, p: Json) -> Json:
-        def end(repo: str, ref: str, sha: str) -> Json:
-            repo_json = {"id": self.state.repos[repo]["id"], "name": repo.split("/")[1],
-                         "url": f"{self.url}/repos/{repo}"}
-            return {"ref": ref, "sha": sha, "repo": repo_json}
-
-        return {"id": p["id"], "number": p["number"],
-                "url": f"{self.url}/repos/{p['repo']}/pulls/{p['number']}",
-                "head": end(p["head_repo"], p["head_ref"], p["head_sha"]),
-                "base": end(p["repo"], p["base_ref"], p["base_sha"])}
-
     def _label(self, repo: str, name: str) -> Json:
         lid = zlib.crc32(f"{repo}#{name}".encode())
         return {"id": lid, "node_id": f"LA_{lid}", "name": name, "description": "",

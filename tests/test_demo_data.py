@@ -33,7 +33,7 @@ MiB = 1024 * 1024
 # pg_database_size() of the loaded scale-1 database: ~32 MiB of tables and
 # indexes plus the ~7 MiB catalog of an empty Postgres 15 database.
 SCALE1_DB_SIZE_BAND = (32 * MiB, 48 * MiB)
-# Tables + indexes (+ TOAST) only, as documented in demo_data.py.
+# Tables + indexes (+ TOAST) only, as documented in runner/demo/data.py.
 SCALE1_RELATION_SIZE_BAND = (27 * MiB, 38 * MiB)
 
 EMAIL_RE = r"^[a-z][a-z._]*[0-9]+@[a-z0-9-]+(\.[a-z0-9-]+)+$"

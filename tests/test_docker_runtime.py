@@ -40,7 +40,8 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
         pool.settings.runtime = previous
     try:
         assert b.runtime == "docker"
-        assert branch.status(pool, "dock-auto").as_dict()["runtime"] == "docker"
+        shown = branch.status(pool, "dock-auto")
+        assert (shown.branch.runtime, shown.running) == ("docker", True)
         container = container_of(client, pool, "dock-auto")
         labels = container.labels
         assert labels[docker_runtime.LABEL_POOL] == pool.id

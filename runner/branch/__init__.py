@@ -382,26 +382,6 @@ class Status:
     host: str
     layer: sizes.LayerSize
 
-    def as_dict(self) -> dict[str, Any]:
-        b = self.branch
-        return {
-            "name": b.name,
-            "state": b.state,
-            "running": self.running,
-            "base": b.base_name,
-            "base_version": b.base_version,
-            "runtime": b.runtime,
-            "host": self.host,
-            "port": b.port,
-            "database": b.database,
-            "user": b.user,
-            "created_at": b.created_at,
-            "ready_at": b.ready_at,
-            "expires_at": b.expires_at,
-            "layer_logical_bytes": self.layer.logical_bytes,
-            "layer_physical_bytes": self.layer.physical_bytes,
-        }
-
 
 def layer_size(pool: Pool, name: str) -> sizes.LayerSize:
     upper = layout(pool, name).upper
@@ -464,7 +444,3 @@ def overrides(pool: Pool, name: str) -> list[Override]:
             continue
         found.append(Override(str(setting_name), str(shown), base_value))
     return sorted(found, key=lambda o: o.name)
-
-
-def statuses(pool: Pool) -> list[Status]:
-    return [status(pool, b.name) for b in pool.registry.branches()]

@@ -126,7 +126,7 @@ class Source:
         )
 
     def inspect(self) -> SourceInfo:
-        """What the seed checks before copying anything (see ``sourceinfo``)."""
+        """What the seed checks before copying anything (see runner/seed/source.py)."""
         try:
             with self.connect() as conn:
                 return sourceinfo.inspect(conn)
