@@ -69,7 +69,7 @@ def test_refresh_makes_a_new_version_and_gc_removes_the_unreferenced_old_one(
     assert second.version == first.version + 1
     assert gc.collect(pool).bases_removed == []  # still referenced by a branch
     assert branch.status(pool, "on-old-version").branch.base_version == first.version
-    with psycopg.connect(**branch.connect_kwargs(pool, kept)) as conn:
+    with psycopg.connect(**branch.connection(pool, kept).connect_kwargs()) as conn:
         assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     branch.destroy(pool, "on-old-version")
     assert gc.collect(pool).bases_removed == [f"refreshing v{first.version} (superseded)"]
@@ -83,7 +83,7 @@ def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running) 
     try:
         assert dumped.via == "dump"
         b = branch.create(pool, "from-dump", base_name="dumped")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*), sum(balance) FROM accounts").fetchone() == (
                 200000,
                 200000 * 200001 // 2 * 10,
@@ -175,7 +175,7 @@ def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
         assert (again.version, again.state) == (1, "ready")
         made = branch.create(pool, f"{name}-branch", base_name=name)
         try:
-            with psycopg.connect(**branch.connect_kwargs(pool, made)) as conn:
+            with psycopg.connect(**branch.connection(pool, made).connect_kwargs()) as conn:
                 assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
         finally:
             branch.destroy(pool, made.name)
@@ -335,7 +335,7 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert "pgoverlay branch destroy demo-run" in done.stdout
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) > 0 FROM open_orders").fetchone() == (True,)
             assert conn.execute("SELECT max(loyalty_points) > 0 FROM customers").fetchone() == (
                 True,
@@ -435,7 +435,7 @@ def test_a_base_including_files_only_production_has_still_starts_branches(
         assert "# pgoverlay: not part of the base: include '/nonexistent/" in text
         assert "# pgoverlay: not part of the base: include_dir = 'conf.d.missing'" in text
         b = branch.create(pool, "included", base_name="includes")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
         branch.destroy(pool, "included")
     finally:

@@ -315,7 +315,7 @@ def statuses(github: FakeGitHub, sha: str) -> list[str]:
 
 def columns(pool: Pool, name: str) -> str:
     b = branch.get(pool, name)
-    with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+    with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
         row = conn.execute(
             "SELECT string_agg(column_name, ',' ORDER BY column_name) FROM "
             "information_schema.columns WHERE table_name = 'widgets'"
@@ -518,7 +518,7 @@ def test_each_jobs_code_runs_as_its_own_uid_away_from_the_service_and_its_leftov
     eventually(lambda: "success" in statuses(github, head), what="the migrate command's branch")
     assert leftovers() == [], "the command's detached process outlived its job"
     b = branch.get(hook.pool, "tools-pr-21")
-    with psycopg.connect(**branch.connect_kwargs(hook.pool, b)) as conn:
+    with psycopg.connect(**branch.connection(hook.pool, b).connect_kwargs()) as conn:
         row = conn.execute("SELECT uid, reached_service FROM ran_as").fetchone()
     assert row is not None
     inner, reached = row

@@ -35,6 +35,7 @@ from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.runtime.choose import choose_runtime, runtime_for
 from pgoverlay.runner.seed import roles
+from pgoverlay.runner.service.models import Connection
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,9 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
     try:
-        with psycopg.connect(**connect_kwargs(pool, branch), connect_timeout=10) as conn:
+        with psycopg.connect(
+            **connection(pool, branch).connect_kwargs(), connect_timeout=10
+        ) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as err:
         raise BranchStartError(
@@ -173,26 +176,16 @@ def _check_ready(pool: Pool, branch: Branch) -> None:
         ) from None
 
 
-def connect_kwargs(pool: Pool, branch: Branch) -> dict[str, Any]:
-    return {
-        "host": pool.settings.public_host,
-        "port": branch.port,
-        "user": branch.user,
-        "password": branch.password,
-        "dbname": branch.database,
-    }
-
-
-def dsn(pool: Pool, branch: Branch) -> str:
-    return psycopg.conninfo.make_conninfo(**connect_kwargs(pool, branch))
-
-
-def url(pool: Pool, branch: Branch) -> str:
-    from urllib.parse import quote
-
-    return (
-        f"postgresql://{quote(branch.user)}:{quote(branch.password, safe='')}@"
-        f"{pool.settings.public_host}:{branch.port}/{quote(branch.database)}"
+def connection(pool: Pool, branch: Branch) -> Connection:
+    """How a client logs in to ``branch``: over TCP at the pool's public host, as the branch's
+    login role with its password. The one place a branch's connection details are put together
+    (the service, the CLI, the demo and the migrations all take them from here)."""
+    return Connection(
+        host=pool.settings.public_host,
+        port=branch.port,
+        database=branch.database,
+        user=branch.user,
+        password=branch.password,
     )
 
 
