@@ -252,16 +252,16 @@ def _as_nobody(env: dict[str, str], argv: list[str]) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), stderr
 
 
-def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
+def test_not_root_is_refused_with_how_to_fix(env: dict[str, str], service: Path) -> None:
     # An admin's command needs root ...
     code, stderr = _as_nobody(env, ["pool", "status"])
     assert code == NotRootError.exit_code, stderr
     assert "root" in stderr
-    # ... and a workflow's command asks the engine service: `nobody` is not in its group (or,
-    # earlier in a run, no service answers yet); either way the message says what to do.
+    # ... and a workflow's command asks the engine service, which runs: `nobody` is not in its
+    # group, and the message says how to add it.
     code, stderr = _as_nobody(env, ["branch", "list"])
     assert code == ServiceError.exit_code, stderr
-    assert "usermod -aG pgoverlay" in stderr or "pool init" in stderr
+    assert "usermod -aG pgoverlay" in stderr, stderr
 
 
 def test_exhausted_port_range_is_a_clear_error(
