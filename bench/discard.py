@@ -115,7 +115,7 @@ def allocated(pool: Pool) -> int:
 def fill(pool: Pool, name: str) -> None:
     """Write ~200 MiB into branch ``name``, through to the image."""
     with psycopg.connect(
-        **branch.connect_kwargs(pool, branch.get(pool, name)), autocommit=True
+        **branch.connection(pool, branch.get(pool, name)).connect_kwargs(), autocommit=True
     ) as conn:
         conn.execute("CREATE TABLE ballast (filler text)")
         conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")

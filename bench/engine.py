@@ -270,7 +270,7 @@ class Bench:
             made = branch.create(pool, name, base_name=f"bench-{run.key}")
             s["create_s"] = now() - start
             if aid is not None:
-                with connect(**branch.connect_kwargs(pool, made)) as conn:
+                with connect(**branch.connection(pool, made).connect_kwargs()) as conn:
                     self.measure(conn, s, aid, run.scale, partial(branch.layer_size, pool, name))
         finally:
             start = now()

@@ -119,7 +119,7 @@ def cycle(way: str, pool: poolmod.Pool, name: str, user: pwd.struct_passwd) -> t
     t0 = now()
     if way == "engine":
         b = branch.create(pool, name)
-        login(branch.url(pool, b))
+        login(branch.connection(pool, b).url)
         t1 = now()
         branch.destroy(pool, name)
     elif way == "client":

@@ -390,7 +390,7 @@ class Bench:
         for pr, sha in last.items():
             made = self.pool.registry.branch(f"shop-pr-{pr}")
             if made is not None:
-                with psycopg.connect(**branch.connect_kwargs(self.pool, made)) as conn:
+                with psycopg.connect(**branch.connection(self.pool, made).connect_kwargs()) as conn:
                     row = conn.execute("SELECT obj_description('widgets'::regclass)").fetchone()
                 c["branches_not_at_last_push"] += (row[0] if row else None) != sha
         c["violations"] = len(github.violations)

@@ -2,7 +2,7 @@
 
 GitHub is unreachable from the test machines, so this stands in for it. It speaks HTTP (the
 standard library's `ThreadingHTTPServer`), keeps repositories, pulls, issue comments, commit
-statuses and check runs in memory, and checks every request to an operation of
+and commit statuses in memory, and checks every request to an operation of
 `tests/fixtures/github/github_openapi_subset.json`, and its own answer, with openapi-core. A
 request that fails the check gets GitHub's 422 and is recorded in `violations`; so is an answer of
 the fake that does not match the schema. Tests end with `assert fake.violations == []`.
@@ -79,10 +79,7 @@ ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
     ("POST", _R + r"/issues/(?P<number>[^/]+)/comments", "create_comment"),
     ("GET", _R + r"/issues/(?P<number>[^/]+)/comments", "list_comments"),
     ("PATCH", _R + r"/issues/comments/(?P<id>[^/]+)", "update_comment"),
-    ("DELETE", _R + r"/issues/comments/(?P<id>[^/]+)", "delete_comment"),
     ("POST", _R + r"/statuses/(?P<sha>[^/]+)", "create_status"),
-    ("POST", _R + r"/check-runs", "create_check_run"),
-    ("PATCH", _R + r"/check-runs/(?P<id>[^/]+)", "update_check_run"),
     ("GET", _R + r"/pulls", "list_pulls"),
     ("GET", _R + r"/pulls/(?P<number>[^/]+)", "get_pull"),
     ("GET", _R + r"/issues/(?P<number>[^/]+)/labels", "list_labels"),
@@ -136,7 +133,7 @@ def allow_null_in_nullable_enums(node: Any) -> None:
     """Add null to every `enum` of a `nullable` schema.
 
     openapi-schema-validator follows OpenAPI 3.0.3's reading that `enum` must list null itself,
-    but GitHub means null (its own check-run example has `"conclusion": null`)."""
+    but GitHub means null (its own examples have null there)."""
     if isinstance(node, dict):
         if node.get("nullable") and None not in node.get("enum", [None]):
             node["enum"].append(None)
@@ -197,7 +194,6 @@ class State:
     pulls: list[Json] = field(default_factory=list)
     comments: list[Json] = field(default_factory=list)
     statuses: list[Json] = field(default_factory=list)
-    check_runs: list[Json] = field(default_factory=list)
     faults: list[Json] = field(default_factory=list)
     tarballs: dict[str, str] = field(default_factory=dict)  # "owner/name@ref" -> base64 .tar.gz
     # "owner/name" -> {login: "admin" | "maintain" | "write" | "triage" | "read"}
@@ -506,10 +502,6 @@ class FakeGitHub:
         comment.update(body=call.body["body"], updated_at=now())
         return Reply(200, self._comment_json(comment))
 
-    def _delete_comment(self, call: Call) -> Reply:
-        self.state.comments.remove(self._own_comment(call))
-        return Reply(204)
-
     def _create_status(self, call: Call) -> Reply:
         b, t = call.body, now()
         status = {"id": self._next_id(), "repo": self._repo(call), "sha": call.params["sha"],
@@ -519,44 +511,6 @@ class FakeGitHub:
         self.state.statuses.append(status)
         out = self._status_json(status)
         return Reply(201, out, {"Location": out["url"]})
-
-    def _create_check_run(self, call: Call) -> Reply:
-        repo = self._repo(call)
-        if call.caller.kind != "installation":
-            raise Fail(403, "You must authenticate via a GitHub App.")
-        run = {"id": self._next_id(), "repo": repo, "app": call.caller.login.removesuffix("[bot]"),
-               "head_sha": call.body["head_sha"], "status": "queued", "conclusion": None,
-               "started_at": now(), "completed_at": None, "details_url": None,
-               "external_id": None, "output": {"title": None, "summary": None, "text": None}}
-        self._apply_check_run(run, call.body)
-        self.state.check_runs.append(run)
-        return Reply(201, self._check_run_json(run))
-
-    def _update_check_run(self, call: Call) -> Reply:
-        repo, rid = self._repo(call), int(call.params["id"])
-        runs = [r for r in self.state.check_runs if r["id"] == rid and r["repo"] == repo]
-        if not runs:
-            raise Fail(404, "Not Found")
-        if f"{runs[0]['app']}[bot]" != call.caller.login:
-            raise Fail(403, "Resource not accessible by integration")
-        self._apply_check_run(runs[0], call.body)
-        return Reply(200, self._check_run_json(runs[0]))
-
-    @staticmethod
-    def _apply_check_run(run: Json, body: Json) -> None:
-        if body.get("conclusion") == "stale":
-            raise Fail(422, "Only GitHub can set a conclusion of stale")
-        fields = ("name", "status", "conclusion", "started_at", "completed_at", "details_url",
-                  "external_id")
-        run.update({k: body[k] for k in fields if k in body})
-        run["output"].update({k: v for k, v in body.get("output", {}).items()
-                              if k in ("title", "summary", "text")})
-        if run["conclusion"]:
-            run["status"] = "completed"
-        if run["status"] == "completed":
-            if not run["conclusion"]:
-                raise Fail(422, "conclusion is required when status is completed")
-            run["completed_at"] = run["completed_at"] or now()
 
     def _list_pulls(self, call: Call) -> Reply:
         repo, q = self._repo(call), call.query
@@ -733,17 +687,6 @@ class FakeGitHub:
         return {"label": f"{owner}:{ref}", "ref": ref, "sha": sha, "user": self._user(owner),
                 "repo": self._repo_json(repo)}
 
-    def _pull_minimal(self, p: Json) -> Json:
-        def end(repo: str, ref: str, sha: str) -> Json:
-            repo_json = {"id": self.state.repos[repo]["id"], "name": repo.split("/")[1],
-                         "url": f"{self.url}/repos/{repo}"}
-            return {"ref": ref, "sha": sha, "repo": repo_json}
-
-        return {"id": p["id"], "number": p["number"],
-                "url": f"{self.url}/repos/{p['repo']}/pulls/{p['number']}",
-                "head": end(p["head_repo"], p["head_ref"], p["head_sha"]),
-                "base": end(p["repo"], p["base_ref"], p["base_sha"])}
-
     def _label(self, repo: str, name: str) -> Json:
         lid = zlib.crc32(f"{repo}#{name}".encode())
         return {"id": lid, "node_id": f"LA_{lid}", "name": name, "description": "",
@@ -771,23 +714,6 @@ class FakeGitHub:
                 "avatar_url": creator["avatar_url"], "description": s["description"],
                 "target_url": s["target_url"], "context": s["context"], "creator": creator,
                 "created_at": s["created_at"], "updated_at": s["updated_at"]}
-
-    def _check_run_json(self, r: Json) -> Json:
-        url, slug, t = f"{self.url}/repos/{r['repo']}/check-runs/{r['id']}", r["app"], now()
-        pulls = [self._pull_minimal(p) for p in self.state.pulls if p["repo"] == r["repo"]
-                 and p["head_sha"] == r["head_sha"] and p["state"] == "open"]
-        app = {"id": zlib.crc32(slug.encode()), "slug": slug, "node_id": f"A_{slug}",
-               "owner": self._user(slug), "name": slug, "description": None,
-               "external_url": f"{WEB}/apps/{slug}", "html_url": f"{WEB}/apps/{slug}",
-               "created_at": t, "updated_at": t, "permissions": _APP_PERMISSIONS, "events": []}
-        return {"id": r["id"], "node_id": f"CR_{r['id']}", "head_sha": r["head_sha"],
-                "name": r["name"], "url": url, "html_url": f"{WEB}/{r['repo']}/runs/{r['id']}",
-                "details_url": r["details_url"], "external_id": r["external_id"],
-                "status": r["status"], "conclusion": r["conclusion"],
-                "started_at": r["started_at"], "completed_at": r["completed_at"],
-                "output": {**r["output"], "annotations_count": 0,
-                           "annotations_url": f"{url}/annotations"},
-                "check_suite": {"id": r["id"]}, "app": app, "pull_requests": pulls}
 
 
 class _Server(ThreadingHTTPServer):

@@ -249,7 +249,9 @@ def free_tcp_port() -> int:
 
 def as_branch_role(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
     """The branch's login role over TCP with its password: what a pull request's SQL runs as."""
-    return psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True, connect_timeout=10)
+    return psycopg.connect(
+        **branch.connection(pool, b).connect_kwargs(), autocommit=True, connect_timeout=10
+    )
 
 
 def as_engine(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[Any]:

@@ -70,7 +70,7 @@ def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
         assert "uses-in-use" in done.stderr and "--destroy-branches" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert pool.registry.base("in-use", base.version).state == "ready"  # type: ignore[union-attr]
-        with psycopg.connect(**branch.connect_kwargs(pool, made)) as conn:
+        with psycopg.connect(**branch.connection(pool, made).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     finally:
         branch.destroy(pool, "uses-in-use")
@@ -215,7 +215,7 @@ def test_pool_down_then_init_gives_back_working_branches_with_their_ports_and_pa
         require_docker_image(15)
     p = Pool.open(settings)
     made = branch.create(p, "kept-over-maintenance", runtime=runtime)
-    with psycopg.connect(**branch.connect_kwargs(p, made), autocommit=True) as conn:
+    with psycopg.connect(**branch.connection(p, made).connect_kwargs(), autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (x int)")
         conn.execute("INSERT INTO kept VALUES (42)")
     p.close()
@@ -239,7 +239,9 @@ def test_pool_down_then_init_gives_back_working_branches_with_their_ports_and_pa
         after = branch.get(p, made.name)
         assert (after.port, after.password, after.runtime) == (made.port, made.password, runtime)
         # A real login with the password the branch had before: the same data.
-        with psycopg.connect(**branch.connect_kwargs(p, made), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(p, made).connect_kwargs(), autocommit=True
+        ) as conn:
             assert conn.execute("SELECT x FROM kept").fetchone() == (42,)
         assert mounts.is_mounted(p.base_dir("app", 1))
         branch.destroy(p, made.name)

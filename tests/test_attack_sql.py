@@ -324,7 +324,7 @@ def test_production_logins_and_the_bootstrap_superuser_cannot_log_in_over_tcp(
     base, _ = seeded
     for user in ("app_admin", "app_user", base.superuser):
         kwargs = {
-            **branch.connect_kwargs(pool, attacked),
+            **branch.connection(pool, attacked).connect_kwargs(),
             "user": user,
             "password": PRODUCTION_PASSWORD,
         }
@@ -393,7 +393,7 @@ def test_a_masked_base_is_locked_down_the_same_way(
             conn.execute("SET ROLE app_owner")
             refused(conn, "COPY (SELECT 1) TO PROGRAM 'true'")
         kwargs = {
-            **branch.connect_kwargs(pool, b),
+            **branch.connection(pool, b).connect_kwargs(),
             "user": "app_admin",
             "password": PRODUCTION_PASSWORD,
         }

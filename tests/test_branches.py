@@ -21,7 +21,9 @@ pytestmark = pytest.mark.usefixtures("runtime")
 
 
 def connect(pool: Pool, name: str) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(**branch.connect_kwargs(pool, branch.get(pool, name)), autocommit=True)
+    return psycopg.connect(
+        **branch.connection(pool, branch.get(pool, name)).connect_kwargs(), autocommit=True
+    )
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -44,7 +46,7 @@ def test_branch_serves_the_base_data_over_tcp_with_its_password(
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
             assert conn.execute("SHOW recovery_init_sync_method").fetchone() == ("syncfs",)
             assert conn.execute("SHOW archive_mode").fetchone() == ("off",)
-        wrong = {**branch.connect_kwargs(pool, b), "password": "not-the-password"}
+        wrong = {**branch.connection(pool, b).connect_kwargs(), "password": "not-the-password"}
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(**wrong)
         data = branch.layout(pool, "serve").data

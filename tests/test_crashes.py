@@ -56,7 +56,9 @@ def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
     name = f"crash-reset-{step}"
     created = branch.create(pool, name)
     try:
-        with psycopg.connect(**branch.connect_kwargs(pool, created), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, created).connect_kwargs(), autocommit=True
+        ) as conn:
             conn.execute("CREATE TABLE written_before_reset (x int)")
         done = cli(
             ["branch", "reset", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"reset:{step}"}
@@ -69,7 +71,9 @@ def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
             created.port,
             created.password,
         )
-        with psycopg.connect(**branch.connect_kwargs(pool, after), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, after).connect_kwargs(), autocommit=True
+        ) as conn:
             assert conn.execute("SELECT to_regclass('written_before_reset')").fetchone() == (None,)
     finally:
         branch.destroy(pool, name)
@@ -80,7 +84,9 @@ def test_gc_leaves_ready_branches_and_running_sagas_alone(pool: Pool, base: Base
     try:
         report = gc.collect(pool)
         assert "bystander" not in report.undone + report.finished + report.restarted
-        with psycopg.connect(**branch.connect_kwargs(pool, created), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, created).connect_kwargs(), autocommit=True
+        ) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         branch.destroy(pool, "bystander")
@@ -97,7 +103,9 @@ def test_concurrent_creates_of_different_branches_all_succeed(
         ports = {branch.get(pool, n).port for n in names}
         assert len(ports) == len(names)
         for name in names:
-            with psycopg.connect(**branch.connect_kwargs(pool, branch.get(pool, name))) as conn:
+            with psycopg.connect(
+                **branch.connection(pool, branch.get(pool, name)).connect_kwargs()
+            ) as conn:
                 assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     finally:
         for name in names:

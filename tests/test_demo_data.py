@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +27,13 @@ from pgoverlay.runner.demo.data import (
     demo_schema_sql,
     demo_tables,
 )
+from pgoverlay.runner.polling import wait_for
 
 MiB = 1024 * 1024
 # pg_database_size() of the loaded scale-1 database: ~32 MiB of tables and
 # indexes plus the ~7 MiB catalog of an empty Postgres 15 database.
 SCALE1_DB_SIZE_BAND = (32 * MiB, 48 * MiB)
-# Tables + indexes (+ TOAST) only, as documented in demo_data.py.
+# Tables + indexes (+ TOAST) only, as documented in runner/demo/data.py.
 SCALE1_RELATION_SIZE_BAND = (27 * MiB, 38 * MiB)
 
 EMAIL_RE = r"^[a-z][a-z._]*[0-9]+@[a-z0-9-]+(\.[a-z0-9-]+)+$"
@@ -177,15 +177,15 @@ def cluster() -> Iterator[Cluster]:
         )
         started = True
         c = Cluster(bindir=bindir, datadir=datadir, sockdir=sockdir, port=port)
-        deadline = time.monotonic() + 30
-        while True:
+
+        def accepts() -> bool | None:
             try:
                 psycopg.connect(c.conninfo("postgres"), autocommit=True).close()
-                break
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                return None
+            return True
+
+        wait_for(accepts, timeout=30, what=f"the server on {sockdir} to accept logins")
         yield c
     except subprocess.CalledProcessError as exc:
         logtext = log.read_text() if log.exists() else ""

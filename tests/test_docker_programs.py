@@ -55,7 +55,7 @@ def test_a_docker_seed_needs_no_postgres_on_the_host_and_branches_serve_it(
         assert made.state == "ready" and made.pg_major == 15
         assert program_containers(pool) == [], "a program's container was left behind"
         b = branch.create(pool, f"{name}-b", base_name=name, runtime="docker")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
         branch.destroy(pool, b.name)
         assert_no_leaks(pool, b.name, port=b.port)

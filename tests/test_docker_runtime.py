@@ -40,7 +40,8 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
         pool.settings.runtime = previous
     try:
         assert b.runtime == "docker"
-        assert branch.status(pool, "dock-auto").as_dict()["runtime"] == "docker"
+        shown = branch.status(pool, "dock-auto")
+        assert (shown.branch.runtime, shown.running) == ("docker", True)
         container = container_of(client, pool, "dock-auto")
         labels = container.labels
         assert labels[docker_runtime.LABEL_POOL] == pool.id
@@ -51,7 +52,7 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
         # The daemon mounted the overlay: no mount of ours on the host.
         assert not branch.layout(pool, "dock-auto").data.is_mount()
         assert b.password not in json.dumps(container.attrs)
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     finally:
         branch.destroy(pool, "dock-auto")
@@ -63,13 +64,15 @@ def test_a_killed_container_is_seen_as_down_and_gc_restarts_it(
 ) -> None:
     b = branch.create(pool, "dock-dead", runtime="docker")
     try:
-        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, b).connect_kwargs(), autocommit=True
+        ) as conn:
             conn.execute("CREATE TABLE survives (id int)")
             conn.execute("CHECKPOINT")
         container_of(client, pool, "dock-dead").kill()
         assert branch.status(pool, "dock-dead").running is False
         assert gc.collect(pool).restarted == ["dock-dead"]
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM survives").fetchone() == (0,)
     finally:
         branch.destroy(pool, "dock-dead")

@@ -318,7 +318,7 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
                 assert location[1] == f"pg_tblspc/{location[0]}"
                 write_heavily(conn, tag)  # would hang with a synchronous standby required
             # A client over TCP with the branch password sees the writes too.
-            with psycopg.connect(**branch.connect_kwargs(pool, b)) as client:
+            with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as client:
                 assert client.execute("SELECT 1").fetchone() == (1,)
         for b, tag, other in zip(made, ("a", "b"), ("b", "a"), strict=True):
             with as_engine(pool, b, hostile_base) as conn:
@@ -396,7 +396,7 @@ def test_a_pool_with_its_own_certificate_gives_branches_ssl(
         )
         b = create_branch(with_ssl, "hostile-ssl", base_name="hostile", runtime=branch_runtime)
         try:
-            kwargs = {**branch.connect_kwargs(with_ssl, b), "sslmode": "require"}
+            kwargs = {**branch.connection(with_ssl, b).connect_kwargs(), "sslmode": "require"}
             with psycopg.connect(**kwargs) as conn:
                 assert conn.execute(
                     "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"

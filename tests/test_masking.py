@@ -266,7 +266,7 @@ def test_search_finds_the_originals_in_an_unmasked_base_including_toast_and_stat
     assert set(found) == set(people.needles()), f"not found: {set(people.needles()) - set(found)}"
     b = branch.create(pool, "people-plain-br", base_name=plain.name)
     try:
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             row = conn.execute(
                 "SELECT most_common_vals::text FROM pg_stats "
                 "WHERE tablename = 'customers' AND attname = 'last_name'"
@@ -294,7 +294,7 @@ def test_masked_values_keep_keys_uniqueness_and_format(
 ) -> None:
     b = branch.create(pool, "people-masked-br", base_name=masked.name)
     try:
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             rows = conn.execute(
                 "SELECT id, email, full_name, last_name, phone, length(notes), tax_id, "
                 "password_digest, born FROM customers ORDER BY id"

@@ -34,7 +34,7 @@ def small_pool(source: cluster.Running) -> Iterator[Pool]:
 
 def fill(pool: Pool, name: str) -> str:
     """Write into ``name`` until the pool is full; return the error Postgres gave."""
-    kwargs = branch.connect_kwargs(pool, branch.get(pool, name))
+    kwargs = branch.connection(pool, branch.get(pool, name)).connect_kwargs()
     with psycopg.connect(**kwargs, autocommit=True) as conn:
         conn.execute("CREATE TABLE ballast (filler text)")
         conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")
@@ -62,7 +62,9 @@ def test_a_branch_filling_the_pool_fails_alone(small_pool: Pool) -> None:
     # The base is untouched and the bystander still answers reads.
     assert sorted(os.fspath(p.relative_to(base_dir)) for p in base_dir.rglob("*")) == before
     bystander = branch.get(pool, "bystander")
-    with psycopg.connect(**branch.connect_kwargs(pool, bystander), autocommit=True) as conn:
+    with psycopg.connect(
+        **branch.connection(pool, bystander).connect_kwargs(), autocommit=True
+    ) as conn:
         assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
 
     # A new branch needs almost no space (copy-up is a reflink clone): it is either made and
@@ -74,13 +76,15 @@ def test_a_branch_filling_the_pool_fails_alone(small_pool: Pool) -> None:
         assert pool.registry.branch("latecomer") is None
         assert not branch.layout(pool, "latecomer").root.exists()
     else:
-        with psycopg.connect(**branch.connect_kwargs(pool, latecomer)) as conn:
+        with psycopg.connect(**branch.connection(pool, latecomer).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
         branch.destroy(pool, "latecomer")
 
     # Destroying the hog gives the space back; the bystander writes again.
     branch.destroy(pool, "hog")
     gc.collect(pool)  # restarts the bystander if the full disk made it stop
-    with psycopg.connect(**branch.connect_kwargs(pool, bystander), autocommit=True) as conn:
+    with psycopg.connect(
+        **branch.connection(pool, bystander).connect_kwargs(), autocommit=True
+    ) as conn:
         conn.execute("CREATE TABLE after_full (x int)")
         conn.execute("INSERT INTO after_full VALUES (1)")

@@ -203,7 +203,9 @@ def test_no_original_value_of_a_masked_seed_is_left_anywhere_in_the_pool_image(
 
 def fill(pool: Pool, name: str) -> None:
     """Write ~200 MiB into branch ``name``, through to the image."""
-    with psycopg.connect(**branch.connect_kwargs(pool, branch.get(pool, name))) as conn:
+    with psycopg.connect(
+        **branch.connection(pool, branch.get(pool, name)).connect_kwargs()
+    ) as conn:
         conn.autocommit = True
         conn.execute("CREATE TABLE ballast (filler text)")
         conn.execute("ALTER TABLE ballast ALTER COLUMN filler SET STORAGE PLAIN")

@@ -45,7 +45,9 @@ def test_pool_init_after_a_reboot_remounts_and_restarts_branches_with_their_data
     try:
         seed.seed(pool, "app", source_dsn=source_dsn(source))
         b = branch.create(pool, "survivor")
-        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, b).connect_kwargs(), autocommit=True
+        ) as conn:
             conn.execute("CREATE TABLE kept (x int)")
             conn.execute("INSERT INTO kept VALUES (42)")
         simulate_reboot(pool)
@@ -58,7 +60,9 @@ def test_pool_init_after_a_reboot_remounts_and_restarts_branches_with_their_data
         assert done.returncode == 0, done.stderr
         assert "restarted branches: survivor" in done.stdout
         pool = Pool.open(settings)
-        with psycopg.connect(**branch.connect_kwargs(pool, b), autocommit=True) as conn:
+        with psycopg.connect(
+            **branch.connection(pool, b).connect_kwargs(), autocommit=True
+        ) as conn:
             assert conn.execute("SELECT x FROM kept").fetchone() == (42,)
         target = pool.base_dir("app", 1) / "PG_VERSION"
         assert mounts.is_mounted(pool.base_dir("app", 1))

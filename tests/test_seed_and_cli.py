@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import cli, source_dsn
+from helpers import cli, postgres_processes_for, source_dsn
 from pgoverlay.errors import (
     ConfigError,
     NotRootError,
@@ -23,11 +24,13 @@ from pgoverlay.errors import (
     VersionMismatchError,
 )
 from pgoverlay.runner import branch, proc, seed
-from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool import Pool, gc, locks, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.seed import prepare
+
+MiB = 1024 * 1024
 
 
 def test_seeded_base_is_prepared_with_small_wal_segments_and_metadata(
@@ -66,7 +69,7 @@ def test_refresh_makes_a_new_version_and_gc_removes_the_unreferenced_old_one(
     assert second.version == first.version + 1
     assert gc.collect(pool).bases_removed == []  # still referenced by a branch
     assert branch.status(pool, "on-old-version").branch.base_version == first.version
-    with psycopg.connect(**branch.connect_kwargs(pool, kept)) as conn:
+    with psycopg.connect(**branch.connection(pool, kept).connect_kwargs()) as conn:
         assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     branch.destroy(pool, "on-old-version")
     assert gc.collect(pool).bases_removed == [f"refreshing v{first.version} (superseded)"]
@@ -80,7 +83,7 @@ def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running) 
     try:
         assert dumped.via == "dump"
         b = branch.create(pool, "from-dump", base_name="dumped")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*), sum(balance) FROM accounts").fetchone() == (
                 200000,
                 200000 * 200001 // 2 * 10,
@@ -117,34 +120,67 @@ def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
         seed.seed(pool, "busy", source_dsn=source_dsn(source))
 
 
-def test_kill_during_seed_then_gc_removes_the_half_seeded_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
-) -> None:
-    import subprocess
-    import sys
-    import time
+# Each step of the seed saga (runner/seed/__init__.py), what the killed seed leaves there.
+SEED_STEPS = {
+    "registered": "row",  # the `seeding` row only
+    "restored": "staging+server",  # a restored dump in staging/, its server's scratch directory
+    "copied": "staging",  # a base backup in staging/ (backup_label still in it)
+    "prepared": "staging",  # prepared (no backup_label), still in staging/
+    "stored": "store",  # moved into store/, not yet mounted
+    "mounted": "store+mount",  # store/ bound read-only at bases/NAME/1, row not yet ready
+}
 
-    child = subprocess.Popen(
-        [sys.executable, "-m", "pgoverlay", "seed", "killed", "--from", source_dsn(source)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+
+@pytest.mark.parametrize("step", list(SEED_STEPS))
+def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
+    pool: Pool, source: cluster.Running, env: dict[str, str], step: str
+) -> None:
+    name = f"killed-{step}"
+    via = "dump" if step == "restored" else "basebackup"
+    dsn = source_dsn(source)
+    gc.collect(pool)  # what other tests left, so the report below is this seed's alone
+    before = set(pool.tmp.glob("pgo-*-*"))
+    done = cli(
+        ["seed", name, "--from", dsn, "--via", via],
+        env={**env, "PGOVERLAY_FAULT_POINT": f"seed:{step}"},
     )
-    deadline = time.monotonic() + 60
-    while not pool.registry.bases("killed") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)  # somewhere inside pg_basebackup or prepare
-    child.kill()
-    child.wait()
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    [row] = pool.registry.bases(name)
+    assert (row.version, row.state) == (1, "seeding")
+    staging, store, target = (
+        pool.staging_dir(name, 1),
+        pool.store_dir(name, 1),
+        pool.base_dir(name, 1),
+    )
+    left = SEED_STEPS[step]
+    assert staging.is_dir() == left.startswith("staging")
+    assert (staging / "backup_label").exists() == (step == "copied")
+    assert store.is_dir() == left.startswith("store")
+    assert mounts.is_mounted(target) == (left == "store+mount")
+    scratch = sorted(set(pool.tmp.glob("pgo-*-*")) - before)  # the killed process's
+    assert len(scratch) == (1 if left == "staging+server" else 0), scratch
+
     report = gc.collect(pool)
-    if pool.registry.bases("killed"):  # it finished before the kill
-        seed.remove_version(pool, "killed", 1)
-    else:
-        assert (
-            report.bases_removed == ["killed v1 (interrupted seed)"] or report.bases_removed == []
-        )
-    assert list((pool.root / "staging").iterdir()) == []
-    assert not (pool.root / "store" / "killed" / "1").exists()
+    assert report.bases_removed == [f"{name} v1 (interrupted seed)"], report
+    assert report.problems == [], report
+    assert report.orphans == [f"scratch {p.name}" for p in scratch], report
+    assert pool.registry.bases(name) == []
+    assert not staging.exists() and not store.exists() and not target.exists()
+    assert not mounts.is_mounted(target)
+    assert postgres_processes_for(staging) == [] and postgres_processes_for(store) == []
+    assert not any(p.exists() for p in scratch)
+
+    again = seed.seed(pool, name, source_dsn=dsn, via=via)
+    try:
+        assert (again.version, again.state) == (1, "ready")
+        made = branch.create(pool, f"{name}-branch", base_name=name)
+        try:
+            with psycopg.connect(**branch.connection(pool, made).connect_kwargs()) as conn:
+                assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+        finally:
+            branch.destroy(pool, made.name)
+    finally:
+        seed.remove_version(pool, name, again.version)
 
 
 def test_create_with_binaries_of_another_major_is_refused(
@@ -216,16 +252,16 @@ def _as_nobody(env: dict[str, str], argv: list[str]) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), stderr
 
 
-def test_not_root_is_refused_with_how_to_fix(env: dict[str, str]) -> None:
+def test_not_root_is_refused_with_how_to_fix(env: dict[str, str], service: Path) -> None:
     # An admin's command needs root ...
     code, stderr = _as_nobody(env, ["pool", "status"])
     assert code == NotRootError.exit_code, stderr
     assert "root" in stderr
-    # ... and a workflow's command asks the engine service: `nobody` is not in its group (or,
-    # earlier in a run, no service answers yet); either way the message says what to do.
+    # ... and a workflow's command asks the engine service, which runs: `nobody` is not in its
+    # group, and the message says how to add it.
     code, stderr = _as_nobody(env, ["branch", "list"])
     assert code == ServiceError.exit_code, stderr
-    assert "usermod -aG pgoverlay" in stderr or "pool init" in stderr
+    assert "usermod -aG pgoverlay" in stderr, stderr
 
 
 def test_exhausted_port_range_is_a_clear_error(
@@ -264,7 +300,12 @@ def test_connect_prints_a_working_dsn_and_status_never_shows_the_password(
             assert done.returncode == 0, done.stderr
             assert b.password not in done.stdout + done.stderr
         status = json.loads(cli(["branch", "status", "cli-view", "--json"], env=env).stdout)
-        assert status["running"] is True and status["layer_physical_bytes"] >= 0
+        assert status["running"] is True
+        # A new branch owns only what its server wrote (pid file, control file, relation cache,
+        # a WAL block): what it copied up from the base shares the base's blocks.
+        block = os.statvfs(pool.root).f_bsize
+        assert block <= status["layer_physical_bytes"] < MiB, status
+        assert status["layer_physical_bytes"] < status["layer_logical_bytes"], status
     finally:
         branch.destroy(pool, "cli-view")
 
@@ -298,7 +339,7 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert "pgoverlay branch destroy demo-run" in done.stdout
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) > 0 FROM open_orders").fetchone() == (True,)
             assert conn.execute("SELECT max(loyalty_points) > 0 FROM customers").fetchone() == (
                 True,
@@ -398,7 +439,7 @@ def test_a_base_including_files_only_production_has_still_starts_branches(
         assert "# pgoverlay: not part of the base: include '/nonexistent/" in text
         assert "# pgoverlay: not part of the base: include_dir = 'conf.d.missing'" in text
         b = branch.create(pool, "included", base_name="includes")
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
         branch.destroy(pool, "included")
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -237,12 +238,17 @@ def test_ping_answers_pong_and_other_known_events_are_recorded_and_ignored(
 
 def test_metrics_come_from_the_queue_with_every_kind_and_state(intake: Intake) -> None:
     assert intake.post(compact(opened())).status_code == 202
+    [(accepted,)] = intake.rows("SELECT created_at FROM jobs")
+    before = time.time()
     samples = intake.metrics()
+    after = time.time()
     jobs = samples["pgoverlay_webhook_queue_jobs"]
     assert jobs[(("kind", "open"), ("state", "queued"))] == 1
     assert len(jobs) == 4 * 6 and sum(jobs.values()) == 1
     assert samples["pgoverlay_webhook_queue_depth"][()] == 1
-    assert samples["pgoverlay_webhook_oldest_queued_seconds"][()] >= 0
+    # The job's age when the scrape read it: between the clock before and after the scrape.
+    age = samples["pgoverlay_webhook_oldest_queued_seconds"][()]
+    assert before - accepted <= age <= after - accepted
     assert samples["pgoverlay_webhook_job_seconds_count"][(("kind", "open"),)] == 0
     assert samples["pgoverlay_webhook_reconcile_actions_total"][(("action", "closed"),)] == 0
 

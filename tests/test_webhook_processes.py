@@ -145,7 +145,9 @@ def test_intake_keeps_acknowledging_while_the_worker_process_is_busy(
     assert metric(service, "pgoverlay_webhook_worker_up") == 1
     assert job_states(service)[21] == "running", "the ack came while the job held its worker"
     made = branch.get(service.pool, "shop-pr-21")
-    with psycopg.connect(**branch.connect_kwargs(service.pool, made), application_name=GO):
+    with psycopg.connect(
+        **branch.connection(service.pool, made).connect_kwargs(), application_name=GO
+    ):
         wait_for(lambda: "success" in statuses(github, held), timeout=120, what="the held job")
     wait_for(lambda: "success" in statuses(github, other), timeout=120, what="the second job")
 

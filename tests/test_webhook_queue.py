@@ -111,7 +111,7 @@ def test_delivery_without_a_job_is_remembered_as_ignored(queue: Queue) -> None:
     assert queue.delivery_count() == {("ping", "ignored"): 1, ("ping", "duplicate"): 1}
 
 
-def test_delivery_outcome_follows_its_job_and_can_be_set(queue: Queue) -> None:
+def test_delivery_outcome_follows_its_job(queue: Queue) -> None:
     job_id = put(queue, "open")
     job = claimed(queue)
     assert job.id == job_id
@@ -120,10 +120,10 @@ def test_delivery_outcome_follows_its_job_and_can_be_set(queue: Queue) -> None:
     assert queue.jobs()[0].result == "branch ready"
     assert queue.jobs()[0].finished_at == T0 + 1
 
-    queue.set_delivery_outcome(job.delivery_id, "reported")
-    assert queue.delivery_count() == {("pull_request", "reported"): 1}
-    with pytest.raises(QueueError, match="not recorded"):
-        queue.set_delivery_outcome("never-seen", "done")
+    failing = put(queue, "open", pr=2)
+    assert claimed(queue).id == failing
+    queue.finish(failing, worker="w1", state="failed", result="migration failed", now=T0 + 2)
+    assert queue.delivery_count() == {("pull_request", "done"): 1, ("pull_request", "failed"): 1}
 
 
 def test_depth_counts_every_state(queue: Queue) -> None:

@@ -514,14 +514,6 @@ class Queue:
     def reconcile_count(self) -> dict[str, int]:
         return dict(self._read("SELECT action, count FROM reconcile_actions"))
 
-    def set_delivery_outcome(self, delivery_id: str, outcome: str) -> None:
-        with self._write() as db:
-            if db.execute(
-                "UPDATE deliveries SET outcome = ? WHERE delivery_id = ?", (outcome, delivery_id)
-            ).rowcount:
-                return
-        raise QueueError(f"delivery {delivery_id!r} is not recorded (or was pruned)")
-
     def jobs(self, *, repository: str | None = None, pr: int | None = None) -> list[Job]:
         """Jobs oldest first, optionally only one repository's and/or one PR number's."""
         rows = self._read(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -31,11 +30,12 @@ from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, locks, release_freed
+from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
 from pgoverlay.runner.seed import roles
+from pgoverlay.runner.service.models import Connection
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,6 @@ log = logging.getLogger(__name__)
 
 def layout(pool: Pool, name: str) -> Layout:
     return Layout(root=pool.branch_dir(name), socket_dir=pool.socket_root / name)
-
-
-def fault(pool: Pool, point: str) -> None:
-    """Crash tests: die here, as a kill -9 would, if the settings ask for it."""
-    if pool.settings.fault_point == point:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
@@ -172,7 +166,9 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
     try:
-        with psycopg.connect(**connect_kwargs(pool, branch), connect_timeout=10) as conn:
+        with psycopg.connect(
+            **connection(pool, branch).connect_kwargs(), connect_timeout=10
+        ) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as err:
         raise BranchStartError(
@@ -180,26 +176,16 @@ def _check_ready(pool: Pool, branch: Branch) -> None:
         ) from None
 
 
-def connect_kwargs(pool: Pool, branch: Branch) -> dict[str, Any]:
-    return {
-        "host": pool.settings.public_host,
-        "port": branch.port,
-        "user": branch.user,
-        "password": branch.password,
-        "dbname": branch.database,
-    }
-
-
-def dsn(pool: Pool, branch: Branch) -> str:
-    return psycopg.conninfo.make_conninfo(**connect_kwargs(pool, branch))
-
-
-def url(pool: Pool, branch: Branch) -> str:
-    from urllib.parse import quote
-
-    return (
-        f"postgresql://{quote(branch.user)}:{quote(branch.password, safe='')}@"
-        f"{pool.settings.public_host}:{branch.port}/{quote(branch.database)}"
+def connection(pool: Pool, branch: Branch) -> Connection:
+    """How a client logs in to ``branch``: over TCP at the pool's public host, as the branch's
+    login role with its password. The one place a branch's connection details are put together
+    (the service, the CLI, the demo and the migrations all take them from here)."""
+    return Connection(
+        host=pool.settings.public_host,
+        port=branch.port,
+        database=branch.database,
+        user=branch.user,
+        password=branch.password,
     )
 
 
@@ -392,28 +378,6 @@ class Status:
     @property
     def running(self) -> bool:
         return self.liveness.running
-
-    def as_dict(self) -> dict[str, Any]:
-        b = self.branch
-        return {
-            "name": b.name,
-            "state": b.state,
-            "running": self.running,
-            "liveness": self.liveness.state,
-            "liveness_reason": self.liveness.reason,
-            "base": b.base_name,
-            "base_version": b.base_version,
-            "runtime": b.runtime,
-            "host": self.host,
-            "port": b.port,
-            "database": b.database,
-            "user": b.user,
-            "created_at": b.created_at,
-            "ready_at": b.ready_at,
-            "expires_at": b.expires_at,
-            "layer_logical_bytes": self.layer.logical_bytes,
-            "layer_physical_bytes": self.layer.physical_bytes,
-        }
 
 
 def layer_size(pool: Pool, name: str) -> sizes.LayerSize:

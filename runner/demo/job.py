@@ -59,13 +59,7 @@ def run(
     mark = time.monotonic()
     repo = examples_dir()
     results = migrations.apply_files(
-        migrations.Target(
-            host=pool.settings.public_host,
-            port=branch.port,
-            user=branch.user,
-            password=branch.password,
-            database=branch.database,
-        ),
+        branches.connection(pool, branch),
         repo,
         migrations.all_files(repo, "migrations"),
         psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -423,6 +424,14 @@ def remount_bases(pool: Pool) -> None:
         if store.is_dir():
             target.mkdir(parents=True, exist_ok=True)
             mounts.bind_readonly(store, target)
+
+
+def fault(pool: Pool, point: str) -> None:
+    """Crash tests: die here, as a kill -9 would, if the settings ask for it
+    (``PGOVERLAY_FAULT_POINT``). Every saga (seed, seed rm, branch create, reset, destroy) calls
+    it after recording each step, so a test can stop it there and check what ``gc`` does."""
+    if pool.settings.fault_point == point:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def release_freed(pool: Pool) -> None:

@@ -171,7 +171,7 @@ def _columns(cls: type) -> str:
 # What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
 # row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
 BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying"})
-# "removing": `seed rm` committed to removing the version; gc finishes it (see bases.py)
+# "removing": `seed rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})
 RUNTIMES = frozenset({"local", "docker"})
 IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")

@@ -20,7 +20,7 @@ PRIVATE_PORT = 5432
 
 # What keeps a server started on a copy of production from reaching back into it, or waiting
 # on it, whatever the copy's own files say: every branch and the engine's own start of a base
-# run with these on the command line (see branchconf.server_options).
+# run with these on the command line (see branch.conf.server_options).
 CUT_OFF = {
     "external_pid_file": "",
     "recovery_init_sync_method": "syncfs",

@@ -3,7 +3,9 @@
 Seeding is a saga like branch creation: the version is registered as ``seeding`` first, the
 copy lands in ``staging/``, and only a prepared, verified copy moves into the root-only
 ``store/`` and is bound read-only at ``bases/NAME/VERSION``. ``gc`` removes whatever a killed
-seed left behind.
+seed left behind. Its steps, each a fault point for the crash tests: ``seed:registered``,
+``seed:restored`` (a dump restored, its server still running), ``seed:copied``,
+``seed:prepared``, ``seed:stored``, ``seed:mounted``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pgoverlay.runner.mask import rules as maskrules
 from pgoverlay.runner.mask import schema as maskcheck
 from pgoverlay.runner.mask.rules import RulesFile
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, locks, mounts, release_freed, require_root
+from pgoverlay.runner.pool import Pool, fault, locks, mounts, release_freed, require_root
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
@@ -111,9 +113,6 @@ class Source:
     def label(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def server_major(self) -> int:
-        return self.inspect().major
-
     def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(
             self.conninfo,
@@ -124,7 +123,7 @@ class Source:
         )
 
     def inspect(self) -> SourceInfo:
-        """What the seed checks before copying anything (see ``sourceinfo``)."""
+        """What the seed checks before copying anything (see runner/seed/source.py)."""
         try:
             with self.connect() as conn:
                 return sourceinfo.inspect(conn)
@@ -253,6 +252,7 @@ def _dump_restore(pool: Pool, install: Tools, src: Source, target: Path) -> str:
             timeout=pool.settings.command_timeout,
             user=pool.owner,
         )
+        fault(pool, "seed:restored")
     return "postgres"
 
 
@@ -379,6 +379,7 @@ def _seed_version(
     rules: RulesFile | None,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
+    fault(pool, "seed:registered")
     staging = pool.staging_dir(name, version)
     try:
         _own(pool, staging)
@@ -392,6 +393,7 @@ def _seed_version(
         else:
             candidates = [_dump_restore(pool, install, src, staging)]
             lsn = ""
+        fault(pool, "seed:copied")
         result = prepare.prepare(
             install,
             staging,
@@ -429,12 +431,15 @@ def _seed_version(
                 src.dbname,
                 ", ".join(result.dropped_databases),
             )
+        fault(pool, "seed:prepared")
         store = pool.store_dir(name, version)
         store.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(store)
+        fault(pool, "seed:stored")
         target = pool.base_dir(name, version)
         target.mkdir(parents=True, exist_ok=True)
         mounts.bind_readonly(store, target)
+        fault(pool, "seed:mounted")
         pool.registry.update_base(
             name,
             version,

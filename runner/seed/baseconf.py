@@ -130,7 +130,7 @@ def confine_includes(datadir: Path) -> list[str]:
     return warnings
 
 
-# Settings a branch always overrides (see branchconf.server_options) whose values may carry
+# Settings a branch always overrides (see branch.conf.server_options) whose values may carry
 # production's credentials or commands: a connection string with a password, a restore
 # command with a token. Kept in the base, a branch's superuser could read them.
 SECRET_SETTINGS = (

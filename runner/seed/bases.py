@@ -19,7 +19,7 @@ from pgoverlay.errors import BaseInUseError, BaseMissingError, RegistryRowError,
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import seed
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, locks, mounts, require_root
+from pgoverlay.runner.pool import Pool, fault, locks, mounts, require_root
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def remove(
         users = pool.registry.mark_removing(name, versions, allow_branches=destroy_branches)
         if users and not destroy_branches:
             raise BaseInUseError(_in_use(name, version, users))
-        branches.fault(pool, "seed-rm:marked")
+        fault(pool, "seed-rm:marked")
         destroyed = []
         for v in versions:
             destroyed += finish(pool, name, v)
@@ -67,7 +67,7 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
         if (b.base_name, b.base_version) == (name, version):
             branches.destroy(pool, b.name)
             destroyed.append(b.name)
-    branches.fault(pool, "seed-rm:branches")
+    fault(pool, "seed-rm:branches")
     left = pool.registry.branches_of(name, version)
     if left:  # rows that fail validation: nothing is done with them
         raise RegistryRowError(
@@ -76,7 +76,7 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
             f"root), then run `pgoverlay seed rm {name}` again"
         )
     mounts.unmount(pool.base_dir(name, version))
-    branches.fault(pool, "seed-rm:unmounted")
+    fault(pool, "seed-rm:unmounted")
     seed.remove_version(pool, name, version)
     if not pool.registry.bases(name):
         for parent in (pool.store_dir(name, version).parent, pool.base_dir(name, version).parent):

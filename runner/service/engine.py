@@ -211,14 +211,7 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
-        b = self._mine(name)
-        return Connection(
-            host=self.pool.settings.public_host,
-            port=b.port,
-            database=b.database,
-            user=b.user,
-            password=b.password,
-        )
+        return branches.connection(self.pool, self._mine(name))
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._mine(name, repository=request.repository)
