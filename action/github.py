@@ -18,6 +18,8 @@ from github import Auth, Github, GithubException, GithubRetry
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from pgoverlay.errors import GitHubError
+
 log = logging.getLogger(__name__)
 
 ACTIONS_BOT = "github-actions[bot]"
@@ -33,10 +35,6 @@ class CommentResult:
     id: int
     action: Literal["created", "updated", "unchanged"]
     url: str
-
-
-class GitHubError(Exception):
-    """A GitHub call failed after its retries; the message is safe to show."""
 
 
 def _reason(err: GithubException) -> str:

@@ -23,7 +23,12 @@ from pgoverlay.action.github import GitHub
 from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, fork_refusal, handle
-from pgoverlay.errors import ConfigError, JobFileError, PgoverlayError, UnsafeFileError
+from pgoverlay.errors import (
+    JobFileError,
+    PgoverlayError,
+    UnsafeFileError,
+    config_error,
+)
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
@@ -94,8 +99,9 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     try:
         job = JobEnv()  # type: ignore[call-arg]
     except ValidationError as exc:
-        missing = ", ".join(str(e["loc"][0]) for e in exc.errors())
-        raise ConfigError(f"not running inside GitHub Actions? missing or bad: {missing}") from None
+        raise config_error(
+            exc, what="job variable", fix="is this step running inside GitHub Actions?"
+        ) from None
     inputs = read_inputs(dict(os.environ))
     payload = read_event(job.event_path)
     ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)

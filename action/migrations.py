@@ -28,6 +28,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
+from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.service.models import Connection
 
 # The schema itself is made by the engine when it creates the branch (runner/seed/roles.py), so
@@ -234,16 +235,38 @@ def read_migration(repo: Path, name: str, *, limit: int = MAX_FILE_BYTES) -> str
 Target = Connection
 
 
+_LEDGER_FIX = (
+    "the branch's user must be able to log in and own the schema pgoverlay_ledger (a migration "
+    "that drops or alters it breaks this); reset the branch and run the job again"
+)
+
+
 def ledger(target: Target) -> dict[str, str]:
     """name -> checksum of every migration recorded in the branch."""
-    with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
+    with (
+        sqlerror.wrapped(
+            MigrationError,
+            what=f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
+            f"{target.database} on port {target.port}",
+            fix=_LEDGER_FIX,
+        ),
+        psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn,
+    ):
         conn.execute(LEDGER)
         rows = conn.execute("SELECT name, checksum FROM pgoverlay_ledger.migrations").fetchall()
         return dict(rows)
 
 
 def _record(target: Target, name: str, text: str, seconds: float) -> None:
-    with psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn:
+    with (
+        sqlerror.wrapped(
+            MigrationError,
+            what=f"{name} ran, but cannot be recorded in the migration ledger "
+            f"(pgoverlay_ledger.migrations) of database {target.database} on port {target.port}",
+            fix=_LEDGER_FIX,
+        ),
+        psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn,
+    ):
         conn.execute(
             "INSERT INTO pgoverlay_ledger.migrations (name, checksum, duration_ms) "
             "VALUES (%s, %s, %s) "

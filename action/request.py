@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import ConfigError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_duration
 
 
@@ -104,7 +104,6 @@ def read_inputs(environ: dict[str, str]) -> Inputs:
     try:
         return Inputs.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        if not first["loc"]:
-            raise ConfigError(first["msg"]) from None
-        raise ConfigError(f"input `{input_name(str(first['loc'][0]))}`: {first['msg']}") from None
+        raise config_error(
+            exc, what="input", where=lambda loc: f"`{input_name(str(loc[0]))}`" if loc else ""
+        ) from None

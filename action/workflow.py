@@ -16,20 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 from pydantic import ValidationError
 
 from pgoverlay.action import comment, migrations, record
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
-from pgoverlay.action.github import CommentResult, GitHub, GitHubError
+from pgoverlay.action.github import CommentResult, GitHub
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.action.request import Inputs, PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import (
     BranchMissingError,
-    ConfigError,
+    GitHubError,
     NotOwnerError,
     PgoverlayError,
+    config_error,
 )
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.runtime.choose import tools_for
@@ -217,9 +217,7 @@ def _bring_up(
                 pr=event.pr,
             )
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "request"
-            raise ConfigError(f"cannot ask for branch {name}: {where}: {first['msg']}") from None
+            raise config_error(err, what=f"cannot ask for branch {name}:") from None
         created = engine.create(request)
         return created, created.seconds
     if current.state != "ready":
@@ -328,7 +326,7 @@ def handle(
                 message=note,
             )
             ready = b
-        except (PgoverlayError, psycopg.Error, OSError) as err:
+        except (PgoverlayError, OSError) as err:
             log.warning("branch %s not ready: %s", name, err)
             report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
             connection = None

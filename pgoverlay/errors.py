@@ -1,18 +1,34 @@
 """The one exception tree. Every error a user can cause says what is wrong and how to fix it.
 
-Each class carries a distinct process exit code so scripts can tell failures apart.
+Every class here derives from :class:`PgoverlayError`, and each carries a process exit code
+(``exit_code``) so scripts can tell failures apart: a subclass without one of its own shares its
+parent's. The codes are stable; docs/engine.md lists them. Library errors (``psycopg.Error``,
+``sqlite3.Error``, PyGithub's and requests' exceptions, pydantic's ``ValidationError``) are
+turned into one of these where they enter pgoverlay's own API, so an edge (a CLI command, the
+Action, a listener's worker or request, the engine service) catches only ``PgoverlayError``.
+
+An exception class anywhere else must be private control flow that never reaches a user, and say
+so in its docstring (tests/test_errors.py checks both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
 
 class PgoverlayError(Exception):
-    """Root of every error pgoverlay raises on purpose."""
+    """Root of every error pgoverlay raises on purpose. Raised as itself for a failure that
+    fits no subsystem below (a branch an interrupted run left half-made, a listener that does
+    not know a repository's GitHub App installation yet)."""
 
     exit_code = 1
 
 
 class ConfigError(PgoverlayError):
+    """A setting, an argument, an Action input or a file of settings is missing or not valid;
+    the message names it and says what it must be."""
+
     exit_code = 2
 
 
@@ -33,23 +49,35 @@ class JobFileError(ConfigError):
 
 
 class NotRootError(PgoverlayError):
+    """A command that changes the pool (mounts, seeds, starts servers) was run by a user other
+    than root."""
+
     exit_code = 3
 
 
 class OverlayUnsupportedError(PgoverlayError):
+    """The kernel cannot mount OverlayFS (no module, or not allowed here, e.g. inside an
+    unprivileged container)."""
+
     exit_code = 4
 
 
 class PoolError(PgoverlayError):
+    """The pool is not initialised, not mounted, or down for maintenance (``pool down``), or
+    there is no pool to remove."""
+
     exit_code = 5
 
 
 class PoolFullError(PoolError):
+    """The pool's file system has no room for what was asked (a new branch, a seed)."""
+
     exit_code = 6
 
 
 class CommandError(PgoverlayError):
-    """An external program failed; carries its (already secret-free) stderr."""
+    """An external program (``pg_ctl``, ``pg_basebackup``, ``mount``, ...) failed or could not
+    be started; carries its (already secret-free) stderr and return code."""
 
     exit_code = 7
 
@@ -60,22 +88,36 @@ class CommandError(PgoverlayError):
 
 
 class PostgresBinariesError(PgoverlayError):
+    """The Postgres programs a step needs (``postgres``, ``pg_ctl``, ``initdb``, ...) are not
+    installed where the settings say, or not for the major version the base needs."""
+
     exit_code = 8
 
 
 class VersionMismatchError(PgoverlayError):
+    """A base and the Postgres binaries (or Docker image) that would run it are of different
+    major versions."""
+
     exit_code = 9
 
 
 class SeedError(PgoverlayError):
+    """Seeding a base failed: the copy, the checks of the source, or preparing the copy
+    (recovery, lockdown, the branch role); the half-made version is removed."""
+
     exit_code = 10
 
 
 class SourceUnreachableError(SeedError):
+    """The source server to seed from cannot be reached, refuses the login, or refuses
+    replication connections."""
+
     exit_code = 11
 
 
 class SeedBusyError(SeedError):
+    """Another seed (or removal) of the same base holds its lock."""
+
     exit_code = 12
 
 
@@ -84,42 +126,68 @@ class SourcePasswordError(SourceUnreachableError):
 
 
 class BaseMissingError(PgoverlayError):
+    """The base a branch is asked of is not seeded (no ready version), or is being removed."""
+
     exit_code = 13
 
 
 class BranchError(PgoverlayError):
+    """A branch operation failed in a way none of its subclasses names (e.g. the settings of
+    a branch that is not running were asked for)."""
+
     exit_code = 14
 
 
 class InvalidNameError(BranchError):
+    """A branch or base name is not a valid name (letters, digits, ``-`` and ``_``, within the
+    length a Postgres identifier and a folder name allow)."""
+
     exit_code = 15
 
 
 class BranchExistsError(BranchError):
+    """A branch of that name exists already."""
+
     exit_code = 16
 
 
 class BranchMissingError(BranchError):
+    """No branch of that name exists."""
+
     exit_code = 17
 
 
 class PortsExhaustedError(BranchError):
+    """Every port of the pool's range (PGOVERLAY_PORT_MIN to PGOVERLAY_PORT_MAX) is taken."""
+
     exit_code = 18
 
 
 class BranchStartError(BranchError):
+    """A branch's server did not start, or started but the engine could not set its login
+    role, or a client could not log in with the branch's password."""
+
     exit_code = 19
 
 
 class TimeoutExpiredError(PgoverlayError):
+    """A wait ran past its deadline (a server that does not come up, a command that does not
+    finish, a migration past its time limit)."""
+
     exit_code = 20
 
 
 class MigrationError(PgoverlayError):
+    """A pull request's migrations could not be listed, run or recorded (a failing migration
+    file or command, a migration ledger the branch cannot read or write)."""
+
     exit_code = 21
 
 
 class LockBusyError(PgoverlayError):
+    """Another process holds the lock of a branch, a base or the pool for longer than the
+    wait allows."""
+
     exit_code = 22
 
 
@@ -142,7 +210,15 @@ class UnsafePathError(PoolError):
     exit_code = 25
 
 
-class RegistryRowError(PoolError):
+class RegistryError(PoolError):
+    """The pool's registry (its SQLite file) cannot be opened, read or written: it is not a
+    database or is damaged, another process keeps it locked past the wait, or its disk is
+    full or read-only."""
+
+    exit_code = 34
+
+
+class RegistryRowError(RegistryError):
     """A registry row fails validation (a name, port, runtime or path pgoverlay never writes):
     it is reported, never acted on."""
 
@@ -189,3 +265,74 @@ class DeliveryError(PgoverlayError):
     and recorded with this message, and nothing is queued."""
 
     exit_code = 32
+
+
+class QueueError(PgoverlayError):
+    """The webhook listener's job queue (its SQLite file) cannot be opened, read or written
+    (another process keeps it locked, it is damaged, its file system has no WAL support), or a
+    worker acts on a job it no longer holds (its lease ran out) or on a delivery that is not
+    recorded."""
+
+    exit_code = 33
+
+
+class GitHubError(PgoverlayError):
+    """A GitHub API call failed after its retries (a token without the permission, a missing
+    repository or pull request, GitHub down or rate-limiting). The message says which call
+    and GitHub's answer, never the token."""
+
+    exit_code = 35
+
+
+class TransientError(PgoverlayError):
+    """A step of a webhook listener's job failed for a reason that may pass (GitHub answered
+    an error or could not be reached while the job read the pull request, set its commit
+    status or downloaded its sources). The worker puts the job back in its lane with a backoff
+    (``retry_after`` and ``ratelimit_reset`` are GitHub's hints, when it gave them) instead of
+    failing it; out of attempts, the message is the job's recorded result."""
+
+    exit_code = 36
+
+    def __init__(
+        self, message: str, *, retry_after: str | None = None, ratelimit_reset: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.ratelimit_reset = ratelimit_reset
+
+
+# -- pydantic's ValidationError as one of ours ---------------------------------------------
+
+
+Location = tuple[int | str, ...]
+
+
+class _Invalid(Protocol):
+    """What :func:`config_error` reads of pydantic's ``ValidationError`` (pydantic is not
+    imported here: every command imports this module)."""
+
+    def errors(self, *, include_url: bool = ..., include_input: bool = ...) -> Sequence[Any]: ...
+
+
+def dotted(loc: Location) -> str:
+    """A field's place as ``outer.inner.0``."""
+    return ".".join(str(part) for part in loc)
+
+
+def config_error(
+    exc: _Invalid,
+    *,
+    what: str,
+    fix: str = "",
+    where: Callable[[Location], str] = dotted,
+    error: type[PgoverlayError] = ConfigError,
+) -> PgoverlayError:
+    """The first problem pydantic found, as ``{what} {where}: {problem}`` (plus how many more
+    there are, and ``; {fix}``), in an ``error`` (ConfigError unless given). Raise it
+    ``from None``: pydantic's own message shows the input, which may hold a secret."""
+    problems = exc.errors(include_url=False, include_input=False)
+    first = problems[0]
+    place = where(tuple(first["loc"])) or "value"
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    message = f"{what} {place}: {first['msg']}{more}"
+    return error(f"{message}; {fix}" if fix else message)

@@ -9,7 +9,8 @@ import pytest
 import responses
 
 from pgoverlay.action.comment import has_marker, marker
-from pgoverlay.action.github import GitHub, GitHubError
+from pgoverlay.action.github import GitHub
+from pgoverlay.errors import GitHubError
 
 API = "http://ghe.example.com:8080/api/v3"
 MARK = marker("acme/shop", 5, "pr-5")

@@ -22,13 +22,13 @@ from typing import Literal
 
 import pytest
 
+from pgoverlay.errors import QueueError
 from pgoverlay.webhook.payload import pull_request_event
 from pgoverlay.webhook.queue import (
     REDELIVERY_WINDOW,
     Job,
     NewJob,
     Queue,
-    QueueError,
     backoff_delay,
 )
 from pgoverlay.webhook.routing import JobEvent, job_event

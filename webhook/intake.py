@@ -18,9 +18,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from pgoverlay.errors import DeliveryError
+from pgoverlay.errors import DeliveryError, QueueError
 from pgoverlay.webhook import payload, signature
-from pgoverlay.webhook.queue import Accepted, Delivery, NewJob, Queue, QueueError
+from pgoverlay.webhook.queue import Accepted, Delivery, NewJob, Queue
 from pgoverlay.webhook.routing import Routed, route
 from pgoverlay.webhook.settings import WebhookSettings
 

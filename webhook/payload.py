@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pgoverlay.errors import DeliveryError
+from pgoverlay.errors import DeliveryError, config_error, dotted
 
 HANDLED = "pull_request"
 # Events a GitHub App or a repository webhook subscribed to more than pull requests may send:
@@ -180,12 +180,11 @@ def pull_request_event(payload: dict[str, Any]) -> PullRequestEvent:
     try:
         return PullRequestEvent.model_validate(payload)
     except ValidationError as err:
-        problems = err.errors(include_url=False, include_input=False)
-        first = problems[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the body"
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise DeliveryError(
-            f"not a pull_request event as GitHub sends it: {where}: {first['msg']}{more}"
+        raise config_error(
+            err,
+            what="not a pull_request event as GitHub sends it:",
+            where=lambda loc: dotted(loc) or "the body",
+            error=DeliveryError,
         ) from None
 
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from pgoverlay.errors import DeliveryError, PgoverlayError
+from pgoverlay.errors import DeliveryError, QueueError
 from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.webhook.payload import pull_request_event
@@ -115,10 +115,6 @@ _OVERTAKEN_BY = """
 SELECT kind, max(id) FROM jobs WHERE repository = ? AND pr IS ? AND id > ? AND state = 'queued'
 AND kind IN ('close', 'sync') GROUP BY kind
 """
-
-
-class QueueError(PgoverlayError):
-    exit_code = 33
 
 
 @dataclass(frozen=True)

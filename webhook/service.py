@@ -11,7 +11,6 @@ import threading
 import time
 
 from pgoverlay.action import record
-from pgoverlay.action.github import GitHubError
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
@@ -95,7 +94,7 @@ class Service:
                 continue
             try:
                 open_prs = set(self.clients.for_repo(repository).open_pulls(repository))
-            except (GitHubError, PgoverlayError) as err:
+            except PgoverlayError as err:
                 log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
                 continue
             for b in mine:

@@ -24,18 +24,26 @@ from pydantic import ValidationError
 
 from pgoverlay.action import event as events
 from pgoverlay.action import record
-from pgoverlay.action.github import GitHub, GitHubError
+from pgoverlay.action.github import GitHub
 from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.workflow import handle, post_comment
-from pgoverlay.errors import ConfigError, PgoverlayError, UnsafeFileError
+from pgoverlay.errors import (
+    ConfigError,
+    GitHubError,
+    PgoverlayError,
+    QueueError,
+    TransientError,
+    UnsafeFileError,
+    config_error,
+)
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import forks
-from pgoverlay.webhook.queue import Job, Queue, QueueError, backoff_delay
+from pgoverlay.webhook.queue import Job, Queue, backoff_delay
 from pgoverlay.webhook.routing import JobEvent
 from pgoverlay.webhook.sandbox import JobSandbox, job_uid, remove_scratch
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
@@ -73,17 +81,6 @@ class Metrics:
             self.queue.count_run(kind=kind, result=result, seconds=seconds)
         except QueueError as err:  # a lost count must not fail the job it counts
             log.warning("could not count a %s job run: %s", kind, err)
-
-
-class Transient(Exception):
-    """A failure worth retrying later (GitHub 5xx, rate limits)."""
-
-    def __init__(
-        self, message: str, *, retry_after: str | None = None, ratelimit_reset: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-        self.ratelimit_reset = ratelimit_reset
 
 
 class GitHubClients:
@@ -236,7 +233,7 @@ class Worker:
         keeper.start()
         try:
             result = self.process(engine, job)
-        except Transient as err:
+        except TransientError as err:
             delay = backoff_delay(
                 job.attempts, retry_after=err.retry_after, ratelimit_reset=err.ratelimit_reset
             )
@@ -384,7 +381,7 @@ class Worker:
                 return Current(_gone(job, delivered), open=False) if job.kind == "close" else None
             labels = github.labels(job.repository, job.pr or 0)
         except GitHubError as err:
-            raise Transient(str(err)) from None
+            raise TransientError(str(err)) from None
         action = delivered.event.action if delivered else "closed"
         ev = events.from_pull(action, pull, repository=job.repository)
         return Current(ev, open=pull.get("state") == "open", labels=labels)
@@ -424,7 +421,7 @@ class Worker:
             if verdict.remove_label:
                 github.remove_label(ev.repository, job.pr or 0, label)
         except GitHubError as err:
-            raise Transient(str(err)) from None
+            raise TransientError(str(err)) from None
         if verdict.approver:
             self.queue.approve(
                 job.repository, job.pr or 0, head_sha=ev.head_sha, approver=verdict.approver
@@ -460,7 +457,7 @@ class Worker:
         try:
             github.set_status(ev.repository, ev.head_sha, state, description)
         except GitHubError as err:
-            raise Transient(str(err)) from None
+            raise TransientError(str(err)) from None
 
     def _sources(self, github: GitHub, ev: events.Event, scratch: Path) -> tuple[Path, Path | None]:
         trees: list[Path | None] = []
@@ -472,7 +469,7 @@ class Worker:
             try:
                 github.download_tarball(ev.repository, sha, archive)
             except GitHubError as err:
-                raise Transient(str(err)) from None
+                raise TransientError(str(err)) from None
             tree = _extract(archive, scratch / label)
             archive.unlink()
             trees.append(tree)
@@ -500,10 +497,7 @@ class Worker:
         try:
             return type(request).model_validate({**request.model_dump(), **changes})
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ConfigError(
-                f"{REPO_FILE} at the PR's head: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-            ) from None
+            raise config_error(exc, what=f"{REPO_FILE} at the PR's head:") from None
 
 
 def cleanup_scratch(state_dir: Path) -> None:

@@ -19,6 +19,7 @@ import psycopg
 
 from pgoverlay.errors import (
     BaseMissingError,
+    BranchError,
     BranchExistsError,
     BranchMissingError,
     BranchStartError,
@@ -32,6 +33,7 @@ from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
 from pgoverlay.runner.seed import roles
@@ -152,7 +154,17 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
 
 
 def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    with _engine_connection(pool, branch, base) as conn:
+    with (
+        sqlerror.wrapped(
+            BranchStartError,
+            what=f"branch {branch.name} started but its login role {branch.user} could not be "
+            "given the branch's password",
+            fix="a create is undone, and `pgoverlay gc` finishes a reset; if it fails again, "
+            f"the base's superuser {base.superuser} must be able to log in over the branch's "
+            "socket (seed the base again)",
+        ),
+        _engine_connection(pool, branch, base) as conn,
+    ):
         roles.set_login(
             conn,
             user=branch.user,
@@ -430,7 +442,14 @@ def overrides(pool: Pool, name: str) -> list[Override]:
         raise BranchStartError(
             f"branch {name} is not running: start it with `pgoverlay gc`, then ask again"
         )
-    with _engine_connection(pool, branch, base) as conn:
+    with (
+        sqlerror.wrapped(
+            BranchError,
+            what=f"cannot read the settings of branch {name}",
+            fix=f"check that it runs (`pgoverlay branch status {name}`), then ask again",
+        ),
+        _engine_connection(pool, branch, base) as conn,
+    ):
         imposed = conn.execute(
             "SELECT name, current_setting(name), setting, boot_val FROM pg_settings "
             "WHERE source = 'command line'"

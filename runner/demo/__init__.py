@@ -11,12 +11,13 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgoverlay.errors import SeedError
 from pgoverlay.runner import seed
 from pgoverlay.runner.demo import data as demo_data
 from pgoverlay.runner.pool import Pool, locks
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
-from pgoverlay.runner.postgres import cluster, postmaster
+from pgoverlay.runner.postgres import cluster, postmaster, sqlerror
 
 DEFAULT_SCALE = 10
 DEMO_OWNER = "shop_owner"
@@ -53,23 +54,7 @@ def seed_demo(
         with cluster.running(
             install, datadir, owner=pool.owner, scratch=pool.tmp, options=options
         ) as srv:
-            # Like most production databases, the schema belongs to an application role, not
-            # to a superuser: branch migrations run as a non-superuser member of that role.
-            with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(DEMO_OWNER)))
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                        sql.Identifier(demo_data.DEMO_DATABASE), sql.Identifier(DEMO_OWNER)
-                    )
-                )
-            with psycopg.connect(
-                **srv.conninfo(user="postgres", dbname=demo_data.DEMO_DATABASE), autocommit=True
-            ) as conn:
-                conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(DEMO_OWNER)))
-                for statement in demo_data.demo_schema_sql() + demo_data.demo_data_sql(scale):
-                    conn.execute(statement.encode())
-                conn.execute("RESET ROLE")
-                conn.execute("CHECKPOINT")
+            _fill(srv, scale=scale)
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir),
                 port=srv.port,
@@ -79,6 +64,33 @@ def seed_demo(
             return seed.seed(pool, name, source_dsn=dsn, refresh=refresh, progress=progress)
     finally:
         cleanup_source(pool, name)
+
+
+def _fill(srv: cluster.Running, *, scale: int) -> None:
+    """The demo's database, its owner and its rows, in the throwaway source."""
+    with sqlerror.wrapped(
+        SeedError,
+        what="cannot fill the demo's source database",
+        fix="run the demo seed again; if it fails again, `pgoverlay doctor` checks the Postgres "
+        "installation it uses",
+    ):
+        # Like most production databases, the schema belongs to an application role, not to
+        # a superuser: branch migrations run as a non-superuser member of that role.
+        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(DEMO_OWNER)))
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(demo_data.DEMO_DATABASE), sql.Identifier(DEMO_OWNER)
+                )
+            )
+        with psycopg.connect(
+            **srv.conninfo(user="postgres", dbname=demo_data.DEMO_DATABASE), autocommit=True
+        ) as conn:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(DEMO_OWNER)))
+            for statement in demo_data.demo_schema_sql() + demo_data.demo_data_sql(scale):
+                conn.execute(statement.encode())
+            conn.execute("RESET ROLE")
+            conn.execute("CHECKPOINT")
 
 
 def cleanup_source(pool: Pool, name: str) -> None:

@@ -44,6 +44,7 @@ from pgoverlay.runner import safefs
 from pgoverlay.runner.mask.rules import ColumnRule, QualifiedName, Rules
 from pgoverlay.runner.mask.schema import Column, Table, catalog, check
 from pgoverlay.runner.mask.sql import FUNCTIONS
+from pgoverlay.runner.postgres.sqlerror import reason
 
 log = logging.getLogger(__name__)
 
@@ -158,15 +159,7 @@ def _run(
     try:
         conn.execute(query, params)
     except psycopg.Error as err:
-        raise MaskError(f"masking failed ({what}): {_reason(err)}") from None
-
-
-def _reason(err: psycopg.Error) -> str:
-    diag = err.diag
-    parts = [diag.message_primary or str(err).strip().splitlines()[0]]
-    if diag.message_hint:
-        parts.append(f"hint: {diag.message_hint}")
-    return "; ".join(parts)
+        raise MaskError(f"masking failed ({what}): {reason(err)}") from None
 
 
 def _run_free_sql(conn: Connection, statement: str) -> set[int]:
@@ -182,7 +175,7 @@ def _run_free_sql(conn: Connection, statement: str) -> set[int]:
                 "AND schemaname NOT LIKE 'pg_toast%%'"
             ).fetchall()
     except psycopg.Error as err:
-        raise MaskError(f"masking failed (sql: {first}): {_reason(err)}") from None
+        raise MaskError(f"masking failed (sql: {first}): {reason(err)}") from None
     return {int(r[0]) for r in rows}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pgoverlay.errors import RegistryRowError
+from pgoverlay.errors import RegistryError, RegistryRowError
 from pgoverlay.runner.names import NAME_RE
 
 SCHEMA = """
@@ -233,21 +233,53 @@ def base_from_row(row: tuple[Any, ...]) -> BaseVersion:
 class Registry:
     """The registry file, root's alone. Rows are validated as they are read: ``branches()`` and
     ``bases()`` leave out rows that fail (``rejected()`` names them), and a lookup of one such
-    row raises RegistryRowError."""
+    row raises RegistryRowError. SQLite's own errors (a damaged file, a lock held past
+    ``busy_timeout`` seconds, a full disk) leave as RegistryError."""
 
-    def __init__(self, path: Path, *, ports: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, path: Path, *, ports: tuple[int, int] | None = None, busy_timeout: float = 60.0
+    ) -> None:
         self.path = path
         self.ports = ports
+        self._busy_timeout = busy_timeout
         fresh = not path.exists()
-        self._db = sqlite3.connect(path, timeout=60.0, isolation_level=None)
-        if fresh:
-            os.chmod(path, 0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=60000")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+            if fresh:
+                os.chmod(path, 0o600)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
         self._add_missing_columns()
         self._move_old_records()
+
+    def _failed(self, err: sqlite3.Error) -> RegistryError:
+        """SQLite's error as ours, with what to do about it."""
+        code = getattr(err, "sqlite_errorname", "")
+        if code in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            fix = (
+                f"another process kept it locked for over {self._busy_timeout:g} s: find it with "
+                f"`fuser {self.path}` (as root), let it finish or stop it, then try again"
+            )
+        elif code in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+            fix = (
+                f"the file is damaged: check it with `sqlite3 {self.path} 'PRAGMA "
+                "integrity_check'` (as root) and restore it from a backup"
+            )
+        elif code == "SQLITE_FULL":
+            fix = "its file system is full: free space, then try again"
+        else:
+            fix = "check that root can read and write the file and its folder"
+        return RegistryError(f"the pool's registry {self.path} cannot be used ({err}): {fix}")
+
+    def _read(self, query: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(query, args).fetchall()
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
 
     def _add_missing_columns(self) -> None:
         with self.transaction() as db:
@@ -283,13 +315,18 @@ class Registry:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One ``BEGIN IMMEDIATE`` transaction; SQLite's errors in it leave as RegistryError."""
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
 
     # bases -------------------------------------------------------------------------------
 
@@ -299,7 +336,7 @@ class Registry:
         if name is not None:
             query += " WHERE name = ?"
             args = (name,)
-        rows = self._db.execute(query + " ORDER BY name, version", args).fetchall()
+        rows = self._read(query + " ORDER BY name, version", args)
         return [base for base in map(self._base_or_none, rows) if base is not None]
 
     def _base_or_none(self, row: tuple[Any, ...]) -> BaseVersion | None:
@@ -317,12 +354,12 @@ class Registry:
     def rejected(self) -> list[str]:
         """Why each row that fails validation is refused (one line per row)."""
         found = []
-        for row in self._db.execute(f"SELECT {_columns(BaseVersion)} FROM bases"):
+        for row in self._read(f"SELECT {_columns(BaseVersion)} FROM bases"):
             try:
                 base_from_row(row)
             except RegistryRowError as err:
                 found.append(str(err))
-        for row in self._db.execute(f"SELECT {_columns(Branch)} FROM branches"):
+        for row in self._read(f"SELECT {_columns(Branch)} FROM branches"):
             try:
                 branch_from_row(row, ports=self.ports)
             except RegistryRowError as err:
@@ -379,10 +416,10 @@ class Registry:
 
     def branches_of(self, name: str, version: int) -> list[str]:
         """The name of every branch row of base ``name`` version ``version``, valid or not."""
-        rows = self._db.execute(
+        rows = self._read(
             "SELECT name FROM branches WHERE base_name = ? AND base_version = ? ORDER BY name",
             (name, version),
-        ).fetchall()
+        )
         return [str(row[0]) for row in rows]
 
     def delete_base(self, name: str, version: int) -> None:
@@ -392,19 +429,17 @@ class Registry:
     # branches ----------------------------------------------------------------------------
 
     def branches(self) -> list[Branch]:
-        rows = self._db.execute(f"SELECT {_columns(Branch)} FROM branches ORDER BY name").fetchall()
+        rows = self._read(f"SELECT {_columns(Branch)} FROM branches ORDER BY name")
         return [branch for branch in map(self._branch_or_none, rows) if branch is not None]
 
     def branch_names(self) -> set[str]:
         """The name of every branch row, valid or not."""
-        return {str(row[0]) for row in self._db.execute("SELECT name FROM branches")}
+        return {str(row[0]) for row in self._read("SELECT name FROM branches")}
 
     def branch(self, name: str) -> Branch | None:
         """Branch ``name``, None if there is none; RegistryRowError if its row is not valid."""
-        row = self._db.execute(
-            f"SELECT {_columns(Branch)} FROM branches WHERE name = ?", (name,)
-        ).fetchone()
-        return branch_from_row(row, ports=self.ports) if row else None
+        rows = self._read(f"SELECT {_columns(Branch)} FROM branches WHERE name = ?", (name,))
+        return branch_from_row(rows[0], ports=self.ports) if rows else None
 
     def insert_branch(self, db: sqlite3.Connection, branch: Branch) -> None:
         names = [f.name for f in fields(Branch)]
@@ -434,10 +469,8 @@ class Registry:
     # records ------------------------------------------------------------------------------
 
     def record(self, branch: str) -> Record | None:
-        row = self._db.execute(
-            f"SELECT {_columns(Record)} FROM records WHERE branch = ?", (branch,)
-        ).fetchone()
-        return Record(*row) if row else None
+        rows = self._read(f"SELECT {_columns(Record)} FROM records WHERE branch = ?", (branch,))
+        return Record(*rows[0]) if rows else None
 
     def save_record(self, record: Record) -> bool:
         """Keep ``record`` with its branch; False if the branch is gone (nothing kept)."""

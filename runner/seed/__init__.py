@@ -41,7 +41,7 @@ from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, mounts, release_freed, require_root
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
-from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces
@@ -137,6 +137,12 @@ class Source:
             raise SourceUnreachableError(
                 f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
                 "and the source's pg_hba.conf"
+            ) from None
+        except psycopg.Error as err:
+            raise SeedError(
+                f"cannot read what the seed checks from the source {self.label}: "
+                f"{sqlerror.reason(err)}; connect as a role that may read pg_settings and "
+                "pg_extension (a superuser, or a member of pg_read_all_settings)"
             ) from None
 
 
@@ -364,6 +370,12 @@ def check_rules_on_source(src: Source, rules: RulesFile) -> None:
         raise SourceUnreachableError(
             f"cannot reach the source {src.label} to check the masking rules: "
             f"{str(err).strip().splitlines()[-1] if str(err).strip() else 'connection failed'}"
+        ) from None
+    except psycopg.Error as err:
+        raise MaskError(
+            f"cannot check the masking rules {rules.name} on the source {src.label}: "
+            f"{sqlerror.reason(err)}; connect as a role that may read the catalogs of database "
+            f"{src.dbname}"
         ) from None
 
 

@@ -23,7 +23,7 @@ import psycopg
 from pgoverlay.errors import SeedError
 from pgoverlay.runner import mask, safefs
 from pgoverlay.runner.mask.rules import RulesFile
-from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.seed import baseconf, lockdown, roles, tablespaces
@@ -106,9 +106,19 @@ def prepare(
     masked: mask.Masked | None = None
     dropped: list[str] = []
     options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
-    with cluster.running(
-        install, datadir, owner=owner, scratch=scratch, options=options, timeout=timeout
-    ) as srv:
+    # Every statement below is the engine's own, on its own copy: a failure is a seed failure
+    # (the half-made version is removed), said in one line once the server has stopped.
+    with (
+        sqlerror.wrapped(
+            SeedError,
+            what="preparing the base failed",
+            fix="the copy is removed; fix what the message names (often a role or an extension "
+            "of the source) and seed again",
+        ),
+        cluster.running(
+            install, datadir, owner=owner, scratch=scratch, options=options, timeout=timeout
+        ) as srv,
+    ):
 
         def connect(dbname: str) -> psycopg.Connection[tuple[Any, ...]]:
             return psycopg.connect(
