@@ -1,0 +1,102 @@
+"""Library errors leave the engine (and the Action's ledger) as ours: a real failing psycopg
+call or a damaged or locked registry raises a PgoverlayError with its exit code and a message
+that says what to do, and no password."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgoverlay.action import migrations
+from pgoverlay.errors import BranchStartError, MigrationError, RegistryError
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion, Registry
+from pgoverlay.runner.service.models import Connection
+
+
+def test_a_damaged_registry_file_raises_the_registrys_error(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    path.write_bytes(b"this is not an SQLite database\n" * 256)
+    with pytest.raises(RegistryError) as caught:
+        Registry(path)
+    assert caught.value.exit_code == 34
+    message = str(caught.value)
+    assert f"the pool's registry {path} cannot be used (file is not a database)" in message
+    assert "PRAGMA integrity_check" in message and "restore it from a backup" in message
+
+
+def test_a_registry_locked_past_the_wait_raises_the_registrys_error_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "registry.db"
+    registry = Registry(path, busy_timeout=0.05)
+    try:
+        with closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")  # another process in the middle of a change
+            with pytest.raises(RegistryError) as caught:
+                registry.add_base_version("app", source="db:5432", via="basebackup")
+            assert caught.value.exit_code == 34
+            assert "database is locked" in str(caught.value)
+            assert f"`fuser {path}`" in str(caught.value)
+            assert registry.bases() == []  # reads go on meanwhile (WAL)
+            other.execute("ROLLBACK")
+        # The failed change left no transaction open: the next one goes through.
+        assert registry.add_base_version("app", source="db:5432", via="basebackup") == 1
+        assert [(b.name, b.version, b.state) for b in registry.bases()] == [("app", 1, "seeding")]
+    finally:
+        registry.close()
+
+
+def test_a_failing_login_role_update_in_create_raises_branch_start_error_and_undoes_it(
+    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A predefined role cannot be made a login role: Postgres refuses the ALTER ROLE.
+    monkeypatch.setattr(pool.settings, "branch_user", "pg_monitor")
+    with pytest.raises(BranchStartError) as caught:
+        branch.create(pool, "reserved-login")
+    assert caught.value.exit_code == 19
+    message = str(caught.value)
+    assert message.startswith(
+        "branch reserved-login started but its login role pg_monitor could not be given the "
+        "branch's password: "
+    )
+    assert "a create is undone" in message
+    assert "SCRAM-SHA-256$" not in message and "PASSWORD" not in message
+    assert pool.registry.branch("reserved-login") is None
+    assert not branch.layout(pool, "reserved-login").root.exists()
+
+
+def test_a_ledger_a_migration_broke_raises_migration_error_naming_the_fix(
+    pool: Pool, base: BaseVersion
+) -> None:
+    b = branch.create(pool, "broken-ledger")
+    try:
+        target = Connection(
+            host=pool.settings.public_host,
+            port=b.port,
+            database=b.database,
+            user=b.user,
+            password=b.password,
+        )
+        assert migrations.ledger(target) == {}
+        with psycopg.connect(**target.connect_kwargs(), autocommit=True) as conn:
+            # what a careless migration could do to the ledger it cannot see
+            conn.execute("DROP TABLE pgoverlay_ledger.migrations")
+            conn.execute("CREATE TABLE pgoverlay_ledger.migrations (name text PRIMARY KEY)")
+        with pytest.raises(MigrationError) as caught:
+            migrations.ledger(target)
+        assert caught.value.exit_code == 21
+        message = str(caught.value)
+        assert message.startswith(
+            "cannot read the migration ledger (pgoverlay_ledger.migrations) of database app on "
+            f'port {b.port}: column "checksum" does not exist; '
+        )
+        assert "reset the branch" in message
+        assert b.password not in message
+    finally:
+        branch.destroy(pool, "broken-ledger")
