@@ -41,9 +41,9 @@ from psycopg import sql
 
 from pgoverlay.errors import MaskError, UnsafePathError
 from pgoverlay.runner import safefs
+from pgoverlay.runner.mask.functions import FUNCTIONS
 from pgoverlay.runner.mask.rules import ColumnRule, QualifiedName, Rules
 from pgoverlay.runner.mask.schema import Column, Table, catalog, check
-from pgoverlay.runner.mask.sql import FUNCTIONS
 from pgoverlay.runner.postgres.sqlerror import reason
 
 log = logging.getLogger(__name__)
