@@ -327,12 +327,17 @@ def config_error(
     where: Callable[[Location], str] = dotted,
     error: type[PgoverlayError] = ConfigError,
 ) -> PgoverlayError:
-    """The first problem pydantic found, as ``{what} {where}: {problem}`` (plus how many more
-    there are, and ``; {fix}``), in an ``error`` (ConfigError unless given). Raise it
-    ``from None``: pydantic's own message shows the input, which may hold a secret."""
+    """The first problem pydantic found, as ``{what} {where}: {problem}`` (``{what}: {problem}``
+    for a problem of the whole, where ``where`` gives ""), plus how many more there are and
+    ``; {fix}``, in an ``error`` (ConfigError unless given). A validator's own message comes
+    without pydantic's "Value error, ". Raise it ``from None``: pydantic's own message shows the
+    input, which may hold a secret."""
     problems = exc.errors(include_url=False, include_input=False)
     first = problems[0]
-    place = where(tuple(first["loc"])) or "value"
+    place = where(tuple(first["loc"]))
+    problem = str(first["msg"]).removeprefix("Value error, ")
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    message = f"{what} {place}: {first['msg']}{more}"
+    message = (
+        f"{what} {place}: {problem}{more}" if place else f"{what.rstrip(':')}: {problem}{more}"
+    )
     return error(f"{message}; {fix}" if fix else message)

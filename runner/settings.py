@@ -6,8 +6,10 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pgoverlay.errors import config_error, dotted
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,7 @@ ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")
 def load() -> Settings:
     """The settings for this process: PGOVERLAY_* variables over the administrator's
     /etc/pgoverlay/pgoverlay.env (when this user may read it; it holds no secrets, and a
-    workflow's user needs it to find the engine service)."""
+    workflow's user needs it to find the engine service). A ConfigError names a bad one."""
     env_file = None
     try:
         with open(ADMIN_ENV_FILE, "rb"):
@@ -135,4 +137,11 @@ def load() -> Settings:
             "folder readable, e.g. mode 0644: it holds no secrets)",
             ADMIN_ENV_FILE,
         )
-    return Settings(_env_file=env_file)  # type: ignore[call-arg]
+    try:
+        return Settings(_env_file=env_file)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        raise config_error(
+            exc,
+            what="bad setting",
+            where=lambda loc: f"PGOVERLAY_{dotted(loc).upper()}" if loc else "",
+        ) from None

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pgoverlay import errors
 from pgoverlay.errors import ConfigError, DeliveryError, PgoverlayError, config_error
@@ -196,6 +196,25 @@ def test_config_error_formats_the_place_as_asked_and_keeps_the_input_out() -> No
     )
     assert str(err) == "input `name`: String should match pattern '^[a-z]+$'"
     assert secret not in str(err)
+
+
+def test_config_error_says_a_problem_of_the_whole_without_a_place() -> None:
+    class Pair(BaseModel):
+        low: int
+        high: int
+
+        @model_validator(mode="after")
+        def _ordered(self) -> Pair:
+            if self.low > self.high:
+                raise ValueError("low is above high")
+            return self
+
+    with pytest.raises(ValidationError) as caught:
+        Pair(low=2, high=1)
+    assert str(config_error(caught.value, what="cannot ask for a pair:")) == (
+        "cannot ask for a pair: low is above high"
+    )
+    assert str(config_error(caught.value, what="bad setting")) == "bad setting: low is above high"
 
 
 def test_config_error_can_make_another_error_and_names_a_whole_body_problem() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import require_root
+from pgoverlay.errors import ConfigError
 from pgoverlay.runner import settings as settings_module
 from pgoverlay.runner.settings import Settings, load
 
@@ -71,6 +72,47 @@ def test_bad_settings_are_refused_with_the_variable_named() -> None:
         Settings(port_min=7000, port_max=6000)
     with pytest.raises(ValueError, match="power of two"):
         Settings(wal_segsize_mb=3)
+
+
+def test_load_names_a_bad_variable_in_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(settings_module, "ADMIN_ENV_FILE", tmp_path / "absent.env")
+    monkeypatch.setenv("PGOVERLAY_PORT_MIN", "many")
+    with pytest.raises(ConfigError) as caught:
+        load()
+    assert str(caught.value) == (
+        "bad setting PGOVERLAY_PORT_MIN: Input should be a valid integer, unable to parse string "
+        "as an integer"
+    )
+    monkeypatch.setenv("PGOVERLAY_PORT_MIN", "7000")
+    monkeypatch.setenv("PGOVERLAY_PORT_MAX", "6000")
+    with pytest.raises(ConfigError) as caught:
+        load()
+    assert str(caught.value) == (
+        "bad setting: port range is empty: PGOVERLAY_PORT_MIN=7000 is above PGOVERLAY_PORT_MAX=6000"
+    )
+
+
+def test_the_webhooks_settings_name_a_bad_one_in_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgoverlay.webhook.settings import load as load_webhook
+
+    example = Path(__file__).resolve().parents[1] / "webhook" / "config.example.yml"
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_CONFIG", str(example))
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_SECRET", "s3cret-for-the-test")
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_TOKEN", "ghp_test")
+    assert load_webhook().repositories
+    monkeypatch.setenv("PGOVERLAY_WEBHOOK_LEASE_SECONDS", "soon")
+    with pytest.raises(ConfigError) as caught:
+        load_webhook()
+    message = str(caught.value)
+    assert message.startswith("webhook setting lease_seconds: Input should be a valid number")
+    assert message.endswith(
+        "; set it in PGOVERLAY_WEBHOOK_* or in the file named by PGOVERLAY_WEBHOOK_CONFIG"
+    )
+    assert "s3cret-for-the-test" not in message and "ghp_test" not in message
 
 
 def test_the_webhooks_example_configuration_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:

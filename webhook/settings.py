@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -16,7 +16,7 @@ from pydantic_settings import (
 )
 
 from pgoverlay.action.request import PrRequest
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import ConfigError, config_error
 
 MIB = 1024 * 1024
 
@@ -114,3 +114,15 @@ class WebhookSettings(BaseSettings):
             return self.private_key.get_secret_value()
         assert self.private_key_file is not None
         return self.private_key_file.read_text()
+
+
+def load() -> WebhookSettings:
+    """The listener's settings, or a ConfigError naming the bad one."""
+    try:
+        return WebhookSettings()  # type: ignore[call-arg]
+    except ValidationError as exc:
+        raise config_error(
+            exc,
+            what="webhook setting",
+            fix="set it in PGOVERLAY_WEBHOOK_* or in the file named by PGOVERLAY_WEBHOOK_CONFIG",
+        ) from None
