@@ -1,21 +1,27 @@
-"""Library errors leave the engine (and the Action's ledger) as ours: a real failing psycopg
-call or a damaged or locked registry raises a PgoverlayError with its exit code and a message
-that says what to do, and no password."""
+"""Library errors leave the engine (and the Action's ledger, and the service's client) as ours: a
+real failing psycopg call, a damaged or locked registry, or an answer of another protocol raises
+a PgoverlayError with its exit code and a message that says what to do, and no password."""
 
 from __future__ import annotations
 
+import json
+import os
+import socketserver
 import sqlite3
+import threading
 from contextlib import closing
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from pgoverlay.action import migrations
-from pgoverlay.errors import BranchStartError, MigrationError, RegistryError
+from pgoverlay.errors import BranchStartError, MigrationError, RegistryError, ServiceError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Registry
+from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.models import Connection
 
 
@@ -100,3 +106,39 @@ def test_a_ledger_a_migration_broke_raises_migration_error_naming_the_fix(
         assert b.password not in message
     finally:
         branch.destroy(pool, "broken-ledger")
+
+
+class _OldService(BaseHTTPRequestHandler):
+    """A service of another release: its connection answer lacks fields this client needs."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.dumps({"host": "127.0.0.1", "port": 5432, "secret": "pw-of-the-branch"})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_an_answer_that_does_not_fit_the_protocol_is_a_service_error(tmp_path: Path) -> None:
+    path = tmp_path / "engine.sock"
+    server = socketserver.UnixStreamServer(os.fspath(path), _OldService)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ServiceError) as caught:
+            RemoteEngine(path, timeout=30).connection("pr-1")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert caught.value.exit_code == 30
+    message = str(caught.value)
+    assert message.startswith(
+        "the engine service's answer (Connection) does not fit its protocol: database: Field "
+        "required (and 2 more); restart the service"
+    )
+    assert "pw-of-the-branch" not in message

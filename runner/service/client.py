@@ -19,7 +19,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, ValidationError
 
 from pgoverlay import errors
-from pgoverlay.errors import PgoverlayError, ServiceError
+from pgoverlay.errors import PgoverlayError, ServiceError, config_error
 from pgoverlay.runner.pool import SOCKET_ROOT, pool_id
 from pgoverlay.runner.service.models import (
     BaseView,
@@ -128,7 +128,7 @@ class RemoteEngine:
         return ERRORS.get(body.code, ServiceError)(body.message)
 
     def _get(self, url: str, model: type[M]) -> M:
-        return model.model_validate(self._call("GET", url))
+        return _parse(model, self._call("GET", url))
 
     def health(self) -> None:
         """Return when the service answers; ServiceError (saying how to fix it) otherwise."""
@@ -137,11 +137,11 @@ class RemoteEngine:
     # -- the Engine operations -----------------------------------------------------------
 
     def bases(self) -> list[BaseView]:
-        return [BaseView.model_validate(x) for x in self._call("GET", "/bases")]
+        return _parse_list(BaseView, self._call("GET", "/bases"))
 
     def branches(self, *, layer: bool = False) -> list[BranchView]:
         found = self._call("GET", f"/branches?layer={str(layer).lower()}")
-        return [BranchView.model_validate(x) for x in found]
+        return _parse_list(BranchView, found)
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         try:
@@ -150,17 +150,15 @@ class RemoteEngine:
             return None
 
     def create(self, request: CreateRequest) -> BranchView:
-        return BranchView.model_validate(self._call("POST", "/branches", request))
+        return _parse(BranchView, self._call("POST", "/branches", request))
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
         body = OwnerRequest(repository=repository)
-        return BranchView.model_validate(self._call("POST", f"/branches/{quote(name)}/reset", body))
+        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/reset", body))
 
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
         body = OwnerRequest(repository=repository)
-        return Destroyed.model_validate(
-            self._call("POST", f"/branches/{quote(name)}/destroy", body)
-        )
+        return _parse(Destroyed, self._call("POST", f"/branches/{quote(name)}/destroy", body))
 
     def connection(self, name: str) -> Connection:
         return self._get(f"/branches/{quote(name)}/connection", Connection)
@@ -172,7 +170,29 @@ class RemoteEngine:
         self._call("PUT", f"/branches/{quote(name)}/record", request)
 
     def gc(self) -> GcReport:
-        return GcReport.model_validate(self._call("POST", "/gc"))
+        return _parse(GcReport, self._call("POST", "/gc"))
+
+
+def _parse(model: type[M], data: Any) -> M:
+    """An answer as its model; ServiceError if it does not fit (a service of another release)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(
+            exc,
+            what=f"the engine service's answer ({model.__name__}) does not fit its protocol:",
+            fix="restart the service (`systemctl restart pgoverlay`) so that it runs this release",
+            error=ServiceError,
+        ) from None
+
+
+def _parse_list(model: type[M], data: Any) -> list[M]:
+    if not isinstance(data, list):
+        raise ServiceError(
+            f"the engine service's answer is not a list of {model.__name__}: restart the service "
+            "(`systemctl restart pgoverlay`) so that it runs this release"
+        )
+    return [_parse(model, item) for item in data]
 
 
 def socket_path(settings: Settings) -> Path:
