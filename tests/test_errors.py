@@ -231,10 +231,11 @@ def test_config_error_can_make_another_error_and_names_a_whole_body_problem() ->
 
 
 def test_config_error_is_the_only_conversion_of_validation_errors_to_config_errors() -> None:
-    """A module that catches ValidationError hands it to config_error, or turns it into an error
-    of another kind with its own wording (masking rules list up to five problems in the rules
-    file's terms; the service client's is a protocol error)."""
-    own_wording = {"runner/mask/rules.py", "runner/service/client.py"}
+    """A module that catches ValidationError hands it to config_error, or does something else on
+    purpose: masking rules list up to five problems in the rules file's terms; the service
+    client reads an error body that does not fit as a protocol error; a stored workflow record
+    of another release is logged and treated as none."""
+    own_wording = {"runner/mask/rules.py", "runner/service/client.py", "action/record.py"}
     for folder in ("runner", "action", "webhook"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             name = f"{path.relative_to(ROOT)}"
