@@ -236,7 +236,7 @@ def test_config_error_is_the_only_conversion_of_validation_errors_to_config_erro
     client reads an error body that does not fit as a protocol error; a stored workflow record
     of another release is logged and treated as none."""
     own_wording = {"runner/mask/rules.py", "runner/service/client.py", "action/record.py"}
-    for folder in ("runner", "action", "webhook"):
+    for folder in ("pgoverlay", "runner", "action", "webhook"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             name = f"{path.relative_to(ROOT)}"
             text = path.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -59,3 +60,47 @@ def test_every_module_of_a_folder_is_packaged() -> None:
         prefix = max((p for p in folders if package == p or package.startswith(p + ".")), key=len)
         rest = package.removeprefix(prefix).strip(".")
         assert (ROOT / folders[prefix] / Path(*rest.split("."))).is_dir(), package
+
+
+def _module_level_names(tree: ast.Module) -> dict[str, str]:
+    """Names a module binds at its top level (in if/try blocks too), with how it binds each."""
+    bound: dict[str, str] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                source = node.module if isinstance(node, ast.ImportFrom) else None
+                bound[local] = f"from {source} import {alias.name}" if source else alias.name
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+            bound[node.name] = "def"
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        bound[name.id] = "assignment"
+        elif isinstance(node, ast.If | ast.Try):
+            todo.extend(node.body + node.orelse + getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                todo.extend(handler.body)
+    return bound
+
+
+def test_no_package_binds_a_name_that_one_of_its_submodules_has() -> None:
+    """Importing a submodule sets it as its package's attribute: a package whose __init__ also
+    binds that name (``from psycopg import sql`` beside a ``sql.py``) finds it replaced."""
+    folders = {"pgoverlay": "pgoverlay", **MAPPING}
+    clashes = []
+    for package, folder in folders.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            here = init.parent
+            subs = {p.stem for p in here.glob("*.py")} | {
+                p.name for p in here.iterdir() if (p / "__init__.py").is_file()
+            }
+            dotted = ".".join([package, *here.relative_to(ROOT / folder).parts])
+            for name, how in _module_level_names(ast.parse(init.read_text())).items():
+                if name in subs and how != f"from {dotted} import {name}":
+                    clashes.append(f"{init.relative_to(ROOT)}: {name} ({how})")
+    assert clashes == []

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -21,7 +20,6 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from pgoverlay.errors import ConfigError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service.engine import Engine, LocalEngine
 from pgoverlay.runner.settings import Settings
@@ -39,12 +37,7 @@ else:
 
 def settings() -> Settings:
     """The runner's settings, or a ConfigError naming the bad one."""
-    try:
-        return load_settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise ConfigError(f"bad setting PGOVERLAY_{field.upper()}: {first['msg']}") from None
+    return load_settings()
 
 
 def pool() -> Pool:

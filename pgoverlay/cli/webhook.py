@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pgoverlay.webhook.settings import WebhookSettings
 
-from pydantic import ValidationError
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands
-from pgoverlay.errors import ConfigError
 
 
 def cmd_webhook_setup(args: argparse.Namespace) -> int:
@@ -35,20 +33,12 @@ def cmd_webhook_setup(args: argparse.Namespace) -> int:
 def _webhook_settings() -> WebhookSettings:
     """The listener's settings and its log format (both processes log alike)."""
     from pgoverlay.webhook import sandbox
-    from pgoverlay.webhook.settings import WebhookSettings
+    from pgoverlay.webhook.settings import load
     from pgoverlay.webhook.worker import JobLogContext
 
     sandbox.check()  # never as root; each job's code gets a uid of its own
     os.umask(0o077)  # the queue, its journals and the jobs' trees: the listener's alone
-    try:
-        settings = WebhookSettings()  # type: ignore[call-arg]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise ConfigError(
-            f"webhook setting {where}: {first['msg']} (PGOVERLAY_WEBHOOK_* or the file named by "
-            "PGOVERLAY_WEBHOOK_CONFIG)"
-        ) from None
+    settings = load()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(JobLogContext())
     handler.setFormatter(
