@@ -31,13 +31,13 @@ from pgoverlay.errors import (
     PgoverlayError,
     config_error,
 )
+from pgoverlay.runner.branch.connection import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import (
     BaseView,
     BranchView,
-    Connection,
     CreateRequest,
     RecordRequest,
 )

@@ -19,10 +19,10 @@ import pytest
 from pgoverlay.action import migrations
 from pgoverlay.errors import BranchStartError, MigrationError, RegistryError, ServiceError
 from pgoverlay.runner import branch
+from pgoverlay.runner.branch.connection import Connection
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
-from pgoverlay.runner.service.models import Connection
 
 
 def test_a_damaged_registry_file_raises_the_registrys_error(tmp_path: Path) -> None:

@@ -122,14 +122,7 @@ def test_changed_between_counts_an_unreadable_file_as_changed(
 
 
 def _target(pool: Pool, name: str) -> Target:
-    b = branch.get(pool, name)
-    return Target(
-        host=pool.settings.public_host,
-        port=b.port,
-        user=b.user,
-        password=b.password,
-        database=b.database,
-    )
+    return branch.connection(pool, branch.get(pool, name))
 
 
 @pytest.fixture(scope="module")

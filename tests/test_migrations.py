@@ -125,14 +125,7 @@ def test_only_files_the_pr_adds_or_changes_are_selected_in_lexical_order(tmp_pat
 
 
 def target_for(pool: Pool, name: str) -> Target:
-    b = branch.get(pool, name)
-    return Target(
-        host=pool.settings.public_host,
-        port=b.port,
-        user=b.user,
-        password=b.password,
-        database=b.database,
-    )
+    return branch.connection(pool, branch.get(pool, name))
 
 
 def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(

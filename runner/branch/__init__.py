@@ -30,6 +30,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
+from pgoverlay.runner.branch.connection import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
@@ -37,7 +38,6 @@ from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
 from pgoverlay.runner.seed import roles
-from pgoverlay.runner.service.models import Connection
 
 log = logging.getLogger(__name__)
 

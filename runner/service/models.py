@@ -8,8 +8,7 @@ a base among the seeded ones, a runtime among two, a TTL and whose pull request 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
-from urllib.parse import quote
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -103,58 +102,6 @@ class BranchView(Answer):
     layer: Layer | None = None  # asked for by `list` and `status`; measuring it walks the layer
     record: Record | None = None
     seconds: float | None = None  # how long a create or reset took
-
-
-class Connection(Answer):
-    """How to log in to a branch: for its owner (or root) only."""
-
-    host: str
-    port: int
-    database: str
-    user: str
-    password: str = Field(repr=False)
-
-    @property
-    def url(self) -> str:
-        return (
-            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
-            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
-        )
-
-    def connect_kwargs(self) -> dict[str, Any]:
-        """psycopg.connect's keywords."""
-        return {
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "password": self.password,
-            "dbname": self.database,
-        }
-
-    def libpq_env(self) -> dict[str, str]:
-        """The libpq variables a child process (psql, a migrate command) connects with."""
-        return {
-            "PGHOST": self.host,
-            "PGPORT": str(self.port),
-            "PGUSER": self.user,
-            "PGPASSWORD": self.password,
-            "PGDATABASE": self.database,
-            "PGAPPNAME": "pgoverlay-migrate",
-            "PGCONNECT_TIMEOUT": "15",
-        }
-
-    @property
-    def dsn(self) -> str:
-        """A libpq key=value string (values quoted as libpq needs them)."""
-        from psycopg.conninfo import make_conninfo  # only the `connect` command needs it
-
-        return make_conninfo(
-            host=self.host,
-            port=self.port,
-            dbname=self.database,
-            user=self.user,
-            password=self.password,
-        )
 
 
 class BaseView(Answer):

@@ -1,0 +1,63 @@
+"""A branch's connection details: the one way to write them (psycopg keywords, libpq variables,
+a URL, a libpq DSN), built by ``branch.connection()``."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Connection(BaseModel):
+    """How to log in to a branch: for its owner (or root) only."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    port: int
+    database: str
+    user: str
+    password: str = Field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return (
+            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
+        )
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg.connect's keywords."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "dbname": self.database,
+        }
+
+    def libpq_env(self) -> dict[str, str]:
+        """The libpq variables a child process (psql, a migrate command) connects with."""
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGPASSWORD": self.password,
+            "PGDATABASE": self.database,
+            "PGAPPNAME": "pgoverlay-migrate",
+            "PGCONNECT_TIMEOUT": "15",
+        }
+
+    @property
+    def dsn(self) -> str:
+        """A libpq key=value string (values quoted as libpq needs them)."""
+        from psycopg.conninfo import make_conninfo  # only the `connect` command needs it
+
+        return make_conninfo(
+            host=self.host,
+            port=self.port,
+            dbname=self.database,
+            user=self.user,
+            password=self.password,
+        )
