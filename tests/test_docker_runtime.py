@@ -204,7 +204,7 @@ def test_a_docker_outage_reads_as_unknown_and_gc_neither_restarts_nor_destroys(
         row = pool.registry.branch("dock-blind")
         assert row is not None and row.state == "ready"
         assert branch.status(pool, "dock-blind").liveness.state == "running"
-        with psycopg.connect(**branch.connect_kwargs(pool, b)) as conn:
+        with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         branch.destroy(pool, "dock-blind")
