@@ -28,7 +28,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.postgres import sqlerror
 
 # The schema itself is made by the engine when it creates the branch (runner/seed/roles.py), so

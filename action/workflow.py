@@ -31,7 +31,7 @@ from pgoverlay.errors import (
     PgoverlayError,
     config_error,
 )
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.service.engine import Engine

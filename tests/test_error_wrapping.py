@@ -19,7 +19,7 @@ import pytest
 from pgoverlay.action import migrations
 from pgoverlay.errors import BranchStartError, MigrationError, RegistryError, ServiceError
 from pgoverlay.runner import branch
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine

@@ -275,7 +275,7 @@ def test_concurrent_requests_each_get_their_answer(
 def test_connection_strings_survive_any_password() -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    from pgoverlay.runner.branch.connection import Connection
+    from pgoverlay.runner.branch.login import Connection
 
     c = Connection(host="h", port=5, database="my db", user="u", password="it's a \\ secret")
     assert conninfo_to_dict(c.dsn) == {

@@ -30,7 +30,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service.client import API, error_code
 from pgoverlay.runner.service.engine import LocalEngine

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError, config_error
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import SOCKET_ROOT, pool_id
 from pgoverlay.runner.service.models import (
     BaseView,

@@ -25,7 +25,7 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.branch.connection import Connection
+from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool, gc, registry
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.models import (

@@ -1,5 +1,5 @@
-"""A branch's connection details: the one way to write them (psycopg keywords, libpq variables,
-a URL, a libpq DSN), built by ``branch.connection()``."""
+"""How to log in to a branch: its connection details, written one way each (psycopg's keywords,
+libpq's variables, a URL, a DSN), built by ``branch.connection()``."""
 
 from __future__ import annotations
 
