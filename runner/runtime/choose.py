@@ -39,7 +39,7 @@ RUNTIMES = ("auto", "local", "docker")
 Purpose = Literal["branch", "seed", "psql"]
 Name = Literal["local", "docker"]
 
-# Issue 12: a job's migrations never get the Docker daemon, which is root on this host.
+# A job's migrations never get the Docker daemon, which is root on this host.
 PSQL_REASON = (
     "migrations run with this host's psql, as the job's own user, whatever runs the branch: "
     "a job is never given the Docker daemon, which is root on this host"
