@@ -6,68 +6,52 @@ from __future__ import annotations
 from pathlib import Path
 
 from pgoverlay.webhook.account import next_free, ranges
-from pgoverlay.webhook.forks import decide
+from pgoverlay.webhook.forks import Verdict, decide
 from pgoverlay.webhook.queue import Approval, Queue
 
 LABEL = "db-ok"
 A, B = "a" * 40, "b" * 40
 
 
-def test_a_writers_label_approves_the_labelled_head() -> None:
-    verdict = decide(
+def _label_job(
+    *,
+    labels: list[str] | None = None,
+    head_sha: str = A,
+    sender: str = "maintainer",
+    sender_can_write: bool = True,
+) -> Verdict:
+    """The verdict on a label job for the label put on head A (by a writer, unless told)."""
+    return decide(
         kind="label",
         label=LABEL,
-        labels=[LABEL],
-        head_sha=A,
+        labels=[LABEL] if labels is None else labels,
+        head_sha=head_sha,
         approval=None,
         labelled_sha=A,
-        sender="maintainer",
-        sender_can_write=True,
+        sender=sender,
+        sender_can_write=sender_can_write,
     )
+
+
+def test_a_writers_label_approves_the_labelled_head() -> None:
+    verdict = _label_job()
     assert verdict.run and verdict.approver == "maintainer" and not verdict.remove_label
 
 
 def test_a_label_from_someone_without_write_permission_is_removed_and_approves_nothing() -> None:
-    verdict = decide(
-        kind="label",
-        label=LABEL,
-        labels=[LABEL],
-        head_sha=A,
-        approval=None,
-        labelled_sha=A,
-        sender="triager",
-        sender_can_write=False,
-    )
+    verdict = _label_job(sender="triager", sender_can_write=False)
     assert not verdict.run and verdict.remove_label and not verdict.approver
     assert "@triager" in verdict.reason and "cannot write" in verdict.reason
 
 
 def test_a_label_on_an_older_head_approves_nothing() -> None:
-    verdict = decide(
-        kind="label",
-        label=LABEL,
-        labels=[LABEL],
-        head_sha=B,
-        approval=None,
-        labelled_sha=A,
-        sender="maintainer",
-        sender_can_write=True,
-    )
+    verdict = _label_job(head_sha=B)
     assert not verdict.run and verdict.remove_label and not verdict.approver
     assert A[:7] in verdict.reason and B[:7] in verdict.reason
 
 
 def test_a_label_job_whose_label_is_gone_does_nothing_quietly() -> None:
-    verdict = decide(
-        kind="label",
-        label=LABEL,
-        labels=[],
-        head_sha=A,
-        approval=None,
-        labelled_sha=A,
-        sender="maintainer",
-        sender_can_write=True,
-    )
+    verdict = _label_job(labels=[])
     assert not verdict.run and verdict.quiet and not verdict.remove_label
 
 
