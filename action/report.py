@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pgoverlay.action.insight.model import MigrationInsight
+
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
 RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
 
@@ -20,6 +22,7 @@ class MigrationRun:
     error: str = ""  # error excerpt (never contains the password)
     file: str | None = None  # repository-relative file the error came from
     line: int | None = None  # line in that file
+    insight: MigrationInsight | None = None  # what it did to the branch, measured
 
 
 @dataclass(frozen=True)

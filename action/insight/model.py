@@ -1,0 +1,116 @@
+"""What migration insight found for one migration: plain data, no I/O.
+
+Times are seconds, sizes bytes. Statement indexes are 0-based positions in the migration's
+statement list (``MigrationInsight.statements``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# What a lock stops in production, from Postgres's lock conflict table: a mode that conflicts
+# with ACCESS SHARE (plain SELECT) blocks reads and writes; one that conflicts with ROW
+# EXCLUSIVE (INSERT/UPDATE/DELETE) blocks writes; any other blocks only other DDL (and VACUUM).
+Blocks = Literal["reads and writes", "writes", "ddl"]
+FindingStatus = Literal["confirmed", "not observed", "not measurable"]
+VerdictLevel = Literal["safe", "notice", "over"]  # over: a threshold is crossed
+
+
+@dataclass(frozen=True)
+class LockUse:
+    """A lock mode taken on one relation, and how long it was held."""
+
+    relation: str  # schema-qualified name, e.g. "public.orders"
+    kind: str  # "table", "index", "sequence", "materialized view", "partitioned table", ...
+    mode: str  # Postgres's name in capitals: "ACCESS EXCLUSIVE", "SHARE", ...
+    blocks: Blocks
+    held_seconds: float  # from acquisition to release (commit, for a transaction)
+    waited_seconds: float = 0.0  # time spent waiting to get it
+    statement: int | None = None  # the statement that took it, where statements are known
+    bytes: int = 0  # the relation's size, for "blocks writes to orders (5.0 GiB)"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A table or index whose storage was replaced (its relfilenode changed)."""
+
+    relation: str
+    kind: str
+    reasons: list[str]  # from the table_rewrite event trigger; [] when Postgres gives none
+    bytes_before: int
+    bytes_after: int
+    statement: int | None = None
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Full-table scans made while a lock that blocks writes was held on the table."""
+
+    relation: str
+    scans: int
+    rows_read: int
+    under: str  # the lock mode held meanwhile
+    statement: int | None = None
+
+
+@dataclass(frozen=True)
+class Volume:
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    wal_bytes: int = 0
+    layer_bytes: int = 0  # physical growth of the branch's writable layer (may be negative)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A lint (squawk) finding, checked against what the trace measured."""
+
+    rule: str
+    message: str
+    line: int  # 1-based line of the migration file
+    status: FindingStatus
+    evidence: str  # what the trace saw, e.g. "no rewrite of public.orders" or "held 3 ms"
+    statement: int | None = None
+
+
+@dataclass(frozen=True)
+class StatementInsight:
+    index: int
+    line: int | None  # first line in the file (SQL files); None for a command's statements
+    text: str  # the statement, cut to at most 500 characters
+    seconds: float | None  # from the server log; None when it was not logged
+    locks: list[LockUse] = field(default_factory=list)
+    rewrites: list[Rewrite] = field(default_factory=list)
+    scans: list[Scan] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: VerdictLevel
+    text: str  # one line: "safe online", or "blocks writes to `orders` (5.0 GiB) for 41.2 s: ..."
+
+
+@dataclass(frozen=True)
+class MigrationInsight:
+    seconds: float  # the migration's duration on the branch
+    locks: list[LockUse]  # per relation and mode, the longest hold
+    rewrites: list[Rewrite]
+    scans: list[Scan]
+    volume: Volume
+    statements: list[StatementInsight]
+    findings: list[Finding]
+    verdict: Verdict
+    interval: float  # the lock sampler's resolution, seconds
+    notes: list[str] = field(default_factory=list)  # what was not measured, and why
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What the workflow allows (Action inputs ``max-blocking-lock``, ``max-rewrite``,
+    ``fail-on-threshold``)."""
+
+    max_blocking_lock: float = 5.0  # seconds a lock that blocks reads or writes may be held
+    max_rewrite: int = 1024**3  # bytes a single rewrite may produce
+    fail: bool = False  # crossing a threshold fails the step

@@ -1,0 +1,1 @@
+"""Tracing a branch while migrations run on it: see ``pgoverlay.runner.service.models.TraceMark``."""
