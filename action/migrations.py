@@ -16,14 +16,17 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import psycopg
 import sqlparse
 from sqlparse import tokens as T
 
+from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
@@ -241,31 +244,47 @@ _LEDGER_FIX = (
 )
 
 
-def ledger(target: Target) -> dict[str, str]:
-    """name -> checksum of every migration recorded in the branch."""
-    with (
-        sqlerror.wrapped(
-            MigrationError,
-            what=f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
-            f"{target.database} on port {target.port}",
-            fix=_LEDGER_FIX,
-        ),
-        psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn,
+def _ledger_error(what: str) -> AbstractContextManager[None]:
+    return sqlerror.wrapped(MigrationError, what=what, fix=_LEDGER_FIX)
+
+
+def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
+    """The workflow's own connection to the branch, for the ledger: one for the whole run, so
+    a trace can tell its statements from the migrations' (by its backend pid)."""
+    with _ledger_error(
+        f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
+        f"{target.database} on port {target.port}"
     ):
-        conn.execute(LEDGER)
+        conn = psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15)
+        try:
+            conn.execute(LEDGER)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+
+def _recorded(conn: psycopg.Connection[Any], target: Target) -> dict[str, str]:
+    with _ledger_error(
+        f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
+        f"{target.database} on port {target.port}"
+    ):
         rows = conn.execute("SELECT name, checksum FROM pgoverlay_ledger.migrations").fetchall()
         return dict(rows)
 
 
-def _record(target: Target, name: str, text: str, seconds: float) -> None:
-    with (
-        sqlerror.wrapped(
-            MigrationError,
-            what=f"{name} ran, but cannot be recorded in the migration ledger "
-            f"(pgoverlay_ledger.migrations) of database {target.database} on port {target.port}",
-            fix=_LEDGER_FIX,
-        ),
-        psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15) as conn,
+def ledger(target: Target) -> dict[str, str]:
+    """name -> checksum of every migration recorded in the branch."""
+    with _connect_ledger(target) as conn:
+        return _recorded(conn, target)
+
+
+def _record(
+    conn: psycopg.Connection[Any], target: Target, name: str, text: str, seconds: float
+) -> None:
+    with _ledger_error(
+        f"{name} ran, but cannot be recorded in the migration ledger "
+        f"(pgoverlay_ledger.migrations) of database {target.database} on port {target.port}"
     ):
         conn.execute(
             "INSERT INTO pgoverlay_ledger.migrations (name, checksum, duration_ms) "
@@ -274,6 +293,22 @@ def _record(target: Target, name: str, text: str, seconds: float) -> None:
             "applied_at = now(), duration_ms = EXCLUDED.duration_ms",
             (name, checksum(text), int(seconds * 1000)),
         )
+
+
+class Watcher(Protocol):
+    """Measures what each migration did to the branch (``pgoverlay.action.insight.observe``).
+
+    ``measure`` is called once after each migration that ran, failed ones included, in order;
+    ``ignore_pids`` are this workflow's own sessions on the branch."""
+
+    def measure(
+        self,
+        *,
+        text: str | None,
+        seconds: float,
+        single_transaction: bool,
+        ignore_pids: Collection[int],
+    ) -> MigrationInsight | None: ...
 
 
 def scrub(text: str, secret: str) -> str:
@@ -290,9 +325,11 @@ def apply_files(
     timeout: float,
     sandbox: Sandbox = AS_SELF,
     max_bytes: int = MAX_FILE_BYTES,
+    watcher: Watcher | None = None,
 ) -> list[MigrationRun]:
     r"""Apply ``files`` (paths relative to ``repo``) in order with the ``psql`` program; stop
-    at the first failure.
+    at the first failure. With a ``watcher``, each file that ran is measured (its
+    ``MigrationRun.insight``).
 
     psql runs in ``sandbox`` (as the owner of the checkout, or a job's own uid), never as
     root: a file's ``\!`` shell escape must not gain privileges the pull request's own job
@@ -308,33 +345,52 @@ def apply_files(
             texts.append(read_migration(repo, name, limit=max_bytes))
         except UnsafeFileError as err:
             texts.append(err)
-    recorded = ledger(target)
+    with _connect_ledger(target) as conn:
+        return _apply(
+            target, repo, files, texts, conn, psql, skip_recorded, timeout, sandbox, watcher
+        )
+
+
+def _apply(
+    target: Target,
+    repo: Path,
+    files: list[str],
+    texts: list[str | UnsafeFileError],
+    conn: psycopg.Connection[Any],
+    psql: Path,
+    skip_recorded: bool,
+    timeout: float,
+    sandbox: Sandbox,
+    watcher: Watcher | None,
+) -> list[MigrationRun]:
+    recorded = _recorded(conn, target)
+    mine = {conn.info.backend_pid}
     results: list[MigrationRun] = []
+
+    def stop_after(run: MigrationRun, index: int) -> list[MigrationRun]:
+        return [*results, run, *(MigrationRun(n, "not run", 0.0) for n in files[index + 1 :])]
+
     for index, (name, text) in enumerate(zip(files, texts, strict=True)):
         if isinstance(text, UnsafeFileError):
-            results.append(MigrationRun(name, "failed", 0.0, str(text), file=name))
-            results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
-            return results
+            return stop_after(MigrationRun(name, "failed", 0.0, str(text), file=name), index)
         if name in recorded:
             if recorded[name] == checksum(text):
                 if skip_recorded:
                     results.append(MigrationRun(name, "skipped", 0.0))
                     continue
             elif skip_recorded:
-                results.append(
-                    MigrationRun(
-                        name,
-                        "failed",
-                        0.0,
-                        "this file changed after it was applied to the branch; reset the branch "
-                        "(or push with reset-on-push enabled) to apply the new version",
-                        file=name,
-                    )
+                changed = MigrationRun(
+                    name,
+                    "failed",
+                    0.0,
+                    "this file changed after it was applied to the branch; reset the branch "
+                    "(or push with reset-on-push enabled) to apply the new version",
+                    file=name,
                 )
-                results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
-                return results
+                return stop_after(changed, index)
+        single = not needs_no_transaction(text)
         argv: list[str | os.PathLike[str]] = ["-X", "-q", "-v", "ON_ERROR_STOP=1"]
-        if not needs_no_transaction(text):
+        if single:
             argv.append("--single-transaction")
         argv += ["-f", name]
         started = time.monotonic()
@@ -343,37 +399,47 @@ def apply_files(
                 [psql, *argv], timeout=timeout, env=target.libpq_env(), cwd=repo, check=False
             )
         except TimeoutExpiredError:
-            results.append(
-                MigrationRun(
-                    name,
-                    "failed",
-                    time.monotonic() - started,
-                    f"did not finish within {timeout:.0f} s",
-                    file=name,
-                )
-            )
-            results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
-            break
-        seconds = time.monotonic() - started
-        if done.returncode == 0:
-            _record(target, name, text, seconds)
-            results.append(MigrationRun(name, "applied", seconds))
-            continue
-        stderr = scrub(done.stderr, target.password)
-        error = parse_psql_error(stderr, text)
-        results.append(
-            MigrationRun(
+            seconds = time.monotonic() - started
+            late = MigrationRun(
                 name,
                 "failed",
                 seconds,
-                error.message if error else proc.last_lines(stderr, 5),
+                f"did not finish within {timeout:.0f} s",
                 file=name,
-                line=error.line if error else None,
+                insight=_measure(watcher, text, seconds, single, mine),
             )
+            return stop_after(late, index)
+        seconds = time.monotonic() - started
+        insight = _measure(watcher, text, seconds, single, mine)
+        if done.returncode == 0:
+            _record(conn, target, name, text, seconds)
+            results.append(MigrationRun(name, "applied", seconds, insight=insight))
+            continue
+        stderr = scrub(done.stderr, target.password)
+        error = parse_psql_error(stderr, text)
+        failed = MigrationRun(
+            name,
+            "failed",
+            seconds,
+            error.message if error else proc.last_lines(stderr, 5),
+            file=name,
+            line=error.line if error else None,
+            insight=insight,
         )
-        results += [MigrationRun(n, "not run", 0.0) for n in files[index + 1 :]]
-        break
+        return stop_after(failed, index)
     return results
+
+
+def _measure(
+    watcher: Watcher | None,
+    text: str | None,
+    seconds: float,
+    single: bool,
+    mine: Collection[int],
+) -> MigrationInsight | None:
+    if watcher is None:
+        return None
+    return watcher.measure(text=text, seconds=seconds, single_transaction=single, ignore_pids=mine)
 
 
 def run_command(
@@ -385,9 +451,11 @@ def run_command(
     echo: Callable[[str], None] | None = None,
     extra_env: Mapping[str, str] | None = None,
     sandbox: Sandbox = AS_SELF,
+    watcher: Watcher | None = None,
 ) -> MigrationRun:
     """Run the project's own migration command against the branch in ``sandbox`` (as the owner
-    of the checkout, or a job's own uid), never with the engine's privileges."""
+    of the checkout, or a job's own uid), never with the engine's privileges. With a
+    ``watcher``, the run is measured from the server's side (``MigrationRun.insight``)."""
     env = {**target.libpq_env(), "DATABASE_URL": target.url, **(extra_env or {})}
     env.pop("PGAPPNAME")
     started = time.monotonic()
@@ -396,18 +464,21 @@ def run_command(
             ["/bin/sh", "-c", command], timeout=timeout, env=env, cwd=cwd, check=False
         )
     except TimeoutExpiredError:
+        seconds = time.monotonic() - started
         return MigrationRun(
             command,
             "failed",
-            time.monotonic() - started,
+            seconds,
             f"the migrate command did not finish within {timeout:.0f} s",
+            insight=_measure(watcher, None, seconds, False, ()),
         )
     seconds = time.monotonic() - started
+    insight = _measure(watcher, None, seconds, False, ())
     output = scrub(done.stdout + done.stderr, target.password)
     if echo is not None:
         for line in output.splitlines():
             echo(line)
     if done.returncode == 0:
-        return MigrationRun(command, "applied", seconds)
+        return MigrationRun(command, "applied", seconds, insight=insight)
     tail = "\n".join(output.strip().splitlines()[-15:]) or f"exit code {done.returncode}"
-    return MigrationRun(command, "failed", seconds, tail)
+    return MigrationRun(command, "failed", seconds, tail, insight=insight)

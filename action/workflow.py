@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pgoverlay.action import comment, migrations, record
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub
+from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.action.request import Inputs, PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
@@ -139,65 +140,88 @@ def fork_refusal(event: Event, inputs: Inputs) -> str:
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
-def _migrate(
-    pool_settings: Settings,
-    connection: Connection,
-    major: int,
-    event: Event,
-    inputs: PrRequest,
-    repo_dir: Path,
-    echo: Echo,
-    changed: Changed | None,
-    sandbox: Sandbox,
-    fork_commands: bool,
-) -> tuple[list[MigrationRun], str]:
-    """Apply the PR's migrations, running its code in ``sandbox``; returns the runs and a note
-    for the report. A fork's migrate command runs only with ``fork_commands``."""
-    workdir = (repo_dir / inputs.working_directory).resolve()
-    if inputs.migrate_command:
-        if event.from_fork and not fork_commands:
-            return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
-                "the migrate command was not run: this pull request comes from a fork, and "
-                "running a fork's code needs `allow-fork-commands: true`"
-            )
-        echo(f"running migrate command in {workdir}")
-        run = migrations.run_command(
-            connection,
-            inputs.migrate_command,
-            cwd=workdir,
-            timeout=pool_settings.command_timeout,
-            echo=echo,
-            sandbox=sandbox,
+@dataclass(frozen=True)
+class _Migrations:
+    """What applying one PR's migrations needs; its code runs in ``sandbox``."""
+
+    settings: Settings
+    connection: Connection
+    major: int
+    event: Event
+    inputs: PrRequest
+    repo_dir: Path
+    echo: Echo
+    changed: Changed | None
+    sandbox: Sandbox
+    fork_commands: bool
+
+    def apply(self, engine: Engine, name: str) -> tuple[list[MigrationRun], str]:
+        """Apply them, measured unless the ``insight`` input is off; returns the runs and a
+        note for the report. A fork's migrate command runs only with ``fork_commands``."""
+        if not self.inputs.insight:
+            return self._run(None)
+        observer = Observer(
+            engine,
+            name,
+            repository=self.event.repository,
+            thresholds=self.inputs.thresholds(),
+            pg_major=self.major,
+            # Long enough for every file to reach its timeout; the trace then ends itself.
+            max_seconds=min(48 * 3600, self.settings.command_timeout * 10 + 600),
         )
-        return [run], ""
-    if not inputs.migrations:
-        return [], ""
-    folder = os.path.relpath(workdir / inputs.migrations, repo_dir)
-    if inputs.migrations_select == "changed" and event.pr is not None and event.base_sha:
-        files = (
-            changed(folder)
-            if changed is not None
-            else migrations.changed_files(
-                repo_dir,
-                folder,
-                base_sha=event.base_sha,
-                head_sha=event.head_sha,
-                sandbox=sandbox,
+        with observer:
+            runs, note = self._run(observer)
+        return runs, note or observer.problem
+
+    def _run(self, watcher: migrations.Watcher | None) -> tuple[list[MigrationRun], str]:
+        inputs, event, repo_dir = self.inputs, self.event, self.repo_dir
+        workdir = (repo_dir / inputs.working_directory).resolve()
+        if inputs.migrate_command:
+            if event.from_fork and not self.fork_commands:
+                return [MigrationRun(inputs.migrate_command, "not run", 0.0)], (
+                    "the migrate command was not run: this pull request comes from a fork, and "
+                    "running a fork's code needs `allow-fork-commands: true`"
+                )
+            self.echo(f"running migrate command in {workdir}")
+            run = migrations.run_command(
+                self.connection,
+                inputs.migrate_command,
+                cwd=workdir,
+                timeout=self.settings.command_timeout,
+                echo=self.echo,
+                sandbox=self.sandbox,
+                watcher=watcher,
             )
+            return [run], ""
+        if not inputs.migrations:
+            return [], ""
+        folder = os.path.relpath(workdir / inputs.migrations, repo_dir)
+        if inputs.migrations_select == "changed" and event.pr is not None and event.base_sha:
+            files = (
+                self.changed(folder)
+                if self.changed is not None
+                else migrations.changed_files(
+                    repo_dir,
+                    folder,
+                    base_sha=event.base_sha,
+                    head_sha=event.head_sha,
+                    sandbox=self.sandbox,
+                )
+            )
+        else:
+            files = migrations.all_files(repo_dir, folder)
+        self.echo(f"applying {len(files)} migration file(s) from {folder}")
+        runs = migrations.apply_files(
+            self.connection,
+            repo_dir,
+            files,
+            psql=tools_for("psql", settings=self.settings, major=self.major).tool("psql"),
+            skip_recorded=True,
+            timeout=self.settings.command_timeout,
+            sandbox=self.sandbox,
+            watcher=watcher,
         )
-    else:
-        files = migrations.all_files(repo_dir, folder)
-    echo(f"applying {len(files)} migration file(s) from {folder}")
-    runs = migrations.apply_files(
-        connection,
-        repo_dir,
-        files,
-        psql=tools_for("psql", settings=pool_settings, major=major).tool("psql"),
-        skip_recorded=True,
-        timeout=pool_settings.command_timeout,
-        sandbox=sandbox,
-    )
-    return runs, ""
+        return runs, ""
 
 
 def _bring_up(
@@ -305,7 +329,7 @@ def handle(
             b, seconds = _bring_up(engine, event, inputs, current, echo)
             connection = engine.connection(name)
             base = _base_of(engine, b)
-            runs, note = _migrate(
+            runs, note = _Migrations(
                 settings,
                 connection,
                 base.pg_major if base and base.pg_major else 0,
@@ -316,7 +340,7 @@ def handle(
                 changed,
                 sandbox,
                 fork_commands,
-            )
+            ).apply(engine, name)
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
                 skeleton,

@@ -1,0 +1,125 @@
+"""Measuring migrations while they run: the engine traces the branch, this module asks for a
+mark after each migration and turns the two marks around it into a ``MigrationInsight``.
+
+Measuring never fails a migration: when the engine cannot trace (an older service, a branch
+that stopped), the migrations run as they would without it and their runs carry no insight;
+the reason is kept in ``Observer.problem`` for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Collection
+from types import TracebackType
+
+from pgoverlay.action import migrations
+from pgoverlay.action.insight import analyze, lint
+from pgoverlay.action.insight.model import MigrationInsight, Thresholds
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.service.engine import Engine
+from pgoverlay.runner.service.models import TraceMark, TraceRequest
+
+log = logging.getLogger(__name__)
+
+
+class Observer:
+    """A trace of branch ``name`` for the length of a ``with`` block; a ``migrations.Watcher``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        *,
+        repository: str | None,
+        thresholds: Thresholds,
+        pg_major: int,
+        max_seconds: float,
+        interval: float = 0.05,
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.repository = repository
+        self.thresholds = thresholds
+        self.pg_major = pg_major
+        self.request = TraceRequest(
+            repository=repository, interval=interval, max_seconds=max_seconds
+        )
+        self.problem = ""  # why migrations were not measured, when they were not
+        self._last: TraceMark | None = None
+        self._book: analyze.Book | None = None
+
+    def __enter__(self) -> Observer:
+        try:
+            first = self.engine.trace_begin(self.name, self.request)
+        except PgoverlayError as err:
+            self._give_up(f"the migrations were not measured: {err}")
+            return self
+        self._last, self._book = first, analyze.Book(first)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._last is None:
+            return
+        self._last = self._book = None
+        try:
+            self.engine.trace_end(self.name, repository=self.repository)
+        except PgoverlayError as problem:
+            log.warning("branch %s: the trace did not end cleanly: %s", self.name, problem)
+
+    def _give_up(self, why: str) -> None:
+        log.warning("branch %s: %s", self.name, why)
+        self.problem = self.problem or why
+        self._last = self._book = None
+
+    def measure(
+        self,
+        *,
+        text: str | None,
+        seconds: float,
+        single_transaction: bool,
+        ignore_pids: Collection[int],
+    ) -> MigrationInsight | None:
+        """What the migration that just ended did: ``text`` is its SQL (None for a migrate
+        command, whose statements come from the server's log)."""
+        if self._last is None or self._book is None:
+            return None
+        try:
+            mark = self.engine.trace_mark(self.name, repository=self.repository)
+        except PgoverlayError as err:
+            self._give_up(f"measuring stopped: {err}")
+            return None
+        before, after = self._book.advance(mark)
+        found = (
+            lint.squawk(text, pg_major=self.pg_major, in_transaction=single_transaction)
+            if text is not None
+            else []
+        )
+        notes: list[str] = []
+        if isinstance(found, str):
+            notes.append(found)
+            found = []
+        insight = analyze.analyze(
+            before=self._last,
+            after=mark,
+            relations_before=before,
+            relations_after=after,
+            seconds=seconds,
+            statements=migrations.statements(text) if text is not None else None,
+            ignore_pids=ignore_pids,
+            lint=found,
+            thresholds=self.thresholds,
+        )
+        self._last = mark
+        if notes:
+            insight = _with_notes(insight, notes)
+        return insight
+
+
+def _with_notes(insight: MigrationInsight, notes: list[str]) -> MigrationInsight:
+    return dataclasses.replace(insight, notes=[*insight.notes, *notes])
