@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Migration insight benchmark: what measuring costs a migration, and what it reports next to
+a linter's findings for the same migrations.
+
+    sudo .venv/bin/python bench/insight.py [--rows 2500000] [--rounds 5] [--work DIR]
+
+Builds a throwaway source from tests/fixtures/insight/shop.sql (`orders`: --rows rows, about
+100 bytes each), seeds it into a pool of its own, then:
+
+- overhead: each of a few of the fixture migrations runs on a fresh branch, with and without
+  the trace, in turns (the order swaps every round); the table gives the medians of psql's
+  wall time, and what the marks around it cost;
+- side by side: every fixture migration applied in order on one traced branch; for each, what
+  squawk (PyPI squawk-cli) says and what the trace measured. eugene is not on PyPI and
+  crates.io is not reachable from these machines, so it has no column.
+
+The Markdown replaces the section between the insight markers in docs/benchmarks.md. A
+measurement script: it asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine_report import write_report
+from psycopg.conninfo import make_conninfo
+
+from pgoverlay.action import migrations
+from pgoverlay.action.insight.model import MigrationInsight, Thresholds
+from pgoverlay.action.insight.observe import Observer
+from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner import branch, proc, seed
+from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import CreateRequest
+from pgoverlay.runner.settings import Settings
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "insight"
+START, END = "<!-- insight:start -->", "<!-- insight:end -->"
+BASE = "insight-bench"
+OVERHEAD = [
+    "002_type_bigint.sql",
+    "006_index.sql",
+    "007_index_concurrently.sql",
+    "008_set_not_null.sql",
+]
+
+
+class Watch:
+    """An Observer that also times its marks."""
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        self.mark_seconds: list[float] = []
+
+    def measure(self, **kwargs: object) -> MigrationInsight | None:
+        t0 = time.monotonic()
+        found = self.observer.measure(**kwargs)  # type: ignore[arg-type]
+        self.mark_seconds.append(time.monotonic() - t0)
+        return found
+
+
+def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows: int) -> Path:
+    datadir = work / "src" / "data"
+    if datadir.exists():
+        return datadir
+    datadir.parent.mkdir(parents=True)
+    os.chown(datadir.parent, owner.uid, owner.gid)
+    cluster.initdb(install, datadir, owner=owner)
+    opts = {"fsync": "off", "wal_level": "replica", "max_wal_size": "4GB"}
+    with cluster.running(install, datadir, owner=owner, scratch=work / "tmp", options=opts) as srv:
+        proc.run(
+            [install.tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"rows={rows}",
+             "-f", FIXTURES / "shop.sql"],
+            env={"PGHOST": os.fspath(srv.socket_dir), "PGPORT": str(srv.port),
+                 "PGUSER": "postgres", "PGDATABASE": "postgres"},
+            timeout=3600,
+        )  # fmt: skip
+    return datadir
+
+
+def apply(
+    engine: LocalEngine, pool: Pool, name: str, repo: Path, files: list[str], *, traced: bool
+) -> tuple[list[MigrationRun], list[float], float]:
+    """Apply ``files`` on a fresh branch ``name``; the runs, the marks' seconds and the
+    trace's begin + end seconds."""
+    engine.create(CreateRequest(name=name, base=BASE))
+    install = pgbin.newest(pool.settings.pg_bindir)
+    try:
+        target = engine.connection(name)
+        if not traced:
+            runs = migrations.apply_files(
+                target, repo, files, psql=install.tool("psql"), skip_recorded=True, timeout=3600
+            )
+            return runs, [], 0.0
+        observer = Observer(
+            engine,
+            name,
+            repository=None,
+            thresholds=Thresholds(),
+            pg_major=install.major,
+            max_seconds=3600,
+        )
+        watch = Watch(observer)
+        t0 = time.monotonic()
+        observer.__enter__()
+        opened = time.monotonic() - t0
+        try:
+            runs = migrations.apply_files(
+                target,
+                repo,
+                files,
+                psql=install.tool("psql"),
+                skip_recorded=True,
+                timeout=3600,
+                watcher=watch,
+            )
+        finally:
+            t0 = time.monotonic()
+            observer.__exit__(None, None, None)
+            opened += time.monotonic() - t0
+        if observer.problem:
+            raise SystemExit(f"the trace failed: {observer.problem}")
+        return runs, watch.mark_seconds, opened
+    finally:
+        engine.destroy(name)
+
+
+def worst_lock(insight: MigrationInsight) -> str:
+    blocking = [lock for lock in insight.locks if lock.blocks != "ddl"] or insight.locks
+    if not blocking:
+        return "none seen"
+    lock = max(blocking, key=lambda x: x.held_seconds)
+    return f"{lock.mode} on `{lock.relation}` ({lock.blocks}), {lock.held_seconds:.2f} s"
+
+
+def rewrites(insight: MigrationInsight) -> str:
+    tables = [r for r in insight.rewrites if r.kind == "table"]
+    if not tables:
+        return "none"
+    return "; ".join(
+        f"`{r.relation}` {format_bytes(r.bytes_before)} → {format_bytes(r.bytes_after)}"
+        f" ({', '.join(r.reasons) or 'no reason given'})"
+        for r in tables
+    )
+
+
+def lint_cell(insight: MigrationInsight) -> str:
+    found = [f for f in insight.findings if f.status != "not measurable"]
+    if not found:
+        return "no lock or rewrite warning"
+    return "; ".join(f"`{f.rule}`: **{f.status}**" for f in found)
+
+
+def squawk_cell(insight: MigrationInsight) -> str:
+    rules = sorted({f.rule for f in insight.findings})
+    return ", ".join(f"`{r}`" for r in rules) or "nothing"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Benchmark migration insight (run as root).")
+    parser.add_argument("--rows", type=int, default=2_500_000, help="rows of orders")
+    parser.add_argument("--rounds", type=int, default=5, help="runs per migration and mode")
+    parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-insight", help="work dir")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    work = Path(args.work)
+    for path in (work, work / "tmp", work / "repo"):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o755)
+    repo = work / "repo"
+    shutil.rmtree(repo / "db", ignore_errors=True)
+    shutil.copytree(FIXTURES / "migrations", repo / "db")
+    settings = Settings(home=work / "pool-home", port_min=56300, port_max=56399)
+    install = pgbin.newest(settings.pg_bindir)
+    owner = proc.OsUser.lookup(settings.os_user)
+    started = dt.datetime.now(dt.UTC)
+    datadir = build_source(work, owner, install, args.rows)
+    pool = poolmod.init(settings, size="20G")
+    engine = LocalEngine(pool)
+    plain: dict[str, list[float]] = {f: [] for f in OVERHEAD}
+    traced: dict[str, list[float]] = {f: [] for f in OVERHEAD}
+    marks: list[float] = []
+    opened: list[float] = []
+    try:
+        with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
+            dsn = make_conninfo(host=os.fspath(srv.socket_dir), port=srv.port, user="postgres")
+            seed.seed(pool, BASE, source_dsn=dsn)
+        size = pool.registry.latest_base(BASE).size_bytes  # type: ignore[union-attr]
+        for i in range(args.rounds):
+            for file in OVERHEAD:
+                order = (False, True) if i % 2 == 0 else (True, False)
+                for with_trace in order:
+                    runs, mark_seconds, trace_seconds = apply(
+                        engine, pool, f"ov{i}", repo, [f"db/{file}"], traced=with_trace
+                    )
+                    (run,) = runs
+                    if run.status != "applied":
+                        raise SystemExit(f"{file} failed: {run.error}")
+                    (traced if with_trace else plain)[file].append(run.seconds)
+                    marks += mark_seconds
+                    if with_trace:
+                        opened.append(trace_seconds)
+        all_files = migrations.all_files(repo, "db")
+        side, _, _ = apply(engine, pool, "side", repo, all_files, traced=True)
+    finally:
+        for b in pool.registry.branches():
+            branch.teardown(pool, b)
+        for base in pool.registry.bases():
+            seed.remove_version(pool, base.name, base.version)
+        pool.close()
+        for target in mounts.mounts_under(pool.home):
+            mounts.unmount(Path(target))
+        mounts.unmount(pool.home / "pool")
+        shutil.rmtree(pool.home, ignore_errors=True)
+
+    overhead_rows = []
+    for file in OVERHEAD:
+        a, b = statistics.median(plain[file]), statistics.median(traced[file])
+        overhead_rows.append(f"| `{file}` | {a:.3f} | {b:.3f} | {(b / a - 1) * 100:+.1f} % |")
+    side_rows = []
+    for run in side:
+        if run.insight is None:
+            side_rows.append(f"| `{Path(run.name).name}` | {run.status} | | | | |")
+            continue
+        i = run.insight
+        verdict = i.verdict.text.replace("|", "\\|")
+        side_rows.append(
+            f"| `{Path(run.name).name}` | {squawk_cell(i)} | {worst_lock(i)} | {rewrites(i)} | "
+            f"{lint_cell(i)} | {verdict} |"
+        )
+    section = "\n".join(
+        [
+            START,
+            "## Migration insight",
+            "",
+            f"Generated by `python bench/insight.py --rows {args.rows} --rounds {args.rounds}` "
+            f"on {started:%Y-%m-%d}: a base of {format_bytes(size)} whose `orders` table has "
+            f"{args.rows:,} rows (`tests/fixtures/insight/shop.sql`).",
+            "",
+            "### What measuring costs",
+            "",
+            "Each migration on a fresh branch, without and with the trace, in turns (the order "
+            "swaps every round); psql's wall time, median of "
+            f"{args.rounds} runs each. The trace samples pg_locks every 50 ms and logs every "
+            "statement of the branch's role.",
+            "",
+            "| migration | untraced (s) | traced (s) | difference |",
+            "|---|--:|--:|--:|",
+            *overhead_rows,
+            "",
+            f"Beyond the migration itself, a mark (snapshot, log, samples, analysis and squawk) "
+            f"took {statistics.median(marks):.3f} s median, and opening plus closing a trace "
+            f"{statistics.median(opened):.3f} s median.",
+            "",
+            "### Side by side with a linter",
+            "",
+            "Every fixture migration in order on one traced branch. squawk (squawk-cli, the "
+            "rules it reports for the file); what the trace measured; each squawk warning "
+            "about a lock, a scan or a rewrite, checked against the measurement. eugene "
+            "(kaaveland/eugene) installs from crates.io or GitHub releases only, neither "
+            "reachable here, so it has no column.",
+            "",
+            "| migration | squawk reports | worst lock, held | table rewrites | "
+            "squawk, checked | verdict |",
+            "|---|---|---|---|---|---|",
+            *side_rows,
+            "",
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+            f"Postgres {install.major}; load average {load:.2f} when the run started (the "
+            "machine is shared, and other work may have run alongside).",
+            END,
+        ]
+    )
+    write_report(section + "\n", start=START, end=END)
+    sys.stdout.write(section + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
