@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import MigrationError
@@ -25,6 +27,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         where = f" at {m.file}:{m.line}" if m.line else ""
         detail = f": {m.error}{where}" if m.error else ""
         out.print(f"  migration {m.name}: {m.status}{detail} ({m.seconds:.2f} s)")
+        if m.insight is not None:
+            out.print(f"    {escape(m.insight.verdict.text)}", highlight=False)
+            for lock in m.insight.locks[:3]:
+                out.print(
+                    f"    {lock.mode} on {escape(lock.relation)} "
+                    f"(blocks {lock.blocks}) held {lock.held_seconds:.2f} s",
+                    highlight=False,
+                )
     out.print(
         f"[bold]writable layer[/] {format_bytes(result.layer.logical_bytes)} logical, "
         f"{format_bytes(result.layer.physical_bytes)} physical"

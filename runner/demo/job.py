@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgoverlay.action import migrations
+from pgoverlay.action.insight.model import Thresholds
+from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, seed
@@ -18,6 +20,7 @@ from pgoverlay.runner.branch.sizes import LayerSize
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.service.engine import LocalEngine
 
 
 def examples_dir() -> Path:
@@ -58,14 +61,24 @@ def run(
     timings["create branch"] = time.monotonic() - mark
     mark = time.monotonic()
     repo = examples_dir()
-    results = migrations.apply_files(
-        branches.connection(pool, branch),
-        repo,
-        migrations.all_files(repo, "migrations"),
-        psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),
-        skip_recorded=True,
-        timeout=pool.settings.command_timeout,
-    )
+    # Measured as a pull request's migrations are: locks, rewrites, scans, verdict.
+    with Observer(
+        LocalEngine(pool),
+        branch.name,
+        repository=None,
+        thresholds=Thresholds(),
+        pg_major=base.pg_major or 0,
+        max_seconds=pool.settings.command_timeout * 3,
+    ) as observer:
+        results = migrations.apply_files(
+            branches.connection(pool, branch),
+            repo,
+            migrations.all_files(repo, "migrations"),
+            psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),
+            skip_recorded=True,
+            timeout=pool.settings.command_timeout,
+            watcher=observer,
+        )
     timings["apply migrations"] = time.monotonic() - mark
     return DemoRun(
         base=base,
