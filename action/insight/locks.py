@@ -28,9 +28,7 @@ MODES = (
 CONFLICTS: dict[str, frozenset[str]] = {
     "ACCESS SHARE": frozenset({"ACCESS EXCLUSIVE"}),
     "ROW SHARE": frozenset({"EXCLUSIVE", "ACCESS EXCLUSIVE"}),
-    "ROW EXCLUSIVE": frozenset(
-        {"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
-    ),
+    "ROW EXCLUSIVE": frozenset({"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}),
     "SHARE UPDATE EXCLUSIVE": frozenset(
         {
             "SHARE UPDATE EXCLUSIVE",
@@ -126,3 +124,10 @@ def phrase(what: Blocks, relation: str) -> str:
 # The shortest hold of a lock that blocks reads or writes worth a notice or a confirmed lint
 # finding: below it, a blocked client waits no longer than a slow query.
 NOTICEABLE_SECONDS = 0.1
+
+
+def seconds_text(seconds: float) -> str:
+    """How long a lock was held, in words: "3 ms", "412 ms", "2.3 s", "41.2 s"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.1f} s"
