@@ -133,11 +133,17 @@ class _Analysis:
 
     def hold(self, index: int | None, oid: int, mode: str, held: float) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
-        entry.held = max(entry.held, held)
+        entry.held = max(entry.held, _tenth_ms(held))
 
     def wait(self, index: int | None, oid: int, mode: str, waited: float) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
-        entry.waited = max(entry.waited, waited)
+        entry.waited = max(entry.waited, _tenth_ms(waited))
+
+
+def _tenth_ms(seconds: float) -> float:
+    """A difference of two epoch times, rid of the float noise of their size (the log's times
+    have millisecond precision, the samples' far less)."""
+    return round(seconds, 4)
 
 
 def analyze(

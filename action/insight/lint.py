@@ -146,7 +146,10 @@ def check(
     for raw in findings:
         index = statement_at(raw.line, file_statements) if file_statements else None
         stmt = measured[index] if index is not None and index < len(measured) else None
-        status, evidence = judge(raw.rule, stmt)
+        if index is None and raw.rule in RULES:
+            status, evidence = "not measurable", "the finding's line is in no statement"
+        else:
+            status, evidence = judge(raw.rule, stmt)
         checked.append(Finding(raw.rule, raw.message, raw.line, status, evidence, index))
     return checked
 
