@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from helpers import extra_server
 from pgoverlay.action import migrations
 from pgoverlay.action.insight import analyze as an
 from pgoverlay.action.insight import lint, locks, logparse, verdict
@@ -25,6 +27,7 @@ from pgoverlay.action.insight.model import (
     Verdict,
     Volume,
 )
+from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service.models import (
     Layer,
     LockSpan,
@@ -649,3 +652,68 @@ def test_lint_findings_are_confirmed_by_what_the_statement_did() -> None:
     assert check(index_rule, [dataclasses.replace(measured(2.3)[0], seconds=None)]) == (
         "not measurable", "the statement was not seen in the server log"
     )  # fmt: skip
+
+
+# -- against a real Postgres ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_dsn(pool: Pool) -> Iterator[str]:
+    with extra_server(pool, "insight") as srv:
+        yield psycopg.conninfo.make_conninfo(**srv.conninfo(user="postgres"))
+
+
+def test_the_conflict_table_is_postgres_own(server_dsn: str) -> None:
+    with (
+        psycopg.connect(server_dsn, autocommit=True) as holder,
+        psycopg.connect(server_dsn, autocommit=True) as asker,
+    ):
+        holder.execute("CREATE TABLE IF NOT EXISTS conflicts (a int)")
+        seen: dict[tuple[str, str], bool] = {}
+        for held in locks.MODES:
+            for asked in locks.MODES:
+                holder.execute("BEGIN")
+                holder.execute(f"LOCK TABLE conflicts IN {held} MODE")
+                asker.execute("BEGIN")
+                try:
+                    asker.execute(f"LOCK TABLE conflicts IN {asked} MODE NOWAIT")
+                    seen[(held, asked)] = False
+                except psycopg.errors.LockNotAvailable:
+                    seen[(held, asked)] = True
+                asker.execute("ROLLBACK")
+                holder.execute("ROLLBACK")
+    assert seen == {(a, b): locks.conflicts(a, b) for a in locks.MODES for b in locks.MODES}
+
+
+def test_rewrite_reason_bits_are_postgres_own(server_dsn: str) -> None:
+    """The table_rewrite event's reasons for each kind of rewrite; varchar -> text has none."""
+    setup = """
+        CREATE TABLE reasons (n serial, reason int);
+        CREATE FUNCTION note_rewrite() RETURNS event_trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO reasons (reason) VALUES (pg_event_trigger_table_rewrite_reason());
+        END $$;
+        CREATE EVENT TRIGGER note_rewrite ON table_rewrite EXECUTE FUNCTION note_rewrite();
+        CREATE ACCESS METHOD heap2 TYPE TABLE HANDLER heap_tableam_handler;
+        CREATE TABLE t (a int, note varchar(20));
+        INSERT INTO t SELECT g, 'x' FROM generate_series(1, 100) g;
+    """
+    changes = [
+        "ALTER TABLE t ALTER note TYPE text",
+        "ALTER TABLE t ALTER a TYPE bigint",
+        "ALTER TABLE t ADD b float8 DEFAULT random()",
+        "ALTER TABLE t SET UNLOGGED",
+        "ALTER TABLE t SET ACCESS METHOD heap2",
+    ]
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE rewrites")
+    with psycopg.connect(server_dsn, dbname="rewrites", autocommit=True) as conn:
+        conn.execute(setup)
+        for change in changes:
+            conn.execute(change)
+        rows = conn.execute("SELECT reason FROM reasons ORDER BY n").fetchall()
+    assert [an.rewrite_reasons(r) for (r,) in rows] == [
+        ["column type change"],
+        ["volatile default"],
+        ["SET LOGGED/UNLOGGED"],
+        ["access method"],
+    ]

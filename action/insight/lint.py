@@ -146,9 +146,9 @@ def check(
     for raw in findings:
         index = statement_at(raw.line, file_statements) if file_statements else None
         stmt = measured[index] if index is not None and index < len(measured) else None
-        if index is None and raw.rule in RULES:
-            status, evidence = "not measurable", "the finding's line is in no statement"
-        else:
+        status: FindingStatus = "not measurable"
+        evidence = "the finding's line is in no statement"
+        if index is not None or raw.rule not in RULES:
             status, evidence = judge(raw.rule, stmt)
         checked.append(Finding(raw.rule, raw.message, raw.line, status, evidence, index))
     return checked
