@@ -555,6 +555,10 @@ def test_verdict_levels_and_advice() -> None:
     assert verdict.decide(insight_with([share], texts=[unique]), tight).text.endswith(
         ": build a unique index CONCURRENTLY, then ADD CONSTRAINT ... USING INDEX"
     )
+    refresh = "REFRESH MATERIALIZED VIEW totals"
+    assert verdict.decide(insight_with([share], texts=[refresh]), tight).text.endswith(
+        ": consider REFRESH MATERIALIZED VIEW CONCURRENTLY (it needs a unique index)"
+    )
     assert verdict.decide(insight_with([share], texts=["LOCK orders"]), tight).text == (
         "blocks writes to `public.orders` (412.0 MiB) for 2.3 s: the lock is held until "
         "COMMIT: run slow statements in a transaction of their own"

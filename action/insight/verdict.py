@@ -56,6 +56,10 @@ _TEXT_ADVICE = (
     (r"^DROP INDEX (?!CONCURRENTLY)", "consider DROP INDEX CONCURRENTLY"),
     (r"^REINDEX (?!.*CONCURRENTLY)", "consider REINDEX CONCURRENTLY"),
     (
+        r"^REFRESH MATERIALIZED VIEW (?!CONCURRENTLY)",
+        "consider REFRESH MATERIALIZED VIEW CONCURRENTLY (it needs a unique index)",
+    ),
+    (
         r"\bSET NOT NULL\b",
         "add a CHECK (... IS NOT NULL) NOT VALID constraint, VALIDATE it, "
         "then SET NOT NULL: it skips the scan",
