@@ -1,0 +1,563 @@
+"""One migration's trace -> ``MigrationInsight``: pure code on the marks taken before and
+after it.
+
+What production would feel is what is reported, so relations of the ledger schema and
+relations the migration itself created (nobody else can be using them) take no part in locks,
+rewrites or scans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import sqlparse
+
+from pgoverlay.action import migrations
+from pgoverlay.action.insight import lint as lint_mod
+from pgoverlay.action.insight import locks, logparse, verdict
+from pgoverlay.action.insight.model import (
+    LockUse,
+    MigrationInsight,
+    Rewrite,
+    Scan,
+    StatementInsight,
+    Thresholds,
+    Verdict,
+    Volume,
+)
+from pgoverlay.action.insight.verdict import REWRITE_REASONS, WITH_TABLE
+from pgoverlay.runner.service.models import RelationState, TraceMark
+
+LEDGER_SCHEMA = "pgoverlay_ledger"
+KINDS = {
+    "r": "table",
+    "p": "partitioned table",
+    "i": "index",
+    "I": "partitioned index",
+    "m": "materialized view",
+    "S": "sequence",
+    "t": "TOAST table",
+    "v": "view",
+    "f": "foreign table",
+    "c": "composite type",
+}
+_TEXT_LIMIT = 500
+# The log's times have millisecond precision: a sample may predate its statement's start by it.
+_CLOCK_SLACK = 0.001
+
+Relations = Mapping[int, RelationState]
+
+
+class Book:
+    """The branch's relations as the marks so far describe them: the first mark holds every
+    relation, each later one only what changed and what was dropped."""
+
+    def __init__(self, first: TraceMark) -> None:
+        self._now: dict[int, RelationState] = {r.oid: r for r in first.relations}
+
+    def advance(self, mark: TraceMark) -> tuple[dict[int, RelationState], dict[int, RelationState]]:
+        """Apply the next mark; the relations before it and after it."""
+        before = dict(self._now)
+        for oid in mark.dropped:
+            self._now.pop(oid, None)
+        for rel in mark.relations:
+            self._now[rel.oid] = rel
+        return before, dict(self._now)
+
+
+def rewrite_reasons(bits: int) -> list[str]:
+    """Postgres's AT_REWRITE_* bits of a table_rewrite event, in words."""
+    return [name for bit, name in REWRITE_REASONS if bits & bit]
+
+
+def normalise(sql: str) -> str:
+    """A statement's text without comments, whitespace or a final semicolon, to match what
+    psql sent with what the file holds."""
+    bare = sqlparse.format(sql, strip_comments=True)
+    return re.sub(r"\s+", "", bare).rstrip(";")
+
+
+@dataclass
+class _Hold:
+    held: float = 0.0
+    waited: float = 0.0
+
+
+@dataclass
+class _Scanned:
+    scans: int = 0
+    rows: int = 0
+    under: str = ""
+
+
+@dataclass
+class _Mapping:
+    """Which logged statement is which statement of the migration."""
+
+    index_of: dict[int, int]  # position in the parsed log -> statement index
+    count: int
+    lines: list[int | None]
+    texts: list[str]
+    notes: list[str]
+
+
+class _Analysis:
+    """The state of one analysis: relation lookups and what was attributed to whom."""
+
+    def __init__(self, before: Relations, after: Relations) -> None:
+        self.before = before
+        self.after = after
+        self.holds: dict[tuple[int | None, int, str], _Hold] = defaultdict(_Hold)
+        self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
+
+    def state(self, oid: int) -> RelationState | None:
+        return self.before.get(oid) or self.after.get(oid)
+
+    def counts(self, oid: int) -> bool:
+        """Whether a relation is one production has: it existed before, outside the ledger."""
+        rel = self.before.get(oid)
+        return rel is not None and rel.schema_name != LEDGER_SCHEMA
+
+    def name(self, oid: int) -> str:
+        rel = self.state(oid)
+        return f"{rel.schema_name}.{rel.name}" if rel else str(oid)
+
+    def kind(self, oid: int) -> str:
+        rel = self.state(oid)
+        return KINDS.get(rel.kind, rel.kind) if rel else "relation"
+
+    def hold(self, index: int | None, oid: int, mode: str, held: float) -> None:
+        entry = self.holds[(index, oid, locks.sql_name(mode))]
+        entry.held = max(entry.held, _tenth_ms(held))
+
+    def wait(self, index: int | None, oid: int, mode: str, waited: float) -> None:
+        entry = self.holds[(index, oid, locks.sql_name(mode))]
+        entry.waited = max(entry.waited, _tenth_ms(waited))
+
+
+def _tenth_ms(seconds: float) -> float:
+    """A difference of two epoch times, rid of the float noise of their size (the log's times
+    have millisecond precision, the samples' far less)."""
+    return round(seconds, 4)
+
+
+def analyze(
+    *,
+    before: TraceMark,
+    after: TraceMark,
+    relations_before: Relations,
+    relations_after: Relations,
+    seconds: float,
+    statements: Sequence[migrations.Statement] | None,
+    ignore_pids: Collection[int],
+    lint: Sequence[lint_mod.Raw],
+    thresholds: Thresholds,
+) -> MigrationInsight:
+    """What one migration did, from the marks around it. ``statements`` are the file's (SQL
+    mode); None in command mode, where the logged statements become the statements."""
+    parsed = logparse.parse(after.log, ignore_pids=ignore_pids)
+    mapped = _map(parsed.statements, statements)
+    work = _Analysis(relations_before, relations_after)
+    _from_events(work, parsed.statements, mapped.index_of)
+    sampled = _from_samples(work, after, parsed.statements, mapped.index_of, ignore_pids)
+    _from_waits(work, parsed.statements, mapped.index_of)
+    uses = _lock_uses(work)
+    rewrites = _rewrites(work, parsed.statements, mapped.index_of, uses)
+    per_statement = [
+        StatementInsight(
+            index=i,
+            line=mapped.lines[i],
+            text=mapped.texts[i][:_TEXT_LIMIT],
+            seconds=_seconds(parsed.statements, mapped.index_of, i),
+            locks=_worst_first([u for u in uses if u.statement == i]),
+            rewrites=[r for r in rewrites if r.statement == i],
+            scans=_statement_scans(work, i),
+        )
+        for i in range(mapped.count)
+    ]
+    migration_locks = _longest(uses)
+    insight = MigrationInsight(
+        seconds=seconds,
+        locks=migration_locks,
+        rewrites=rewrites,
+        scans=_migration_scans(work, migration_locks),
+        volume=_volume(before, after, relations_before, relations_after),
+        statements=per_statement,
+        findings=lint_mod.check(lint, file_statements=statements, measured=per_statement),
+        verdict=Verdict("safe", ""),
+        interval=after.interval,
+        notes=_notes(before, after, parsed, mapped, sampled),
+    )
+    return dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
+
+
+# -- which statement is which ---------------------------------------------------------------
+
+
+def _map(
+    logged: Sequence[logparse.Statement], statements: Sequence[migrations.Statement] | None
+) -> _Mapping:
+    """SQL mode: the file's statements matched in order and by normalised text with the logged
+    ones (psql's own BEGIN and COMMIT match nothing, silently). Command mode: the logged
+    statements, less transaction control."""
+    if statements is None:
+        kept = [p for p, s in enumerate(logged) if not s.control]
+        return _Mapping(
+            index_of={p: i for i, p in enumerate(kept)},
+            count=len(kept),
+            lines=[None] * len(kept),
+            texts=[logged[p].text for p in kept],
+            notes=[],
+        )
+    matcher = difflib.SequenceMatcher(
+        None, [normalise(s.text) for s in logged], [normalise(s.text) for s in statements], False
+    )
+    index_of: dict[int, int] = {}
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            index_of[block.a + k] = block.b + k
+    notes: list[str] = []
+    strays = [s for p, s in enumerate(logged) if p not in index_of and not s.control]
+    if strays:
+        notes.append(
+            f"{_count(len(strays), 'logged statement')} matched no statement of the file "
+            f"(first: `{_short(strays[0].text)}`)"
+        )
+    if logged:
+        seen = set(index_of.values())
+        missing = [s for i, s in enumerate(statements) if i not in seen]
+        if missing:
+            notes.append(
+                f"{_count(len(missing), 'statement')} of the file not seen in the server log "
+                f"(first at line {missing[0].start_line})"
+            )
+    return _Mapping(
+        index_of=index_of,
+        count=len(statements),
+        lines=[s.start_line for s in statements],
+        texts=[s.text for s in statements],
+        notes=notes,
+    )
+
+
+def _seconds(
+    logged: Sequence[logparse.Statement], index_of: Mapping[int, int], index: int
+) -> float | None:
+    found = [logged[p].seconds for p, i in index_of.items() if i == index]
+    return sum(found) if found else None
+
+
+# -- locks ----------------------------------------------------------------------------------
+
+
+def _from_events(
+    work: _Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
+) -> None:
+    """Locks and scans from the DDL events. A lock the transaction did not hold before a
+    statement was taken by it, and is held from its start to its transaction's end. Scans are
+    the delta of the transaction's counters since its previous event, on relations the
+    statement then holds a lock on that blocks writes."""
+    held: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    counters: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
+    for position, stmt in enumerate(logged):
+        index = index_of.get(position)
+        for event in stmt.ddl:
+            for lock in event.locks:
+                key = (lock.relation, lock.mode)
+                if key in held[event.vxid]:
+                    continue
+                held[event.vxid].add(key)
+                if work.counts(lock.relation):
+                    work.hold(index, lock.relation, lock.mode, stmt.transaction_end - stmt.start)
+            for count in event.scans:
+                scans0, rows0 = counters[event.vxid].get(count.relation, (0, 0))
+                counters[event.vxid][count.relation] = (count.seq_scan, count.seq_tup_read)
+                under = _write_blocking(held[event.vxid], count.relation)
+                if count.seq_scan > scans0 and under and work.counts(count.relation):
+                    entry = work.scanned[(index, count.relation)]
+                    entry.scans += count.seq_scan - scans0
+                    entry.rows += count.seq_tup_read - rows0
+                    entry.under = _stronger(entry.under, under)
+
+
+def _write_blocking(held: Collection[tuple[int, str]], relation: int) -> str:
+    """The strongest mode held on ``relation`` that blocks writes, or ""."""
+    modes = [
+        locks.sql_name(mode)
+        for rel, mode in held
+        if rel == relation and locks.covers(locks.blocks(mode), "writes")
+    ]
+    return max(modes, key=locks.strength, default="")
+
+
+def _stronger(a: str, b: str) -> str:
+    if not a:
+        return b
+    return a if locks.strength(a) >= locks.strength(b) else b
+
+
+def _from_samples(
+    work: _Analysis,
+    after: TraceMark,
+    logged: Sequence[logparse.Statement],
+    index_of: Mapping[int, int],
+    ignore_pids: Collection[int],
+) -> bool:
+    """Sampled spans, given to the statement their pid was running when the span was first
+    seen (or ran last before it: a lock outlives its statement until the transaction ends).
+    True if any span counted."""
+    by_pid: dict[int, list[int]] = defaultdict(list)
+    for position, stmt in enumerate(logged):
+        by_pid[stmt.pid].append(position)
+    used = False
+    for span in after.locks:
+        if span.pid in ignore_pids or not work.counts(span.relation):
+            continue
+        try:
+            locks.sql_name(span.mode)
+        except ValueError:
+            continue
+        started = [p for p in by_pid[span.pid] if logged[p].start <= span.first + _CLOCK_SLACK]
+        running = max(started, key=lambda p: logged[p].start, default=None)
+        index = index_of.get(running) if running is not None else None
+        if span.granted:
+            work.hold(index, span.relation, span.mode, span.last - span.first)
+        else:
+            work.wait(index, span.relation, span.mode, span.last - span.first)
+        used = True
+    return used
+
+
+def _from_waits(
+    work: _Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
+) -> None:
+    """Waits ``log_lock_waits`` reported, on the statement that waited."""
+    for position, stmt in enumerate(logged):
+        for wait in stmt.waits:
+            if wait.relation is None or not work.counts(wait.relation):
+                continue
+            try:
+                work.wait(index_of.get(position), wait.relation, wait.mode, wait.seconds)
+            except ValueError:
+                continue
+
+
+def _lock_uses(work: _Analysis) -> list[LockUse]:
+    return [
+        LockUse(
+            relation=work.name(oid),
+            kind=work.kind(oid),
+            mode=mode,
+            blocks=locks.blocks(mode),
+            held_seconds=hold.held,
+            waited_seconds=hold.waited,
+            statement=index,
+            bytes=work.before[oid].bytes,
+        )
+        for (index, oid, mode), hold in work.holds.items()
+    ]
+
+
+def _worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
+    """What it blocks, then how long, then the stronger mode first."""
+    return sorted(
+        uses,
+        key=lambda u: (
+            -locks.severity(u.blocks),
+            -u.held_seconds,
+            -locks.strength(u.mode),
+            u.relation,
+        ),
+    )
+
+
+def _longest(uses: Sequence[LockUse]) -> list[LockUse]:
+    """Per relation and mode, the longest hold (with the longest wait), worst first."""
+    best: dict[tuple[str, str], LockUse] = {}
+    for use in uses:
+        key = (use.relation, use.mode)
+        known = best.get(key)
+        if known is None or use.held_seconds > known.held_seconds:
+            waited = max(use.waited_seconds, known.waited_seconds if known else 0.0)
+            best[key] = dataclasses.replace(use, waited_seconds=waited)
+        else:
+            waited = max(use.waited_seconds, known.waited_seconds)
+            best[key] = dataclasses.replace(known, waited_seconds=waited)
+    return _worst_first(list(best.values()))
+
+
+# -- rewrites and scans ---------------------------------------------------------------------
+
+
+def _rewrites(
+    work: _Analysis,
+    logged: Sequence[logparse.Statement],
+    index_of: Mapping[int, int],
+    uses: Sequence[LockUse],
+) -> list[Rewrite]:
+    """Relations whose filenode changed, with the reasons and statement of the rewrite events
+    that named them or their table (else the statement that held ACCESS EXCLUSIVE on them)."""
+    changed = {
+        oid: (old, new)
+        for oid, new in work.after.items()
+        if (old := work.before.get(oid)) is not None
+        and old.schema_name != LEDGER_SCHEMA
+        and old.filenode
+        and new.filenode
+        and old.filenode != new.filenode
+    }
+    events: dict[int, list[tuple[int | None, int]]] = defaultdict(list)
+    for position, stmt in enumerate(logged):
+        for event in stmt.rewrites:
+            events[event.relation].append((index_of.get(position), event.reason))
+    found: list[Rewrite] = []
+    for oid, (old, new) in changed.items():
+        reasons: list[str] = []
+        for _, bits in events[oid]:
+            reasons += [r for r in rewrite_reasons(bits) if r not in reasons]
+        table = new.table_oid
+        if table is not None and table in changed:
+            reasons.append(WITH_TABLE)
+        named = events[oid] or (events[table] if table is not None else [])
+        statement = named[0][0] if named else _exclusive_holder(work, uses, oid, table)
+        found.append(
+            Rewrite(
+                relation=work.name(oid),
+                kind=work.kind(oid),
+                reasons=reasons,
+                bytes_before=old.bytes,
+                bytes_after=new.bytes,
+                statement=statement,
+            )
+        )
+    return sorted(found, key=lambda r: (-r.bytes_after, r.relation))
+
+
+def _exclusive_holder(
+    work: _Analysis, uses: Sequence[LockUse], oid: int, table: int | None
+) -> int | None:
+    """The first statement that held ACCESS EXCLUSIVE on the relation or its table."""
+    names = {work.name(oid)} | ({work.name(table)} if table is not None else set())
+    holders = [
+        u.statement
+        for u in uses
+        if u.relation in names and u.mode == "ACCESS EXCLUSIVE" and u.statement is not None
+    ]
+    return min(holders, default=None)
+
+
+def _statement_scans(work: _Analysis, index: int) -> list[Scan]:
+    return sorted(
+        (
+            Scan(work.name(oid), s.scans, s.rows, s.under, index)
+            for (i, oid), s in work.scanned.items()
+            if i == index
+        ),
+        key=lambda s: (-s.rows_read, s.relation),
+    )
+
+
+def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> list[Scan]:
+    """Per table, the larger of the statements' scans and the table's own counters' delta,
+    on tables that had a lock blocking writes in the window."""
+    under: dict[int, str] = {}
+    by_name = {work.name(oid): oid for oid in work.before}
+    for use in migration_locks:
+        oid = by_name.get(use.relation)
+        if oid is not None and locks.covers(use.blocks, "writes"):
+            under[oid] = _stronger(under.get(oid, ""), use.mode)
+    totals: dict[int, _Scanned] = defaultdict(_Scanned)
+    statements: dict[int, set[int | None]] = defaultdict(set)
+    for (index, oid), s in work.scanned.items():
+        totals[oid].scans += s.scans
+        totals[oid].rows += s.rows
+        totals[oid].under = _stronger(totals[oid].under, s.under)
+        statements[oid].add(index)
+    found: list[Scan] = []
+    for oid in set(under) | set(totals):
+        old, new = work.before.get(oid), work.after.get(oid)
+        scans, rows = totals[oid].scans, totals[oid].rows
+        if old is not None and new is not None and oid in under:
+            scans = max(scans, new.seq_scan - old.seq_scan)
+            rows = max(rows, new.seq_tup_read - old.seq_tup_read)
+        if scans <= 0:
+            continue
+        who = statements[oid]
+        found.append(
+            Scan(
+                relation=work.name(oid),
+                scans=scans,
+                rows_read=rows,
+                under=_stronger(totals[oid].under, under.get(oid, "")),
+                statement=next(iter(who)) if len(who) == 1 else None,
+            )
+        )
+    return sorted(found, key=lambda s: (-s.rows_read, s.relation))
+
+
+def _volume(before: TraceMark, after: TraceMark, old: Relations, new: Relations) -> Volume:
+    """Rows written to tables (not the ledger's), WAL written, and the layer's growth."""
+    ins = upd = dele = 0
+    for oid, rel in new.items():
+        if rel.kind != "r" or rel.schema_name == LEDGER_SCHEMA:
+            continue
+        prior = old.get(oid)
+        ins += max(0, rel.n_tup_ins - (prior.n_tup_ins if prior else 0))
+        upd += max(0, rel.n_tup_upd - (prior.n_tup_upd if prior else 0))
+        dele += max(0, rel.n_tup_del - (prior.n_tup_del if prior else 0))
+    return Volume(
+        rows_inserted=ins,
+        rows_updated=upd,
+        rows_deleted=dele,
+        wal_bytes=max(0, after.wal_lsn - before.wal_lsn),
+        layer_bytes=after.layer.physical_bytes - before.layer.physical_bytes,
+    )
+
+
+# -- notes ----------------------------------------------------------------------------------
+
+
+def _notes(
+    before: TraceMark,
+    after: TraceMark,
+    parsed: logparse.ParsedLog,
+    mapped: _Mapping,
+    sampled: bool,
+) -> list[str]:
+    """What was not measured, and why."""
+    notes = list(after.notes)
+    if not (before.instrumented and after.instrumented):
+        notes.append(
+            "the trace's event triggers were not in place: locks come from sampling alone, "
+            "and rewrite reasons and per-statement scans are unknown"
+        )
+    if after.log_truncated:
+        notes.append("the server log of this migration was larger than is kept: it was cut")
+    if not after.log:
+        notes.append(
+            "the server log had no entries for this migration: statement times are unknown"
+        )
+    elif not parsed.statements:
+        notes.append(
+            "the server log had no statement durations for this migration "
+            "(log_min_duration_statement must be 0)"
+        )
+    if parsed.malformed:
+        notes.append(f"{_count(parsed.malformed, 'trace line')} could not be read")
+    if sampled:
+        notes.append(f"locks seen by sampling pg_locks are timed to {after.interval * 1000:.0f} ms")
+    return notes + mapped.notes
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _short(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 60 else flat[:57] + "..."
