@@ -8,6 +8,7 @@ The conflict table is the documentation's "Conflicting Lock Modes" (explicit loc
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from pgoverlay.action.insight.model import Blocks
 
@@ -82,6 +83,12 @@ def sql_name(mode: str) -> str:
 def pg_name(mode: str) -> str:
     """``ACCESS EXCLUSIVE`` -> ``AccessExclusiveLock``, as pg_locks and the server log name it."""
     return "".join(word.capitalize() for word in sql_name(mode).split()) + "Lock"
+
+
+def strongest(modes: Iterable[str]) -> str:
+    """The strongest of ``modes`` (either spelling), in ``MODES`` order; "" for none."""
+    ranked = [MODES.index(sql_name(m)) for m in modes]
+    return MODES[max(ranked)] if ranked else ""
 
 
 def conflicts(a: str, b: str) -> bool:

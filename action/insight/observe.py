@@ -96,14 +96,10 @@ class Observer:
             return None
         before, after = self._book.advance(mark)
         found = (
-            lint.squawk(text, pg_major=self.pg_major, in_transaction=single_transaction)
+            lint.run(text, pg_version=self.pg_major or 14, in_transaction=single_transaction)
             if text is not None
-            else []
+            else lint.Lint([])
         )
-        notes: list[str] = []
-        if isinstance(found, str):
-            notes.append(found)
-            found = []
         insight = analyze.analyze(
             before=self._last,
             after=mark,
@@ -112,14 +108,10 @@ class Observer:
             seconds=seconds,
             statements=migrations.statements(text) if text is not None else None,
             ignore_pids=ignore_pids,
-            lint=found,
+            lint=found.findings,
             thresholds=self.thresholds,
         )
         self._last = mark
-        if notes:
-            insight = _with_notes(insight, notes)
+        if found.reason:
+            insight = dataclasses.replace(insight, notes=[*insight.notes, found.reason])
         return insight
-
-
-def _with_notes(insight: MigrationInsight, notes: list[str]) -> MigrationInsight:
-    return dataclasses.replace(insight, notes=[*insight.notes, *notes])
