@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import as_branch_role, as_engine
+from helpers import as_branch_role, as_engine, branch_of
 from pgoverlay.errors import TraceError
 from pgoverlay.runner import branch, trace
 from pgoverlay.runner.branch.conf import LOG_OPTIONS
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.service.client import RemoteEngine
@@ -107,14 +108,21 @@ def _oid(conn: psycopg.Connection[Any], name: str) -> int:
 
 
 def test_the_branch_runs_with_the_log_settings_the_trace_reads(
-    pool: Pool, base: BaseVersion, traced: Branch
+    pool: Pool, base: BaseVersion, runtime: str
 ) -> None:
-    with as_engine(pool, traced, base) as conn:
-        for setting, value in LOG_OPTIONS.items():
-            row = conn.execute(
-                "SELECT setting, source FROM pg_settings WHERE name = %s", (setting,)
-            )
-            assert row.fetchone() == (value, "command line"), setting
+    with branch_of(pool, base, name=f"trace-{runtime}", runtime=runtime) as b:
+        with as_engine(pool, b, base) as conn:
+            for setting, value in LOG_OPTIONS.items():
+                row = conn.execute(
+                    "SELECT setting, source FROM pg_settings WHERE name = %s", (setting,)
+                ).fetchone()
+                assert row == (value, "command line"), setting
+        with as_branch_role(pool, b) as conn:
+            conn.execute("SELECT 'seen in the log' WHERE false")
+        logged = logfile.parse(
+            branch.layout(pool, b.name).log_file.read_text(), user=b.user, database=b.database
+        )
+        assert logged == []  # not traced: the role's statements are not logged
 
 
 def test_create_index_is_logged_with_its_share_lock_and_the_scan_it_made(
@@ -344,3 +352,19 @@ def test_the_trace_through_the_service_and_its_client(
     assert last.instrumented
     with as_engine(pool, traced, base) as conn:
         assert _leftovers(conn, traced.user) == []
+
+
+def test_the_trace_ends_itself_after_max_seconds(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest(max_seconds=0.3))
+    with as_engine(pool, traced, base) as conn:
+        wait_for(
+            lambda: _leftovers(conn, traced.user) == [],
+            timeout=30,
+            what="the trace to remove its instrumentation",
+        )
+    mark = engine.trace_end(traced.name)
+    assert not mark.instrumented
+    assert any("max_seconds" in n for n in mark.notes)

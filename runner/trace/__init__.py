@@ -106,7 +106,7 @@ class Trace:
     installed: instrument.Installed
     log_offset: int
     previous: dict[int, RelationState] | None = None
-    since: float = 0.0  # server clock of the previous mark (of the start, for the first)
+    since: float | None = None  # server clock of the previous mark (None: no mark yet)
     expired: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     sampling: sampler.Sampler | None = None
@@ -139,7 +139,9 @@ class Trace:
         t = self.target
         notes: list[str] = []
         with self._wrapped("cannot take a mark of the trace"), t.connect() as conn:
-            if not snapshot.wait_for_exits(conn, user=t.user, since=self.since):
+            if self.since is not None and not snapshot.wait_for_exits(
+                conn, user=t.user, since=self.since
+            ):
                 notes.append(
                     f"sessions of {t.user} opened since the previous mark still run: their "
                     "statistics (scans, tuples) may be missing from this mark"
@@ -256,9 +258,12 @@ def begin(pool: Pool, b: Branch, *, interval: float, max_seconds: float) -> Trac
     except (UnsafePathError, OSError):
         offset = 0
     trace = Trace(
-        target=t, interval=interval, max_seconds=max_seconds, installed=installed, log_offset=0
+        target=t,
+        interval=interval,
+        max_seconds=max_seconds,
+        installed=installed,
+        log_offset=offset,
     )
-    trace.log_offset = offset
     try:
         first = trace.take_mark()
         trace.sampling = sampler.Sampler(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.service.models import LockSpan
 
@@ -128,12 +130,17 @@ class Sampler(threading.Thread):
             log.warning("trace %s: %s", self.name, self.problem)
             return
         if not self._halt.is_set():
-            self._on_expiry()
+            try:
+                self._on_expiry()
+            except PgoverlayError as err:
+                self.problem = f"the trace ended itself, but: {err}"
+                log.warning("trace %s: %s", self.name, self.problem)
 
     def _loop(self, conn: psycopg.Connection[Any]) -> None:
         params = {"user": self.user, "chars": MAX_QUERY_CHARS}
         started: float | None = None
         while not self._halt.is_set():
+            tick = time.monotonic()
             rows = conn.execute(SAMPLE, params, prepare=True).fetchall()
             at = float(rows[0][0])
             started = at if started is None else started
@@ -142,5 +149,5 @@ class Sampler(threading.Thread):
             self.samples += 1
             if at - started >= self.max_seconds:
                 return
-            # The one wait of the sampler: the next sample, or a stop.
-            self._halt.wait(self.interval)
+            # The sampler's one wait: until the next sample is due, or a stop.
+            self._halt.wait(max(0.0, tick + self.interval - time.monotonic()))
