@@ -25,13 +25,15 @@ log = logging.getLogger(__name__)
 
 MAX_QUERY_CHARS = 2000
 
-# One row per lock (pid, relation, mode, granted, query_start, query), each with the sample's
-# time; a sample that sees no lock is one row of NULLs but the time, which closes open spans.
+# One row per lock (pid, relation, mode, granted, transaction, query_start, query), each with
+# the sample's time; a sample that sees no lock is one row of NULLs but the time, which closes
+# open spans.
 SAMPLE = """
-SELECT t.at, s.pid, s.relation, s.mode, s.granted, s.query_start, s.query
+SELECT t.at, s.pid, s.relation, s.mode, s.granted, s.vxid, s.query_start, s.query
   FROM (SELECT pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) AS at) t
   LEFT JOIN (
         SELECT l.pid, l.relation::pg_catalog.int8 AS relation, l.mode, l.granted,
+               l.virtualtransaction AS vxid,
                pg_catalog.date_part('epoch', a.query_start) AS query_start,
                pg_catalog.left(a.query, %(chars)s) AS query
           FROM pg_catalog.pg_locks l
@@ -44,7 +46,9 @@ SELECT t.at, s.pid, s.relation, s.mode, s.granted, s.query_start, s.query
            AND a.backend_type = 'client backend') s ON true
 """
 
-Key = tuple[int, int, str, bool]  # pid, relation, mode, granted
+# pid, relation, mode, granted, and the transaction: the same lock taken again by the next
+# transaction between two samples is another span.
+Key = tuple[int, int, str, bool, str]
 
 
 @dataclass
@@ -55,11 +59,11 @@ class Spans:
     closed: list[LockSpan] = field(default_factory=list)
 
     def add(self, at: float, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Fold one sample taken at ``at``: rows of (pid, relation, mode, granted, query_start,
-        query). A lock seen again extends its span; one not seen any more closes."""
+        """Fold one sample taken at ``at``: rows of (pid, relation, mode, granted, transaction,
+        query_start, query). A lock seen again extends its span; one not seen any more closes."""
         seen: set[Key] = set()
-        for pid, relation, mode, granted, query_start, query in rows:
-            key: Key = (int(pid), int(relation), str(mode), bool(granted))
+        for pid, relation, mode, granted, vxid, query_start, query in rows:
+            key: Key = (int(pid), int(relation), str(mode), bool(granted), str(vxid))
             seen.add(key)
             span = self.open.get(key)
             if span is None:
