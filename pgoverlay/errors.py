@@ -301,6 +301,14 @@ class TransientError(PgoverlayError):
         self.ratelimit_reset = ratelimit_reset
 
 
+class TraceError(BranchError):
+    """A branch's migration trace cannot be opened, marked or ended: the branch has no open
+    trace, its server is not running, or the engine could not install or read what the trace
+    watches with (event triggers, role settings, the server's log)."""
+
+    exit_code = 37
+
+
 # -- pydantic's ValidationError as one of ours ---------------------------------------------
 
 

@@ -12,6 +12,16 @@ from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.seed import lockdown
 
+# How the server writes its log: the engine's trace reads it back (``pgoverlay.runner.trace``),
+# so each line names its time (UTC, milliseconds), process and session's user@database, and
+# the messages are Postgres's own English whatever the base's locale.
+LOG_OPTIONS = {
+    "log_line_prefix": "%m [%p] %q%u@%d ",
+    "log_timezone": "UTC",
+    "lc_messages": "C",
+    "log_min_messages": "warning",
+}
+
 
 def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
     """Settings passed on the command line: they outrank the base's own configuration files."""
@@ -36,6 +46,7 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "max_wal_size": s.max_wal_size,
         "logging_collector": "off",
         "log_destination": "stderr",
+        **LOG_OPTIONS,
         "cluster_name": f"pgoverlay-{branch.name}",
     }
 

@@ -34,6 +34,8 @@ from pgoverlay.runner.service.models import (
     Name,
     OwnerRequest,
     RecordRequest,
+    TraceMark,
+    TraceRequest,
 )
 from pgoverlay.runner.settings import Settings
 
@@ -48,6 +50,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PortsExhaustedError, 429),
     (errors.BranchExistsError, 409),  # BranchOwnedError too
     (errors.LockBusyError, 409),
+    (errors.TraceError, 409),
     (errors.InvalidNameError, 422),
     (errors.ConfigError, 422),
     (errors.PoolFullError, 507),
@@ -186,6 +189,18 @@ def create_app(settings: Settings) -> FastAPI:
     @app.put(f"{API}/branches/{{name}}/record", status_code=204)
     def record(e: Caller, name: Name, body: RecordRequest) -> None:
         e.save_record(name, body)
+
+    @app.post(f"{API}/branches/{{name}}/trace")
+    def trace_begin(e: Caller, name: Name, body: TraceRequest) -> TraceMark:
+        return e.trace_begin(name, body)
+
+    @app.post(f"{API}/branches/{{name}}/trace/mark")
+    def trace_mark(e: Caller, name: Name, body: OwnerRequest) -> TraceMark:
+        return e.trace_mark(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/trace/end")
+    def trace_end(e: Caller, name: Name, body: OwnerRequest) -> TraceMark:
+        return e.trace_end(name, repository=body.repository)
 
     @app.post(f"{API}/gc")
     def gc(e: Caller) -> GcReport:

@@ -32,6 +32,8 @@ from pgoverlay.runner.service.models import (
     Layer,
     OwnerRequest,
     RecordRequest,
+    TraceMark,
+    TraceRequest,
 )
 from pgoverlay.runner.settings import Settings
 
@@ -171,6 +173,17 @@ class RemoteEngine:
 
     def gc(self) -> GcReport:
         return _parse(GcReport, self._call("POST", "/gc"))
+
+    def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
+        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace", request))
+
+    def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
+        body = OwnerRequest(repository=repository)
+        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/mark", body))
+
+    def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
+        body = OwnerRequest(repository=repository)
+        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/end", body))
 
 
 def _parse(model: type[M], data: Any) -> M:

@@ -25,6 +25,7 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner import trace
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool, gc, registry
 from pgoverlay.runner.pool.registry import Branch
@@ -37,6 +38,8 @@ from pgoverlay.runner.service.models import (
     Layer,
     Record,
     RecordRequest,
+    TraceMark,
+    TraceRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,9 @@ class Engine(Protocol):
     def size(self, name: str) -> Layer: ...
     def save_record(self, name: str, request: RecordRequest) -> None: ...
     def gc(self) -> GcReport: ...
+    def trace_begin(self, name: str, request: TraceRequest) -> TraceMark: ...
+    def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark: ...
+    def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def close(self) -> None: ...
 
 
@@ -199,6 +205,7 @@ class LocalEngine:
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
         self._mine(name, repository=repository)
+        trace.discard(self.pool, name)
         started = time.monotonic()
         done = branches.reset(self.pool, name)
         return self._view(done, layer=False, seconds=time.monotonic() - started)
@@ -208,6 +215,7 @@ class LocalEngine:
             return Destroyed(destroyed=False)
         self._mine(name, repository=repository)
         last = _record(self.pool, name)
+        trace.discard(self.pool, name)
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
@@ -220,6 +228,21 @@ class LocalEngine:
         )
         if not saved:
             raise BranchMissingError(f"branch {name} was destroyed while its report was saved")
+
+    # -- tracing --------------------------------------------------------------------------
+
+    def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
+        """Open a trace of the branch (ending one left open); its first mark."""
+        b = self._mine(name, repository=request.repository)
+        return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
+
+    def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
+        self._mine(name, repository=repository)
+        return trace.mark(self.pool, name)
+
+    def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
+        self._mine(name, repository=repository)
+        return trace.end(self.pool, name)
 
     def gc(self) -> GcReport:
         report = gc.collect(self.pool)

@@ -1,0 +1,375 @@
+"""The engine's migration trace: event triggers, sampled lock spans, log entries and snapshots
+of a real branch, seen as the branch's role would try to dodge or fake them."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers import as_branch_role, as_engine, branch_of
+from pgoverlay.errors import TraceError
+from pgoverlay.runner import branch, trace
+from pgoverlay.runner.branch.conf import LOG_OPTIONS
+from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.service.client import RemoteEngine
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import LogEntry, TraceMark, TraceRequest
+from pgoverlay.runner.trace import instrument, logfile
+from pgoverlay.runner.trace.sampler import Spans
+
+# -- pure: the log's entries and the lock spans ---------------------------------------------
+
+LOG = (
+    "2026-11-30 22:58:01.123 UTC [100] app@app LOG:  duration: 0.051 ms  statement: SELECT 1\n"
+    "2026-11-30 22:58:01.200 UTC [7] LOG:  checkpoint starting: time\n"
+    "2026-11-30 22:58:01.300 UTC [101] postgres@app LOG:  statement: ALTER ROLE x\n"
+    '2026-11-30 22:58:02.000 UTC [100] app@app ERROR:  relation "t" does not exist at\n'
+    "\tcharacter 15\n"
+    "2026-11-30 22:58:02.000 UTC [100] app@app STATEMENT:  SELECT * FROM\n"
+    "\tt\n"
+)
+
+
+def test_the_log_keeps_the_roles_entries_with_their_continuation_lines() -> None:
+    entries = logfile.parse(LOG, user="app", database="app")
+    assert [(e.pid, e.level) for e in entries] == [(100, "LOG"), (100, "ERROR"), (100, "STATEMENT")]
+    assert entries[1].message == 'relation "t" does not exist at\ncharacter 15'
+    assert entries[2].message == "SELECT * FROM\nt"
+    assert entries[0].time == datetime(2026, 11, 30, 22, 58, 1, 123000, tzinfo=UTC).timestamp()
+
+
+def _entry(pid: int, level: str, message: str) -> LogEntry:
+    return LogEntry(time=0.0, pid=pid, level=level, message=message)
+
+
+def test_a_trace_line_without_the_trace_functions_context_is_left_out() -> None:
+    ours = "PL/pgSQL function pgoverlay_ledger.trace_ddl() line 33 at RAISE"
+    entries = [
+        _entry(1, "LOG", 'pgoverlay-trace {"event": "ddl"}'),
+        _entry(1, "CONTEXT", ours),
+        _entry(2, "LOG", 'pgoverlay-trace {"event": "ddl", "forged": true}'),
+        _entry(2, "CONTEXT", "PL/pgSQL function inline_code_block line 1 at RAISE"),
+        _entry(3, "LOG", 'pgoverlay-trace {"forged": true}'),
+        _entry(
+            3, "CONTEXT", "PL/pgSQL function pgoverlay_ledger.trace_ddl(integer) line 1 at RAISE"
+        ),
+    ]
+    kept, forged = logfile.drop_forged(entries)
+    assert kept == entries[:2] and forged == 2
+
+
+def test_consecutive_sightings_of_a_lock_in_one_transaction_fold_into_one_span() -> None:
+    spans = Spans()
+    row = (10, 16500, "ShareLock", True, "3/7", 99.0, "LOCK TABLE t IN SHARE MODE")
+    spans.add(100.0, [row])
+    spans.add(100.05, [row, (11, 16500, "RowExclusiveLock", False, "4/2", 100.0, "INSERT")])
+    spans.add(100.10, [row])
+    spans.add(100.15, [(10, 16500, "ShareLock", True, "3/8", 100.12, "CREATE INDEX")])
+    spans.add(100.20, [])
+    taken = spans.take()
+    assert [(s.pid, s.first, s.last, s.granted) for s in taken] == [
+        (10, 100.0, 100.10, True),
+        (11, 100.05, 100.05, False),
+        (10, 100.15, 100.15, True),
+    ]
+    assert spans.take() == []
+
+
+# -- a real branch ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def traced(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
+    b = branch.create(pool, "trace-a", base_name=base.name, runtime="local")
+    try:
+        yield b
+    finally:
+        trace.discard(pool, b.name)
+        branch.destroy(pool, b.name)
+
+
+def _events(mark: TraceMark) -> list[dict[str, Any]]:
+    prefix = instrument.PREFIX
+    return [json.loads(e.message[len(prefix) :]) for e in mark.log if e.message.startswith(prefix)]
+
+
+def _oid(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute("SELECT %s::regclass::oid", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_branch_runs_with_the_log_settings_the_trace_reads(
+    pool: Pool, base: BaseVersion, runtime: str
+) -> None:
+    with branch_of(pool, base, name=f"trace-{runtime}", runtime=runtime) as b:
+        with as_engine(pool, b, base) as conn:
+            for setting, value in LOG_OPTIONS.items():
+                row = conn.execute(
+                    "SELECT setting, source FROM pg_settings WHERE name = %s", (setting,)
+                ).fetchone()
+                assert row == (value, "command line"), setting
+        with as_branch_role(pool, b) as conn:
+            conn.execute("SELECT 'seen in the log' WHERE false")
+        logged = logfile.parse(
+            branch.layout(pool, b.name).log_file.read_text(), user=b.user, database=b.database
+        )
+        assert logged == []  # not traced: the role's statements are not logged
+
+
+def test_create_index_is_logged_with_its_share_lock_and_the_scan_it_made(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    first = engine.trace_begin(traced.name, TraceRequest())
+    assert first.instrumented and first.relations and first.log == []
+    assert {r.name for r in first.relations} >= {"accounts", "accounts_owner", "accounts_pkey"}
+    with as_branch_role(pool, traced) as conn:
+        conn.execute("CREATE INDEX accounts_balance ON accounts (balance)")
+        accounts = _oid(conn, "accounts")
+        index = _oid(conn, "accounts_balance")
+    mark = engine.trace_mark(traced.name)
+    ddl = [e for e in _events(mark) if e["event"] == "ddl"]
+    assert [e["tag"] for e in ddl] == ["CREATE INDEX"], mark.log
+    assert {"rel": accounts, "mode": "ShareLock"} in ddl[0]["locks"]
+    assert re.fullmatch(r"\d+/\d+", ddl[0]["vxid"])
+    scans = {s["rel"]: s for s in ddl[0]["scans"]}
+    # A parallel build's workers read part of the table: their counters are their own.
+    assert scans[accounts]["seq_scan"] == 1 and 0 < scans[accounts]["seq_tup_read"] <= 200000
+    assert index in {r.oid for r in mark.relations}
+    assert any(e.level == "LOG" and "CREATE INDEX accounts_balance" in e.message for e in mark.log)
+    engine.trace_end(traced.name)
+
+
+def test_a_column_type_change_is_a_rewrite_with_its_reason_and_a_new_filenode(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    first = engine.trace_begin(traced.name, TraceRequest())
+    with as_branch_role(pool, traced) as conn:
+        accounts = _oid(conn, "accounts")
+        conn.execute("ALTER TABLE accounts ALTER COLUMN id TYPE bigint")
+    mark = engine.trace_end(traced.name)
+    rewrites = [e for e in _events(mark) if e["event"] == "rewrite"]
+    # AT_REWRITE_COLUMN_REWRITE (0x04), Postgres's commands/event_trigger.h
+    assert [(e["rel"], e["reason"]) for e in rewrites] == [(accounts, 4)]
+    before = {r.oid: r for r in first.relations}[accounts]
+    after = {r.oid: r for r in mark.relations}[accounts]
+    assert after.filenode != before.filenode
+    assert mark.wal_lsn > first.wal_lsn
+    # the old index storage went with the rewrite, the rebuilt ones are new
+    assert mark.dropped or any(
+        r.oid not in {f.oid for f in first.relations} for r in mark.relations
+    )
+
+
+def test_a_held_lock_is_sampled_as_one_span_of_its_length(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest(interval=0.05))
+    with as_branch_role(pool, traced) as conn:
+        accounts = _oid(conn, "accounts")
+        started = time.monotonic()
+        with conn.transaction():
+            conn.execute("LOCK TABLE accounts IN SHARE MODE")
+            conn.execute("SELECT pg_sleep(0.5)")
+        took = time.monotonic() - started
+        # The next transaction takes the same lock at once: a span of its own.
+        conn.execute("CREATE INDEX accounts_next ON accounts (balance)")
+    mark = engine.trace_end(traced.name)
+    spans = [s for s in mark.locks if s.relation == accounts and s.mode == "ShareLock"]
+    held = [s for s in spans if "CREATE INDEX" not in s.query]
+    assert len(held) == 1, mark.locks
+    length = held[0].last - held[0].first
+    assert 0.3 <= length <= took + mark.interval
+    assert held[0].granted and ("pg_sleep" in held[0].query or "LOCK" in held[0].query)
+
+
+def _leftovers(conn: psycopg.Connection[Any], user: str) -> list[str]:
+    found = [
+        f"event trigger {r[0]}"
+        for r in conn.execute(
+            "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'pgoverlay%'"
+        )
+    ]
+    found += [
+        f"function {r[0]}"
+        for r in conn.execute(
+            "SELECT proname FROM pg_proc WHERE pronamespace = 'pgoverlay_ledger'::regnamespace"
+        )
+    ]
+    found += [
+        f"setting {r[0]}"
+        for r in conn.execute(
+            "SELECT unnest(setconfig) FROM pg_db_role_setting s JOIN pg_roles r "
+            "ON r.oid = s.setrole WHERE r.rolname = %s",
+            (user,),
+        )
+    ]
+    return found
+
+
+def test_end_removes_the_triggers_functions_and_role_settings(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest())
+    with as_engine(pool, traced, base) as conn:
+        assert len(_leftovers(conn, traced.user)) == 6
+    engine.trace_end(traced.name)
+    with as_engine(pool, traced, base) as conn:
+        assert _leftovers(conn, traced.user) == []
+    with pytest.raises(TraceError, match="no open trace"):
+        engine.trace_mark(traced.name)
+
+
+def test_the_role_cannot_replace_disable_or_silence_the_trace(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest())
+    db = traced.database
+    attempts = [
+        "CREATE OR REPLACE FUNCTION pgoverlay_ledger.trace_ddl() RETURNS event_trigger "
+        "LANGUAGE plpgsql AS 'BEGIN END'",
+        "ALTER FUNCTION pgoverlay_ledger.trace_ddl() SECURITY DEFINER",
+        "ALTER EVENT TRIGGER pgoverlay_trace_ddl DISABLE",
+        "DROP EVENT TRIGGER pgoverlay_trace_rewrite",
+        "SET log_min_duration_statement = -1",
+        "SET log_lock_waits = off",
+        "SET session_replication_role = replica",
+        f'ALTER ROLE CURRENT_USER IN DATABASE "{db}" RESET log_min_duration_statement',
+        f'ALTER ROLE CURRENT_USER IN DATABASE "{db}" SET log_min_duration_statement = -1',
+    ]
+    with as_branch_role(pool, traced) as conn:
+        for attempt in attempts:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(attempt)
+        conn.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{db}" RESET ALL')
+        conn.execute(
+            "DO $$BEGIN RAISE LOG 'pgoverlay-trace %', "
+            """'{"event":"ddl","tag":"DROP TABLE","locks":[],"scans":[]}'; END$$"""
+        )
+    with as_branch_role(pool, traced) as conn:
+        assert conn.execute("SHOW log_min_duration_statement").fetchone() == ("0",)
+        conn.execute("CREATE TABLE still_seen (id int)")
+    mark = engine.trace_end(traced.name)
+    assert mark.instrumented
+    assert [e["tag"] for e in _events(mark)] == ["CREATE TABLE"]
+    assert any("left out" in n for n in mark.notes)
+
+
+def test_dropping_the_ledger_schema_shows_as_not_instrumented(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest())
+    with as_branch_role(pool, traced) as conn:
+        conn.execute("DROP SCHEMA pgoverlay_ledger CASCADE")
+    mark = engine.trace_end(traced.name)
+    assert not mark.instrumented
+    assert any("pgoverlay_ledger" in n for n in mark.notes)
+    assert any("DROP SCHEMA pgoverlay_ledger" in e.message for e in mark.log)
+
+
+PLANT = """
+CREATE FUNCTION {schema}.pg_backend_pid() RETURNS int LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.planted_ran VALUES (current_user); RETURN 1; END $$;
+CREATE FUNCTION {schema}.pg_event_trigger_table_rewrite_oid() RETURNS oid LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.planted_ran VALUES (current_user); RETURN 1; END $$;
+CREATE FUNCTION {schema}.jsonb_build_object(text, text, text, text, text, text, text,
+    text, text, text) RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.planted_ran VALUES (current_user); RETURN '{{}}'; END $$;
+CREATE VIEW {schema}.pg_locks AS SELECT * FROM pg_catalog.pg_locks WHERE false;
+"""
+
+
+def test_ddl_with_the_triggers_runs_no_function_the_role_planted(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest())
+    with as_branch_role(pool, traced) as role:
+        role.execute("CREATE TABLE public.planted_ran (who text)")
+        role.execute("GRANT ALL ON public.planted_ran TO PUBLIC")
+        role.execute(PLANT.format(schema="public"))
+        role.execute("SET search_path = pg_temp, public, pg_catalog")
+        role.execute(PLANT.format(schema="pg_temp"))
+        role.execute("CREATE INDEX accounts_planted ON public.accounts (balance)")
+        role.execute("ALTER TABLE public.accounts ALTER COLUMN id TYPE bigint")
+        accounts = _oid(role, "public.accounts")
+    with as_engine(pool, traced, base) as su:
+        su.execute("SET search_path = public, pg_catalog")
+        su.execute("CREATE TABLE su_made (id int)")
+        su.execute("ALTER TABLE su_made ALTER COLUMN id TYPE bigint")
+        assert su.execute("SELECT who FROM public.planted_ran").fetchall() == []
+    mark = engine.trace_end(traced.name)
+    events = _events(mark)
+    index = next(e for e in events if e.get("tag") == "CREATE INDEX")
+    assert {"rel": accounts, "mode": "ShareLock"} in index["locks"]
+    assert [e["rel"] for e in events if e["event"] == "rewrite"] == [accounts]
+
+
+def test_the_password_never_reaches_the_log(pool: Pool, base: BaseVersion, traced: Branch) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest())
+    with as_branch_role(pool, traced) as conn:
+        conn.execute("SELECT 1")
+    branch._set_login(pool, base, traced)  # the engine sets the password while traced
+    with as_branch_role(pool, traced) as conn:
+        conn.execute("SELECT 2")
+    log_file = branch.layout(pool, traced.name).log_file
+    before_reset = log_file.read_text()
+    assert "statement: SELECT 2" in before_reset  # the role's statements are logged
+    engine.reset(traced.name)
+    with pytest.raises(TraceError):
+        engine.trace_mark(traced.name)
+    for text in (before_reset, log_file.read_text()):
+        assert traced.password not in text
+        assert "SCRAM-SHA-256$" not in text
+
+
+def test_the_trace_through_the_service_and_its_client(
+    pool: Pool, base: BaseVersion, traced: Branch, service: Path
+) -> None:
+    remote = RemoteEngine(service)
+    with pytest.raises(TraceError, match="no open trace"):
+        remote.trace_mark(traced.name)
+    first = remote.trace_begin(traced.name, TraceRequest(interval=0.02))
+    assert first.interval == 0.02 and first.instrumented
+    with as_branch_role(pool, traced) as conn:
+        conn.execute("CREATE TABLE by_http (id int)")
+    mark = remote.trace_mark(traced.name)
+    assert [e["tag"] for e in _events(mark)] == ["CREATE TABLE"]
+    assert "by_http" in {r.name for r in mark.relations}
+    last = remote.trace_end(traced.name)
+    assert last.instrumented
+    with as_engine(pool, traced, base) as conn:
+        assert _leftovers(conn, traced.user) == []
+
+
+def test_the_trace_ends_itself_after_max_seconds(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    engine = LocalEngine(pool)
+    engine.trace_begin(traced.name, TraceRequest(max_seconds=0.3))
+    with as_engine(pool, traced, base) as conn:
+        wait_for(
+            lambda: _leftovers(conn, traced.user) == [],
+            timeout=30,
+            what="the trace to remove its instrumentation",
+        )
+    mark = engine.trace_end(traced.name)
+    assert not mark.instrumented
+    assert any("max_seconds" in n for n in mark.notes)
