@@ -164,7 +164,7 @@ def analyze(
     mapped = _map(parsed.statements, statements)
     work = _Analysis(relations_before, relations_after)
     _from_events(work, parsed.statements, mapped.index_of)
-    sampled = _from_samples(work, after, parsed.statements, mapped.index_of, ignore_pids)
+    sampled = _from_samples(work, before, after, parsed.statements, mapped.index_of, ignore_pids)
     _from_waits(work, parsed.statements, mapped.index_of)
     uses = _lock_uses(work)
     rewrites = _rewrites(work, parsed.statements, mapped.index_of, uses)
@@ -303,6 +303,7 @@ def _stronger(a: str, b: str) -> str:
 
 def _from_samples(
     work: _Analysis,
+    before: TraceMark,
     after: TraceMark,
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
@@ -310,13 +311,14 @@ def _from_samples(
 ) -> bool:
     """Sampled spans, given to the statement their pid was running when the span was first
     seen (or ran last before it: a lock outlives its statement until the transaction ends).
-    True if any span counted."""
+    A span first seen before this migration began (a lock still held at the previous mark,
+    which the trace reports again) is not this migration's. True if any span counted."""
     by_pid: dict[int, list[int]] = defaultdict(list)
     for position, stmt in enumerate(logged):
         by_pid[stmt.pid].append(position)
     used = False
     for span in after.locks:
-        if span.pid in ignore_pids or not work.counts(span.relation):
+        if span.pid in ignore_pids or not work.counts(span.relation) or span.first < before.at:
             continue
         try:
             locks.sql_name(span.mode)

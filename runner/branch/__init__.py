@@ -142,7 +142,11 @@ def pick_port(pool: Pool, used: set[int]) -> int:
 
 
 def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
-    """The engine's own access: the base's superuser, through the branch's private socket."""
+    """The engine's own access: the base's superuser, through the branch's private socket.
+
+    Its search_path holds only the catalog: the branch's role may create schemas and objects
+    (one named like the superuser, or in public), and a superuser session must never resolve
+    a name to something the role made."""
     return psycopg.connect(
         host=os.fspath(layout(pool, branch.name).socket_dir),
         port=branch.port,
@@ -150,6 +154,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
         dbname=base.database,
         autocommit=True,
         connect_timeout=10,
+        options="-c search_path=pg_catalog,pg_temp",
     )
 
 
