@@ -65,7 +65,8 @@ def html_text(text: str, limit: int) -> str:
     if len(pieces) % 2 == 0:
         pieces = [body]
     return "".join(
-        f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(pieces)
+        (f"<code>{html.escape(p)}</code>" if p else "``") if i % 2 else html.escape(p)
+        for i, p in enumerate(pieces)
     )
 
 
