@@ -122,7 +122,7 @@ def _statements(
 ) -> str:
     """One row per statement: where it is, what it is, how long it ran, what it did."""
     if not statements:
-        return "No statements were logged."
+        return "No per-statement detail."
     width = _FULL_STATEMENT if full else _STATEMENT
     lines = [
         "| Line | Statement | Duration | Locks | Rewrites | Scans |",
