@@ -20,7 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.report import Report
+from pgoverlay.action.insight import jsonreport
+from pgoverlay.action.report import Report, over_threshold
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, fork_refusal, handle
 from pgoverlay.errors import (
@@ -52,6 +53,7 @@ class JobEnv(BaseSettings):
     workspace: Path = Field(default=Path("."), validation_alias="GITHUB_WORKSPACE")
     output: Path | None = Field(default=None, validation_alias="GITHUB_OUTPUT")
     summary: Path | None = Field(default=None, validation_alias="GITHUB_STEP_SUMMARY")
+    temp: Path | None = Field(default=None, validation_alias="RUNNER_TEMP")
     token: str = Field(
         default="", validation_alias=AliasChoices("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN")
     )
@@ -158,7 +160,8 @@ def _not_branched(job: JobEnv, ev: event.Event, message: str, out: TextIO) -> in
         run_url=job.run_url(),
     )
     outputs.annotation("notice", message, out, title="No branch for a fork")
-    outputs.write_outputs(job.output, {"status": "skipped", "branch": ""})
+    values = {"status": "skipped", "branch": "", **_report_file(job, report)}
+    outputs.write_outputs(job.output, values)
     outputs.write_summary(job.summary, comment.render_summary(report))
     return 0
 
@@ -174,6 +177,7 @@ def _run(
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
     outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
+    outputs.check_folder(job.temp, variable="RUNNER_TEMP")
     refusal = fork_refusal(ev, inputs)
     if refusal:
         return _not_branched(job, ev, refusal, out)
@@ -198,7 +202,9 @@ def _run(
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
         outputs.write_outputs(job.output, {"status": "skipped"})
         return 0
-    outputs.write_outputs(job.output, _outputs(engine, outcome, out))
+    values = _outputs(engine, outcome, out)
+    values.update(_report_file(job, report))
+    outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)
     if outcome.comment_error:
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
@@ -219,7 +225,32 @@ def _run(
         return 1
     if report.status == "migration failed" and inputs.fail_on_migration_error:
         return 1
-    return 0
+    over = over_threshold(report)
+    for m in over:
+        assert m.insight is not None
+        outputs.annotation(
+            "error" if inputs.fail_on_threshold else "warning",
+            f"{m.name}: {m.insight.verdict.text}",
+            out,
+            file=m.file,
+            title=f"Migration {m.name} is over a threshold",
+        )
+    return 1 if over and inputs.fail_on_threshold else 0
+
+
+def _report_file(job: JobEnv, report: Report) -> dict[str, str]:
+    """Write the report as JSON in RUNNER_TEMP; the output naming it (none when the runner names
+    no such folder)."""
+    if job.temp is None:
+        return {}
+    path = outputs.write_new(
+        job.temp,
+        jsonreport.dumps(report),
+        prefix="pgoverlay-report-",
+        suffix=".json",
+        variable="RUNNER_TEMP",
+    )
+    return {"report-path": str(path)}
 
 
 def main_from_env(*, destroy: bool = False) -> int:

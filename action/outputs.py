@@ -12,6 +12,7 @@ import errno
 import os
 import secrets
 import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
@@ -91,6 +92,16 @@ def check_writable(path: Path | None, *, variable: str) -> None:
         append(path, "", variable=variable)
 
 
+def check_folder(path: Path | None, *, variable: str) -> None:
+    """Refuse now, before any work, a folder ``write_new`` could not write in."""
+    if path is not None and not (path.is_dir() and os.access(path, os.W_OK | os.X_OK)):
+        raise JobFileError(
+            f"cannot write in {variable}={path}: it is not a folder this user may write in. "
+            f"GitHub Actions sets {variable} to a folder of the job's own: do not change it in "
+            "the workflow"
+        )
+
+
 def write_outputs(path: Path | None, values: Mapping[str, str]) -> None:
     """Append ``name<<DELIM`` blocks, the form that allows any value."""
     if path is None:
@@ -106,3 +117,24 @@ def write_summary(path: Path | None, markdown: str) -> None:
     if path is None:
         return
     append(path, markdown.rstrip() + "\n", variable="GITHUB_STEP_SUMMARY")
+
+
+def write_new(directory: Path, text: str, *, prefix: str, suffix: str, variable: str) -> Path:
+    """Write ``text`` to a new file of this user's in ``directory`` (which ``variable`` names),
+    and return its path. The file is made where none was (``mkstemp``: no link followed, no
+    file replaced) and readable by this user only."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+    except OSError as err:
+        raise JobFileError(
+            f"cannot write a file in {variable}={directory}: {err.strerror or err}. GitHub "
+            f"Actions sets {variable} to a folder of the job's own: do not change it in the "
+            "workflow"
+        ) from None
+    try:
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+    return Path(name)

@@ -3,7 +3,9 @@ ended, and its report. A re-run of the same head finds its work done; the closin
 the migrations of the last run.
 
 The engine keeps this as JSON text it never reads (``Engine.save_record``), owner-checked,
-size-limited and removed with its branch; this module alone knows its fields.
+size-limited and removed with its branch; this module alone knows its fields. A report whose
+insight would not fit is kept coarser (without per-statement detail, then without findings:
+``jsonreport.fit``), so saving never fails for its size.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter, ValidationError
 
+from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report, RunStatus
-from pgoverlay.runner.service.models import BranchView, Record
+from pgoverlay.runner.service.models import MAX_RECORD_BYTES, BranchView, Record
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +32,14 @@ class PrRecord:
 _ADAPTER: TypeAdapter[PrRecord] = TypeAdapter(PrRecord)
 
 
-def dumps(record: PrRecord) -> str:
-    return _ADAPTER.dump_json(record).decode()
+def dumps(record: PrRecord, *, limit: int = MAX_RECORD_BYTES) -> str:
+    """``record`` as JSON text of at most ``limit`` bytes (what the engine keeps)."""
+
+    def encode(report: Report, _: jsonreport.Detail) -> str:
+        slim = PrRecord(record.head_sha, record.status, report)
+        return _ADAPTER.dump_json(slim).decode()
+
+    return jsonreport.fit(record.report, encode, limit=limit)
 
 
 def loads(text: str) -> PrRecord:

@@ -57,3 +57,11 @@ class Report:
     merged: bool | None = None  # on close: was the PR merged
     password_hint: str = ""  # how to get the password; never the password itself
     run_url: str = ""  # link to the workflow run, when known
+
+
+def over_threshold(report: Report) -> list[MigrationRun]:
+    """The migrations whose insight's verdict is "over": a lock or a rewrite past the
+    thresholds (with ``fail-on-threshold``, they fail the step or the commit status)."""
+    return [
+        m for m in report.migrations if m.insight is not None and m.insight.verdict.level == "over"
+    ]

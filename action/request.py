@@ -10,13 +10,56 @@ describes it and passes it to the entry point as ``INPUT_<NAME>``), with the sam
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_duration
+
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
+
+
+def parse_seconds(text: str) -> float:
+    """'500ms', '5s', '1.5s', '2m' -> seconds: how long a lock may be held."""
+    match = _SECONDS.match(text)
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()] if match else 0.0
+    if seconds <= 0:
+        raise ConfigError(
+            f"cannot read duration {text!r}: use a positive number and a unit ms, s, m or h "
+            "(e.g. 500ms, 5s, 1.5s, 2m)"
+        )
+    return seconds
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB', '1GiB', '10GB', '1048576' -> bytes (KiB/MiB/GiB are powers of 1024, KB/MB/GB of
+    1000, a bare number is bytes): how much one rewrite may write."""
+    try:
+        size = int(_BYTES.validate_python(text.strip()))
+    except ValidationError:
+        size = 0
+    if size <= 0:
+        raise ConfigError(
+            f"cannot read size {text!r}: use a positive number of bytes, or a number and a unit "
+            "KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), "
+            "e.g. 512MiB, 1GiB, 10GB"
+        )
+    return size
 
 
 def _invalid(message: str) -> PydanticCustomError:
@@ -39,6 +82,10 @@ class PrRequest(BaseModel):
     ttl: str | None = None
     comment: bool = True
     runtime: Literal["auto", "local", "docker"] = "auto"  # auto: the runner's PGOVERLAY_RUNTIME
+    insight: bool = True  # trace each migration: locks, rewrites, scans, volume, lint
+    max_blocking_lock: str = "5s"  # longest hold of a lock that blocks reads or writes
+    max_rewrite: str = "1GiB"  # largest table or index one rewrite may write
+    fail_on_threshold: bool = False  # a migration over a threshold fails the step (or status)
 
     @model_validator(mode="before")
     @classmethod
@@ -68,6 +115,16 @@ class PrRequest(BaseModel):
                 raise _invalid(str(err)) from None
         return ttl
 
+    @field_validator("max_blocking_lock")
+    @classmethod
+    def _a_lock_duration(cls, text: str) -> str:
+        return _checked(parse_seconds, text)
+
+    @field_validator("max_rewrite")
+    @classmethod
+    def _a_size(cls, text: str) -> str:
+        return _checked(parse_bytes, text)
+
     @model_validator(mode="after")
     def _one_way_to_migrate(self) -> PrRequest:
         if self.migrations and self.migrate_command:
@@ -78,6 +135,24 @@ class PrRequest(BaseModel):
 
     def ttl_seconds(self) -> int | None:
         return parse_duration(self.ttl) if self.ttl else None
+
+    def thresholds(self) -> Thresholds:
+        """What a migration may do before its verdict is "over" (and, with
+        ``fail_on_threshold``, fails the step)."""
+        return Thresholds(
+            max_blocking_lock=parse_seconds(self.max_blocking_lock),
+            max_rewrite=parse_bytes(self.max_rewrite),
+            fail=self.fail_on_threshold,
+        )
+
+
+def _checked(parse: Callable[[str], object], text: str) -> str:
+    """``text`` as written, once ``parse`` reads it; its ConfigError as the field's error."""
+    try:
+        parse(text)
+    except ConfigError as err:
+        raise _invalid(str(err)) from None
+    return text
 
 
 class Inputs(PrRequest):

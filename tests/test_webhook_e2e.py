@@ -12,6 +12,7 @@ import pwd
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import sysconfig
@@ -19,6 +20,7 @@ import tarfile
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -324,6 +326,14 @@ def columns(pool: Pool, name: str) -> str:
     return str(row[0]) if row else ""
 
 
+def stored_reports(service: Listener) -> list[dict[str, Any]]:
+    """The reports the listener's finished jobs kept, read from its queue without writing."""
+    path = service.state / "queue.db"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT report FROM jobs WHERE report != '' ORDER BY id").fetchall()
+    return [json.loads(text) for (text,) in rows]
+
+
 def test_deliveries_create_update_and_destroy_a_branch_once_each(
     listener: tuple[Listener, FakeGitHub],
 ) -> None:
@@ -350,6 +360,11 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
     assert columns(pool, "shop-pr-9") == "id"
     [first] = comments(github, 9)
     assert "db/migrations/001_widgets.sql" in first["body"] and "000_old" not in first["body"]
+    # The job keeps its report (the Action's JSON report) in the queue.
+    eventually(lambda: stored_reports(service), what="the job's report in the queue")
+    [stored] = stored_reports(service)
+    assert stored["schema_version"] == 1 and stored["status"] == "ready"
+    assert [m["name"] for m in stored["migrations"]] == ["db/migrations/001_widgets.sql"]
 
     again = service.send(pr_payload("opened", head1), delivery=delivery)
     assert again.status_code == 200 and "already received" in again.text

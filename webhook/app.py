@@ -1,6 +1,7 @@
-"""The intake process's HTTP edge: POST /webhook, GET /healthz and GET /metrics. Routes hold no
-business logic: they read the request, call intake (or the collector), and shape the answer.
-The jobs run in the worker process, which this app starts and stops with itself."""
+"""The intake process's HTTP edge: POST /webhook, GET /healthz, GET /metrics and
+GET /jobs/{id}/report. Routes hold no business logic: they read the request, call intake (or the
+collector, or the queue), and shape the answer. The jobs run in the worker process, which this
+app starts and stops with itself."""
 
 from __future__ import annotations
 
@@ -134,6 +135,25 @@ def create_app(
         except PgoverlayError as err:
             return _error(503, f"metrics unavailable: {err}")
         return Response(text, media_type=metrics.CONTENT_TYPE)
+
+    @app.get("/jobs/{job_id}/report")
+    async def job_report(job_id: int, request: Request) -> Response:
+        # A report holds the pull request's statements: never served without the token.
+        if token is None:
+            return _error(
+                403,
+                "job reports are served only when metrics_token is set: set it, and send "
+                "Authorization: Bearer <token>",
+            )
+        if not authorised(request):
+            return unauthorised()
+        try:
+            text = await run_in_threadpool(queue.report, job_id)
+        except PgoverlayError as err:
+            return _error(503, f"queue unreadable: {err}")
+        if text is None:
+            return _error(404, f"job {job_id} is unknown, or kept no report")
+        return Response(text, media_type="application/json")
 
     return app
 

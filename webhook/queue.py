@@ -19,6 +19,8 @@ JSON; a close that reconcile queues keeps none. The queue, not its callers, enfo
 * **Dedupe** by delivery id and by the SHA-256 of the signed body: the signature does not cover
   ``X-GitHub-Delivery``, so a captured body replayed under a new id is the same delivery. A
   repeat is counted on the delivery first recorded (``repeats``), so replays add no rows.
+* **Reports**: a job that ends ``done`` may keep its run's report (the Action's JSON report) of
+  at most ``MAX_REPORT_BYTES``, apart from the job's columns: listing jobs never reads them.
 * **Retention**: deliveries are kept 30 days by default, never less than the 3 days GitHub lets
   users redeliver; a delivery's ``outcome`` follows its job's final state in the same commit.
 """
@@ -58,6 +60,7 @@ OUTCOMES: tuple[str, ...] = (*STATES, "ignored", "rejected", "duplicate")
 REDELIVERY_WINDOW = 3 * 86400.0  # GitHub lets users redeliver a webhook for 3 days
 DEFAULT_RETENTION = 30 * 86400.0
 MAX_SERVER_WAIT = 3600.0  # GitHub's primary rate limit resets within the hour
+MAX_REPORT_BYTES = 1024 * 1024  # a job's stored JSON report (the worker drops detail to fit)
 # The queue's format (SQLite's user_version): 0 kept each delivery's body in its job, 1 keeps the
 # parsed event (see _upgrade_payloads).
 FORMAT = 1
@@ -74,7 +77,7 @@ CREATE TABLE IF NOT EXISTS jobs (
         CHECK (state IN ('queued', 'running', 'done', 'failed', 'skipped', 'cancelled')),
     attempts INTEGER NOT NULL DEFAULT 0, not_before REAL NOT NULL, lease_owner TEXT,
     lease_expires REAL, created_at REAL NOT NULL, finished_at REAL,
-    result TEXT NOT NULL DEFAULT '');
+    result TEXT NOT NULL DEFAULT '', report TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, id);
 CREATE INDEX IF NOT EXISTS jobs_by_lane ON jobs (repository, pr, state, id);
 CREATE INDEX IF NOT EXISTS jobs_by_delivery ON jobs (delivery_id);
@@ -90,6 +93,7 @@ _ADDED = {
     "reason": "TEXT NOT NULL DEFAULT ''",
     "repeats": "INTEGER NOT NULL DEFAULT 0",
 }
+_ADDED_TO_JOBS = {"report": "TEXT NOT NULL DEFAULT ''"}
 _BODY_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS deliveries_by_body ON deliveries (body_sha256)"
 # The delivery recorded before under this id or with this signed body, counted once more.
 _REPEAT = """
@@ -205,6 +209,10 @@ class Queue:
             for column, declaration in _ADDED.items():
                 if column not in have:
                     db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {declaration}")
+            have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for column, declaration in _ADDED_TO_JOBS.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {declaration}")
             db.execute(_BODY_INDEX)
             if db.execute("PRAGMA user_version").fetchone()[0] < FORMAT:
                 _upgrade_payloads(db, time.time())
@@ -418,11 +426,24 @@ class Queue:
         worker: str,
         state: Literal["done", "failed", "skipped"],
         result: str = "",
+        report: str = "",
         now: float | None = None,
     ) -> None:
-        """End a job this worker holds; QueueError if its lease was lost meanwhile."""
+        """End a job this worker holds, keeping ``report`` (JSON text, at most
+        MAX_REPORT_BYTES) with it; QueueError if its lease was lost meanwhile."""
+        size = len(report.encode())
+        if size > MAX_REPORT_BYTES:
+            raise QueueError(
+                f"job {job_id}'s report is {size:,} bytes; at most {MAX_REPORT_BYTES:,} are kept"
+            )
         with self._write() as db:
             self._end(db, self._owned(db, job_id, worker), state, result, _clock(now))
+            db.execute("UPDATE jobs SET report = ? WHERE id = ?", (report, job_id))
+
+    def report(self, job_id: int) -> str | None:
+        """The report a job kept (JSON text), or None when the job is unknown or kept none."""
+        rows = self._read("SELECT report FROM jobs WHERE id = ?", (job_id,))
+        return rows[0][0] if rows and rows[0][0] else None
 
     def retry(
         self, job_id: int, *, worker: str, delay: float, result: str = "", now: float | None = None

@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from pgoverlay.action import event as events
 from pgoverlay.action import record
 from pgoverlay.action.github import GitHub
+from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.migrations import changed_between
-from pgoverlay.action.report import Report, RunStatus
+from pgoverlay.action.report import Report, RunStatus, over_threshold
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.workflow import handle, post_comment
 from pgoverlay.errors import (
@@ -43,7 +44,7 @@ from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import forks
-from pgoverlay.webhook.queue import Job, Queue, backoff_delay
+from pgoverlay.webhook.queue import MAX_REPORT_BYTES, Job, Queue, backoff_delay
 from pgoverlay.webhook.routing import JobEvent
 from pgoverlay.webhook.sandbox import JobSandbox, job_uid, remove_scratch
 from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
@@ -156,6 +157,20 @@ def _plain(member: tarfile.TarInfo) -> bool:
 
 
 @dataclass(frozen=True)
+class Done:
+    """How a job ended: its one-line result, and the run's report when it made one."""
+
+    result: str
+    report: Report | None = None
+
+    def json(self) -> str:
+        """The report as the Action's JSON report, cut to what the queue keeps; '' for none."""
+        if self.report is None:
+            return ""
+        return jsonreport.dumps(self.report, limit=MAX_REPORT_BYTES)
+
+
+@dataclass(frozen=True)
 class Current:
     """A job's pull request as the API has it now."""
 
@@ -232,7 +247,7 @@ class Worker:
         keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
         keeper.start()
         try:
-            result = self.process(engine, job)
+            done = self.process(engine, job)
         except TransientError as err:
             delay = backoff_delay(
                 job.attempts, retry_after=err.retry_after, ratelimit_reset=err.ratelimit_reset
@@ -258,9 +273,11 @@ class Worker:
             renewing.set()
             keeper.join()
             CURRENT.set(("-", "-"))
-        self.queue.finish(job.id, worker=self.name, state="done", result=result)
+        self.queue.finish(
+            job.id, worker=self.name, state="done", result=done.result, report=done.json()
+        )
         self.metrics.job(job.kind, "done", time.monotonic() - started)
-        log.info("job %s done: %s", job.id, result, extra=extra)
+        log.info("job %s done: %s", job.id, done.result, extra=extra)
 
     def _keep_lease(self, job: Job, done: threading.Event) -> None:
         interval = self.settings.lease_seconds / 3
@@ -276,45 +293,47 @@ class Worker:
 
     # -- one job ----------------------------------------------------------------------------
 
-    def process(self, engine: Engine, job: Job) -> str:
+    def process(self, engine: Engine, job: Job) -> Done:
         repo = self.settings.repo(job.repository)
         if repo is None:
-            return "repository no longer allowed"
+            return Done("repository no longer allowed")
         delivered = JobEvent.model_validate_json(job.payload) if job.payload else None
         self.clients.remember(job.repository, delivered.installation if delivered else None)
         github = self.clients.for_repo(job.repository)
         # A delivery may be old (a redelivery, a replay): act on the pull request as it is now.
         now = self._now(github, job, delivered)
         if now is None:
-            return "pull request not found"
+            return Done("pull request not found")
         ev = now.event
         request: PrRequest = repo
         if job.kind == "close":
             if now.open:
-                return "the pull request is open: nothing to destroy"
+                return Done("the pull request is open: nothing to destroy")
             self.queue.revoke(job.repository, job.pr or 0)
             outcome = handle(
                 engine, ev, request, settings=self.runner, repo_dir=Path("/"), github=github
             )
-            return outcome.report.status if outcome.report else "nothing to destroy"
+            if outcome.report is None:
+                return Done("nothing to destroy")
+            return Done(outcome.report.status, outcome.report)
         if not now.open:
-            return "the pull request is closed: nothing to do"
+            return Done("the pull request is closed: nothing to do")
         if job.kind == "label" and not ev.from_fork:
-            return "label needs no work"
+            return Done("label needs no work")
         ev = dataclasses.replace(ev, kind="open" if job.kind == "label" else ev.kind)
         refusal = self._refusal(ev, repo)
         if not refusal and ev.from_fork:
             verdict = self._fork_verdict(github, job, delivered, now.labels, ev, repo.fork_label)
             if verdict.quiet:
-                return f"not branched: {verdict.reason}"
+                return Done(f"not branched: {verdict.reason}")
             refusal = verdict.reason
         if refusal:
             self._refuse(github, ev, request, "not branched", refusal)
-            return "not branched"
+            return Done("not branched")
         if self._done_at_head(engine, ev, request):
             # An older delivery, or a replay, of a head already branched and migrated: its
             # status and comment stand.
-            return f"already done at {ev.head_sha[:7]}"
+            return Done(f"already done at {ev.head_sha[:7]}")
         self._status(github, ev, "pending", "creating the branch")
         sandbox = JobSandbox(
             Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=self.settings.state_dir)),
@@ -330,7 +349,7 @@ class Worker:
                     request = self._repo_file(head, request)
                 except ConfigError as err:
                     self._refuse(github, ev, request, "failed", str(err))
-                    return "failed: bad repository file"
+                    return Done("failed: bad repository file")
             outcome = handle(
                 engine,
                 ev,
@@ -347,14 +366,19 @@ class Worker:
             except PgoverlayError as err:  # left for the start-up clean-up
                 log.warning("job %s: could not remove its scratch folder: %s", job.id, err)
         if outcome.report is None:
-            return "nothing to do"
+            return Done("nothing to do")
         report = outcome.report
         state = "success" if report.status == "ready" else "failure"
         reason = report.message or report.status
         if report.branch is not None and report.status == "ready":
             reason = f"branch {report.branch_name} ready on port {report.branch.port}"
+        over = over_threshold(report)
+        if over and request.fail_on_threshold and state == "success":
+            first = over[0]
+            assert first.insight is not None
+            state, reason = "failure", f"{first.name}: {first.insight.verdict.text}"
         self._status(github, ev, state, reason)
-        return report.status
+        return Done(report.status, report)
 
     @staticmethod
     def _done_at_head(engine: Engine, ev: events.Event, request: PrRequest) -> bool:

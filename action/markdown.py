@@ -1,0 +1,90 @@
+"""Escaping for GitHub-flavoured markdown: pure functions on strings.
+
+Everything a pull request controls (file names, statements, error text, relation names) reaches
+the comment through one of these, so it cannot break a table, close a code fence or a
+``<details>`` block, or hide the rest of the comment in an HTML comment. Text is also put on one
+line, cut to a limit, and what looks like a password is redacted.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from urllib.parse import quote
+
+CELL = 200  # characters kept of one table cell or one value
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+# "password=x", "password: x", and SQL's "PASSWORD 'x'" (CREATE ROLE, ALTER ROLE)
+_SECRET = re.compile(
+    r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*|\s+(?='))('[^']*'|\"[^\"]*\"|[^\s,;]+)"
+)
+_URL_SECRET = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+
+
+def token(text: str) -> str:
+    """Only characters that cannot end an HTML comment (no ">", no "!", no spaces)."""
+    return re.sub(r"[^A-Za-z0-9._/-]", "_", text[:CELL]) or "_"
+
+
+def fence(text: str) -> str:
+    """A fenced code block that ``text`` cannot close: the fence outruns any backtick run."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}text\n{text}\n{ticks}"
+
+
+def code(text: str, *, cell: bool = False, limit: int = CELL) -> str:
+    """Inline code on one line; in a table cell its pipes are escaped (GFM unescapes them)."""
+    body = line(text, limit)
+    if not body:
+        return "(none)"
+    if cell:
+        body = body.replace("|", "\\|")
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", body)), default=0) + 1)
+    pad = " " if len(ticks) > 1 else ""
+    return f"{ticks}{pad}{body}{pad}{ticks}"
+
+
+def prose(text: str, limit: int, *, cell: bool, redact: bool = True) -> str:
+    """One line of plain text, markdown and HTML escaped; `quoted` parts become inline code."""
+    body = line(text, limit, redact=redact)
+    pieces = body.split("`")
+    if len(pieces) % 2 == 0:  # an odd number of backticks: no code, all plain text
+        pieces = [body]
+    return "".join(
+        code(p, cell=cell) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p) for i, p in enumerate(pieces)
+    )
+
+
+def html_text(text: str, limit: int) -> str:
+    """One line for an HTML context (a ``<summary>``): entities escaped, `quoted` parts in
+    ``<code>``. No tag or comment can start in it: every ``<`` becomes ``&lt;``."""
+    body = line(text, limit)
+    pieces = body.split("`")
+    if len(pieces) % 2 == 0:
+        pieces = [body]
+    return "".join(
+        (f"<code>{html.escape(p)}</code>" if p else "``") if i % 2 else html.escape(p)
+        for i, p in enumerate(pieces)
+    )
+
+
+def hide_secrets(text: str) -> str:
+    """Hide what looks like a password (``password=...``, ``PASSWORD '...'``,
+    ``scheme://user:secret@``)."""
+    return _URL_SECRET.sub(r"\1[redacted]@", _SECRET.sub(r"\1\2[redacted]", text))
+
+
+def line(text: str, limit: int, *, redact: bool = True) -> str:
+    """``text`` on one line (whitespace runs become one space), cut to ``limit`` characters."""
+    head = text[: limit * 8]  # bounded work on huge input
+    one = " ".join((hide_secrets(head) if redact else head).split())
+    if len(one) > limit or len(head) < len(text):
+        one = one[: limit - 1] + "…"
+    return one
+
+
+def url(address: str) -> str:
+    """Percent-encode what would end a markdown link destination early (spaces, parentheses)."""
+    return quote(line(address, 2000, redact=False), safe=":/?#[]@!$&'*+,;=%~")
