@@ -266,9 +266,11 @@ def test_event_locks_are_held_from_their_statement_to_commit() -> None:
         "public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.505, 0.0, 1, 412 * MIB
     )
     assert insight.locks == [exclusive, share]
+    # The second statement ran under the first one's SHARE too: it lists it, with its hold;
+    # the migration's lock stays the first statement's.
     assert [(s.index, s.line, s.seconds, s.locks) for s in insight.statements] == [
         (0, 2, 2.0, [share]),
-        (1, 4, 0.005, [exclusive]),
+        (1, 4, 0.005, [exclusive, dataclasses.replace(share, statement=1)]),
     ]
     assert (
         insight.statements[1].text

@@ -184,7 +184,7 @@ def analyze(
     insight = MigrationInsight(
         seconds=seconds,
         locks=migration_locks,
-        rewrites=rewrites,
+        rewrites=_first_per_relation(rewrites),
         scans=_migration_scans(work, migration_locks),
         volume=_volume(before, after, relations_before, relations_after),
         statements=per_statement,
@@ -259,21 +259,21 @@ def _from_events(
     work: _Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
 ) -> None:
     """Locks and scans from the DDL events. A lock the transaction did not hold before a
-    statement was taken by it, and is held from its start to its transaction's end. Scans are
-    the delta of the transaction's counters since its previous event, on relations the
-    statement then holds a lock on that blocks writes."""
-    held: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    statement was taken by it, and is held from its start to its transaction's end; a later
+    statement of the same transaction that reports it ran under it, and lists it with the same
+    hold (the first taker stays the one a migration's lock is attributed to). Scans are the
+    delta of the transaction's counters since its previous event, on relations the statement
+    then holds a lock on that blocks writes."""
+    held: dict[str, dict[tuple[int, str], float]] = defaultdict(dict)
     counters: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
     for position, stmt in enumerate(logged):
         index = index_of.get(position)
         for event in stmt.ddl:
             for lock in event.locks:
                 key = (lock.relation, lock.mode)
-                if key in held[event.vxid]:
-                    continue
-                held[event.vxid].add(key)
+                taken = held[event.vxid].setdefault(key, stmt.start)
                 if work.counts(lock.relation):
-                    work.hold(index, lock.relation, lock.mode, stmt.transaction_end - stmt.start)
+                    work.hold(index, lock.relation, lock.mode, stmt.transaction_end - taken)
             for count in event.scans:
                 scans0, rows0 = counters[event.vxid].get(count.relation, (0, 0))
                 counters[event.vxid][count.relation] = (count.seq_scan, count.seq_tup_read)
@@ -419,14 +419,15 @@ def _rewrites(
             events[event.relation].append((index_of.get(position), event.reason))
     found: list[Rewrite] = []
     for oid, (old, new) in changed.items():
-        reasons: list[str] = []
-        for _, bits in events[oid]:
-            reasons += [r for r in rewrite_reasons(bits) if r not in reasons]
         table = new.table_oid
-        if table is not None and table in changed:
-            reasons.append(WITH_TABLE)
         named = events[oid] or (events[table] if table is not None else [])
         statement = named[0][0] if named else _exclusive_holder(work, uses, oid, table)
+        reasons: list[str] = []
+        for index, bits in events[oid]:
+            if index == statement:
+                reasons += [r for r in rewrite_reasons(bits) if r not in reasons]
+        if table is not None and table in changed:
+            reasons.append(WITH_TABLE)
         found.append(
             Rewrite(
                 relation=work.name(oid),
@@ -437,7 +438,42 @@ def _rewrites(
                 statement=statement,
             )
         )
-    return sorted(found, key=lambda r: (-r.bytes_after, r.relation))
+        found += _later_rewrites(found[-1], named, with_table=WITH_TABLE in reasons)
+    return sorted(found, key=lambda r: (-r.bytes_after, r.relation, r.statement or 0))
+
+
+def _later_rewrites(
+    first: Rewrite, named: Sequence[tuple[int | None, int]], *, with_table: bool
+) -> list[Rewrite]:
+    """The same relation rewritten again by later statements of the migration (two ALTERs of
+    one table): one entry for each, with that statement's own reasons. Sizes are the
+    migration's: the trace measures them before and after it, not between statements."""
+    by_statement: dict[int, list[str]] = {}
+    for index, bits in named:
+        if index is None or index == first.statement:
+            continue
+        own = by_statement.setdefault(index, [])
+        if first.kind == "table" or not with_table:
+            own += [r for r in rewrite_reasons(bits) if r not in own]
+    return [
+        dataclasses.replace(
+            first, reasons=[*reasons, *([WITH_TABLE] if with_table else [])], statement=index
+        )
+        for index, reasons in by_statement.items()
+    ]
+
+
+def _first_per_relation(rewrites: Sequence[Rewrite]) -> list[Rewrite]:
+    """One entry per relation for the migration, with every statement's reasons."""
+    merged: dict[str, Rewrite] = {}
+    for r in sorted(rewrites, key=lambda r: r.statement if r.statement is not None else -1):
+        known = merged.get(r.relation)
+        if known is None:
+            merged[r.relation] = r
+        else:
+            reasons = [*known.reasons, *(x for x in r.reasons if x not in known.reasons)]
+            merged[r.relation] = dataclasses.replace(known, reasons=reasons)
+    return sorted(merged.values(), key=lambda r: (-r.bytes_after, r.relation))
 
 
 def _exclusive_holder(
