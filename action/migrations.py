@@ -298,8 +298,11 @@ def _record(
 class Watcher(Protocol):
     """Measures what each migration did to the branch (``pgoverlay.action.insight.observe``).
 
-    ``measure`` is called once after each migration that ran, failed ones included, in order;
-    ``ignore_pids`` are this workflow's own sessions on the branch."""
+    ``start`` is called once, when this workflow's own sessions on the branch are open and
+    before any migration runs; ``measure`` once after each migration that ran, failed ones
+    included, in order; ``ignore_pids`` are this workflow's own sessions."""
+
+    def start(self) -> None: ...
 
     def measure(
         self,
@@ -365,6 +368,8 @@ def _apply(
 ) -> list[MigrationRun]:
     recorded = _recorded(conn, target)
     mine = {conn.info.backend_pid}
+    if watcher is not None:
+        watcher.start()
     results: list[MigrationRun] = []
 
     def stop_after(run: MigrationRun, index: int) -> list[MigrationRun]:
@@ -458,6 +463,8 @@ def run_command(
     ``watcher``, the run is measured from the server's side (``MigrationRun.insight``)."""
     env = {**target.libpq_env(), "DATABASE_URL": target.url, **(extra_env or {})}
     env.pop("PGAPPNAME")
+    if watcher is not None:
+        watcher.start()
     started = time.monotonic()
     try:
         done = sandbox.run(

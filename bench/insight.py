@@ -59,11 +59,17 @@ OVERHEAD = [
 
 
 class Watch:
-    """An Observer that also times its marks."""
+    """An Observer that also times its marks and the opening of its trace."""
 
     def __init__(self, observer: Observer) -> None:
         self.observer = observer
         self.mark_seconds: list[float] = []
+        self.start_seconds = 0.0
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.observer.start()
+        self.start_seconds += time.monotonic() - t0
 
     def measure(self, **kwargs: object) -> MigrationInsight | None:
         t0 = time.monotonic()
@@ -114,9 +120,6 @@ def apply(
             max_seconds=3600,
         )
         watch = Watch(observer)
-        t0 = time.monotonic()
-        observer.__enter__()
-        opened = time.monotonic() - t0
         try:
             runs = migrations.apply_files(
                 target,
@@ -130,7 +133,7 @@ def apply(
         finally:
             t0 = time.monotonic()
             observer.__exit__(None, None, None)
-            opened += time.monotonic() - t0
+            opened = watch.start_seconds + time.monotonic() - t0
         if observer.problem:
             raise SystemExit(f"the trace failed: {observer.problem}")
         return runs, watch.mark_seconds, opened

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class Observer:
-    """A trace of branch ``name`` for the length of a ``with`` block; a ``migrations.Watcher``."""
+    """A trace of branch ``name``, from ``start`` to the end of a ``with`` block; a
+    ``migrations.Watcher``."""
 
     def __init__(
         self,
@@ -48,15 +49,24 @@ class Observer:
         self.problem = ""  # why migrations were not measured, when they were not
         self._last: TraceMark | None = None
         self._book: analyze.Book | None = None
+        self._started = False
 
     def __enter__(self) -> Observer:
+        return self
+
+    def start(self) -> None:
+        """Open the trace, once: called when the workflow's own sessions on the branch are
+        open (a trace waits, at each mark, for the sessions opened since the one before to
+        end), just before the first migration runs."""
+        if self._started:
+            return
+        self._started = True
         try:
             first = self.engine.trace_begin(self.name, self.request)
         except PgoverlayError as err:
             self._give_up(f"the migrations were not measured: {err}")
-            return self
+            return
         self._last, self._book = first, analyze.Book(first)
-        return self
 
     def __exit__(
         self,
