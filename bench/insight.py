@@ -87,13 +87,20 @@ def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows:
     cluster.initdb(install, datadir, owner=owner)
     opts = {"fsync": "off", "wal_level": "replica", "max_wal_size": "4GB"}
     with cluster.running(install, datadir, owner=owner, scratch=work / "tmp", options=opts) as srv:
+        env = {"PGHOST": os.fspath(srv.socket_dir), "PGPORT": str(srv.port), "PGUSER": "postgres"}
+        psql = [install.tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        # The application's tables belong to an owner role, as in production, not to the
+        # superuser: the branch's role can then alter them.
         proc.run(
-            [install.tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"rows={rows}",
-             "-f", FIXTURES / "shop.sql"],
-            env={"PGHOST": os.fspath(srv.socket_dir), "PGPORT": str(srv.port),
-                 "PGUSER": "postgres", "PGDATABASE": "postgres"},
+            [*psql, "-c", "CREATE ROLE shop_owner", "-c", "CREATE DATABASE shop OWNER shop_owner"],
+            env=env,
+            timeout=60,
+        )
+        proc.run(
+            [*psql, "-v", f"rows={rows}", "-c", "SET ROLE shop_owner", "-f", FIXTURES / "shop.sql"],
+            env={**env, "PGDATABASE": "shop"},
             timeout=3600,
-        )  # fmt: skip
+        )
     return datadir
 
 
@@ -186,7 +193,7 @@ def main() -> int:
     repo = work / "repo"
     shutil.rmtree(repo / "db", ignore_errors=True)
     shutil.copytree(FIXTURES / "migrations", repo / "db")
-    settings = Settings(home=work / "pool-home", port_min=56300, port_max=56399)
+    settings = Settings(home=work / "pool-home", port_min=56300, port_max=56399, runtime="local")
     install = pgbin.newest(settings.pg_bindir)
     owner = proc.OsUser.lookup(settings.os_user)
     started = dt.datetime.now(dt.UTC)
@@ -199,7 +206,9 @@ def main() -> int:
     opened: list[float] = []
     try:
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
-            dsn = make_conninfo(host=os.fspath(srv.socket_dir), port=srv.port, user="postgres")
+            dsn = make_conninfo(
+                host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="shop"
+            )
             seed.seed(pool, BASE, source_dsn=dsn)
         size = pool.registry.latest_base(BASE).size_bytes  # type: ignore[union-attr]
         for i in range(args.rounds):
