@@ -6,6 +6,7 @@ import argparse
 
 from rich.markup import escape
 
+from pgoverlay.action.insight import locks
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import MigrationError
@@ -29,12 +30,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out.print(f"  migration {m.name}: {m.status}{detail} ({m.seconds:.2f} s)")
         if m.insight is not None:
             out.print(f"    {escape(m.insight.verdict.text)}", highlight=False)
-            for lock in m.insight.locks[:3]:
+            blocking = [lock for lock in m.insight.locks if lock.blocks != "ddl"]
+            for lock in blocking:
                 out.print(
-                    f"    {lock.mode} on {escape(lock.relation)} "
-                    f"(blocks {lock.blocks}) held {lock.held_seconds:.2f} s",
+                    f"    {lock.mode} on {escape(lock.relation)}: blocks {lock.blocks}, "
+                    f"held {locks.seconds_text(lock.held_seconds)}",
                     highlight=False,
                 )
+            if len(m.insight.locks) > len(blocking):
+                others = len(m.insight.locks) - len(blocking)
+                out.print(f"    and {others} lock(s) that block other DDL only", highlight=False)
     out.print(
         f"[bold]writable layer[/] {format_bytes(result.layer.logical_bytes)} logical, "
         f"{format_bytes(result.layer.physical_bytes)} physical"
