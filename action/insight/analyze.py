@@ -240,9 +240,18 @@ def _map(
         index_of=index_of,
         count=len(statements),
         lines=[s.start_line for s in statements],
-        texts=[s.text for s in statements],
+        texts=[_without_leading_comments(s.text) for s in statements],
         notes=notes,
     )
+
+
+def _without_leading_comments(text: str) -> str:
+    """A file's statement as psql sends it: the ``--`` lines before it are not part of it (its
+    line number is already where the statement itself starts)."""
+    lines = text.splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "\n".join(lines) or text
 
 
 def _seconds(
