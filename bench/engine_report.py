@@ -8,11 +8,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.pool import Pool, mounts
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- engine:start -->", "<!-- engine:end -->"
@@ -317,3 +320,25 @@ def write_report(section: str, *, start: str = START, end: str = END) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     REPORT.write_text(text)
+
+
+def machine_line(major: int, load: float) -> str:
+    """The report's last line: what ran the benchmark, and how busy it was at the start."""
+    return (
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+        f"Postgres {major}; load average {load:.2f} when the run started (the machine is "
+        "shared, and other work may have run alongside)."
+    )
+
+
+def remove_pool(pool: Pool) -> None:
+    """Take down a benchmark's own pool: its branches, bases, mounts and files."""
+    for b in pool.registry.branches():
+        branch.teardown(pool, b)
+    for base in pool.registry.bases():
+        seed.remove_version(pool, base.name, base.version)
+    pool.close()
+    for target in mounts.mounts_under(pool.home):
+        mounts.unmount(Path(target))
+    mounts.unmount(pool.home / "pool")
+    shutil.rmtree(pool.home, ignore_errors=True)

@@ -23,24 +23,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from engine_report import write_report
+from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.action import migrations
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
-from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner import proc, seed
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service.engine import LocalEngine
@@ -228,15 +227,7 @@ def main() -> int:
         all_files = migrations.all_files(repo, "db")
         side, _, _ = apply(engine, pool, "side", repo, all_files, traced=True)
     finally:
-        for b in pool.registry.branches():
-            branch.teardown(pool, b)
-        for base in pool.registry.bases():
-            seed.remove_version(pool, base.name, base.version)
-        pool.close()
-        for target in mounts.mounts_under(pool.home):
-            mounts.unmount(Path(target))
-        mounts.unmount(pool.home / "pool")
-        shutil.rmtree(pool.home, ignore_errors=True)
+        remove_pool(pool)
 
     overhead_rows = []
     for file in OVERHEAD:
@@ -290,9 +281,7 @@ def main() -> int:
             "|---|---|---|---|---|---|",
             *side_rows,
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Postgres {install.major}; load average {load:.2f} when the run started (the "
-            "machine is shared, and other work may have run alongside).",
+            machine_line(install.major, load),
             END,
         ]
     )

@@ -15,21 +15,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import psycopg
-from engine_report import write_report
+from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.pool import mounts
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
@@ -111,15 +108,7 @@ def main() -> int:
                 branch.destroy(pool, f"b{i}")
         sizes = {k: pool.registry.latest_base(n).size_bytes for k, n in bases.items()}  # type: ignore[union-attr]
     finally:
-        for b in pool.registry.branches():
-            branch.teardown(pool, b)
-        for base in pool.registry.bases():
-            seed.remove_version(pool, base.name, base.version)
-        pool.close()
-        for target in mounts.mounts_under(pool.home):
-            mounts.unmount(Path(target))
-        mounts.unmount(pool.home / "pool")
-        shutil.rmtree(pool.home, ignore_errors=True)
+        remove_pool(pool)
 
     def med(values: list[float]) -> str:
         return f"{statistics.median(values):.3f} ({min(values):.3f} – {max(values):.3f})"
@@ -145,9 +134,7 @@ def main() -> int:
             "|---|--:|--:|--:|--:|",
             *rows,
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Postgres {install.major}; load average {load:.2f} when the run started (the "
-            "machine is shared, and other work may have run alongside).",
+            machine_line(install.major, load),
             END,
         ]
     )
