@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.insight.locks import severity
 from pgoverlay.action.insight.model import (
     Blocks,
     Finding,
@@ -33,7 +34,6 @@ COMMENT_NOTES = 10
 _STATEMENT = 160  # characters of a statement shown in the comment
 _FULL_STATEMENT = 500  # the most the insight keeps of one
 _JOINED = 600  # characters of one cell listing several locks, rewrites or scans
-_SEVERITY: dict[Blocks, int] = {"reads and writes": 2, "writes": 1, "ddl": 0}
 _BLOCKS: dict[Blocks, str] = {
     "reads and writes": "blocks reads and writes",
     "writes": "blocks writes",
@@ -76,7 +76,7 @@ def lock_cell(locks: Sequence[LockUse]) -> str:
     writes, 2.3 s"; "none" without one."""
     if not locks:
         return "none"
-    return _lock(max(locks, key=lambda u: (_SEVERITY[u.blocks], u.held_seconds)))
+    return _lock(max(locks, key=lambda u: (severity(u.blocks), u.held_seconds)))
 
 
 def rewrites_cell(rewrites: Sequence[Rewrite]) -> str:

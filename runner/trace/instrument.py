@@ -23,6 +23,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgoverlay.errors import TraceError
+
 SCHEMA = "pgoverlay_ledger"
 TRIGGERS = {
     # event trigger: (its event, its function in SCHEMA)
@@ -33,7 +35,7 @@ ROLE_SETTINGS = {"log_min_duration_statement": "0", "log_lock_waits": "on"}
 PREFIX = "pgoverlay-trace "
 
 # This backend's granted locks on user relations of this database, and what this transaction
-# scanned of them: the DDL's real lock modes and whether it read the whole table.
+# scanned of those relations: the DDL's real lock modes and whether it read the whole table.
 _DDL_BODY = """
 DECLARE
     held pg_catalog.jsonb;
@@ -60,12 +62,8 @@ BEGIN
                'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
                ORDER BY r.rel), '[]')
       INTO scans
-      FROM (SELECT DISTINCT l.relation AS rel FROM pg_catalog.pg_locks l
-             WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.granted
-               AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-                    WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-               AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid) r;
+      FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
+              FROM pg_catalog.jsonb_array_elements(held) e) r;
     RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'ddl', 'tag', TG_TAG, 'vxid', vxid, 'locks', held, 'scans', scans);
 END
@@ -150,7 +148,10 @@ def install(conn: psycopg.Connection[Any], *, user: str, database: str) -> Insta
             )
         found = installed(conn)
     if found is None:
-        raise RuntimeError("the trace's event triggers vanished inside their own transaction")
+        raise TraceError(
+            "the trace's event triggers were not in place right after they were made: another "
+            "superuser session changed them; open the trace again"
+        )
     return found
 
 
