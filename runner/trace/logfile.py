@@ -148,7 +148,7 @@ def drop_forged(entries: list[LogEntry]) -> tuple[list[LogEntry], int]:
             continue
         skipping = None
         if entry.level == "LOG" and entry.message.startswith(PREFIX):
-            following = next((e for e in entries[i + 1 :] if e.pid == entry.pid), None)
+            following = _next_of(entries, i, entry.pid)
             if (
                 following is None
                 or following.level != "CONTEXT"
@@ -159,3 +159,12 @@ def drop_forged(entries: list[LogEntry]) -> tuple[list[LogEntry], int]:
                 continue
         kept.append(entry)
     return kept, forged
+
+
+def _next_of(entries: list[LogEntry], i: int, pid: int) -> LogEntry | None:
+    """The first entry after ``entries[i]`` from process ``pid`` (no copy of the rest: a
+    mark's log may hold many thousands of entries)."""
+    for j in range(i + 1, len(entries)):
+        if entries[j].pid == pid:
+            return entries[j]
+    return None
