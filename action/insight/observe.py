@@ -50,6 +50,7 @@ class Observer:
         self._last: TraceMark | None = None
         self._book: analyze.Book | None = None
         self._started = False
+        self._opened = False  # the engine holds a trace this observer must end
 
     def __enter__(self) -> Observer:
         return self
@@ -66,7 +67,7 @@ class Observer:
         except PgoverlayError as err:
             self._give_up(f"the migrations were not measured: {err}")
             return
-        self._last, self._book = first, analyze.Book(first)
+        self._last, self._book, self._opened = first, analyze.Book(first), True
 
     def __exit__(
         self,
@@ -74,15 +75,18 @@ class Observer:
         err: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._last is None:
-            return
+        opened = self._opened
         self._last = self._book = None
+        self._opened = False
+        if not opened:
+            return
         try:
             self.engine.trace_end(self.name, repository=self.repository)
         except PgoverlayError as problem:
             log.warning("branch %s: the trace did not end cleanly: %s", self.name, problem)
 
     def _give_up(self, why: str) -> None:
+        """Measure no more (an opened trace is still ended on leaving the block)."""
         log.warning("branch %s: %s", self.name, why)
         self.problem = self.problem or why
         self._last = self._book = None
