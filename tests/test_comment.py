@@ -71,8 +71,9 @@ def tokens(body: str) -> list[Token]:
     return MarkdownIt("commonmark").enable("table").parse(body)
 
 
-def migration_rows(body: str) -> list[list[str]]:
-    """The cells of the migrations table as a GFM renderer sees them (inline source text)."""
+def table_rows(body: str, header: list[str], *, prefix: bool = False) -> list[list[str]]:
+    """The body rows (inline source of each cell, as a GFM renderer sees them) of the first
+    table whose header is ``header`` (with ``prefix``: starts with it)."""
     tables: list[list[list[str]]] = []
     inside = False
     for tok in tokens(body):
@@ -83,8 +84,12 @@ def migration_rows(body: str) -> list[list[str]]:
             tables[-1].append([])
         elif inside and tok.type == "inline":
             tables[-1][-1].append(tok.content)
-    table = next(t for t in tables if t[0] == ["File", "Duration", "Result"])
-    return table[1:]
+    return next(t for t in tables if (t[0][: len(header)] if prefix else t[0]) == header)[1:]
+
+
+def migration_rows(body: str) -> list[list[str]]:
+    """The cells of the migrations table (the one without insight)."""
+    return table_rows(body, ["File", "Duration", "Result"])
 
 
 def fences(body: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 import requests
 from pydantic import TypeAdapter
-from test_comment import MARK, failed_run, fences, report, tokens
+from test_comment import MARK, failed_run, fences, report, table_rows, tokens
 from test_webhook_intake import REPO, SECRET, TOKEN, Intake
 
 from pgoverlay.action import event, main, record
@@ -99,18 +99,8 @@ def rich(*runs: MigrationRun, **changes: Any) -> Report:
 
 
 def table(body: str, first: str) -> list[list[str]]:
-    """The rows (inline source of each cell) of the first table whose header starts ``first``."""
-    tables: list[list[list[str]]] = []
-    inside = False
-    for tok in tokens(body):
-        if tok.type in ("table_open", "table_close"):
-            inside = tok.type == "table_open"
-            tables += [[]] if inside else []
-        elif inside and tok.type == "tr_open":
-            tables[-1].append([])
-        elif inside and tok.type == "inline":
-            tables[-1][-1].append(tok.content)
-    return next(t for t in tables if t[0][0] == first)[1:]
+    """The rows of the first table whose header starts ``first``."""
+    return table_rows(body, [first], prefix=True)
 
 
 def html_blocks(body: str) -> list[str]:
