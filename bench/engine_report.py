@@ -13,9 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.pool import Pool, maintenance
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- engine:start -->", "<!-- engine:end -->"
@@ -332,13 +331,8 @@ def machine_line(major: int, load: float) -> str:
 
 
 def remove_pool(pool: Pool) -> None:
-    """Take down a benchmark's own pool: its branches, bases, mounts and files."""
-    for b in pool.registry.branches():
-        branch.teardown(pool, b)
-    for base in pool.registry.bases():
-        seed.remove_version(pool, base.name, base.version)
+    """Take down a benchmark's own pool, as `pgoverlay pool rm` does: its branches, bases,
+    mounts and files."""
     pool.close()
-    for target in mounts.mounts_under(pool.home):
-        mounts.unmount(Path(target))
-    mounts.unmount(pool.home / "pool")
+    maintenance.remove(pool.settings)
     shutil.rmtree(pool.home, ignore_errors=True)
