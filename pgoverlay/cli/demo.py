@@ -6,15 +6,17 @@ import argparse
 
 from rich.markup import escape
 
-from pgoverlay.action.insight import locks
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import MigrationError
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.demo import job as demo_run
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # Imported here: the demo job brings the migration insight, which no other command needs.
+    from pgoverlay.action.insight import locks
+    from pgoverlay.runner.demo import job as demo_run
+
     p = common.pool()
     bar, update = common.seed_progress()
     with bar:
