@@ -273,12 +273,6 @@ def _recorded(conn: psycopg.Connection[Any], target: Target) -> dict[str, str]:
         return dict(rows)
 
 
-def ledger(target: Target) -> dict[str, str]:
-    """name -> checksum of every migration recorded in the branch."""
-    with _connect_ledger(target) as conn:
-        return _recorded(conn, target)
-
-
 def _record(
     conn: psycopg.Connection[Any], target: Target, name: str, text: str, seconds: float
 ) -> None:
