@@ -10,7 +10,6 @@ describes it and passes it to the entry point as ``INPUT_<NAME>``), with the sam
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Literal
 
@@ -27,23 +26,15 @@ from pydantic_core import PydanticCustomError
 
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, config_error
-from pgoverlay.runner.names import NAME_RE, parse_duration
+from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
 
-_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
+_LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 
 
-def parse_seconds(text: str) -> float:
+def lock_seconds(text: str) -> float:
     """'500ms', '5s', '1.5s', '2m' -> seconds: how long a lock may be held."""
-    match = _SECONDS.match(text)
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()] if match else 0.0
-    if seconds <= 0:
-        raise ConfigError(
-            f"cannot read duration {text!r}: use a positive number and a unit ms, s, m or h "
-            "(e.g. 500ms, 5s, 1.5s, 2m)"
-        )
-    return seconds
+    return parse_seconds(text, units=_LOCK_UNITS)
 
 
 def parse_bytes(text: str) -> int:
@@ -118,7 +109,7 @@ class PrRequest(BaseModel):
     @field_validator("max_blocking_lock")
     @classmethod
     def _a_lock_duration(cls, text: str) -> str:
-        return _checked(parse_seconds, text)
+        return _checked(lock_seconds, text)
 
     @field_validator("max_rewrite")
     @classmethod
@@ -140,7 +131,7 @@ class PrRequest(BaseModel):
         """What a migration may do before its verdict is "over" (and, with
         ``fail_on_threshold``, fails the step)."""
         return Thresholds(
-            max_blocking_lock=parse_seconds(self.max_blocking_lock),
+            max_blocking_lock=lock_seconds(self.max_blocking_lock),
             max_rewrite=parse_bytes(self.max_rewrite),
             fail=self.fail_on_threshold,
         )

@@ -7,8 +7,8 @@ import re
 from pgoverlay.errors import ConfigError, InvalidNameError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)$")
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def check_name(name: str, *, what: str = "branch") -> str:
@@ -20,12 +20,23 @@ def check_name(name: str, *, what: str = "branch") -> str:
     return name
 
 
-def parse_duration(text: str) -> int:
-    """'7d' -> seconds. Units: s, m, h, d, w."""
+def parse_seconds(text: str, *, units: str = "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)") -> float:
+    """'500ms', '1.5s', '90m', '7d' -> seconds; ``units`` is what the error offers."""
     match = _DURATION_RE.match(text.strip().lower())
-    if not match or int(match.group(1)) == 0:
+    seconds = float(match.group(1)) * _SECONDS[match.group(2)] if match else 0.0
+    if seconds <= 0:
+        raise ConfigError(
+            f"cannot read duration {text!r}: use a positive number and a unit {units}"
+        )
+    return seconds
+
+
+def parse_duration(text: str) -> int:
+    """'7d' -> whole seconds (a TTL). Units: s, m, h, d, w."""
+    seconds = parse_seconds(text, units="s, m, h, d or w (e.g. 90m, 7d)")
+    if seconds < 1 or not float(seconds).is_integer():
         raise ConfigError(
             f"cannot read duration {text!r}: use a positive number and a unit s, m, h, d or w "
             "(e.g. 90m, 7d)"
         )
-    return int(match.group(1)) * _SECONDS[match.group(2)]
+    return int(seconds)

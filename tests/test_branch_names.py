@@ -3,8 +3,11 @@ runner, and a name too long for Postgres stays stable and distinct."""
 
 from __future__ import annotations
 
+import pytest
+
 from pgoverlay.action.event import Event, branch_name
-from pgoverlay.runner.names import NAME_RE
+from pgoverlay.errors import ConfigError
+from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
 
 
 def pr(repository: str, number: int) -> Event:
@@ -41,3 +44,16 @@ def test_a_template_is_filled_and_made_a_valid_name() -> None:
     assert branch_name(pr("acme/widgets", 3), "pr-{number}") == "pr-3"
     # two owners' repositories of one name, on one runner
     assert branch_name(pr("Acme/shop", 3), "{owner}-{repo}-pr-{number}") == "acme-shop-pr-3"
+
+
+def test_one_duration_reader_for_ttls_and_lock_times() -> None:
+    assert parse_seconds("500ms") == 0.5
+    assert parse_seconds("1.5s") == 1.5
+    assert parse_seconds(" 2M ") == 120
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("1.5h") == 5400
+    for ttl in ("500ms", "1.5s", "0s", "forever", "7 d"):
+        with pytest.raises(ConfigError, match="unit s, m, h, d or w"):
+            parse_duration(ttl)
+    with pytest.raises(ConfigError, match="cannot read duration '0ms'"):
+        parse_seconds("0ms")
