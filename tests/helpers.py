@@ -59,7 +59,7 @@ def require_root() -> None:
 _AS_USER = """
 import grp, os, pwd, sys
 import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.pool.gc
-import pgoverlay.runner.runtime.docker
+import pgoverlay.runner.runtime.docker, pgoverlay.action.main
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([grp.getgrnam(g).gr_gid for g in sys.argv[2].split(",") if g])
 os.setgid(user.pw_gid)
