@@ -86,6 +86,43 @@ def _pool(settings: Settings) -> list[Check]:
     return checks
 
 
+def _warm(settings: Settings) -> list[Check]:
+    """Each base's warm branches: how many are ready of how many wanted, and their memory."""
+    from pgoverlay.runner.branch import warm
+    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.pool import Pool
+
+    if os.geteuid() != 0 or read_info(settings.home) is None:
+        return []
+    try:
+        pool = Pool.open(settings)
+    except PgoverlayError:
+        return []  # _pool says why
+    try:
+        states = warm.states(pool)
+    finally:
+        pool.close()
+    checks = []
+    for s in states:
+        each = s.memory_each
+        memory = (
+            f", {format_bytes(each)} each ({format_bytes(sum(s.pss_bytes))} in all)" if each else ""
+        )
+        checks.append(
+            Check(
+                f"warm {s.base_name}",
+                "ok" if s.ready >= s.target else "warn",
+                f"{s.ready} of {s.target} warm branches ready on {s.runtime}{memory}"
+                + (
+                    ""
+                    if s.ready >= s.target
+                    else ": the engine service or `pgoverlay gc` starts the rest"
+                ),
+            )
+        )
+    return checks
+
+
 def _size(count: int) -> str:
     return f"{count / GIB:.1f} GiB" if count >= GIB else f"{count / 1024**2:.0f} MiB"
 
@@ -179,6 +216,7 @@ def run(settings: Settings) -> list[Check]:
         _psql(settings),
         *_pool(settings),
         _binaries(settings),
+        *_warm(settings),
     ]
 
 

@@ -194,7 +194,7 @@ def dismantle(pool: Pool) -> None:
     """Remove a test pool completely: branches, bases, sockets, mounts, files."""
     from pgoverlay.runner import seed
 
-    for b in pool.registry.branches():
+    for b in pool.registry.branches(warm=True):
         branch.teardown(pool, b)
     for base in pool.registry.bases():
         seed.remove_version(pool, base.name, base.version)

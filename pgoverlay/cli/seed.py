@@ -14,9 +14,11 @@ from rich.table import Table
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
+from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, seed
+from pgoverlay.runner.branch import warm
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.runtime.choose import RUNTIMES
+from pgoverlay.runner.runtime.choose import RUNTIMES, choose
 from pgoverlay.runner.seed import bases, credentials
 
 
@@ -26,6 +28,10 @@ def cmd_seed(args: argparse.Namespace) -> int:
         return cmd_seed_list(args)
     if args.name == "rm" and not args.source and not args.demo:
         return cmd_seed_rm(args)
+    if args.name == "warm" and not args.source and not args.demo:
+        return cmd_seed_warm(args)
+    if args.count is not None:
+        raise ConfigError("--count goes with `pgoverlay seed warm NAME --count N`")
     if args.base is not None:
         raise ConfigError(
             f"seed takes one base name, got {args.name!r} and {args.base!r} "
@@ -120,6 +126,9 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     for br in p.registry.branches():
         key = (br.base_name, br.base_version)
         refs[key] = refs.get(key, 0) + 1
+    warmth: dict[str, list[warm.WarmState]] = {}
+    for state in warm.states(p):
+        warmth.setdefault(state.base_name, []).append(state)
     if getattr(args, "json", False):
         common.print_json(
             [
@@ -127,6 +136,17 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
                     **b.__dict__,
                     "neutralised": b.neutralised_notes if b.locked_down else None,
                     "branches": refs.get((b.name, b.version), 0),
+                    "warm": [
+                        {
+                            "runtime": s.runtime,
+                            "target": s.target,
+                            "ready": s.ready,
+                            "memory_bytes_each": s.memory_each,
+                        }
+                        for s in warmth.get(b.name, [])
+                    ]
+                    if b == p.registry.latest_base(b.name)
+                    else [],
                 }
                 for b in bases
             ]
@@ -145,8 +165,10 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
         "masked",
         "neutralised",
         "branches",
+        "warm",
     )
     for b in bases:
+        latest = b == p.registry.latest_base(b.name)
         table.add_row(
             b.name,
             str(b.version),
@@ -160,11 +182,45 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.mask_label if b.masked else "no",
             str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
             str(refs.get((b.name, b.version), 0)),
+            ", ".join(f"{s.runtime} {_warm_label(s)}" for s in warmth.get(b.name, []))
+            if latest
+            else "-",
         )
     out.print(table)
     for b in bases:
         for note in b.neutralised_notes:
             out.print(f"{b.name} v{b.version} neutralised: {note}", soft_wrap=True)
+    return 0
+
+
+def _warm_label(state: warm.WarmState | None) -> str:
+    """`2/2 (21.4 MiB each)`: ready of wanted, and what one idle warm branch costs."""
+    if state is None:
+        return "-"
+    each = f" ({format_bytes(state.memory_each)} each)" if state.memory_each else ""
+    return f"{state.ready}/{state.target}{each}"
+
+
+def cmd_seed_warm(args: argparse.Namespace) -> int:
+    """Set how many warm branches of a base to keep started, and start them now."""
+    if args.base is None or args.count is None:
+        raise ConfigError(
+            "seed warm needs a base and a count: pgoverlay seed warm NAME --count N "
+            "(0 stops keeping warm branches of it)"
+        )
+    if args.count < 0 or args.count > 64:
+        raise ConfigError(f"--count {args.count} is out of range: give 0 to 64")
+    p = common.pool()
+    base = branches.resolve_base(p, args.base)
+    runtime = choose(p.settings, "branch", requested=args.runtime, major=base.pg_major or 0).name
+    p.registry.set_warm_target(base.name, runtime, args.count)
+    done = warm.replenish(p)
+    for problem in done.problems:
+        common.err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
+    found = {(s.base_name, s.runtime): s for s in warm.states(p)}.get((base.name, runtime))
+    out.print(f"base {base.name} on {runtime}: {_warm_label(found)} warm branches")
+    if done.busy:
+        out.print("another pgoverlay is starting warm branches; they follow shortly")
     return 0
 
 
@@ -186,10 +242,23 @@ def register(sub: Subcommands) -> None:
     seed_cmd = sub.add_parser(
         "seed",
         help="seed a base from a running Postgres (`seed list` lists bases, `seed rm NAME` "
-        "removes one)",
+        "removes one, `seed warm NAME --count N` keeps N branches of it started)",
     )
-    seed_cmd.add_argument("name", help="base name, or `list`, or `rm`")
-    seed_cmd.add_argument("base", nargs="?", metavar="NAME", help="with `rm`: the base to remove")
+    seed_cmd.add_argument("name", help="base name, or `list`, `rm` or `warm`")
+    seed_cmd.add_argument(
+        "base",
+        nargs="?",
+        metavar="NAME",
+        help="with `rm`: the base to remove; with `warm`: the base to keep warm branches of",
+    )
+    seed_cmd.add_argument(
+        "--count",
+        type=int,
+        metavar="N",
+        help="with `seed warm`: keep N branches of the base started and unclaimed, so "
+        "`branch create` takes one in milliseconds (0: none); on --runtime, default the "
+        "branches' runtime",
+    )
     seed_cmd.add_argument(
         "--from",
         dest="source",

@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import socket
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
-from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
 from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
@@ -45,8 +46,10 @@ log = logging.getLogger(__name__)
 # -- layout and runtime -------------------------------------------------------------------
 
 
-def layout(pool: Pool, name: str) -> Layout:
-    return Layout(root=pool.branch_dir(name), socket_dir=pool.socket_root / name)
+def layout(pool: Pool, key: str) -> Layout:
+    """Where the branch whose files go by ``key`` (``Branch.key``: its slot, else its name)
+    lives."""
+    return Layout(root=pool.branch_dir(key), socket_dir=pool.socket_root / key)
 
 
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
@@ -148,7 +151,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
     (one named like the superuser, or in public), and a superuser session must never resolve
     a name to something the role made."""
     return psycopg.connect(
-        host=os.fspath(layout(pool, branch.name).socket_dir),
+        host=os.fspath(layout(pool, branch.key).socket_dir),
         port=branch.port,
         user=base.superuser,
         dbname=base.database,
@@ -178,6 +181,22 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
             createrole=pool.settings.branch_createrole,
             refresh=False,
         )
+
+
+def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    """A warm branch's login role has no password at all until it is claimed: nobody can log
+    in to it, whatever the base was prepared with."""
+    with (
+        sqlerror.wrapped(
+            BranchStartError,
+            what=f"warm branch {branch.name} started but its login role {branch.user} could "
+            "not be locked",
+            fix="it is undone; the base's superuser must be able to log in over the branch's "
+            "socket (seed the base again)",
+        ),
+        _engine_connection(pool, branch, base) as conn,
+    ):
+        roles.lock_login(conn, user=branch.user)
 
 
 def _check_ready(pool: Pool, branch: Branch) -> None:
@@ -210,7 +229,7 @@ def connection(pool: Pool, branch: Branch) -> Connection:
 
 
 def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> None:
-    lay = layout(pool, branch.name)
+    lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     pool.registry.update_branch(branch.name, step="mounted")
@@ -218,6 +237,9 @@ def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> No
     rt.start(lay, options=server_options(pool, lay, branch))
     pool.registry.update_branch(branch.name, step="started")
     fault(pool, f"{saga}:started")
+    if saga == "warm":
+        _lock_login(pool, base, branch)  # its password comes with its claim
+        return
     _set_login(pool, base, branch)
     _check_ready(pool, branch)
 
@@ -234,7 +256,11 @@ def create(
     owner_uid: int = 0,
 ) -> Branch:
     """Create branch ``name`` of a base and wait until it accepts logins. ``repository``,
-    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in)."""
+    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in).
+
+    A warm branch of the base's current version on the chosen runtime is claimed when one is
+    ready: its name, password and owner are bound to it in one registry transaction, then its
+    password is set. Otherwise (or if the claim fails) the branch is created cold."""
     check_name(name)
     base = resolve_base(pool, base_name)
     chosen = choose(pool.settings, "branch", requested=runtime, major=base.pg_major or 0).name
@@ -244,21 +270,31 @@ def create(
         pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
     ):
         now = time.time()
+        asked: dict[str, Any] = {
+            "name": name,
+            "password": secrets.token_urlsafe(24),
+            "created_at": now,
+            "expires_at": now + ttl_seconds if ttl_seconds else None,
+            "repository": repository,
+            "pr": pr,
+            "owner_uid": owner_uid,
+        }
         with pool.registry.transaction() as db:
-            current = pool.registry.base(base.name, base.version)
-            if current is None or current.state != "ready":
-                raise BaseMissingError(
-                    f"base {base.name} v{base.version} is being removed (`pgoverlay seed rm`): "
-                    "create the branch from another base (`pgoverlay seed list`)"
-                )
-            existing = pool.registry.branch(name)
-            if existing is not None:
-                raise BranchExistsError(
-                    f"branch {name} already exists (state {existing.state}): pick another name, "
-                    f"or `pgoverlay branch reset {name}` / `pgoverlay branch destroy {name}`"
-                )
+            _check_free(pool, db, base, name)
+            claimed = pool.registry.claim_warm(db, base, chosen, **asked)
+        if claimed is not None:
+            try:
+                return _finish_claim(pool, base, claimed)
+            except PgoverlayError as err:
+                log.warning("claiming warm branch %s failed (%s); creating it cold", name, err)
+                teardown(pool, claimed)
+            except BaseException:
+                teardown(pool, claimed)
+                raise
+        with pool.registry.transaction() as db:
+            _check_free(pool, db, base, name)
             branch = Branch(
-                name=name,
+                **asked,
                 base_name=base.name,
                 base_version=base.version,
                 state="creating",
@@ -266,14 +302,9 @@ def create(
                 port=pick_port(pool, pool.registry.used_ports(db)),
                 runtime=chosen,
                 user=pool.settings.branch_user,
-                password=secrets.token_urlsafe(24),
                 database=base.database,
-                created_at=now,
                 ready_at=None,
-                expires_at=now + ttl_seconds if ttl_seconds else None,
-                repository=repository,
-                pr=pr,
-                owner_uid=owner_uid,
+                slot=name,
             )
             pool.registry.insert_branch(db, branch)
         fault(pool, "create:registered")
@@ -291,9 +322,81 @@ def create(
     return _get(pool, name)
 
 
+def _check_free(pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str) -> None:
+    """In the create's transaction: the base version is still usable and ``name`` is free."""
+    current = pool.registry.base(base.name, base.version)
+    if current is None or current.state != "ready":
+        raise BaseMissingError(
+            f"base {base.name} v{base.version} is being removed (`pgoverlay seed rm`): "
+            "create the branch from another base (`pgoverlay seed list`)"
+        )
+    existing = pool.registry.branch(name)
+    if existing is not None:
+        raise BranchExistsError(
+            f"branch {name} already exists (state {existing.state}): pick another name, "
+            f"or `pgoverlay branch reset {name}` / `pgoverlay branch destroy {name}`"
+        )
+    if pool.registry.name_taken(db, name):
+        raise BranchExistsError(
+            f"the name {name} is taken by the files of another branch (a claimed warm "
+            "branch keeps its first name for them): pick another name"
+        )
+
+
+def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch) -> Branch:
+    """The claim's remaining steps: the branch's password, then a real login with it."""
+    fault(pool, "claim:bound")
+    _set_login(pool, base, claimed)
+    pool.registry.update_branch(claimed.name, step="password")
+    fault(pool, "claim:password")
+    _check_ready(pool, claimed)
+    pool.registry.update_branch(claimed.name, state="ready", step="", ready_at=time.time())
+    log.info("branch %s claimed warm on port %s", claimed.name, claimed.port)
+    return _get(pool, claimed.name)
+
+
+def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
+    """Start one warm branch of ``base`` on ``runtime``: a branch like any other, named after
+    its own slot, whose login role has no password until ``create`` claims it."""
+    slot = WARM_PREFIX + secrets.token_hex(6)
+    with locks.hold(
+        pool.lock_path("branch", slot), timeout=pool.settings.lock_timeout, what=f"branch {slot}"
+    ):
+        with pool.registry.transaction() as db:
+            _check_free(pool, db, base, slot)
+            branch = Branch(
+                name=slot,
+                slot=slot,
+                base_name=base.name,
+                base_version=base.version,
+                state="creating",
+                step="registered",
+                port=pick_port(pool, pool.registry.used_ports(db)),
+                runtime=runtime,
+                user=pool.settings.branch_user,
+                password="",
+                database=base.database,
+                created_at=time.time(),
+                ready_at=None,
+                expires_at=None,
+            )
+            pool.registry.insert_branch(db, branch)
+        fault(pool, "warm:registered")
+        try:
+            _make_dirs(pool, layout(pool, slot), user=branch.user, superuser=base.superuser)
+            pool.registry.update_branch(slot, step="dirs")
+            _bring_up(pool, base, branch, saga="warm")
+        except BaseException:
+            log.warning("starting warm branch %s failed; undoing", slot)
+            teardown(pool, branch)
+            raise
+        pool.registry.update_branch(slot, state="warm", step="", ready_at=time.time())
+    return _get(pool, slot)
+
+
 def teardown(pool: Pool, branch: Branch) -> None:
     """Stop, unmount and remove everything of ``branch``, then forget it. Idempotent."""
-    lay = layout(pool, branch.name)
+    lay = layout(pool, branch.key)
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
         rt = runtime_for(pool, base, branch.runtime)
@@ -337,7 +440,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
-    lay = layout(pool, branch.name)
+    lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay)
     rt.detach(lay)
@@ -359,7 +462,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
-    lay = layout(pool, branch.name)
+    lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime, check=True)
     _make_socket_dir(pool, lay)
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
@@ -397,8 +500,10 @@ class Status:
         return self.liveness.running
 
 
-def layer_size(pool: Pool, name: str) -> sizes.LayerSize:
-    upper = layout(pool, name).upper
+def layer_size(pool: Pool, branch: Branch | str) -> sizes.LayerSize:
+    """The writable layer's size of ``branch`` (or of the branch of that name)."""
+    found = _get(pool, branch) if isinstance(branch, str) else branch
+    upper = layout(pool, found.key).upper
     if not upper.is_dir():
         return sizes.LayerSize(logical_bytes=0, physical_bytes=0)
     return sizes.layer_size(upper)
@@ -414,7 +519,7 @@ def liveness(pool: Pool, branch: Branch) -> Liveness:
         rt = runtime_for(pool, base, branch.runtime)
     except PgoverlayError as err:
         return Liveness("unknown", str(err))
-    return rt.liveness(layout(pool, branch.name))
+    return rt.liveness(layout(pool, branch.key))
 
 
 def is_running(pool: Pool, branch: Branch) -> bool:
@@ -428,7 +533,7 @@ def status(pool: Pool, name: str) -> Status:
         branch=branch,
         liveness=liveness(pool, branch),
         host=pool.settings.public_host,
-        layer=layer_size(pool, name),
+        layer=layer_size(pool, branch),
     )
 
 

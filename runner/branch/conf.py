@@ -47,7 +47,7 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "logging_collector": "off",
         "log_destination": "stderr",
         **LOG_OPTIONS,
-        "cluster_name": f"pgoverlay-{branch.name}",
+        "cluster_name": f"pgoverlay-{branch.key}",
     }
 
 

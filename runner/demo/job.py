@@ -83,7 +83,7 @@ def run(
     return DemoRun(
         base=base,
         branch=branch,
-        layer=branches.layer_size(pool, branch_name),
+        layer=branches.layer_size(pool, branch),
         migrations=results,
         timings=timings,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, safefs, seed
+from pgoverlay.runner.branch import warm
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool, locks, mounts
 from pgoverlay.runner.pool.registry import Branch
@@ -30,6 +31,8 @@ class Report:
     undone: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    warmed: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     bases_removed: list[str] = field(default_factory=list)
@@ -42,6 +45,8 @@ class Report:
             ("undone half-created branches", self.undone),
             ("finished interrupted destroys/resets", self.finished),
             ("destroyed expired branches", self.expired),
+            ("started warm branches", self.warmed),
+            ("retired warm branches", self.retired),
             ("restarted branches", self.restarted),
             ("removed orphans", self.orphans),
             ("removed base versions", self.bases_removed),
@@ -61,6 +66,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     report.problems += pool.registry.rejected()
     _removals(pool, report)
     _branches(pool, report, now)
+    _warm(pool, report)
     _orphan_containers(pool, report)
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
@@ -85,14 +91,16 @@ def _removals(pool: Pool, report: Report) -> None:
 
 
 def _branches(pool: Pool, report: Report, now: float) -> None:
-    for row in pool.registry.branches():
+    for row in pool.registry.branches(warm=True):
+        if row.warm:
+            continue  # see _warm
         lock = pool.lock_path("branch", row.name)
         try:
             with locks.hold(lock, timeout=0, what=f"branch {row.name}"):
                 current = pool.registry.branch(row.name)
                 if current is None:
                     continue
-                if current.state == "creating":
+                if current.state in ("creating", "claiming"):
                     branches.teardown(pool, current)
                     report.undone.append(current.name)
                 elif current.state == "destroying":
@@ -114,6 +122,14 @@ def _branches(pool: Pool, report: Report, now: float) -> None:
             log.warning("gc could not repair branch %s: %s", row.name, err)
 
 
+def _warm(pool: Pool, report: Report) -> None:
+    """Retire the warm branches that should go and start the ones the targets ask for."""
+    done = warm.replenish(pool)
+    report.warmed += done.started
+    report.retired += done.retired
+    report.problems += done.problems
+
+
 def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
     """Restart a ready branch whose server is gone; one whose runtime cannot tell is left
     alone (a Docker outage is not a stopped server)."""
@@ -128,11 +144,12 @@ def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
 
 def _orphan_containers(pool: Pool, report: Report) -> None:
     """This pool's Docker containers and volumes (found by label) that no branch claims."""
-    uses_docker = any(b.runtime == "docker" for b in pool.registry.branches())
+    rows = pool.registry.branches(warm=True)
+    uses_docker = any(b.runtime == "docker" for b in rows)
     try:
         report.orphans += leftovers.reconcile(
             pool.id,
-            known={b.name for b in pool.registry.branches()},
+            known=pool.registry.branch_keys(),
             may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
             stop_timeout=pool.settings.stop_timeout,
         )
@@ -145,7 +162,7 @@ def _orphan_containers(pool: Pool, report: Report) -> None:
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
     """Directories and mounts under branches/ that no registry row claims."""
     # Rows that fail validation still claim their directory: it is left for a person to judge.
-    known = {b.name for b in pool.registry.branches()} | pool.registry.branch_names()
+    known = pool.registry.branch_keys() | pool.registry.branch_names()
     root = pool.root / "branches"
     for target in mounts.mounts_under(root):
         name = Path(target).relative_to(root).parts[0]
@@ -176,7 +193,7 @@ def _free(pool: Pool, name: str) -> bool:
 
 
 def _bases(pool: Pool, report: Report) -> None:
-    referenced = {(b.base_name, b.base_version) for b in pool.registry.branches()}
+    referenced = {(b.base_name, b.base_version) for b in pool.registry.branches(warm=True)}
     by_name: dict[str, list[int]] = {}
     for base in pool.registry.bases():
         if base.state == "ready":

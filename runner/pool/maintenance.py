@@ -149,12 +149,12 @@ def _stop_branches(pool: Pool) -> list[str]:
     locks. A directory no valid row claims gets its local server stopped."""
     stopped = []
     claimed = set()
-    for b in pool.registry.branches():
-        claimed.add(b.name)
+    for b in pool.registry.branches(warm=True):
+        claimed.add(b.key)
         base = pool.registry.base(b.base_name, b.base_version)
         if base is None:
             continue
-        lay = branches.layout(pool, b.name)
+        lay = branches.layout(pool, b.key)
         rt = runtime_for(pool, base, b.runtime)
         running = rt.liveness(lay).running
         rt.stop(lay)

@@ -54,6 +54,13 @@ CREATE TABLE IF NOT EXISTS branches (
     expires_at REAL,
     FOREIGN KEY (base_name, base_version) REFERENCES bases (name, version)
 );
+-- How many warm branches (started, unclaimed, reachable by nobody) to keep per base and runtime
+CREATE TABLE IF NOT EXISTS warm_targets (
+    base_name TEXT NOT NULL,
+    runtime TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (base_name, runtime)
+);
 CREATE TABLE IF NOT EXISTS records (
     branch TEXT PRIMARY KEY REFERENCES branches (name) ON DELETE CASCADE,
     data TEXT NOT NULL,
@@ -83,7 +90,14 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     ("branches", "repository", "TEXT NOT NULL DEFAULT ''"),
     ("branches", "pr", "INTEGER"),
     ("branches", "owner_uid", "INTEGER NOT NULL DEFAULT 0"),
+    # the branch's directories, sockets and containers are named after its slot, which a
+    # claimed warm branch keeps while its name changes; '' (rows of earlier releases): its name
+    ("branches", "slot", "TEXT NOT NULL DEFAULT ''"),
 ]
+# Made after ADDED_COLUMNS, which the index needs on a pool made by an older release.
+INDEXES = """
+CREATE UNIQUE INDEX IF NOT EXISTS branches_slot ON branches (slot) WHERE slot <> '';
+"""
 
 
 @dataclass(frozen=True)
@@ -148,9 +162,28 @@ class Branch:
     repository: str = ""  # owner/name of the pull request's repository, '' when none
     pr: int | None = None
     owner_uid: int = 0  # the uid that asked for it
+    slot: str = ""  # what its directories and container are named after; '' for its name
+
+    @property
+    def key(self) -> str:
+        """The name its directories, sockets, locks of its files and container go by."""
+        return self.slot or self.name
+
+    @property
+    def warm(self) -> bool:
+        return self.state == "warm"
 
     def __repr__(self) -> str:  # keep the password out of any repr that reaches a log
         return f"Branch(name={self.name!r}, state={self.state!r}, port={self.port})"
+
+
+@dataclass(frozen=True)
+class WarmTarget:
+    """How many warm branches of base ``base_name`` to keep started for ``runtime``."""
+
+    base_name: str
+    runtime: str
+    count: int
 
 
 @dataclass(frozen=True)
@@ -170,7 +203,9 @@ def _columns(cls: type) -> str:
 
 # What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
 # row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
-BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying"})
+# "warm": started, unclaimed, no password; "claiming": bound to a name, its password being set
+BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying", "warm", "claiming"})
+WARM_PREFIX = "warm-"
 # "removing": `seed rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})
 RUNTIMES = frozenset({"local", "docker"})
@@ -215,6 +250,10 @@ def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> B
             raise _bad("branch", b.name, f"its {what} is not a plain identifier")
     if b.repository and not REPOSITORY_RE.match(b.repository):
         raise _bad("branch", b.name, "its repository is not owner/name")
+    if b.slot and (not isinstance(b.slot, str) or not NAME_RE.match(b.slot)):
+        raise _bad("branch", b.name, "its slot is not a valid name")
+    if b.state == "warm" and b.slot != b.name:
+        raise _bad("branch", b.name, "a warm branch is named after its slot")
     return b
 
 
@@ -254,6 +293,10 @@ class Registry:
         except sqlite3.Error as err:
             raise self._failed(err) from None
         self._add_missing_columns()
+        try:
+            self._db.executescript(INDEXES)
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
         self._move_old_records()
 
     def _failed(self, err: sqlite3.Error) -> RegistryError:
@@ -405,7 +448,7 @@ class Registry:
         in between. Returns those branches per version; marks nothing if some exist and
         ``allow_branches`` is false."""
         with self.transaction() as db:
-            users = {v: found for v in versions if (found := self.branches_of(name, v))}
+            users = {v: found for v in versions if (found := self.branches_of(name, v, warm=False))}
             if users and not allow_branches:
                 return users
             db.executemany(
@@ -414,10 +457,13 @@ class Registry:
             )
         return users
 
-    def branches_of(self, name: str, version: int) -> list[str]:
-        """The name of every branch row of base ``name`` version ``version``, valid or not."""
+    def branches_of(self, name: str, version: int, *, warm: bool = True) -> list[str]:
+        """The name of every branch row of base ``name`` version ``version``, valid or not
+        (warm ones, which nobody uses yet, only with ``warm``)."""
         rows = self._read(
-            "SELECT name FROM branches WHERE base_name = ? AND base_version = ? ORDER BY name",
+            "SELECT name FROM branches WHERE base_name = ? AND base_version = ? "
+            + ("" if warm else "AND state <> 'warm' ")
+            + "ORDER BY name",
             (name, version),
         )
         return [str(row[0]) for row in rows]
@@ -428,13 +474,88 @@ class Registry:
 
     # branches ----------------------------------------------------------------------------
 
-    def branches(self) -> list[Branch]:
+    def branches(self, *, warm: bool = False) -> list[Branch]:
+        """The branches; warm ones (unclaimed, nobody's yet) only with ``warm``."""
         rows = self._read(f"SELECT {_columns(Branch)} FROM branches ORDER BY name")
-        return [branch for branch in map(self._branch_or_none, rows) if branch is not None]
+        found = [branch for branch in map(self._branch_or_none, rows) if branch is not None]
+        return found if warm else [b for b in found if not b.warm]
 
     def branch_names(self) -> set[str]:
         """The name of every branch row, valid or not."""
         return {str(row[0]) for row in self._read("SELECT name FROM branches")}
+
+    def branch_keys(self) -> set[str]:
+        """What every branch row's files are named after (its slot, else its name), valid or
+        not: no directory, socket or container of theirs is an orphan."""
+        rows = self._read("SELECT CASE WHEN slot <> '' THEN slot ELSE name END FROM branches")
+        return {str(row[0]) for row in rows}
+
+    def name_taken(self, db: sqlite3.Connection, name: str) -> bool:
+        """Whether ``name`` is a branch's name or the slot of one (a claimed warm branch)."""
+        query = "SELECT 1 FROM branches WHERE name = ? OR slot = ?"
+        return db.execute(query, (name, name)).fetchone() is not None
+
+    def claim_warm(
+        self, db: sqlite3.Connection, base: BaseVersion, runtime: str, **values: Any
+    ) -> Branch | None:
+        """In the caller's transaction: bind the oldest warm branch of ``base`` on ``runtime``
+        to ``values`` (its name, password, owner...) and mark it ``claiming``. None if none is
+        warm. One UPDATE guarded by ``state = 'warm'``: two claims never get the same one."""
+        query = (
+            "SELECT name FROM branches WHERE state = 'warm' AND base_name = ? "
+            "AND base_version = ? AND runtime = ? ORDER BY created_at, name"
+        )
+        for (slot,) in db.execute(query, (base.name, base.version, runtime)).fetchall():
+            changes = {**values, "state": "claiming", "step": ""}
+            assignments = ", ".join(f"{key} = ?" for key in changes)
+            done = db.execute(
+                f"UPDATE branches SET {assignments} WHERE name = ? AND state = 'warm'",
+                (*changes.values(), slot),
+            )
+            if done.rowcount == 1:
+                rows = db.execute(
+                    f"SELECT {_columns(Branch)} FROM branches WHERE name = ?", (values["name"],)
+                ).fetchall()
+                return branch_from_row(rows[0], ports=self.ports)
+        return None
+
+    def unwarm(self, slot: str) -> bool:
+        """Take warm branch ``slot`` out of the warm set (marked ``destroying``) unless a claim
+        got it first. True if it is now this caller's to tear down."""
+        with self.transaction() as db:
+            done = db.execute(
+                "UPDATE branches SET state = 'destroying', step = '' "
+                "WHERE name = ? AND state = 'warm'",
+                (slot,),
+            )
+            return done.rowcount == 1
+
+    # warm targets -----------------------------------------------------------------------
+
+    def warm_targets(self) -> list[WarmTarget]:
+        rows = self._read(
+            f"SELECT {_columns(WarmTarget)} FROM warm_targets ORDER BY base_name, runtime"
+        )
+        return [WarmTarget(str(n), str(r), int(c)) for n, r, c in rows if r in RUNTIMES]
+
+    def set_warm_target(self, base_name: str, runtime: str, count: int) -> None:
+        """Keep ``count`` warm branches of ``base_name`` on ``runtime`` (0 forgets the target)."""
+        with self.transaction() as db:
+            if count <= 0:
+                db.execute(
+                    "DELETE FROM warm_targets WHERE base_name = ? AND runtime = ?",
+                    (base_name, runtime),
+                )
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO warm_targets (base_name, runtime, count) "
+                    "VALUES (?, ?, ?)",
+                    (base_name, runtime, count),
+                )
+
+    def forget_warm_targets(self, base_name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM warm_targets WHERE base_name = ?", (base_name,))
 
     def branch(self, name: str) -> Branch | None:
         """Branch ``name``, None if there is none; RegistryRowError if its row is not valid."""

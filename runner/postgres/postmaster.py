@@ -112,6 +112,56 @@ def process_start_epoch(pid: int) -> float | None:
     return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a server's processes cost: memory (proportional set size, so pages shared with
+    other servers, like the binaries, count a fair share) and CPU time so far."""
+
+    processes: int
+    pss_bytes: int
+    cpu_seconds: float
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (a server's backends are its children)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending += parents.get(current, [])
+    return found
+
+
+def usage(pid: int) -> Usage | None:
+    """Memory and CPU of the server whose postmaster is ``pid`` and of all its processes;
+    None if it is gone."""
+    pss, cpu, count = 0, 0.0, 0
+    tick = os.sysconf("SC_CLK_TCK")
+    for member in _tree(pid):
+        try:
+            rollup = Path(f"/proc/{member}/smaps_rollup").read_text()
+            stat = Path(f"/proc/{member}/stat").read_text()
+        except OSError:
+            continue
+        for row in rollup.splitlines():
+            if row.startswith("Pss:"):
+                pss += int(row.split()[1]) * 1024
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu += (int(fields[11]) + int(fields[12])) / tick
+        count += 1
+    return Usage(count, pss, cpu) if count else None
+
+
 def is_running(info: PidFile) -> bool:
     """True only if ``info.pid`` is alive, is a postgres, and started when the file says."""
     started = process_start_epoch(info.pid)

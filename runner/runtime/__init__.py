@@ -78,3 +78,6 @@ class Runtime(Protocol):
     def liveness(self, layout: Layout) -> Liveness:
         """Whether the branch's Postgres runs; ``unknown`` (never ``stopped``) when it cannot
         tell. Cheap: it reads no more than a pid file or asks the daemon about one container."""
+
+    def server_pid(self, layout: Layout) -> int | None:
+        """The host's process id of the branch's postmaster, None if it does not run."""

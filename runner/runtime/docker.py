@@ -358,6 +358,13 @@ class DockerRuntime:
         except docker.errors.NotFound:
             pass
 
+    def server_pid(self, layout: Layout) -> int | None:
+        container = self._container(layout)
+        if container is None or container.status != "running":
+            return None
+        pid = int(container.attrs.get("State", {}).get("Pid") or 0)
+        return pid or None
+
     def liveness(self, layout: Layout) -> Liveness:
         try:
             container = self._container(layout)

@@ -76,6 +76,10 @@ class LocalRuntime:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.
         postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout)
 
+    def server_pid(self, layout: Layout) -> int | None:
+        info = postmaster.read_pidfile(layout.upper / "postmaster.pid")
+        return info.pid if info is not None and postmaster.is_running(info) else None
+
     def liveness(self, layout: Layout) -> Liveness:
         pidfile = layout.upper / "postmaster.pid"
         try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pgoverlay.errors import BaseInUseError, BaseMissingError, RegistryRowError, SeedBusyError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import seed
+from pgoverlay.runner.branch import warm
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, mounts, require_root
 
@@ -63,10 +64,12 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
     """Destroy the branches of version ``version`` of base ``name`` (marked ``removing``), then
     remove the version. Idempotent; the caller holds the base's lock. Returns the branches."""
     destroyed = []
-    for b in pool.registry.branches():
+    for b in pool.registry.branches(warm=True):
         if (b.base_name, b.base_version) == (name, version):
-            branches.destroy(pool, b.name)
-            destroyed.append(b.name)
+            if b.warm and warm.retire(pool, b):
+                continue  # nobody's yet: not reported as destroyed
+            if branches.destroy(pool, b.name) and not b.warm:
+                destroyed.append(b.name)
     fault(pool, "seed-rm:branches")
     left = pool.registry.branches_of(name, version)
     if left:  # rows that fail validation: nothing is done with them
@@ -79,6 +82,7 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
     fault(pool, "seed-rm:unmounted")
     seed.remove_version(pool, name, version)
     if not pool.registry.bases(name):
+        pool.registry.forget_warm_targets(name)
         for parent in (pool.store_dir(name, version).parent, pool.base_dir(name, version).parent):
             with contextlib.suppress(OSError):
                 os.rmdir(parent)  # only when empty

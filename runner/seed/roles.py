@@ -56,6 +56,12 @@ def superuser_owned_tables(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def lock_login(conn: psycopg.Connection[Any], *, user: str) -> None:
+    """Take ``user``'s password away: no password, so no login over the branch's TCP port
+    (pg_hba.conf admits the role with SCRAM only) until ``set_login`` gives it one."""
+    conn.execute(sql.SQL("ALTER ROLE {} PASSWORD NULL").format(sql.Identifier(user)))
+
+
 def set_login(
     conn: psycopg.Connection[Any],
     *,

@@ -112,7 +112,7 @@ class LocalEngine:
         ]
 
     def _view(self, b: Branch, *, layer: bool, seconds: float | None = None) -> BranchView:
-        size = branches.layer_size(self.pool, b.name) if layer else None
+        size = branches.layer_size(self.pool, b) if layer else None
         alive = branches.liveness(self.pool, b)
         return BranchView(
             name=b.name,
@@ -148,8 +148,7 @@ class LocalEngine:
         return self._view(found, layer=layer) if found else None
 
     def size(self, name: str) -> Layer:
-        branches.get(self.pool, name)
-        size = branches.layer_size(self.pool, name)
+        size = branches.layer_size(self.pool, branches.get(self.pool, name))
         return Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
 
     # -- acting ---------------------------------------------------------------------------

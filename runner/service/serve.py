@@ -27,6 +27,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pgoverlay.errors import ConfigError, ServiceError, UnsafePathError
 from pgoverlay.runner import polling, safefs
+from pgoverlay.runner.branch import warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
@@ -138,8 +139,9 @@ def serve(settings: Settings) -> None:
     stop = threading.Event()
 
     def housekeeping() -> None:
-        """gc (TTLs, crashed servers) every ``service_gc_interval`` s; stop when the pool or
-        the socket is gone."""
+        """Warm branches topped up every 2 s (a claim is replaced within that); gc (TTLs,
+        crashed servers) every ``service_gc_interval`` s; stop when the pool or the socket is
+        gone."""
         gc_interval = settings.service_gc_interval
         waited = 0.0
         while not stop.wait(2.0):
@@ -152,6 +154,15 @@ def serve(settings: Settings) -> None:
                 log.info("the pool or the service's socket is gone: stopping")
                 server.should_exit = True
                 return
+            try:
+                with contextlib.closing(Pool.open(settings)) as pool:
+                    done = warm.replenish(pool)
+                for made in done.started:
+                    log.info("started warm branch %s", made)
+                for gone in done.retired:
+                    log.info("retired warm branch %s", gone)
+            except Exception:  # the edge of a loop: log, try again next time
+                log.exception("starting warm branches failed")
             if gc_interval and waited >= gc_interval:
                 waited = 0.0
                 try:

@@ -80,7 +80,7 @@ def target(pool: Pool, b: Branch) -> Target:
             f"branch {b.name} is not running, so it cannot be traced: start it with "
             f"`pgoverlay gc` (as root), or reset it, then open the trace again"
         )
-    lay = branches.layout(pool, b.name)
+    lay = branches.layout(pool, b.key)
     return Target(
         key=(os.fspath(pool.home), b.name),
         name=b.name,

@@ -1,0 +1,273 @@
+"""Warm branches: claimed by `branch create` in one registry step, reachable by nobody before,
+mended by gc after a crash at any claim step, retired when their base is refreshed."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from helpers import assert_no_leaks, cli, source_dsn
+from pgoverlay.runner import branch, seed
+from pgoverlay.runner.branch import warm
+from pgoverlay.runner.polling import wait_for
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.seed import bases
+
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture
+def keep_warm(pool: Pool, base: BaseVersion) -> Iterator[None]:
+    """Whatever a test keeps warm is retired when it ends, so other tests create cold."""
+    yield
+    for target in pool.registry.warm_targets():
+        pool.registry.set_warm_target(target.base_name, target.runtime, 0)
+    warm.replenish(pool, start=False)
+    left = warm.warm_branches(pool)
+    assert left == [], f"warm branches left: {left}"
+
+
+def _warm_up(pool: Pool, base: BaseVersion, runtime: str, count: int) -> list[Branch]:
+    pool.registry.set_warm_target(base.name, runtime, count)
+    done = warm.replenish(pool)
+    assert done.problems == []
+    found = wait_for(
+        lambda: ready if len(ready := _ready(pool, base, runtime)) >= count else None,
+        timeout=120,
+        what=f"{count} warm branches",
+    )
+    return found
+
+
+def _ready(pool: Pool, base: BaseVersion, runtime: str) -> list[Branch]:
+    return [
+        b
+        for b in warm.warm_branches(pool)
+        if (b.base_name, b.base_version, b.runtime) == (base.name, base.version, runtime)
+    ]
+
+
+def _login(pool: Pool, b: Branch, password: str) -> bool:
+    """Whether a real client logs in to ``b`` over TCP with ``password``."""
+    kwargs = branch.connection(pool, b).connect_kwargs()
+    try:
+        with psycopg.connect(**{**kwargs, "password": password}, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as err:
+        assert "password authentication failed" in str(err), err
+        return False
+    return True
+
+
+def _rolpassword(pool: Pool, b: Branch, base: BaseVersion) -> str | None:
+    with branch._engine_connection(pool, b, base) as conn:
+        row = conn.execute(
+            "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (b.user,)
+        ).fetchone()
+    assert row is not None
+    return None if row[0] is None else str(row[0])
+
+
+def _comparable(pool: Pool, name: str) -> dict[str, str]:
+    """A branch's imposed settings, less those that are its own by nature (port, paths)."""
+    own = {"port", "cluster_name", "data_directory", "config_file", "hba_file", "ident_file"}
+    own.add("unix_socket_directories")
+    return {o.name: o.branch_value for o in branch.overrides(pool, name) if o.name not in own}
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claimed_warm_branch_is_a_branch_like_any_other_and_only_its_new_password_works(
+    pool: Pool, base: BaseVersion, runtime: str
+) -> None:
+    (ready,) = _warm_up(pool, base, runtime, 1)
+    assert ready.password == ""
+    assert _rolpassword(pool, ready, base) is None  # no password: nobody can log in
+    assert branch.is_running(pool, ready)
+    assert not _login(pool, ready, "x")
+    assert not _login(pool, ready, "guess")
+    assert "warm" not in {b.state for b in pool.registry.branches()}  # not listed as a branch
+
+    claimed = branch.create(pool, "claimed", ttl_seconds=3600, repository="o/r", pr=7)
+    cold = branch.create(pool, "cold-twin")  # the only warm one is taken
+    try:
+        assert claimed.slot == ready.name and claimed.port == ready.port
+        assert cold.slot == "cold-twin"
+        assert (claimed.state, claimed.base_version, claimed.runtime) == (
+            "ready",
+            base.version,
+            runtime,
+        )
+        assert claimed.expires_at is not None and claimed.repository == "o/r" and claimed.pr == 7
+        assert _login(pool, claimed, claimed.password)
+        assert not _login(pool, claimed, cold.password)
+        assert not _login(pool, claimed, "x")
+        assert _comparable(pool, "claimed") == _comparable(pool, "cold-twin")
+        with psycopg.connect(
+            **branch.connection(pool, claimed).connect_kwargs(), autocommit=True
+        ) as conn:
+            conn.execute("CREATE TABLE claimed_only (id int)")
+        assert branch.layer_size(pool, "claimed").physical_bytes > 0
+
+        after = branch.reset(pool, "claimed")  # same port and password, the change gone
+        assert after.slot == ready.name and after.password == claimed.password
+        with psycopg.connect(**branch.connection(pool, after).connect_kwargs()) as conn:
+            assert conn.execute("SELECT to_regclass('claimed_only')").fetchone() == (None,)
+    finally:
+        branch.destroy(pool, "claimed")
+        branch.destroy(pool, "cold-twin")
+    assert_no_leaks(pool, ready.name, port=ready.port)
+    assert pool.registry.branch("claimed") is None
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_concurrent_creates_never_claim_the_same_warm_branch(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    warmed = {b.name for b in _warm_up(pool, base, "local", 2)}
+    names = [f"race-{i}" for i in range(5)]
+    with ThreadPoolExecutor(len(names)) as workers:
+        done = list(workers.map(lambda n: cli(["branch", "create", n, "--json"], env=env), names))
+    try:
+        assert [d.returncode for d in done] == [0] * len(names), [d.stderr for d in done]
+        made = [pool.registry.branch(n) for n in names]
+        assert all(b is not None and b.state == "ready" for b in made)
+        slots = [b.slot for b in made if b is not None]
+        assert len(set(slots)) == len(names)
+        assert {s for s in slots if s in warmed} == warmed  # both claimed, each once
+        assert len(set(b.port for b in made if b is not None)) == len(names)
+        for b in made:
+            assert b is not None
+            assert _login(pool, b, b.password)
+            others = {o.password for o in made if o is not None and o.name != b.name}
+            assert not any(_login(pool, b, p) for p in others)
+    finally:
+        for n in names:
+            branch.destroy(pool, n)
+
+
+@pytest.mark.usefixtures("keep_warm")
+@pytest.mark.parametrize("step", ["bound", "password"])
+def test_a_crash_between_claim_steps_is_mended_by_gc(
+    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
+) -> None:
+    (ready,) = _warm_up(pool, base, "local", 1)
+    name = f"crash-claim-{step}"
+    done = cli(["branch", "create", name], env={**env, "PGOVERLAY_FAULT_POINT": f"claim:{step}"})
+    assert done.returncode == KILLED, done.stderr
+    row = pool.registry.branch(name)
+    assert row is not None and row.state == "claiming" and row.slot == ready.name
+    assert pool.registry.branch(ready.name) is None  # the warm row is the claimed one now
+    if step == "password":  # its password was set, and it is never handed out
+        assert _rolpassword(pool, row, base) is not None
+
+    report = gc.collect(pool)
+    assert name in report.undone
+    assert_no_leaks(pool, name)
+    assert_no_leaks(pool, ready.name)  # its port may be the new warm branch's
+    assert len(report.warmed) == 1  # and the target is met again
+    again = branch.create(pool, name, runtime="local")
+    try:
+        assert again.slot == report.warmed[0] and _login(pool, again, again.password)
+    finally:
+        branch.destroy(pool, name)
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_crash_while_starting_a_warm_branch_is_undone_by_gc(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    done = cli(
+        ["seed", "warm", base.name, "--count", "1"],
+        env={**env, "PGOVERLAY_FAULT_POINT": "warm:started"},
+    )
+    assert done.returncode == KILLED, done.stderr
+    (half,) = [b for b in pool.registry.branches(warm=True) if b.state == "creating"]
+    assert half.name.startswith("warm-")
+    report = gc.collect(pool)
+    assert half.name in report.undone
+    assert_no_leaks(pool, half.name)
+    assert len(report.warmed) == 1
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_refreshed_base_retires_the_old_versions_warm_branches(
+    pool: Pool, source: cluster.Running
+) -> None:
+    first = seed.seed(pool, "warmed", source_dsn=source_dsn(source))
+    (old,) = _warm_up(pool, first, "local", 1)
+    second = seed.seed(pool, "warmed", source_dsn=source_dsn(source), refresh=True)
+    try:
+        report = gc.collect(pool)
+        assert [r.split()[0] for r in report.retired] == [old.name]
+        assert "warmed v1 (superseded)" in report.bases_removed
+        assert_no_leaks(pool, old.name)
+        (new,) = _ready(pool, second, "local")
+        claimed = branch.create(pool, "on-refreshed", base_name="warmed", runtime="local")
+        assert claimed.slot == new.name and claimed.base_version == second.version
+        branch.destroy(pool, "on-refreshed")
+        _warm_up(pool, second, "local", 1)
+    finally:
+        removed = bases.remove(pool, "warmed")  # warm branches go with it, unlisted
+    assert removed.branches == []
+    assert warm.warm_branches(pool) == []
+    assert [t for t in pool.registry.warm_targets() if t.base_name == "warmed"] == []
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_seed_list_and_doctor_show_each_warm_branchs_memory(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    done = cli(["seed", "warm", base.name, "--count", "2"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"base {base.name} on local: 2/2 (" in done.stdout
+
+    listed = cli(["seed", "list", "--json"], env=env)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [b for b in json.loads(listed.stdout) if b["name"] == base.name]
+    (state,) = row["warm"]
+    assert (state["runtime"], state["target"], state["ready"]) == ("local", 2, 2)
+    # an idle server: more than its binary's share, far less than its shared_buffers
+    assert 1024**2 < state["memory_bytes_each"] < 128 * 1024**2
+    assert row["branches"] == 0  # warm branches are nobody's yet
+
+    doctor = cli(["doctor"], env=env)
+    assert "2 of 2 warm branches ready on local, " in doctor.stdout, doctor.stdout
+    assert "MiB each" in doctor.stdout
+
+    bad = cli(["seed", "warm", base.name], env=env)
+    assert bad.returncode != 0 and "--count N" in bad.stderr
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_the_engine_service_keeps_the_target_met(
+    pool: Pool, base: BaseVersion, service: object
+) -> None:
+    pool.registry.set_warm_target(base.name, "local", 1)
+    first = wait_for(
+        lambda: ready[0] if (ready := _ready(pool, base, "local")) else None,
+        timeout=120,
+        what="the service to start a warm branch",
+    )
+    branch.create(pool, "served", runtime="local")
+    try:
+        second = wait_for(
+            lambda: ready[0] if (ready := _ready(pool, base, "local")) else None,
+            timeout=120,
+            what="the service to replace the claimed warm branch",
+        )
+        assert second.name != first.name
+    finally:
+        branch.destroy(pool, "served")
+        pool.registry.set_warm_target(base.name, "local", 0)
+        wait_for(
+            lambda: not _ready(pool, base, "local") or None,
+            timeout=120,
+            what="the service to retire the warm branch",
+        )
