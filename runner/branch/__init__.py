@@ -6,6 +6,7 @@ process killed at any point leaves a row that ``gc`` can finish or undo.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -149,7 +150,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
 
     Its search_path holds only the catalog: the branch's role may create schemas and objects
     (one named like the superuser, or in public), and a superuser session must never resolve
-    a name to something the role made."""
+    a name to something the role made. It logs no statement (one sets a password)."""
     return psycopg.connect(
         host=os.fspath(layout(pool, branch.key).socket_dir),
         port=branch.port,
@@ -157,7 +158,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
         dbname=base.database,
         autocommit=True,
         connect_timeout=10,
-        options="-c search_path=pg_catalog,pg_temp",
+        options="-c search_path=pg_catalog,pg_temp -c log_statement=none",
     )
 
 
@@ -196,7 +197,54 @@ def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
         ),
         _engine_connection(pool, branch, base) as conn,
     ):
-        roles.lock_login(conn, user=branch.user)
+        roles.set_password(
+            conn,
+            user=branch.user,
+            password=None,
+            superuser=pool.settings.branch_superuser,
+            createrole=pool.settings.branch_createrole,
+        )
+    _check_listening(pool, branch)
+
+
+def _claim_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    """A claimed warm branch's password: one statement on the engine's connection."""
+    with (
+        sqlerror.wrapped(
+            BranchStartError,
+            what=f"warm branch {branch.slot} was claimed as {branch.name} but its login role "
+            f"{branch.user} could not be given the branch's password",
+            fix="it is undone and the branch created cold; if warm claims keep failing, "
+            f"retire the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
+        ),
+        _engine_connection(pool, branch, base) as conn,
+    ):
+        roles.set_password(
+            conn,
+            user=branch.user,
+            password=branch.password,
+            superuser=pool.settings.branch_superuser,
+            createrole=pool.settings.branch_createrole,
+        )
+
+
+def _check_listening(pool: Pool, branch: Branch) -> None:
+    """A warm branch answers on its TCP port and refuses its role any password there: what
+    a claim relies on, checked before the branch counts as warm."""
+    kwargs = {**connection(pool, branch).connect_kwargs(), "password": secrets.token_hex(8)}
+    try:
+        with psycopg.connect(**kwargs, connect_timeout=10):
+            pass
+    except psycopg.OperationalError as err:
+        if "password authentication failed" in str(err):
+            return
+        raise BranchStartError(
+            f"warm branch {branch.name} started but a client connection failed: {err}"
+        ) from None
+    raise BranchStartError(
+        f"warm branch {branch.name} let its role {branch.user} log in with a made-up password: "
+        "it is undone; check the pool's pg_hba.conf handling (`pgoverlay doctor`)"
+    )
 
 
 def _check_ready(pool: Pool, branch: Branch) -> None:
@@ -344,15 +392,16 @@ def _check_free(pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str
 
 
 def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch) -> Branch:
-    """The claim's remaining steps: the branch's password, then a real login with it."""
+    """The claim's remaining step: the branch's password; then it is ready."""
     fault(pool, "claim:bound")
-    _set_login(pool, base, claimed)
-    pool.registry.update_branch(claimed.name, step="password")
+    _claim_login(pool, base, claimed)
     fault(pool, "claim:password")
-    _check_ready(pool, claimed)
-    pool.registry.update_branch(claimed.name, state="ready", step="", ready_at=time.time())
+    # No login over TCP here, unlike a cold create: the server has just answered the engine,
+    # and its port answered with this role's SCRAM exchange when it became warm.
+    ready_at = time.time()
+    pool.registry.update_branch(claimed.name, state="ready", step="", ready_at=ready_at)
     log.info("branch %s claimed warm on port %s", claimed.name, claimed.port)
-    return _get(pool, claimed.name)
+    return dataclasses.replace(claimed, state="ready", step="", ready_at=ready_at)
 
 
 def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:

@@ -56,10 +56,43 @@ def superuser_owned_tables(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def lock_login(conn: psycopg.Connection[Any], *, user: str) -> None:
-    """Take ``user``'s password away: no password, so no login over the branch's TCP port
-    (pg_hba.conf admits the role with SCRAM only) until ``set_login`` gives it one."""
-    conn.execute(sql.SQL("ALTER ROLE {} PASSWORD NULL").format(sql.Identifier(user)))
+def _power(conn: psycopg.Connection[Any], *, superuser: bool, createrole: bool) -> sql.SQL:
+    may_create_roles = createrole and conn.info.server_version >= 160000
+    if superuser:
+        return sql.SQL("SUPERUSER")
+    return sql.SQL(
+        "NOSUPERUSER CREATEDB {} NOREPLICATION NOBYPASSRLS".format(
+            "CREATEROLE" if may_create_roles else "NOCREATEROLE"
+        )
+    )
+
+
+def verifier(conn: psycopg.Connection[Any], *, user: str, password: str) -> str:
+    """The SCRAM verifier of ``password``, computed here: the password never reaches the
+    server, nor a log line of it."""
+    return conn.pgconn.encrypt_password(password.encode(), user.encode(), b"scram-sha-256").decode()
+
+
+def set_password(
+    conn: psycopg.Connection[Any],
+    *,
+    user: str,
+    password: str | None,
+    superuser: bool,
+    createrole: bool = False,
+) -> None:
+    """Give existing role ``user`` its rights and ``password`` (None: no password, so no login
+    over a branch's TCP port, where pg_hba.conf admits it with SCRAM only), in one statement:
+    one round trip. The session must not log statements (the engine's connections set
+    ``log_statement`` to ``none``)."""
+    secret = (
+        sql.NULL if password is None else sql.Literal(verifier(conn, user=user, password=password))
+    )
+    conn.execute(
+        sql.SQL("ALTER ROLE {} LOGIN {} PASSWORD {}").format(
+            sql.Identifier(user), _power(conn, superuser=superuser, createrole=createrole), secret
+        )
+    )
 
 
 def set_login(
@@ -78,24 +111,15 @@ def set_login(
     role is missing (a base prepared for another user name). ``createrole`` is honoured on
     Postgres 16 and newer only.
     """
-    verifier = conn.pgconn.encrypt_password(
-        password.encode(), user.encode(), b"scram-sha-256"
-    ).decode()
+    secret = verifier(conn, user=user, password=password)
     exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone()
     verb = sql.SQL("ALTER ROLE" if exists else "CREATE ROLE")
-    may_create_roles = createrole and conn.info.server_version >= 160000
-    power = (
-        sql.SQL("SUPERUSER")
-        if superuser
-        else sql.SQL("NOSUPERUSER CREATEDB {} NOREPLICATION NOBYPASSRLS").format(
-            sql.SQL("CREATEROLE" if may_create_roles else "NOCREATEROLE")
-        )
-    )
+    power = _power(conn, superuser=superuser, createrole=createrole)
     with conn.transaction():
         conn.execute("SET LOCAL log_statement = 'none'")
         conn.execute(
             sql.SQL("{} {} LOGIN {} PASSWORD {}").format(
-                verb, sql.Identifier(user), power, sql.Literal(verifier)
+                verb, sql.Identifier(user), power, sql.Literal(secret)
             )
         )
         if exists and not refresh:
