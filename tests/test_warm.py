@@ -78,7 +78,7 @@ def _rolpassword(pool: Pool, b: Branch, base: BaseVersion) -> str | None:
 def _comparable(pool: Pool, name: str) -> dict[str, str]:
     """A branch's imposed settings, less those that are its own by nature (port, paths)."""
     own = {"port", "cluster_name", "data_directory", "config_file", "hba_file", "ident_file"}
-    own.add("unix_socket_directories")
+    own |= {"unix_socket_directories", "log_directory"}
     return {o.name: o.branch_value for o in branch.overrides(pool, name) if o.name not in own}
 
 
