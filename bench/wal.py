@@ -124,7 +124,9 @@ class WalBench(Bench):
 
     def __init__(self, work: Path, *, pool_size: str, clients: int, duration: int) -> None:
         super().__init__(work, drop_caches=False, pool_size=pool_size, creates=0)
-        self.settings = Settings(home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
+        self.settings = Settings(
+            home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1], runtime="local"
+        )
         self.clients, self.duration = clients, duration
         self.inside: Callable[[Conn], None] | None = None  # what a cycle runs in its server
         self.warm_times: dict[str, list[float]] = {}  # method -> warm-up seconds
