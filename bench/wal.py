@@ -91,19 +91,24 @@ CONFIGS = list(
         [
             BEFORE,
             WalConfig(1, False, False),
+            WalConfig(4, True, False),
             WalConfig(16, True, True),
             WalConfig(16, False, False),
-            WalConfig(16, False, False, "2GB", "30min"),
-            WalConfig(64, False, False),
+            WalConfig(16, True, False),
+            WalConfig(16, True, False, "2GB", "30min"),
+            WalConfig(64, True, False),
             SHIPPED,
         ]
     )
 )
 # Configurations pgbench read-write also runs with in a branch, besides the shipped one.
-TPS_CONFIGS = [c for c in (BEFORE, WalConfig(16, True, True)) if c != SHIPPED]
+TPS_CONFIGS = [c for c in (BEFORE, WalConfig(16, False, False)) if c != SHIPPED]
+# Plain Postgres runs with Postgres's own WAL settings (zeroed, recycled segments) on a copy of
+# the shipped base: what the same server does on the same disk without pgoverlay.
+STOCK_WAL = {"wal_init_zero": "on", "wal_recycle": "on"}
 METHODS = {
     "branch": "pgoverlay branch (shipped WAL configuration)",
-    "plain": "plain Postgres on a copy of the base (same disk, same settings)",
+    "plain": "plain Postgres on a copy of the base (same disk, stock WAL settings)",
     "article": "seed article's method (plain OverlayFS, unprepared basebackup)",
 }
 MODES = {"rw": ("TPC-B read-write", []), "ro": ("read-only (-S)", ["-S"])}
@@ -241,7 +246,8 @@ class WalBench(Bench):
     @contextmanager
     def plain(self, run: SizeRun, cfg: WalConfig) -> Iterator[cluster.Running]:
         """Plain Postgres: a full (unshared) copy of the shipped base on the pool's
-        filesystem, started directly with the settings a branch gets."""
+        filesystem, started directly with the settings a branch gets but Postgres's own
+        wal_init_zero and wal_recycle."""
         pool = self.pool
         assert pool is not None
         base = pool.registry.latest_base(self.base_name(run, cfg.segsize_mb))
@@ -262,6 +268,7 @@ class WalBench(Bench):
             "work_mem": s.work_mem,
             "maintenance_work_mem": s.maintenance_work_mem,
             **branchconf.wal_options(s, branchconf.wal_segment_bytes(copy)),
+            **STOCK_WAL,
         }
         try:
             with cluster.running(
@@ -304,19 +311,23 @@ class WalBench(Bench):
         return self.pgbench(os.fspath(srv.socket_dir), srv.port, "postgres", mode, "plain")
 
     # -- one size ---------------------------------------------------------------------------
-    def run_size(self, res: SizeResults, cycles: int, rounds: int) -> None:
+    def run_size(
+        self, res: SizeResults, cycles: int, rounds: int, configs: list[WalConfig]
+    ) -> None:
+        """Part 1 for ``configs``, then part 2, on one size."""
         run = res.run
         self.ensure_source(run)
         with self.source(run, {}) as srv:
             with connect(**srv.conninfo(user="postgres")) as conn:
                 run.db_bytes = int(scalar(conn, "SELECT pg_database_size(%s)", (DB,)))
-            self.ensure_bases(run, srv, {c.segsize_mb for c in CONFIGS})
+            self.ensure_bases(run, srv, {c.segsize_mb for c in configs})
             self.ensure_raw(run, srv)
-        res.segments = {c.segsize_mb: self.segment_bytes(run, c.segsize_mb) for c in CONFIGS}
+        res.segments = {c.segsize_mb: self.segment_bytes(run, c.segsize_mb) for c in configs}
         rng = random.Random(run.scale)
         for cycle in range(1, cycles + 1):
             aid = rng.randint(1, run.scale * 100_000)
-            order = CONFIGS[cycle - 1 :] + CONFIGS[: cycle - 1]  # who goes first rotates
+            turn = (cycle - 1) % len(configs)
+            order = configs[turn:] + configs[:turn]  # who goes first rotates
             for cfg in order:
                 res.updates.setdefault(cfg, []).append(self.cycle_config(run, cfg, cycle, aid))
             done = ", ".join(f"{c.segsize_mb}:{res.updates[c][-1]['update_s']:.2f}" for c in order)
@@ -368,6 +379,14 @@ class WalBench(Bench):
                     path.unlink()
         with suppress(OSError):
             self.work.rmdir()
+
+
+def configs_for(gib: float, large: set[int]) -> list[WalConfig]:
+    """The configurations a size tries: above 2 GiB only those whose base segment size is in
+    ``large`` (every segment size is a full copy of the database in the pool)."""
+    if gib <= 2:
+        return CONFIGS
+    return [c for c in CONFIGS if c.segsize_mb in large | {SHIPPED.segsize_mb}]
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -488,7 +507,8 @@ def render(results: list[SizeResults], args: argparse.Namespace, ctx: dict[str, 
         "- *pgbench*: `pgbench -n -c N -j J -T D [-S]` over the server's Unix socket as its "
         "superuser, on a fresh branch per run; plain Postgres runs on a full copy of the "
         "shipped base (`cp --reflink=never`) on the pool's filesystem with the same "
-        "command-line settings as a branch; the seed article's server starts (crash recovery) "
+        "command-line settings as a branch except Postgres's own `wal_init_zero=on` and "
+        "`wal_recycle=on`; the seed article's server starts (crash recovery) "
         "on a fresh overlay per run and copies each relation up on its first write.",
         "",
     ]
@@ -509,10 +529,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/var/tmp/bench-wal", help="work directory")
     parser.add_argument("--keep", action="store_true", help="keep pool and sources for a re-run")
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
+    parser.add_argument(
+        "--large-segsizes",
+        default="1,16",
+        help="above 2 GiB, seed bases of these WAL segment sizes only (each is a full copy)",
+    )
     args = parser.parse_args(argv)
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
     if not gibs or min(args.cycles, args.rounds, args.duration, args.clients) < 1:
         parser.error("need a size, and at least one cycle, round, second and client")
+    large = {int(x) for x in args.large_segsizes.split(",") if x.strip()}
     poolmod.require_root()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally blocks run
     load = os.getloadavg()[0]
@@ -528,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.open_pool()
         bench.sweep()
         for res in results:
-            bench.run_size(res, args.cycles, args.rounds)
+            bench.run_size(res, args.cycles, args.rounds, configs_for(res.run.gib, large))
             bench.sweep()
             if not args.keep:
                 bench.remove_size(res.run)
