@@ -35,14 +35,22 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=30, ge=5)
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
-    # WAL beyond min_wal_size is removed at a checkpoint, not recycled: it would stay in the
-    # branch's writable layer.
+    # WAL kept for recycling after a checkpoint (with wal_recycle on); a branch gets at least
+    # two segments of its base, the least Postgres accepts.
     min_wal_size: str = "16MB"
-    # WAL segment size (MiB) a base is prepared with. 1 keeps the first write of a branch on
-    # plain OverlayFS to 1 MiB of copy-up; on a reflink pool that copy is a clone anyway, and
-    # 16 writes faster (see docs/benchmarks.md).
-    wal_segsize_mb: int = Field(default=1, ge=1, le=1024)
+    # WAL segment size (MiB) a base is prepared with (existing bases keep theirs). On the
+    # reflink pool a branch's first write copies the base's current segment up as a clone,
+    # which costs no space whatever its size, and 16 writes faster than 1 (fewer segment
+    # switches, each with its fsyncs; see docs/benchmarks.md, "wal").
+    wal_segsize_mb: int = Field(default=16, ge=1, le=1024)
+    # A new segment is a new file in the branch's layer, not a clone: filling it with zeros
+    # first (Postgres's default) makes every commit's fdatasync an overwrite rather than an
+    # allocation, about twice as fast on XFS. A finished segment is removed rather than
+    # renamed for reuse, as a recycled segment would stay in the layer at full size.
+    wal_init_zero: bool = True
+    wal_recycle: bool = False
     max_wal_size: str = "512MB"
+    checkpoint_timeout: str = "5min"
     # The pool's own certificate and key (PEM): branches then run with ssl=on. Without them,
     # ssl=off: a base's certificate paths are production's.
     ssl_cert_file: Path | None = None

@@ -33,14 +33,16 @@ from pgoverlay.runner.seed import prepare
 MiB = 1024 * 1024
 
 
-def test_seeded_base_is_prepared_with_small_wal_segments_and_metadata(
+def test_seeded_base_is_prepared_with_the_pools_wal_segment_size_and_metadata(
     pool: Pool, base: BaseVersion
 ) -> None:
     store = pool.base_dir(base.name, base.version)
     install = pgbin.for_major(15)
     assert prepare.cluster_state(install, store, owner=pool.owner) == "shut down"
     segments = [p for p in (store / "pg_wal").iterdir() if p.is_file() and len(p.name) == 24]
-    assert segments and all(p.stat().st_size == 1024 * 1024 for p in segments)
+    assert segments and all(
+        p.stat().st_size == pool.settings.wal_segsize_mb * MiB for p in segments
+    )
     assert not (store / "backup_label").exists()
     assert (base.pg_major, base.database, base.superuser) == (15, "app", "postgres")
     assert base.start_lsn and "/" in base.start_lsn

@@ -4,13 +4,16 @@ files (they go on the command line), and the branch's own configuration files.""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 from pgoverlay.runner import safefs
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import Layout
-from pgoverlay.runner.seed import lockdown
+from pgoverlay.runner.seed import checks, lockdown
+from pgoverlay.runner.settings import Settings
 
 # How the server writes its log: the engine's trace reads it back (``pgoverlay.runner.trace``),
 # so each line names its time (UTC, milliseconds), process and session's user@database, and
@@ -42,12 +45,45 @@ def server_options(pool: Pool, lay: Layout, branch: Branch) -> dict[str, str]:
         "max_connections": str(s.max_connections),
         "work_mem": s.work_mem,
         "maintenance_work_mem": s.maintenance_work_mem,
-        "min_wal_size": s.min_wal_size,
-        "max_wal_size": s.max_wal_size,
+        **wal_options(s, wal_segment_bytes(pool.base_dir(branch.base_name, branch.base_version))),
         "logging_collector": "off",
         "log_destination": "stderr",
         **LOG_OPTIONS,
         "cluster_name": f"pgoverlay-{branch.key}",
+    }
+
+
+_SEGMENT = re.compile(r"^[0-9A-F]{24}$")
+MiB = 1024 * 1024
+
+
+def wal_segment_bytes(datadir: Path) -> int | None:
+    """The WAL segment size of a (prepared) data directory: the size of a segment in its
+    pg_wal (pg_resetwal leaves one), or None when there is none to look at."""
+    try:
+        with os.scandir(datadir / "pg_wal") as entries:
+            for entry in entries:
+                if _SEGMENT.match(entry.name) and entry.is_file(follow_symlinks=False):
+                    return entry.stat(follow_symlinks=False).st_size
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return None
+
+
+def wal_options(s: Settings, segment_bytes: int | None) -> dict[str, str]:
+    """How a branch writes WAL (see runner/settings.py), for a base whose segments are
+    ``segment_bytes`` long (bases keep the size they were prepared with): min_wal_size is
+    raised to two segments when set lower, as Postgres refuses to start below that."""
+    wanted = checks.memory_bytes("min_wal_size", s.min_wal_size)
+    min_wal_size = s.min_wal_size
+    if segment_bytes and wanted is not None and wanted < 2 * segment_bytes:
+        min_wal_size = f"{-(-2 * segment_bytes // MiB)}MB"
+    return {
+        "min_wal_size": min_wal_size,
+        "max_wal_size": s.max_wal_size,
+        "wal_init_zero": "on" if s.wal_init_zero else "off",
+        "wal_recycle": "on" if s.wal_recycle else "off",
+        "checkpoint_timeout": s.checkpoint_timeout,
     }
 
 

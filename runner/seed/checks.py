@@ -40,6 +40,7 @@ _BASE_UNIT = {
     "work_mem": 1024,
     "maintenance_work_mem": 1024,
     "max_wal_size": 1024**2,
+    "min_wal_size": 1024**2,
 }
 
 

@@ -1,8 +1,8 @@
 """Prepare a freshly seeded base so that branches start from a clean shutdown.
 
 Run Postgres once directly on the base (finishing recovery), shut it down cleanly, confirm the
-control file says "shut down", then shrink the WAL segment size so a branch's first write
-copies 1 MiB of WAL instead of 16 MiB (DESIGN.md facts 4-6). A masked base is masked while
+control file says "shut down", then reset the WAL with the pool's segment size
+(``wal_segsize_mb``: 16 MiB, measured in docs/benchmarks.md, "wal"). A masked base is masked while
 it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
 original values. While it runs, :mod:`pgoverlay.runner.seed.lockdown` takes away what would let a
 branch reach the OS or production (logins, passwords, dangerous memberships, subscriptions,
@@ -93,8 +93,8 @@ def prepare(
     timeout: float,
     masking: RulesFile | None = None,
 ) -> Prepared:
-    """Finish recovery, mask (when ``masking`` is given), shut down cleanly, shrink WAL
-    segments; ``database`` is the one branches will serve."""
+    """Finish recovery, mask (when ``masking`` is given), shut down cleanly, reset the WAL
+    with ``wal_segsize_mb`` segments; ``database`` is the one branches will serve."""
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
     for warning in baseconf.confine_includes(datadir):
