@@ -243,13 +243,15 @@ def check(
     buffer = bytearray(CHUNK)
     read_here = 0
     for path, dir_fd, entry in walk(datadir):
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise _wrong(path, "is a symbolic link (not followed)")
+        if not stat.S_ISREG(st.st_mode):
+            raise _wrong(path, "is not a regular file")
         want = expected.get(path)
         if want is None:
             raise _wrong(path, "is not in the manifest (an extra file)")
         seen.add(path)
-        st = entry.stat(follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            raise _wrong(path, "is not a regular file (a link?)")
         if st.st_size != want.size:
             raise _wrong(path, f"has {st.st_size} bytes, the manifest says {want.size}")
         if want.algorithm == "NONE":
@@ -266,11 +268,11 @@ def check(
             try:
                 with _opened(entry.name, _FILE, dir_fd) as fd:
                     if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        raise _wrong(path, "is not a regular file (a link?)")
+                        raise _wrong(path, "is not a regular file")
                     size, crc = _checksum(fd, buffer)
             except OSError as err:
                 if err.errno == errno.ELOOP:
-                    raise _wrong(path, "is a link") from None
+                    raise _wrong(path, "is a symbolic link (not followed)") from None
                 raise _wrong(path, f"cannot be read ({err.strerror})") from None
             read_here += 1
             if on_read is not None:
