@@ -184,6 +184,10 @@ def _basebackup(
                     "fast",
                     "--progress",
                     "--no-password",
+                    # Not a fsync per file (each one a flush of the pool image's disk): the
+                    # server that prepares the copy starts with one syncfs
+                    # (recovery_init_sync_method), before it writes anything.
+                    "--no-sync",
                     *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
                 ],
                 timeout=pool.settings.command_timeout,

@@ -35,7 +35,7 @@ from pgoverlay.errors import SeedError
 
 SETTLE_NS = 100_000_000  # a file this long unchanged is finished (timestamps are coarse: ~ms)
 CHUNK = 8 << 20  # large reads: the copy is in the page cache
-INTERVAL = 0.05  # seconds between two looks at the copy while it is made
+INTERVAL = 0.2  # seconds between two looks at the copy while it is made (each stats every file)
 # Not in the manifest: the manifest itself, and the WAL (pg_waldump checks it). pg_verifybackup
 # also skips postgresql.auto.conf and the signal files, which `pg_basebackup -R` writes; the
 # seed does not use -R, so they are checked like any file the manifest lists.
