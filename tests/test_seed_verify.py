@@ -205,10 +205,11 @@ def test_a_seed_whose_copy_is_damaged_fails_and_leaves_nothing(
 ) -> None:
     real = seed.tools_for
     monkeypatch.setattr(seed, "tools_for", lambda *a, **k: Damaging(real(*a, **k), damage))
+    name = f"damaged-{os.urandom(3).hex()}"  # a seed wrongly made stays out of the other cases
     with pytest.raises(SeedError, match=r"manifest|verification"):
-        seed.seed(pool, "damaged", source_dsn=source_dsn(source))
-    assert pool.registry.bases("damaged") == []
-    assert not any(p.name.startswith("damaged-") for p in (pool.root / "staging").iterdir())
+        seed.seed(pool, name, source_dsn=source_dsn(source))
+    assert pool.registry.bases(name) == []
+    assert not any(p.name.startswith(f"{name}-") for p in (pool.root / "staging").iterdir())
 
 
 def test_the_seed_command_starts_without_the_services_web_stack() -> None:
