@@ -34,7 +34,7 @@ import crc32c
 from pgoverlay.errors import SeedError
 
 SETTLE_NS = 100_000_000  # a file this long unchanged is finished (timestamps are coarse: ~ms)
-CHUNK = 8 << 20  # large reads: the copy is in the page cache
+CHUNK = 1 << 20  # large reads, yet within the CPU cache: the copy is in the page cache
 INTERVAL = 0.2  # seconds between two looks at the copy while it is made (each stats every file)
 # Not in the manifest: the manifest itself, and the WAL (pg_waldump checks it). pg_verifybackup
 # also skips postgresql.auto.conf and the signal files, which `pg_basebackup -R` writes; the
