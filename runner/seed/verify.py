@@ -239,6 +239,28 @@ def check(
     file read here. Returns how many files were read here. Raises SeedError on any
     difference, naming the first."""
     expected = load_manifest(datadir)
+    try:
+        seen, read_here = _compare(datadir, expected, reads, on_read)
+    except OSError as err:  # the tree changed while it was checked: only another hand does that
+        raise SeedError(
+            f"the copy changed while it was checked ({err.strerror}: {err.filename}); it is "
+            "removed: seed again"
+        ) from None
+    missing = sorted(set(expected) - seen)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise _wrong(missing[0] + more, "is missing")
+    return read_here
+
+
+def _compare(
+    datadir: Path,
+    expected: dict[str, Expected],
+    reads: dict[str, Read],
+    on_read: Callable[[str], None] | None,
+) -> tuple[set[str], int]:
+    """Every file below ``datadir`` against ``expected``: the paths seen, and how many files
+    were read (not known from ``reads``)."""
     seen: set[str] = set()
     buffer = bytearray(CHUNK)
     read_here = 0
@@ -281,8 +303,4 @@ def check(
                 raise _wrong(path, f"changed size while it was checked ({size} bytes)")
         if crc != want.checksum:
             raise _wrong(path, f"has CRC-32C {crc}, the manifest says {want.checksum}")
-    missing = sorted(set(expected) - seen)
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise _wrong(missing[0] + more, "is missing")
-    return read_here
+    return seen, read_here
