@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -51,6 +52,7 @@ class SeedBench(Bench):
         super().__init__(work, drop_caches=drop_caches, pool_size=pool_size, creates=0)
         self.settings = Settings(home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
         self.laps: list[Laps] = []
+        self.startup: list[float] = []  # seconds a process spent before its seed began
 
     def settle(self) -> None:
         """Before each timed run: trim the pool, which waits for the discards of the copy the
@@ -118,8 +120,13 @@ class SeedBench(Bench):
         ]
         self.settle()
         start = time.perf_counter()
-        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, timeout=3600)
+        done = subprocess.run(
+            command, env=env, check=True, stdout=subprocess.PIPE, text=True, timeout=3600
+        )
         took = time.perf_counter() - start
+        said = re.search(r"in ([0-9.]+) s\s*$", done.stdout)  # the command's own timer
+        if said:
+            self.startup.append(took - float(said.group(1)))
         base = self.pool.registry.latest_base(name)
         assert base is not None
         seed.remove_version(self.pool, name, base.version)
@@ -128,7 +135,7 @@ class SeedBench(Bench):
     def run_size(self, run: SizeRun, rounds: int) -> dict[str, list[float]]:
         self.ensure_source(run)
         times: dict[str, list[float]] = {m: [] for m in METHODS}
-        self.laps = []
+        self.laps, self.startup = [], []
         with self.source(run, {}) as srv:
             order = list(METHODS)
             for r in range(rounds):
@@ -179,7 +186,7 @@ def breakdown(laps: list[Laps]) -> list[str]:
 
 
 def render(
-    results: list[tuple[SizeRun, dict[str, list[float]], list[Laps]]],
+    results: list[tuple[SizeRun, dict[str, list[float]], list[Laps], list[float]]],
     *,
     argv: list[str],
     started: dt.datetime,
@@ -207,12 +214,22 @@ def render(
         "| size | method | seconds | plain / seed |",
         "|---|---|--:|--:|",
     ]
-    for run, times, _ in results:
+    for run, times, _, _ in results:
         plain = statistics.median(times["plain"])
         for method, label in METHODS.items():
             ratio = plain / statistics.median(times[method])
             lines.append(f"| {run.label} | {label} | {cell(times[method])} | {ratio:.2f} |")
-    for run, _, laps in results:
+    starts = [(run.label, startup) for run, _, _, startup in results if startup]
+    if starts:
+        lines += [
+            "",
+            "Before its seed began, the process spent (median: its wall time less the `in N s` it "
+            "prints, which runs from just before the seed to its end) "
+            + ", ".join(f"{statistics.median(v):.2f} s at {label}" for label, v in starts)
+            + ": the interpreter's start and imports from a cold page cache, the settings, the "
+            "pool.",
+        ]
+    for run, _, laps, _ in results:
         lines += [
             "",
             f"Where the function's time goes at {run.label} (median seconds per step over "
@@ -253,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for gib in gibs:
             run = SizeRun(gib=gib, scale=max(1, round(gib * SCALE_PER_GIB)))
             times = bench.run_size(run, args.rounds)
-            results.append((run, times, bench.laps))
+            results.append((run, times, bench.laps, bench.startup))
         section = render(
             results,
             argv=argv,
