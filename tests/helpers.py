@@ -59,7 +59,8 @@ def require_root() -> None:
 _AS_USER = """
 import grp, os, pwd, sys
 import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.pool.gc
-import pgoverlay.runner.runtime.docker, pgoverlay.action.main
+import pgoverlay.runner.runtime.docker, pgoverlay.action.main, pgoverlay.runner.service.client
+import pgoverlay.runner.service.engine, pgoverlay.runner.pool.maintenance
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([grp.getgrnam(g).gr_gid for g in sys.argv[2].split(",") if g])
 os.setgid(user.pw_gid)

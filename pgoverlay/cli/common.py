@@ -21,7 +21,6 @@ from rich.progress import (
 )
 
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.service.engine import Engine, LocalEngine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 
@@ -30,6 +29,8 @@ err = Console(stderr=True, highlight=False)
 
 # What each command group's register() adds its subcommands to.
 if TYPE_CHECKING:
+    from pgoverlay.runner.service.engine import Engine
+
     Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 else:
     Subcommands = argparse._SubParsersAction
@@ -86,6 +87,8 @@ def engine() -> Engine:
     and a workflow see the same branches, the same errors and the same limits."""
     found = settings()
     if os.geteuid() == 0:
+        from pgoverlay.runner.service.engine import LocalEngine  # not for commands without one
+
         return LocalEngine(Pool.open(found))
     from pgoverlay.runner.service.client import client
 

@@ -11,7 +11,7 @@ from pgoverlay.errors import ConfigError
 from pgoverlay.runner import doctor
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.pool import gc, maintenance
+from pgoverlay.runner.pool import gc
 
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
@@ -49,6 +49,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 def cmd_pool_down(args: argparse.Namespace) -> int:
 
+    from pgoverlay.runner.pool import maintenance  # it imports the service: not at every start
+
     settings = common.settings()
     stopped = maintenance.down(settings)
     out.print(
@@ -76,6 +78,8 @@ def cmd_pool_rm(args: argparse.Namespace) -> int:
         if answer.strip() != "yes":
             out.print("nothing removed")
             return 1
+    from pgoverlay.runner.pool import maintenance
+
     for line in maintenance.remove(settings):
         out.print(line)
     out.print(f"pool at {settings.home} removed")

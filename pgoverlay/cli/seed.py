@@ -15,7 +15,7 @@ from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import demo, seed
+from pgoverlay.runner import seed
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.runtime.choose import RUNTIMES, choose
@@ -67,6 +67,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with bar:
         if args.demo:
+            from pgoverlay.runner import demo  # its sample data: only for the demo
+
             base = demo.seed_demo(
                 p, args.name, scale=args.scale, refresh=args.refresh, progress=update
             )

@@ -44,10 +44,11 @@ from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime.choose import tools_for
-from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces
+from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces, verify
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
 from pgoverlay.runner.seed.source import SourceInfo, Tablespace
+from pgoverlay.runner.seed.steps import Laps
 
 log = logging.getLogger(__name__)
 
@@ -158,33 +159,42 @@ def _basebackup(
     target: Path,
     spaces: list[Tablespace],
     progress: Progress | None,
+    laps: Laps,
 ) -> None:
     def on_line(line: str) -> None:
         match = _PROGRESS.search(line)
         if match and progress is not None:
             progress(int(match.group(1)) * 1024, int(match.group(2)) * 1024)
 
+    roots = [(target, "")]
+    if spaces:
+        roots.append((tablespaces.staging_root(target), "pg_tblspc"))
     try:
-        install.run_streaming(
-            "pg_basebackup",
-            [
-                "-D",
-                target,
-                "-d",
-                src.conninfo,
-                "-X",
-                "stream",
-                "-c",
-                "fast",
-                "--progress",
-                "--no-password",
-                *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
-            ],
-            timeout=pool.settings.command_timeout,
-            on_line=on_line,
-            env=src.env,
-            user=pool.owner,
-        )
+        with verify.Watch(roots) as watch:
+            install.run_streaming(
+                "pg_basebackup",
+                [
+                    "-D",
+                    target,
+                    "-d",
+                    src.conninfo,
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                    "--progress",
+                    "--no-password",
+                    # Not a fsync per file (each one a flush of the pool image's disk): the
+                    # server that prepares the copy starts with one syncfs
+                    # (recovery_init_sync_method), before it writes anything.
+                    "--no-sync",
+                    *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
+                ],
+                timeout=pool.settings.command_timeout,
+                on_line=on_line,
+                env=src.env,
+                user=pool.owner,
+            )
     except CommandError as err:
         if any(marker in err.stderr for marker in _REFUSED_REPLICATION):
             raise SourceUnreachableError(
@@ -195,13 +205,33 @@ def _basebackup(
         raise SeedError(
             f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}"
         ) from None
-    install.run(
-        "pg_verifybackup",
-        ["--quiet", target],
-        timeout=pool.settings.command_timeout,
-        user=pool.owner,
-    )
+    laps.lap("copy")
+    _verify_tree_and_wal(pool, install, target)
+    laps.lap("verify: manifest, tree, WAL")
     tablespaces.make_in_place(target, tablespaces.staging_root(target))
+    read_after = verify.check(target, watch.reads)
+    log.debug(
+        "verify: %s files checksummed during the copy, %s after it", len(watch.reads), read_after
+    )
+    laps.lap("verify: checksums")
+
+
+def _verify_tree_and_wal(pool: Pool, install: Tools, target: Path) -> None:
+    """What pg_verifybackup checks besides the data's checksums (``verify`` does those, during
+    the copy): the manifest's own checksum, every file present with its size and no extra
+    one, and the WAL from the backup's start to its end, parsed by pg_waldump."""
+    try:
+        install.run(
+            "pg_verifybackup",
+            ["--quiet", "--skip-checksums", target],
+            timeout=pool.settings.command_timeout,
+            user=pool.owner,
+        )
+    except CommandError as err:
+        raise SeedError(
+            f"the copy failed verification ({proc.last_lines(err.stderr)}); it is removed: "
+            "seed again"
+        ) from None
 
 
 def _dump_restore(pool: Pool, install: Tools, src: Source, target: Path) -> str:
@@ -275,11 +305,14 @@ def seed(
     mask: Path | None = None,
     allow_unmasked: bool = False,
     runtime: str | None = None,
+    laps: Laps | None = None,
 ) -> BaseVersion:
     """Seed base ``name`` from ``source_dsn``, authenticating with ``auth``; with ``mask``, a
-    rules file applied while the base is prepared. Refreshing a masked base needs ``mask``
-    again, or ``allow_unmasked``. ``ask_password`` (given the source's label) is called once
-    when the source wants a password and ``auth`` holds none: a prompt on a terminal."""
+        rules file applied while the base is prepared. Refreshing a masked base needs ``mask``
+        again, or ``allow_unmasked``. ``ask_password`` (given the source's label) is called once
+        when the source wants a password and ``auth`` holds none: a prompt on a terminal. ``laps``,
+    when given, gets the seconds each step took."""
+    laps = Laps() if laps is None else laps
     check_name(name, what="base")
     require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
@@ -336,8 +369,9 @@ def seed(
             )
         if rules is not None:
             check_rules_on_source(src, rules)
+        laps.lap("checks")
         return _seed_version(
-            pool, name, src, install, info, via=via, progress=progress, rules=rules
+            pool, name, src, install, info, via=via, progress=progress, rules=rules, laps=laps
         )
 
 
@@ -389,6 +423,7 @@ def _seed_version(
     via: Via,
     progress: Progress | None,
     rules: RulesFile | None,
+    laps: Laps,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     fault(pool, "seed:registered")
@@ -399,7 +434,7 @@ def _seed_version(
         if via == "basebackup":
             if spaces:
                 _own(pool, tablespaces.staging_root(staging))
-            _basebackup(pool, install, src, staging, spaces, progress)
+            _basebackup(pool, install, src, staging, spaces, progress, laps)
             lsn = prepare.start_lsn(staging)
             candidates = [src.user]
         else:
@@ -419,6 +454,7 @@ def _seed_version(
             wal_segsize_mb=pool.settings.wal_segsize_mb,
             timeout=pool.settings.command_timeout,
             masking=rules,
+            laps=laps,
         )
         if src.dbname not in result.databases:
             raise SeedError(
@@ -452,6 +488,7 @@ def _seed_version(
         target.mkdir(parents=True, exist_ok=True)
         mounts.bind_readonly(store, target)
         fault(pool, "seed:mounted")
+        laps.lap("store")
         pool.registry.update_base(
             name,
             version,
@@ -474,7 +511,10 @@ def _seed_version(
         log.warning("seeding %s version %s failed; removing it", name, version)
         remove_version(pool, name, version)
         raise
+    laps.lap("register")
     release_freed(pool)  # the staging copy's blocks: before masking, they held the originals
+    laps.lap("release")
+    log.debug("seed of %s version %s: %s", name, version, laps.summary())
     found = pool.registry.base(name, version)
     assert found is not None
     return found

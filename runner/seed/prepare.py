@@ -27,6 +27,7 @@ from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.seed import baseconf, lockdown, roles, tablespaces
+from pgoverlay.runner.seed.steps import Laps
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,11 @@ def prepare(
     branch_createrole: bool = False,
     timeout: float,
     masking: RulesFile | None = None,
+    laps: Laps | None = None,
 ) -> Prepared:
     """Finish recovery, mask (when ``masking`` is given), shut down cleanly, reset the WAL
     with ``wal_segsize_mb`` segments; ``database`` is the one branches will serve."""
+    laps = Laps() if laps is None else laps
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
     for warning in baseconf.confine_includes(datadir):
@@ -119,6 +122,7 @@ def prepare(
             install, datadir, owner=owner, scratch=scratch, options=options, timeout=timeout
         ) as srv,
     ):
+        laps.lap("start")
 
         def connect(dbname: str) -> psycopg.Connection[tuple[Any, ...]]:
             return psycopg.connect(
@@ -177,17 +181,21 @@ def prepare(
         for dbname in databases[:1]:  # shared catalogs: from any one database, once
             with connect(dbname) as conn:
                 lockdown.scrub_shared(conn)
+        laps.lap("lockdown")
+    laps.lap("stop")
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
         raise SeedError(
             f"the base's control file says {state!r} after a clean stop, expected 'shut down'; "
             "the base was not prepared"
         )
+    laps.lap("controldata")
     if masked is not None:
         mask.finish(datadir, masked)
     install.run(
         "pg_resetwal", [f"--wal-segsize={wal_segsize_mb}", "-D", datadir], timeout=600, user=owner
     )
+    laps.lap("resetwal")
     return Prepared(
         superuser=superuser,
         size_bytes=int(size_row[0] or 0) if size_row else 0,
