@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import sys
 import time
 from pathlib import Path
 
-from rich.table import Table
-
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner import demo, seed
-from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.runtime.choose import RUNTIMES
-from pgoverlay.runner.seed import bases, credentials
+from pgoverlay.runner.runtime import RUNTIMES
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.branch.sizes import format_bytes
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
@@ -41,6 +36,9 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
         raise ConfigError("--password-file works with --from DSN; the demo needs no password")
+    from pgoverlay.runner import demo, seed
+    from pgoverlay.runner.seed import credentials
+
     auth = (
         credentials.resolve(
             password_file=args.password_file, environ=os.environ, home=common.home()
@@ -52,6 +50,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
     bar, update = common.seed_progress()
 
     def ask_password(label: str) -> str:
+        import getpass
+
         bar.stop()  # the prompt needs the terminal the progress bar draws on
         try:
             return getpass.getpass(f"password for the source {label}: ")
@@ -89,12 +89,15 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 def _seed_list_from_service(args: argparse.Namespace) -> int:
     """A workflow's user sees the bases as the engine service shows them."""
+    from pgoverlay.runner.branch.sizes import format_bytes
     from pgoverlay.runner.service.client import client
 
     bases = client(common.settings()).bases()
     if getattr(args, "json", False):
         common.print_json([b.model_dump() for b in bases])
         return 0
+    from rich.table import Table
+
     table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
     for b in bases:
         table.add_row(
@@ -112,6 +115,8 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_list(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.branch.sizes import format_bytes
+
     if os.geteuid() != 0:
         return _seed_list_from_service(args)
     p = common.pool()
@@ -132,6 +137,8 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             ]
         )
         return 0
+    from rich.table import Table
+
     table = Table(
         "base",
         "version",
@@ -169,9 +176,10 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_rm(args: argparse.Namespace) -> int:
-
     if args.base is None:
         raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+    from pgoverlay.runner.seed import bases
+
     removed = bases.remove(
         common.pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
     )

@@ -13,9 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import (
     BaseMissingError,
@@ -34,10 +32,13 @@ from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
-from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
-from pgoverlay.runner.seed import roles
+
+# psycopg, and the seed package the login role's SQL lives in, are imported where a server is
+# talked to: `branch list` and the other views start without them.
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
     Its search_path holds only the catalog: the branch's role may create schemas and objects
     (one named like the superuser, or in public), and a superuser session must never resolve
     a name to something the role made."""
+    import psycopg
+
     return psycopg.connect(
         host=os.fspath(layout(pool, branch.name).socket_dir),
         port=branch.port,
@@ -159,6 +162,9 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
 
 
 def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    from pgoverlay.runner.postgres import sqlerror
+    from pgoverlay.runner.seed import roles
+
     with (
         sqlerror.wrapped(
             BranchStartError,
@@ -182,6 +188,8 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
+    import psycopg
+
     try:
         with psycopg.connect(
             **connection(pool, branch).connect_kwargs(), connect_timeout=10
@@ -441,6 +449,8 @@ class Override:
 
 def overrides(pool: Pool, name: str) -> list[Override]:
     """The settings pgoverlay imposes on the branch that differ from the base's own."""
+    from pgoverlay.runner.postgres import sqlerror
+
     branch = _get(pool, name)
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None or not is_running(pool, branch):

@@ -10,7 +10,6 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import Layout
-from pgoverlay.runner.seed import lockdown
 
 # How the server writes its log: the engine's trace reads it back (``pgoverlay.runner.trace``),
 # so each line names its time (UTC, milliseconds), process and session's user@database, and
@@ -71,6 +70,8 @@ def ssl_options(pool: Pool) -> dict[str, str]:
 def hba(*, user: str, superuser: str) -> str:
     """Who may connect: the engine as the base's bootstrap superuser on the private socket, and
     the branch login role over TCP with its password. Nobody else, whatever the base's roles."""
+    from pgoverlay.runner.seed import lockdown  # the seed package: only when a branch is made
+
     for role in (user, superuser):
         lockdown.check_hba_name(role)
     return (
