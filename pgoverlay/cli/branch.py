@@ -70,7 +70,7 @@ def cmd_branch_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_list(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     rows = common.engine().branches(layer=True)
     if args.json:
@@ -116,7 +116,7 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     if args.config:
         from rich.table import Table
@@ -160,7 +160,7 @@ def cmd_branch_connect(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_size(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     size = common.engine().size(check_name(args.name))
     if args.json:

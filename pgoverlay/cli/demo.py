@@ -13,8 +13,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from pgoverlay.action.insight import locks
-    from pgoverlay.runner.branch.sizes import format_bytes
     from pgoverlay.runner.demo import job as demo_run
+    from pgoverlay.runner.units import format_bytes
 
     p = common.pool()
     bar, update = common.seed_progress()

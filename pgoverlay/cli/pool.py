@@ -12,8 +12,8 @@ from pgoverlay.errors import ConfigError
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
     from pgoverlay.runner import pool as poolmod
-    from pgoverlay.runner.branch.sizes import format_bytes
     from pgoverlay.runner.pool import gc
+    from pgoverlay.runner.units import format_bytes
 
     p = poolmod.init(common.settings(), size=args.size, allow_plain=args.allow_plain_overlay)
     if p.info.mode == "plain":
@@ -37,7 +37,7 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from pgoverlay.runner import pool as poolmod
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     info = poolmod.describe(common.pool())
     if args.json:

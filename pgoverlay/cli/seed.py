@@ -15,7 +15,7 @@ from pgoverlay.runner.runtime import RUNTIMES
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
@@ -89,8 +89,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 def _seed_list_from_service(args: argparse.Namespace) -> int:
     """A workflow's user sees the bases as the engine service shows them."""
-    from pgoverlay.runner.branch.sizes import format_bytes
     from pgoverlay.runner.service.client import client
+    from pgoverlay.runner.units import format_bytes
 
     bases = client(common.settings()).bases()
     if getattr(args, "json", False):
@@ -115,7 +115,7 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_list(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch.sizes import format_bytes
+    from pgoverlay.runner.units import format_bytes
 
     if os.geteuid() != 0:
         return _seed_list_from_service(args)
