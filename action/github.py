@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pgoverlay.errors import GitHubError
 
 if TYPE_CHECKING:
-    from github import Auth, GithubException
+    from github import Auth, Github, GithubException
 
 log = logging.getLogger(__name__)
 
@@ -53,31 +53,45 @@ class GitHub:
         backoff: float = 1.0,
         timeout: float = 30.0,
     ) -> None:
-        from github import Auth, Github, GithubRetry
-
-        retry = GithubRetry(
-            total=retries,
-            backoff_factor=backoff,
-            status_forcelist=sorted(RETRY_STATUSES),
-            secondary_rate_wait=60,
-        )
-        self._gh = Github(
-            auth=Auth.Token(token) if isinstance(token, str) else token,
-            base_url=api_url.rstrip("/"),
-            retry=retry,
-            timeout=int(timeout),
-            per_page=100,
-            lazy=True,
-        )
+        self._token = token
         self._login: str | None = None
-        self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
         self._api_url = api_url.rstrip("/")
         self._timeout = timeout
         self._retries = retries
         self._backoff = backoff
+        self._client: Github | None = None
+
+    @property
+    def _auth(self) -> Auth.Auth:
+        from github import Auth
+
+        return Auth.Token(self._token) if isinstance(self._token, str) else self._token
+
+    @property
+    def _gh(self) -> Github:
+        """PyGithub's client, made (and PyGithub imported) at the first call to the API."""
+        if self._client is None:
+            from github import Github, GithubRetry
+
+            retry = GithubRetry(
+                total=self._retries,
+                backoff_factor=self._backoff,
+                status_forcelist=sorted(RETRY_STATUSES),
+                secondary_rate_wait=60,
+            )
+            self._client = Github(
+                auth=self._auth,
+                base_url=self._api_url,
+                retry=retry,
+                timeout=int(self._timeout),
+                per_page=100,
+                lazy=True,
+            )
+        return self._client
 
     def close(self) -> None:
-        self._gh.close()
+        if self._client is not None:
+            self._client.close()
 
     def login(self) -> str:
         """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].

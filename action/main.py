@@ -125,6 +125,7 @@ def timings_line(start: float | None, timings: Mapping[str, float]) -> str:
 def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     """Everything comes from the job's environment, as GitHub Actions sets it."""
     start = started_seconds(os.environ, time.time())
+    began = time.monotonic()
     try:
         job = JobEnv.from_environ()
     except ValidationError as exc:
@@ -148,7 +149,7 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     # The engine is the service's: this job (and the pull request's code in it) runs as the
     # runner's own user, never as root.
     engine = service.client(settings)
-    return _run(engine, settings, job, ev, inputs, out, start=start)
+    return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
 
 
 def read_event(path: Path) -> dict[str, Any]:
@@ -202,6 +203,7 @@ def _run(
     out: TextIO,
     *,
     start: float | None = None,
+    began: float | None = None,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -211,6 +213,10 @@ def _run(
     if refusal:
         return _not_branched(job, ev, refusal, out)
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
+    handled = time.monotonic()
+    # Where the step's time goes, in its log: before the work, the work's phases, the engine
+    # service's other answers (the branch, its base, its record), and the report.
+    timings = {"prepare": handled - began} if began is not None else {}
     try:
         outcome = handle(
             engine,
@@ -226,7 +232,20 @@ def _run(
     finally:
         if github is not None:
             github.close()
-    print(timings_line(start, outcome.timings), file=out, flush=True)
+    done = time.monotonic()
+    timings.update(outcome.timings)
+    timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
+    try:
+        return _finish(engine, job, ev, inputs, outcome, out)
+    finally:
+        timings["report"] = time.monotonic() - done
+        print(timings_line(start, timings), file=out, flush=True)
+
+
+def _finish(
+    engine: Engine, job: JobEnv, ev: event.Event, inputs: Inputs, outcome: Outcome, out: TextIO
+) -> int:
+    """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
     if report is None:
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
