@@ -37,6 +37,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,11 @@ READ_ONLY = {
 def timed(argv: list[str], env: dict[str, str], **kwargs: Any) -> float:
     """Wall seconds of one whole process; it must succeed."""
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, **kwargs)
+    # From /: `python -m pgoverlay` (the service `pool init` starts) must not find a checkout's
+    # pgoverlay/ folder in the working directory before the measured checkout's own.
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, check=False, cwd="/", **kwargs
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -108,7 +113,11 @@ class Bench:
     def prepare(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         os.chmod(self.work, 0o755)
-        self.cli("pool", "init", "--size", "3G")  # starts the engine service too
+        try:
+            self.cli("pool", "init", "--size", "3G")  # starts the engine service too
+        except SystemExit as err:  # a busy machine may keep the service from answering in time
+            print(f"pool init again: {err}", file=sys.stderr)
+            self.cli("pool", "init", "--size", "3G")
         self.cli("seed", BASE, "--demo", "--scale", "1")
         self.cli("branch", "create", BRANCH)
 
@@ -201,13 +210,39 @@ class Bench:
             shutil.rmtree(root, ignore_errors=True)
         return found
 
+    def service_pids(self) -> list[int]:
+        """The pool's engine service (started by `pool init`): found by its environment."""
+        wanted = f"PGOVERLAY_HOME={self.home}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                if b"pgoverlay\0service" in cmdline and wanted in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, ValueError):
+                continue
+        return found
+
     def teardown(self) -> None:
-        subprocess.run(
+        from pgoverlay.runner.polling import wait_for
+
+        # `pool rm` removes the service's socket and the service exits when it notices; on a
+        # busy machine that may be after the unmount is tried. Stop it first, and wait.
+        pids = self.service_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not self.service_pids(), timeout=60, what="the engine service to exit")
+        done = subprocess.run(
             [os.fspath(self.bin / "pgoverlay"), "pool", "rm", "--yes"],
             env=self.env,
             capture_output=True,
+            text=True,
             check=False,
+            cwd="/",
         )
+        if done.returncode != 0:  # leave the pool for a look rather than delete under a mount
+            print(f"pool rm failed, {self.home} is left:\n{done.stderr}", file=sys.stderr)
+            return
         shutil.rmtree(self.home, ignore_errors=True)
 
 
