@@ -26,7 +26,7 @@ from pgoverlay.action.details import (
     volume_cell,
 )
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
-from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.units import format_bytes
 
 __all__ = [
     "MAX_COMMENT",

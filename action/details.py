@@ -24,7 +24,7 @@ from pgoverlay.action.insight.model import (
     Volume,
 )
 from pgoverlay.action.report import MigrationRun
-from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.units import format_bytes
 
 __all__ = ["FEW", "details", "lock_cell", "rewrites_cell", "verdict_cell", "volume_cell"]
 

@@ -3,6 +3,9 @@
 Honours ``GITHUB_API_URL`` (GitHub Enterprise works the same way). Server errors and rate
 limits are retried a bounded number of times (PyGithub's ``GithubRetry``, which also waits out
 secondary rate limits and ``Retry-After``); PyGithub does not retry a 502 by itself.
+
+PyGithub (and requests) are imported when a ``GitHub`` is made: a step that comments on
+nothing does not pay for them.
 """
 
 from __future__ import annotations
@@ -11,14 +14,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import requests
-from github import Auth, Github, GithubException, GithubRetry
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
+from typing import TYPE_CHECKING, Any, Literal
 
 from pgoverlay.errors import GitHubError
+
+if TYPE_CHECKING:
+    from github import Auth, Github, GithubException
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +53,45 @@ class GitHub:
         backoff: float = 1.0,
         timeout: float = 30.0,
     ) -> None:
-        retry = GithubRetry(
-            total=retries,
-            backoff_factor=backoff,
-            status_forcelist=sorted(RETRY_STATUSES),
-            secondary_rate_wait=60,
-        )
-        self._gh = Github(
-            auth=Auth.Token(token) if isinstance(token, str) else token,
-            base_url=api_url.rstrip("/"),
-            retry=retry,
-            timeout=int(timeout),
-            per_page=100,
-            lazy=True,
-        )
+        self._token = token
         self._login: str | None = None
-        self._auth = token if isinstance(token, Auth.Auth) else Auth.Token(token)
         self._api_url = api_url.rstrip("/")
         self._timeout = timeout
         self._retries = retries
         self._backoff = backoff
+        self._client: Github | None = None
+
+    @property
+    def _auth(self) -> Auth.Auth:
+        from github import Auth
+
+        return Auth.Token(self._token) if isinstance(self._token, str) else self._token
+
+    @property
+    def _gh(self) -> Github:
+        """PyGithub's client, made (and PyGithub imported) at the first call to the API."""
+        if self._client is None:
+            from github import Github, GithubRetry
+
+            retry = GithubRetry(
+                total=self._retries,
+                backoff_factor=self._backoff,
+                status_forcelist=sorted(RETRY_STATUSES),
+                secondary_rate_wait=60,
+            )
+            self._client = Github(
+                auth=self._auth,
+                base_url=self._api_url,
+                retry=retry,
+                timeout=int(self._timeout),
+                per_page=100,
+                lazy=True,
+            )
+        return self._client
 
     def close(self) -> None:
-        self._gh.close()
+        if self._client is not None:
+            self._client.close()
 
     def login(self) -> str:
         """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].
@@ -82,6 +99,10 @@ class GitHub:
         Asked once, outside PyGithub, retrying server errors only: PyGithub's retry looks at
         every 403 and logs the job token's normal answer as a failed request."""
         if self._login is None:
+            import requests
+            from requests.adapters import HTTPAdapter
+            from urllib3.util.retry import Retry
+
             headers = {"Accept": "application/vnd.github+json"}
             self._auth_header(headers)
             retry = Retry(
@@ -115,13 +136,19 @@ class GitHub:
         """Edit the PR's comment that ``is_ours`` recognises and we wrote, or create one.
 
         Every page of comments is searched; a comment with our marker written by someone else
-        is ignored. Nothing is sent when the body is unchanged.
+        is ignored. Nothing is sent when the body is unchanged. Who we are is asked only when a
+        comment has our marker: a pull request's first run makes two calls, not three.
         """
+        from github import GithubException
+
         try:
-            me = self.login()
             pull = self._gh.get_repo(repository).get_pull(pr)
             for comment in pull.get_issue_comments():
-                if comment.user is not None and comment.user.login == me and is_ours(comment.body):
+                if (
+                    comment.user is not None
+                    and is_ours(comment.body)
+                    and comment.user.login == self.login()
+                ):
                     if comment.body == body:
                         return CommentResult(comment.id, "unchanged", comment.html_url)
                     comment.edit(body)
@@ -135,6 +162,8 @@ class GitHub:
 
     def set_status(self, repository: str, sha: str, state: str, description: str) -> None:
         """The `pgoverlay/branch` commit status a repository can require."""
+        from github import GithubException
+
         try:
             self._gh.get_repo(repository).get_commit(sha).create_status(
                 state=state, description=description[:140], context=STATUS_CONTEXT
@@ -144,6 +173,8 @@ class GitHub:
 
     def open_pulls(self, repository: str) -> list[int]:
         """Numbers of every open pull request (all pages)."""
+        from github import GithubException
+
         try:
             return [p.number for p in self._gh.get_repo(repository).get_pulls(state="open")]
         except GithubException as err:
@@ -152,6 +183,8 @@ class GitHub:
     def pull(self, repository: str, number: int) -> dict[str, Any] | None:
         """The pull request as the API has it now (state, head, base, labels, draft), or None
         if it is gone: what a worker acts on, rather than on a delivery that may be stale."""
+        from github import GithubException
+
         try:
             return dict(self._gh.get_repo(repository).get_pull(number).raw_data)
         except GithubException as err:
@@ -161,6 +194,8 @@ class GitHub:
 
     def labels(self, repository: str, number: int) -> list[str]:
         """The names of the labels on the pull request now."""
+        from github import GithubException
+
         try:
             issue = self._gh.get_repo(repository).get_issue(number)
             return [label.name for label in issue.get_labels()]
@@ -169,6 +204,8 @@ class GitHub:
 
     def remove_label(self, repository: str, number: int, label: str) -> None:
         """Take ``label`` off the pull request (already gone is fine)."""
+        from github import GithubException
+
         try:
             self._gh.get_repo(repository).get_issue(number).remove_from_labels(label)
         except GithubException as err:
@@ -178,6 +215,8 @@ class GitHub:
 
     def can_write(self, repository: str, login: str) -> bool:
         """Whether ``login`` has write, maintain or admin rights on the repository."""
+        from github import GithubException
+
         try:
             answer = self._gh.get_repo(repository).get_collaborator_permission(login)
         except GithubException as err:
@@ -188,6 +227,8 @@ class GitHub:
 
     def download_tarball(self, repository: str, ref: str, dest: Path) -> None:
         """The repository at ``ref`` as a tarball, through the API (no git credentials)."""
+        import requests
+
         headers = {"Accept": "application/vnd.github+json"}
         self._auth_header(headers)
         url = f"{self._api_url}/repos/{repository}/tarball/{ref}"

@@ -12,11 +12,12 @@ import dataclasses
 import json
 import os
 import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pydantic import AliasChoices, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
@@ -32,15 +33,19 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
-from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 
+if TYPE_CHECKING:
+    from pgoverlay.runner.service.engine import Engine
 
-class JobEnv(BaseSettings):
-    """The variables GitHub Actions sets for every step, and the Action's inputs (INPUT_*)."""
 
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+class JobEnv(BaseModel):
+    """The variables GitHub Actions sets for every step, and the Action's inputs (INPUT_*):
+    ``from_environ`` reads them (a plain model: pydantic-settings would cost every step more
+    than the rest of its start-up)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     event_path: Path = Field(validation_alias="GITHUB_EVENT_PATH")
     event_name: str = Field(validation_alias="GITHUB_EVENT_NAME")
@@ -57,6 +62,11 @@ class JobEnv(BaseSettings):
     token: str = Field(
         default="", validation_alias=AliasChoices("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN")
     )
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
+        """The job's variables from ``environ`` (default: this process's environment)."""
+        return cls.model_validate(dict(os.environ if environ is None else environ))
 
     def run_url(self) -> str:
         return (
@@ -96,10 +106,28 @@ def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
     return values
 
 
+def started_seconds(environ: Mapping[str, str], now: float) -> float | None:
+    """Seconds from the step's start (run.sh sets PGOVERLAY_STEP_STARTED, bash's
+    EPOCHREALTIME) to ``now``: the interpreter's start and the imports. None if not set."""
+    try:
+        return max(0.0, now - float(environ["PGOVERLAY_STEP_STARTED"].replace(",", ".")))
+    except (KeyError, ValueError):
+        return None
+
+
+def timings_line(start: float | None, timings: Mapping[str, float]) -> str:
+    """Where the step's time went, in its log: `pgoverlay: timings: start 0.21 s, branch ...`."""
+    parts = [] if start is None else [f"start {start:.2f} s"]
+    parts += [f"{phase} {seconds:.2f} s" for phase, seconds in timings.items()]
+    return "pgoverlay: timings: " + ", ".join(parts)
+
+
 def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     """Everything comes from the job's environment, as GitHub Actions sets it."""
+    start = started_seconds(os.environ, time.time())
+    began = time.monotonic()
     try:
-        job = JobEnv()  # type: ignore[call-arg]
+        job = JobEnv.from_environ()
     except ValidationError as exc:
         raise config_error(
             exc, what="job variable", fix="is this step running inside GitHub Actions?"
@@ -121,7 +149,7 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     # The engine is the service's: this job (and the pull request's code in it) runs as the
     # runner's own user, never as root.
     engine = service.client(settings)
-    return _run(engine, settings, job, ev, inputs, out)
+    return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
 
 
 def read_event(path: Path) -> dict[str, Any]:
@@ -173,6 +201,9 @@ def _run(
     ev: event.Event,
     inputs: Inputs,
     out: TextIO,
+    *,
+    start: float | None = None,
+    began: float | None = None,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -182,6 +213,10 @@ def _run(
     if refusal:
         return _not_branched(job, ev, refusal, out)
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
+    handled = time.monotonic()
+    # Where the step's time goes, in its log: before the work, the work's phases, the engine
+    # service's other answers (the branch, its base, its record), and the report.
+    timings = {"prepare": handled - began} if began is not None else {}
     try:
         outcome = handle(
             engine,
@@ -197,6 +232,20 @@ def _run(
     finally:
         if github is not None:
             github.close()
+    done = time.monotonic()
+    timings.update(outcome.timings)
+    timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
+    try:
+        return _finish(engine, job, ev, inputs, outcome, out)
+    finally:
+        timings["report"] = time.monotonic() - done
+        print(timings_line(start, timings), file=out, flush=True)
+
+
+def _finish(
+    engine: Engine, job: JobEnv, ev: event.Event, inputs: Inputs, outcome: Outcome, out: TextIO
+) -> int:
+    """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
     if report is None:
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)

@@ -20,11 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import psycopg
-import sqlparse
-from sqlparse import tokens as T
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.report import MigrationRun
@@ -32,7 +28,11 @@ from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.branch.login import Connection
-from pgoverlay.runner.postgres import sqlerror
+
+# psycopg and sqlparse are imported when migrations run: a re-run that finds its branch up to
+# date, or a close, does without them.
+if TYPE_CHECKING:
+    import psycopg
 
 # The schema itself is made by the engine when it creates the branch (runner/seed/roles.py), so
 # the ledger works whoever owns the database.
@@ -75,6 +75,9 @@ class Statement:
 
 def statements(sql_text: str) -> list[Statement]:
     """Split a file like psql does, keeping each statement's first and last line (1-based)."""
+    import sqlparse
+    from sqlparse import tokens as T
+
     found: list[Statement] = []
     line = 1
     for stmt in sqlparse.parse(sql_text):
@@ -94,6 +97,8 @@ def statements(sql_text: str) -> list[Statement]:
 
 def needs_no_transaction(sql_text: str) -> bool:
     """True if the file holds a statement that cannot run inside a transaction block."""
+    import sqlparse
+
     for stmt in statements(sql_text):
         bare = sqlparse.format(stmt.text, strip_comments=True)
         if _NO_TRANSACTION.match(bare):
@@ -245,6 +250,8 @@ _LEDGER_FIX = (
 
 
 def _ledger_error(what: str) -> AbstractContextManager[None]:
+    from pgoverlay.runner.postgres import sqlerror
+
     return sqlerror.wrapped(MigrationError, what=what, fix=_LEDGER_FIX)
 
 
@@ -255,6 +262,8 @@ def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
         f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
         f"{target.database} on port {target.port}"
     ):
+        import psycopg
+
         conn = psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15)
         try:
             conn.execute(LEDGER)

@@ -3,4 +3,6 @@
 # socket the `pgoverlay` group may use; nothing here needs or asks for more privileges.
 set -euo pipefail
 verb=${1:-run}
+# the step's start, so the log can say how long the interpreter and its imports took
+export PGOVERLAY_STEP_STARTED=$EPOCHREALTIME
 exec "$PGOVERLAY_BIN" action "$verb"

@@ -12,9 +12,11 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -34,8 +36,6 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.runtime.choose import tools_for
-from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.service.models import (
     BaseView,
     BranchView,
@@ -43,6 +43,9 @@ from pgoverlay.runner.service.models import (
     RecordRequest,
 )
 from pgoverlay.runner.settings import Settings
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.service.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,19 @@ class Outcome:
     comment: CommentResult | None = None
     comment_error: str = ""
     reused: bool = False  # a re-run found the work already done
+    # seconds spent in each phase that ran: branch (create, reset or destroy), migrations,
+    # comment; what is left of the step's time is its own
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the time the block takes to ``timings[phase]``."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[phase] = timings.get(phase, 0.0) + time.monotonic() - started
 
 
 Echo = Callable[[str], None]
@@ -211,11 +227,13 @@ class _Migrations:
         else:
             files = migrations.all_files(repo_dir, folder)
         self.echo(f"applying {len(files)} migration file(s) from {folder}")
+        from pgoverlay.runner.runtime import choose
+
         runs = migrations.apply_files(
             self.connection,
             repo_dir,
             files,
-            psql=tools_for("psql", settings=self.settings, major=self.major).tool("psql"),
+            psql=choose.tools_for("psql", settings=self.settings, major=self.major).tool("psql"),
             skip_recorded=True,
             timeout=self.settings.command_timeout,
             sandbox=self.sandbox,
@@ -283,6 +301,7 @@ def handle(
     """
     if event.kind not in WORK_KINDS:
         return Outcome(report=None, branch=None)
+    timings: dict[str, float] = {}
     name = check_name(branch_name(event, inputs.branch_name))
     current = engine.branch(name)
     skeleton = Report(
@@ -299,15 +318,22 @@ def handle(
     if refusal:
         # Nothing of ours to record: the branch and its report belong to the other repository.
         report = dataclasses.replace(skeleton, message=refusal)
-        result, error = post_comment(github, event, inputs, report)
-        return Outcome(report=report, branch=None, comment=result, comment_error=error)
+        with _timed(timings, "comment"):
+            result, error = post_comment(github, event, inputs, report)
+        return Outcome(
+            report=report, branch=None, comment=result, comment_error=error, timings=timings
+        )
     if event.kind == "close":
         if current is None:
             echo(f"no branch {name} to destroy")
             return Outcome(report=None, branch=None)
-        report = _close(engine, event, current, skeleton)
-        result, error = post_comment(github, event, inputs, report)
-        return Outcome(report=report, branch=None, comment=result, comment_error=error)
+        with _timed(timings, "branch"):
+            report = _close(engine, event, current, skeleton)
+        with _timed(timings, "comment"):
+            result, error = post_comment(github, event, inputs, report)
+        return Outcome(
+            report=report, branch=None, comment=result, comment_error=error, timings=timings
+        )
     ready: BranchView | None = None
     connection: Connection | None = None
     reused = False
@@ -326,21 +352,23 @@ def handle(
         connection = engine.connection(name)
     else:
         try:
-            b, seconds = _bring_up(engine, event, inputs, current, echo)
+            with _timed(timings, "branch"):
+                b, seconds = _bring_up(engine, event, inputs, current, echo)
             connection = engine.connection(name)
             base = _base_of(engine, b)
-            runs, note = _Migrations(
-                settings,
-                connection,
-                base.pg_major if base and base.pg_major else 0,
-                event,
-                inputs,
-                repo_dir,
-                echo,
-                changed,
-                sandbox,
-                fork_commands,
-            ).apply(engine, name)
+            with _timed(timings, "migrations"):
+                runs, note = _Migrations(
+                    settings,
+                    connection,
+                    base.pg_major if base and base.pg_major else 0,
+                    event,
+                    inputs,
+                    repo_dir,
+                    echo,
+                    changed,
+                    sandbox,
+                    fork_commands,
+                ).apply(engine, name)
             failed = any(r.status == "failed" for r in runs)
             report = dataclasses.replace(
                 skeleton,
@@ -355,7 +383,8 @@ def handle(
             report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
             connection = None
         _save(engine, report)
-    result, error = post_comment(github, event, inputs, report)
+    with _timed(timings, "comment"):
+        result, error = post_comment(github, event, inputs, report)
     return Outcome(
         report=report,
         branch=ready,
@@ -363,6 +392,7 @@ def handle(
         comment=result,
         comment_error=error,
         reused=reused,
+        timings=timings,
     )
 
 

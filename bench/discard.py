@@ -41,12 +41,12 @@ from psycopg.conninfo import make_conninfo
 from pgoverlay.errors import TimeoutExpiredError
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, discard, mounts
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- discard:start -->", "<!-- discard:end -->"
 BASE = "discard-bench"

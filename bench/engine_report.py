@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.pool import Pool, maintenance
+from pgoverlay.runner.units import format_bytes
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 START, END = "<!-- engine:start -->", "<!-- engine:end -->"

@@ -38,13 +38,13 @@ from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner import proc, seed
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "insight"
 START, END = "<!-- insight:start -->", "<!-- insight:end -->"

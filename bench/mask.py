@@ -26,10 +26,10 @@ from psycopg.conninfo import make_conninfo
 
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 RULES = Path(__file__).resolve().parent.parent / "docs" / "examples" / "masking-rules.yml"
 START, END = "<!-- mask:start -->", "<!-- mask:end -->"

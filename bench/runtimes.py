@@ -26,8 +26,8 @@ from engine_report import SizeRun, first_field, quantile, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- runtimes:start -->", "<!-- runtimes:end -->"
 RUNTIMES = ("local", "docker")

@@ -41,13 +41,13 @@ from psycopg.conninfo import make_conninfo
 
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.client import client
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- service:start -->", "<!-- service:end -->"
 BASE = "service-bench"

@@ -32,8 +32,8 @@ from engine_report import SizeRun, machine_line, write_report
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.branch import warm
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- warm:start -->", "<!-- warm:end -->"
 METHODS = {

@@ -55,12 +55,12 @@ from test_webhook_e2e import AS_LISTENER, SYSTEM_PYTHON  # noqa: E402
 from fakegithub import FakeGitHub  # noqa: E402
 from pgoverlay.runner import branch, demo, seed  # noqa: E402
 from pgoverlay.runner import pool as poolmod  # noqa: E402
-from pgoverlay.runner.branch.sizes import format_bytes  # noqa: E402
 from pgoverlay.runner.polling import wait_for  # noqa: E402
 from pgoverlay.runner.pool import mounts  # noqa: E402
 from pgoverlay.runner.postgres import binaries as pgbin  # noqa: E402
 from pgoverlay.runner.service import serve  # noqa: E402
 from pgoverlay.runner.settings import Settings  # noqa: E402
+from pgoverlay.runner.units import format_bytes  # noqa: E402
 from pgoverlay.webhook.signature import sign  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"

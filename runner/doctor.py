@@ -89,8 +89,8 @@ def _pool(settings: Settings) -> list[Check]:
 def _warm(settings: Settings) -> list[Check]:
     """Each base's warm branches: how many are ready of how many wanted, and their memory."""
     from pgoverlay.runner.branch import warm
-    from pgoverlay.runner.branch.sizes import format_bytes
     from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.units import format_bytes
 
     if os.geteuid() != 0 or read_info(settings.home) is None:
         return []

@@ -17,9 +17,12 @@ def wait_for(
     timeout: float,
     what: str,
     first_interval: float = 0.005,
-    max_interval: float = 0.25,
+    max_interval: float = 0.05,
 ) -> T:
-    """Call ``probe`` until it returns something other than None/False, or the deadline passes."""
+    """Call ``probe`` until it returns something other than None/False, or the deadline passes.
+
+    The backoff stops at ``max_interval``: a server's start or stop takes a few hundred ms, and
+    a longer pause would keep a command waiting up to that long after it was done."""
     deadline = time.monotonic() + timeout
     interval = first_interval
     while True:

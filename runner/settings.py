@@ -1,23 +1,52 @@
-"""The one settings object, loaded at the edge (CLI, Action, webhook) and passed in."""
+"""The one settings object, loaded at the edge (CLI, Action, webhook) and passed in.
+
+``Settings`` reads ``PGOVERLAY_*`` itself (as pydantic-settings' ``BaseSettings`` would: a
+keyword given wins over the environment, which wins over the admin's file, which wins over the
+default): importing pydantic-settings costs every command more than the rest of its start-up.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pgoverlay.errors import config_error, dotted
 
 log = logging.getLogger(__name__)
 
+ENV_PREFIX = "PGOVERLAY_"
 
-class Settings(BaseSettings):
+
+def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict[str, str]:
+    """The settings ``environ`` sets: ``PGOVERLAY_<NAME>`` in any case, for each field name;
+    a variable without a value (a bare name in an env file) sets nothing."""
+    found = {}
+    for key, value in environ.items():
+        if value is None or not key.upper().startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name in names:
+            found[name] = value
+    return found
+
+
+class Settings(BaseModel):
     """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="PGOVERLAY_", extra="ignore")
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment(cls, given: Any) -> Any:
+        """Fields not given as keywords come from ``PGOVERLAY_*``."""
+        if not isinstance(given, dict):
+            return given
+        return {**from_environment(os.environ, set(cls.model_fields)), **given}
 
     home: Path = Path("/var/lib/pgoverlay")
     os_user: str = "postgres"
@@ -145,8 +174,15 @@ def load() -> Settings:
             "folder readable, e.g. mode 0644: it holds no secrets)",
             ADMIN_ENV_FILE,
         )
+    from_file: dict[str, str] = {}
+    if env_file is not None:
+        from dotenv import dotenv_values  # what pydantic-settings reads env files with
+
+        from_file = from_environment(dotenv_values(env_file), set(Settings.model_fields))
     try:
-        return Settings(_env_file=env_file)  # type: ignore[call-arg]
+        return Settings.model_validate(
+            {**from_file, **from_environment(os.environ, set(Settings.model_fields))}
+        )
     except ValidationError as exc:
         raise config_error(
             exc,

@@ -55,12 +55,18 @@ def require_root() -> None:
 
 
 # Starts as root, imports everything the command needs (this interpreter may live where another
-# user cannot read), then becomes the user and runs the command in the same process.
+# user cannot read), then becomes the user and runs the command in the same process. The CLI
+# imports a command's modules when it runs, so they are named here, and its consoles made.
 _AS_USER = """
 import grp, os, pwd, sys
 import docker, docker.errors, psycopg, pgoverlay.cli, pgoverlay.runner.pool.gc
-import pgoverlay.runner.runtime.docker, pgoverlay.action.main, pgoverlay.runner.service.client
-import pgoverlay.runner.service.engine, pgoverlay.runner.pool.maintenance
+import pgoverlay.runner.runtime.docker, pgoverlay.action.main
+import dotenv, github, requests, sqlparse, rich.markup, rich.progress, rich.table
+import pgoverlay.runner.service.client, pgoverlay.runner.service.engine, pgoverlay.runner.seed
+import pgoverlay.runner.postgres.sqlerror, pgoverlay.runner.runtime.choose
+import pgoverlay.action.migrations, pgoverlay.action.workflow, pgoverlay.runner.pool.maintenance
+from pgoverlay.cli import common
+common.out.console, common.err.console
 user = pwd.getpwnam(sys.argv[1])
 os.setgroups([grp.getgrnam(g).gr_gid for g in sys.argv[2].split(",") if g])
 os.setgid(user.pw_gid)

@@ -21,7 +21,7 @@ from pgoverlay.action.comment import (
     render_summary,
 )
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.runner.branch import sizes
+from pgoverlay.runner import units
 
 MARK = "<!-- pgoverlay:branch acme/shop#12 pr-12 -->"
 HINT = "run `pgoverlay branch password pr-12` on the runner"
@@ -362,4 +362,4 @@ def test_secret_looking_values_in_error_text_are_not_shown(
 
 
 def test_format_bytes_is_the_runners_own() -> None:
-    assert comment.format_bytes is sizes.format_bytes
+    assert comment.format_bytes is units.format_bytes

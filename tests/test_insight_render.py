@@ -401,7 +401,7 @@ def run_action(
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(main, "handle", lambda *a, **k: Outcome(report=found, branch=None))
-    job = main.JobEnv()  # type: ignore[call-arg]
+    job = main.JobEnv.from_environ()
     ev = event.parse(
         "pull_request",
         json.loads((tmp_path / "event.json").read_text()),
@@ -444,8 +444,8 @@ def test_a_runner_temp_that_is_not_a_folder_is_refused_before_any_work(
         main._run(
             cast(Any, None),
             cast(Settings, None),
-            main.JobEnv(),
-            ev,  # type: ignore[call-arg]
+            main.JobEnv.from_environ(),
+            ev,
             read_inputs(environ),
             io.StringIO(),
         )

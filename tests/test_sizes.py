@@ -24,9 +24,9 @@ from pgoverlay.runner.branch.sizes import (
     LayerSize,
     exclusive_bytes,
     file_extents,
-    format_bytes,
     layer_size,
 )
+from pgoverlay.runner.units import format_bytes
 
 KiB = 1024
 MiB = 1024 * KiB

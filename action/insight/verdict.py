@@ -21,7 +21,7 @@ from pgoverlay.action.insight.model import (
     Verdict,
     VerdictLevel,
 )
-from pgoverlay.runner.branch.sizes import format_bytes
+from pgoverlay.runner.units import format_bytes
 
 WITH_TABLE = "rebuilt with its table"  # an index or TOAST table rewritten with its table
 # Postgres's AT_REWRITE_* bits (commands/event_trigger.h) in a table_rewrite event, in words.

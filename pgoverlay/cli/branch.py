@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
-
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import BranchMissingError
-from pgoverlay.runner import branch
-from pgoverlay.runner.branch.sizes import format_bytes
 from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.runtime.choose import RUNTIMES
-from pgoverlay.runner.service.models import BranchView, CreateRequest, Layer
+from pgoverlay.runner.runtime import RUNTIMES
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.service.models import BranchView
 
 
 def _branch_dict(b: BranchView) -> dict[str, Any]:
@@ -28,6 +26,8 @@ def _branch_dict(b: BranchView) -> dict[str, Any]:
 
 
 def cmd_branch_create(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.service.models import CreateRequest
+
     engine = common.engine()
     ttl = parse_duration(args.ttl) if args.ttl else None
     started = time.monotonic()
@@ -70,10 +70,16 @@ def cmd_branch_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_list(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.units import format_bytes
+
     rows = common.engine().branches(layer=True)
     if args.json:
         common.print_json([_branch_dict(b) for b in rows])
         return 0
+    from rich.table import Table
+
+    from pgoverlay.runner.service.models import Layer
+
     table = Table(
         "branch",
         "state",
@@ -110,7 +116,13 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_status(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.units import format_bytes
+
     if args.config:
+        from rich.table import Table
+
+        from pgoverlay.runner import branch
+
         p = common.pool()
         changed = branch.overrides(p, args.name)
         if args.json:
@@ -148,6 +160,8 @@ def cmd_branch_connect(args: argparse.Namespace) -> int:
 
 
 def cmd_branch_size(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.units import format_bytes
+
     size = common.engine().size(check_name(args.name))
     if args.json:
         common.print_json(

@@ -1,4 +1,9 @@
-"""What every command group shares: consoles, settings, the pool, the engine, formatting."""
+"""What every command group shares: consoles, settings, the pool, the engine, formatting.
+
+Nothing here (nor in a group's ``register``) imports the engine, rich or pydantic at import
+time: `pgoverlay --help` and the read-only commands must start in well under a second, so each
+command imports what it uses when it runs (tests/test_cli_imports.py keeps it so).
+"""
 
 from __future__ import annotations
 
@@ -7,25 +12,16 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
-from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.settings import load as load_settings
-
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+    from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.service.engine import Engine
+    from pgoverlay.runner.settings import Settings
 
 # What each command group's register() adds its subcommands to.
 if TYPE_CHECKING:
@@ -36,13 +32,41 @@ else:
     Subcommands = argparse._SubParsersAction
 
 
+class LazyConsole:
+    """A rich Console made at the first print: a command that prints JSON, or nothing, never
+    pays for importing rich."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False)
+        return self._console
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        self.console.print(*objects, **kwargs)
+
+
+out = LazyConsole(stderr=False)
+err = LazyConsole(stderr=True)
+
+
 def settings() -> Settings:
     """The runner's settings, or a ConfigError naming the bad one."""
-    return load_settings()
+    from pgoverlay.runner.settings import load
+
+    return load()
 
 
 def pool() -> Pool:
     """The pool the settings name (it must be prepared: `pgoverlay pool init`)."""
+    from pgoverlay.runner.pool import Pool
+
     return Pool.open(settings())
 
 
@@ -50,6 +74,8 @@ def when(epoch: float | None) -> str:
     """A Unix time as UTC, or `-` for none."""
     if epoch is None:
         return "-"
+    from datetime import UTC, datetime
+
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
@@ -58,13 +84,21 @@ def print_json(data: Any) -> None:
 
 
 def seed_progress() -> tuple[Progress, Callable[[int, int], None]]:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
-        console=err,
+        console=err.console,
         transient=True,
     )
     task = bar.add_task("pg_basebackup", total=None)
@@ -87,7 +121,8 @@ def engine() -> Engine:
     and a workflow see the same branches, the same errors and the same limits."""
     found = settings()
     if os.geteuid() == 0:
-        from pgoverlay.runner.service.engine import LocalEngine  # not for commands without one
+        from pgoverlay.runner.pool import Pool
+        from pgoverlay.runner.service.engine import LocalEngine
 
         return LocalEngine(Pool.open(found))
     from pgoverlay.runner.service.client import client

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import MigrationError
-from pgoverlay.runner.branch.sizes import format_bytes
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo job brings the migration insight, which no other command needs.
+    from rich.markup import escape
+
     from pgoverlay.action.insight import locks
     from pgoverlay.runner.demo import job as demo_run
+    from pgoverlay.runner.units import format_bytes
 
     p = common.pool()
     bar, update = common.seed_progress()

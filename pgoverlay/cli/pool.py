@@ -8,13 +8,12 @@ import sys
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, err, out
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner import doctor
-from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.pool import gc
 
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
+    from pgoverlay.runner import pool as poolmod
+    from pgoverlay.runner.pool import gc
+    from pgoverlay.runner.units import format_bytes
 
     p = poolmod.init(common.settings(), size=args.size, allow_plain=args.allow_plain_overlay)
     if p.info.mode == "plain":
@@ -37,6 +36,8 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
+    from pgoverlay.runner import pool as poolmod
+    from pgoverlay.runner.units import format_bytes
 
     info = poolmod.describe(common.pool())
     if args.json:
@@ -48,8 +49,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_down(args: argparse.Namespace) -> int:
-
-    from pgoverlay.runner.pool import maintenance  # it imports the service: not at every start
+    from pgoverlay.runner.pool import maintenance
 
     settings = common.settings()
     stopped = maintenance.down(settings)
@@ -63,6 +63,7 @@ def cmd_pool_down(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_rm(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.pool import maintenance
 
     settings = common.settings()
     if not args.yes:
@@ -78,7 +79,6 @@ def cmd_pool_rm(args: argparse.Namespace) -> int:
         if answer.strip() != "yes":
             out.print("nothing removed")
             return 1
-    from pgoverlay.runner.pool import maintenance
 
     for line in maintenance.remove(settings):
         out.print(line)
@@ -87,6 +87,7 @@ def cmd_pool_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from pgoverlay.runner import doctor
 
     checks = doctor.run(common.settings())
     if args.json:

@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import sys
 import time
 from pathlib import Path
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner import branch as branches
-from pgoverlay.runner import seed
-from pgoverlay.runner.branch import warm
-from pgoverlay.runner.branch.sizes import format_bytes
-from pgoverlay.runner.runtime.choose import RUNTIMES, choose
-from pgoverlay.runner.seed import bases, credentials
+from pgoverlay.runner.runtime import RUNTIMES
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.branch.warm import WarmState
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.units import format_bytes
 
     if args.name == "list" and not args.source and not args.demo:
         return cmd_seed_list(args)
@@ -47,6 +44,9 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
         raise ConfigError("--password-file works with --from DSN; the demo needs no password")
+    from pgoverlay.runner import demo, seed
+    from pgoverlay.runner.seed import credentials
+
     auth = (
         credentials.resolve(
             password_file=args.password_file, environ=os.environ, home=common.home()
@@ -58,6 +58,8 @@ def cmd_seed(args: argparse.Namespace) -> int:
     bar, update = common.seed_progress()
 
     def ask_password(label: str) -> str:
+        import getpass
+
         bar.stop()  # the prompt needs the terminal the progress bar draws on
         try:
             return getpass.getpass(f"password for the source {label}: ")
@@ -98,11 +100,14 @@ def cmd_seed(args: argparse.Namespace) -> int:
 def _seed_list_from_service(args: argparse.Namespace) -> int:
     """A workflow's user sees the bases as the engine service shows them."""
     from pgoverlay.runner.service.client import client
+    from pgoverlay.runner.units import format_bytes
 
     bases = client(common.settings()).bases()
     if getattr(args, "json", False):
         common.print_json([b.model_dump() for b in bases])
         return 0
+    from rich.table import Table
+
     table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
     for b in bases:
         table.add_row(
@@ -120,6 +125,9 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_list(args: argparse.Namespace) -> int:
+    from pgoverlay.runner.branch import warm
+    from pgoverlay.runner.units import format_bytes
+
     if os.geteuid() != 0:
         return _seed_list_from_service(args)
     p = common.pool()
@@ -128,7 +136,7 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     for br in p.registry.branches():
         key = (br.base_name, br.base_version)
         refs[key] = refs.get(key, 0) + 1
-    warmth: dict[str, list[warm.WarmState]] = {}
+    warmth: dict[str, list[WarmState]] = {}
     for state in warm.states(p):
         warmth.setdefault(state.base_name, []).append(state)
     if getattr(args, "json", False):
@@ -154,6 +162,8 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             ]
         )
         return 0
+    from rich.table import Table
+
     table = Table(
         "base",
         "version",
@@ -195,8 +205,10 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm_label(state: warm.WarmState | None) -> str:
+def _warm_label(state: WarmState | None) -> str:
     """`2/2 (21.4 MiB each)`: ready of wanted, and what one idle warm branch costs."""
+    from pgoverlay.runner.units import format_bytes
+
     if state is None:
         return "-"
     each = f" ({format_bytes(state.memory_each)} each)" if state.memory_each else ""
@@ -205,6 +217,10 @@ def _warm_label(state: warm.WarmState | None) -> str:
 
 def cmd_seed_warm(args: argparse.Namespace) -> int:
     """Set how many warm branches of a base to keep started, and start them now."""
+    from pgoverlay.runner import branch as branches
+    from pgoverlay.runner.branch import warm
+    from pgoverlay.runner.runtime.choose import choose
+
     if args.base is None or args.count is None:
         raise ConfigError(
             "seed warm needs a base and a count: pgoverlay seed warm NAME --count N "
@@ -227,9 +243,10 @@ def cmd_seed_warm(args: argparse.Namespace) -> int:
 
 
 def cmd_seed_rm(args: argparse.Namespace) -> int:
-
     if args.base is None:
         raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+    from pgoverlay.runner.seed import bases
+
     removed = bases.remove(
         common.pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
     )

@@ -15,9 +15,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import (
     BaseMissingError,
@@ -36,10 +34,13 @@ from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
-from pgoverlay.runner.postgres import sqlerror
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
-from pgoverlay.runner.seed import roles
+
+# psycopg, and the seed package the login role's SQL lives in, are imported where a server is
+# talked to: `branch list` and the other views start without them.
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,8 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
     Its search_path holds only the catalog: the branch's role may create schemas and objects
     (one named like the superuser, or in public), and a superuser session must never resolve
     a name to something the role made. It logs no statement (one sets a password)."""
+    import psycopg
+
     return psycopg.connect(
         host=os.fspath(layout(pool, branch.key).socket_dir),
         port=branch.port,
@@ -163,6 +166,9 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
 
 
 def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    from pgoverlay.runner.postgres import sqlerror
+    from pgoverlay.runner.seed import roles
+
     with (
         sqlerror.wrapped(
             BranchStartError,
@@ -187,6 +193,9 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     """A warm branch's login role has no password at all until it is claimed: nobody can log
     in to it, whatever the base was prepared with."""
+    from pgoverlay.runner.postgres import sqlerror
+    from pgoverlay.runner.seed import roles
+
     with (
         sqlerror.wrapped(
             BranchStartError,
@@ -209,6 +218,9 @@ def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 
 def _claim_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     """A claimed warm branch's password: one statement on the engine's connection."""
+    from pgoverlay.runner.postgres import sqlerror
+    from pgoverlay.runner.seed import roles
+
     with (
         sqlerror.wrapped(
             BranchStartError,
@@ -249,6 +261,8 @@ def _check_listening(pool: Pool, branch: Branch) -> None:
 
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
+    import psycopg
+
     try:
         with psycopg.connect(
             **connection(pool, branch).connect_kwargs(), connect_timeout=10
@@ -595,6 +609,8 @@ class Override:
 
 def overrides(pool: Pool, name: str) -> list[Override]:
     """The settings pgoverlay imposes on the branch that differ from the base's own."""
+    from pgoverlay.runner.postgres import sqlerror
+
     branch = _get(pool, name)
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None or not is_running(pool, branch):

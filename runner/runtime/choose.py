@@ -26,7 +26,7 @@ from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.runtime import Runtime
+from pgoverlay.runner.runtime import RUNTIMES, Runtime
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
 from pgoverlay.runner.runtime.docker_tools import DockerTools
@@ -35,7 +35,6 @@ from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("auto", "local", "docker")
 Purpose = Literal["branch", "seed", "psql"]
 Name = Literal["local", "docker"]
 
@@ -77,7 +76,9 @@ def choose(
 
     ``auto`` for a branch means Docker when its daemon answers and (given the base's ``major``)
     its image is usable, else local; when neither has that major, Docker, so the error names
-    the image. ``auto`` for a seed means this host's binaries of ``major`` when it has them,
+    the image. An image that is not on this host is pulled only when this host has no
+    binaries of ``major``: otherwise every command would try (and, offline, fail) to pull it.
+    ``auto`` for a seed means this host's binaries of ``major`` when it has them,
     else Docker when its daemon answers. The Action's psql is always this host's.
     """
     if purpose == "psql":
@@ -119,6 +120,12 @@ def choose(
             "docker",
             f"auto: no Postgres {major} binaries on this host; Docker {version} answers, so the "
             f"programs run from image {image}",
+        )
+    if local and not docker_runtime.image_present(docker_runtime.shared(), image):
+        return Choice(
+            "local",
+            f"auto: Docker {version} answers but image {image} is not on this host (pull it "
+            f"to run branches in Docker); this host has Postgres {major} binaries",
         )
     try:
         found = docker_runtime.image_major(

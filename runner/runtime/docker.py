@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -82,8 +84,29 @@ def available() -> bool:
     return False
 
 
+def _local_socket_refuses() -> bool:
+    """Whether the daemon is surely not there: DOCKER_HOST names no other daemon and nothing
+    listens on the local socket. Asked before importing the Docker SDK, which costs a command
+    more than the rest of its start-up, on a host without Docker."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return False
+    path = host.removeprefix("unix://") or "/var/run/docker.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(3)
+        try:
+            probe.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return True
+        except OSError:
+            return False  # e.g. not allowed: let the SDK say so
+    return False
+
+
 def reachable() -> str | None:
     """The daemon's version if it answers within a few seconds, else None."""
+    if _local_socket_refuses():
+        return None
     try:
         client = connect(timeout=3)
     except DockerError:
@@ -92,6 +115,17 @@ def reachable() -> str | None:
         return str(client.version().get("Version", "?"))
     finally:
         client.close()
+
+
+def image_present(client: DockerClient, image: str) -> bool:
+    """Whether ``image`` is on this host, without pulling it."""
+    import docker.errors
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
 
 
 def image_major(client: DockerClient, image: str, *, timeout: float) -> int:

@@ -14,6 +14,7 @@ re-recorded for another.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -25,9 +26,8 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner import trace
 from pgoverlay.runner.branch.login import Connection
-from pgoverlay.runner.pool import Pool, gc, registry
+from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.models import (
     BaseView,
@@ -60,6 +60,15 @@ class Engine(Protocol):
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def close(self) -> None: ...
+
+
+def _discard_trace(pool: Pool, name: str) -> None:
+    """Forget a branch's trace before it is reset or destroyed. A trace lives in the process
+    that began it: one that never imported the trace module (and with it psycopg) has none,
+    so a destroy from the CLI does not import them for nothing."""
+    trace = sys.modules.get("pgoverlay.runner.trace")
+    if trace is not None:
+        trace.discard(pool, name)
 
 
 def _record(pool: Pool, name: str) -> Record | None:
@@ -204,7 +213,7 @@ class LocalEngine:
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
         self._mine(name, repository=repository)
-        trace.discard(self.pool, name)
+        _discard_trace(self.pool, name)
         started = time.monotonic()
         done = branches.reset(self.pool, name)
         return self._view(done, layer=False, seconds=time.monotonic() - started)
@@ -214,7 +223,7 @@ class LocalEngine:
             return Destroyed(destroyed=False)
         self._mine(name, repository=repository)
         last = _record(self.pool, name)
-        trace.discard(self.pool, name)
+        _discard_trace(self.pool, name)
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
@@ -233,16 +242,24 @@ class LocalEngine:
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         """Open a trace of the branch (ending one left open); its first mark."""
         b = self._mine(name, repository=request.repository)
+        from pgoverlay.runner import trace
+
         return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
         self._mine(name, repository=repository)
+        from pgoverlay.runner import trace
+
         return trace.mark(self.pool, name)
 
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
         self._mine(name, repository=repository)
+        from pgoverlay.runner import trace
+
         return trace.end(self.pool, name)
 
     def gc(self) -> GcReport:
+        from pgoverlay.runner.pool import gc
+
         report = gc.collect(self.pool)
         return GcReport(lines=report.lines(), problems=len(report.problems))

@@ -1,0 +1,122 @@
+"""Start-up stays cheap: a command imports what it runs, not the whole engine, web framework,
+Docker SDK, PyGithub or psycopg (pgoverlay/cli/common.py says why; bench/process.py measures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import require_root
+from pgoverlay.runner.pool.registry import BaseVersion
+
+# Prints, after the command, the top-level packages it imported (on stderr, after its output).
+PROBE = """
+import json, sys
+from pgoverlay.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+raise SystemExit(code)
+"""
+
+# What no read-only command, and no help, needs.
+HEAVY = {
+    "docker",
+    "fastapi",
+    "github",
+    "psycopg",
+    "pydantic_settings",
+    "requests",
+    "sqlparse",
+    "starlette",
+    "uvicorn",
+    "yaml",
+}
+ENGINE = {"pgoverlay.runner.pool", "pgoverlay.runner.branch", "pgoverlay.runner.service.engine"}
+
+
+def loaded(args: list[str], env: dict[str, str] | None = None) -> set[str]:
+    """The modules a `pgoverlay` command had imported when it finished (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stderr.rsplit("MODULES ", 1)[1]
+    return set(json.loads(line))
+
+
+def tops(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["branch", "create", "--help"],
+        ["seed", "--help"],
+        ["pool", "init", "--help"],
+        ["demo", "--help"],
+        ["action", "run", "--help"],
+        ["webhook", "serve", "--help"],
+        ["service", "--help"],
+    ],
+)
+def test_help_imports_neither_the_engine_nor_pydantic_nor_rich(args: list[str]) -> None:
+    modules = loaded(args)
+    assert not tops(modules) & (HEAVY | {"pydantic", "rich"})
+    assert not modules & ENGINE
+
+
+def test_help_still_names_every_command_and_option() -> None:
+    """Registering a command imports nothing of it, yet its help is the whole of it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pgoverlay", "branch", "create", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for option in ("--base", "--ttl", "--runtime", "--json", "{auto,local,docker}"):
+        assert option in done.stdout
+    top = subprocess.run(
+        [sys.executable, "-m", "pgoverlay", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for group in ("pool", "doctor", "seed", "branch", "service", "gc", "demo", "action"):
+        assert group in top
+
+
+@pytest.mark.parametrize(
+    "args", [["branch", "list"], ["branch", "list", "--json"], ["seed", "list", "--json"]]
+)
+def test_the_read_only_views_import_no_server_client_web_or_docker_library(
+    args: list[str], env: dict[str, str], base: BaseVersion
+) -> None:
+    require_root()
+    assert not tops(loaded(args, env)) & HEAVY
+
+
+def test_the_actions_entry_point_imports_no_web_framework_docker_github_or_psycopg() -> None:
+    """PyGithub comes with the first comment, psycopg with the first migration."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys, pgoverlay.action.main; print(json.dumps(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not tops(set(json.loads(done.stdout))) & (HEAVY - {"sqlparse"})
