@@ -243,6 +243,8 @@ def _claim_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 def _check_listening(pool: Pool, branch: Branch) -> None:
     """A warm branch answers on its TCP port and refuses its role any password there: what
     a claim relies on, checked before the branch counts as warm."""
+    import psycopg
+
     kwargs = {**connection(pool, branch).connect_kwargs(), "password": secrets.token_hex(8)}
     try:
         with psycopg.connect(**kwargs, connect_timeout=10):
