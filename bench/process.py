@@ -141,6 +141,17 @@ class Bench:
         (copy / "postmaster.pid").unlink(missing_ok=True)
         return copy, sockets, owner.pw_uid
 
+    def supports_warm(self) -> bool:
+        """Whether the checkout measured keeps warm branches (`seed warm`)."""
+        found = subprocess.run(
+            [os.fspath(self.bin / "pgoverlay"), "seed", "--help"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return "--count" in found.stdout
+
     # -- rounds -----------------------------------------------------------------------------
     def rounds(self, runs: int) -> dict[str, list[float]]:
         from pgoverlay.runner.postgres import binaries as pgbin
@@ -155,6 +166,9 @@ class Bench:
         found: dict[str, list[float]] = {name: [] for name in READ_ONLY}
         found |= {"create": [], "destroy": [], "create+destroy": [], "pg_ctl": []}
         found |= {"pg_ctl start": [], "pg_ctl stop": []}
+        warm = self.supports_warm()
+        if warm:
+            found |= {"create (warm)": [], "destroy (warm)": []}
 
         def pgoverlay_pair() -> None:
             created = self.cli("branch", "create", "procbench-x")
@@ -162,6 +176,16 @@ class Bench:
             found["create"].append(created)
             found["destroy"].append(destroyed)
             found["create+destroy"].append(created + destroyed)
+
+        def warm_pair() -> None:
+            """Create claiming a warm branch: one is started (untimed) before each create, and
+            none is kept after, so the cold pair never finds one."""
+            self.cli("seed", "warm", BASE, "--count", "1")
+            created = self.cli("branch", "create", "procbench-w")
+            destroyed = self.cli("branch", "destroy", "procbench-w")
+            self.cli("seed", "warm", BASE, "--count", "0")
+            found["create (warm)"].append(created)
+            found["destroy (warm)"].append(destroyed)
 
         def pg_ctl_pair() -> None:
             log = os.fspath(sockets / "log")
@@ -179,7 +203,8 @@ class Bench:
                 for name, args in READ_ONLY.items():
                     found[name].append(self.cli(*args))
                 pair: list[Callable[[], None]] = [pgoverlay_pair, pg_ctl_pair]
-                for step in pair if i % 2 == 0 else reversed(pair):
+                pair += [warm_pair] if warm else []
+                for step in pair[i % len(pair) :] + pair[: i % len(pair)]:
                     step()
         finally:
             shutil.rmtree(copy, ignore_errors=True)
@@ -431,6 +456,14 @@ def table(rows: dict[str, dict[str, float]], base: dict[str, dict[str, float]] |
     return "\n".join(lines)
 
 
+def warm_line(cli: dict[str, list[float]]) -> str:
+    if not cli.get("create (warm)"):
+        return ""
+    warm = statistics.median(cli["create (warm)"])
+    start = statistics.median(cli["pg_ctl start"])
+    return f"; `create (warm)` is {warm / start:.2f}x `pg_ctl start` alone"
+
+
 def render(result: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     cli = result["cli"]
     ratio = statistics.median(cli["create+destroy"]) / statistics.median(cli["pg_ctl"])
@@ -445,12 +478,13 @@ around `subprocess.run`; hyperfine is not installed), as root on a prepared pool
 (`seed --demo --scale 1`) and one branch, `PGOVERLAY_RUNTIME=local`. `create+destroy` is
 `pgoverlay branch create` then `pgoverlay branch destroy`, two processes; `pg_ctl` is
 `pg_ctl start -w` then `pg_ctl stop -m fast` of a plain copy of the same base on the same disk,
-the two alternating which goes first.
+the three taking turns at going first; `create (warm)` claims a warm branch (`seed warm
+--count 1`, untimed, before each), where the checkout has them.
 Run {result["date"]} ({result["checkout_label"]}{before}):
 
 {table({k: quantiles(v) for k, v in cli.items()}, base_cli)}
 
-`create+destroy` is {ratio:.2f}x `pg_ctl` (medians).
+`create+destroy` is {ratio:.2f}x `pg_ctl` (medians){warm_line(cli)}.
 
 The Action step under `act` (the e2e test's workflow, the fake GitHub API, warm tool cache;
 `opened` creates the branch, applies one migration and writes the comment, `closed` destroys
