@@ -7,8 +7,9 @@ For each size a pgbench database is built once (cached in the work dir, as bench
 does). Each round then runs, in an order that rotates from round to round, with the page cache
 dropped before each (and the programs' files read back in): a plain `pg_basebackup -Fp -X
 stream -c fast` of the same server into the pool's filesystem, `pgoverlay seed` as a process,
-and `seed.seed` as a function (whose laps give the step breakdown). Every copy and base is removed, untimed, after it is measured. The Markdown
-report replaces the section between the seed markers in docs/benchmarks.md. A measurement
+and `seed.seed` as a function (whose laps give the step breakdown). Every copy and base is
+removed, untimed, after it is measured. The Markdown report replaces the section between the
+seed markers in docs/benchmarks.md. A measurement
 script: it asserts nothing about timings.
 """
 
