@@ -381,6 +381,57 @@ class WalBench(Bench):
             self.work.rmdir()
 
 
+SYNC_KINDS = {
+    "prezeroed": "a file written with zeros first (a new segment, wal_init_zero=on)",
+    "sparse": "a sparse file (a new segment, wal_init_zero=off)",
+    "clone": "a reflink clone of a zeroed file (the base's segment, copied up)",
+}
+
+
+def sync_rate(directory: Path, kind: str, *, writes: int = 1000) -> float:
+    """fdatasync()s per second of 8 KiB writes, each followed by fdatasync, into a 16 MiB file
+    of ``kind`` on ``directory``'s filesystem: how a commit meets the WAL file it writes."""
+    path, src = directory / kind, directory / f"{kind}.src"
+    for stale in (path, src):
+        stale.unlink(missing_ok=True)
+    zeros = bytes(16 * MiB)
+    if kind == "sparse":
+        with open(path, "wb") as f:
+            f.truncate(len(zeros))
+    else:
+        with open(src if kind == "clone" else path, "wb") as f:
+            f.write(zeros)
+            os.fsync(f.fileno())
+        if kind == "clone":
+            subprocess.run(["cp", "--reflink=always", src, path], check=True)
+    os.sync()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        start, page = now(), b"x" * 8192
+        for i in range(writes):
+            os.pwrite(fd, page, i * len(page) % len(zeros))
+            os.fdatasync(fd)
+        return writes / (now() - start)
+    finally:
+        os.close(fd)
+        for done in (path, src):
+            done.unlink(missing_ok=True)
+
+
+def sync_rates(directory: Path, rounds: int) -> dict[str, list[float]]:
+    """sync_rate for every kind, the kinds taking turns."""
+    directory.mkdir(exist_ok=True)
+    rates: dict[str, list[float]] = {k: [] for k in SYNC_KINDS}
+    try:
+        for r in range(rounds):
+            kinds = list(SYNC_KINDS)
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                rates[kind].append(sync_rate(directory, kind))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return rates
+
+
 def configs_for(gib: float, large: set[int]) -> list[WalConfig]:
     """The configurations a size tries: above 2 GiB only those whose base segment size is in
     ``large`` (every segment size is a full copy of the database in the pool)."""
@@ -487,6 +538,23 @@ def render_size(res: SizeResults, cycles: int, rounds: int, duration: int, clien
     return "\n".join(lines)
 
 
+def render_sync(rates: dict[str, list[float]]) -> str:
+    """Part 0's table: what a commit's fdatasync costs in each kind of WAL file."""
+    lines = [
+        "### A commit's fdatasync, by the kind of file it writes",
+        "",
+        "8 KiB writes, each followed by `fdatasync`, into a 16 MiB file on the pool's "
+        f"filesystem; {len(next(iter(rates.values())))} rounds of 1,000, the kinds in turns "
+        "(median, range).",
+        "",
+        "| file | fdatasync per second |",
+        "|---|---|",
+    ]
+    for kind, label in SYNC_KINDS.items():
+        lines.append(f"| {label} | {spread(rates[kind], lambda v: f'{v:.0f}')} |")
+    return "\n".join(lines)
+
+
 def render(results: list[SizeResults], args: argparse.Namespace, ctx: dict[str, str]) -> str:
     cycles, rounds, duration, clients = args.cycles, args.rounds, args.duration, args.clients
     parts = [
@@ -512,6 +580,7 @@ def render(results: list[SizeResults], args: argparse.Namespace, ctx: dict[str, 
         "on a fresh overlay per run and copies each relation up on its first write.",
         "",
     ]
+    parts += [ctx["sync"], ""]
     for res in results:
         parts += [render_size(res, cycles, rounds, duration, clients), ""]
     parts += [ctx["machine"], END]
@@ -553,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench.open_pool()
         bench.sweep()
+        assert bench.pool is not None
+        rates = sync_rates(bench.pool.root / "bench-sync", rounds=5)
+        console.log({k: round(median(v)) for k, v in rates.items()})
         for res in results:
             bench.run_size(res, args.cycles, args.rounds, configs_for(res.run.gib, large))
             bench.sweep()
@@ -566,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             "shared_buffers": bench.settings.shared_buffers,
             "work_fs": poolmod.fs_type(bench.work),
             "machine": machine_line(bench.install.major, load),
+            "sync": render_sync(rates),
         }
         write_report(render(results, args, ctx), start=START, end=END)
         for res in results:
