@@ -163,15 +163,25 @@ def usage(pid: int) -> Usage | None:
 
 
 def is_running(info: PidFile) -> bool:
-    """True only if ``info.pid`` is alive, is a postgres, and started when the file says."""
+    """True only if ``info.pid`` is alive, is a postgres, and is the server the file names:
+    it started when the file says, or (the wall clock having been stepped since, as on a
+    virtual machine whose clock is corrected: the file holds the wall clock at its start, /proc
+    the boot clock) it works in the file's data directory, where a postmaster changes to."""
     started = process_start_epoch(info.pid)
-    if started is None or abs(started - info.start_epoch) > 2:
+    if started is None:
         return False
     try:
         cmd = Path(f"/proc/{info.pid}/cmdline").read_bytes().split(b"\0")[0]
     except FileNotFoundError:
         return False
-    return cmd.endswith((b"postgres", b"postmaster"))
+    if not cmd.endswith((b"postgres", b"postmaster")):
+        return False
+    if abs(started - info.start_epoch) <= 2:
+        return True
+    try:
+        return bool(info.datadir) and os.readlink(f"/proc/{info.pid}/cwd") == info.datadir
+    except OSError:
+        return False
 
 
 def start(
