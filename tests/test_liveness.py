@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.local import LocalRuntime
@@ -49,3 +51,22 @@ def test_a_local_branch_whose_binaries_are_gone_is_still_seen_running(
     finally:
         pool.settings.pg_bindir = previous
         branch.destroy(pool, "live-nobin")
+
+
+def test_a_server_is_running_though_the_clock_was_stepped_since_it_started(
+    pool: Pool, base: BaseVersion
+) -> None:
+    """The pid file holds the wall clock at the server's start and /proc the boot clock: after
+    the wall clock is stepped, the server is told by its working directory, and a pid file
+    naming another data directory is still refused."""
+    made = branch.create(pool, "stepped-clock")
+    try:
+        pidfile = branch.layout(pool, made.key).upper / "postmaster.pid"
+        info = postmaster.read_pidfile(pidfile)
+        assert info is not None and postmaster.is_running(info)
+        stepped = dataclasses.replace(info, start_epoch=info.start_epoch - 90)
+        assert postmaster.is_running(stepped)
+        elsewhere = dataclasses.replace(stepped, datadir=info.datadir + "-other")
+        assert not postmaster.is_running(elsewhere)
+    finally:
+        branch.destroy(pool, "stepped-clock")
