@@ -133,13 +133,12 @@ class WarmBench(Bench):
 
     def idle_cost(self, run: SizeRun) -> None:
         """Start ``idle`` warm branches of the base, let them settle, then measure each one's
-        memory and their CPU over a minute, and the host's available memory before and after."""
+        memory and their CPU over a minute. (The host's available memory is no measure on a
+        shared machine: other work's use swings by more than a warm branch takes.)"""
         base = f"bench-{run.key}"
         self.keep_warm(base, 0)
-        before = mem_available()
         self.keep_warm(base, self.idle)
         time.sleep(10)  # let start-up work (checkpointer, autovacuum launcher) settle
-        after = mem_available()
         ready = warm.warm_branches(self.p)
         first = [warm.usage(self.p, b) for b in ready]
         time.sleep(60)
@@ -156,7 +155,6 @@ class WarmBench(Bench):
             "processes": statistics.median([u.processes for u in second if u is not None]),
             "pss_each": statistics.median(pss),
             "pss_all": sum(pss),
-            "available_drop": before - after,
             "cpu_each": statistics.median(cpu),
         }
         self.keep_warm(base, 0)
@@ -167,13 +165,6 @@ class WarmBench(Bench):
                 self.pool.registry.set_warm_target(target.base_name, target.runtime, 0)
             warm.replenish(self.pool, start=False)
         super().sweep()
-
-
-def mem_available() -> int:
-    for row in Path("/proc/meminfo").read_text().splitlines():
-        if row.startswith("MemAvailable:"):
-            return int(row.split()[1]) * 1024
-    return 0
 
 
 def ms(values: list[float], q: float = 0.5) -> str:
@@ -220,9 +211,8 @@ def render(bench: WarmBench, argv: list[str], started: dt.datetime, load: float)
             f"Idle cost: {m['count']} warm branches of the {m['size']} base, measured 10 s after "
             f"they started, CPU over the next minute. Each runs {m['processes']:.0f} processes "
             f"and takes {format_bytes(int(m['pss_each']))} of memory (proportional set size, "
-            f"median; {format_bytes(int(m['pss_all']))} for all); the host's available memory "
-            f"fell by {format_bytes(int(m['available_drop']))}; CPU {m['cpu_each'] * 100:.2f} % "
-            "of a core each.",
+            f"median; {format_bytes(int(m['pss_all']))} for all); CPU "
+            f"{m['cpu_each'] * 100:.2f} % of a core each.",
         ]
     lines += ["", machine_line(bench.install.major, load), END, ""]
     return "\n".join(lines)
