@@ -39,9 +39,10 @@ from engine_report import Sample, SizeRun, machine_line, remove_pool, write_repo
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.branch import conf as branchconf
-from pgoverlay.runner.branch.sizes import LayerSize, format_bytes
+from pgoverlay.runner.branch.sizes import LayerSize
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- wal:start -->", "<!-- wal:end -->"
 PORTS = (56300, 56399)

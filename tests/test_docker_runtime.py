@@ -15,6 +15,7 @@ from pgoverlay.runner import branch, doctor
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.runtime import docker as docker_runtime
+from pgoverlay.runner.runtime.choose import choose
 
 
 @pytest.fixture
@@ -126,19 +127,23 @@ def test_an_image_of_another_major_is_refused_before_anything_starts(
     assert_no_leaks(pool, "dock-mismatch")
 
 
-def test_auto_falls_back_to_local_when_the_image_cannot_be_had(
+def test_auto_runs_locally_without_pulling_when_the_image_is_not_here(
     pool: Pool, base: BaseVersion, client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """With the base's binaries on the host and no image, `auto` runs the branch locally and
+    says why, without trying (and, offline, failing) to pull the image at every command."""
     previous = (pool.settings.runtime, pool.settings.docker_image)
     pool.settings.runtime = "auto"
     pool.settings.docker_image = "pgoverlay-local/no-such-image:{major}"
     try:
+        choice = choose(pool.settings, "branch", major=base.pg_major or 0)
         b = branch.create(pool, "dock-fallback")
     finally:
         pool.settings.runtime, pool.settings.docker_image = previous
     try:
-        assert b.runtime == "local"
-        assert "no-such-image" in caplog.text and "using the local runtime" in caplog.text
+        assert b.runtime == "local" and choice.name == "local"
+        assert "no-such-image" in choice.reason and "not on this host" in choice.reason
+        assert "using the local runtime" not in caplog.text  # no pull was tried
     finally:
         branch.destroy(pool, "dock-fallback")
 
