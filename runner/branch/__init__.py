@@ -190,54 +190,55 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
         )
 
 
-def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    """A warm branch's login role has no password at all until it is claimed: nobody can log
-    in to it, whatever the base was prepared with."""
+def _role_password(
+    pool: Pool, base: BaseVersion, branch: Branch, password: str | None, *, what: str, fix: str
+) -> None:
+    """Give the branch's login role ``password`` (None: none at all) and its rights, in one
+    statement on the engine's connection."""
     from pgoverlay.runner.postgres import sqlerror
     from pgoverlay.runner.seed import roles
 
     with (
-        sqlerror.wrapped(
-            BranchStartError,
-            what=f"warm branch {branch.name} started but its login role {branch.user} could "
-            "not be locked",
-            fix="it is undone; the base's superuser must be able to log in over the branch's "
-            "socket (seed the base again)",
-        ),
+        sqlerror.wrapped(BranchStartError, what=what, fix=fix),
         _engine_connection(pool, branch, base) as conn,
     ):
         roles.set_password(
             conn,
             user=branch.user,
-            password=None,
+            password=password,
             superuser=pool.settings.branch_superuser,
             createrole=pool.settings.branch_createrole,
         )
+
+
+def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    """A warm branch's login role has no password at all until it is claimed: nobody can log
+    in to it, whatever the base was prepared with."""
+    _role_password(
+        pool,
+        base,
+        branch,
+        None,
+        what=f"warm branch {branch.name} started but its login role {branch.user} could not "
+        "be locked",
+        fix="it is undone; the base's superuser must be able to log in over the branch's "
+        "socket (seed the base again)",
+    )
     _check_listening(pool, branch)
 
 
 def _claim_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    """A claimed warm branch's password: one statement on the engine's connection."""
-    from pgoverlay.runner.postgres import sqlerror
-    from pgoverlay.runner.seed import roles
-
-    with (
-        sqlerror.wrapped(
-            BranchStartError,
-            what=f"warm branch {branch.slot} was claimed as {branch.name} but its login role "
-            f"{branch.user} could not be given the branch's password",
-            fix="it is undone and the branch created cold; if warm claims keep failing, "
-            f"retire the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
-        ),
-        _engine_connection(pool, branch, base) as conn,
-    ):
-        roles.set_password(
-            conn,
-            user=branch.user,
-            password=branch.password,
-            superuser=pool.settings.branch_superuser,
-            createrole=pool.settings.branch_createrole,
-        )
+    """A claimed warm branch's password."""
+    _role_password(
+        pool,
+        base,
+        branch,
+        branch.password,
+        what=f"warm branch {branch.slot} was claimed as {branch.name} but its login role "
+        f"{branch.user} could not be given the branch's password",
+        fix="it is undone and the branch created cold; if warm claims keep failing, retire "
+        f"the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
+    )
 
 
 def _check_listening(pool: Pool, branch: Branch) -> None:
