@@ -34,7 +34,7 @@ from pgoverlay.runner.branch.login import Connection
 if TYPE_CHECKING:
     import psycopg
 
-# The schema itself is made by the engine when it creates the branch (runner/seed/roles.py), so
+# The schema itself is made by the engine when it creates the branch (runner/postgres/roles.py), so
 # the ledger works whoever owns the database.
 LEDGER = """
 CREATE TABLE IF NOT EXISTS pgoverlay_ledger.migrations (

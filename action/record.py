@@ -17,7 +17,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report, RunStatus
-from pgoverlay.runner.service.models import MAX_RECORD_BYTES, BranchView, Record
+from pgoverlay.runner.service.models import MAX_RECORD_BYTES
+from pgoverlay.runner.service.views import BranchView, Record
 
 log = logging.getLogger(__name__)
 

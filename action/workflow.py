@@ -36,12 +36,8 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.service.models import (
-    BaseView,
-    BranchView,
-    CreateRequest,
-    RecordRequest,
-)
+from pgoverlay.runner.service.models import CreateRequest, RecordRequest
+from pgoverlay.runner.service.views import BaseView, BranchView
 from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:

@@ -32,6 +32,17 @@ class ConfigError(PgoverlayError):
     exit_code = 2
 
 
+class SettingError(ConfigError):
+    """A runner setting (``PGOVERLAY_*``, the admin's file, or a keyword to ``Settings``) has a
+    value of the wrong kind or out of range; the message names the variable and what it must
+    be. ``name`` is the setting's field, empty for a problem of several (an empty port range)."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        where = f" PGOVERLAY_{name.upper()}" if name else ""
+        super().__init__(f"bad setting{where}: {problem}")
+        self.name = name
+
+
 class UnsafeFileError(ConfigError):
     """A file read with privileges is not a regular file, is too big, or leads out of the
     folder it must stay in (a password file, a pull request's migration file)."""

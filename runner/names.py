@@ -1,10 +1,10 @@
-"""Pure checks on user input: names and durations."""
+"""Pure checks on user input: names and durations, and the role names a pg_hba.conf holds."""
 
 from __future__ import annotations
 
 import re
 
-from pgoverlay.errors import ConfigError, InvalidNameError
+from pgoverlay.errors import ConfigError, InvalidNameError, SeedError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)$")
@@ -40,3 +40,15 @@ def parse_duration(text: str) -> int:
             "(e.g. 90m, 7d)"
         )
     return int(seconds)
+
+
+_BAD_HBA_CHARACTERS = ('"', "\n", "\r", "\0")
+
+
+def check_hba_name(role: str) -> None:
+    """A role name must be writable as a quoted pg_hba.conf token."""
+    if not role or any(c in role for c in _BAD_HBA_CHARACTERS):
+        raise SeedError(
+            f"role {role!r} cannot be named in a branch's pg_hba.conf (it has a double quote "
+            "or a line break): rename it in the source and seed again"
+        )

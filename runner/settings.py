@@ -1,21 +1,23 @@
 """The one settings object, loaded at the edge (CLI, Action, webhook) and passed in.
 
-``Settings`` reads ``PGOVERLAY_*`` itself (as pydantic-settings' ``BaseSettings`` would: a
+``Settings`` reads ``PGOVERLAY_*`` itself, as pydantic-settings' ``BaseSettings`` would: a
 keyword given wins over the environment, which wins over the admin's file, which wins over the
-default): importing pydantic-settings costs every command more than the rest of its start-up.
+default. It is a plain dataclass that converts and checks its own fields, because every command
+builds one: importing pydantic and building a model of these fields cost each command more
+than the rest of its start-up (see docs/benchmarks.md, "process").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from pgoverlay.errors import config_error, dotted
+from pgoverlay.errors import SettingError
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +37,111 @@ def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict
     return found
 
 
-class Settings(BaseModel):
-    """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment."""
+def variable(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()}"
 
-    model_config = ConfigDict(extra="ignore")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _environment(cls, given: Any) -> Any:
-        """Fields not given as keywords come from ``PGOVERLAY_*``."""
-        if not isinstance(given, dict):
-            return given
-        return {**from_environment(os.environ, set(cls.model_fields)), **given}
+def _bounded(ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
+    """Field metadata: the bounds a number must keep."""
+    return {"ge": ge, "le": le, "gt": gt}
+
+
+_TRUE = {"1", "true", "t", "yes", "y", "on"}
+_FALSE = {"0", "false", "f", "no", "n", "off"}
+
+
+def _to_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("should be true or false (also accepted: 1/0, yes/no, on/off)")
+
+
+def _to_int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError("should be a whole number") from None
+
+
+def _to_float(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise ValueError("should be a number (seconds)") from None
+
+
+def _to_path(value: object) -> Path:
+    if isinstance(value, Path):
+        return value
+    if isinstance(value, str) and value.strip():
+        return Path(value.strip())
+    raise ValueError("should be a path")
+
+
+def _to_str(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError("should be text")
+
+
+_CONVERT: dict[Any, Callable[[object], Any]] = {
+    bool: _to_bool,
+    int: _to_int,
+    float: _to_float,
+    Path: _to_path,
+    str: _to_str,
+}
+
+
+def _converter(kind: Any) -> Callable[[object], Any]:
+    """How to turn a given value (a keyword's, or an environment variable's text) into a
+    field's type: ``X | None`` takes None or an empty text as None; a Literal, one of its
+    values."""
+    options = get_args(kind)
+    if type(None) in options:
+        (inner,) = (option for option in options if option is not type(None))
+        convert = _converter(inner)
+
+        def optional(value: object) -> Any:
+            if value is None or (isinstance(value, str) and not value.strip()):
+                return None
+            return convert(value)
+
+        return optional
+    if getattr(kind, "__origin__", None) is Literal:
+
+        def one_of(value: object) -> Any:
+            text = str(value).strip().lower() if isinstance(value, str) else value
+            if text not in options:
+                raise ValueError("should be one of " + ", ".join(map(str, options)))
+            return text
+
+        return one_of
+    return _CONVERT[kind]
+
+
+@dataclass(init=False)
+class Settings:
+    """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment.
+
+    ``Settings(**given)`` takes each field from ``given``, else from ``PGOVERLAY_*``, else its
+    default, converts it to its type and checks it (``SettingError`` names the variable);
+    ``dataclasses.replace`` copies one with some fields changed."""
 
     home: Path = Path("/var/lib/pgoverlay")
     os_user: str = "postgres"
     pg_bindir: Path | None = None
-    port_min: int = Field(default=55432, ge=1024, le=65535)
-    port_max: int = Field(default=55631, ge=1024, le=65535)
+    port_min: int = field(default=55432, metadata=_bounded(ge=1024, le=65535))
+    port_max: int = field(default=55631, metadata=_bounded(ge=1024, le=65535))
     listen_address: str = "127.0.0.1"
     advertise_host: str | None = None
     branch_user: str = "pgoverlay"
@@ -61,7 +150,7 @@ class Settings(BaseModel):
     # it creates). Never on 15 or older, where CREATEROLE may grant itself a shell.
     branch_createrole: bool = False
     shared_buffers: str = "32MB"
-    max_connections: int = Field(default=30, ge=5)
+    max_connections: int = field(default=30, metadata=_bounded(ge=5))
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
     # WAL kept for recycling after a checkpoint (with wal_recycle on); a branch gets at least
@@ -71,7 +160,7 @@ class Settings(BaseModel):
     # reflink pool a branch's first write copies the base's current segment up as a clone,
     # which costs no space whatever its size, and 16 writes faster than 1 (fewer segment
     # switches, each with its fsyncs; see docs/benchmarks.md, "wal").
-    wal_segsize_mb: int = Field(default=16, ge=1, le=1024)
+    wal_segsize_mb: int = field(default=16, metadata=_bounded(ge=1, le=1024))
     # A new segment is a new file in the branch's layer, not a clone: filling it with zeros
     # first (Postgres's default) makes every commit's fdatasync an overwrite rather than an
     # allocation, about twice as fast on XFS. A finished segment is removed rather than
@@ -92,55 +181,68 @@ class Settings(BaseModel):
     # of that major with `postgres` on its PATH works (the official one, PostGIS, pgvector).
     docker_image: str = "postgres:{major}"
     docker_shm_size: str = "256m"
-    start_timeout: float = Field(default=60.0, gt=0)
-    stop_timeout: float = Field(default=30.0, gt=0)
-    command_timeout: float = Field(default=3600.0, gt=0)
-    lock_timeout: float = Field(default=120.0, gt=0)
+    start_timeout: float = field(default=60.0, metadata=_bounded(gt=0))
+    stop_timeout: float = field(default=30.0, metadata=_bounded(gt=0))
+    command_timeout: float = field(default=3600.0, metadata=_bounded(gt=0))
+    lock_timeout: float = field(default=120.0, metadata=_bounded(gt=0))
     # The engine service (`pgoverlay service`): its socket is root's and this group's (0660);
     # members of the group (the runner's user, the webhook listener's user) may ask it for
     # branches. Its limits hold for every caller but root's own CLI.
     service_group: str = "pgoverlay"
-    max_branches: int = Field(default=50, ge=1)
-    max_branches_per_repository: int = Field(default=10, ge=1)
+    max_branches: int = field(default=50, metadata=_bounded(ge=1))
+    max_branches_per_repository: int = field(default=10, metadata=_bounded(ge=1))
     # `pool init` starts the service when it is not answering and systemd does not run it
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
-    service_gc_interval: float = Field(default=300.0, ge=0)
+    service_gc_interval: float = field(default=300.0, metadata=_bounded(ge=0))
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
-    @field_validator("wal_segsize_mb")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
-            raise ValueError("wal_segsize_mb must be a power of two between 1 and 1024")
-        return value
+    def __init__(self, **given: object) -> None:
+        unknown = sorted(given.keys() - _FIELDS.keys())
+        if unknown:
+            raise TypeError(f"Settings has no field {', '.join(unknown)}")
+        values = {**from_environment(os.environ, set(_FIELDS)), **given}
+        for name, spec in _FIELDS.items():
+            if name in values:
+                value = _check(name, spec, values[name])
+            elif spec.default_factory is not dataclasses.MISSING:
+                value = spec.default_factory()
+            else:
+                value = spec.default
+            object.__setattr__(self, name, value)
+        self._whole()
 
-    @field_validator("branch_user")
-    @classmethod
-    def _plain_role_name(cls, value: str) -> str:
-        if not value.replace("_", "").isalnum() or not value[0].isalpha():
-            raise ValueError(
-                "branch_user must be letters, digits and underscores, starting with a letter"
+    def _whole(self) -> None:
+        """What no one field can check."""
+        if self.wal_segsize_mb & (self.wal_segsize_mb - 1):
+            raise SettingError("wal_segsize_mb", "must be a power of two between 1 and 1024 (MiB)")
+        user = self.branch_user
+        if not user or not user.replace("_", "").isalnum() or not user[0].isalpha():
+            raise SettingError(
+                "branch_user",
+                "must be letters, digits and underscores, starting with a letter",
             )
-        return value
-
-    @model_validator(mode="after")
-    def _port_range(self) -> Settings:
         if self.port_min > self.port_max:
-            raise ValueError(
-                f"port range is empty: PGOVERLAY_PORT_MIN={self.port_min} is above "
-                f"PGOVERLAY_PORT_MAX={self.port_max}"
+            raise SettingError(
+                "",
+                f"port range is empty: {variable('port_min')}={self.port_min} is above "
+                f"{variable('port_max')}={self.port_max}",
             )
-        return self
-
-    @model_validator(mode="after")
-    def _ssl_pair(self) -> Settings:
         if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
-            raise ValueError(
-                "set both PGOVERLAY_SSL_CERT_FILE and PGOVERLAY_SSL_KEY_FILE for SSL, or neither"
+            raise SettingError(
+                "",
+                f"set both {variable('ssl_cert_file')} and {variable('ssl_key_file')} for SSL, "
+                "or neither",
             )
-        return self
+
+    def changed(self) -> dict[str, object]:
+        """The fields whose value is not their default."""
+        return {
+            name: getattr(self, name)
+            for name, spec in _FIELDS.items()
+            if getattr(self, name) != spec.default
+        }
 
     def image_for(self, major: int) -> str:
         return self.docker_image.replace("{major}", str(major))
@@ -155,13 +257,35 @@ class Settings(BaseModel):
         return self.listen_address.split(",")[0].strip()
 
 
+_FIELDS = {spec.name: spec for spec in dataclasses.fields(Settings)}
+_TYPES = get_type_hints(Settings)
+
+
+def _check(name: str, spec: dataclasses.Field[Any], raw: object) -> object:
+    """``raw`` as field ``name``'s type, within its bounds; a SettingError says why not."""
+    try:
+        value: Any = _converter(_TYPES[name])(raw)
+    except ValueError as exc:
+        raise SettingError(name, str(exc)) from None
+    bounds = spec.metadata
+    if value is not None and bounds:
+        if bounds.get("ge") is not None and value < bounds["ge"]:
+            raise SettingError(name, f"should be at least {bounds['ge']}")
+        if bounds.get("le") is not None and value > bounds["le"]:
+            raise SettingError(name, f"should be at most {bounds['le']}")
+        if bounds.get("gt") is not None and value <= bounds["gt"]:
+            raise SettingError(name, f"should be more than {bounds['gt']}")
+    return value
+
+
 ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")
 
 
 def load() -> Settings:
     """The settings for this process: PGOVERLAY_* variables over the administrator's
     /etc/pgoverlay/pgoverlay.env (when this user may read it; it holds no secrets, and a
-    workflow's user needs it to find the engine service). A ConfigError names a bad one."""
+    workflow's user needs it to find the engine service). A SettingError (a ConfigError) names a bad
+    one."""
     env_file = None
     try:
         with open(ADMIN_ENV_FILE, "rb"):
@@ -178,14 +302,5 @@ def load() -> Settings:
     if env_file is not None:
         from dotenv import dotenv_values  # what pydantic-settings reads env files with
 
-        from_file = from_environment(dotenv_values(env_file), set(Settings.model_fields))
-    try:
-        return Settings.model_validate(
-            {**from_file, **from_environment(os.environ, set(Settings.model_fields))}
-        )
-    except ValidationError as exc:
-        raise config_error(
-            exc,
-            what="bad setting",
-            where=lambda loc: f"PGOVERLAY_{dotted(loc).upper()}" if loc else "",
-        ) from None
+        from_file = from_environment(dotenv_values(env_file), set(_FIELDS))
+    return Settings(**{**from_file, **from_environment(os.environ, set(_FIELDS))})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -153,7 +154,7 @@ def service(pool: Pool) -> Iterator[Path]:
     from pgoverlay.runner.service import serve
 
     # No periodic gc: tests leave half-made branches on purpose and call gc themselves.
-    settings = pool.settings.model_copy(update={"service_gc_interval": 0})
+    settings = dataclasses.replace(pool.settings, service_gc_interval=0)
     serve.start(settings)
     yield serve.socket_path(settings)
     serve.stop(settings)

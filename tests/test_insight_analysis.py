@@ -28,13 +28,7 @@ from pgoverlay.action.insight.model import (
     Volume,
 )
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.service.models import (
-    Layer,
-    LockSpan,
-    LogEntry,
-    RelationState,
-    TraceMark,
-)
+from pgoverlay.runner.service.views import Layer, LockSpan, LogEntry, RelationState, TraceMark
 
 T0 = 1_700_000_000.0
 PID = 4242

@@ -9,7 +9,8 @@ from typing import Any
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.errors import TraceError
-from pgoverlay.runner.service.models import Layer, TraceMark, TraceRequest
+from pgoverlay.runner.service.models import TraceRequest
+from pgoverlay.runner.service.views import Layer, TraceMark
 
 
 def mark() -> TraceMark:

@@ -17,7 +17,7 @@ from pgoverlay.action import record
 from pgoverlay.action.report import MigrationRun, Report
 from pgoverlay.runner.pool.registry import Branch, Record, Registry
 from pgoverlay.runner.service.models import MAX_RECORD_BYTES, RecordRequest
-from pgoverlay.runner.service.models import Record as RecordView
+from pgoverlay.runner.service.views import Record as RecordView
 
 HEAD = "c" * 40
 

@@ -37,6 +37,7 @@ def ask(user: str, code: str, *, groups: tuple[str, ...] = ("pgoverlay",)) -> di
     body = "\n".join(
         [
             "import json",
+            "from dataclasses import asdict, is_dataclass",
             "from pathlib import Path",
             "from pgoverlay.errors import PgoverlayError",
             "from pgoverlay.runner.service.client import RemoteEngine",
@@ -47,7 +48,7 @@ def ask(user: str, code: str, *, groups: tuple[str, ...] = ("pgoverlay",)) -> di
             "except PgoverlayError as err:",
             '    result = {"error": type(err).__name__, "message": str(err), '
             '"exit": err.exit_code}',
-            "print(json.dumps(result))",
+            "print(json.dumps(asdict(result) if is_dataclass(result) else result))",
         ]
     )
     done = as_user_call(user, groups, body)
@@ -92,7 +93,7 @@ def test_a_workflow_user_creates_logs_in_and_destroys(
         """
         b = engine.create(CreateRequest(name="svc-a", repository="acme/widgets", pr=7))
         c = engine.connection("svc-a")
-        result = {"view": b.model_dump(), "url": c.url}
+        result = {"view": asdict(b), "url": c.url}
         """,
     )
     assert "view" in created, created
@@ -108,20 +109,20 @@ def test_a_workflow_user_creates_logs_in_and_destroys(
     log = (pool.settings.home / "service.log").read_text()
     assert f"uid={runner_uid} " in log and "POST /v1/branches" in log
     assert row.password not in log
-    gone = ask(RUNNER, 'result = engine.destroy("svc-a").model_dump()')
+    gone = ask(RUNNER, 'result = engine.destroy("svc-a")')
     assert gone["destroyed"] is True and pool.registry.branch("svc-a") is None
 
 
 def test_another_user_may_look_but_not_touch(
     users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b")).model_dump()')
+    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b"))')
     seen = ask(OTHER, "result = [b.name for b in engine.branches()]")
     assert seen == ["svc-b"]  # type: ignore[comparison-overlap]
     for call in (
-        'result = engine.connection("svc-b").model_dump()',
-        'result = engine.destroy("svc-b").model_dump()',
-        'result = engine.reset("svc-b").model_dump()',
+        'result = engine.connection("svc-b")',
+        'result = engine.destroy("svc-b")',
+        'result = engine.reset("svc-b")',
         'result = engine.save_record("svc-b", RecordRequest(data="{}"))',
     ):
         answer = ask(OTHER, call)
@@ -139,17 +140,15 @@ def test_a_branch_of_another_repository_is_refused_and_freed_when_destroyed(
 ) -> None:
     ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="pr-31", repository="acme/widgets", pr=31))'
-        ".model_dump()",
+        'result = engine.create(CreateRequest(name="pr-31", repository="acme/widgets", pr=31))',
     )
-    refused = ask(RUNNER, 'result = engine.reset("pr-31", repository="other/gadgets").model_dump()')
+    refused = ask(RUNNER, 'result = engine.reset("pr-31", repository="other/gadgets")')
     assert refused["error"] == "BranchOwnedError" and "acme/widgets#31" in str(refused["message"])
     # Destroyed by hand: the name, and its record, are free for anyone.
     assert cli(["branch", "destroy", "pr-31"], env=env)
     again = ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="pr-31", repository="other/gadgets", pr=31))'
-        ".model_dump()",
+        'result = engine.create(CreateRequest(name="pr-31", repository="other/gadgets", pr=31))',
     )
     assert again["repository"] == "other/gadgets" and again["record"] is None
 
@@ -208,7 +207,7 @@ def test_per_repository_and_total_limits(
     assert "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY" in str(answer["message"])
     other = ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="lim-x", repository="acme/few", pr=1)).model_dump()',  # noqa: E501
+        'result = engine.create(CreateRequest(name="lim-x", repository="acme/few", pr=1))',  # noqa: E501
     )
     assert other["name"] == "lim-x"
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
 from helpers import require_root
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import ConfigError, SettingError
 from pgoverlay.runner import settings as settings_module
 from pgoverlay.runner.settings import Settings, load
 
@@ -67,10 +68,10 @@ def test_an_admin_file_this_user_cannot_read_is_skipped_with_a_warning(
 
 def test_bad_settings_are_refused_with_the_variable_named() -> None:
     with pytest.raises(
-        ValueError, match="PGOVERLAY_PORT_MIN=7000 is above PGOVERLAY_PORT_MAX=6000"
+        SettingError, match="PGOVERLAY_PORT_MIN=7000 is above PGOVERLAY_PORT_MAX=6000"
     ):
         Settings(port_min=7000, port_max=6000)
-    with pytest.raises(ValueError, match="power of two"):
+    with pytest.raises(SettingError, match="PGOVERLAY_WAL_SEGSIZE_MB: must be a power of two"):
         Settings(wal_segsize_mb=3)
 
 
@@ -81,10 +82,7 @@ def test_load_names_a_bad_variable_in_a_config_error(
     monkeypatch.setenv("PGOVERLAY_PORT_MIN", "many")
     with pytest.raises(ConfigError) as caught:
         load()
-    assert str(caught.value) == (
-        "bad setting PGOVERLAY_PORT_MIN: Input should be a valid integer, unable to parse string "
-        "as an integer"
-    )
+    assert str(caught.value) == ("bad setting PGOVERLAY_PORT_MIN: should be a whole number")
     monkeypatch.setenv("PGOVERLAY_PORT_MIN", "7000")
     monkeypatch.setenv("PGOVERLAY_PORT_MAX", "6000")
     with pytest.raises(ConfigError) as caught:
@@ -125,3 +123,46 @@ def test_the_webhooks_example_configuration_is_valid(monkeypatch: pytest.MonkeyP
     settings = WebhookSettings()
     assert settings.repositories, "the example configures at least one repository"
     assert {r.runtime for r in settings.repositories.values()} <= {"auto", "local", "docker"}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("PGOVERLAY_PORT_MAX", "70000", "should be at most 65535"),
+        ("PGOVERLAY_START_TIMEOUT", "0", "should be more than 0"),
+        ("PGOVERLAY_START_TIMEOUT", "soon", "should be a number (seconds)"),
+        ("PGOVERLAY_BRANCH_SUPERUSER", "maybe", "should be true or false"),
+        ("PGOVERLAY_RUNTIME", "kubernetes", "should be one of auto, local, docker"),
+        ("PGOVERLAY_BRANCH_USER", "1st", "must be letters, digits and underscores"),
+        ("PGOVERLAY_WAL_SEGSIZE_MB", "3", "must be a power of two"),
+    ],
+)
+def test_each_kind_of_bad_value_names_its_variable_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str, value: str, problem: str
+) -> None:
+    monkeypatch.setattr(settings_module, "ADMIN_ENV_FILE", tmp_path / "absent.env")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load()
+    assert str(caught.value).startswith(f"bad setting {variable}: {problem}")
+
+
+def test_values_from_text_become_their_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGOVERLAY_BRANCH_SUPERUSER", "Yes")
+    monkeypatch.setenv("PGOVERLAY_PG_BINDIR", "")
+    monkeypatch.setenv("PGOVERLAY_STOP_TIMEOUT", "2.5")
+    monkeypatch.setenv("PGOVERLAY_RUNTIME", "Local")
+    s = Settings(port_min="6000", port_max=6100)
+    assert (s.branch_superuser, s.pg_bindir, s.stop_timeout, s.runtime) == (
+        True,
+        None,
+        2.5,
+        "local",
+    )
+    assert (s.port_min, s.port_max) == (6000, 6100)
+    assert Settings(branch_superuser=False).branch_superuser is False  # a keyword wins
+    copy = dataclasses.replace(s, port_max=6200)
+    assert (copy.port_max, copy.branch_superuser, s.port_max) == (6200, True, 6100)
+    assert copy.changed()["port_max"] == 6200 and "home" not in copy.changed()
+    with pytest.raises(TypeError, match="no field colour"):
+        Settings(colour="blue")

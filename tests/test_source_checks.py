@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
-from pgoverlay.errors import SeedError
+from pgoverlay.errors import SeedError, SettingError
 from pgoverlay.runner.seed import baseconf, checks, tablespaces
 from pgoverlay.runner.seed.source import SET, SourceInfo, Tablespace
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import memory_bytes
 
 
 def test_each_overridden_setting_gets_one_line_saying_what_branches_run_with() -> None:
@@ -63,7 +63,7 @@ def test_ssl_warning_names_the_pools_certificate_when_one_is_configured(tmp_path
 
 
 def test_ssl_settings_need_both_certificate_and_key(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="PGOVERLAY_SSL_KEY_FILE"):
+    with pytest.raises(SettingError, match="PGOVERLAY_SSL_KEY_FILE"):
         Settings(ssl_cert_file=tmp_path / "c.pem")
 
 
@@ -81,7 +81,7 @@ def test_ssl_settings_need_both_certificate_and_key(tmp_path: Path) -> None:
 def test_memory_settings_read_with_postgres_units(
     name: str, value: str, expected: int | None
 ) -> None:
-    assert checks.memory_bytes(name, value) == expected
+    assert memory_bytes(name, value) == expected
 
 
 def test_a_missing_extension_is_refused_with_its_name_and_a_package() -> None:

@@ -23,7 +23,8 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
-from pgoverlay.runner.service.models import LogEntry, TraceMark, TraceRequest
+from pgoverlay.runner.service.models import TraceRequest
+from pgoverlay.runner.service.views import LogEntry, TraceMark
 from pgoverlay.runner.trace import instrument, logfile
 from pgoverlay.runner.trace.sampler import Spans
 

@@ -31,7 +31,7 @@ from pgoverlay.action.insight.model import (
     Volume,
 )
 from pgoverlay.action.insight.verdict import REWRITE_REASONS, WITH_TABLE
-from pgoverlay.runner.service.models import RelationState, TraceMark
+from pgoverlay.runner.service.views import RelationState, TraceMark
 
 LEDGER_SCHEMA = "pgoverlay_ledger"
 KINDS = {

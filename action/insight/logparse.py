@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pgoverlay.runner.service.models import LogEntry
+from pgoverlay.runner.service.views import LogEntry
 
 TRACE_PREFIX = "pgoverlay-trace "
 _DURATION = re.compile(

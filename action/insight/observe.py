@@ -18,7 +18,8 @@ from pgoverlay.action.insight import analyze, lint
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service.engine import Engine
-from pgoverlay.runner.service.models import TraceMark, TraceRequest
+from pgoverlay.runner.service.models import TraceRequest
+from pgoverlay.runner.service.views import TraceMark
 
 log = logging.getLogger(__name__)
 

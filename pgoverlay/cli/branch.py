@@ -14,11 +14,15 @@ from pgoverlay.runner.names import check_name, parse_duration
 from pgoverlay.runner.runtime import RUNTIMES
 
 if TYPE_CHECKING:
-    from pgoverlay.runner.service.models import BranchView
+    from pgoverlay.runner.service.views import BranchView
 
 
 def _branch_dict(b: BranchView) -> dict[str, Any]:
-    data = b.model_dump(exclude={"layer", "record", "seconds"})
+    from dataclasses import asdict
+
+    data = asdict(b)
+    for detail in ("layer", "record", "seconds"):
+        del data[detail]
     if b.layer is not None:
         data["layer_logical_bytes"] = b.layer.logical_bytes
         data["layer_physical_bytes"] = b.layer.physical_bytes
@@ -78,7 +82,7 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from pgoverlay.runner.service.models import Layer
+    from pgoverlay.runner.service.views import Layer
 
     table = Table(
         "branch",

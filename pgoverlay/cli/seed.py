@@ -104,7 +104,9 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
 
     bases = client(common.settings()).bases()
     if getattr(args, "json", False):
-        common.print_json([b.model_dump() for b in bases])
+        from dataclasses import asdict
+
+        common.print_json([asdict(b) for b in bases])
         return 0
     from rich.table import Table
 

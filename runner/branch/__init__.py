@@ -37,7 +37,7 @@ from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
 
-# psycopg, and the seed package the login role's SQL lives in, are imported where a server is
+# psycopg, and the login role's SQL (postgres/roles.py), are imported where a server is
 # talked to: `branch list` and the other views start without them.
 if TYPE_CHECKING:
     import psycopg
@@ -166,8 +166,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
 
 
 def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    from pgoverlay.runner.postgres import sqlerror
-    from pgoverlay.runner.seed import roles
+    from pgoverlay.runner.postgres import roles, sqlerror
 
     with (
         sqlerror.wrapped(
@@ -195,8 +194,7 @@ def _role_password(
 ) -> None:
     """Give the branch's login role ``password`` (None: none at all) and its rights, in one
     statement on the engine's connection."""
-    from pgoverlay.runner.postgres import sqlerror
-    from pgoverlay.runner.seed import roles
+    from pgoverlay.runner.postgres import roles, sqlerror
 
     with (
         sqlerror.wrapped(BranchStartError, what=what, fix=fix),

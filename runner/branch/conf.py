@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.runner import safefs
+from pgoverlay.runner.names import check_hba_name
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import Layout
+from pgoverlay.runner.units import memory_bytes
 
 if TYPE_CHECKING:
     from pgoverlay.runner.settings import Settings
@@ -76,9 +78,7 @@ def wal_options(s: Settings, segment_bytes: int | None) -> dict[str, str]:
     """How a branch writes WAL (see runner/settings.py), for a base whose segments are
     ``segment_bytes`` long (bases keep the size they were prepared with): min_wal_size is
     raised to two segments when set lower, as Postgres refuses to start below that."""
-    from pgoverlay.runner.seed import checks  # the seed package: only when a branch is made
-
-    wanted = checks.memory_bytes("min_wal_size", s.min_wal_size)
+    wanted = memory_bytes("min_wal_size", s.min_wal_size)
     min_wal_size = s.min_wal_size
     if segment_bytes and wanted is not None and wanted < 2 * segment_bytes:
         min_wal_size = f"{-(-2 * segment_bytes // MiB)}MB"
@@ -111,10 +111,8 @@ def ssl_options(pool: Pool) -> dict[str, str]:
 def hba(*, user: str, superuser: str) -> str:
     """Who may connect: the engine as the base's bootstrap superuser on the private socket, and
     the branch login role over TCP with its password. Nobody else, whatever the base's roles."""
-    from pgoverlay.runner.seed import lockdown  # the seed package: only when a branch is made
-
     for role in (user, superuser):
-        lockdown.check_hba_name(role)
+        check_hba_name(role)
     return (
         # The socket directory is 0700 and owned by the branch's OS user: only that user
         # (and root) reach the trusted socket.

@@ -3,22 +3,20 @@ libpq's variables, a URL, a DSN), built by ``branch.connection()``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field
 
-
-class Connection(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Connection:
     """How to log in to a branch: for its owner (or root) only."""
-
-    model_config = ConfigDict(frozen=True)
 
     host: str
     port: int
     database: str
     user: str
-    password: str = Field(repr=False)
+    password: str = field(repr=False)
 
     @property
     def url(self) -> str:

@@ -7,13 +7,13 @@ so a container runtime can pass its image's sets instead of this host's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from pgoverlay.errors import SeedError
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.seed.source import SET, SourceInfo
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import memory_bytes
 
 # Debian/Ubuntu (PGDG) packages for extensions whose package name is not simply
 # postgresql-MAJOR-NAME; {major} is the Postgres major version.
@@ -31,16 +31,6 @@ _PACKAGES = {
     "hypopg": "postgresql-{major}-hypopg",
     "orafce": "postgresql-{major}-orafce",
     "pg_hint_plan": "postgresql-{major}-pg-hint-plan",
-}
-_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
-_MEMORY = re.compile(r"^\s*(\d+)\s*([kmgt]?b)?\s*$", re.IGNORECASE)
-# The unit of a bare number, per setting (Postgres's own base units).
-_BASE_UNIT = {
-    "shared_buffers": 8192,
-    "work_mem": 1024,
-    "maintenance_work_mem": 1024,
-    "max_wal_size": 1024**2,
-    "min_wal_size": 1024**2,
 }
 
 
@@ -87,15 +77,6 @@ def check_extensions(
             f"{name}.control{others}: install the package that provides it (e.g. "
             f"{package_for(name, major)}), or drop the extension in the source"
         )
-
-
-def memory_bytes(name: str, value: str) -> int | None:
-    """``value`` of memory setting ``name`` in bytes, or None if it cannot be read."""
-    match = _MEMORY.match(value)
-    if not match:
-        return None
-    unit = match.group(2)
-    return int(match.group(1)) * (_UNITS[unit.lower()] if unit else _BASE_UNIT.get(name, 1))
 
 
 def _is_on(value: str | None) -> bool:

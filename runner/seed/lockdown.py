@@ -53,18 +53,8 @@ FILE_FUNCTIONS = (
     "pg_file_sync",
     "pg_logdir_ls",
 )
-_BAD_HBA_CHARACTERS = ('"', "\n", "\r", "\0")
 
 Conn = psycopg.Connection[Any]
-
-
-def check_hba_name(role: str) -> None:
-    """A role name must be writable as a quoted pg_hba.conf token."""
-    if not role or any(c in role for c in _BAD_HBA_CHARACTERS):
-        raise SeedError(
-            f"role {role!r} cannot be named in a branch's pg_hba.conf (it has a double quote "
-            "or a line break): rename it in the source and seed again"
-        )
 
 
 def check_branch_user(conn: Conn, *, branch_user: str, branch_superuser: bool) -> None:

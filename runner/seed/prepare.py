@@ -23,10 +23,11 @@ import psycopg
 from pgoverlay.errors import SeedError
 from pgoverlay.runner import mask, safefs
 from pgoverlay.runner.mask.rules import RulesFile
-from pgoverlay.runner.postgres import cluster, sqlerror
+from pgoverlay.runner.names import check_hba_name
+from pgoverlay.runner.postgres import cluster, roles, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.seed import baseconf, lockdown, roles, tablespaces
+from pgoverlay.runner.seed import baseconf, lockdown, tablespaces
 from pgoverlay.runner.seed.steps import Laps
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def prepare(
         with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
             row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
             superuser = str(row[0]) if row else "postgres"
-            lockdown.check_hba_name(superuser)
+            check_hba_name(superuser)
             lockdown.check_branch_user(
                 conn, branch_user=branch_user, branch_superuser=branch_superuser
             )

@@ -7,6 +7,7 @@ from anything the caller sends. Every request is logged with that uid; secrets n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -24,18 +25,20 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service.client import API, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
+    CreateRequest,
+    Name,
+    OwnerRequest,
+    RecordRequest,
+    TraceRequest,
+)
+from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
-    CreateRequest,
     Destroyed,
     ErrorBody,
     GcReport,
     Layer,
-    Name,
-    OwnerRequest,
-    RecordRequest,
     TraceMark,
-    TraceRequest,
 )
 from pgoverlay.runner.settings import Settings
 
@@ -115,7 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(PgoverlayError)
     async def engine_error(_: Request, err: PgoverlayError) -> JSONResponse:
         body = ErrorBody(code=error_code(type(err)), message=str(err))
-        return JSONResponse(body.model_dump(), status_code=status_of(err))
+        return JSONResponse(dataclasses.asdict(body), status_code=status_of(err))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
@@ -124,7 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
         body = ErrorBody(
             code="invalid_request", message=f"{where}: {first.get('msg', 'not valid')}"
         )
-        return JSONResponse(body.model_dump(), status_code=422)
+        return JSONResponse(dataclasses.asdict(body), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -135,7 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
             else str(err.detail)
         )
         body = ErrorBody(code=code, message=message)
-        return JSONResponse(body.model_dump(), status_code=err.status_code)
+        return JSONResponse(dataclasses.asdict(body), status_code=err.status_code)
 
     @app.exception_handler(Exception)
     async def failure(_: Request, err: Exception) -> JSONResponse:
@@ -145,7 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
             message=f"the engine failed ({type(err).__name__}): the service's log has the "
             "details; `pgoverlay gc` (as root) mends what an interrupted operation left",
         )
-        return JSONResponse(body.model_dump(), status_code=500)
+        return JSONResponse(dataclasses.asdict(body), status_code=500)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, bool]:

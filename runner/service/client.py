@@ -16,28 +16,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError, config_error
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import SOCKET_ROOT, pool_id
-from pgoverlay.runner.service.models import (
+from pgoverlay.runner.service.models import CreateRequest, OwnerRequest, RecordRequest, TraceRequest
+from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
-    CreateRequest,
     Destroyed,
     ErrorBody,
     GcReport,
     Layer,
-    OwnerRequest,
-    RecordRequest,
     TraceMark,
-    TraceRequest,
 )
 from pgoverlay.runner.settings import Settings
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")
 API = "/v1"
 
 
@@ -124,7 +121,7 @@ class RemoteEngine:
 
     def _error(self, status: int, decoded: Any) -> PgoverlayError:
         try:
-            body = ErrorBody.model_validate(decoded)
+            body = _adapter(ErrorBody).validate_python(decoded)
         except ValidationError:
             return ServiceError(f"the engine service answered {status} without an error body")
         return ERRORS.get(body.code, ServiceError)(body.message)
@@ -186,10 +183,20 @@ class RemoteEngine:
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/end", body))
 
 
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(model: type[M]) -> TypeAdapter[M]:
+    """What checks ``model``'s answers (built once per model: building one costs)."""
+    if model not in _ADAPTERS:
+        _ADAPTERS[model] = TypeAdapter(model)
+    return _ADAPTERS[model]
+
+
 def _parse(model: type[M], data: Any) -> M:
     """An answer as its model; ServiceError if it does not fit (a service of another release)."""
     try:
-        return model.model_validate(data)
+        return _adapter(model).validate_python(data)
     except ValidationError as exc:
         raise config_error(
             exc,

@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pgoverlay.errors import (
     BranchMissingError,
@@ -29,18 +29,18 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import Branch
-from pgoverlay.runner.service.models import (
+from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
-    CreateRequest,
     Destroyed,
     GcReport,
     Layer,
     Record,
-    RecordRequest,
     TraceMark,
-    TraceRequest,
 )
+
+if TYPE_CHECKING:  # requests are pydantic models, made by whoever calls
+    from pgoverlay.runner.service.models import CreateRequest, RecordRequest, TraceRequest
 
 log = logging.getLogger(__name__)
 

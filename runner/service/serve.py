@@ -232,7 +232,7 @@ def start(settings: Settings) -> str:
 def settings_environ(settings: Settings) -> dict[str, str]:
     """``settings`` as the PGOVERLAY_* variables that make them again in a child process."""
     found: dict[str, str] = {}
-    for name, value in settings.model_dump(exclude_defaults=True).items():
+    for name, value in settings.changed().items():
         if value is None:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)

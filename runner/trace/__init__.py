@@ -29,7 +29,7 @@ from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import sqlerror
-from pgoverlay.runner.service.models import Layer, RelationState, TraceMark
+from pgoverlay.runner.service.views import Layer, RelationState, TraceMark
 from pgoverlay.runner.trace import instrument, logfile, sampler, snapshot
 
 log = logging.getLogger(__name__)

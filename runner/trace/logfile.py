@@ -20,9 +20,10 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pgoverlay.runner import safefs
-from pgoverlay.runner.service.models import LogEntry
+from pgoverlay.runner.service.views import LogEntry
 from pgoverlay.runner.trace.instrument import PREFIX, SCHEMA, TRIGGERS
 
 MAX_BYTES = 32 * 1024 * 1024
@@ -109,14 +110,14 @@ def parse(text: str, *, user: str, database: str) -> list[LogEntry]:
     every other line (other users, the server's own processes, stray output) is skipped."""
     who = f"{user}@{database} "
     entries: list[LogEntry] = []
-    current: dict[str, object] | None = None
+    current: dict[str, Any] | None = None
     for line in text.split("\n"):
         if line.startswith("\t"):
             if current is not None:
                 current["message"] = f"{current['message']}\n{line[1:]}"
             continue
         if current is not None:
-            entries.append(LogEntry.model_validate(current))
+            entries.append(_entry(current))
             current = None
         head = _HEAD.fullmatch(line)
         if head is None or not head.group(3).startswith(who):
@@ -131,8 +132,14 @@ def parse(text: str, *, user: str, database: str) -> list[LogEntry]:
             "message": level.group(2),
         }
     if current is not None:
-        entries.append(LogEntry.model_validate(current))
+        entries.append(_entry(current))
     return entries
+
+
+def _entry(fields: dict[str, Any]) -> LogEntry:
+    return LogEntry(
+        time=fields["time"], pid=fields["pid"], level=fields["level"], message=fields["message"]
+    )
 
 
 def drop_forged(entries: list[LogEntry]) -> tuple[list[LogEntry], int]:

@@ -8,6 +8,7 @@ function of the samples (``Spans.add``), tested without a server.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ import psycopg
 
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.postgres import sqlerror
-from pgoverlay.runner.service.models import LockSpan
+from pgoverlay.runner.service.views import LockSpan
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class Spans:
                     query=str(query or "")[:MAX_QUERY_CHARS],
                 )
             else:
-                self.open[key] = span.model_copy(update={"last": at})
+                self.open[key] = dataclasses.replace(span, last=at)
         for key in [k for k in self.open if k not in seen]:
             self.closed.append(self.open.pop(key))
 

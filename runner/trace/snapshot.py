@@ -16,7 +16,7 @@ import psycopg
 
 from pgoverlay.errors import TimeoutExpiredError
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.service.models import RelationState
+from pgoverlay.runner.service.views import RelationState
 
 FLUSH_WAIT = 2.0  # seconds a mark waits for the role's new backends to exit
 

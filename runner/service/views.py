@@ -1,0 +1,167 @@
+"""What the engine answers: one frozen dataclass per answer, shared by the engine, the
+service (FastAPI serialises dataclasses as it does pydantic models) and its clients.
+
+Plain dataclasses, not pydantic models: the CLI builds them for every read-only command, and
+importing pydantic would cost each such command more than the rest of its start-up. The
+service's client checks what it receives against them (``pydantic.TypeAdapter``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """A branch's record, as its owner saved it."""
+
+    data: str
+    updated_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    logical_bytes: int
+    physical_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchView:
+    """A branch as anyone in the service's group may see it: no password."""
+
+    name: str
+    state: str
+    running: bool
+    # running, stopped, or unknown when the runtime could not be asked (liveness_reason: why)
+    liveness: Literal["running", "stopped", "unknown"]
+    liveness_reason: str = ""
+    base: str
+    base_version: int
+    runtime: str
+    host: str
+    port: int
+    database: str
+    user: str
+    created_at: float
+    ready_at: float | None
+    expires_at: float | None
+    repository: str
+    pr: int | None
+    owner_uid: int
+    layer: Layer | None = None  # asked for by `list` and `status`; measuring it walks the layer
+    record: Record | None = None
+    seconds: float | None = None  # how long a create or reset took
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseView:
+    name: str
+    version: int
+    state: str
+    pg_major: int | None
+    size_bytes: int
+    database: str
+    created_at: float
+    prepared_at: float | None
+    masked: bool
+    mask_rules: str
+    mask_sha256: str
+    locked_down: bool
+    branches: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Destroyed:
+    destroyed: bool
+    record: Record | None = None  # what the workflow last recorded, for its closing report
+
+
+@dataclass(frozen=True, kw_only=True)
+class GcReport:
+    lines: list[str]
+    problems: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorBody:
+    """Every error answer: a stable ``code`` (the error's class, snake_case) and a message that
+    says what is wrong and how to fix it."""
+
+    code: str
+    message: str
+
+
+# -- migration tracing ----------------------------------------------------------------------
+#
+# While a workflow applies migrations, the engine watches the branch from the inside with the
+# base's superuser (what the PR's own role cannot switch off or fake): it samples pg_locks,
+# keeps the branch role's server log (every statement with its duration, lock waits, and the
+# event triggers' `pgoverlay-trace {json}` lines), and takes snapshots of the relations. A
+# workflow opens a trace, asks for a mark after each migration, and ends it; each mark holds
+# what happened since the one before.
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelationState:
+    """One relation of the branch's own schemas (no catalogs), as a snapshot saw it."""
+
+    oid: int
+    schema_name: str
+    name: str
+    kind: str  # pg_class.relkind: r, p, i, I, m, S, t, v, f, c
+    table_oid: int | None = None  # an index's table; a TOAST table's owner
+    filenode: int  # pg_relation_filenode(); 0 when it has no storage
+    bytes: int  # pg_relation_size() of the main fork
+    seq_scan: int = 0  # pg_stat_all_tables counters (tables, matviews, TOAST)
+    seq_tup_read: int = 0
+    n_tup_ins: int = 0
+    n_tup_upd: int = 0
+    n_tup_del: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockSpan:
+    """A relation lock one backend of the branch's login role held (or waited for) across
+    consecutive pg_locks samples: from the first sample that saw it to the last."""
+
+    pid: int
+    relation: int  # oid
+    mode: str  # as pg_locks names it: AccessShareLock ... AccessExclusiveLock
+    granted: bool  # False: the backend was waiting for it
+    first: float  # server clock, epoch seconds
+    last: float
+    query_start: float | None  # of the statement running when it was first seen
+    query: str  # that statement's text (at most 2000 characters)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogEntry:
+    """One entry of the branch's server log by its login role: the head line's time, pid and
+    level, and the message with its continuation lines (joined with newlines)."""
+
+    time: float  # server clock, epoch seconds (millisecond precision)
+    pid: int
+    level: str  # LOG, ERROR, WARNING, ..., or DETAIL / CONTEXT / STATEMENT / HINT
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceMark:
+    """What a trace saw since its previous mark (since it opened, for the first)."""
+
+    at: float  # server clock when the mark was taken
+    wal_lsn: int  # pg_current_wal_lsn() in bytes
+    layer: Layer  # the writable layer's size now
+    # Relations new or changed since the previous mark (every relation, in the first mark),
+    # and the oids of those that are gone.
+    relations: list[RelationState]
+    dropped: list[int] = field(default_factory=list)
+    locks: list[LockSpan] = field(
+        default_factory=list
+    )  # spans that ended, or are still open, since the previous mark
+    log: list[LogEntry] = field(default_factory=list)
+    log_truncated: bool = False  # the log since the previous mark was larger than is kept
+    interval: float  # seconds between pg_locks samples
+    instrumented: bool  # the event triggers were in place at this mark
+    notes: list[str] = field(default_factory=list)  # what could not be observed, and why
