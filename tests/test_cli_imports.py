@@ -3,6 +3,7 @@ Docker SDK, PyGithub or psycopg (pgoverlay/cli/common.py says why; bench/process
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -134,3 +135,20 @@ def test_the_actions_entry_point_imports_no_web_framework_docker_github_or_psyco
         check=True,
     )
     assert not tops(set(json.loads(done.stdout))) & (HEAVY - {"sqlparse"})
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_a_command_line_builds_only_its_groups_parser_and_groups_name_their_commands() -> None:
+    from pgoverlay import cli
+
+    everything = _commands(cli.build_parser([]))
+    assert everything == set(cli.GROUPS)
+    for command, group in cli.GROUPS.items():
+        assert _commands(cli.build_parser([command, "--help"])) == {
+            name for name, owner in cli.GROUPS.items() if owner is group
+        }
+    assert _commands(cli.build_parser(["-v", "brnch"])) == everything  # a mistake sees all

@@ -16,8 +16,24 @@ from pgoverlay.cli import action, branch, demo, pool, seed, service, webhook
 from pgoverlay.cli.common import err
 from pgoverlay.errors import PgoverlayError
 
+# The command names each group registers: a command line that names one builds only that
+# group's parser (building all of them is a cost every command would pay).
+GROUPS = {
+    "pool": pool,
+    "doctor": pool,
+    "seed": seed,
+    "branch": branch,
+    "service": service,
+    "gc": service,
+    "demo": demo,
+    "action": action,
+    "webhook": webhook,
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: every group's commands, or only those of the group ``argv``
+    names (its first word that is not an option); help and mistakes still see them all."""
     parser = argparse.ArgumentParser(
         prog="pgoverlay",
         description="Copy-on-write Postgres branches on a self-hosted runner.",
@@ -25,13 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for group in (pool, seed, branch, service, demo, action, webhook):
+    words = [word for word in (argv or ()) if not word.startswith("-")]
+    named = GROUPS.get(words[0]) if words else None
+    for group in (named,) if named else dict.fromkeys(GROUPS.values()):
         group.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(
         level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr

@@ -47,26 +47,26 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     if args.json:
         common.print_json({**_branch_dict(b), "seconds": round(elapsed, 3)})
     else:
-        out.print(
+        out.line(
             f"branch {b.name} ready in {elapsed:.2f} s on port {b.port} "
             f"(base {b.base} v{b.base_version})"
         )
-        out.print(f"connect: pgoverlay branch connect {b.name}")
+        out.line(f"connect: pgoverlay branch connect {b.name}")
     return 0
 
 
 def cmd_branch_destroy(args: argparse.Namespace) -> int:
     if common.engine().destroy(check_name(args.name)).destroyed:
-        out.print(f"branch {args.name} destroyed")
+        out.line(f"branch {args.name} destroyed")
     else:
-        out.print(f"no branch {args.name}: nothing to destroy")
+        out.line(f"no branch {args.name}: nothing to destroy")
     return 0
 
 
 def cmd_branch_reset(args: argparse.Namespace) -> int:
     started = time.monotonic()
     b = common.engine().reset(check_name(args.name))
-    out.print(
+    out.line(
         f"branch {b.name} reset to base {b.base} v{b.base_version} in "
         f"{time.monotonic() - started:.2f} s (same port {b.port} and password)"
     )

@@ -51,6 +51,12 @@ class LazyConsole:
     def print(self, *objects: Any, **kwargs: Any) -> None:
         self.console.print(*objects, **kwargs)
 
+    def line(self, text: str) -> None:
+        """A line of plain text, without rich (no markup, no wrapping): what a command that
+        only reports what it did prints, so it does not pay for importing rich."""
+        stream = sys.stderr if self._stderr else sys.stdout
+        stream.write(text + "\n")
+
 
 out = LazyConsole(stderr=False)
 err = LazyConsole(stderr=True)
