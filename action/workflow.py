@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from pgoverlay.action import comment, migrations, record
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub
@@ -29,10 +27,11 @@ from pgoverlay.action.request import Inputs, PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import (
     BranchMissingError,
+    ConfigError,
     GitHubError,
     NotOwnerError,
     PgoverlayError,
-    config_error,
+    RequestError,
 )
 from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
@@ -254,8 +253,8 @@ def _bring_up(
                 repository=event.repository,
                 pr=event.pr,
             )
-        except ValidationError as err:
-            raise config_error(err, what=f"cannot ask for branch {name}:") from None
+        except RequestError as err:
+            raise ConfigError(f"cannot ask for branch {name}: {err}") from None
         created = engine.create(request)
         return created, created.seconds
     if current.state != "ready":

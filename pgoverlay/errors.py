@@ -43,6 +43,12 @@ class SettingError(ConfigError):
         self.name = name
 
 
+class RequestError(ConfigError, ValueError):
+    """A request to the engine (a create, a record, a trace) has a value out of its range or
+    of the wrong form; the message names the field and what it must be. A ValueError too, so
+    the service's request parsing reports it as the caller's mistake (422)."""
+
+
 class UnsafeFileError(ConfigError):
     """A file read with privileges is not a regular file, is too big, or leads out of the
     folder it must stay in (a password file, a pull request's migration file)."""

@@ -11,10 +11,10 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from pgoverlay.action import record
 from pgoverlay.action.report import MigrationRun, Report
+from pgoverlay.errors import RequestError
 from pgoverlay.runner.pool.registry import Branch, Record, Registry
 from pgoverlay.runner.service.models import MAX_RECORD_BYTES, RecordRequest
 from pgoverlay.runner.service.views import Record as RecordView
@@ -70,14 +70,14 @@ def test_the_workflows_record_reads_back_what_it_wrote_and_nothing_else() -> Non
 
 def test_a_record_must_be_json_and_is_bounded_in_bytes_not_characters() -> None:
     RecordRequest(data=json.dumps({"x": "y" * 1000}))
-    with pytest.raises(ValidationError, match="not JSON"):
+    with pytest.raises(RequestError, match="not JSON"):
         RecordRequest(data="{not json")
     # Two bytes a character: within the limit in characters, over it in bytes.
     wide = json.dumps("é" * (MAX_RECORD_BYTES // 2), ensure_ascii=False)
     assert len(wide) <= MAX_RECORD_BYTES < len(wide.encode())
-    with pytest.raises(ValidationError, match=f"at most {MAX_RECORD_BYTES}"):
+    with pytest.raises(RequestError, match=f"at most {MAX_RECORD_BYTES}"):
         RecordRequest(data=wide)
-    with pytest.raises(ValidationError):
+    with pytest.raises(RequestError):
         RecordRequest(data="1" * (MAX_RECORD_BYTES + 1))
 
 

@@ -16,17 +16,18 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.branch.login import Connection
+from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service.client import API, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
     CreateRequest,
-    Name,
     OwnerRequest,
     RecordRequest,
     TraceRequest,
@@ -43,6 +44,9 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
+
+# A branch name in a path, checked before any route runs.
+Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
 
 # The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
 STATUS: list[tuple[type[PgoverlayError], int]] = [
@@ -124,9 +128,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
-        body = ErrorBody(
-            code="invalid_request", message=f"{where}: {first.get('msg', 'not valid')}"
-        )
+        # A request's own check (its __post_init__) names its field in its message.
+        problem = str(first.get("msg", "not valid")).removeprefix("Value error, ")
+        message = problem if where == "request" else f"{where}: {problem}"
+        body = ErrorBody(code="invalid_request", message=message)
         return JSONResponse(dataclasses.asdict(body), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)

@@ -7,6 +7,7 @@ nothing heavy to import for a command that only asks.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import http.client
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError, config_error
@@ -35,6 +36,7 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.settings import Settings
 
 M = TypeVar("M")
+Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest
 API = "/v1"
 
 
@@ -81,10 +83,10 @@ class RemoteEngine:
     def close(self) -> None:
         pass
 
-    def _call(self, method: str, url: str, body: BaseModel | None = None) -> Any:
+    def _call(self, method: str, url: str, body: Request | None = None) -> Any:
         conn = _UnixConnection(self.path, self.timeout)
         try:
-            payload = body.model_dump_json().encode() if body is not None else None
+            payload = json.dumps(dataclasses.asdict(body)).encode() if body is not None else None
             headers = {"Content-Type": "application/json"} if payload is not None else {}
             try:
                 conn.request(method, API + url, body=payload, headers=headers)

@@ -1,6 +1,11 @@
-"""What the engine service accepts: one pydantic model per request, shared by the service
-(which validates what a caller sends) and its clients (which validate before sending). The
-answers are in ``views``.
+"""What the engine service accepts: one frozen dataclass per request, shared by the service and
+its callers. The answers are in ``views``.
+
+In the service, FastAPI reads a caller's JSON into these with pydantic (types, and no unknown
+fields), and each request's ``__post_init__`` then checks its values; a caller that builds one
+gets the same checks, as a ``RequestError``, before anything is sent. Plain dataclasses rather
+than pydantic models: root's CLI builds a request for every create, and importing pydantic
+would cost it more than the engine's own work.
 
 Nothing here names a filesystem path, a command or a setting: a caller chooses a branch name,
 a base among the seeded ones, a runtime among two, a TTL and whose pull request it is for.
@@ -9,63 +14,148 @@ a base among the seeded ones, a runtime among two, a TTL and whose pull request 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-
+from pgoverlay.errors import RequestError
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool.registry import REPOSITORY_RE
 
-Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
-Repository = Annotated[str, StringConstraints(pattern=REPOSITORY_RE.pattern, max_length=201)]
 MAX_RECORD_BYTES = 256 * 1024
 MAX_TTL_SECONDS = 366 * 86400
+RUNTIMES = ("local", "docker")
 
 
-class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _documented(schema: dict[str, Any], cls: type[Any]) -> None:
+    """Writes a request's checks (its ``_checks``) into its JSON schema, so the service's
+    OpenAPI document states what ``__post_init__`` enforces."""
+    for field, checks in getattr(cls, "_checks", {}).items():
+        prop = schema["properties"][field]
+        typed = [option for option in prop.get("anyOf", [prop]) if option.get("type") != "null"]
+        typed[0].update(checks)
 
 
-class CreateRequest(Request):
-    name: Name
-    base: Name | None = None
-    ttl_seconds: int | None = Field(default=None, gt=0, le=MAX_TTL_SECONDS)
+# pydantic's configuration of these dataclasses, where the service reads them: a field a
+# request does not have is refused, not ignored.
+_STRICT: dict[str, Any] = {"extra": "forbid", "json_schema_extra": _documented}
+_NAME = {"pattern": NAME_RE.pattern, "maxLength": 63}
+_REPOSITORY = {"pattern": REPOSITORY_RE.pattern, "maxLength": 201}
+
+
+def _name(field: str, value: str) -> None:
+    if not NAME_RE.match(value):
+        raise RequestError(
+            f"{field}: {value!r} is not a name: use 1-63 lowercase letters, digits and dashes, "
+            "starting with a letter or digit (e.g. pr-123)"
+        )
+
+
+def _repository(value: str | None) -> None:
+    if value is not None and not REPOSITORY_RE.match(value):
+        raise RequestError(f"repository: {value!r} is not OWNER/NAME (e.g. acme/shop)")
+
+
+def _within(field: str, value: float, *, low: float, high: float, low_open: bool = False) -> None:
+    if value < low or (low_open and value == low) or value > high:
+        above = f"above {low:g}" if low_open else f"at least {low:g}"
+        raise RequestError(
+            f"{field}: {value:g} is out of range: it must be {above}, at most {high:g}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateRequest:
+    """Create a branch ``name`` of ``base`` (the only base when not given), destroyed by gc
+    after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+        "name": _NAME,
+        "base": _NAME,
+        "ttl_seconds": {"exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS},
+        "repository": _REPOSITORY,
+        "pr": {"exclusiveMinimum": 0, "maximum": 2**31 - 1},
+    }
+
+    name: str
+    base: str | None = None
+    ttl_seconds: int | None = None
     runtime: Literal["local", "docker"] | None = None
-    repository: Repository | None = None
-    pr: int | None = Field(default=None, gt=0, lt=2**31)
+    repository: str | None = None
+    pr: int | None = None
+
+    def __post_init__(self) -> None:
+        _name("name", self.name)
+        if self.base is not None:
+            _name("base", self.base)
+        if self.ttl_seconds is not None:
+            _within("ttl_seconds", self.ttl_seconds, low=0, high=MAX_TTL_SECONDS, low_open=True)
+        if self.runtime is not None and self.runtime not in RUNTIMES:
+            raise RequestError(f"runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        _repository(self.repository)
+        if self.pr is not None:
+            _within("pr", self.pr, low=0, high=2**31 - 1, low_open=True)
 
 
-class OwnerRequest(Request):
+@dataclass(frozen=True, kw_only=True)
+class OwnerRequest:
     """Reset and destroy: with ``repository``, refused when the branch is another's."""
 
-    repository: Repository | None = None
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {"repository": _REPOSITORY}
+
+    repository: str | None = None
+
+    def __post_init__(self) -> None:
+        _repository(self.repository)
 
 
-class RecordRequest(Request):
+@dataclass(frozen=True, kw_only=True)
+class RecordRequest:
     """A note the branch's owner keeps with it: JSON text of at most ``MAX_RECORD_BYTES``
     bytes, which the engine stores and hands back but never reads (the PR workflow keeps what
     it last did there). With ``repository``, refused when the branch is another's."""
 
-    repository: Repository | None = None
-    data: str = Field(max_length=MAX_RECORD_BYTES)
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+        "repository": _REPOSITORY,
+        "data": {"maxLength": MAX_RECORD_BYTES},
+    }
 
-    @field_validator("data")
-    @classmethod
-    def _bounded_json(cls, data: str) -> str:
-        size = len(data.encode())
+    repository: str | None = None
+    data: str
+
+    def __post_init__(self) -> None:
+        _repository(self.repository)
+        size = len(self.data.encode())
         if size > MAX_RECORD_BYTES:
-            raise ValueError(f"the record is {size} bytes; at most {MAX_RECORD_BYTES} are kept")
+            raise RequestError(
+                f"data: the record is {size} bytes; at most {MAX_RECORD_BYTES} are kept"
+            )
         try:
-            json.loads(data)
+            json.loads(self.data)
         except ValueError:
-            raise ValueError("the record is not JSON text") from None
-        return data
+            raise RequestError("data: the record is not JSON text") from None
 
 
-class TraceRequest(Request):
-    """Open a trace of a branch (replacing one left open). With ``repository``, refused when
-    the branch is another's."""
+@dataclass(frozen=True, kw_only=True)
+class TraceRequest:
+    """Open a trace of a branch (replacing one left open), sampling pg_locks every
+    ``interval`` seconds (0.01 to 0.1) and ending itself after ``max_seconds`` (at most 48
+    hours). With ``repository``, refused when the branch is another's."""
 
-    repository: Repository | None = None
-    interval: float = Field(default=0.05, ge=0.01, le=0.1)  # seconds between pg_locks samples
-    max_seconds: float = Field(default=6 * 3600, gt=0, le=48 * 3600)  # ends itself after this
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+        "repository": _REPOSITORY,
+        "interval": {"minimum": 0.01, "maximum": 0.1},
+        "max_seconds": {"exclusiveMinimum": 0, "maximum": 48 * 3600},
+    }
+
+    repository: str | None = None
+    interval: float = 0.05
+    max_seconds: float = 6 * 3600
+
+    def __post_init__(self) -> None:
+        _repository(self.repository)
+        _within("interval", self.interval, low=0.01, high=0.1)
+        _within("max_seconds", self.max_seconds, low=0, high=48 * 3600, low_open=True)
