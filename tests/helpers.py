@@ -65,6 +65,7 @@ import dotenv, github, requests, sqlparse, rich.markup, rich.progress, rich.tabl
 import pgoverlay.runner.service.client, pgoverlay.runner.service.engine, pgoverlay.runner.seed
 import pgoverlay.runner.postgres.sqlerror, pgoverlay.runner.runtime.choose
 import pgoverlay.action.migrations, pgoverlay.action.workflow, pgoverlay.runner.pool.maintenance
+import importlib.metadata  # pydantic's plugin loader, when the client first checks an answer
 from pgoverlay.cli import common
 common.out.console, common.err.console
 user = pwd.getpwnam(sys.argv[1])
@@ -313,6 +314,7 @@ def as_user_call(user: str, groups: Sequence[str], code: str) -> subprocess.Comp
     prelude = (
         "import grp, os, pwd, sys\n"
         "import pgoverlay.runner.service.client\n"
+        "import importlib.metadata\n"  # pydantic's plugin loader, when an answer is checked
         f"u = pwd.getpwnam({user!r})\n"
         f"os.setgroups([grp.getgrnam(g).gr_gid for g in {list(groups)!r}])\n"
         "os.setgid(u.pw_gid); os.setuid(u.pw_uid)\n"
