@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -535,3 +536,21 @@ def test_a_failed_migration_is_retried_by_a_rerun_of_the_same_head(
         assert third.reused, "a successful head is not redone"
     finally:
         branch.destroy(pool, "shop-pr-5")
+
+
+def test_run_sh_starts_the_actions_own_entry_point_installed_next_to_pgoverlay() -> None:
+    """run.sh finds `pgoverlay-action` beside the `pgoverlay` setup.sh names; a verb it does not
+    know gets its usage (a missing script would be bash's 127)."""
+    done = subprocess.run(
+        [ROOT / "action" / "run.sh", "bogus"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PGOVERLAY_BIN": str(Path(sys.executable).parent / "pgoverlay"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert (done.returncode, done.stderr.strip()) == (2, "usage: pgoverlay-action run|destroy")
