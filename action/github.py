@@ -11,6 +11,7 @@ nothing does not pay for them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pgoverlay.errors import GitHubError
 
 if TYPE_CHECKING:
     from github import Auth, Github, GithubException
+    from github.IssueComment import IssueComment
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,16 @@ class CommentResult:
     id: int
     action: Literal["created", "updated", "unchanged"]
     url: str
+
+
+@dataclass(frozen=True)
+class Existing:
+    """Our comment as it was found: its id, text and address, and PyGithub's object to edit."""
+
+    id: int
+    body: str | None
+    url: str
+    handle: IssueComment
 
 
 def _reason(err: GithubException) -> str:
@@ -139,24 +151,58 @@ class GitHub:
         is ignored. Nothing is sent when the body is unchanged. Who we are is asked only when a
         comment has our marker: a pull request's first run makes two calls, not three.
         """
+        return self.write_comment(repository, pr, body, self.find_comment(repository, pr, is_ours))
+
+    def find_comment(
+        self, repository: str, pr: int, is_ours: Callable[[str | None], bool]
+    ) -> Existing | None:
+        """Our comment on the PR (the first that ``is_ours`` recognises and we wrote), or None.
+
+        The issue is addressed without reading it (PyGithub's lazy objects): listing its
+        comments is the one call, plus who we are when a comment has our marker."""
         from github import GithubException
 
         try:
-            pull = self._gh.get_repo(repository).get_pull(pr)
-            for comment in pull.get_issue_comments():
+            for comment in self._gh.get_repo(repository).get_issue(pr).get_comments():
                 if (
                     comment.user is not None
                     and is_ours(comment.body)
                     and comment.user.login == self.login()
                 ):
-                    if comment.body == body:
-                        return CommentResult(comment.id, "unchanged", comment.html_url)
-                    comment.edit(body)
-                    return CommentResult(comment.id, "updated", comment.html_url)
-            created = pull.create_issue_comment(body)
+                    return Existing(comment.id, comment.body, comment.html_url, comment)
+        except GithubException as err:
+            raise GitHubError(f"could not read the PR's comments ({_reason(err)})") from None
+        return None
+
+    def write_comment(
+        self, repository: str, pr: int, body: str, existing: Existing | None
+    ) -> CommentResult:
+        """Make ``body`` the PR's comment: edit ``existing`` (nothing is sent when its text is
+        already ``body``), or create one when there is none, or it was deleted meanwhile."""
+        from github import GithubException
+
+        try:
+            if existing is not None:
+                if existing.body == body:
+                    return CommentResult(existing.id, "unchanged", existing.url)
+                try:
+                    existing.handle.edit(body)
+                    return CommentResult(existing.id, "updated", existing.url)
+                except GithubException as err:
+                    if err.status != 404:
+                        raise
+            created = self._gh.get_repo(repository).get_issue(pr).create_comment(body)
             return CommentResult(created.id, "created", created.html_url)
         except GithubException as err:
             raise GitHubError(f"could not write the PR comment ({_reason(err)})") from None
+
+    def prefetch_comment(
+        self, repository: str, pr: int, is_ours: Callable[[str | None], bool]
+    ) -> PendingComment:
+        """Start looking for our comment now, in a thread, and write it later: PyGithub's import
+        and the listing then overlap the branch and its migrations, and the step waits only for
+        the write."""
+        return PendingComment(self, repository, pr, is_ours)
 
     # -- used by the webhook listener -------------------------------------------------------
 
@@ -249,3 +295,33 @@ class GitHub:
     def _auth_header(self, headers: dict[str, str]) -> None:
         # PyGithub's auth objects know how to make (and refresh) the header value.
         self._auth.authentication(headers)
+
+
+class PendingComment:
+    """Our comment on a PR, looked for in a daemon thread from the moment this is made; ``write``
+    waits for the search, then edits or creates. An error of the search is raised by ``write``,
+    where the caller expects GitHub's errors."""
+
+    def __init__(
+        self, github: GitHub, repository: str, pr: int, is_ours: Callable[[str | None], bool]
+    ) -> None:
+        self._github, self._repository, self._pr = github, repository, pr
+        self._found: Existing | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._find, args=(is_ours,), name="pgoverlay-comment", daemon=True
+        )
+        self._thread.start()
+
+    def _find(self, is_ours: Callable[[str | None], bool]) -> None:
+        try:
+            self._found = self._github.find_comment(self._repository, self._pr, is_ours)
+        except BaseException as err:  # handed to write(), in the caller's thread
+            self._error = err
+
+    def write(self, body: str) -> CommentResult:
+        """Make ``body`` the PR's comment, once the search is done."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._github.write_comment(self._repository, self._pr, body, self._found)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -21,7 +22,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report, over_threshold
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, fork_refusal, handle
@@ -292,6 +292,8 @@ def _report_file(job: JobEnv, report: Report) -> dict[str, str]:
     no such folder)."""
     if job.temp is None:
         return {}
+    from pgoverlay.action.insight import jsonreport
+
     path = outputs.write_new(
         job.temp,
         jsonreport.dumps(report),
@@ -308,3 +310,17 @@ def main_from_env(*, destroy: bool = False) -> int:
     except PgoverlayError as err:
         outputs.annotation("error", str(err), sys.stdout, title="pgoverlay")
         return err.exit_code
+
+
+def entry(argv: Sequence[str] | None = None) -> int:
+    """`pgoverlay-action run|destroy` (what action/run.sh runs): `pgoverlay action run|destroy`
+    without the command line's parser, and so without the modules every other command needs
+    (rich among them), in a step that users wait for."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in (["run"], ["destroy"]):
+        print("usage: pgoverlay-action run|destroy", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    return main_from_env(destroy=args[0] == "destroy")

@@ -10,6 +10,7 @@ insight would not fit is kept coarser (without per-statement detail, then withou
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -30,7 +31,17 @@ class PrRecord:
     report: Report  # what it found
 
 
-_ADAPTER: TypeAdapter[PrRecord] = TypeAdapter(PrRecord)
+@functools.cache
+def _adapter() -> TypeAdapter[PrRecord]:
+    """The record's pydantic adapter, built when first used (building it takes a while, and a
+    pull request's first run reads no record)."""
+    return TypeAdapter(PrRecord)
+
+
+def prepare() -> None:
+    """Build what ``dumps`` and ``loads`` use, ahead of their first call."""
+    _adapter()
+    jsonreport.prepare()
 
 
 def dumps(record: PrRecord, *, limit: int = MAX_RECORD_BYTES) -> str:
@@ -38,14 +49,14 @@ def dumps(record: PrRecord, *, limit: int = MAX_RECORD_BYTES) -> str:
 
     def encode(report: Report, _: jsonreport.Detail) -> str:
         slim = PrRecord(record.head_sha, record.status, report)
-        return _ADAPTER.dump_json(slim).decode()
+        return _adapter().dump_json(slim).decode()
 
     return jsonreport.fit(record.report, encode, limit=limit)
 
 
 def loads(text: str) -> PrRecord:
     """The record in ``text``; ``ValidationError`` if it is not one this module wrote."""
-    return _ADAPTER.validate_json(text)
+    return _adapter().validate_json(text)
 
 
 def read(found: Record | None, *, branch: str = "") -> PrRecord | None:

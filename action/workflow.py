@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.action import comment, migrations, record
+from pgoverlay.action import comment, record
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
-from pgoverlay.action.github import CommentResult, GitHub
-from pgoverlay.action.insight.observe import Observer
+from pgoverlay.action.github import CommentResult, GitHub, PendingComment
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.action.request import Inputs, PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
@@ -40,6 +41,7 @@ from pgoverlay.runner.service.views import BaseView, BranchView
 from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:
+    from pgoverlay.action import migrations
     from pgoverlay.runner.service.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -171,6 +173,8 @@ class _Migrations:
         note for the report. A fork's migrate command runs only with ``fork_commands``."""
         if not self.inputs.insight:
             return self._run(None)
+        from pgoverlay.action.insight.observe import Observer
+
         observer = Observer(
             engine,
             name,
@@ -185,6 +189,9 @@ class _Migrations:
         return runs, note or observer.problem
 
     def _run(self, watcher: migrations.Watcher | None) -> tuple[list[MigrationRun], str]:
+        from pgoverlay.action import migrations
+        from pgoverlay.runner.runtime import choose
+
         inputs, event, repo_dir = self.inputs, self.event, self.repo_dir
         workdir = (repo_dir / inputs.working_directory).resolve()
         if inputs.migrate_command:
@@ -222,8 +229,6 @@ class _Migrations:
         else:
             files = migrations.all_files(repo_dir, folder)
         self.echo(f"applying {len(files)} migration file(s) from {folder}")
-        from pgoverlay.runner.runtime import choose
-
         runs = migrations.apply_files(
             self.connection,
             repo_dir,
@@ -235,6 +240,24 @@ class _Migrations:
             watcher=watcher,
         )
         return runs, ""
+
+
+# What applying and reporting the migrations needs, and the engine's first answers do not.
+_LATER = ("pgoverlay.action.insight.observe", "pgoverlay.runner.runtime.choose")
+
+
+def _preload(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` and build the report's adapters, in a daemon thread, while the engine
+    makes or destroys the branch (this process only waits for it then). An import that fails
+    here fails again where the module is used, with its error."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            for name in modules:
+                importlib.import_module(name)
+            record.prepare()
+
+    threading.Thread(target=load, name="pgoverlay-preload", daemon=True).start()
 
 
 def _bring_up(
@@ -309,12 +332,15 @@ def handle(
         password_hint=password_hint(name),
         run_url=run_url,
     )
+    # Our comment is looked for now, while the branch and its migrations take their time.
+    closing_nothing = event.kind == "close" and current is None
+    pending = None if closing_nothing else start_comment(github, event, inputs, name)
     refusal = _owner_refusal(current, event.repository)
     if refusal:
         # Nothing of ours to record: the branch and its report belong to the other repository.
         report = dataclasses.replace(skeleton, message=refusal)
         with _timed(timings, "comment"):
-            result, error = post_comment(github, event, inputs, report)
+            result, error = post_comment(github, event, inputs, report, pending=pending)
         return Outcome(
             report=report, branch=None, comment=result, comment_error=error, timings=timings
         )
@@ -322,10 +348,11 @@ def handle(
         if current is None:
             echo(f"no branch {name} to destroy")
             return Outcome(report=None, branch=None)
+        _preload(())
         with _timed(timings, "branch"):
             report = _close(engine, event, current, skeleton)
         with _timed(timings, "comment"):
-            result, error = post_comment(github, event, inputs, report)
+            result, error = post_comment(github, event, inputs, report, pending=pending)
         return Outcome(
             report=report, branch=None, comment=result, comment_error=error, timings=timings
         )
@@ -347,6 +374,7 @@ def handle(
         connection = engine.connection(name)
     else:
         try:
+            _preload(_LATER)
             with _timed(timings, "branch"):
                 b, seconds = _bring_up(engine, event, inputs, current, echo)
             connection = engine.connection(name)
@@ -379,7 +407,7 @@ def handle(
             connection = None
         _save(engine, report)
     with _timed(timings, "comment"):
-        result, error = post_comment(github, event, inputs, report)
+        result, error = post_comment(github, event, inputs, report, pending=pending)
     return Outcome(
         report=report,
         branch=ready,
@@ -404,18 +432,37 @@ def _close(engine: Engine, event: Event, current: BranchView, skeleton: Report) 
     )
 
 
+def start_comment(
+    github: GitHub | None, event: Event, inputs: PrRequest, name: str
+) -> PendingComment | None:
+    """Start looking for the PR's comment on branch ``name``, when one is to be written."""
+    if github is None or not inputs.comment or event.pr is None:
+        return None
+    mark = comment.marker(event.repository, event.pr, name)
+    return github.prefetch_comment(
+        event.repository, event.pr, lambda body: comment.has_marker(body, mark)
+    )
+
+
 def post_comment(
-    github: GitHub | None, event: Event, inputs: PrRequest, report: Report
+    github: GitHub | None,
+    event: Event,
+    inputs: PrRequest,
+    report: Report,
+    *,
+    pending: PendingComment | None = None,
 ) -> tuple[CommentResult | None, str]:
+    """Write the PR's comment for ``report`` (through ``pending`` when its search has begun);
+    the result, or why it could not be written."""
     if github is None or not inputs.comment or event.pr is None:
         return None, ""
     mark = comment.marker(report.repository, report.pr, report.branch_name)
+    body = comment.render_comment(report)
     try:
+        if pending is not None:
+            return pending.write(body), ""
         return github.upsert_comment(
-            report.repository,
-            event.pr,
-            comment.render_comment(report),
-            lambda body: comment.has_marker(body, mark),
+            report.repository, event.pr, body, lambda text: comment.has_marker(text, mark)
         ), ""
     except GitHubError as err:
         hint = (

@@ -65,6 +65,7 @@ import dotenv, github, requests, sqlparse, rich.markup, rich.progress, rich.tabl
 import pgoverlay.runner.service.client, pgoverlay.runner.service.engine, pgoverlay.runner.seed
 import pgoverlay.runner.postgres.sqlerror, pgoverlay.runner.runtime.choose
 import pgoverlay.action.migrations, pgoverlay.action.workflow, pgoverlay.runner.pool.maintenance
+import pgoverlay.action.insight.observe, pgoverlay.action.insight.jsonreport
 import importlib.metadata  # pydantic's plugin loader, when the client first checks an answer
 from pgoverlay.cli import common
 common.out.console, common.err.console

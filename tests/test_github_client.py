@@ -124,3 +124,50 @@ def test_the_job_tokens_normal_403_on_user_is_not_logged(caplog: pytest.LogCaptu
     assert result.action == "unchanged", "the job token is known as github-actions[bot]"
     noisy = [r for r in caplog.records if r.levelno >= logging.INFO and "/user" in r.getMessage()]
     assert noisy == []
+
+
+@responses.activate
+def test_a_first_run_lists_then_creates_without_reading_the_pull_request() -> None:
+    mock_common(responses.mock, [[comment(3, "hi", "alice")]])
+    responses.post(
+        f"{API}/repos/acme/shop/issues/5/comments",
+        status=201,
+        json=comment(9, f"{MARK}\nx", "github-actions[bot]"),
+    )
+    result = client().upsert_comment(
+        "acme/shop", 5, f"{MARK}\nx", lambda body: has_marker(body, MARK)
+    )
+    assert (result.id, result.action) == (9, "created")
+    calls = [(c.request.method, (c.request.url or "").split("?")[0]) for c in responses.calls]
+    assert calls == [
+        ("GET", f"{API}/repos/acme/shop/issues/5/comments"),
+        ("POST", f"{API}/repos/acme/shop/issues/5/comments"),
+    ]
+
+
+@responses.activate
+def test_a_prefetched_comment_deleted_before_the_write_is_created_again() -> None:
+    mock_common(responses.mock, [[comment(2, f"{MARK}\nold", "github-actions[bot]")]])
+    responses.patch(f"{API}/repos/acme/shop/issues/comments/2", status=404, json={})
+    responses.post(
+        f"{API}/repos/acme/shop/issues/5/comments",
+        status=201,
+        json=comment(7, f"{MARK}\nnew", "github-actions[bot]"),
+    )
+    pending = client().prefetch_comment("acme/shop", 5, lambda body: has_marker(body, MARK))
+    result = pending.write(f"{MARK}\nnew")
+    assert (result.id, result.action) == (7, "created")
+
+
+@responses.activate
+def test_a_failed_search_is_the_writes_error_without_the_token() -> None:
+    responses.get(
+        f"{API}/repos/acme/shop/issues/5/comments",
+        status=403,
+        json={"message": "Resource not accessible by integration"},
+    )
+    pending = client().prefetch_comment("acme/shop", 5, lambda body: has_marker(body, MARK))
+    with pytest.raises(GitHubError, match="HTTP 403: Resource not accessible") as caught:
+        pending.write(f"{MARK}\nx")
+    assert "ghs_token" not in str(caught.value)
+    assert [c.request.method for c in responses.calls] == ["GET"]

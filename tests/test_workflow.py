@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import branch
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import BranchView, CreateRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
@@ -261,6 +264,58 @@ def test_server_errors_from_github_are_retried(
         branch.destroy(pool, "shop-pr-5")
 
 
+class ListingFirst(LocalEngine):
+    """Makes a branch only once the PR's comments have been asked for: a workflow that looks
+    for its comment only after the branch is made times out here."""
+
+    def __init__(self, pool: Pool, fake: FakeGitHub) -> None:
+        super().__init__(pool)
+        self.fake = fake
+
+    def create(self, request: CreateRequest) -> BranchView:
+        wait_for(
+            lambda: any(
+                r["method"] == "GET" and r["path"].endswith("/issues/5/comments")
+                for r in self.fake.requests
+            ),
+            timeout=60,
+            what="the workflow to ask for the PR's comments",
+        )
+        return super().create(request)
+
+
+def test_the_comment_is_looked_for_while_the_branch_is_made_and_written_once(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    engine = ListingFirst(pool, fake)
+    try:
+        first = workflow.handle(
+            engine, pr_event(), Inputs(), settings=pool.settings, repo_dir=tmp_path, github=client
+        )
+        assert first.comment is not None and first.comment.action == "created"
+        again = workflow.handle(
+            engine,
+            pr_event(head="c" * 40),
+            Inputs(),
+            settings=pool.settings,
+            repo_dir=tmp_path,
+            github=client,
+        )
+        assert again.comment is not None and again.comment.action == "updated"
+        assert again.comment.id == first.comment.id
+        calls = [f"{r['method']} {r['path']}" for r in fake.requests]
+        assert calls == [
+            "GET /repos/acme/shop/issues/5/comments",
+            "POST /repos/acme/shop/issues/5/comments",
+            "GET /repos/acme/shop/issues/5/comments",
+            "GET /user",
+            f"PATCH /repos/acme/shop/issues/comments/{first.comment.id}",
+        ], "no read of the pull request or the repository, one listing a run"
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
 def test_a_branch_name_taken_by_another_repository_is_refused(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
@@ -481,3 +536,21 @@ def test_a_failed_migration_is_retried_by_a_rerun_of_the_same_head(
         assert third.reused, "a successful head is not redone"
     finally:
         branch.destroy(pool, "shop-pr-5")
+
+
+def test_run_sh_starts_the_actions_own_entry_point_installed_next_to_pgoverlay() -> None:
+    """run.sh finds `pgoverlay-action` beside the `pgoverlay` setup.sh names; a verb it does not
+    know gets its usage (a missing script would be bash's 127)."""
+    done = subprocess.run(
+        [ROOT / "action" / "run.sh", "bogus"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PGOVERLAY_BIN": str(Path(sys.executable).parent / "pgoverlay"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert (done.returncode, done.stderr.strip()) == (2, "usage: pgoverlay-action run|destroy")
