@@ -19,6 +19,7 @@ from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.seed import bases
+from pgoverlay.runner.service.engine import LocalEngine
 
 KILLED = -signal.SIGKILL
 
@@ -244,6 +245,12 @@ def test_seed_list_and_doctor_show_each_warm_branchs_memory(
     # an idle server: more than its binary's share, far less than its shared_buffers
     assert 1024**2 < state["memory_bytes_each"] < 128 * 1024**2
     assert row["branches"] == 0  # warm branches are nobody's yet
+    # What the engine service answers a workflow's user (`seed list` as anyone but root).
+    views = LocalEngine(pool, uid=1000).bases()
+    (view,) = [b for b in views if (b.name, b.version) == (base.name, base.version)]
+    (served,) = view.warm
+    assert (served.runtime, served.target, served.ready) == ("local", 2, 2)
+    assert served.memory_bytes_each and 1024**2 < served.memory_bytes_each < 128 * 1024**2
 
     doctor = cli(["doctor"], env=env)
     assert "2 of 2 warm branches ready on local, " in doctor.stdout, doctor.stdout

@@ -110,7 +110,9 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    table = Table("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    table = Table(
+        "base", "version", "state", "postgres", "size", "seeded", "masked", "branches", "warm"
+    )
     for b in bases:
         table.add_row(
             b.name,
@@ -121,6 +123,10 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
             common.when(b.prepared_at or b.created_at),
             f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
             str(b.branches),
+            ", ".join(
+                f"{w.runtime} {_warm_label(w.ready, w.target, w.memory_bytes_each)}" for w in b.warm
+            )
+            or "-",
         )
     out.print(table)
     return 0
@@ -196,7 +202,10 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             b.mask_label if b.masked else "no",
             str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
             str(refs.get((b.name, b.version), 0)),
-            ", ".join(f"{s.runtime} {_warm_label(s)}" for s in warmth.get(b.name, []))
+            ", ".join(
+                f"{s.runtime} {_warm_label(s.ready, s.target, s.memory_each)}"
+                for s in warmth.get(b.name, [])
+            )
             if latest
             else "-",
         )
@@ -207,14 +216,12 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm_label(state: WarmState | None) -> str:
+def _warm_label(ready: int, target: int, memory_each: int | None) -> str:
     """`2/2 (21.4 MiB each)`: ready of wanted, and what one idle warm branch costs."""
     from pgoverlay.runner.units import format_bytes
 
-    if state is None:
-        return "-"
-    each = f" ({format_bytes(state.memory_each)} each)" if state.memory_each else ""
-    return f"{state.ready}/{state.target}{each}"
+    each = f" ({format_bytes(memory_each)} each)" if memory_each else ""
+    return f"{ready}/{target}{each}"
 
 
 def cmd_seed_warm(args: argparse.Namespace) -> int:
@@ -238,7 +245,8 @@ def cmd_seed_warm(args: argparse.Namespace) -> int:
     for problem in done.problems:
         common.err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
     found = {(s.base_name, s.runtime): s for s in warm.states(p)}.get((base.name, runtime))
-    out.print(f"base {base.name} on {runtime}: {_warm_label(found)} warm branches")
+    label = _warm_label(found.ready, found.target, found.memory_each) if found else "-"
+    out.print(f"base {base.name} on {runtime}: {label} warm branches")
     if done.busy:
         out.print("another pgoverlay is starting warm branches; they follow shortly")
     return 0

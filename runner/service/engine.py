@@ -37,6 +37,7 @@ from pgoverlay.runner.service.views import (
     Layer,
     Record,
     TraceMark,
+    WarmView,
 )
 
 if TYPE_CHECKING:  # requests are pydantic models, made by whoever calls
@@ -97,10 +98,19 @@ class LocalEngine:
     # -- looking --------------------------------------------------------------------------
 
     def bases(self) -> list[BaseView]:
+        from pgoverlay.runner.branch import warm
+
         used: dict[tuple[str, int], int] = {}
         for b in self.pool.registry.branches():
             key = (b.base_name, b.base_version)
             used[key] = used.get(key, 0) + 1
+        warmth: dict[str, list[WarmView]] = {}
+        for s in warm.states(self.pool):
+            view = WarmView(
+                runtime=s.runtime, target=s.target, ready=s.ready, memory_bytes_each=s.memory_each
+            )
+            warmth.setdefault(s.base_name, []).append(view)
+        latest = {b.name: b.version for b in self.pool.registry.bases()}
         return [
             BaseView(
                 name=b.name,
@@ -116,6 +126,7 @@ class LocalEngine:
                 mask_sha256=b.mask_sha256,
                 locked_down=b.locked_down,
                 branches=used.get((b.name, b.version), 0),
+                warm=warmth.get(b.name, []) if latest[b.name] == b.version else [],
             )
             for b in self.pool.registry.bases()
         ]

@@ -55,6 +55,16 @@ class BranchView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WarmView:
+    """A base's warm branches on one runtime: started, unclaimed, each waiting for a create."""
+
+    runtime: str
+    target: int  # how many are kept (`pgoverlay seed warm NAME --count N`)
+    ready: int
+    memory_bytes_each: int | None  # median proportional set size of one; None: not measured
+
+
+@dataclass(frozen=True, kw_only=True)
 class BaseView:
     name: str
     version: int
@@ -69,6 +79,7 @@ class BaseView:
     mask_sha256: str
     locked_down: bool
     branches: int
+    warm: list[WarmView] = field(default_factory=list)  # of the base's latest version only
 
 
 @dataclass(frozen=True, kw_only=True)
