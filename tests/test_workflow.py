@@ -27,7 +27,8 @@ from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
-from pgoverlay.runner.service.models import BranchView, CreateRequest
+from pgoverlay.runner.service.models import CreateRequest
+from pgoverlay.runner.service.views import BranchView
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
