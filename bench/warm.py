@@ -41,7 +41,7 @@ METHODS = {
     "warm-dropped": "warm claim, page cache dropped first",
     "warm": "warm claim, page cache as it is",
 }
-STEPS = ("lock and registry", "password", "login", "total")  # of a warm claim
+STEPS = ("lock and registry", "connect", "password", "login", "total")  # of a warm claim
 
 
 def now() -> float:
@@ -55,27 +55,38 @@ def login(pool: poolmod.Pool, b: Any) -> None:
 
 @contextmanager
 def timed_password(steps: dict[str, float]) -> Iterator[None]:
-    """Time the claim's password step (the engine's connection and its one statement)."""
-    original = branch._claim_login
+    """Time the claim's password step: the engine's connection, then its one statement."""
+    original, connect = branch._claim_login, branch._engine_connection
 
     def timed(*args: Any, **kwargs: Any) -> None:
         start = now()
         try:
             original(*args, **kwargs)
         finally:
-            steps["password"] = now() - start
+            steps["password"] = now() - start - steps.get("connect", 0.0)
+
+    def timed_connect(*args: Any, **kwargs: Any) -> Any:
+        start = now()
+        try:
+            return connect(*args, **kwargs)
+        finally:
+            steps["connect"] = now() - start
 
     branch._claim_login = timed  # type: ignore[assignment]
+    branch._engine_connection = timed_connect  # type: ignore[assignment]
     try:
         yield
     finally:
         branch._claim_login = original  # type: ignore[assignment]
+        branch._engine_connection = connect  # type: ignore[assignment]
 
 
 class WarmBench(Bench):
-    def __init__(self, work: Path, *, samples: int, idle: int, pool_size: str) -> None:
+    def __init__(
+        self, work: Path, *, samples: int, idle: int, pool_size: str, ports: tuple[int, int]
+    ) -> None:
         super().__init__(work, drop_caches=True, pool_size=pool_size, creates=0)
-        self.settings = Settings(home=work / "pool-home", port_min=56900, port_max=56999)
+        self.settings = Settings(home=work / "pool-home", port_min=ports[0], port_max=ports[1])
         self.samples, self.idle = samples, idle
         self.ready: dict[str, dict[str, list[float]]] = {}
         self.claims: dict[str, list[dict[str, float]]] = {}
@@ -98,7 +109,7 @@ class WarmBench(Bench):
         self.keep_warm(base, 0 if method == "cold" else 1)
         if method != "warm":
             self.drop_caches()
-        steps: dict[str, float] = {}
+        steps: dict[str, float] = {"connect": 0.0}  # none when the warm branch's is held
         with timed_password(steps):
             start = now()
             made = branch.create(self.p, name, base_name=base, runtime="local")
@@ -111,7 +122,9 @@ class WarmBench(Bench):
             raise RuntimeError(f"{method} sample {i} was {'warm' if warm_claim else 'cold'}")
         if warm_claim:
             steps["total"] = total
-            steps["lock and registry"] = total - steps["password"] - steps["login"]
+            steps["lock and registry"] = (
+                total - steps["connect"] - steps["password"] - steps["login"]
+            )
             self.claims.setdefault(f"{run.label} {method}", []).append(steps)
         branch.destroy(self.p, name)
         return total
@@ -227,12 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-warm", help="work directory")
     parser.add_argument("--keep", action="store_true", help="keep pool and sources for a re-run")
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
+    parser.add_argument("--ports", default="56900-56999", help="ports of branches and sources")
     args = parser.parse_args(argv)
+    low, _, high = args.ports.partition("-")
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
     poolmod.require_root()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bench = WarmBench(
-        Path(args.work).resolve(), samples=args.samples, idle=args.idle, pool_size=args.pool_size
+        Path(args.work).resolve(),
+        samples=args.samples,
+        idle=args.idle,
+        pool_size=args.pool_size,
+        ports=(int(low), int(high)),
     )
     runs = [SizeRun(gib=g, scale=max(1, round(g * SCALE_PER_GIB))) for g in gibs]
     started, load = dt.datetime.now(dt.UTC), os.getloadavg()[0]
@@ -241,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.sweep()
         for run in runs:
             bench.run_size(run, 0)
-        bench.idle_cost(runs[0])
+        if args.idle:
+            bench.idle_cost(runs[0])
         write_report(render(bench, argv, started, load), start=START, end=END)
         console.log("report written")
     finally:

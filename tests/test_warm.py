@@ -4,18 +4,20 @@ mended by gc after a crash at any claim step, retired when their base is refresh
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import psycopg
 import pytest
 
 from helpers import assert_no_leaks, cli, source_dsn
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import held, warm
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool import Pool, gc, locks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.seed import bases
@@ -279,3 +281,66 @@ def test_the_engine_service_keeps_the_target_met(
             timeout=120,
             what="the service to retire the warm branch",
         )
+
+
+@contextmanager
+def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
+    """One warm branch started by this process, with no engine service starting or retiring
+    any meanwhile (it would find the warm branches' lock taken)."""
+    with locks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
+        pool.registry.set_warm_target(base.name, "local", 1)
+        assert warm.warm_branches(pool) == []
+        yield branch.start_warm(pool, base, "local")
+
+
+def _held_key(pool: Pool, b: Branch) -> str:
+    return os.fspath(branch.layout(pool, b.key).socket_dir)
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_became_warm(
+    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _warm_here(pool, base) as ready:
+        assert _held_key(pool, ready) in held._sessions
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the claim opened a connection of its own")
+
+        monkeypatch.setattr(branch, "_engine_connection", refuse)
+        claimed = branch.create(pool, "held-claim", runtime="local")
+        monkeypatch.undo()
+    try:
+        assert claimed.slot == ready.name
+        assert _login(pool, claimed, claimed.password)
+        assert _held_key(pool, claimed) not in held._sessions  # closed, not held for the user
+    finally:
+        branch.destroy(pool, "held-claim")
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claim_whose_held_connection_was_ended_connects_again(
+    pool: Pool, base: BaseVersion
+) -> None:
+    with _warm_here(pool, base) as ready:
+        with branch._engine_connection(pool, ready, base) as conn:
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert ended == [(True,)]  # the one held connection
+        claimed = branch.create(pool, "reheld-claim", runtime="local")
+    try:
+        assert claimed.slot == ready.name  # claimed warm, not created cold after a failure
+        assert _login(pool, claimed, claimed.password)
+    finally:
+        branch.destroy(pool, "reheld-claim")
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: BaseVersion) -> None:
+    with _warm_here(pool, base) as ready:
+        kept = held._sessions[_held_key(pool, ready)]
+        assert warm.retire(pool, ready)
+    assert kept.closed
+    assert _held_key(pool, ready) not in held._sessions
