@@ -9,17 +9,20 @@ import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli, source_dsn
+from helpers import assert_no_leaks, cli, server_pid, source_dsn
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, gc, locks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.seed import bases
 
 KILLED = -signal.SIGKILL
@@ -344,3 +347,48 @@ def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: Bas
         assert warm.retire(pool, ready)
     assert kept.closed
     assert _held_key(pool, ready) not in held._sessions
+
+
+def _server_processes(pool: Pool, b: Branch) -> tuple[int, list[int]]:
+    """Branch ``b``'s postmaster and its children."""
+    pm = server_pid(pool, b.name)
+    children = Path(f"/proc/{pm}/task/{pm}/children").read_text().split()
+    return pm, [int(pid) for pid in children]
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with_its_password(
+    pool: Pool, base: BaseVersion
+) -> None:
+    with _warm_here(pool, base) as ready:
+        with branch._engine_connection(pool, ready, base) as conn:
+            (held_pid,) = conn.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchone() or (None,)
+        pm, children = _server_processes(pool, ready)
+        # Nothing but the held session runs: no WAL writer, checkpointer, background writer or
+        # autovacuum flushes the WAL after the claim's commit, which stays in shared memory.
+        frozen = [pm, *(pid for pid in children if pid != held_pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            claimed = branch.create(pool, "unflushed", runtime="local")
+        finally:
+            for pid in [pm, *children]:
+                os.kill(pid, signal.SIGKILL)
+    try:
+        assert claimed.slot == ready.name
+        lay = branch.layout(pool, claimed.key)
+        wait_for(lambda: not branch.is_running(pool, claimed) or None, timeout=60, what="the kill")
+        # Started as it is, the server comes back without the claim: nobody can log in.
+        rt = runtime_for(pool, base, "local")
+        rt.start(lay, options=server_options(pool, lay, claimed))
+        assert _rolpassword(pool, claimed, base) is None
+        assert not _login(pool, claimed, claimed.password)
+        rt.stop(lay)
+        # gc's restart, which brings back every ready branch, sets the password again.
+        assert "unflushed" in gc.collect(pool).restarted
+        assert _login(pool, claimed, claimed.password)
+    finally:
+        branch.destroy(pool, "unflushed")

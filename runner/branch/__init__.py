@@ -201,11 +201,13 @@ def _role_password(
     what: str,
     fix: str,
     keep: bool = False,
+    flush: bool = True,
 ) -> None:
     """Give the branch's login role the password whose SCRAM verifier ``secret`` yields (None:
     no password at all) and its rights, in one statement on the engine's connection: the one
     this process holds for the branch (see ``held``) if it still answers, else a new one.
-    With ``keep``, the connection is held afterwards for the branch's claim."""
+    With ``keep``, the connection is held afterwards for the branch's claim; ``flush``: see
+    ``roles.set_password``."""
     import psycopg
 
     from pgoverlay.runner.branch import held
@@ -217,13 +219,13 @@ def _role_password(
         if kept is not None:
             try:
                 with kept:
-                    _alter_role(pool, kept, branch, secret)
+                    _alter_role(pool, kept, branch, secret, flush=flush)
                 return
             except psycopg.Error:
                 pass  # its server restarted or ended the session: a new connection tries again
         conn = _engine_connection(pool, branch, base)
         try:
-            _alter_role(pool, conn, branch, secret)
+            _alter_role(pool, conn, branch, secret, flush=flush)
         except BaseException:
             conn.close()
             raise
@@ -234,7 +236,12 @@ def _role_password(
 
 
 def _alter_role(
-    pool: Pool, conn: psycopg.Connection[Any], branch: Branch, secret: Future[str] | None
+    pool: Pool,
+    conn: psycopg.Connection[Any],
+    branch: Branch,
+    secret: Future[str] | None,
+    *,
+    flush: bool,
 ) -> None:
     from pgoverlay.runner.seed import roles
 
@@ -244,6 +251,7 @@ def _alter_role(
         secret=None if secret is None else secret.result(),
         superuser=pool.settings.branch_superuser,
         createrole=pool.settings.branch_createrole,
+        flush=flush,
     )
 
 
@@ -265,7 +273,12 @@ def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 
 
 def _claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str]) -> None:
-    """A claimed warm branch's password (``secret``: its verifier, being computed)."""
+    """A claimed warm branch's password (``secret``: its verifier, being computed).
+
+    Its commit does not wait for the branch's WAL flush (a user waits for the claim): if the
+    server dies before the WAL writer wrote it, the role is back to no password, which lets
+    nobody in, and ``restart``, which brings every ready branch back, sets the password
+    again from the registry."""
     _role_password(
         pool,
         base,
@@ -275,6 +288,7 @@ def _claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[s
         f"{branch.user} could not be given the branch's password",
         fix="it is undone and the branch created cold; if warm claims keep failing, retire "
         f"the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
+        flush=False,
     )
 
 
@@ -572,7 +586,8 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
 
 
 def restart(pool: Pool, branch: Branch) -> None:
-    """Bring a ready branch whose server is gone (a reboot, a crash) back up."""
+    """Bring a ready branch whose server is gone (a reboot, a crash) back up, with its password
+    set again: a claim's did not wait for the WAL flush (see ``_claim_login``)."""
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
@@ -582,6 +597,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
+    _set_login(pool, base, branch)
     _check_ready(pool, branch)
 
 

@@ -113,20 +113,28 @@ def set_password(
     secret: str | None,
     superuser: bool,
     createrole: bool = False,
+    flush: bool = True,
 ) -> None:
     """Give existing role ``user`` its rights and the password whose SCRAM verifier is
     ``secret`` (None: no password, so no login over a branch's TCP port, where pg_hba.conf
     admits it with SCRAM only), in one statement: one round trip. The session must not log
-    statements (the engine's connections set ``log_statement`` to ``none``)."""
+    statements (the engine's connections set ``log_statement`` to ``none``).
+
+    Without ``flush`` the commit does not wait for the WAL to reach the disk (Postgres's WAL
+    writer writes it a moment later): a server that crashes first comes back with the role as
+    it was before, so only for a change whatever restarts the server makes again."""
     if secret is not None and not secret.startswith("SCRAM-SHA-256$"):
         raise ValueError("set_password takes a SCRAM verifier, never a password")
-    conn.execute(
-        sql.SQL("ALTER ROLE {} LOGIN {} PASSWORD {}").format(
-            sql.Identifier(user),
-            _power(conn, superuser=superuser, createrole=createrole),
-            sql.NULL if secret is None else sql.Literal(secret),
-        )
+    alter = sql.SQL("ALTER ROLE {} LOGIN {} PASSWORD {}").format(
+        sql.Identifier(user),
+        _power(conn, superuser=superuser, createrole=createrole),
+        sql.NULL if secret is None else sql.Literal(secret),
     )
+    if not flush:
+        # One simple query: its statements share one implicit transaction, which SET LOCAL
+        # applies to, in the same round trip.
+        alter = sql.SQL("SET LOCAL synchronous_commit = off; {}").format(alter)
+    conn.execute(alter)
 
 
 def set_login(
