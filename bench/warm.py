@@ -206,10 +206,12 @@ def render(bench: WarmBench, argv: list[str], started: dt.datetime, load: float)
     lines += [
         "",
         "The claim broken down (median ms): the branch's lock and the two registry "
-        "transactions (one binds name, password and owner, one marks it ready) with the "
-        "choice of base and runtime; setting the password (the engine's connection over the "
-        "private socket, one `ALTER ROLE` with a SCRAM verifier computed client-side); the "
-        "user's first login (TCP, SCRAM).",
+        "transactions (one binds name, password and owner, one marks it ready; neither waits "
+        "for the disk) with the choice of base and runtime; the engine's connection over the "
+        "private socket (none when this process holds the session it locked the warm "
+        "branch's role with, as the engine service does); setting the password (one "
+        "`ALTER ROLE` with a SCRAM verifier computed ahead, not waiting for the WAL flush); "
+        "the user's first login (TCP, SCRAM).",
         "",
         "| Claim | " + " | ".join(STEPS) + " |",
         "|---|" + "---|" * len(STEPS),
