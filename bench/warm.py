@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import secrets
 import signal
 import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from engine_report import SizeRun, machine_line, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.seed import roles
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
 
@@ -39,8 +41,11 @@ START, END = "<!-- warm:start -->", "<!-- warm:end -->"
 METHODS = {
     "cold": "cold create (no warm branch)",
     "warm-dropped": "warm claim, page cache dropped first",
+    "before-dropped": "warm claim as before, page cache dropped first",
     "warm": "warm claim, page cache as it is",
+    "before": "warm claim as before, page cache as it is",
 }
+CACHED = {"warm", "before"}  # the methods that leave the page cache as it is
 STEPS = ("lock and registry", "connect", "password", "login", "total")  # of a warm claim
 
 
@@ -81,6 +86,45 @@ def timed_password(steps: dict[str, float]) -> Iterator[None]:
         branch._engine_connection = connect  # type: ignore[assignment]
 
 
+class _Inline:
+    """A verifier computed when the claim asks for it, on its own thread."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+
+    def result(self) -> str:
+        return roles.scram_verifier(self.password)
+
+
+@contextmanager
+def as_before(pool: poolmod.Pool) -> Iterator[None]:
+    """The claim as it was before it skipped work, for a side-by-side run in one process:
+    no held session (a new engine connection each time), the verifier computed after it, and
+    both registry transactions and the ALTER ROLE waiting for the disk."""
+    take, password, set_password = held.take, held.password, roles.set_password
+    transaction = pool.registry.transaction
+
+    def take_none(key: str) -> None:
+        conn = take(key)
+        if conn is not None:
+            conn.close()
+
+    def new_password() -> tuple[str, Any]:
+        made = secrets.token_urlsafe(24)
+        return made, _Inline(made)
+
+    def flushed(*args: Any, **kwargs: Any) -> None:
+        set_password(*args, **{**kwargs, "flush": True})
+
+    held.take, held.password, roles.set_password = take_none, new_password, flushed  # type: ignore[assignment]
+    pool.registry.transaction = lambda durable=True: transaction(durable=True)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        held.take, held.password, roles.set_password = take, password, set_password  # type: ignore[assignment]
+        del pool.registry.transaction
+
+
 class WarmBench(Bench):
     def __init__(
         self, work: Path, *, samples: int, idle: int, pool_size: str, ports: tuple[int, int]
@@ -107,10 +151,11 @@ class WarmBench(Bench):
         base = f"bench-{run.key}"
         name = f"w{i}-{method}"
         self.keep_warm(base, 0 if method == "cold" else 1)
-        if method != "warm":
+        if method not in CACHED:
             self.drop_caches()
         steps: dict[str, float] = {"connect": 0.0}  # none when the warm branch's is held
-        with timed_password(steps):
+        before = as_before(self.p) if method.startswith("before") else nullcontext()
+        with before, timed_password(steps):
             start = now()
             made = branch.create(self.p, name, base_name=base, runtime="local")
             created = now()
