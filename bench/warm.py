@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import secrets
 import signal
 import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from engine_report import SizeRun, machine_line, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.postgres import roles
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
 
@@ -39,9 +41,12 @@ START, END = "<!-- warm:start -->", "<!-- warm:end -->"
 METHODS = {
     "cold": "cold create (no warm branch)",
     "warm-dropped": "warm claim, page cache dropped first",
+    "before-dropped": "warm claim as before, page cache dropped first",
     "warm": "warm claim, page cache as it is",
+    "before": "warm claim as before, page cache as it is",
 }
-STEPS = ("lock and registry", "password", "login", "total")  # of a warm claim
+CACHED = {"warm", "before"}  # the methods that leave the page cache as it is
+STEPS = ("lock and registry", "connect", "password", "login", "total")  # of a warm claim
 
 
 def now() -> float:
@@ -55,27 +60,77 @@ def login(pool: poolmod.Pool, b: Any) -> None:
 
 @contextmanager
 def timed_password(steps: dict[str, float]) -> Iterator[None]:
-    """Time the claim's password step (the engine's connection and its one statement)."""
-    original = branch._claim_login
+    """Time the claim's password step: the engine's connection, then its one statement."""
+    original, connect = branch._claim_login, branch._engine_connection
 
     def timed(*args: Any, **kwargs: Any) -> None:
         start = now()
         try:
             original(*args, **kwargs)
         finally:
-            steps["password"] = now() - start
+            steps["password"] = now() - start - steps.get("connect", 0.0)
+
+    def timed_connect(*args: Any, **kwargs: Any) -> Any:
+        start = now()
+        try:
+            return connect(*args, **kwargs)
+        finally:
+            steps["connect"] = now() - start
 
     branch._claim_login = timed  # type: ignore[assignment]
+    branch._engine_connection = timed_connect  # type: ignore[assignment]
     try:
         yield
     finally:
         branch._claim_login = original  # type: ignore[assignment]
+        branch._engine_connection = connect  # type: ignore[assignment]
+
+
+class _Inline:
+    """A verifier computed when the claim asks for it, on its own thread."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+
+    def result(self) -> str:
+        return roles.scram_verifier(self.password)
+
+
+@contextmanager
+def as_before(pool: poolmod.Pool) -> Iterator[None]:
+    """The claim as it was before it skipped work, for a side-by-side run in one process:
+    no held session (a new engine connection each time), the verifier computed after it, and
+    both registry transactions and the ALTER ROLE waiting for the disk."""
+    take, password, set_password = held.take, held.password, roles.set_password
+    transaction = pool.registry.transaction
+
+    def take_none(key: str) -> None:
+        conn = take(key)
+        if conn is not None:
+            conn.close()
+
+    def new_password() -> tuple[str, Any]:
+        made = secrets.token_urlsafe(24)
+        return made, _Inline(made)
+
+    def flushed(*args: Any, **kwargs: Any) -> None:
+        set_password(*args, **{**kwargs, "flush": True})
+
+    held.take, held.password, roles.set_password = take_none, new_password, flushed  # type: ignore[assignment]
+    pool.registry.transaction = lambda durable=True: transaction(durable=True)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        held.take, held.password, roles.set_password = take, password, set_password  # type: ignore[assignment]
+        del pool.registry.transaction
 
 
 class WarmBench(Bench):
-    def __init__(self, work: Path, *, samples: int, idle: int, pool_size: str) -> None:
+    def __init__(
+        self, work: Path, *, samples: int, idle: int, pool_size: str, ports: tuple[int, int]
+    ) -> None:
         super().__init__(work, drop_caches=True, pool_size=pool_size, creates=0)
-        self.settings = Settings(home=work / "pool-home", port_min=56900, port_max=56999)
+        self.settings = Settings(home=work / "pool-home", port_min=ports[0], port_max=ports[1])
         self.samples, self.idle = samples, idle
         self.ready: dict[str, dict[str, list[float]]] = {}
         self.claims: dict[str, list[dict[str, float]]] = {}
@@ -96,10 +151,11 @@ class WarmBench(Bench):
         base = f"bench-{run.key}"
         name = f"w{i}-{method}"
         self.keep_warm(base, 0 if method == "cold" else 1)
-        if method != "warm":
+        if method not in CACHED:
             self.drop_caches()
-        steps: dict[str, float] = {}
-        with timed_password(steps):
+        steps: dict[str, float] = {"connect": 0.0}  # none when the warm branch's is held
+        before = as_before(self.p) if method.startswith("before") else nullcontext()
+        with before, timed_password(steps):
             start = now()
             made = branch.create(self.p, name, base_name=base, runtime="local")
             created = now()
@@ -111,7 +167,9 @@ class WarmBench(Bench):
             raise RuntimeError(f"{method} sample {i} was {'warm' if warm_claim else 'cold'}")
         if warm_claim:
             steps["total"] = total
-            steps["lock and registry"] = total - steps["password"] - steps["login"]
+            steps["lock and registry"] = (
+                total - steps["connect"] - steps["password"] - steps["login"]
+            )
             self.claims.setdefault(f"{run.label} {method}", []).append(steps)
         branch.destroy(self.p, name)
         return total
@@ -172,12 +230,27 @@ def ms(values: list[float], q: float = 0.5) -> str:
     return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:.1f}"
 
 
+def shown(argv: list[str]) -> list[str]:
+    """``argv`` without the work directory: where this machine keeps files is no one's concern."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--work":
+            skip = True
+        elif not arg.startswith("--work="):
+            out.append(arg)
+    return out
+
+
 def render(bench: WarmBench, argv: list[str], started: dt.datetime, load: float) -> str:
     lines = [
         START,
         "## Warm branches",
         "",
-        f"Generated by `python bench/warm.py {' '.join(argv)}` on {started:%Y-%m-%d %H:%M} UTC. "
+        f"Generated by `python bench/warm.py {' '.join(shown(argv))}` on "
+        f"{started:%Y-%m-%d %H:%M} UTC. "
         "Create-to-ready: `branch.create` returned and a real TCP login with the new password "
         f"ran `SELECT 1`. Methods take turns; {bench.samples} samples each; milliseconds.",
         "",
@@ -193,10 +266,12 @@ def render(bench: WarmBench, argv: list[str], started: dt.datetime, load: float)
     lines += [
         "",
         "The claim broken down (median ms): the branch's lock and the two registry "
-        "transactions (one binds name, password and owner, one marks it ready) with the "
-        "choice of base and runtime; setting the password (the engine's connection over the "
-        "private socket, one `ALTER ROLE` with a SCRAM verifier computed client-side); the "
-        "user's first login (TCP, SCRAM).",
+        "transactions (one binds name, password and owner, one marks it ready; neither waits "
+        "for the disk) with the choice of base and runtime; the engine's connection over the "
+        "private socket (none when this process holds the session it locked the warm "
+        "branch's role with, as the engine service does); setting the password (one "
+        "`ALTER ROLE` with a SCRAM verifier computed ahead, not waiting for the WAL flush); "
+        "the user's first login (TCP, SCRAM).",
         "",
         "| Claim | " + " | ".join(STEPS) + " |",
         "|---|" + "---|" * len(STEPS),
@@ -227,12 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-warm", help="work directory")
     parser.add_argument("--keep", action="store_true", help="keep pool and sources for a re-run")
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
+    parser.add_argument("--ports", default="56900-56999", help="ports of branches and sources")
     args = parser.parse_args(argv)
+    low, _, high = args.ports.partition("-")
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
     poolmod.require_root()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bench = WarmBench(
-        Path(args.work).resolve(), samples=args.samples, idle=args.idle, pool_size=args.pool_size
+        Path(args.work).resolve(),
+        samples=args.samples,
+        idle=args.idle,
+        pool_size=args.pool_size,
+        ports=(int(low), int(high)),
     )
     runs = [SizeRun(gib=g, scale=max(1, round(g * SCALE_PER_GIB))) for g in gibs]
     started, load = dt.datetime.now(dt.UTC), os.getloadavg()[0]
@@ -241,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.sweep()
         for run in runs:
             bench.run_size(run, 0)
-        bench.idle_cost(runs[0])
+        if args.idle:
+            bench.idle_cost(runs[0])
         write_report(render(bench, argv, started, load), start=START, end=END)
         console.log("report written")
     finally:

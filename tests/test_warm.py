@@ -4,20 +4,25 @@ mended by gc after a crash at any claim step, retired when their base is refresh
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli, source_dsn
+from helpers import assert_no_leaks, cli, server_pid, source_dsn
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool import Pool, gc, locks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.seed import bases
 from pgoverlay.runner.service.engine import LocalEngine
 
@@ -286,3 +291,111 @@ def test_the_engine_service_keeps_the_target_met(
             timeout=120,
             what="the service to retire the warm branch",
         )
+
+
+@contextmanager
+def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
+    """One warm branch started by this process, with no engine service starting or retiring
+    any meanwhile (it would find the warm branches' lock taken)."""
+    with locks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
+        pool.registry.set_warm_target(base.name, "local", 1)
+        assert warm.warm_branches(pool) == []
+        yield branch.start_warm(pool, base, "local")
+
+
+def _held_key(pool: Pool, b: Branch) -> str:
+    return os.fspath(branch.layout(pool, b.key).socket_dir)
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_became_warm(
+    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _warm_here(pool, base) as ready:
+        assert _held_key(pool, ready) in held._sessions
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the claim opened a connection of its own")
+
+        monkeypatch.setattr(branch, "_engine_connection", refuse)
+        claimed = branch.create(pool, "held-claim", runtime="local")
+        monkeypatch.undo()
+    try:
+        assert claimed.slot == ready.name
+        assert _login(pool, claimed, claimed.password)
+        assert _held_key(pool, claimed) not in held._sessions  # closed, not held for the user
+    finally:
+        branch.destroy(pool, "held-claim")
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claim_whose_held_connection_was_ended_connects_again(
+    pool: Pool, base: BaseVersion
+) -> None:
+    with _warm_here(pool, base) as ready:
+        with branch._engine_connection(pool, ready, base) as conn:
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert ended == [(True,)]  # the one held connection
+        claimed = branch.create(pool, "reheld-claim", runtime="local")
+    try:
+        assert claimed.slot == ready.name  # claimed warm, not created cold after a failure
+        assert _login(pool, claimed, claimed.password)
+    finally:
+        branch.destroy(pool, "reheld-claim")
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: BaseVersion) -> None:
+    with _warm_here(pool, base) as ready:
+        kept = held._sessions[_held_key(pool, ready)]
+        assert warm.retire(pool, ready)
+    assert kept.closed
+    assert _held_key(pool, ready) not in held._sessions
+
+
+def _server_processes(pool: Pool, b: Branch) -> tuple[int, list[int]]:
+    """Branch ``b``'s postmaster and its children."""
+    pm = server_pid(pool, b.name)
+    children = Path(f"/proc/{pm}/task/{pm}/children").read_text().split()
+    return pm, [int(pid) for pid in children]
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with_its_password(
+    pool: Pool, base: BaseVersion
+) -> None:
+    with _warm_here(pool, base) as ready:
+        with branch._engine_connection(pool, ready, base) as conn:
+            (held_pid,) = conn.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchone() or (None,)
+        pm, children = _server_processes(pool, ready)
+        # Nothing but the held session runs: no WAL writer, checkpointer, background writer or
+        # autovacuum flushes the WAL after the claim's commit, which stays in shared memory.
+        frozen = [pm, *(pid for pid in children if pid != held_pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            claimed = branch.create(pool, "unflushed", runtime="local")
+        finally:
+            for pid in [pm, *children]:
+                os.kill(pid, signal.SIGKILL)
+    try:
+        assert claimed.slot == ready.name
+        lay = branch.layout(pool, claimed.key)
+        wait_for(lambda: not branch.is_running(pool, claimed) or None, timeout=60, what="the kill")
+        # Started as it is, the server comes back without the claim: nobody can log in.
+        rt = runtime_for(pool, base, "local")
+        rt.start(lay, options=server_options(pool, lay, claimed))
+        assert _rolpassword(pool, claimed, base) is None
+        assert not _login(pool, claimed, claimed.password)
+        rt.stop(lay)
+        # gc's restart, which brings back every ready branch, sets the password again.
+        assert "unflushed" in gc.collect(pool).restarted
+        assert _login(pool, claimed, claimed.password)
+    finally:
+        branch.destroy(pool, "unflushed")

@@ -40,6 +40,8 @@ from pgoverlay.runner.runtime.choose import choose, runtime_for
 # psycopg, and the login role's SQL (postgres/roles.py), are imported where a server is
 # talked to: `branch list` and the other views start without them.
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import psycopg
 
 log = logging.getLogger(__name__)
@@ -190,23 +192,66 @@ def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 
 
 def _role_password(
-    pool: Pool, base: BaseVersion, branch: Branch, password: str | None, *, what: str, fix: str
+    pool: Pool,
+    base: BaseVersion,
+    branch: Branch,
+    secret: Future[str] | None,
+    *,
+    what: str,
+    fix: str,
+    keep: bool = False,
+    flush: bool = True,
 ) -> None:
-    """Give the branch's login role ``password`` (None: none at all) and its rights, in one
-    statement on the engine's connection."""
-    from pgoverlay.runner.postgres import roles, sqlerror
+    """Give the branch's login role the password whose SCRAM verifier ``secret`` yields (None:
+    no password at all) and its rights, in one statement on the engine's connection: the one
+    this process holds for the branch (see ``held``) if it still answers, else a new one.
+    With ``keep``, the connection is held afterwards for the branch's claim; ``flush``: see
+    ``roles.set_password``."""
+    import psycopg
 
-    with (
-        sqlerror.wrapped(BranchStartError, what=what, fix=fix),
-        _engine_connection(pool, branch, base) as conn,
-    ):
-        roles.set_password(
-            conn,
-            user=branch.user,
-            password=password,
-            superuser=pool.settings.branch_superuser,
-            createrole=pool.settings.branch_createrole,
-        )
+    from pgoverlay.runner.branch import held
+    from pgoverlay.runner.postgres import sqlerror
+
+    key = os.fspath(layout(pool, branch.key).socket_dir)
+    with sqlerror.wrapped(BranchStartError, what=what, fix=fix):
+        kept = held.take(key)
+        if kept is not None:
+            try:
+                with kept:
+                    _alter_role(pool, kept, branch, secret, flush=flush)
+                return
+            except psycopg.Error:
+                pass  # its server restarted or ended the session: a new connection tries again
+        conn = _engine_connection(pool, branch, base)
+        try:
+            _alter_role(pool, conn, branch, secret, flush=flush)
+        except BaseException:
+            conn.close()
+            raise
+        if keep:
+            held.keep(key, conn)
+        else:
+            conn.close()
+
+
+def _alter_role(
+    pool: Pool,
+    conn: psycopg.Connection[Any],
+    branch: Branch,
+    secret: Future[str] | None,
+    *,
+    flush: bool,
+) -> None:
+    from pgoverlay.runner.postgres import roles
+
+    roles.set_password(
+        conn,
+        user=branch.user,
+        secret=None if secret is None else secret.result(),
+        superuser=pool.settings.branch_superuser,
+        createrole=pool.settings.branch_createrole,
+        flush=flush,
+    )
 
 
 def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
@@ -221,21 +266,28 @@ def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
         "be locked",
         fix="it is undone; the base's superuser must be able to log in over the branch's "
         "socket (seed the base again)",
+        keep=True,
     )
     _check_listening(pool, branch)
 
 
-def _claim_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    """A claimed warm branch's password."""
+def _claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str]) -> None:
+    """A claimed warm branch's password (``secret``: its verifier, being computed).
+
+    Its commit does not wait for the branch's WAL flush (a user waits for the claim): if the
+    server dies before the WAL writer wrote it, the role is back to no password, which lets
+    nobody in, and ``restart``, which brings every ready branch back, sets the password
+    again from the registry."""
     _role_password(
         pool,
         base,
         branch,
-        branch.password,
+        secret,
         what=f"warm branch {branch.slot} was claimed as {branch.name} but its login role "
         f"{branch.user} could not be given the branch's password",
         fix="it is undone and the branch created cold; if warm claims keep failing, retire "
         f"the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
+        flush=False,
     )
 
 
@@ -329,25 +381,31 @@ def create(
     chosen = choose(pool.settings, "branch", requested=runtime, major=base.pg_major or 0).name
     # Refuse a major-version mismatch (binaries or image) before touching anything.
     runtime_for(pool, base, chosen, check=True)
+    from pgoverlay.runner.branch import held
+
+    password, secret = held.password()  # a claim needs its verifier; a cold create lets it go
     with locks.hold(
         pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
     ):
         now = time.time()
         asked: dict[str, Any] = {
             "name": name,
-            "password": secrets.token_urlsafe(24),
+            "password": password,
             "created_at": now,
             "expires_at": now + ttl_seconds if ttl_seconds else None,
             "repository": repository,
             "pr": pr,
             "owner_uid": owner_uid,
         }
-        with pool.registry.transaction() as db:
+        # Not durable (see Registry.transaction): after a host crash a lost claim is a warm
+        # branch again, whose stopped server gets it retired; a lost "ready" leaves it
+        # claiming, which gc undoes.
+        with pool.registry.transaction(durable=False) as db:
             _check_free(pool, db, base, name)
             claimed = pool.registry.claim_warm(db, base, chosen, **asked)
         if claimed is not None:
             try:
-                return _finish_claim(pool, base, claimed)
+                return _finish_claim(pool, base, claimed, secret)
             except PgoverlayError as err:
                 log.warning("claiming warm branch %s failed (%s); creating it cold", name, err)
                 teardown(pool, claimed)
@@ -406,15 +464,17 @@ def _check_free(pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str
         )
 
 
-def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch) -> Branch:
+def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch, secret: Future[str]) -> Branch:
     """The claim's remaining step: the branch's password; then it is ready."""
     fault(pool, "claim:bound")
-    _claim_login(pool, base, claimed)
+    _claim_login(pool, base, claimed, secret)
     fault(pool, "claim:password")
     # No login over TCP here, unlike a cold create: the server has just answered the engine,
     # and its port answered with this role's SCRAM exchange when it became warm.
     ready_at = time.time()
-    pool.registry.update_branch(claimed.name, state="ready", step="", ready_at=ready_at)
+    pool.registry.update_branch(
+        claimed.name, durable=False, state="ready", step="", ready_at=ready_at
+    )
     log.info("branch %s claimed warm on port %s", claimed.name, claimed.port)
     return dataclasses.replace(claimed, state="ready", step="", ready_at=ready_at)
 
@@ -460,7 +520,10 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
 
 def teardown(pool: Pool, branch: Branch) -> None:
     """Stop, unmount and remove everything of ``branch``, then forget it. Idempotent."""
+    from pgoverlay.runner.branch import held
+
     lay = layout(pool, branch.key)
+    held.drop(os.fspath(lay.socket_dir))
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
         rt = runtime_for(pool, base, branch.runtime)
@@ -522,7 +585,8 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
 
 
 def restart(pool: Pool, branch: Branch) -> None:
-    """Bring a ready branch whose server is gone (a reboot, a crash) back up."""
+    """Bring a ready branch whose server is gone (a reboot, a crash) back up, with its password
+    set again: a claim's did not wait for the WAL flush (see ``_claim_login``)."""
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
@@ -532,6 +596,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
+    _set_login(pool, base, branch)
     _check_ready(pool, branch)
 
 

@@ -287,6 +287,7 @@ class Registry:
             if fresh:
                 os.chmod(path, 0o600)
             self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # what a transaction is unless told
             self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
@@ -357,17 +358,29 @@ class Registry:
         self._db.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; SQLite's errors in it leave as RegistryError."""
+    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; SQLite's errors in it leave as RegistryError.
+
+        A transaction that is not ``durable`` commits without waiting for the disk
+        (``synchronous = NORMAL``): a killed process loses nothing, but a power loss or a host
+        crash may roll it back, until the next durable transaction (or checkpoint) of anyone
+        writes it down. Only for steps whose undoing after a host crash leaves a row ``gc``
+        mends: a warm branch's claim, whose server a host crash stops anyway."""
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            if not durable:
+                self._db.execute("PRAGMA synchronous = NORMAL")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            finally:
+                if not durable:
+                    self._db.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as err:
             raise self._failed(err) from None
 
@@ -572,13 +585,14 @@ class Registry:
     def used_ports(self, db: sqlite3.Connection) -> set[int]:
         return {int(row[0]) for row in db.execute("SELECT port FROM branches")}
 
-    def update_branch(self, name: str, **values: Any) -> None:
+    def update_branch(self, name: str, *, durable: bool = True, **values: Any) -> None:
+        """Set ``values`` in branch ``name``'s row (``durable``: see ``transaction``)."""
         allowed = {f.name for f in fields(Branch)} - {"name"}
         unknown = set(values) - allowed
         if unknown:
             raise ValueError(f"unknown branch fields: {sorted(unknown)}")
         assignments = ", ".join(f"{key} = ?" for key in values)
-        with self.transaction() as db:
+        with self.transaction(durable=durable) as db:
             db.execute(
                 f"UPDATE branches SET {assignments} WHERE name = ?", (*values.values(), name)
             )

@@ -14,6 +14,11 @@ every membership of a non-superuser in a superuser or a dangerous predefined rol
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import os
+import string
 from typing import Any
 
 import psycopg
@@ -73,26 +78,63 @@ def verifier(conn: psycopg.Connection[Any], *, user: str, password: str) -> str:
     return conn.pgconn.encrypt_password(password.encode(), user.encode(), b"scram-sha-256").decode()
 
 
+# What Postgres itself uses (and the least pgJDBC's SCRAM client accepts from a server).
+SCRAM_ITERATIONS = 4096
+_TOKEN_ALPHABET = frozenset(string.ascii_letters + string.digits + "-_")
+
+
+def scram_verifier(
+    password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS
+) -> str:
+    """The SCRAM-SHA-256 verifier of ``password`` (RFC 5802, in Postgres's stored form), without
+    a connection: a claim computes it while the engine's connection is being made, and
+    hashlib's PBKDF2 lets other threads run meanwhile.
+
+    Only for the passwords pgoverlay makes (``secrets.token_urlsafe``): for them SASLprep,
+    which Postgres applies first, changes nothing; any other password goes to ``verifier``."""
+    if not password or not set(password) <= _TOKEN_ALPHABET:
+        raise ValueError("scram_verifier takes only URL-safe token passwords")
+    salt = os.urandom(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    b64 = base64.b64encode
+    return (
+        f"SCRAM-SHA-256${iterations}:{b64(salt).decode()}"
+        f"${b64(stored_key).decode()}:{b64(server_key).decode()}"
+    )
+
+
 def set_password(
     conn: psycopg.Connection[Any],
     *,
     user: str,
-    password: str | None,
+    secret: str | None,
     superuser: bool,
     createrole: bool = False,
+    flush: bool = True,
 ) -> None:
-    """Give existing role ``user`` its rights and ``password`` (None: no password, so no login
-    over a branch's TCP port, where pg_hba.conf admits it with SCRAM only), in one statement:
-    one round trip. The session must not log statements (the engine's connections set
-    ``log_statement`` to ``none``)."""
-    secret = (
-        sql.NULL if password is None else sql.Literal(verifier(conn, user=user, password=password))
+    """Give existing role ``user`` its rights and the password whose SCRAM verifier is
+    ``secret`` (None: no password, so no login over a branch's TCP port, where pg_hba.conf
+    admits it with SCRAM only), in one statement: one round trip. The session must not log
+    statements (the engine's connections set ``log_statement`` to ``none``).
+
+    Without ``flush`` the commit does not wait for the WAL to reach the disk (Postgres's WAL
+    writer writes it a moment later): a server that crashes first comes back with the role as
+    it was before, so only for a change whatever restarts the server makes again."""
+    if secret is not None and not secret.startswith("SCRAM-SHA-256$"):
+        raise ValueError("set_password takes a SCRAM verifier, never a password")
+    alter = sql.SQL("ALTER ROLE {} LOGIN {} PASSWORD {}").format(
+        sql.Identifier(user),
+        _power(conn, superuser=superuser, createrole=createrole),
+        sql.NULL if secret is None else sql.Literal(secret),
     )
-    conn.execute(
-        sql.SQL("ALTER ROLE {} LOGIN {} PASSWORD {}").format(
-            sql.Identifier(user), _power(conn, superuser=superuser, createrole=createrole), secret
-        )
-    )
+    if not flush:
+        # One simple query: its statements share one implicit transaction, which SET LOCAL
+        # applies to, in the same round trip.
+        alter = sql.SQL("SET LOCAL synchronous_commit = off; {}").format(alter)
+    conn.execute(alter)
 
 
 def set_login(
