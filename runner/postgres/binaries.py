@@ -121,7 +121,9 @@ def _candidate_bindirs(override: Path | None) -> list[Path]:
     dirs += sorted(Path("/usr").glob("pgsql-*/bin"))
     on_path = shutil.which("postgres")
     if on_path:
-        dirs.append(Path(on_path).parent)
+        # the folder of the program itself: a link on PATH (e.g. /usr/local/bin/postgres) to
+        # an installation's binary names that installation, not a second one to ask
+        dirs.append(Path(on_path).resolve().parent)
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
