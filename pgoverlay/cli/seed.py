@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -55,19 +56,23 @@ def cmd_seed(args: argparse.Namespace) -> int:
         else credentials.NONE
     )
     p = common.pool()
-    bar, update = common.seed_progress()
+    # A progress bar only for someone watching: elsewhere (a script, a log) nothing would be
+    # drawn, and neither rich nor pg_basebackup's size estimate is paid for.
+    bar, update = common.seed_progress() if sys.stderr.isatty() else (None, None)
 
     def ask_password(label: str) -> str:
         import getpass
 
-        bar.stop()  # the prompt needs the terminal the progress bar draws on
+        if bar is not None:
+            bar.stop()  # the prompt needs the terminal the progress bar draws on
         try:
             return getpass.getpass(f"password for the source {label}: ")
         finally:
-            bar.start()
+            if bar is not None:
+                bar.start()
 
     started = time.monotonic()
-    with bar:
+    with bar if bar is not None else contextlib.nullcontext():
         if args.demo:
             from pgoverlay.runner import demo  # its sample data: only for the demo
 

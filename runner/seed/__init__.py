@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -34,9 +34,6 @@ from pgoverlay.errors import (
     SourceUnreachableError,
 )
 from pgoverlay.runner import proc, safefs
-from pgoverlay.runner.mask import rules as maskrules
-from pgoverlay.runner.mask import schema as maskcheck
-from pgoverlay.runner.mask.rules import RulesFile
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, mounts, release_freed, require_root
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -49,6 +46,9 @@ from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
 from pgoverlay.runner.seed.source import SourceInfo, Tablespace
 from pgoverlay.runner.seed.steps import Laps
+
+if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
+    from pgoverlay.runner.mask.rules import RulesFile
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,8 @@ def _basebackup(
                     "stream",
                     "-c",
                     "fast",
-                    "--progress",
+                    # the size estimate --progress needs is a walk of the source's files first
+                    *(["--progress"] if progress is not None else []),
                     "--no-password",
                     # Not a fsync per file (each one a flush of the pool image's disk): the
                     # server that prepares the copy starts with one syncfs
@@ -316,7 +317,11 @@ def seed(
     check_name(name, what="base")
     require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
-    rules = maskrules.load(mask) if mask is not None else None
+    rules = None
+    if mask is not None:
+        from pgoverlay.runner.mask import rules as maskrules
+
+        rules = maskrules.load(mask)
     with (
         locks.hold(
             pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
@@ -392,6 +397,8 @@ def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
 
 def check_rules_on_source(src: Source, rules: RulesFile) -> None:
     """Fail fast, before copying anything, when the rules do not fit the source's schema."""
+    from pgoverlay.runner.mask import schema as maskcheck
+
     try:
         with src.connect() as conn:
             maskcheck.check(

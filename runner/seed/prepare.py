@@ -16,19 +16,22 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner import mask, safefs
-from pgoverlay.runner.mask.rules import RulesFile
+from pgoverlay.runner import safefs
 from pgoverlay.runner.names import check_hba_name
 from pgoverlay.runner.postgres import cluster, roles, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
 from pgoverlay.runner.seed import baseconf, lockdown, tablespaces
 from pgoverlay.runner.seed.steps import Laps
+
+if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
+    from pgoverlay.runner import mask
+    from pgoverlay.runner.mask.rules import RulesFile
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,8 @@ def prepare(
                         f"database {database!r} from the DSN is not in the base (it has: "
                         f"{', '.join(databases)}), so it cannot be masked; fix dbname in the DSN"
                     )
+                from pgoverlay.runner import mask  # masking's rules and SQL: only to mask
+
                 dropped = mask.drop_other_databases(conn, connect, keep=database)
                 databases = [d for d in databases if d not in dropped]
             neutralised += lockdown.roles(conn, branch_user=branch_user)
@@ -164,6 +169,8 @@ def prepare(
             with connect(database) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)
                 if masking is not None:
+                    from pgoverlay.runner import mask
+
                     masked = mask.apply(
                         conn, masking.rules, rules_name=masking.name, statement_timeout=timeout
                     )
@@ -192,6 +199,8 @@ def prepare(
         )
     laps.lap("controldata")
     if masked is not None:
+        from pgoverlay.runner import mask
+
         mask.finish(datadir, masked)
     install.run(
         "pg_resetwal", [f"--wal-segsize={wal_segsize_mb}", "-D", datadir], timeout=600, user=owner
