@@ -321,6 +321,22 @@ def write_report(section: str, *, start: str = START, end: str = END) -> None:
     REPORT.write_text(text)
 
 
+def shown_args(argv: list[str]) -> str:
+    """A benchmark's command line as its report shows it: without where it ran (the work
+    directory, a path of the machine) and without what does not change the figures."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip or arg.startswith("--work=") or arg in ("--keep", "--no-report"):
+            skip = False
+            continue
+        if arg == "--work":
+            skip = True
+            continue
+        out.append(arg)
+    return " ".join(out)
+
+
 def machine_line(major: int, load: float) -> str:
     """The report's last line: what ran the benchmark, and how busy it was at the start."""
     return (

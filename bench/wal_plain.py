@@ -51,7 +51,7 @@ from engine import (
     scalar,
     wal_pos,
 )
-from engine_report import Sample, SizeRun, machine_line, write_report
+from engine_report import Sample, SizeRun, machine_line, shown_args, write_report
 from wal import SHIPPED, WalBench
 
 from pgoverlay.runner import branch
@@ -380,21 +380,6 @@ def render_size(res: SizeResults, cycles: int) -> list[str]:
         f"files, socket and port, in: {differ}. Both run with {same}.",
     ]
     return lines
-
-
-def shown_args(argv: list[str]) -> str:
-    """The command line as the report shows it: without the work directory, a path of the
-    machine that ran it."""
-    shown: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--work":
-            skip = True
-        elif not arg.startswith("--work="):
-            shown.append(arg)
-    return " ".join(shown)
 
 
 def render(results: list[SizeResults], argv: list[str], started: dt.datetime, ctx: str) -> str:
