@@ -232,7 +232,11 @@ def test_verdicts_name_what_blocks_production(sql_runs: dict[str, MigrationRun])
     index = insight_of(sql_runs, "006_index.sql").verdict
     assert index.text.startswith("blocks writes to `public.orders`")
     assert "CREATE INDEX CONCURRENTLY" in index.text
-    assert insight_of(sql_runs, "009_fk_not_valid.sql").verdict.text == "safe online"
+    # NOT VALID holds its locks for an instant: "safe online", or, on a machine too busy to
+    # finish it within a tenth of a second, a notice naming that short lock; never "over".
+    fk = insight_of(sql_runs, "009_fk_not_valid.sql").verdict
+    assert fk.level in ("safe", "notice")
+    assert fk.text == "safe online" or fk.text.startswith("blocks writes to `public.")
 
 
 def test_alembic_as_a_migrate_command_gives_the_same_locks_and_rewrites(
