@@ -333,12 +333,10 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
     pool: Pool, base: BaseVersion
 ) -> None:
     with _warm_here(pool, base) as ready:
+        held_pids = _other_backends(pool, ready, base)
+        assert len(held_pids) == 1  # the one held connection
         with branch._engine_connection(pool, ready, base) as conn:
-            ended = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-            ).fetchall()
-        assert ended == [(True,)]  # the one held connection
+            assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
         claimed = branch.create(pool, "reheld-claim", runtime="local")
     try:
         assert claimed.slot == ready.name  # claimed warm, not created cold after a failure
@@ -356,6 +354,17 @@ def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: Bas
     assert _held_key(pool, ready) not in held._sessions
 
 
+def _other_backends(pool: Pool, b: Branch, base: BaseVersion) -> list[int]:
+    """The pids of branch ``b``'s client backends but the engine connection asking (so: the
+    one a warm branch's starter holds, when it holds one)."""
+    with branch._engine_connection(pool, b, base) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
 def _server_processes(pool: Pool, b: Branch) -> tuple[int, list[int]]:
     """Branch ``b``'s postmaster and its children."""
     pm = server_pid(pool, b.name)
@@ -368,11 +377,7 @@ def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with
     pool: Pool, base: BaseVersion
 ) -> None:
     with _warm_here(pool, base) as ready:
-        with branch._engine_connection(pool, ready, base) as conn:
-            (held_pid,) = conn.execute(
-                "SELECT pid FROM pg_stat_activity "
-                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-            ).fetchone() or (None,)
+        (held_pid,) = _other_backends(pool, ready, base)
         pm, children = _server_processes(pool, ready)
         # Nothing but the held session runs: no WAL writer, checkpointer, background writer or
         # autovacuum flushes the WAL after the claim's commit, which stays in shared memory.
