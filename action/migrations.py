@@ -27,7 +27,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
-from pgoverlay.runner.branch.login import Connection
+from pgoverlay.runner.service.views import Connection
 
 # psycopg and sqlparse are imported when migrations run: a re-run that finds its branch up to
 # date, or a close, does without them.

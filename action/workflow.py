@@ -34,10 +34,9 @@ from pgoverlay.errors import (
     PgoverlayError,
     RequestError,
 )
-from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.service.models import CreateRequest, RecordRequest
-from pgoverlay.runner.service.views import BaseView, BranchView
+from pgoverlay.runner.service.views import BaseView, BranchView, Connection
 from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:

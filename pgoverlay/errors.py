@@ -269,6 +269,11 @@ class ServiceError(PgoverlayError):
     exit_code = 30
 
 
+class SettingsDifferError(ServiceError):
+    """Root asked the engine service to act with settings other than the service's own: root's
+    CLI then works on the pool itself."""
+
+
 class BaseInUseError(PgoverlayError):
     """A base (or one version of it) that branches still use was asked to be removed without
     destroying them."""

@@ -10,7 +10,6 @@ than the rest of its start-up (see docs/benchmarks.md, "process").
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,8 +17,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
 from pgoverlay.errors import SettingError
-
-log = logging.getLogger(__name__)
 
 ENV_PREFIX = "PGOVERLAY_"
 
@@ -244,6 +241,15 @@ class Settings:
             if getattr(self, name) != spec.default
         }
 
+    def fingerprint(self) -> str:
+        """A digest of every field: two processes with the same one act alike on the pool (root's
+        CLI has the engine service act for it only when both have the same)."""
+        import hashlib
+        import json
+
+        every = {name: str(getattr(self, name)) for name in _FIELDS}
+        return hashlib.sha256(json.dumps(every, sort_keys=True).encode()).hexdigest()[:32]
+
     def image_for(self, major: int) -> str:
         return self.docker_image.replace("{major}", str(major))
 
@@ -293,7 +299,9 @@ def load() -> Settings:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         pass
     except PermissionError:
-        log.warning(
+        import logging
+
+        logging.getLogger(__name__).warning(
             "cannot read %s as this user: its settings are not applied (make it and its "
             "folder readable, e.g. mode 0644: it holds no secrets)",
             ADMIN_ENV_FILE,

@@ -35,10 +35,11 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.pool import SOCKET_ROOT, Pool, gc, locks, mounts
+from pgoverlay.runner.pool import Pool, gc, locks, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service import serve
+from pgoverlay.runner.service.address import SOCKET_ROOT
 from pgoverlay.runner.settings import Settings
 
 KILLED = -signal.SIGKILL

@@ -19,10 +19,10 @@ import pytest
 from pgoverlay.action import migrations
 from pgoverlay.errors import BranchStartError, MigrationError, RegistryError, ServiceError
 from pgoverlay.runner import branch
-from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
+from pgoverlay.runner.service.views import Connection
 
 
 def test_a_damaged_registry_file_raises_the_registrys_error(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_an_answer_that_does_not_fit_the_protocol_is_a_service_error(tmp_path: P
     assert caught.value.exit_code == 30
     message = str(caught.value)
     assert message.startswith(
-        "the engine service's answer (Connection) does not fit its protocol: database: Field "
-        "required (and 2 more); restart the service"
+        "the engine service's answer (Connection) does not fit its protocol: database: "
+        "missing; restart the service"
     )
     assert "pw-of-the-branch" not in message

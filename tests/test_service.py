@@ -157,14 +157,11 @@ def test_requests_name_nothing_but_what_the_api_allows(
     users: None, clean: None, pool: Pool, base: BaseVersion
 ) -> None:
     raw = """
-        import http.client
-        from pgoverlay.runner.service.client import _UnixConnection
+        from pgoverlay.runner.service.client import exchange
         answers = []
         for method, url, body in REQUESTS:
-            conn = _UnixConnection(engine.path, 30)
-            conn.request(method, url, body=body, headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            answers.append([r.status, json.loads(r.read() or b"null")])
+            status, data = exchange(engine.path, method, url, body and body.encode(), {}, 30)
+            answers.append([status, json.loads(data or b"null")])
         result = {"answers": answers}
     """
     requests = [
@@ -274,14 +271,45 @@ def test_concurrent_requests_each_get_their_answer(
 def test_connection_strings_survive_any_password() -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    from pgoverlay.runner.branch.login import Connection
+    from pgoverlay.runner.service.views import Connection
 
-    c = Connection(host="h", port=5, database="my db", user="u", password="it's a \\ secret")
-    assert conninfo_to_dict(c.dsn) == {
-        "host": "h",
-        "port": "5",
-        "dbname": "my db",
-        "user": "u",
-        "password": "it's a \\ secret",
-    }
-    assert "it's" not in repr(c)
+    for password in ("it's a \\ secret", "a=b", "\\'", " lead", "plain-Pw_1"):
+        c = Connection(host="h", port=5, database="my db", user="u", password=password)
+        assert conninfo_to_dict(c.dsn) == {
+            "host": "h",
+            "port": "5",
+            "dbname": "my db",
+            "user": "u",
+            "password": password,
+        }
+        assert password not in repr(c)
+
+
+def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
+    clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    """Root's branch commands are requests when the service would act as root's own process
+    would (same settings), and root's own work otherwise: the service's log tells which."""
+    log = pool.home / "service.log"
+
+    def new_lines(since: int) -> str:
+        return log.read_text()[since:]
+
+    # What the test service runs with (the suite's environment turns autostart off).
+    same = {**env, "PGOVERLAY_SERVICE_GC_INTERVAL": "0", "PGOVERLAY_SERVICE_AUTOSTART": "true"}
+    start = len(log.read_text())
+    made = cli(["branch", "create", "root-svc", "--json"], env=same)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["owner_uid"] == 0
+    listed = cli(["branch", "list"], env=same)
+    assert "root-svc" in listed.stdout, listed.stderr
+    asked = new_lines(start)
+    assert "uid=0 " in asked and "POST /v1/branches -> 201" in asked
+    assert "GET /v1/branches -> 200" in asked
+
+    start = len(log.read_text())
+    gone = cli(["branch", "destroy", "root-svc"], env=env)  # another gc interval
+    assert gone.returncode == 0 and "destroyed" in gone.stdout, gone.stderr
+    refused = new_lines(start)
+    assert "GET /v1/health -> 409" in refused and "destroy" not in refused
+    assert pool.registry.branch("root-svc") is None

@@ -166,3 +166,10 @@ def test_values_from_text_become_their_types(monkeypatch: pytest.MonkeyPatch) ->
     assert copy.changed()["port_max"] == 6200 and "home" not in copy.changed()
     with pytest.raises(TypeError, match="no field colour"):
         Settings(colour="blue")
+
+
+def test_a_fingerprint_changes_with_any_setting_and_only_then() -> None:
+    one = Settings(home=Path("/srv/pool"))
+    assert one.fingerprint() == Settings(home=Path("/srv/pool")).fingerprint()
+    assert one.fingerprint() != dataclasses.replace(one, fault_point="x").fingerprint()
+    assert one.fingerprint() != dataclasses.replace(one, port_max=60000).fingerprint()

@@ -8,11 +8,10 @@ holds what they share.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from pgoverlay.cli import action, branch, demo, pool, seed, service, webhook
+from pgoverlay.cli import action, branch, common, demo, pool, seed, service, webhook
 from pgoverlay.cli.common import err
 from pgoverlay.errors import PgoverlayError
 
@@ -51,10 +50,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(
-        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    common.verbosity = args.verbose
+    # A command that may only ask the engine service (``lean``) sets logging up when it turns
+    # to the engine itself: importing logging is a cost it otherwise never pays.
+    if not getattr(args, "lean", False):
+        common.configure_logging()
     try:
         return int(args.func(args))
     except PgoverlayError as exc:

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import BranchMissingError
-from pgoverlay.runner.names import check_name, parse_duration
-from pgoverlay.runner.runtime import RUNTIMES
+from pgoverlay.runner.names import RUNTIME_CHOICES, check_name, parse_duration
 
 if TYPE_CHECKING:
     from pgoverlay.runner.service.views import BranchView
@@ -80,11 +79,10 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
     if args.json:
         common.print_json([_branch_dict(b) for b in rows])
         return 0
-    from rich.table import Table
-
+    from pgoverlay.cli.table import render
     from pgoverlay.runner.service.views import Layer
 
-    table = Table(
+    headers = (
         "branch",
         "state",
         "runs",
@@ -96,26 +94,27 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         "created",
         "expires",
     )
+    cells = []
     for b in rows:
         layer = b.layer or Layer(logical_bytes=0, physical_bytes=0)
-        table.add_row(
-            b.name,
-            b.state,
-            {"running": "yes", "stopped": "no"}.get(b.liveness, b.liveness),
-            f"{b.base} v{b.base_version}",
-            str(b.port),
-            format_bytes(layer.logical_bytes),
-            format_bytes(layer.physical_bytes),
-            f"{b.repository}#{b.pr}" if b.pr else (b.repository or f"uid {b.owner_uid}"),
-            common.when(b.created_at),
-            common.when(b.expires_at),
+        cells.append(
+            (
+                b.name,
+                b.state,
+                {"running": "yes", "stopped": "no"}.get(b.liveness, b.liveness),
+                f"{b.base} v{b.base_version}",
+                str(b.port),
+                format_bytes(layer.logical_bytes),
+                format_bytes(layer.physical_bytes),
+                f"{b.repository}#{b.pr}" if b.pr else (b.repository or f"uid {b.owner_uid}"),
+                common.when(b.created_at),
+                common.when(b.expires_at),
+            )
         )
-    out.print(table)
+    out.write(render(headers, cells))
     for b in rows:
         if b.liveness == "unknown":
-            out.print(
-                f"{b.name}: could not tell whether it runs: {b.liveness_reason}", soft_wrap=True
-            )
+            out.line(f"{b.name}: could not tell whether it runs: {b.liveness_reason}")
     return 0
 
 
@@ -123,8 +122,7 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
     from pgoverlay.runner.units import format_bytes
 
     if args.config:
-        from rich.table import Table
-
+        from pgoverlay.cli.table import render
         from pgoverlay.runner import branch
 
         p = common.pool()
@@ -132,10 +130,8 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
         if args.json:
             common.print_json([o.__dict__ for o in changed])
             return 0
-        table = Table("setting", "branch", "base")
-        for o in changed:
-            table.add_row(o.name, o.branch_value, o.base_value or "(default)")
-        out.print(table)
+        rows = [(o.name, o.branch_value, o.base_value or "(default)") for o in changed]
+        out.write(render(("setting", "branch", "base"), rows))
         return 0
     found = common.engine().branch(check_name(args.name), layer=True)
     if found is None:
@@ -189,22 +185,22 @@ def register(sub: Subcommands) -> None:
     create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
     create.add_argument(
         "--runtime",
-        choices=RUNTIMES,
+        choices=RUNTIME_CHOICES,
         help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
         "its daemon answers, otherwise a local process)",
     )
     create.add_argument("--json", action="store_true")
-    create.set_defaults(func=cmd_branch_create)
+    create.set_defaults(func=cmd_branch_create, lean=True)
     for verb, func, text in (
         ("destroy", cmd_branch_destroy, "destroy a branch (idempotent)"),
         ("reset", cmd_branch_reset, "discard every change of a branch"),
     ):
         p = br.add_parser(verb, help=text)
         p.add_argument("name")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, lean=True)
     blist = br.add_parser("list", help="list branches with their writable-layer sizes")
     blist.add_argument("--json", action="store_true")
-    blist.set_defaults(func=cmd_branch_list)
+    blist.set_defaults(func=cmd_branch_list, lean=True)
     st = br.add_parser("status", help="show one branch")
     st.add_argument("name")
     st.add_argument("--json", action="store_true")
@@ -213,12 +209,12 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="the settings pgoverlay imposes that differ from the base's own",
     )
-    st.set_defaults(func=cmd_branch_status)
+    st.set_defaults(func=cmd_branch_status, lean=True)
     conn = br.add_parser("connect", help="print the branch's connection string (with password)")
     conn.add_argument("name")
     conn.add_argument("--url", action="store_true", help="print a postgresql:// URL instead")
-    conn.set_defaults(func=cmd_branch_connect)
+    conn.set_defaults(func=cmd_branch_connect, lean=True)
     size = br.add_parser("size", help="writable-layer size: logical and physical exclusive bytes")
     size.add_argument("name")
     size.add_argument("--json", action="store_true")
-    size.set_defaults(func=cmd_branch_size)
+    size.set_defaults(func=cmd_branch_size, lean=True)

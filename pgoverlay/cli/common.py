@@ -51,6 +51,10 @@ class LazyConsole:
     def print(self, *objects: Any, **kwargs: Any) -> None:
         self.console.print(*objects, **kwargs)
 
+    def write(self, text: str) -> None:
+        """Text as it is, without rich."""
+        (sys.stderr if self._stderr else sys.stdout).write(text)
+
     def line(self, text: str) -> None:
         """A line of plain text, without rich (no markup, no wrapping): what a command that
         only reports what it did prints, so it does not pay for importing rich."""
@@ -62,6 +66,20 @@ out = LazyConsole(stderr=False)
 err = LazyConsole(stderr=True)
 
 
+# -v on the command line: 0 logs warnings, 1 information, 2 everything.
+verbosity = 0
+
+
+def configure_logging() -> None:
+    """Log to stderr at the level -v asks for (once: a second call changes nothing)."""
+    import logging
+
+    level = logging.WARNING - 10 * min(verbosity, 2)
+    logging.basicConfig(
+        level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
 def settings() -> Settings:
     """The runner's settings, or a ConfigError naming the bad one."""
     from pgoverlay.runner.settings import load
@@ -71,6 +89,7 @@ def settings() -> Settings:
 
 def pool() -> Pool:
     """The pool the settings name (it must be prepared: `pgoverlay pool init`)."""
+    configure_logging()
     from pgoverlay.runner.pool import Pool
 
     return Pool.open(settings())
@@ -122,15 +141,25 @@ def home() -> Path | None:
         return None
 
 
-def engine() -> Engine:
-    """Root works on the engine directly; anyone else asks the engine service, so an admin
-    and a workflow see the same branches, the same errors and the same limits."""
+def engine(*, service: bool = True) -> Engine:
+    """Anyone but root asks the engine service, so an admin and a workflow see the same branches,
+    the same errors and the same limits. Root asks it too when it runs with root's settings
+    (``service``: the command may): a command then costs a request rather than importing the
+    engine, and a create claims a warm branch whose session the service holds. Otherwise root
+    works on the engine directly."""
     found = settings()
-    if os.geteuid() == 0:
-        from pgoverlay.runner.pool import Pool
-        from pgoverlay.runner.service.engine import LocalEngine
+    if os.geteuid() != 0:
+        from pgoverlay.runner.service.client import client
 
-        return LocalEngine(Pool.open(found))
-    from pgoverlay.runner.service.client import client
+        return client(found)
+    if service:
+        from pgoverlay.runner.service.client import for_root
 
-    return client(found)
+        remote = for_root(found)
+        if remote is not None:
+            return remote
+    configure_logging()
+    from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.service.engine import LocalEngine
+
+    return LocalEngine(Pool.open(found))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner.runtime import RUNTIMES
+from pgoverlay.runner.names import RUNTIME_CHOICES
 
 if TYPE_CHECKING:
     from pgoverlay.runner.branch.warm import WarmState
@@ -113,27 +113,29 @@ def _seed_list_from_service(args: argparse.Namespace) -> int:
 
         common.print_json([asdict(b) for b in bases])
         return 0
-    from rich.table import Table
+    from pgoverlay.cli.table import render
 
-    table = Table(
-        "base", "version", "state", "postgres", "size", "seeded", "masked", "branches", "warm"
-    )
+    headers = ("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    rows = []
     for b in bases:
-        table.add_row(
-            b.name,
-            str(b.version),
-            b.state,
-            str(b.pg_major or "-"),
-            format_bytes(b.size_bytes),
-            common.when(b.prepared_at or b.created_at),
-            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
-            str(b.branches),
-            ", ".join(
-                f"{w.runtime} {_warm_label(w.ready, w.target, w.memory_bytes_each)}" for w in b.warm
+        rows.append(
+            (
+                b.name,
+                str(b.version),
+                b.state,
+                str(b.pg_major or "-"),
+                format_bytes(b.size_bytes),
+                common.when(b.prepared_at or b.created_at),
+                f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+                str(b.branches),
+                ", ".join(
+                    f"{w.runtime} {_warm_label(w.ready, w.target, w.memory_bytes_each)}"
+                    for w in b.warm
+                )
+                or "-",
             )
-            or "-",
         )
-    out.print(table)
+    out.write(render((*headers, "warm"), rows))
     return 0
 
 
@@ -175,9 +177,9 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
             ]
         )
         return 0
-    from rich.table import Table
+    from pgoverlay.cli.table import render
 
-    table = Table(
+    headers = (
         "base",
         "version",
         "state",
@@ -192,32 +194,35 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
         "branches",
         "warm",
     )
+    rows = []
     for b in bases:
         latest = b == p.registry.latest_base(b.name)
-        table.add_row(
-            b.name,
-            str(b.version),
-            b.state,
-            str(b.pg_major or "-"),
-            format_bytes(b.size_bytes),
-            f"{b.source} ({b.source_role})" if b.source_role else b.source,
-            b.via,
-            b.start_lsn or "-",
-            common.when(b.prepared_at or b.created_at),
-            b.mask_label if b.masked else "no",
-            str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
-            str(refs.get((b.name, b.version), 0)),
-            ", ".join(
-                f"{s.runtime} {_warm_label(s.ready, s.target, s.memory_each)}"
-                for s in warmth.get(b.name, [])
+        rows.append(
+            (
+                b.name,
+                str(b.version),
+                b.state,
+                str(b.pg_major or "-"),
+                format_bytes(b.size_bytes),
+                f"{b.source} ({b.source_role})" if b.source_role else b.source,
+                b.via,
+                b.start_lsn or "-",
+                common.when(b.prepared_at or b.created_at),
+                b.mask_label if b.masked else "no",
+                str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
+                str(refs.get((b.name, b.version), 0)),
+                ", ".join(
+                    f"{s.runtime} {_warm_label(s.ready, s.target, s.memory_each)}"
+                    for s in warmth.get(b.name, [])
+                )
+                if latest
+                else "-",
             )
-            if latest
-            else "-",
         )
-    out.print(table)
+    out.write(render(headers, rows))
     for b in bases:
         for note in b.neutralised_notes:
-            out.print(f"{b.name} v{b.version} neutralised: {note}", soft_wrap=True)
+            out.line(f"{b.name} v{b.version} neutralised: {note}")
     return 0
 
 
@@ -334,7 +339,7 @@ def register(sub: Subcommands) -> None:
     )
     seed_cmd.add_argument(
         "--runtime",
-        choices=RUNTIMES,
+        choices=RUNTIME_CHOICES,
         help="where pg_basebackup and the prepare step run: `docker` runs them in a container "
         "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
         "this host's binaries of the source's version when it has them",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from pgoverlay.cli import common
@@ -17,6 +16,8 @@ def cmd_service(args: argparse.Namespace) -> int:
 
         sys.stdout.write(openapi_document())
         return 0
+    import logging
+
     from pgoverlay.runner.service import serve
 
     logging.getLogger().setLevel(logging.INFO)
@@ -25,7 +26,8 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    report = common.engine().gc()
+    # Root's own: gc mends what an interrupted service (or its process) left.
+    report = common.engine(service=False).gc()
     for line in report.lines:
         out.print(line)
     return 1 if report.problems else 0

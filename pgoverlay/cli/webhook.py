@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -32,6 +31,8 @@ def cmd_webhook_setup(args: argparse.Namespace) -> int:
 
 def _webhook_settings() -> WebhookSettings:
     """The listener's settings and its log format (both processes log alike)."""
+    import logging
+
     from pgoverlay.webhook import sandbox
     from pgoverlay.webhook.settings import load
     from pgoverlay.webhook.worker import JobLogContext

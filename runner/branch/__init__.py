@@ -30,12 +30,12 @@ from pgoverlay.errors import (
 from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
-from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, release_freed
 from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
+from pgoverlay.runner.service.views import Connection
 
 # psycopg, and the login role's SQL (postgres/roles.py), are imported where a server is
 # talked to: `branch list` and the other views start without them.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import discard, mounts
 from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.service.address import SOCKET_ROOT, pool_id
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,6 @@ PLAIN_COST = (
     "opens every table file read-write even to read it: each table a branch touches costs its "
     "full size in disk and time"
 )
-
-
-SOCKET_ROOT = Path("/run/pgoverlay")
 
 
 def require_root() -> None:
@@ -378,11 +375,6 @@ def _own_layout(root: Path, *, socket_root: Path) -> None:
     if socket_root.is_dir():
         safefs.make_dir(socket_root.parent, uid=0, gid=0, mode=0o755, exist_ok=True)
         safefs.make_dir(socket_root, uid=0, gid=0, mode=0o755, exist_ok=True)
-
-
-def pool_id(home: Path) -> str:
-    """A short id of the pool at ``home``, for socket paths and Docker labels."""
-    return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
 
 
 def _mount(image: Path, root: Path) -> None:

@@ -28,12 +28,10 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner import safefs
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import (
-    SOCKET_ROOT,
     Pool,
     PoolInfo,
     locks,
     mounts,
-    pool_id,
     read_info,
     require_root,
     write_info,
@@ -42,6 +40,7 @@ from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.runtime import leftovers
 from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service import serve
+from pgoverlay.runner.service.address import SOCKET_ROOT, pool_id
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)

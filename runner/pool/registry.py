@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pgoverlay.errors import RegistryError, RegistryRowError
-from pgoverlay.runner.names import NAME_RE
+from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE, RUNTIMES
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bases (
@@ -208,9 +208,7 @@ BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying", "warm
 WARM_PREFIX = "warm-"
 # "removing": `seed rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})
-RUNTIMES = frozenset({"local", "docker"})
 IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")
-REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 
 
 def _bad(kind: str, name: object, why: str) -> RegistryRowError:

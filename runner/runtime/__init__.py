@@ -10,10 +10,6 @@ from typing import Literal, Protocol
 
 LivenessState = Literal["running", "stopped", "unknown"]
 
-# What `--runtime` and PGOVERLAY_RUNTIME accept; here, so the CLI's parser names them without
-# importing ``choose`` (and with it the engine).
-RUNTIMES = ("auto", "local", "docker")
-
 
 @dataclass(frozen=True)
 class Layout:

@@ -21,12 +21,13 @@ from pgoverlay.errors import (
     PostgresBinariesError,
     VersionMismatchError,
 )
+from pgoverlay.runner.names import RUNTIME_CHOICES
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.runtime import RUNTIMES, Runtime
+from pgoverlay.runner.runtime import Runtime
 from pgoverlay.runner.runtime import docker as docker_runtime
 from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
 from pgoverlay.runner.runtime.docker_tools import DockerTools
@@ -84,8 +85,8 @@ def choose(
     if purpose == "psql":
         return Choice("local", PSQL_REASON)
     wanted = requested or settings.runtime
-    if wanted not in RUNTIMES:
-        raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIMES)}")
+    if wanted not in RUNTIME_CHOICES:
+        raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIME_CHOICES)}")
     source = f"{wanted} was asked for" if requested else f"PGOVERLAY_RUNTIME={wanted}"
     if wanted == "local":
         return Choice("local", source)

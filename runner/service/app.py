@@ -21,10 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.service.client import API, error_code
+from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
     CreateRequest,
@@ -35,6 +34,7 @@ from pgoverlay.runner.service.models import (
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
+    Connection,
     Destroyed,
     ErrorBody,
     GcReport,
@@ -57,6 +57,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PortsExhaustedError, 429),
     (errors.BranchExistsError, 409),  # BranchOwnedError too
     (errors.LockBusyError, 409),
+    (errors.SettingsDifferError, 409),
     (errors.TraceError, 409),
     (errors.InvalidNameError, 422),
     (errors.ConfigError, 422),
@@ -93,6 +94,20 @@ async def _engine(request: Request) -> LocalEngine:
 Caller = Annotated[LocalEngine, Depends(_engine)]
 
 
+async def _same_settings(request: Request) -> None:
+    """Root's CLI sends its settings' fingerprint: the service acts for root only with the
+    settings root's own process would have used (another home, port range, runtime or fault
+    point, and root works on the pool itself). Other callers have no say in the settings."""
+    peer = request.scope.get("state", {}).get("peer")
+    given = request.headers.get(SETTINGS_HEADER)
+    if peer is not None and peer.uid == 0 and given not in (None, request.app.state.fingerprint):
+        raise errors.SettingsDifferError(
+            "the engine service runs with other settings than this command's: root's "
+            "command works on the pool itself (restart the service, `systemctl restart "
+            "pgoverlay`, for it to take these)"
+        )
+
+
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="pgoverlay engine service",
@@ -101,8 +116,10 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         responses=ERROR_ANSWERS,
+        dependencies=[Depends(_same_settings)],
     )
     app.state.settings = settings
+    app.state.fingerprint = settings.fingerprint()
     app.state.pools = threading.local()
 
     @app.middleware("http")

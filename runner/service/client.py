@@ -1,43 +1,54 @@
 """The engine service's client: the ``Engine`` operations as HTTP+JSON requests on its Unix
 socket. Errors come back as the engine raised them (same class, message and exit code).
 
-Plain ``http.client`` over a Unix socket: one request per connection, nothing to pool, and
-nothing heavy to import for a command that only asks.
+One request per connection, written and read here rather than with ``http.client``: importing
+that (with ``ssl`` and ``email``) cost a command that only asks the service about 40 ms, more
+than the service takes to answer. The service is uvicorn on a socket only root and the
+service's group may open: its answers are HTTP/1.1 with a Content-Length, and ``views.decode``
+checks that each answer is what this release expects.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import http.client
 import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from pydantic import TypeAdapter, ValidationError
-
 from pgoverlay import errors
-from pgoverlay.errors import PgoverlayError, ServiceError, config_error
-from pgoverlay.runner.branch.login import Connection
-from pgoverlay.runner.pool import SOCKET_ROOT, pool_id
-from pgoverlay.runner.service.models import CreateRequest, OwnerRequest, RecordRequest, TraceRequest
+from pgoverlay.errors import PgoverlayError, ServiceError
+from pgoverlay.runner.service import address
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
+    Connection,
     Destroyed,
     ErrorBody,
     GcReport,
     Layer,
     TraceMark,
+    decode,
 )
-from pgoverlay.runner.settings import Settings
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.service.models import (
+        CreateRequest,
+        OwnerRequest,
+        RecordRequest,
+        TraceRequest,
+    )
+    from pgoverlay.runner.settings import Settings
+
+    Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest
 
 M = TypeVar("M")
-Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest
 API = "/v1"
+# Root's settings, as Settings.fingerprint(): the service acts for root only with its own.
+SETTINGS_HEADER = "x-pgoverlay-settings"
 
 
 def error_code(cls: type[BaseException]) -> str:
@@ -57,54 +68,90 @@ def _error_classes() -> dict[str, type[PgoverlayError]]:
 ERRORS = _error_classes()
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
+def _owner(repository: str | None) -> OwnerRequest:
+    from pgoverlay.runner.service.models import OwnerRequest
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(os.fspath(self.path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+    return OwnerRequest(repository=repository)
+
+
+def exchange(
+    path: Path,
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on the Unix socket ``path``: the answer's status and body. OSError
+    when the socket cannot be reached; ValueError when what comes back is not HTTP."""
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(os.fspath(path))
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    return _answer(b"".join(chunks))
+
+
+def _answer(raw: bytes) -> tuple[int, bytes]:
+    head, blank, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    if not blank or not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+        raise ValueError("not an HTTP/1.1 answer")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", ""):
+        raise ValueError("a chunked answer (the service sends a Content-Length)")
+    length = headers.get("content-length")
+    if length is not None and int(length) != len(body):
+        raise ValueError(f"an answer cut short ({len(body)} of {length} bytes)")
+    return int(rest[:3]), body
 
 
 class RemoteEngine:
     """The engine, reached through the service's socket at ``path``."""
 
-    def __init__(self, path: Path, *, timeout: float = 3600.0) -> None:
+    def __init__(
+        self, path: Path, *, timeout: float = 3600.0, headers: dict[str, str] | None = None
+    ) -> None:
         self.path = path
         self.timeout = timeout
+        self.headers = headers or {}
 
     def close(self) -> None:
         pass
 
     def _call(self, method: str, url: str, body: Request | None = None) -> Any:
-        conn = _UnixConnection(self.path, self.timeout)
+        payload = json.dumps(dataclasses.asdict(body)).encode() if body is not None else None
         try:
-            payload = json.dumps(dataclasses.asdict(body)).encode() if body is not None else None
-            headers = {"Content-Type": "application/json"} if payload is not None else {}
-            try:
-                conn.request(method, API + url, body=payload, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
-            except OSError as err:
-                raise self._unreachable(err) from None
-        finally:
-            conn.close()
+            status, data = exchange(
+                self.path, method, API + url, payload, self.headers, self.timeout
+            )
+        except OSError as err:
+            raise self._unreachable(err) from None
+        except ValueError as err:
+            raise ServiceError(
+                f"the engine service at {self.path} answered with something that is not "
+                f"its protocol ({err}): is another program listening on that socket?"
+            ) from None
         try:
             decoded = json.loads(data) if data else None
         except ValueError:
             raise ServiceError(
-                f"the engine service at {self.path} answered {answer.status} with something "
+                f"the engine service at {self.path} answered {status} with something "
                 "that is not JSON: is another program listening on that socket?"
             ) from None
-        if answer.status >= 400:
-            raise self._error(answer.status, decoded)
+        if status >= 400:
+            raise self._error(status, decoded)
         return decoded
 
     def _unreachable(self, err: OSError) -> ServiceError:
@@ -123,8 +170,8 @@ class RemoteEngine:
 
     def _error(self, status: int, decoded: Any) -> PgoverlayError:
         try:
-            body = _adapter(ErrorBody).validate_python(decoded)
-        except ValidationError:
+            body = decode(ErrorBody, decoded)
+        except ValueError:
             return ServiceError(f"the engine service answered {status} without an error body")
         return ERRORS.get(body.code, ServiceError)(body.message)
 
@@ -134,6 +181,15 @@ class RemoteEngine:
     def health(self) -> None:
         """Return when the service answers; ServiceError (saying how to fix it) otherwise."""
         self._call("GET", "/health")
+
+    def acts_for_root(self) -> bool:
+        """Whether the service answers and acts for this root process as it would itself: it
+        runs, and with the same settings (SettingsDifferError otherwise)."""
+        try:
+            self.health()
+        except ServiceError:  # not running, or not with these settings: root works alone
+            return False
+        return True
 
     # -- the Engine operations -----------------------------------------------------------
 
@@ -154,11 +210,11 @@ class RemoteEngine:
         return _parse(BranchView, self._call("POST", "/branches", request))
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
-        body = OwnerRequest(repository=repository)
+        body = _owner(repository)
         return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/reset", body))
 
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
-        body = OwnerRequest(repository=repository)
+        body = _owner(repository)
         return _parse(Destroyed, self._call("POST", f"/branches/{quote(name)}/destroy", body))
 
     def connection(self, name: str) -> Connection:
@@ -177,34 +233,22 @@ class RemoteEngine:
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace", request))
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
-        body = OwnerRequest(repository=repository)
+        body = _owner(repository)
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/mark", body))
 
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
-        body = OwnerRequest(repository=repository)
+        body = _owner(repository)
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/end", body))
-
-
-_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
-
-
-def _adapter(model: type[M]) -> TypeAdapter[M]:
-    """What checks ``model``'s answers (built once per model: building one costs)."""
-    if model not in _ADAPTERS:
-        _ADAPTERS[model] = TypeAdapter(model)
-    return _ADAPTERS[model]
 
 
 def _parse(model: type[M], data: Any) -> M:
     """An answer as its model; ServiceError if it does not fit (a service of another release)."""
     try:
-        return _adapter(model).validate_python(data)
-    except ValidationError as exc:
-        raise config_error(
-            exc,
-            what=f"the engine service's answer ({model.__name__}) does not fit its protocol:",
-            fix="restart the service (`systemctl restart pgoverlay`) so that it runs this release",
-            error=ServiceError,
+        return decode(model, data)
+    except ValueError as exc:
+        raise ServiceError(
+            f"the engine service's answer ({model.__name__}) does not fit its protocol: {exc}; "
+            "restart the service (`systemctl restart pgoverlay`) so that it runs this release"
         ) from None
 
 
@@ -219,9 +263,24 @@ def _parse_list(model: type[M], data: Any) -> list[M]:
 
 def socket_path(settings: Settings) -> Path:
     """The service's socket for the pool at ``settings.home``."""
-    return SOCKET_ROOT / f"{pool_id(settings.home)}.sock"
+    return address.socket_path(settings.home)
 
 
 def client(settings: Settings) -> RemoteEngine:
     """The engine of the pool at ``settings.home``, through its service."""
     return RemoteEngine(socket_path(settings), timeout=settings.command_timeout)
+
+
+def for_root(settings: Settings) -> RemoteEngine | None:
+    """The engine service, acting for root, when it runs with root's ``settings``: a root command
+    then costs a request, not the engine's imports, and a create may claim a warm branch whose
+    session the service holds. None when root must work on the pool itself."""
+    path = socket_path(settings)
+    if not path.exists():
+        return None
+    # A service too busy to say whether it is there within seconds leaves root to work alone.
+    probe = RemoteEngine(path, timeout=5.0, headers={SETTINGS_HEADER: settings.fingerprint()})
+    if not probe.acts_for_root():
+        return None
+    probe.timeout = settings.command_timeout
+    return probe

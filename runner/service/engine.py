@@ -26,12 +26,12 @@ from pgoverlay.errors import (
     NotOwnerError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.branch.login import Connection
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
+    Connection,
     Destroyed,
     GcReport,
     Layer,

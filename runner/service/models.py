@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.names import NAME_RE
-from pgoverlay.runner.pool.registry import REPOSITORY_RE
+from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE, RUNTIMES
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_TTL_SECONDS = 366 * 86400
-RUNTIMES = ("local", "docker")
 
 
 def _documented(schema: dict[str, Any], cls: type[Any]) -> None:

@@ -3,13 +3,17 @@ service (FastAPI serialises dataclasses as it does pydantic models) and its clie
 
 Plain dataclasses, not pydantic models: the CLI builds them for every read-only command, and
 importing pydantic would cost each such command more than the rest of its start-up. The
-service's client checks what it receives against them (``pydantic.TypeAdapter``).
+service's client reads what it receives with ``decode``, which checks each field's presence and
+type as these annotations state them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,3 +180,117 @@ class TraceMark:
     interval: float  # seconds between pg_locks samples
     instrumented: bool  # the event triggers were in place at this mark
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
+
+
+@dataclass(frozen=True, kw_only=True)
+class Connection:
+    """How to log in to a branch: for its owner (or root) only."""
+
+    host: str
+    port: int
+    database: str
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return (
+            f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
+            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
+        )
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg.connect's keywords."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "dbname": self.database,
+        }
+
+    def libpq_env(self) -> dict[str, str]:
+        """The libpq variables a child process (psql, a migrate command) connects with."""
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGPASSWORD": self.password,
+            "PGDATABASE": self.database,
+            "PGAPPNAME": "pgoverlay-migrate",
+            "PGCONNECT_TIMEOUT": "15",
+        }
+
+    @property
+    def dsn(self) -> str:
+        """A libpq key=value string, each value quoted as libpq's keyword/value syntax needs it.
+        Written here rather than with psycopg's ``make_conninfo``: `branch connect` would import
+        psycopg for it, which costs the command more than everything else it does."""
+        pairs = {
+            "host": self.host,
+            "port": str(self.port),
+            "dbname": self.database,
+            "user": self.user,
+            "password": self.password,
+        }
+        return " ".join(f"{key}={_conninfo_value(value)}" for key, value in pairs.items())
+
+
+def _conninfo_value(value: str) -> str:
+    """``value`` as is when libpq reads it so, else in single quotes with ' and \\ escaped."""
+    if value and not any(c.isspace() or c in "'\\=" for c in value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# -- reading an answer ----------------------------------------------------------------------
+
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+}
+
+
+def decode(cls: type[T], data: object, where: str = "") -> T:
+    """``data`` (an answer's JSON) as the view ``cls``. Each field must be there unless it has a
+    default, and hold what its annotation says (the annotations here use only the scalars,
+    ``X | None``, ``list[X]``, ``Literal[...]`` and other views); fields ``cls`` does not have
+    are left out, as a newer service may send more. A ValueError names the first field that
+    does not fit (``layer.logical_bytes``: ``where`` is the path to ``data``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'answer'}: expected an object, got {type(data).__name__}")
+    given: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        place = f"{where}.{f.name}" if where else f.name
+        if f.name in data:
+            given[f.name] = _value(data[f.name], str(f.type), place)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ValueError(f"{place}: missing")
+    return cls(**given)
+
+
+def _value(value: object, kind: str, where: str) -> Any:
+    if kind.endswith(" | None"):
+        if value is None:
+            return None
+        kind = kind.removesuffix(" | None")
+    if kind.startswith("list[") and kind.endswith("]"):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_value(item, kind[5:-1], f"{where}[{i}]") for i, item in enumerate(value)]
+    if kind.startswith("Literal["):
+        allowed = [option.strip().strip("'\"") for option in kind[8:-1].split(",")]
+        if value not in allowed:
+            raise ValueError(f"{where}: expected one of {', '.join(allowed)}, got {value!r}")
+        return value
+    if kind in _SCALARS:
+        # bool is an int to Python, not to JSON: true is no port number
+        if not isinstance(value, _SCALARS[kind]) or (isinstance(value, bool) and kind != "bool"):
+            raise ValueError(f"{where}: expected {kind}, got {type(value).__name__}")
+        return float(value) if kind == "float" else value  # type: ignore[arg-type]
+    nested = globals().get(kind)
+    if isinstance(nested, type) and is_dataclass(nested):
+        return decode(nested, value, where)
+    raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")

@@ -1,0 +1,23 @@
+"""Where a pool's sockets live: the engine service's, and each branch's directory beside it.
+
+Its own module, with nothing but the standard library, so that a command that only asks the
+service finds it without importing the pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+SOCKET_ROOT = Path("/run/pgoverlay")
+
+
+def pool_id(home: Path) -> str:
+    """A short id of the pool at ``home``, for socket paths and Docker labels."""
+    return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
+
+
+def socket_path(home: Path) -> Path:
+    """The engine service's socket for the pool at ``home``."""
+    return SOCKET_ROOT / f"{pool_id(home)}.sock"

@@ -1,0 +1,151 @@
+"""The service's answers, read back by its client without pydantic (``views.decode``), and the
+client's own HTTP exchange on a Unix socket."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from pgoverlay.runner.service.client import exchange
+from pgoverlay.runner.service.views import (
+    BaseView,
+    BranchView,
+    Connection,
+    Layer,
+    TraceMark,
+    WarmView,
+    decode,
+)
+
+BRANCH = BranchView(
+    name="pr-7",
+    state="ready",
+    running=True,
+    liveness="running",
+    base="shop",
+    base_version=2,
+    runtime="local",
+    host="127.0.0.1",
+    port=55432,
+    database="shop",
+    user="pgoverlay",
+    created_at=1.5,
+    ready_at=2.0,
+    expires_at=None,
+    repository="acme/shop",
+    pr=7,
+    owner_uid=1001,
+    layer=Layer(logical_bytes=10, physical_bytes=4),
+)
+
+
+def _through_json(view: object) -> object:
+    return json.loads(json.dumps(dataclasses.asdict(view)))  # type: ignore[call-overload]
+
+
+def test_every_answer_reads_back_as_it_was_sent() -> None:
+    base = BaseView(
+        name="shop",
+        version=2,
+        state="ready",
+        pg_major=15,
+        size_bytes=1 << 30,
+        database="shop",
+        created_at=1.0,
+        prepared_at=None,
+        masked=False,
+        mask_rules="",
+        mask_sha256="",
+        locked_down=True,
+        branches=1,
+        warm=[WarmView(runtime="local", target=2, ready=1, memory_bytes_each=None)],
+    )
+    for view in (BRANCH, base, Connection(host="h", port=1, database="d", user="u", password="p")):
+        assert decode(type(view), _through_json(view)) == view
+    mark = TraceMark(
+        at=1,
+        wal_lsn=5,
+        layer=Layer(logical_bytes=1, physical_bytes=1),
+        relations=[],
+        interval=0.1,
+        instrumented=True,
+    )
+    assert decode(TraceMark, _through_json(mark)) == mark
+
+
+def test_a_field_a_newer_service_adds_is_left_out() -> None:
+    data = {**_through_json(BRANCH), "added_later": 1}  # type: ignore[dict-item]
+    assert decode(BranchView, data) == BRANCH
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"port": "55432"}, "port: expected int, got str"),
+        ({"port": True}, "port: expected int, got bool"),
+        ({"liveness": "maybe"}, "liveness: expected one of running, stopped, unknown"),
+        ({"layer": {"logical_bytes": 1}}, "layer.physical_bytes: missing"),
+        ({"layer": []}, "layer: expected an object, got list"),
+        ({"pr": None, "name": None}, "name: expected str, got NoneType"),
+    ],
+)
+def test_what_does_not_fit_is_named_by_its_field(change: dict[str, object], problem: str) -> None:
+    data = {**_through_json(BRANCH), **change}  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        decode(BranchView, data)
+    missing = {k: v for k, v in _through_json(BRANCH).items() if k != "owner_uid"}  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="owner_uid: missing"):
+        decode(BranchView, missing)
+
+
+def _serve_once(path: Path, answer: bytes, seen: list[bytes]) -> threading.Thread:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def run() -> None:
+        with server, server.accept()[0] as conn:
+            request = b""
+            while b"\r\n\r\n" not in request or not request.endswith(b"}"):
+                request += conn.recv(4096)
+            seen.append(request)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_the_exchange_sends_a_request_and_reads_the_answer(tmp_path: Path) -> None:
+    seen: list[bytes] = []
+    body = b'{"ok": true}'
+    answer = b"HTTP/1.1 201 Created\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    thread = _serve_once(tmp_path / "s", answer, seen)
+    status, data = exchange(tmp_path / "s", "POST", "/v1/x", b'{"a": 1}', {"x-k": "v"}, 5)
+    thread.join()
+    assert (status, data) == (201, body)
+    head, _, sent = seen[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/x HTTP/1.1\r\n") and b"\r\nx-k: v" in head
+    assert b"\r\nContent-Length: 8" in head and sent == b'{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}", "cut short"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "chunked"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "not an HTTP"),
+    ],
+)
+def test_an_answer_that_is_not_the_services_http_is_refused(
+    tmp_path: Path, answer: bytes, problem: str
+) -> None:
+    thread = _serve_once(tmp_path / "s", answer, [])
+    with pytest.raises(ValueError, match=problem):
+        exchange(tmp_path / "s", "POST", "/v1/x", b"{}", {}, 5)
+    thread.join()
