@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -122,6 +123,23 @@ def test_reset_discards_writes_but_keeps_port_and_password(pool: Pool, base: Bas
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     finally:
         branch.destroy(pool, "resettable")
+
+
+def test_a_base_prepared_for_another_login_role_still_gives_branches_theirs(
+    pool: Pool, base: BaseVersion
+) -> None:
+    """PGOVERLAY_BRANCH_USER changed after the base was seeded: the fast password path finds no
+    such role, and the role is made in full."""
+    other = Pool.open(dataclasses.replace(pool.settings, branch_user="renamed_login"))
+    try:
+        made = branch.create(other, "renamed-role")
+        assert made.user == "renamed_login"
+        with psycopg.connect(**branch.connection(other, made).connect_kwargs()) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("renamed_login",)
+            assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
+    finally:
+        branch.destroy(other, "renamed-role")
+        other.close()
 
 
 def test_layer_sizes_are_small_after_create_and_reads_add_no_physical_bytes(

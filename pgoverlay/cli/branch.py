@@ -148,7 +148,7 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
             value = format_bytes(int(value))
         elif key.endswith("_at"):
             value = common.when(value)
-        out.print(f"{key}: {value}")
+        out.line(f"{key}: {value}")
     return 0
 
 
@@ -168,7 +168,7 @@ def cmd_branch_size(args: argparse.Namespace) -> int:
             {"logical_bytes": size.logical_bytes, "physical_bytes": size.physical_bytes}
         )
     else:
-        out.print(
+        out.line(
             f"{args.name}: {format_bytes(size.logical_bytes)} logical, "
             f"{format_bytes(size.physical_bytes)} physical (not shared with the base)"
         )

@@ -343,7 +343,62 @@ def connection(pool: Pool, branch: Branch) -> Connection:
 # -- sagas --------------------------------------------------------------------------------
 
 
-def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> None:
+def _give_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str] | None) -> None:
+    """A created or reset branch's password: one ``ALTER ROLE`` with its SCRAM verifier
+    (``secret``, computed while the server started; None: computed here), whose commit does not
+    wait for the WAL flush, as a claim's does not (``restart`` sets every ready branch's
+    password again after a crash). A base prepared for another login role name has no role of
+    this one: it is then made in full (``roles.set_login``)."""
+    import psycopg
+
+    from pgoverlay.runner.postgres import roles, sqlerror
+
+    try:
+        verifier = secret.result() if secret is not None else roles.scram_verifier(branch.password)
+    except ValueError:  # a password of another form (an older release's): libpq hashes it
+        verifier = None
+    with (
+        sqlerror.wrapped(
+            BranchStartError,
+            what=f"branch {branch.name} started but its login role {branch.user} could not be "
+            "given the branch's password",
+            fix="a create is undone, and `pgoverlay gc` finishes a reset; if it fails again, "
+            f"the base's superuser {base.superuser} must be able to log in over the branch's "
+            "socket (seed the base again)",
+        ),
+        _engine_connection(pool, branch, base) as conn,
+    ):
+        if verifier is not None:
+            try:
+                roles.set_password(
+                    conn,
+                    user=branch.user,
+                    secret=verifier,
+                    superuser=pool.settings.branch_superuser,
+                    createrole=pool.settings.branch_createrole,
+                    flush=False,
+                )
+                return
+            except psycopg.errors.UndefinedObject:
+                pass  # no such role in this base: made below
+        roles.set_login(
+            conn,
+            user=branch.user,
+            password=branch.password,
+            superuser=pool.settings.branch_superuser,
+            createrole=pool.settings.branch_createrole,
+            refresh=False,
+        )
+
+
+def _bring_up(
+    pool: Pool,
+    base: BaseVersion,
+    branch: Branch,
+    *,
+    saga: str,
+    secret: Future[str] | None = None,
+) -> None:
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
@@ -355,7 +410,7 @@ def _bring_up(pool: Pool, base: BaseVersion, branch: Branch, *, saga: str) -> No
     if saga == "warm":
         _lock_login(pool, base, branch)  # its password comes with its claim
         return
-    _set_login(pool, base, branch)
+    _give_login(pool, base, branch, secret)
     _check_ready(pool, branch)
 
 
@@ -383,7 +438,7 @@ def create(
     runtime_for(pool, base, chosen, check=True)
     from pgoverlay.runner.branch import held
 
-    password, secret = held.password()  # a claim needs its verifier; a cold create lets it go
+    password, secret = held.password()  # being computed: a claim or a cold create sets it
     with locks.hold(
         pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
     ):
@@ -433,7 +488,7 @@ def create(
             _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
             pool.registry.update_branch(name, step="dirs")
             fault(pool, "create:dirs")
-            _bring_up(pool, base, branch, saga="create")
+            _bring_up(pool, base, branch, saga="create", secret=secret)
         except BaseException:
             log.warning("creating branch %s failed; undoing", name)
             teardown(pool, branch)
@@ -527,7 +582,7 @@ def teardown(pool: Pool, branch: Branch) -> None:
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
         rt = runtime_for(pool, base, branch.runtime)
-        rt.stop(lay)
+        rt.stop(lay, discard=True)
         rt.detach(lay)
     fault(pool, "destroy:stopped")
     _remove_dirs(lay)
@@ -569,7 +624,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
         raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
-    rt.stop(lay)
+    rt.stop(lay, discard=True)
     rt.detach(lay)
     _empty_workdir(lay.work)
     safefs.remove_tree(lay.upper)

@@ -36,7 +36,7 @@ class PidFile:
     shm_id: int | None = None  # the System V shared memory segment the server made
 
 
-READY_POLL = 0.02  # seconds between looks at a starting server's pid file
+READY_POLL = 0.01  # seconds between looks at a starting or stopping server
 
 
 def read_pidfile(path: Path) -> PidFile | None:
@@ -244,19 +244,27 @@ def log_tail(log_path: Path, lines: int = 3) -> str:
     return f"{cause.strip()} | {tail}" if cause and cause.strip() not in tail else tail
 
 
-def stop(pidfile: Path, *, timeout: float) -> bool:
-    """Stop the server named by ``pidfile`` if it runs; True if one was stopped."""
+def stop(pidfile: Path, *, timeout: float, discard: bool = False) -> bool:
+    """Stop the server named by ``pidfile`` if it runs; True if one was stopped. A fast
+    shutdown (a checkpoint, then exit), or with ``discard`` (its data is thrown away next) an
+    immediate one: no checkpoint to write and flush for nothing."""
     info = read_pidfile(pidfile)
     if info is None or not is_running(info):
         return False
     gone = lambda: not is_running(info)  # noqa: E731
-    for sig, share in ((signal.SIGINT, 0.8), (signal.SIGQUIT, 0.2)):
+    signals = ((signal.SIGQUIT, 1.0),) if discard else ((signal.SIGINT, 0.8), (signal.SIGQUIT, 0.2))
+    for sig, share in signals:
         try:
             os.kill(info.pid, sig)
         except ProcessLookupError:
             return True
         try:
-            wait_for(gone, timeout=timeout * share, what=f"Postgres pid {info.pid} to stop")
+            wait_for(
+                gone,
+                timeout=timeout * share,
+                what=f"Postgres pid {info.pid} to stop",
+                max_interval=READY_POLL,
+            )
             _kill_group(info.pid)  # leftovers of a crashed server, if any
             return True
         except TimeoutExpiredError:

@@ -72,8 +72,9 @@ class Runtime(Protocol):
     def start(self, layout: Layout, *, options: dict[str, str]) -> None:
         """Start Postgres on ``layout.data`` and return once it accepts connections."""
 
-    def stop(self, layout: Layout) -> None:
-        """Stop the branch's Postgres if it runs; idempotent."""
+    def stop(self, layout: Layout, *, discard: bool = False) -> None:
+        """Stop the branch's Postgres if it runs; idempotent. With ``discard`` its layer is
+        thrown away next, so nothing need be written on the way out."""
 
     def liveness(self, layout: Layout) -> Liveness:
         """Whether the branch's Postgres runs; ``unknown`` (never ``stopped``) when it cannot

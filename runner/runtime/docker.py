@@ -376,19 +376,19 @@ class DockerRuntime:
                 tail = container.logs(tail=3).decode(errors="replace").strip() or tail
         return f"{tail} (full log: {layout.log_file}, or `docker logs {container.name}`)"
 
-    def stop(self, layout: Layout) -> None:
-        self._remove_container(layout)
+    def stop(self, layout: Layout, *, discard: bool = False) -> None:
+        self._remove_container(layout, discard=discard)
 
-    def _remove_container(self, layout: Layout) -> None:
+    def _remove_container(self, layout: Layout, *, discard: bool = False) -> None:
         import docker.errors
 
         container = self._container(layout)
         if container is None:
             return
         try:
-            if container.status == "running":
+            if container.status == "running" and not discard:
                 container.stop(timeout=int(self.stop_timeout))
-            container.remove(force=True)
+            container.remove(force=True)  # with discard: killed, as nothing of it is kept
         except docker.errors.NotFound:
             pass
 

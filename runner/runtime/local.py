@@ -72,9 +72,9 @@ class LocalRuntime:
                 ) from None
             raise
 
-    def stop(self, layout: Layout) -> None:
+    def stop(self, layout: Layout, *, discard: bool = False) -> None:
         # postmaster.pid is a new file, so it lives in the upper layer even when unmounted.
-        postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout)
+        postmaster.stop(layout.upper / "postmaster.pid", timeout=self.stop_timeout, discard=discard)
 
     def server_pid(self, layout: Layout) -> int | None:
         info = postmaster.read_pidfile(layout.upper / "postmaster.pid")
