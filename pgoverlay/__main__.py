@@ -1,3 +1,3 @@
-from pgoverlay.cli import main
+from pgoverlay.cli import entry
 
-raise SystemExit(main())
+entry()

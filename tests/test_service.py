@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -306,6 +309,17 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
     asked = new_lines(start)
     assert "uid=0 " in asked and "POST /v1/branches -> 201" in asked
     assert "GET /v1/branches -> 200" in asked
+    # A reader that goes away early (`| head`) ends the listing quietly.
+    piped = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m pgoverlay branch status root-svc | head -c 1",
+        shell=True,
+        env={**os.environ, **same},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+    )
+    assert piped.stdout == "n" and "Traceback" not in piped.stderr, piped.stderr
 
     start = len(log.read_text())
     gone = cli(["branch", "destroy", "root-svc"], env=env)  # another gc interval

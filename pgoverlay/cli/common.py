@@ -68,6 +68,9 @@ err = LazyConsole(stderr=True)
 
 # -v on the command line: 0 logs warnings, 1 information, 2 everything.
 verbosity = 0
+# Whether the command's engine was the service's (``engine``): nothing of the engine runs in
+# this process then, and it may end without the interpreter's teardown (``cli.entry``).
+asked_service = False
 
 
 def configure_logging() -> None:
@@ -147,16 +150,19 @@ def engine(*, service: bool = True) -> Engine:
     (``service``: the command may): a command then costs a request rather than importing the
     engine, and a create claims a warm branch whose session the service holds. Otherwise root
     works on the engine directly."""
+    global asked_service
     found = settings()
     if os.geteuid() != 0:
         from pgoverlay.runner.service.client import client
 
+        asked_service = True
         return client(found)
     if service:
         from pgoverlay.runner.service.client import for_root
 
         remote = for_root(found)
         if remote is not None:
+            asked_service = True
             return remote
     configure_logging()
     from pgoverlay.runner.pool import Pool
