@@ -228,6 +228,8 @@ def test_the_non_root_cli_talks_to_the_service(
     assert denied.returncode == 28 and "created by another user" in denied.stderr
     bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
     assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
+    # Where a base came from, and what its lockdown removed, are root's to see.
+    assert not {"source", "neutralised", "superuser"} & set(json.loads(bases.stdout)[0])
     outside = cli(["branch", "list"], env=env, user=OUTSIDER)
     assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
     gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])
@@ -309,6 +311,11 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
     asked = new_lines(start)
     assert "uid=0 " in asked and "POST /v1/branches -> 201" in asked
     assert "GET /v1/branches -> 200" in asked
+    start = len(log.read_text())
+    bases = cli(["seed", "list", "--json"], env=same)
+    assert "GET /v1/bases -> 200" in new_lines(start), bases.stderr
+    shown = json.loads(bases.stdout)[0]
+    assert shown["source"] == base.source and shown["neutralised"] == base.neutralised_notes
     # A reader that goes away early (`| head`) ends the listing quietly.
     piped = subprocess.run(
         f"{shlex.quote(sys.executable)} -m pgoverlay branch status root-svc | head -c 1",

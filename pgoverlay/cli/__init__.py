@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.verbosity = args.verbose
     # A command that may only ask the engine service (``lean``) sets logging up when it turns
     # to the engine itself: importing logging is a cost it otherwise never pays.
-    if not getattr(args, "lean", False):
+    lean = getattr(args, "lean", False)
+    if not (lean(args) if callable(lean) else lean):
         common.configure_logging()
     try:
         return int(args.func(args))

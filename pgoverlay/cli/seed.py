@@ -8,15 +8,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner.names import RUNTIME_CHOICES
-
-if TYPE_CHECKING:
-    from pgoverlay.runner.branch.warm import WarmState
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -102,126 +98,53 @@ def cmd_seed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seed_list_from_service(args: argparse.Namespace) -> int:
-    """A workflow's user sees the bases as the engine service shows them."""
-    from pgoverlay.runner.service.client import client
+def cmd_seed_list(args: argparse.Namespace) -> int:
+    """The bases as the engine shows them; root also sees where each came from and what its
+    lockdown removed (``BaseView.detail``)."""
     from pgoverlay.runner.units import format_bytes
 
-    bases = client(common.settings()).bases()
+    bases = common.engine().bases()
     if getattr(args, "json", False):
         from dataclasses import asdict
 
-        common.print_json([asdict(b) for b in bases])
+        listed = []
+        for b in bases:
+            data = asdict(b)
+            data.update(data.pop("detail") or {})
+            listed.append(data)
+        common.print_json(listed)
         return 0
     from pgoverlay.cli.table import render
 
-    headers = ("base", "version", "state", "postgres", "size", "seeded", "masked", "branches")
+    root = any(b.detail is not None for b in bases)
+    headers = ["base", "version", "state", "postgres", "size"]
+    headers += ["source", "via", "start LSN"] if root else []
+    headers += ["seeded", "masked"] + (["neutralised"] if root else []) + ["branches", "warm"]
     rows = []
     for b in bases:
-        rows.append(
-            (
-                b.name,
-                str(b.version),
-                b.state,
-                str(b.pg_major or "-"),
-                format_bytes(b.size_bytes),
-                common.when(b.prepared_at or b.created_at),
-                f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
-                str(b.branches),
-                ", ".join(
-                    f"{w.runtime} {_warm_label(w.ready, w.target, w.memory_bytes_each)}"
-                    for w in b.warm
-                )
-                or "-",
+        row = [b.name, str(b.version), b.state, str(b.pg_major or "-"), format_bytes(b.size_bytes)]
+        d = b.detail
+        if d is not None:
+            source = f"{d.source} ({d.source_role})" if d.source_role else d.source
+            row += [source, d.via, d.start_lsn or "-"]
+        row += [
+            common.when(b.prepared_at or b.created_at),
+            f"{b.mask_rules} (sha256 {b.mask_sha256[:12]})" if b.masked else "no",
+        ]
+        if root:
+            notes = d.neutralised if d is not None else None
+            row.append(str(len(notes)) if notes is not None else "not locked down")
+        row += [
+            str(b.branches),
+            ", ".join(
+                f"{w.runtime} {_warm_label(w.ready, w.target, w.memory_bytes_each)}" for w in b.warm
             )
-        )
-    out.write(render((*headers, "warm"), rows))
-    return 0
-
-
-def cmd_seed_list(args: argparse.Namespace) -> int:
-    from pgoverlay.runner.branch import warm
-    from pgoverlay.runner.units import format_bytes
-
-    if os.geteuid() != 0:
-        return _seed_list_from_service(args)
-    p = common.pool()
-    bases = p.registry.bases()
-    refs: dict[tuple[str, int], int] = {}
-    for br in p.registry.branches():
-        key = (br.base_name, br.base_version)
-        refs[key] = refs.get(key, 0) + 1
-    warmth: dict[str, list[WarmState]] = {}
-    for state in warm.states(p):
-        warmth.setdefault(state.base_name, []).append(state)
-    if getattr(args, "json", False):
-        common.print_json(
-            [
-                {
-                    **b.__dict__,
-                    "neutralised": b.neutralised_notes if b.locked_down else None,
-                    "branches": refs.get((b.name, b.version), 0),
-                    "warm": [
-                        {
-                            "runtime": s.runtime,
-                            "target": s.target,
-                            "ready": s.ready,
-                            "memory_bytes_each": s.memory_each,
-                        }
-                        for s in warmth.get(b.name, [])
-                    ]
-                    if b == p.registry.latest_base(b.name)
-                    else [],
-                }
-                for b in bases
-            ]
-        )
-        return 0
-    from pgoverlay.cli.table import render
-
-    headers = (
-        "base",
-        "version",
-        "state",
-        "postgres",
-        "size",
-        "source",
-        "via",
-        "start LSN",
-        "seeded",
-        "masked",
-        "neutralised",
-        "branches",
-        "warm",
-    )
-    rows = []
-    for b in bases:
-        latest = b == p.registry.latest_base(b.name)
-        rows.append(
-            (
-                b.name,
-                str(b.version),
-                b.state,
-                str(b.pg_major or "-"),
-                format_bytes(b.size_bytes),
-                f"{b.source} ({b.source_role})" if b.source_role else b.source,
-                b.via,
-                b.start_lsn or "-",
-                common.when(b.prepared_at or b.created_at),
-                b.mask_label if b.masked else "no",
-                str(len(b.neutralised_notes)) if b.locked_down else "not locked down",
-                str(refs.get((b.name, b.version), 0)),
-                ", ".join(
-                    f"{s.runtime} {_warm_label(s.ready, s.target, s.memory_each)}"
-                    for s in warmth.get(b.name, [])
-                )
-                if latest
-                else "-",
-            )
-        )
+            or "-",
+        ]
+        rows.append(row)
     out.write(render(headers, rows))
     for b in bases:
-        for note in b.neutralised_notes:
+        for note in (b.detail.neutralised or []) if b.detail else []:
             out.line(f"{b.name} v{b.version} neutralised: {note}")
     return 0
 
@@ -353,4 +276,4 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="with `seed rm`: destroy the branches that use the base, then remove it",
     )
-    seed_cmd.set_defaults(func=cmd_seed)
+    seed_cmd.set_defaults(func=cmd_seed, lean=lambda args: args.name == "list")

@@ -29,6 +29,7 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.views import (
+    BaseDetail,
     BaseView,
     BranchView,
     Connection,
@@ -70,6 +71,20 @@ def _discard_trace(pool: Pool, name: str) -> None:
     trace = sys.modules.get("pgoverlay.runner.trace")
     if trace is not None:
         trace.discard(pool, name)
+
+
+def _detail(b: registry.BaseVersion) -> BaseDetail:
+    return BaseDetail(
+        source=b.source,
+        source_role=b.source_role,
+        via=b.via,
+        start_lsn=b.start_lsn,
+        superuser=b.superuser,
+        owner_uid=b.owner_uid,
+        source_settings=b.source_settings,
+        tablespaces=b.tablespaces,
+        neutralised=b.neutralised_notes if b.locked_down else None,
+    )
 
 
 def _record(pool: Pool, name: str) -> Record | None:
@@ -127,6 +142,7 @@ class LocalEngine:
                 locked_down=b.locked_down,
                 branches=used.get((b.name, b.version), 0),
                 warm=warmth.get(b.name, []) if latest[b.name] == b.version else [],
+                detail=_detail(b) if self.uid == 0 else None,
             )
             for b in self.pool.registry.bases()
         ]

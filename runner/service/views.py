@@ -69,6 +69,22 @@ class WarmView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BaseDetail:
+    """What root alone is shown of a base version: where it came from and what preparing it
+    took away."""
+
+    source: str  # host:port (or socket) and database of the server it was copied from
+    source_role: str  # primary or standby, when it was copied
+    via: str  # basebackup or dump
+    start_lsn: str
+    superuser: str
+    owner_uid: int
+    source_settings: str  # JSON: the source's settings that matter
+    tablespaces: str
+    neutralised: list[str] | None  # what the lockdown removed; None: prepared before lockdown
+
+
+@dataclass(frozen=True, kw_only=True)
 class BaseView:
     name: str
     version: int
@@ -84,6 +100,7 @@ class BaseView:
     locked_down: bool
     branches: int
     warm: list[WarmView] = field(default_factory=list)  # of the base's latest version only
+    detail: BaseDetail | None = None  # root's answer only
 
 
 @dataclass(frozen=True, kw_only=True)
