@@ -402,10 +402,12 @@ def _bring_up(
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
-    pool.registry.update_branch(branch.name, step="mounted")
+    # A step tells a person where a saga stopped; gc undoes or finishes by the state alone, so a
+    # step need not wait for the disk (the state's own changes do).
+    pool.registry.update_branch(branch.name, durable=False, step="mounted")
     fault(pool, f"{saga}:mounted")
     rt.start(lay, options=server_options(pool, lay, branch))
-    pool.registry.update_branch(branch.name, step="started")
+    pool.registry.update_branch(branch.name, durable=False, step="started")
     fault(pool, f"{saga}:started")
     if saga == "warm":
         _lock_login(pool, base, branch)  # its password comes with its claim
@@ -486,7 +488,7 @@ def create(
         fault(pool, "create:registered")
         try:
             _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
-            pool.registry.update_branch(name, step="dirs")
+            pool.registry.update_branch(name, durable=False, step="dirs")
             fault(pool, "create:dirs")
             _bring_up(pool, base, branch, saga="create", secret=secret)
         except BaseException:
@@ -563,7 +565,7 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
         fault(pool, "warm:registered")
         try:
             _make_dirs(pool, layout(pool, slot), user=branch.user, superuser=base.superuser)
-            pool.registry.update_branch(slot, step="dirs")
+            pool.registry.update_branch(slot, durable=False, step="dirs")
             _bring_up(pool, base, branch, saga="warm")
         except BaseException:
             log.warning("starting warm branch %s failed; undoing", slot)
@@ -633,7 +635,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     # Written again, so a branch made by an earlier release gets today's pg_hba.conf.
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     release_freed(pool)
-    pool.registry.update_branch(branch.name, step="wiped")
+    pool.registry.update_branch(branch.name, durable=False, step="wiped")
     fault(pool, "reset:wiped")
     _bring_up(pool, base, branch, saga="reset")
     pool.registry.update_branch(branch.name, state="ready", step="", ready_at=time.time())
