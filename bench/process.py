@@ -141,6 +141,24 @@ class Bench:
         (copy / "postmaster.pid").unlink(missing_ok=True)
         return copy, sockets, owner.pw_uid
 
+    def wait_warm(self) -> None:
+        """Until the base has a ready warm branch (the service tops up every 2 s)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listed = subprocess.run(
+                [os.fspath(self.bin / "pgoverlay"), "seed", "list", "--json"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd="/",
+            )
+            base = next(b for b in json.loads(listed.stdout) if b["name"] == BASE)
+            if any(w["ready"] for w in base.get("warm", [])):
+                return
+            time.sleep(0.2)
+        raise SystemExit("the engine service did not start a warm branch within 60 s")
+
     def supports_warm(self) -> bool:
         """Whether the checkout measured keeps warm branches (`seed warm`)."""
         found = subprocess.run(
@@ -178,9 +196,14 @@ class Bench:
             found["create+destroy"].append(created + destroyed)
 
         def warm_pair() -> None:
-            """Create claiming a warm branch: one is started (untimed) before each create, and
-            none is kept after, so the cold pair never finds one."""
+            """Create claiming a warm branch the engine service started (and so holds a session
+            to), as in steady use: `seed warm` starts one in its own process, an untimed create
+            takes that one, and the service starts its replacement. None is kept after, so the
+            cold pair never finds one."""
             self.cli("seed", "warm", BASE, "--count", "1")
+            self.cli("branch", "create", "procbench-v")
+            self.cli("branch", "destroy", "procbench-v")
+            self.wait_warm()
             created = self.cli("branch", "create", "procbench-w")
             destroyed = self.cli("branch", "destroy", "procbench-w")
             self.cli("seed", "warm", BASE, "--count", "0")
@@ -478,8 +501,11 @@ around `subprocess.run`; hyperfine is not installed), as root on a prepared pool
 (`seed --demo --scale 1`) and one branch, `PGOVERLAY_RUNTIME=local`. `create+destroy` is
 `pgoverlay branch create` then `pgoverlay branch destroy`, two processes; `pg_ctl` is
 `pg_ctl start -w` then `pg_ctl stop -m fast` of a plain copy of the same base on the same disk,
-the three taking turns at going first; `create (warm)` claims a warm branch (`seed warm
---count 1`, untimed, before each), where the checkout has them.
+the three taking turns at going first; `create (warm)` claims a warm branch the engine
+service started (untimed before each: `seed warm --count 1`, a create that takes the one that
+command starts, and a wait for the service's replacement), where the checkout has them. The
+pool's engine service runs (`pool init` starts it, with the commands' settings), so a checkout
+whose root commands ask it (from 2026-12-01) is timed doing so.
 Run {result["date"]} ({result["checkout_label"]}{before}):
 
 {table({k: quantiles(v) for k, v in cli.items()}, base_cli)}
