@@ -66,7 +66,7 @@ import pgoverlay.runner.service.client, pgoverlay.runner.service.engine, pgoverl
 import pgoverlay.runner.postgres.sqlerror, pgoverlay.runner.runtime.choose
 import pgoverlay.action.migrations, pgoverlay.action.workflow, pgoverlay.runner.pool.maintenance
 import pgoverlay.action.insight.observe, pgoverlay.action.insight.jsonreport
-import importlib.metadata  # pydantic's plugin loader, when the client first checks an answer
+import importlib.metadata  # pydantic's plugin loader (the listener's settings)
 from pgoverlay.cli import common
 common.out.console, common.err.console
 user = pwd.getpwnam(sys.argv[1])
@@ -310,12 +310,15 @@ def os_user(name: str, *, groups: Sequence[str] = ()) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
-def as_user_call(user: str, groups: Sequence[str], code: str) -> subprocess.CompletedProcess[str]:
-    """Run Python ``code`` as ``user`` with supplementary ``groups`` (a real child process)."""
+def as_user_call(
+    user: str, groups: Sequence[str], code: str, *, preload: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run Python ``code`` as ``user`` with supplementary ``groups`` (a real child process).
+    The interpreter's own files may be root's alone: the modules ``code`` imports are imported
+    before the switch (the service's client, and ``preload``)."""
     prelude = (
         "import grp, os, pwd, sys\n"
-        "import pgoverlay.runner.service.client\n"
-        "import importlib.metadata\n"  # pydantic's plugin loader, when an answer is checked
+        f"import {', '.join(['pgoverlay.runner.service.client', *preload])}\n"
         f"u = pwd.getpwnam({user!r})\n"
         f"os.setgroups([grp.getgrnam(g).gr_gid for g in {list(groups)!r}])\n"
         "os.setgid(u.pw_gid); os.setuid(u.pw_uid)\n"

@@ -47,7 +47,8 @@ def as_listener(code: str, **values: Any) -> Any:
         "from pgoverlay.runner.polling import wait_for\n"
         f"values = json.loads({json.dumps(json.dumps(values))})\n"
     )
-    done = as_user_call(HOOK_USER, ["pgoverlay"], prelude + code)
+    modules = ["json", "tempfile", "pgoverlay.webhook.sandbox", "pgoverlay.runner.polling"]
+    done = as_user_call(HOOK_USER, ["pgoverlay"], prelude + code, preload=modules)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
