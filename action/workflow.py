@@ -346,7 +346,6 @@ def handle(
         if current is None:
             echo(f"no branch {name} to destroy")
             return Outcome(report=None, branch=None)
-        _preload(())
         with _timed(timings, "branch"):
             report = _close(engine, event, current, skeleton)
         with _timed(timings, "comment"):
