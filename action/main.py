@@ -15,10 +15,9 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
-
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
@@ -27,7 +26,9 @@ from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, fork_refusal, handle
 from pgoverlay.errors import (
     JobFileError,
+    Location,
     PgoverlayError,
+    Problems,
     UnsafeFileError,
     config_error,
 )
@@ -40,33 +41,65 @@ if TYPE_CHECKING:
     from pgoverlay.runner.service.engine import Engine
 
 
-class JobEnv(BaseModel):
-    """The variables GitHub Actions sets for every step, and the Action's inputs (INPUT_*):
-    ``from_environ`` reads them (a plain model: pydantic-settings would cost every step more
-    than the rest of its start-up)."""
+@dataclass(frozen=True, kw_only=True)
+class JobEnv:
+    """The variables GitHub Actions sets for every step, and the Action's token input:
+    ``from_environ`` reads them (a plain dataclass: importing pydantic would cost every step
+    more than the rest of its start-up)."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # Each field's variables, the first one set wins (a field may be given by its own name
+    # too, as the pydantic model this was allowed); a field with no default must be set.
+    VARIABLES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "event_path": ("GITHUB_EVENT_PATH",),
+        "event_name": ("GITHUB_EVENT_NAME",),
+        "repository": ("GITHUB_REPOSITORY",),
+        "api_url": ("GITHUB_API_URL",),
+        "server_url": ("GITHUB_SERVER_URL",),
+        "run_id": ("GITHUB_RUN_ID",),
+        "sha": ("GITHUB_SHA",),
+        "ref": ("GITHUB_REF",),
+        "workspace": ("GITHUB_WORKSPACE",),
+        "output": ("GITHUB_OUTPUT",),
+        "summary": ("GITHUB_STEP_SUMMARY",),
+        "temp": ("RUNNER_TEMP",),
+        "token": ("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN"),
+    }
 
-    event_path: Path = Field(validation_alias="GITHUB_EVENT_PATH")
-    event_name: str = Field(validation_alias="GITHUB_EVENT_NAME")
-    repository: str = Field(validation_alias="GITHUB_REPOSITORY")
-    api_url: str = Field(default="https://api.github.com", validation_alias="GITHUB_API_URL")
-    server_url: str = Field(default="https://github.com", validation_alias="GITHUB_SERVER_URL")
-    run_id: str = Field(default="", validation_alias="GITHUB_RUN_ID")
-    sha: str = Field(default="", validation_alias="GITHUB_SHA")
-    ref: str = Field(default="", validation_alias="GITHUB_REF")
-    workspace: Path = Field(default=Path("."), validation_alias="GITHUB_WORKSPACE")
-    output: Path | None = Field(default=None, validation_alias="GITHUB_OUTPUT")
-    summary: Path | None = Field(default=None, validation_alias="GITHUB_STEP_SUMMARY")
-    temp: Path | None = Field(default=None, validation_alias="RUNNER_TEMP")
-    token: str = Field(
-        default="", validation_alias=AliasChoices("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN")
-    )
+    event_path: Path
+    event_name: str
+    repository: str
+    api_url: str = "https://api.github.com"
+    server_url: str = "https://github.com"
+    run_id: str = ""
+    sha: str = ""
+    ref: str = ""
+    workspace: Path = Path(".")
+    output: Path | None = None
+    summary: Path | None = None
+    temp: Path | None = None
+    token: str = field(default="", repr=False)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
-        """The job's variables from ``environ`` (default: this process's environment)."""
-        return cls.model_validate(dict(os.environ if environ is None else environ))
+        """The job's variables from ``environ`` (default: this process's environment); a
+        ConfigError names the first one missing (and how many more are)."""
+        env = os.environ if environ is None else environ
+        given: dict[str, Any] = {}
+        missing: list[tuple[Location, str]] = []
+        for f in fields(cls):
+            names = (*cls.VARIABLES[f.name], f.name)
+            found = next((env[name] for name in names if name in env), None)
+            if found is not None:
+                given[f.name] = Path(found) if "Path" in str(f.type) else found
+            elif f.default is MISSING:
+                missing.append(((names[0],), "Field required"))
+        if missing:
+            raise config_error(
+                Problems(missing),
+                what="job variable",
+                fix="is this step running inside GitHub Actions?",
+            )
+        return cls(**given)
 
     def run_url(self) -> str:
         return (
@@ -126,12 +159,7 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     """Everything comes from the job's environment, as GitHub Actions sets it."""
     start = started_seconds(os.environ, time.time())
     began = time.monotonic()
-    try:
-        job = JobEnv.from_environ()
-    except ValidationError as exc:
-        raise config_error(
-            exc, what="job variable", fix="is this step running inside GitHub Actions?"
-        ) from None
+    job = JobEnv.from_environ()
     inputs = read_inputs(dict(os.environ))
     payload = read_event(job.event_path)
     ev = event.parse(job.event_name, payload, repository=job.repository, sha=job.sha, ref=job.ref)

@@ -1,35 +1,36 @@
-"""What a pull request's branch is asked for: one model for the composite Action's inputs and
+"""What a pull request's branch is asked for: one request for the composite Action's inputs and
 the webhook listener's per-repository settings.
 
 :class:`PrRequest` holds what both front ends ask for, each rule checked once here. The Action's
-:class:`Inputs` and the listener's ``webhook.settings.RepoSettings`` extend it with what only
-they need. A field is the Action input of the same name with ``-`` for ``_`` (``action.yml``
-describes it and passes it to the entry point as ``INPUT_<NAME>``), with the same default:
-``tests/test_workflow.py`` checks that ``action.yml`` and :class:`Inputs` agree.
+:class:`Inputs` extends it with what only a workflow decides; the listener's
+``webhook.settings.RepoSettings`` has the same fields and its own, and checks them with this
+module's ``field_problem`` and ``whole_problem``. A field is the Action input of the same name
+with ``-`` for ``_`` (``action.yml`` describes it and passes it to the entry point as
+``INPUT_<NAME>``), with the same default: ``tests/test_workflow.py`` checks that ``action.yml``
+and :class:`Inputs` agree.
+
+Plain dataclasses, not pydantic models: every step of the Action reads its inputs, and importing
+pydantic and building these models cost that step more than the rest of its start-up. They read
+what pydantic did and word each problem as pydantic's (lax) validation did, so a workflow's
+author sees the messages they always saw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
-
-from pydantic import (
-    BaseModel,
-    ByteSize,
-    ConfigDict,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from pgoverlay.action.insight.model import Thresholds
-from pgoverlay.errors import ConfigError, config_error
+from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
 
-_BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
+
+Select = Literal["changed", "all"]
+Runtime = Literal["auto", "local", "docker"]  # auto: the runner's PGOVERLAY_RUNTIME
 
 
 def lock_seconds(text: str) -> float:
@@ -37,13 +38,63 @@ def lock_seconds(text: str) -> float:
     return parse_seconds(text, units=_LOCK_UNITS)
 
 
+# What a size may be written in: the units (and the reading of the number before them) of
+# pydantic's ByteSize, which read this input before.
+_BYTE_UNITS: dict[str, float] = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "eb": 10**18,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
+    "eib": 2**60,
+    "bit": 1 / 8,
+    "kbit": 10**3 / 8,
+    "mbit": 10**6 / 8,
+    "gbit": 10**9 / 8,
+    "tbit": 10**12 / 8,
+    "pbit": 10**15 / 8,
+    "ebit": 10**18 / 8,
+    "kibit": 2**10 / 8,
+    "mibit": 2**20 / 8,
+    "gibit": 2**30 / 8,
+    "tibit": 2**40 / 8,
+    "pibit": 2**50 / 8,
+    "eibit": 2**60 / 8,
+}
+_BYTE_UNITS.update({k[0]: v for k, v in list(_BYTE_UNITS.items()) if "i" not in k})
+_BYTE_STRING = re.compile(r"^\s*(\d*\.?\d+)\s*(\w+)?")
+
+
+def _bytes(text: str) -> int:
+    """``text`` as bytes, or 0 when it cannot be read."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    found = _BYTE_STRING.match(text)
+    if found is None:
+        return 0
+    scalar, unit = found.groups()
+    mult = _BYTE_UNITS.get((unit or "b").lower())
+    if mult is None:
+        return 0
+    try:
+        return int(float(scalar) * mult)
+    except OverflowError:
+        return 0
+
+
 def parse_bytes(text: str) -> int:
     """'512MiB', '1GiB', '10GB', '1048576' -> bytes (KiB/MiB/GiB are powers of 1024, KB/MB/GB of
     1000, a bare number is bytes): how much one rewrite may write."""
-    try:
-        size = int(_BYTES.validate_python(text.strip()))
-    except ValidationError:
-        size = 0
+    size = _bytes(text.strip())
     if size <= 0:
         raise ConfigError(
             f"cannot read size {text!r}: use a positive number of bytes, or a number and a unit "
@@ -53,76 +104,169 @@ def parse_bytes(text: str) -> int:
     return size
 
 
-def _invalid(message: str) -> PydanticCustomError:
-    """A validation error whose text is ``message`` as written (no "Value error, " prefix)."""
-    return PydanticCustomError("invalid_request", "{message}", {"message": message})
+# -- the checks of one field, and of the whole ------------------------------------------------
 
 
-class PrRequest(BaseModel):
-    """What a workflow, or the listener's settings for a repository, asks for a pull request."""
+def _base_name(base: str | None) -> None:
+    if base and not NAME_RE.match(base):
+        raise ConfigError(
+            f"{base!r} is not a base name; name one of the bases seeded on this runner "
+            "(`pgoverlay seed list`), or leave it empty for the only one"
+        )
 
-    model_config = ConfigDict(extra="forbid")
+
+def _duration(ttl: str | None) -> None:
+    if ttl:
+        parse_duration(ttl)
+
+
+# Each field's own check, once its value has its type: a ConfigError says what is wrong.
+_VALUE_CHECKS: dict[str, Callable[[Any], object]] = {
+    "base": _base_name,
+    "ttl": _duration,
+    "max_blocking_lock": lock_seconds,
+    "max_rewrite": parse_bytes,
+}
+CHECKED_FIELDS = tuple(_VALUE_CHECKS)
+
+
+def field_problem(name: str, value: object) -> str | None:
+    """What is wrong with the value of field ``name`` (of the right type), or None."""
+    check = _VALUE_CHECKS.get(name)
+    if check is None:
+        return None
+    try:
+        check(value)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def whole_problem(migrations: str | None, migrate_command: str | None) -> str | None:
+    """What is wrong with the request as a whole (its fields each being right), or None."""
+    if migrations and migrate_command:
+        return "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
+    return None
+
+
+def is_blank(value: object) -> bool:
+    """A value left empty (an input the workflow does not set) means its field's default."""
+    return isinstance(value, str) and not value.strip()
+
+
+# -- reading values as pydantic did -----------------------------------------------------------
+
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "migrations_select": get_args(Select),
+    "runtime": get_args(Runtime),
+}
+
+
+class _Wrong(Exception):
+    """Private control flow: a value of the wrong type, caught in ``_typed`` and reported as
+    one of the request's problems; never reaches a user."""
+
+
+def _as_bool(value: object) -> bool:
+    """A flag, as pydantic read one: true/false, yes/no, on/off, 1/0 (any case), or 0 and 1."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+    elif isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    elif not isinstance(value, int | float):
+        raise _Wrong("Input should be a valid boolean")
+    raise _Wrong("Input should be a valid boolean, unable to interpret input")
+
+
+def _choice(name: str, value: object) -> str:
+    options = _CHOICES[name]
+    if value not in options:
+        listed = [repr(o) for o in options]
+        raise _Wrong(f"Input should be {', '.join(listed[:-1])} or {listed[-1]}")
+    return str(value)
+
+
+def _typed(field: dataclasses.Field[Any], value: object) -> object:
+    """``value`` as ``field``'s type, or _Wrong with pydantic's words for why not."""
+    if field.type == "bool":
+        return _as_bool(value)
+    if field.name in _CHOICES:
+        return _choice(field.name, value)
+    if value is None and "None" in str(field.type):
+        return None
+    if not isinstance(value, str):
+        raise _Wrong("Input should be a valid string")
+    return value
+
+
+Problem = tuple[Location, str]  # where (a field's name, or () for the whole) and what is wrong
+
+
+def read(
+    cls: type[PrRequest], values: Mapping[str, object]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """``values`` as ``cls``'s fields, and what is wrong with them, in pydantic's order: each
+    field's type then its check, in the fields' order, then names ``cls`` has no field for;
+    the whole request only when its fields are right. A blank value is its field's default."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    settled: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for name, field in fields.items():
+        if name not in values or is_blank(values[name]):
+            continue
+        try:
+            settled[name] = _typed(field, values[name])
+        except _Wrong as wrong:
+            problems.append(((name,), str(wrong)))
+            continue
+        problem = field_problem(name, settled[name])
+        if problem:
+            problems.append(((name,), problem))
+    problems += [
+        ((name,), "Extra inputs are not permitted") for name in values if name not in fields
+    ]
+    if not problems:
+        whole = whole_problem(settled.get("migrations"), settled.get("migrate_command"))
+        if whole:
+            problems.append(((), whole))
+    return settled, problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrRequest:
+    """What a workflow, or the listener's settings for a repository, asks for a pull request.
+    Made with a value of the wrong type or form, it raises a RequestError naming the field."""
 
     base: str | None = None
     migrations: str | None = None
     migrate_command: str | None = None
-    migrations_select: Literal["changed", "all"] = "changed"
+    migrations_select: Select = "changed"
     working_directory: str = "."
     branch_name: str | None = None  # None: {repo}-pr-{number} (see event.branch_name)
     reset_on_push: bool = True
     ttl: str | None = None
     comment: bool = True
-    runtime: Literal["auto", "local", "docker"] = "auto"  # auto: the runner's PGOVERLAY_RUNTIME
+    runtime: Runtime = "auto"
     insight: bool = True  # trace each migration: locks, rewrites, scans, volume, lint
     max_blocking_lock: str = "5s"  # longest hold of a lock that blocks reads or writes
     max_rewrite: str = "1GiB"  # largest table or index one rewrite may write
     fail_on_threshold: bool = False  # a migration over a threshold fails the step (or status)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _blank_is_unset(cls, data: object) -> object:
-        """A value left empty (an input the workflow does not set) means its default."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
-        return data
-
-    @field_validator("base")
-    @classmethod
-    def _a_base_name(cls, base: str | None) -> str | None:
-        if base and not NAME_RE.match(base):
-            raise _invalid(
-                f"{base!r} is not a base name; name one of the bases seeded on this runner "
-                "(`pgoverlay seed list`), or leave it empty for the only one"
-            )
-        return base
-
-    @field_validator("ttl")
-    @classmethod
-    def _a_duration(cls, ttl: str | None) -> str | None:
-        if ttl:
-            try:
-                parse_duration(ttl)
-            except ConfigError as err:
-                raise _invalid(str(err)) from None
-        return ttl
-
-    @field_validator("max_blocking_lock")
-    @classmethod
-    def _a_lock_duration(cls, text: str) -> str:
-        return _checked(lock_seconds, text)
-
-    @field_validator("max_rewrite")
-    @classmethod
-    def _a_size(cls, text: str) -> str:
-        return _checked(parse_bytes, text)
-
-    @model_validator(mode="after")
-    def _one_way_to_migrate(self) -> PrRequest:
-        if self.migrations and self.migrate_command:
-            raise _invalid(
-                "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
-            )
-        return self
+    def __post_init__(self) -> None:
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        settled, problems = read(type(self), given)
+        if problems:
+            raise RequestError(_say(problems))
+        for f in dataclasses.fields(self):  # blanks become defaults; "yes" becomes True
+            value = settled.get(f.name, f.default)
+            if value is not given[f.name]:
+                object.__setattr__(self, f.name, value)
 
     def ttl_seconds(self) -> int | None:
         return parse_duration(self.ttl) if self.ttl else None
@@ -137,15 +281,14 @@ class PrRequest(BaseModel):
         )
 
 
-def _checked(parse: Callable[[str], object], text: str) -> str:
-    """``text`` as written, once ``parse`` reads it; its ConfigError as the field's error."""
-    try:
-        parse(text)
-    except ConfigError as err:
-        raise _invalid(str(err)) from None
-    return text
+def _say(problems: list[Problem]) -> str:
+    """The first problem as ``field: problem`` (and how many more there are)."""
+    (loc, message), more = problems[0], len(problems) - 1
+    text = f"{'.'.join(map(str, loc))}: {message}" if loc else message
+    return f"{text} (and {more} more)" if more else text
 
 
+@dataclass(frozen=True, kw_only=True)
 class Inputs(PrRequest):
     """The composite Action's inputs: the request, and what only a workflow decides."""
 
@@ -164,12 +307,14 @@ def env_name(field: str) -> str:
     return f"INPUT_{field.upper()}"
 
 
-def read_inputs(environ: dict[str, str]) -> Inputs:
+def read_inputs(environ: Mapping[str, str]) -> Inputs:
     """The Action's inputs from the step's environment (an unset variable is an empty input)."""
-    raw = {field: environ.get(env_name(field), "") for field in Inputs.model_fields}
-    try:
-        return Inputs.model_validate(raw)
-    except ValidationError as exc:
+    raw = {f.name: environ.get(env_name(f.name), "") for f in dataclasses.fields(Inputs)}
+    settled, problems = read(Inputs, raw)
+    if problems:
         raise config_error(
-            exc, what="input", where=lambda loc: f"`{input_name(str(loc[0]))}`" if loc else ""
-        ) from None
+            Problems(problems),
+            what="input",
+            where=lambda loc: f"`{input_name(str(loc[0]))}`" if loc else "",
+        )
+    return Inputs(**settled)

@@ -5,9 +5,6 @@ set -euo pipefail
 verb=${1:-run}
 # the step's start, so the log can say how long the interpreter and its imports took
 export PGOVERLAY_STEP_STARTED=$EPOCHREALTIME
-# pgoverlay uses no pydantic plugin: not looking for one spares reading every installed package's
-# metadata. The PR's commands do not inherit it (they get a clean environment).
-export PYDANTIC_DISABLE_PLUGINS=__all__
 # pgoverlay-action is `pgoverlay action` without the command line's other commands: installed
 # next to pgoverlay by setup.sh, it starts faster.
 exec "${PGOVERLAY_BIN%/*}/pgoverlay-action" "$verb"

@@ -246,15 +246,14 @@ _LATER = ("pgoverlay.action.insight.observe", "pgoverlay.runner.runtime.choose")
 
 
 def _preload(modules: tuple[str, ...]) -> None:
-    """Import ``modules`` and build the report's adapters, in a daemon thread, while the engine
-    makes or destroys the branch (this process only waits for it then). An import that fails
-    here fails again where the module is used, with its error."""
+    """Import ``modules`` in a daemon thread while the engine makes or destroys the branch
+    (this process only waits for it then). An import that fails here fails again where the
+    module is used, with its error."""
 
     def load() -> None:
         with contextlib.suppress(Exception):
             for name in modules:
                 importlib.import_module(name)
-            record.prepare()
 
     threading.Thread(target=load, name="pgoverlay-preload", daemon=True).start()
 
@@ -347,7 +346,6 @@ def handle(
         if current is None:
             echo(f"no branch {name} to destroy")
             return Outcome(report=None, branch=None)
-        _preload(())
         with _timed(timings, "branch"):
             report = _close(engine, event, current, skeleton)
         with _timed(timings, "comment"):

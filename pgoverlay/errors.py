@@ -344,6 +344,18 @@ class _Invalid(Protocol):
     def errors(self, *, include_url: bool = ..., include_input: bool = ...) -> Sequence[Any]: ...
 
 
+class Problems:
+    """Problems a module found in values it read without pydantic (the Action's inputs, its
+    job's variables), in the form :func:`config_error` reads, so that they are worded as a
+    pydantic model's would be: each a place (``()`` for the whole) and what is wrong there."""
+
+    def __init__(self, found: Sequence[tuple[Location, str]]) -> None:
+        self.found = list(found)
+
+    def errors(self, *, include_url: bool = False, include_input: bool = False) -> list[Any]:
+        return [{"loc": loc, "msg": message} for loc, message in self.found]
+
+
 def dotted(loc: Location) -> str:
     """A field's place as ``outer.inner.0``."""
     return ".".join(str(part) for part in loc)

@@ -88,6 +88,14 @@ class Run:
     returncode: int
     log: str
 
+    def imported(self) -> set[str]:
+        """The top-level packages the step's interpreter imported (``-X importtime`` lines)."""
+        return {
+            line.rsplit("|", 1)[1].strip().split(".")[0]
+            for line in self.log.splitlines()
+            if "import time:" in line and line.count("|") >= 2 and "cumulative" not in line
+        }
+
 
 class Scenario:
     """A git repository with a PR, and the means to run its workflow for an event."""
@@ -178,6 +186,8 @@ class Scenario:
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),
             "WHO_FILE": os.fspath(self.who),
+            # the step's interpreter lists what it imports (Run.imported reads it)
+            "PYTHONPROFILEIMPORTTIME": "1",
         }
         argv = [
             os.fspath(Path(sys.executable).parent / "act"),
@@ -265,6 +275,9 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
 
     opened = s.act("opened", first)
     assert opened.returncode == 0, opened.log[-4000:]
+    # the step's models are plain dataclasses: it imports no pydantic (nor its helpers)
+    assert "pgoverlay" in opened.imported()
+    assert not opened.imported() & {"pydantic", "pydantic_core", "annotated_types"}
     assert s.who.read_text().split() == [str(s.user.pw_uid), "no", "sudo"], "job ran as runner"
     b = branch.get(s.pool, BRANCH)
     assert b.runtime == s.runtime and b.owner_uid == s.user.pw_uid
@@ -297,6 +310,9 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
 
     closed = s.act("closed", second, merged=True)
     assert closed.returncode == 0, closed.log[-4000:]
+    for run in (rerun, pushed, closed):
+        assert "pgoverlay" in run.imported()
+        assert not run.imported() & {"pydantic", "pydantic_core", "annotated_types"}
     assert s.pool.registry.branch(BRANCH) is None
     [final] = s.comments()
     assert final["id"] == comment["id"]

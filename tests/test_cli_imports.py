@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -122,8 +123,9 @@ def test_a_create_and_a_destroy_import_neither_the_seed_package_nor_a_web_or_doc
     assert "psycopg" not in tops(destroyed)
 
 
-def test_the_actions_entry_point_imports_no_web_framework_docker_github_or_psycopg() -> None:
-    """PyGithub comes with the first comment, psycopg with the first migration."""
+def test_the_actions_entry_point_imports_no_web_docker_github_psycopg_or_pydantic() -> None:
+    """PyGithub comes with the first comment, psycopg with the first migration; pydantic never
+    (the Action's models are dataclasses)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -134,7 +136,37 @@ def test_the_actions_entry_point_imports_no_web_framework_docker_github_or_psyco
         text=True,
         check=True,
     )
-    assert not tops(set(json.loads(done.stdout))) & (HEAVY - {"sqlparse"})
+    assert not tops(set(json.loads(done.stdout))) & (HEAVY - {"sqlparse"} | {"pydantic"})
+
+
+def test_the_actions_run_imports_no_pydantic(tmp_path: Path) -> None:
+    """The Action's models (its inputs, the job's variables, the record) are plain dataclasses:
+    importing pydantic and building its models was the largest part of the step's start. A
+    run that stops at its inputs has imported all the step reads them with."""
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"action": "opened", "pull_request": {"number": 1}}))
+    probe = (
+        "import json, sys\n"
+        "from pgoverlay.action import main, record, comment\n"
+        "from pgoverlay.action.insight import jsonreport\n"
+        "code = main.entry(['run'])\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+        "raise SystemExit(code)\n"
+    )
+    env = {
+        **os.environ,
+        "GITHUB_EVENT_PATH": str(event),
+        "GITHUB_EVENT_NAME": "pull_request",
+        "GITHUB_REPOSITORY": "acme/shop",
+        "INPUT_TTL": "soon",  # refused: the run stops there, having read its inputs
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "input `ttl`: cannot read duration 'soon'" in done.stdout
+    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    assert not tops(modules) & {"pydantic", "pydantic_core", "annotated_types"}
 
 
 def _commands(parser: argparse.ArgumentParser) -> set[str]:

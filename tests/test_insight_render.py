@@ -306,7 +306,7 @@ def test_threshold_inputs_have_defaults_and_accept_durations_and_sizes() -> None
         assert PrRequest(max_rewrite=text).thresholds().max_rewrite == size
     # the listener's repositories set them too
     repo = RepoSettings.model_validate({"max_rewrite": "10GB", "fail_on_threshold": True})
-    assert repo.thresholds() == Thresholds(5.0, 10 * 1000**3, True)
+    assert repo.request().thresholds() == Thresholds(5.0, 10 * 1000**3, True)
 
 
 @pytest.mark.parametrize(

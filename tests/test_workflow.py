@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from pgoverlay.action import event, main, request, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import ConfigError, RequestError
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
@@ -102,7 +104,7 @@ def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
     """Each input an action.yml declares is a field of the model (or the token), with the
     model's default, and is passed to the entry point as the model reads it; returns them."""
     declared: dict[str, dict[str, Any]] = spec["inputs"]
-    fields = {request.input_name(f): f for f in Inputs.model_fields}
+    fields = {request.input_name(f.name): f for f in dataclasses.fields(Inputs)}
     for name, entry in declared.items():
         assert entry.get("description"), name
         assert passed_inputs(spec)[f"INPUT_{name.upper().replace('-', '_')}"] == (
@@ -111,14 +113,17 @@ def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
         if name == "github-token":
             continue
         assert name in fields, f"action.yml declares {name}, which Inputs lacks"
-        info = Inputs.model_fields[fields[name]]
-        assert entry.get("required", False) is info.is_required(), name
+        info = fields[name]
+        required = (
+            info.default is dataclasses.MISSING and info.default_factory is dataclasses.MISSING
+        )
+        assert entry.get("required", False) is required, name
         default = info.default
         text = (
             "" if default is None else str(default).lower() if default in (True, False) else default
         )
         assert str(entry.get("default", "")) == text, name
-        assert request.env_name(fields[name]) in passed_inputs(spec), name
+        assert request.env_name(info.name) in passed_inputs(spec), name
     assert set(passed_inputs(spec)) == {
         f"INPUT_{name.upper().replace('-', '_')}" for name in declared
     }
@@ -130,26 +135,57 @@ def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model
     the entry point as INPUT_<NAME>) to action.yml: forgetting either side fails here."""
     main_spec = yaml.safe_load((ROOT / "action.yml").read_text())
     # The token is a credential the job's environment model reads, no part of the request.
-    token = main.JobEnv.model_fields["token"].validation_alias
-    assert "INPUT_GITHUB_TOKEN" in getattr(token, "choices", ())
+    assert "INPUT_GITHUB_TOKEN" in main.JobEnv.VARIABLES["token"]
     declared = check_inputs_agree(main_spec)
-    assert declared == {request.input_name(f) for f in Inputs.model_fields} | {"github-token"}
+    assert declared == {request.input_name(f) for f in names(Inputs)} | {"github-token"}
     destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
     assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment"}
 
 
+def names(cls: type[Any]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
 def test_the_listeners_repository_settings_are_the_request_and_only_its_own_additions() -> None:
+    """RepoSettings (a pydantic model, as the listener's settings are) declares the request's
+    fields again: with the same types and defaults, and its request() is the PrRequest."""
     from pgoverlay.webhook.settings import RepoSettings
 
-    assert issubclass(RepoSettings, request.PrRequest)
-    own = set(RepoSettings.model_fields) - set(request.PrRequest.model_fields)
+    shared = {f.name: f for f in dataclasses.fields(request.PrRequest)}
+    for name, f in shared.items():
+        info = RepoSettings.model_fields[name]
+        assert info.default == f.default, name
+        assert info.annotation == typing.get_type_hints(request.PrRequest)[name], name
+    own = set(RepoSettings.model_fields) - set(shared)
     assert own == {"forks", "fork_label", "drafts", "honour_repo_file"}
     # the Action's own inputs are not settings a repository of the listener may set
-    action_only = set(Inputs.model_fields) - set(request.PrRequest.model_fields)
+    action_only = names(Inputs) - set(shared)
     assert action_only == {"fail_on_migration_error", "allow_forks", "allow_fork_commands"}
     assert not action_only & set(RepoSettings.model_fields)
     with pytest.raises(ValidationError, match="allow_fork_commands"):
         RepoSettings.model_validate({"allow_fork_commands": True})
+    made = RepoSettings.model_validate({"ttl": "7d", "comment": "no", "drafts": False})
+    assert made.request() == request.PrRequest(ttl="7d", comment=False)
+
+
+def test_the_request_refuses_what_its_fields_cannot_hold() -> None:
+    """Made in code, the request checks what read_inputs and the listener's settings check."""
+    with pytest.raises(RequestError, match="^ttl: cannot read duration 'soon'"):
+        request.PrRequest(ttl="soon")
+    with pytest.raises(RequestError, match="^runtime: Input should be 'auto', 'local' or"):
+        request.PrRequest(runtime="podman")  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="^set either `migrations`"):
+        Inputs(migrations="db", migrate_command="x")
+    with pytest.raises(RequestError, match=r"^base: .* \(and 1 more\)$"):
+        request.PrRequest(base="Not A Name", max_rewrite="lots")
+    with pytest.raises(TypeError, match="bogus"):
+        Inputs(bogus=True)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="^input `comment`: Input should be a valid boolean"):
+        read_inputs({"INPUT_COMMENT": "maybe"})
+    assert read_inputs({"INPUT_COMMENT": "No", "INPUT_ALLOW_FORKS": "1"}).comment is False
+    assert request.read(Inputs, {"commment": "x"})[1] == [
+        (("commment",), "Extra inputs are not permitted")
+    ]
 
 
 # -- the workflow against real branches and the fake GitHub -----------------------------------

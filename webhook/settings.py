@@ -3,11 +3,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,21 +26,75 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from pgoverlay.action.request import PrRequest
+from pgoverlay.action.request import (
+    CHECKED_FIELDS,
+    PrRequest,
+    Runtime,
+    Select,
+    field_problem,
+    is_blank,
+    whole_problem,
+)
 from pgoverlay.errors import ConfigError, config_error
 
 MIB = 1024 * 1024
 
 
-class RepoSettings(PrRequest):
-    """What to do for one allowed repository: the request the Action's inputs make too, and how
-    the listener treats forks, drafts and a repository file."""
+class RepoSettings(BaseModel):
+    """What to do for one allowed repository: the request the Action's inputs make too (the
+    fields of ``PrRequest``, with its defaults, read and checked as it checks them:
+    tests/test_workflow.py checks they agree), and how the listener treats forks, drafts and a
+    repository file. ``request()`` is the request the PR workflow is given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | None = None
+    migrations: str | None = None
+    migrate_command: str | None = None
+    migrations_select: Select = "changed"
+    working_directory: str = "."
+    branch_name: str | None = None
+    reset_on_push: bool = True
+    ttl: str | None = None
+    comment: bool = True
+    runtime: Runtime = "auto"
+    insight: bool = True
+    max_blocking_lock: str = "5s"
+    max_rewrite: str = "1GiB"
+    fail_on_threshold: bool = False
 
     forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
     fork_label: str = "pgoverlay:allow"
     drafts: bool = True
     # May a `.pgoverlay.yml` at the PR's head change these settings? (never for forks)
     honour_repo_file: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_unset(cls, data: object) -> object:
+        """A value left empty means its default, as an Action input left empty does."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not is_blank(v)}
+        return data
+
+    @field_validator(*CHECKED_FIELDS)
+    @classmethod
+    def _checked(cls, value: object, info: ValidationInfo) -> object:
+        problem = field_problem(info.field_name or "", value)
+        if problem:
+            raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_migrate(self) -> RepoSettings:
+        problem = whole_problem(self.migrations, self.migrate_command)
+        if problem:
+            raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
+        return self
+
+    def request(self) -> PrRequest:
+        """What the PR workflow is asked for this repository."""
+        return PrRequest(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PrRequest)})
 
 
 class WebhookSettings(BaseSettings):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import yaml
 from github import Auth
-from pydantic import ValidationError
 
 from pgoverlay.action import event as events
 from pgoverlay.action import record
@@ -29,11 +28,13 @@ from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus, over_threshold
 from pgoverlay.action.request import PrRequest
+from pgoverlay.action.request import read as read_request
 from pgoverlay.action.workflow import handle, post_comment
 from pgoverlay.errors import (
     ConfigError,
     GitHubError,
     PgoverlayError,
+    Problems,
     QueueError,
     TransientError,
     UnsafeFileError,
@@ -305,7 +306,7 @@ class Worker:
         if now is None:
             return Done("pull request not found")
         ev = now.event
-        request: PrRequest = repo
+        request = repo.request()
         if job.kind == "close":
             if now.open:
                 return Done("the pull request is open: nothing to destroy")
@@ -518,10 +519,11 @@ class Worker:
         changes = {
             k.replace("-", "_"): v for k, v in data.items() if k.replace("-", "_") in REPO_FILE_KEYS
         }
-        try:
-            return type(request).model_validate({**request.model_dump(), **changes})
-        except ValidationError as exc:
-            raise config_error(exc, what=f"{REPO_FILE} at the PR's head:") from None
+        merged = {**dataclasses.asdict(request), **changes}
+        settled, problems = read_request(type(request), merged)
+        if problems:
+            raise config_error(Problems(problems), what=f"{REPO_FILE} at the PR's head:")
+        return type(request)(**settled)
 
 
 def cleanup_scratch(state_dir: Path) -> None:

@@ -13,32 +13,18 @@ within their limits, so a big report is never refused for its size, only made co
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import TypeAdapter
-
 from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.report import Report
 
-__all__ = ["DETAILS", "SCHEMA_VERSION", "Detail", "document", "dumps", "fit", "prepare", "trim"]
+__all__ = ["DETAILS", "SCHEMA_VERSION", "Detail", "document", "dumps", "fit", "trim"]
 
 SCHEMA_VERSION = 1
 Detail = Literal["full", "no statements", "no findings", "no insight"]
 DETAILS: tuple[Detail, ...] = ("full", "no statements", "no findings", "no insight")
-
-
-@functools.cache
-def _adapter() -> TypeAdapter[Report]:
-    """The report's pydantic adapter, built when first used: building it takes a while."""
-    return TypeAdapter(Report)
-
-
-def prepare() -> None:
-    """Build the adapter ahead of the first ``document``."""
-    _adapter()
 
 
 _NOTE: dict[Detail, str] = {
@@ -56,7 +42,7 @@ def document(report: Report, *, detail: Detail = "full") -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "detail": detail,
-        **_adapter().dump_python(report, mode="json"),
+        **dataclasses.asdict(report),
     }
 
 
