@@ -45,7 +45,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
         raise ConfigError("--password-file works with --from DSN; the demo needs no password")
-    from pgoverlay.runner import demo, seed
+    from pgoverlay.runner import seed
     from pgoverlay.runner.seed import credentials
 
     auth = (
@@ -93,11 +93,13 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 allow_unmasked=args.no_mask,
                 runtime=args.runtime,
             )
+    took = time.monotonic() - started
     masking = f"masked by {base.mask_label}" if base.masked else "not masked"
-    out.print(
+    # One plain line, not rich's: importing rich only to print it would be the last thing the
+    # seed waits for, and a line wrapped at 80 columns is harder for a script to read.
+    out.line(
         f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
-        f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in "
-        f"{time.monotonic() - started:.1f} s"
+        f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in {took:.1f} s"
     )
     return 0
 
