@@ -17,6 +17,7 @@ from pgoverlay.runner.runtime import RUNTIMES
 
 if TYPE_CHECKING:
     from pgoverlay.runner.branch.warm import WarmState
+    from pgoverlay.runner.pool import Pool
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -101,7 +102,22 @@ def cmd_seed(args: argparse.Namespace) -> int:
         f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
         f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in {took:.1f} s"
     )
+    _end_quickly(p)
     return 0
+
+
+def _end_quickly(p: Pool) -> None:
+    """The seed is done and said so; the process ends next. Close the registry now (its last
+    WAL checkpoint, as at any exit), then take every object the seed imported or made out of
+    the cyclic collector's sight: the collections Python runs while it shuts down would walk
+    them all only to free memory the exit frees anyway, about 0.1 s of a seed process
+    (measured with `strace -tt`: no system call between the last write and the exit). Nothing
+    is left for a finaliser: connections, locks, servers and the passfile copy were closed by
+    their `with` blocks, and logging is flushed by its exit handler, which still runs."""
+    import gc
+
+    p.registry.close()
+    gc.freeze()
 
 
 def _seed_list_from_service(args: argparse.Namespace) -> int:
