@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import require_root
+from helpers import require_root, source_dsn
+from pgoverlay.runner import seed
+from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import cluster
 
 # Prints, after the command, the top-level packages it imported (on stderr, after its output).
 PROBE = """
@@ -123,6 +126,28 @@ def test_a_create_and_a_destroy_import_neither_the_seed_package_nor_a_web_or_doc
     assert "psycopg" not in tops(destroyed)
 
 
+def test_a_seed_imports_neither_rich_nor_the_demo_nor_the_other_command_groups(
+    env: dict[str, str], pool: Pool, source: cluster.Running
+) -> None:
+    """`pgoverlay seed NAME --from DSN` is timed against a bare pg_basebackup: it imports the
+    seed (psycopg among it), not the demo's sample data, the other commands' modules, or rich
+    to print its one line (or pydantic, YAML and the Docker SDK, which only masking and the
+    Docker runtime need)."""
+    require_root()
+    name = "imports-probe-seed"
+    try:
+        modules = loaded(["seed", name, "--from", source_dsn(source)], env)
+    finally:
+        for version in pool.registry.bases(name):
+            seed.remove_version(pool, name, version.version)
+    assert not tops(modules) & (HEAVY - {"psycopg"} | {"pydantic", "rich"})
+    assert not {m for m in modules if m.startswith("pgoverlay.runner.demo")}
+    assert {m for m in modules if m.startswith("pgoverlay.cli.")} == {
+        "pgoverlay.cli.common",
+        "pgoverlay.cli.seed",
+    }
+
+
 def test_the_actions_entry_point_imports_no_web_docker_github_psycopg_or_pydantic() -> None:
     """PyGithub comes with the first comment, psycopg with the first migration; pydantic never
     (the Action's models are dataclasses)."""
@@ -181,6 +206,6 @@ def test_a_command_line_builds_only_its_groups_parser_and_groups_name_their_comm
     assert everything == set(cli.GROUPS)
     for command, group in cli.GROUPS.items():
         assert _commands(cli.build_parser([command, "--help"])) == {
-            name for name, owner in cli.GROUPS.items() if owner is group
+            name for name, owner in cli.GROUPS.items() if owner == group
         }
     assert _commands(cli.build_parser(["-v", "brnch"])) == everything  # a mistake sees all

@@ -230,6 +230,7 @@ def _as_nobody(env: dict[str, str], argv: list[str]) -> tuple[int, str]:
     from pgoverlay.runner import pool as _pool  # noqa: F401
     from pgoverlay.runner.service import client as _client  # noqa: F401
 
+    cli_module.build_parser([])  # imports every command group's module (a command imports its own)
     nobody = pwd.getpwnam("nobody")
     read_end, write_end = os.pipe()
     pid = os.fork()

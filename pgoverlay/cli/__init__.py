@@ -8,26 +8,29 @@ holds what they share.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from pgoverlay.cli import action, branch, common, demo, pool, seed, service, webhook
+from pgoverlay.cli import common
 from pgoverlay.cli.common import err
 from pgoverlay.errors import PgoverlayError
 
-# The command names each group registers: a command line that names one builds only that
-# group's parser (building all of them is a cost every command would pay).
+# The command names each group registers, and the group's module in pgoverlay.cli: a command
+# line that names one imports and builds only that group (importing and building all of them
+# is a cost every command would pay: the other groups' modules import what their commands
+# share with the engine).
 GROUPS = {
-    "pool": pool,
-    "doctor": pool,
-    "seed": seed,
-    "branch": branch,
-    "service": service,
-    "gc": service,
-    "demo": demo,
-    "action": action,
-    "webhook": webhook,
+    "pool": "pool",
+    "doctor": "pool",
+    "seed": "seed",
+    "branch": "branch",
+    "service": "service",
+    "gc": "service",
+    "demo": "demo",
+    "action": "action",
+    "webhook": "webhook",
 }
 
 
@@ -44,7 +47,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     words = [word for word in (argv or ()) if not word.startswith("-")]
     named = GROUPS.get(words[0]) if words else None
     for group in (named,) if named else dict.fromkeys(GROUPS.values()):
-        group.register(sub)
+        importlib.import_module(f"pgoverlay.cli.{group}").register(sub)
     return parser
 
 

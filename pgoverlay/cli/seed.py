@@ -8,11 +8,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner.names import RUNTIME_CHOICES
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.pool import Pool
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -41,7 +45,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
         raise ConfigError("--password-file works with --from DSN; the demo needs no password")
-    from pgoverlay.runner import demo, seed
+    from pgoverlay.runner import seed
     from pgoverlay.runner.seed import credentials
 
     auth = (
@@ -89,13 +93,30 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 allow_unmasked=args.no_mask,
                 runtime=args.runtime,
             )
+    took = time.monotonic() - started
     masking = f"masked by {base.mask_label}" if base.masked else "not masked"
-    out.print(
+    # One plain line, not rich's: importing rich only to print it would be the last thing the
+    # seed waits for, and a line wrapped at 80 columns is harder for a script to read.
+    out.line(
         f"base {base.name} version {base.version} ready: Postgres {base.pg_major}, "
-        f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in "
-        f"{time.monotonic() - started:.1f} s"
+        f"{format_bytes(base.size_bytes)}, from {base.source}, {masking}, in {took:.1f} s"
     )
+    _end_quickly(p)
     return 0
+
+
+def _end_quickly(p: Pool) -> None:
+    """The seed is done and said so; the process ends next. Close the registry now (its last
+    WAL checkpoint, as at any exit), then take every object the seed imported or made out of
+    the cyclic collector's sight: the collections Python runs while it shuts down would walk
+    them all only to free memory the exit frees anyway, about 0.1 s of a seed process
+    (measured with `strace -tt`: no system call between the last write and the exit). Nothing
+    is left for a finaliser: connections, locks, servers and the passfile copy were closed by
+    their `with` blocks, and logging is flushed by its exit handler, which still runs."""
+    import gc
+
+    p.registry.close()
+    gc.freeze()
 
 
 def cmd_seed_list(args: argparse.Namespace) -> int:
