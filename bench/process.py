@@ -109,6 +109,17 @@ class Bench:
     def cli(self, *args: str) -> float:
         return timed([os.fspath(self.bin / "pgoverlay"), *args], self.env)
 
+    def untimed(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`pgoverlay ARGS` as root, for its answer."""
+        return subprocess.run(
+            [os.fspath(self.bin / "pgoverlay"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            cwd="/",
+        )
+
     # -- setup ------------------------------------------------------------------------------
     def prepare(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -145,14 +156,7 @@ class Bench:
         """Until the base has a ready warm branch (the service tops up every 2 s)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            listed = subprocess.run(
-                [os.fspath(self.bin / "pgoverlay"), "seed", "list", "--json"],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd="/",
-            )
+            listed = self.untimed("seed", "list", "--json")
             base = next(b for b in json.loads(listed.stdout) if b["name"] == BASE)
             if any(w["ready"] for w in base.get("warm", [])):
                 return
@@ -161,14 +165,7 @@ class Bench:
 
     def supports_warm(self) -> bool:
         """Whether the checkout measured keeps warm branches (`seed warm`)."""
-        found = subprocess.run(
-            [os.fspath(self.bin / "pgoverlay"), "seed", "--help"],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return "--count" in found.stdout
+        return "--count" in self.untimed("seed", "--help", check=False).stdout
 
     # -- rounds -----------------------------------------------------------------------------
     def rounds(self, runs: int) -> dict[str, list[float]]:
@@ -280,14 +277,7 @@ class Bench:
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not self.service_pids(), timeout=60, what="the engine service to exit")
-        done = subprocess.run(
-            [os.fspath(self.bin / "pgoverlay"), "pool", "rm", "--yes"],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd="/",
-        )
+        done = self.untimed("pool", "rm", "--yes", check=False)
         if done.returncode != 0:  # leave the pool for a look rather than delete under a mount
             print(f"pool rm failed, {self.home} is left:\n{done.stderr}", file=sys.stderr)
             return

@@ -167,30 +167,6 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
     )
 
 
-def _set_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    from pgoverlay.runner.postgres import roles, sqlerror
-
-    with (
-        sqlerror.wrapped(
-            BranchStartError,
-            what=f"branch {branch.name} started but its login role {branch.user} could not be "
-            "given the branch's password",
-            fix="a create is undone, and `pgoverlay gc` finishes a reset; if it fails again, "
-            f"the base's superuser {base.superuser} must be able to log in over the branch's "
-            "socket (seed the base again)",
-        ),
-        _engine_connection(pool, branch, base) as conn,
-    ):
-        roles.set_login(
-            conn,
-            user=branch.user,
-            password=branch.password,
-            superuser=pool.settings.branch_superuser,
-            createrole=pool.settings.branch_createrole,
-            refresh=False,
-        )
-
-
 def _role_password(
     pool: Pool,
     base: BaseVersion,
@@ -653,7 +629,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
-    _set_login(pool, base, branch)
+    _give_login(pool, base, branch, None)
     _check_ready(pool, branch)
 
 
