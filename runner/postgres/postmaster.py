@@ -244,6 +244,14 @@ def log_tail(log_path: Path, lines: int = 3) -> str:
     return f"{cause.strip()} | {tail}" if cause and cause.strip() not in tail else tail
 
 
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is a child of this process that has ended (a server
+    this process started, killed since): until then it is a zombie, which a new server's
+    socket lock file check takes for a live postmaster, and refuses to start."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 def stop(pidfile: Path, *, timeout: float, discard: bool = False) -> bool:
     """Stop the server named by ``pidfile`` if it runs; True if one was stopped. A fast
     shutdown (a checkpoint, then exit), or with ``discard`` (its data is thrown away next) an

@@ -51,6 +51,7 @@ class LocalRuntime:
         # (after a reboot); Postgres would then refuse to start. It is ours to remove.
         stale = postmaster.read_pidfile(layout.data / "postmaster.pid")
         if stale is not None and not postmaster.is_running(stale):
+            postmaster.reap(stale.pid)
             postmaster.wait_detached(stale, timeout=self.stop_timeout)
             (layout.data / "postmaster.pid").unlink(missing_ok=True)
         child = postmaster.start(
