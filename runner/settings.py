@@ -2,19 +2,18 @@
 
 ``Settings`` reads ``PGOVERLAY_*`` itself, as pydantic-settings' ``BaseSettings`` would: a
 keyword given wins over the environment, which wins over the admin's file, which wins over the
-default. It is a plain dataclass that converts and checks its own fields, because every command
+default. It is a plain class that converts and checks its own fields, because every command
 builds one: importing pydantic and building a model of these fields cost each command more
-than the rest of its start-up (see docs/benchmarks.md, "process").
+than the rest of its start-up, and a dataclass (``dataclasses`` imports ``inspect``) still about
+20 ms (see docs/benchmarks.md, "process").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
 
 from pgoverlay.errors import SettingError
 
@@ -38,9 +37,22 @@ def variable(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()}"
 
 
-def _bounded(ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
-    """Field metadata: the bounds a number must keep."""
-    return {"ge": ge, "le": le, "gt": gt}
+T = TypeVar("T")
+
+
+class _Bounded:
+    __slots__ = ("default", "bounds")
+
+    def __init__(self, default: object, bounds: dict[str, float | None]) -> None:
+        self.default = default
+        self.bounds = bounds
+
+
+def bounded(
+    default: T, *, ge: float | None = None, le: float | None = None, gt: float | None = None
+) -> T:
+    """A field's default, and the bounds a value given for it must keep."""
+    return cast(T, _Bounded(default, {"ge": ge, "le": le, "gt": gt}))
 
 
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
@@ -126,19 +138,18 @@ def _converter(kind: Any) -> Callable[[object], Any]:
     return _CONVERT[kind]
 
 
-@dataclass(init=False)
 class Settings:
     """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment.
 
     ``Settings(**given)`` takes each field from ``given``, else from ``PGOVERLAY_*``, else its
     default, converts it to its type and checks it (``SettingError`` names the variable);
-    ``dataclasses.replace`` copies one with some fields changed."""
+    ``replace`` copies one with some fields changed."""
 
     home: Path = Path("/var/lib/pgoverlay")
     os_user: str = "postgres"
     pg_bindir: Path | None = None
-    port_min: int = field(default=55432, metadata=_bounded(ge=1024, le=65535))
-    port_max: int = field(default=55631, metadata=_bounded(ge=1024, le=65535))
+    port_min: int = bounded(55432, ge=1024, le=65535)
+    port_max: int = bounded(55631, ge=1024, le=65535)
     listen_address: str = "127.0.0.1"
     advertise_host: str | None = None
     branch_user: str = "pgoverlay"
@@ -147,7 +158,7 @@ class Settings:
     # it creates). Never on 15 or older, where CREATEROLE may grant itself a shell.
     branch_createrole: bool = False
     shared_buffers: str = "32MB"
-    max_connections: int = field(default=30, metadata=_bounded(ge=5))
+    max_connections: int = bounded(30, ge=5)
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
     # WAL kept for recycling after a checkpoint (with wal_recycle on); a branch gets at least
@@ -157,7 +168,7 @@ class Settings:
     # reflink pool a branch's first write copies the base's current segment up as a clone,
     # which costs no space whatever its size, and 16 writes faster than 1 (fewer segment
     # switches, each with its fsyncs; see docs/benchmarks.md, "wal").
-    wal_segsize_mb: int = field(default=16, metadata=_bounded(ge=1, le=1024))
+    wal_segsize_mb: int = bounded(16, ge=1, le=1024)
     # A new segment is a new file in the branch's layer, not a clone: filling it with zeros
     # first (Postgres's default) makes every commit's fdatasync an overwrite rather than an
     # allocation, about twice as fast on XFS. A finished segment is removed rather than
@@ -178,20 +189,20 @@ class Settings:
     # of that major with `postgres` on its PATH works (the official one, PostGIS, pgvector).
     docker_image: str = "postgres:{major}"
     docker_shm_size: str = "256m"
-    start_timeout: float = field(default=60.0, metadata=_bounded(gt=0))
-    stop_timeout: float = field(default=30.0, metadata=_bounded(gt=0))
-    command_timeout: float = field(default=3600.0, metadata=_bounded(gt=0))
-    lock_timeout: float = field(default=120.0, metadata=_bounded(gt=0))
+    start_timeout: float = bounded(60.0, gt=0)
+    stop_timeout: float = bounded(30.0, gt=0)
+    command_timeout: float = bounded(3600.0, gt=0)
+    lock_timeout: float = bounded(120.0, gt=0)
     # The engine service (`pgoverlay service`): its socket is root's and this group's (0660);
     # members of the group (the runner's user, the webhook listener's user) may ask it for
     # branches. Its limits hold for every caller but root's own CLI.
     service_group: str = "pgoverlay"
-    max_branches: int = field(default=50, metadata=_bounded(ge=1))
-    max_branches_per_repository: int = field(default=10, metadata=_bounded(ge=1))
+    max_branches: int = bounded(50, ge=1)
+    max_branches_per_repository: int = bounded(10, ge=1)
     # `pool init` starts the service when it is not answering and systemd does not run it
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
-    service_gc_interval: float = field(default=300.0, metadata=_bounded(ge=0))
+    service_gc_interval: float = bounded(300.0, ge=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
@@ -200,15 +211,25 @@ class Settings:
         if unknown:
             raise TypeError(f"Settings has no field {', '.join(unknown)}")
         values = {**from_environment(os.environ, set(_FIELDS)), **given}
-        for name, spec in _FIELDS.items():
-            if name in values:
-                value = _check(name, spec, values[name])
-            elif spec.default_factory is not dataclasses.MISSING:
-                value = spec.default_factory()
-            else:
-                value = spec.default
-            object.__setattr__(self, name, value)
+        for name, (default, bounds) in _FIELDS.items():
+            value = _check(name, bounds, values[name]) if name in values else default
+            setattr(self, name, value)
         self._whole()
+
+    def replace(self, **changes: object) -> Settings:
+        """A copy with ``changes``, checked as a new one is (every field is given, so the
+        environment plays no part)."""
+        return Settings(**{**{name: getattr(self, name) for name in _FIELDS}, **changes})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settings):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass would be
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.changed().items())})"
 
     def _whole(self) -> None:
         """What no one field can check."""
@@ -237,8 +258,8 @@ class Settings:
         """The fields whose value is not their default."""
         return {
             name: getattr(self, name)
-            for name, spec in _FIELDS.items()
-            if getattr(self, name) != spec.default
+            for name, (default, _) in _FIELDS.items()
+            if getattr(self, name) != default
         }
 
     def fingerprint(self) -> str:
@@ -263,17 +284,29 @@ class Settings:
         return self.listen_address.split(",")[0].strip()
 
 
-_FIELDS = {spec.name: spec for spec in dataclasses.fields(Settings)}
+def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
+    """Each field's default and bounds; the class keeps the defaults alone."""
+    found = {}
+    for name in Settings.__annotations__:
+        given: Any = Settings.__dict__[name]
+        if isinstance(given, _Bounded):
+            setattr(Settings, name, given.default)
+            found[name] = (given.default, given.bounds)
+        else:
+            found[name] = (given, {})
+    return found
+
+
+_FIELDS = _fields()
 _TYPES = get_type_hints(Settings)
 
 
-def _check(name: str, spec: dataclasses.Field[Any], raw: object) -> object:
+def _check(name: str, bounds: dict[str, float | None], raw: object) -> object:
     """``raw`` as field ``name``'s type, within its bounds; a SettingError says why not."""
     try:
         value: Any = _converter(_TYPES[name])(raw)
     except ValueError as exc:
         raise SettingError(name, str(exc)) from None
-    bounds = spec.metadata
     if value is not None and bounds:
         if bounds.get("ge") is not None and value < bounds["ge"]:
             raise SettingError(name, f"should be at least {bounds['ge']}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -154,7 +153,7 @@ def service(pool: Pool) -> Iterator[Path]:
     from pgoverlay.runner.service import serve
 
     # No periodic gc: tests leave half-made branches on purpose and call gc themselves.
-    settings = dataclasses.replace(pool.settings, service_gc_interval=0)
+    settings = pool.settings.replace(service_gc_interval=0)
     serve.start(settings)
     yield serve.socket_path(settings)
     serve.stop(settings)

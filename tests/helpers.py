@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pwd
 import shutil
@@ -100,6 +101,35 @@ def cli(
         check=False,
         cwd="/",
     )
+
+
+# Prints, after the command, the modules it imported (on stderr, after its output).
+_IMPORTS_PROBE = """
+import json, sys
+from pgoverlay.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+raise SystemExit(code)
+"""
+
+
+def loaded(args: list[str], env: Mapping[str, str] | None = None) -> set[str]:
+    """The modules a `pgoverlay` command had imported when it finished (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stderr.rsplit("MODULES ", 1)[1]
+    return set(json.loads(line))
 
 
 def postgres_processes_for(path: Path) -> list[int]:

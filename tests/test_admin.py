@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -173,9 +174,11 @@ def test_kill_during_seed_rm_then_gc_finishes_the_removal(
 
 @pytest.fixture
 def own_pool(source: cluster.Running) -> Iterator[tuple[Settings, dict[str, str]]]:
-    """A small pool of its own (an XFS image) with base `app`, and the env that names it."""
+    """A small pool of its own (an XFS image) with base `app`, and the env that names it. Its
+    home's parent does not exist yet: `pool init` makes it."""
     require_root()
-    home = Path(tempfile.mkdtemp(prefix="pgoverlay-admin-", dir="/var/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="pgoverlay-admin-", dir="/var/tmp"))
+    home = top / "not-yet" / "pool"
     settings = Settings(
         home=home, port_min=SMALL_PORTS[0], port_max=SMALL_PORTS[1], runtime="local"
     )
@@ -196,6 +199,7 @@ def own_pool(source: cluster.Running) -> Iterator[tuple[Settings, dict[str, str]
             dismantle(Pool.open(settings))
         else:
             assert not home.exists() or list(home.iterdir()) == []
+        shutil.rmtree(top)
 
 
 def nothing_runs_or_is_mounted(settings: Settings, ports: list[int]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import os
@@ -130,7 +129,7 @@ def test_a_base_prepared_for_another_login_role_still_gives_branches_theirs(
 ) -> None:
     """PGOVERLAY_BRANCH_USER changed after the base was seeded: the fast password path finds no
     such role, and the role is made in full."""
-    other = Pool.open(dataclasses.replace(pool.settings, branch_user="renamed_login"))
+    other = Pool.open(pool.settings.replace(branch_user="renamed_login"))
     try:
         made = branch.create(other, "renamed-role")
         assert made.user == "renamed_login"

@@ -12,23 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import require_root, source_dsn
+from helpers import loaded, require_root, source_dsn
 from pgoverlay.runner import seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
-
-# Prints, after the command, the top-level packages it imported (on stderr, after its output).
-PROBE = """
-import json, sys
-from pgoverlay.cli import main
-try:
-    code = main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code
-sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
-raise SystemExit(code)
-"""
 
 # What no read-only command, and no help, needs.
 HEAVY = {
@@ -44,22 +32,6 @@ HEAVY = {
     "yaml",
 }
 ENGINE = {"pgoverlay.runner.pool", "pgoverlay.runner.branch", "pgoverlay.runner.service.engine"}
-
-
-def loaded(args: list[str], env: dict[str, str] | None = None) -> set[str]:
-    """The modules a `pgoverlay` command had imported when it finished (it must succeed)."""
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd="/",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    line = done.stderr.rsplit("MODULES ", 1)[1]
-    return set(json.loads(line))
 
 
 def tops(modules: set[str]) -> set[str]:

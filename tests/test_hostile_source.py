@@ -6,7 +6,6 @@ outside it. Branches of its base must start, work, stay apart, and never touch t
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -392,7 +391,7 @@ def test_a_pool_with_its_own_certificate_gives_branches_ssl(
             user=pool.owner,
         )  # fmt: skip
         with_ssl = Pool(
-            dataclasses.replace(pool.settings, ssl_cert_file=cert, ssl_key_file=key),
+            pool.settings.replace(ssl_cert_file=cert, ssl_key_file=key),
             pool.info,
         )
         b = create_branch(with_ssl, "hostile-ssl", base_name="hostile", runtime=branch_runtime)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -161,7 +160,7 @@ def test_values_from_text_become_their_types(monkeypatch: pytest.MonkeyPatch) ->
     )
     assert (s.port_min, s.port_max) == (6000, 6100)
     assert Settings(branch_superuser=False).branch_superuser is False  # a keyword wins
-    copy = dataclasses.replace(s, port_max=6200)
+    copy = s.replace(port_max=6200)
     assert (copy.port_max, copy.branch_superuser, s.port_max) == (6200, True, 6100)
     assert copy.changed()["port_max"] == 6200 and "home" not in copy.changed()
     with pytest.raises(TypeError, match="no field colour"):
@@ -171,5 +170,5 @@ def test_values_from_text_become_their_types(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_fingerprint_changes_with_any_setting_and_only_then() -> None:
     one = Settings(home=Path("/srv/pool"))
     assert one.fingerprint() == Settings(home=Path("/srv/pool")).fingerprint()
-    assert one.fingerprint() != dataclasses.replace(one, fault_point="x").fingerprint()
-    assert one.fingerprint() != dataclasses.replace(one, port_max=60000).fingerprint()
+    assert one.fingerprint() != one.replace(fault_point="x").fingerprint()
+    assert one.fingerprint() != one.replace(port_max=60000).fingerprint()

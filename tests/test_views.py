@@ -3,7 +3,6 @@ client's own HTTP exchange on a Unix socket."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 import threading
@@ -11,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pgoverlay.errors import RequestError
 from pgoverlay.runner.service.client import exchange
+from pgoverlay.runner.service.models import CreateRequest
+from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
@@ -45,7 +47,7 @@ BRANCH = BranchView(
 
 
 def _through_json(view: object) -> object:
-    return json.loads(json.dumps(dataclasses.asdict(view)))  # type: ignore[call-overload]
+    return json.loads(json.dumps(as_dict(view)))
 
 
 def test_every_answer_reads_back_as_it_was_sent() -> None:
@@ -149,3 +151,60 @@ def test_an_answer_that_is_not_the_services_http_is_refused(
     with pytest.raises(ValueError, match=problem):
         exchange(tmp_path / "s", "POST", "/v1/x", b"{}", {}, 5)
     thread.join()
+
+
+# -- Shape: what the views and requests are ---------------------------------------------------
+
+
+def test_a_shape_is_keyword_only_frozen_and_compares_by_its_fields() -> None:
+    with pytest.raises(TypeError, match="missing keyword argument 'physical_bytes'"):
+        Layer(logical_bytes=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'extra'"):
+        Layer(logical_bytes=1, physical_bytes=2, extra=3)  # type: ignore[call-arg]
+    layer = Layer(logical_bytes=1, physical_bytes=2)
+    with pytest.raises(AttributeError, match="frozen"):
+        layer.logical_bytes = 5  # type: ignore[misc]
+    assert (
+        layer
+        == Layer(logical_bytes=1, physical_bytes=2)
+        != Layer(logical_bytes=1, physical_bytes=3)
+    )
+    assert hash(layer) == hash(Layer(logical_bytes=1, physical_bytes=2))
+    assert layer.replace(physical_bytes=3) == Layer(logical_bytes=1, physical_bytes=3)
+    assert repr(layer) == "Layer(logical_bytes=1, physical_bytes=2)"
+    # A default made anew for each instance, as dataclasses' default_factory
+    marks = [
+        TraceMark(at=1, wal_lsn=5, layer=layer, relations=[], interval=0.1, instrumented=True)
+        for _ in range(2)
+    ]
+    assert marks[0].dropped == [] and marks[0].dropped is not marks[1].dropped
+
+
+def test_a_connection_leaves_its_password_out_of_its_repr() -> None:
+    c = Connection(host="h", port=5432, database="d", user="u", password="s3cret")
+    assert "s3cret" not in repr(c) and "user='u'" in repr(c)
+
+
+def test_a_request_checks_its_values_when_made_and_when_pydantic_reads_it() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    with pytest.raises(RequestError, match="is not a name"):
+        CreateRequest(name="Bad Name")
+    read = TypeAdapter(CreateRequest)
+    made = read.validate_python({"name": "pr-1", "pr": 7})
+    assert made == CreateRequest(name="pr-1", pr=7) and type(made) is CreateRequest
+    with pytest.raises(ValidationError, match="Unexpected keyword argument"):
+        read.validate_python({"name": "pr-1", "owner_uid": 0})
+    with pytest.raises(ValidationError, match="int"):
+        read.validate_python({"name": "pr-1", "pr": "seven"})
+    with pytest.raises(ValidationError, match="pr: 0 is out of range"):  # RequestError
+        read.validate_python({"name": "pr-1", "pr": 0})
+
+
+def test_pydantic_writes_an_answer_as_its_fields() -> None:
+    from pydantic import TypeAdapter
+
+    assert TypeAdapter(BranchView).dump_python(BRANCH, mode="json") == _through_json(BRANCH)
+    assert TypeAdapter(list[BranchView]).dump_python([BRANCH], mode="json") == [
+        _through_json(BRANCH)
+    ]

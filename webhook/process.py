@@ -33,7 +33,7 @@ class WorkerProcess:
     def __init__(self, *, grace: float, nice: int, argv: list[str] | None = None) -> None:
         self.grace = grace
         self.nice = nice
-        self.argv = argv or [sys.executable, "-c", WORK, *(p for p in sys.path if p)]
+        self.argv = argv or [sys.executable, "-P", "-c", WORK, *(p for p in sys.path if p)]
         self.child: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
 

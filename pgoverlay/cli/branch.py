@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 def _branch_dict(b: BranchView) -> dict[str, Any]:
-    from dataclasses import asdict
+    from pgoverlay.runner.service.shape import as_dict
 
-    data = asdict(b)
+    data: dict[str, Any] = as_dict(b)
     for detail in ("layer", "record", "seconds"):
         del data[detail]
     if b.layer is not None:

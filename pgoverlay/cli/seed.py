@@ -126,11 +126,11 @@ def cmd_seed_list(args: argparse.Namespace) -> int:
 
     bases = common.engine().bases()
     if getattr(args, "json", False):
-        from dataclasses import asdict
+        from pgoverlay.runner.service.shape import as_dict
 
         listed = []
         for b in bases:
-            data = asdict(b)
+            data = as_dict(b)
             data.update(data.pop("detail") or {})
             listed.append(data)
         common.print_json(listed)

@@ -290,8 +290,9 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
             "(or use a kernel built with CONFIG_OVERLAY_FS)"
         )
     home = settings.home
-    _check_reachable(home, OsUser.lookup(settings.os_user))
+    owner = OsUser.lookup(settings.os_user)
     home.mkdir(parents=True, exist_ok=True)
+    _check_reachable(home, owner)
     _check_root_only(home.resolve())
     safefs.make_dir(home.resolve(), uid=0, gid=0, mode=0o755, exist_ok=True)
     root = home / "pool"

@@ -7,13 +7,12 @@ from anything the caller sends. Every request is logged with that uid; secrets n
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
@@ -31,6 +30,7 @@ from pgoverlay.runner.service.models import (
     RecordRequest,
     TraceRequest,
 )
+from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
@@ -139,7 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(PgoverlayError)
     async def engine_error(_: Request, err: PgoverlayError) -> JSONResponse:
         body = ErrorBody(code=error_code(type(err)), message=str(err))
-        return JSONResponse(dataclasses.asdict(body), status_code=status_of(err))
+        return JSONResponse(as_dict(body), status_code=status_of(err))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
@@ -149,7 +149,7 @@ def create_app(settings: Settings) -> FastAPI:
         problem = str(first.get("msg", "not valid")).removeprefix("Value error, ")
         message = problem if where == "request" else f"{where}: {problem}"
         body = ErrorBody(code="invalid_request", message=message)
-        return JSONResponse(dataclasses.asdict(body), status_code=422)
+        return JSONResponse(as_dict(body), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -160,7 +160,7 @@ def create_app(settings: Settings) -> FastAPI:
             else str(err.detail)
         )
         body = ErrorBody(code=code, message=message)
-        return JSONResponse(dataclasses.asdict(body), status_code=err.status_code)
+        return JSONResponse(as_dict(body), status_code=err.status_code)
 
     @app.exception_handler(Exception)
     async def failure(_: Request, err: Exception) -> JSONResponse:
@@ -170,7 +170,7 @@ def create_app(settings: Settings) -> FastAPI:
             message=f"the engine failed ({type(err).__name__}): the service's log has the "
             "details; `pgoverlay gc` (as root) mends what an interrupted operation left",
         )
-        return JSONResponse(dataclasses.asdict(body), status_code=500)
+        return JSONResponse(as_dict(body), status_code=500)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, bool]:
@@ -185,7 +185,7 @@ def create_app(settings: Settings) -> FastAPI:
         return e.branches(layer=layer)
 
     @app.post(f"{API}/branches", status_code=201)
-    def create(e: Caller, body: CreateRequest) -> BranchView:
+    def create(e: Caller, body: Annotated[CreateRequest, Body()]) -> BranchView:
         return e.create(body)
 
     @app.get(f"{API}/branches/{{name}}")
@@ -196,11 +196,11 @@ def create_app(settings: Settings) -> FastAPI:
         return found
 
     @app.post(f"{API}/branches/{{name}}/reset")
-    def reset(e: Caller, name: Name, body: OwnerRequest) -> BranchView:
+    def reset(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
         return e.reset(name, repository=body.repository)
 
     @app.post(f"{API}/branches/{{name}}/destroy")
-    def destroy(e: Caller, name: Name, body: OwnerRequest) -> Destroyed:
+    def destroy(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
         return e.destroy(name, repository=body.repository)
 
     @app.get(f"{API}/branches/{{name}}/connection")
@@ -212,19 +212,19 @@ def create_app(settings: Settings) -> FastAPI:
         return e.size(name)
 
     @app.put(f"{API}/branches/{{name}}/record", status_code=204)
-    def record(e: Caller, name: Name, body: RecordRequest) -> None:
+    def record(e: Caller, name: Name, body: Annotated[RecordRequest, Body()]) -> None:
         e.save_record(name, body)
 
     @app.post(f"{API}/branches/{{name}}/trace")
-    def trace_begin(e: Caller, name: Name, body: TraceRequest) -> TraceMark:
+    def trace_begin(e: Caller, name: Name, body: Annotated[TraceRequest, Body()]) -> TraceMark:
         return e.trace_begin(name, body)
 
     @app.post(f"{API}/branches/{{name}}/trace/mark")
-    def trace_mark(e: Caller, name: Name, body: OwnerRequest) -> TraceMark:
+    def trace_mark(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
         return e.trace_mark(name, repository=body.repository)
 
     @app.post(f"{API}/branches/{{name}}/trace/end")
-    def trace_end(e: Caller, name: Name, body: OwnerRequest) -> TraceMark:
+    def trace_end(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
         return e.trace_end(name, repository=body.repository)
 
     @app.post(f"{API}/gc")

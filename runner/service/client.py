@@ -10,7 +10,6 @@ checks that each answer is what this release expects.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -22,6 +21,7 @@ from urllib.parse import quote
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError
 from pgoverlay.runner.service import address
+from pgoverlay.runner.service.shape import Shape, as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest
 
-M = TypeVar("M")
+M = TypeVar("M", bound=Shape)
 API = "/v1"
 # Root's settings, as Settings.fingerprint(): the service acts for root only with its own.
 SETTINGS_HEADER = "x-pgoverlay-settings"
@@ -131,7 +131,7 @@ class RemoteEngine:
         pass
 
     def _call(self, method: str, url: str, body: Request | None = None) -> Any:
-        payload = json.dumps(dataclasses.asdict(body)).encode() if body is not None else None
+        payload = json.dumps(as_dict(body)).encode() if body is not None else None
         try:
             status, data = exchange(
                 self.path, method, API + url, payload, self.headers, self.timeout

@@ -1,11 +1,11 @@
-"""What the engine service accepts: one frozen dataclass per request, shared by the service and
-its callers. The answers are in ``views``.
+"""What the engine service accepts: one ``Shape`` (a frozen record class, see ``shape``) per
+request, shared by the service and its callers. The answers are in ``views``.
 
-In the service, FastAPI reads a caller's JSON into these with pydantic (types, and no unknown
-fields), and each request's ``__post_init__`` then checks its values; a caller that builds one
-gets the same checks, as a ``RequestError``, before anything is sent. Plain dataclasses rather
-than pydantic models: root's CLI builds a request for every create, and importing pydantic
-would cost it more than the engine's own work.
+In the service, FastAPI reads a caller's JSON into each request's dataclass twin with pydantic
+(types, and no unknown fields), and the request made from it then checks its values in
+``__post_init__``; a caller that builds one gets the same checks, as a ``RequestError``, before
+anything is sent. Neither pydantic models nor dataclasses: root's CLI builds a request for
+every create, and importing either would cost it more than the engine's own work.
 
 Nothing here names a filesystem path, a command or a setting: a caller chooses a branch name,
 a base among the seeded ones, a runtime among two, a TTL and whose pull request it is for.
@@ -14,11 +14,11 @@ a base among the seeded ones, a runtime among two, a TTL and whose pull request 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pgoverlay.errors import RequestError
 from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE, RUNTIMES
+from pgoverlay.runner.service.shape import Shape
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_TTL_SECONDS = 366 * 86400
@@ -33,7 +33,7 @@ def _documented(schema: dict[str, Any], cls: type[Any]) -> None:
         typed[0].update(checks)
 
 
-# pydantic's configuration of these dataclasses, where the service reads them: a field a
+# pydantic's configuration of these requests' twins, where the service reads them: a field a
 # request does not have is refused, not ignored.
 _STRICT: dict[str, Any] = {"extra": "forbid", "json_schema_extra": _documented}
 _NAME = {"pattern": NAME_RE.pattern, "maxLength": 63}
@@ -61,8 +61,7 @@ def _within(field: str, value: float, *, low: float, high: float, low_open: bool
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class CreateRequest:
+class CreateRequest(Shape):
     """Create a branch ``name`` of ``base`` (the only base when not given), destroyed by gc
     after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``."""
 
@@ -95,8 +94,7 @@ class CreateRequest:
             _within("pr", self.pr, low=0, high=2**31 - 1, low_open=True)
 
 
-@dataclass(frozen=True, kw_only=True)
-class OwnerRequest:
+class OwnerRequest(Shape):
     """Reset and destroy: with ``repository``, refused when the branch is another's."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
@@ -108,8 +106,7 @@ class OwnerRequest:
         _repository(self.repository)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RecordRequest:
+class RecordRequest(Shape):
     """A note the branch's owner keeps with it: JSON text of at most ``MAX_RECORD_BYTES``
     bytes, which the engine stores and hands back but never reads (the PR workflow keeps what
     it last did there). With ``repository``, refused when the branch is another's."""
@@ -136,8 +133,7 @@ class RecordRequest:
             raise RequestError("data: the record is not JSON text") from None
 
 
-@dataclass(frozen=True, kw_only=True)
-class TraceRequest:
+class TraceRequest(Shape):
     """Open a trace of a branch (replacing one left open), sampling pg_locks every
     ``interval`` seconds (0.01 to 0.1) and ending itself after ``max_seconds`` (at most 48
     hours). With ``repository``, refused when the branch is another's."""

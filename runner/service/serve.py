@@ -210,7 +210,9 @@ def start(settings: Settings) -> str:
         log_fd = safefs.open_log(settings.home / "service.log", uid=0, gid=0)
         try:
             subprocess.Popen(
-                [sys.executable, "-m", "pgoverlay", "service"],
+                # -P and cwd /: nothing is imported from the directory root started it in.
+                [sys.executable, "-P", "-m", "pgoverlay", "service"],
+                cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,

@@ -1,37 +1,36 @@
-"""What the engine answers: one frozen dataclass per answer, shared by the engine, the
-service (FastAPI serialises dataclasses as it does pydantic models) and its clients.
+"""What the engine answers: one ``Shape`` (a frozen record class, see ``shape``) per answer,
+shared by the engine, the service (FastAPI writes them out through their dataclass twins) and
+its clients.
 
-Plain dataclasses, not pydantic models: the CLI builds them for every read-only command, and
-importing pydantic would cost each such command more than the rest of its start-up. The
-service's client reads what it receives with ``decode``, which checks each field's presence and
-type as these annotations state them.
+Neither pydantic models nor dataclasses: the CLI defines these classes for every read-only
+command, and importing either would cost each such command more than the rest of its
+start-up. The service's client reads what it receives with ``decode``, which checks each
+field's presence and type as these annotations state them.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
-T = TypeVar("T")
+from pgoverlay.runner.service.shape import MISSING, Shape, field
+
+S = TypeVar("S", bound=Shape)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Record:
+class Record(Shape):
     """A branch's record, as its owner saved it."""
 
     data: str
     updated_at: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class Layer:
+class Layer(Shape):
     logical_bytes: int
     physical_bytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class BranchView:
+class BranchView(Shape):
     """A branch as anyone in the service's group may see it: no password."""
 
     name: str
@@ -58,8 +57,7 @@ class BranchView:
     seconds: float | None = None  # how long a create or reset took
 
 
-@dataclass(frozen=True, kw_only=True)
-class WarmView:
+class WarmView(Shape):
     """A base's warm branches on one runtime: started, unclaimed, each waiting for a create."""
 
     runtime: str
@@ -68,8 +66,7 @@ class WarmView:
     memory_bytes_each: int | None  # median proportional set size of one; None: not measured
 
 
-@dataclass(frozen=True, kw_only=True)
-class BaseDetail:
+class BaseDetail(Shape):
     """What root alone is shown of a base version: where it came from and what preparing it
     took away."""
 
@@ -84,8 +81,7 @@ class BaseDetail:
     neutralised: list[str] | None  # what the lockdown removed; None: prepared before lockdown
 
 
-@dataclass(frozen=True, kw_only=True)
-class BaseView:
+class BaseView(Shape):
     name: str
     version: int
     state: str
@@ -103,20 +99,17 @@ class BaseView:
     detail: BaseDetail | None = None  # root's answer only
 
 
-@dataclass(frozen=True, kw_only=True)
-class Destroyed:
+class Destroyed(Shape):
     destroyed: bool
     record: Record | None = None  # what the workflow last recorded, for its closing report
 
 
-@dataclass(frozen=True, kw_only=True)
-class GcReport:
+class GcReport(Shape):
     lines: list[str]
     problems: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class ErrorBody:
+class ErrorBody(Shape):
     """Every error answer: a stable ``code`` (the error's class, snake_case) and a message that
     says what is wrong and how to fix it."""
 
@@ -134,8 +127,7 @@ class ErrorBody:
 # what happened since the one before.
 
 
-@dataclass(frozen=True, kw_only=True)
-class RelationState:
+class RelationState(Shape):
     """One relation of the branch's own schemas (no catalogs), as a snapshot saw it."""
 
     oid: int
@@ -152,8 +144,7 @@ class RelationState:
     n_tup_del: int = 0
 
 
-@dataclass(frozen=True, kw_only=True)
-class LockSpan:
+class LockSpan(Shape):
     """A relation lock one backend of the branch's login role held (or waited for) across
     consecutive pg_locks samples: from the first sample that saw it to the last."""
 
@@ -167,8 +158,7 @@ class LockSpan:
     query: str  # that statement's text (at most 2000 characters)
 
 
-@dataclass(frozen=True, kw_only=True)
-class LogEntry:
+class LogEntry(Shape):
     """One entry of the branch's server log by its login role: the head line's time, pid and
     level, and the message with its continuation lines (joined with newlines)."""
 
@@ -178,8 +168,7 @@ class LogEntry:
     message: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class TraceMark:
+class TraceMark(Shape):
     """What a trace saw since its previous mark (since it opened, for the first)."""
 
     at: float  # server clock when the mark was taken
@@ -199,8 +188,7 @@ class TraceMark:
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
 
 
-@dataclass(frozen=True, kw_only=True)
-class Connection:
+class Connection(Shape):
     """How to log in to a branch: for its owner (or root) only."""
 
     host: str
@@ -270,7 +258,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
 }
 
 
-def decode(cls: type[T], data: object, where: str = "") -> T:
+def decode(cls: type[S], data: object, where: str = "") -> S:
     """``data`` (an answer's JSON) as the view ``cls``. Each field must be there unless it has a
     default, and hold what its annotation says (the annotations here use only the scalars,
     ``X | None``, ``list[X]``, ``Literal[...]`` and other views); fields ``cls`` does not have
@@ -279,11 +267,11 @@ def decode(cls: type[T], data: object, where: str = "") -> T:
     if not isinstance(data, dict):
         raise ValueError(f"{where or 'answer'}: expected an object, got {type(data).__name__}")
     given: dict[str, Any] = {}
-    for f in fields(cls):  # type: ignore[arg-type]
-        place = f"{where}.{f.name}" if where else f.name
-        if f.name in data:
-            given[f.name] = _value(data[f.name], str(f.type), place)
-        elif f.default is MISSING and f.default_factory is MISSING:
+    for name, (kind, default, factory, _) in cls.__shape_fields__.items():
+        place = f"{where}.{name}" if where else name
+        if name in data:
+            given[name] = _value(data[name], kind, place)
+        elif default is MISSING and factory is None:
             raise ValueError(f"{place}: missing")
     return cls(**given)
 
@@ -308,6 +296,6 @@ def _value(value: object, kind: str, where: str) -> Any:
             raise ValueError(f"{where}: expected {kind}, got {type(value).__name__}")
         return float(value) if kind == "float" else value  # type: ignore[arg-type]
     nested = globals().get(kind)
-    if isinstance(nested, type) and is_dataclass(nested):
+    if isinstance(nested, type) and issubclass(nested, Shape):
         return decode(nested, value, where)
     raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")

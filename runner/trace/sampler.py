@@ -8,7 +8,6 @@ function of the samples (``Spans.add``), tested without a server.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -79,7 +78,7 @@ class Spans:
                     query=str(query or "")[:MAX_QUERY_CHARS],
                 )
             else:
-                self.open[key] = dataclasses.replace(span, last=at)
+                self.open[key] = span.replace(last=at)
         for key in [k for k in self.open if k not in seen]:
             self.closed.append(self.open.pop(key))
 
