@@ -265,11 +265,12 @@ class Settings:
     def fingerprint(self) -> str:
         """A digest of every field: two processes with the same one act alike on the pool (root's
         CLI has the engine service act for it only when both have the same)."""
-        import hashlib
         import json
 
+        from pgoverlay.runner.digest import sha256_hex
+
         every = {name: str(getattr(self, name)) for name in _FIELDS}
-        return hashlib.sha256(json.dumps(every, sort_keys=True).encode()).hexdigest()[:32]
+        return sha256_hex(json.dumps(every, sort_keys=True).encode())[:32]
 
     def image_for(self, major: int) -> str:
         return self.docker_image.replace("{major}", str(major))

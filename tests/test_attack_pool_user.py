@@ -328,6 +328,36 @@ def test_a_user_outside_the_service_group_gets_a_clear_error(
     assert pool.registry.branch("as-user") is None
 
 
+def test_the_engine_service_imports_nothing_from_the_directory_root_starts_it_in(
+    tmp_path: Path,
+) -> None:
+    """Root may run `pgoverlay pool init` (which starts the service) anywhere, also in a
+    directory another user can write: the service's Python must not import a `json.py` or a
+    `pgoverlay` package planted there."""
+    from pgoverlay.runner.service import serve
+
+    planted = tmp_path / "writable-by-anyone"
+    (planted / "pgoverlay").mkdir(parents=True)
+    marker = tmp_path / "imported"
+    payload = f"open({os.fspath(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    for module in ("json.py", "argparse.py", "pgoverlay/__init__.py", "pgoverlay/__main__.py"):
+        (planted / module).write_text(payload)
+    done = subprocess.run(
+        [*serve.SERVICE_COMMAND, "--help"],
+        cwd=planted,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "usage: pgoverlay service" in done.stdout, done.stderr
+    assert not marker.exists(), marker.read_text()
+    # The same command without -P would have imported them: the test can fail.
+    without = [arg for arg in serve.SERVICE_COMMAND if arg != "-P"]
+    subprocess.run([*without, "--help"], cwd=planted, capture_output=True, timeout=60, check=False)
+    assert marker.exists()
+
+
 # -- pool init: repairing an old layout, refusing links ----------------------------------
 
 

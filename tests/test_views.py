@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pgoverlay.errors import RequestError
+from pgoverlay.errors import RequestError, ServiceError
+from pgoverlay.runner.service import client
 from pgoverlay.runner.service.client import exchange
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.service.shape import as_dict
@@ -150,6 +151,56 @@ def test_an_answer_that_is_not_the_services_http_is_refused(
     thread = _serve_once(tmp_path / "s", answer, [])
     with pytest.raises(ValueError, match=problem):
         exchange(tmp_path / "s", "POST", "/v1/x", b"{}", {}, 5)
+    thread.join()
+
+
+# -- root's client: a request the service did not act on is declined -------------------------
+
+
+def _silent(path: Path) -> socket.socket:
+    """A socket at ``path`` that takes connections and never answers (a wedged service)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    return server
+
+
+def test_roots_question_to_a_service_that_does_not_answer_is_declined_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question (a GET) changes nothing, so root may ask the engine itself after a while; a
+    change (a POST) may have been made, so only its own timeout ends it, as an error."""
+    monkeypatch.setattr(client, "ROOT_QUESTION_WAIT", 0.2)
+    with _silent(tmp_path / "s"):
+        root = client.RemoteEngine(tmp_path / "s", timeout=0.6, for_root=True)
+        with pytest.raises(client.Declined):
+            root.branches()
+        with pytest.raises(ServiceError) as raised:
+            root.destroy("pr-7")
+        assert not isinstance(raised.value, client.Declined)
+        # Anyone else's client waits for its own timeout, and is not declined.
+        other = client.RemoteEngine(tmp_path / "s", timeout=0.3)
+        with pytest.raises(ServiceError) as raised:
+            other.branches()
+        assert not isinstance(raised.value, client.Declined)
+
+
+def test_roots_request_to_a_socket_without_a_service_is_declined(tmp_path: Path) -> None:
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "s"))
+    stale.close()  # the file stays; nothing listens
+    root = client.RemoteEngine(tmp_path / "s", for_root=True)
+    for call in (root.branches, lambda: root.destroy("pr-7")):
+        with pytest.raises(client.Declined):
+            call()
+
+
+def test_roots_request_refused_for_other_settings_is_declined(tmp_path: Path) -> None:
+    body = b'{"code": "settings_differ", "message": "other settings"}'
+    answer = b"HTTP/1.1 409 Conflict\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    thread = _serve_once(tmp_path / "s", answer, [])
+    with pytest.raises(client.Declined):
+        client.RemoteEngine(tmp_path / "s", for_root=True).destroy("pr-7")
     thread.join()
 
 

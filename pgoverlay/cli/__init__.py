@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import err
@@ -34,10 +35,40 @@ GROUPS = {
 }
 
 
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it (COLUMNS, else the
+    terminal of stdout, else 80), without importing shutil: argparse's help formatter imports
+    it, with bz2 and lzma, for this alone, about 5 ms of every command."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("width", _columns() - 2)  # what argparse's own default is
+        super().__init__(prog, **kwargs)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with ``_Formatter``; its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: every group's commands, or only those of the group ``argv``
     names (its first word that is not an option); help and mistakes still see them all."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pgoverlay",
         description="Copy-on-write Postgres branches on a self-hosted runner.",
     )

@@ -13,13 +13,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
     from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.service.client import RemoteEngine
     from pgoverlay.runner.service.engine import Engine
     from pgoverlay.runner.settings import Settings
 
@@ -102,9 +103,9 @@ def when(epoch: float | None) -> str:
     """A Unix time as UTC, or `-` for none."""
     if epoch is None:
         return "-"
-    from datetime import UTC, datetime
+    import time  # built in, where datetime is a module to import: a listing's every ms counts
 
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
 
 
 def print_json(data: Any) -> None:
@@ -146,10 +147,10 @@ def home() -> Path | None:
 
 def engine(*, service: bool = True) -> Engine:
     """Anyone but root asks the engine service, so an admin and a workflow see the same branches,
-    the same errors and the same limits. Root asks it too when it runs with root's settings
-    (``service``: the command may): a command then costs a request rather than importing the
-    engine, and a create claims a warm branch whose session the service holds. Otherwise root
-    works on the engine directly."""
+    the same errors and the same limits. Root asks it too when its socket is there (``service``:
+    the command may): a command then costs a request rather than importing the engine, and a
+    create claims a warm branch whose session the service holds. Root works on the engine
+    directly when there is no service, or the service declines (``_RootEngine``)."""
     global asked_service
     found = settings()
     if os.geteuid() != 0:
@@ -163,9 +164,45 @@ def engine(*, service: bool = True) -> Engine:
         remote = for_root(found)
         if remote is not None:
             asked_service = True
-            return remote
+            return cast("Engine", _RootEngine(remote, found))
+    return _local_engine(found)
+
+
+def _local_engine(found: Settings) -> Engine:
     configure_logging()
     from pgoverlay.runner.pool import Pool
     from pgoverlay.runner.service.engine import LocalEngine
 
     return LocalEngine(Pool.open(found))
+
+
+class _RootEngine:
+    """Root's engine while the service acts for root: each operation is the service's request,
+    until the service declines one (it is not running, runs with other settings, or did not
+    answer a question in time: nothing was done). That operation, and every one after it, is
+    then root's own work on the engine. No health check comes first: it would cost each
+    command a round trip to the service."""
+
+    def __init__(self, remote: RemoteEngine, found: Settings) -> None:
+        self._remote = remote
+        self._settings = found
+        self._local: Engine | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        asked = getattr(self._remote, name)
+        if not callable(asked):
+            return asked
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            global asked_service
+            if self._local is None:
+                from pgoverlay.runner.service.client import Declined
+
+                try:
+                    return asked(*args, **kwargs)
+                except Declined:
+                    asked_service = False  # the engine runs here now: end as usual
+                    self._local = _local_engine(self._settings)
+            return getattr(self._local, name)(*args, **kwargs)
+
+        return call

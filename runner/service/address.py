@@ -6,16 +6,17 @@ service finds it without importing the pool.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
+
+from pgoverlay.runner.digest import sha256_hex
 
 SOCKET_ROOT = Path("/run/pgoverlay")
 
 
 def pool_id(home: Path) -> str:
     """A short id of the pool at ``home``, for socket paths and Docker labels."""
-    return hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]
+    return sha256_hex(os.fspath(home.resolve()).encode())[:8]
 
 
 def socket_path(home: Path) -> Path:

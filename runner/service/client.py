@@ -10,10 +10,10 @@ checks that each answer is what this release expects.
 
 from __future__ import annotations
 
+import _socket  # socket's C module: `socket` adds selectors and enums, ~7 ms a command
 import errno
 import json
 import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
@@ -74,6 +74,20 @@ def _owner(repository: str | None) -> OwnerRequest:
     return OwnerRequest(repository=repository)
 
 
+class Unreached(OSError):
+    """The service's socket could not be connected to: nothing was sent."""
+
+
+class Declined(ServiceError):
+    """The service did not act for root (it is not running, runs with other settings, or did
+    not answer a question in time): nothing was done, and root works on the engine itself."""
+
+
+# How long root waits for the service to answer a question (a GET): then root asks the engine
+# itself, which is safe for a question, as no answer changed anything.
+ROOT_QUESTION_WAIT = 5.0
+
+
 def exchange(
     path: Path,
     method: str,
@@ -89,13 +103,19 @@ def exchange(
     if body is not None:
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         sock.settimeout(timeout)
-        sock.connect(os.fspath(path))
+        try:
+            sock.connect(os.fspath(path))
+        except OSError as err:
+            raise Unreached(err.errno, err.strerror) from None
         sock.sendall(request)
         chunks = []
         while chunk := sock.recv(1 << 16):
             chunks.append(chunk)
+    finally:
+        sock.close()
     return _answer(b"".join(chunks))
 
 
@@ -121,22 +141,31 @@ class RemoteEngine:
     """The engine, reached through the service's socket at ``path``."""
 
     def __init__(
-        self, path: Path, *, timeout: float = 3600.0, headers: dict[str, str] | None = None
+        self,
+        path: Path,
+        *,
+        timeout: float = 3600.0,
+        headers: dict[str, str] | None = None,
+        for_root: bool = False,
     ) -> None:
         self.path = path
         self.timeout = timeout
         self.headers = headers or {}
+        # Root's client: a request the service did not act on raises Declined (see for_root).
+        self.for_root = for_root
 
     def close(self) -> None:
         pass
 
     def _call(self, method: str, url: str, body: Request | None = None) -> Any:
         payload = json.dumps(as_dict(body)).encode() if body is not None else None
+        question = method == "GET"
+        wait = min(self.timeout, ROOT_QUESTION_WAIT) if self.for_root and question else self.timeout
         try:
-            status, data = exchange(
-                self.path, method, API + url, payload, self.headers, self.timeout
-            )
+            status, data = exchange(self.path, method, API + url, payload, self.headers, wait)
         except OSError as err:
+            if self.for_root and (isinstance(err, Unreached) or question):
+                raise Declined(f"the engine service did not answer ({err})") from None
             raise self._unreachable(err) from None
         except ValueError as err:
             raise ServiceError(
@@ -151,7 +180,10 @@ class RemoteEngine:
                 "that is not JSON: is another program listening on that socket?"
             ) from None
         if status >= 400:
-            raise self._error(status, decoded)
+            error = self._error(status, decoded)
+            if self.for_root and isinstance(error, errors.SettingsDifferError):
+                raise Declined(str(error))
+            raise error
         return decoded
 
     def _unreachable(self, err: OSError) -> ServiceError:
@@ -181,15 +213,6 @@ class RemoteEngine:
     def health(self) -> None:
         """Return when the service answers; ServiceError (saying how to fix it) otherwise."""
         self._call("GET", "/health")
-
-    def acts_for_root(self) -> bool:
-        """Whether the service answers and acts for this root process as it would itself: it
-        runs, and with the same settings (SettingsDifferError otherwise)."""
-        try:
-            self.health()
-        except ServiceError:  # not running, or not with these settings: root works alone
-            return False
-        return True
 
     # -- the Engine operations -----------------------------------------------------------
 
@@ -272,15 +295,17 @@ def client(settings: Settings) -> RemoteEngine:
 
 
 def for_root(settings: Settings) -> RemoteEngine | None:
-    """The engine service, acting for root, when it runs with root's ``settings``: a root command
+    """The engine service, asked on root's behalf, when its socket is there: a root command
     then costs a request, not the engine's imports, and a create may claim a warm branch whose
-    session the service holds. None when root must work on the pool itself."""
+    session the service holds. Each request carries root's settings' fingerprint; a service
+    that is not running or runs with other settings acts on none of them, and its client
+    raises ``Declined`` for root to work on the pool itself. None: no service to ask."""
     path = socket_path(settings)
     if not path.exists():
         return None
-    # A service too busy to say whether it is there within seconds leaves root to work alone.
-    probe = RemoteEngine(path, timeout=5.0, headers={SETTINGS_HEADER: settings.fingerprint()})
-    if not probe.acts_for_root():
-        return None
-    probe.timeout = settings.command_timeout
-    return probe
+    return RemoteEngine(
+        path,
+        timeout=settings.command_timeout,
+        headers={SETTINGS_HEADER: settings.fingerprint()},
+        for_root=True,
+    )

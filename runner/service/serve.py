@@ -186,6 +186,11 @@ def serve(settings: Settings) -> None:
                 os.unlink(path)
 
 
+# The detached service's command line. -P (and the cwd /): nothing is imported from the
+# directory root started it in, where another user may have put a `json.py`.
+SERVICE_COMMAND = [sys.executable, "-P", "-m", "pgoverlay", "service"]
+
+
 def _systemd_runs_it() -> bool:
     if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
         return False
@@ -210,8 +215,7 @@ def start(settings: Settings) -> str:
         log_fd = safefs.open_log(settings.home / "service.log", uid=0, gid=0)
         try:
             subprocess.Popen(
-                # -P and cwd /: nothing is imported from the directory root started it in.
-                [sys.executable, "-P", "-m", "pgoverlay", "service"],
+                SERVICE_COMMAND,
                 cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
