@@ -1,18 +1,25 @@
-"""The GitHub side of the PR workflow, through PyGithub: the one sticky comment.
+"""The GitHub side of the PR workflow: the one sticky comment (the Action and the listener), and
+what the listener alone asks (commit statuses, pulls, labels, permissions, tarballs).
 
-Honours ``GITHUB_API_URL`` (GitHub Enterprise works the same way). Server errors and rate
-limits are retried a bounded number of times (PyGithub's ``GithubRetry``, which also waits out
-secondary rate limits and ``Retry-After``); PyGithub does not retry a 502 by itself.
+The comment goes through the standard library's ``urllib.request``, a few REST calls
+(``_request``): PyGithub's import, with requests, jwt and cryptography, took a closing step
+about 0.4 s, more than everything else the step does (docs/benchmarks.md, "process"). The
+listener's calls go through PyGithub, imported when first used.
 
-PyGithub (and requests) are imported when a ``GitHub`` is made: a step that comments on
-nothing does not pay for them.
+Honours ``GITHUB_API_URL`` (GitHub Enterprise works the same way) and the usual proxy
+variables (``https_proxy``, ``no_proxy``). Server errors and rate limits are retried a bounded
+number of times: 500, 502, 503 and 504 after a growing pause, a rate limit after its
+``Retry-After`` (or its reset time, at most ``MAX_RATE_WAIT`` seconds); PyGithub's calls with
+its ``GithubRetry``, which does the same.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,12 +28,13 @@ from pgoverlay.errors import GitHubError
 
 if TYPE_CHECKING:
     from github import Auth, Github, GithubException
-    from github.IssueComment import IssueComment
 
 log = logging.getLogger(__name__)
 
 ACTIONS_BOT = "github-actions[bot]"
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+MAX_RATE_WAIT = 120.0  # seconds a rate-limited request waits before it is an error
+USER_AGENT = "pgoverlay"
 STATUS_CONTEXT = "pgoverlay/branch"
 # The permission levels that may approve a fork's pull request: GitHub reports the maintain
 # role (and custom roles built on write) as "write", and triage as "read".
@@ -42,12 +50,34 @@ class CommentResult:
 
 @dataclass(frozen=True)
 class Existing:
-    """Our comment as it was found: its id, text and address, and PyGithub's object to edit."""
+    """Our comment as it was found: its id, text and address."""
 
     id: int
     body: str | None
     url: str
-    handle: IssueComment
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One REST answer: its status, its JSON (None when it has none) and its next page."""
+
+    status: int
+    data: Any
+    next_url: str | None
+
+    @property
+    def reason(self) -> str:
+        message = self.data.get("message") if isinstance(self.data, dict) else None
+        return f"HTTP {self.status}: {message or 'no message'}"
+
+
+def _next_page(link: str | None) -> str | None:
+    """The rel="next" address of a Link header."""
+    for part in (link or "").split(","):
+        address, _, params = part.partition(";")
+        if 'rel="next"' in params:
+            return address.strip().removeprefix("<").removesuffix(">")
+    return None
 
 
 def _reason(err: GithubException) -> str:
@@ -65,6 +95,10 @@ class GitHub:
         backoff: float = 1.0,
         timeout: float = 30.0,
     ) -> None:
+        if not api_url.startswith(("https://", "http://")):
+            raise GitHubError(
+                f"the GitHub API address {api_url!r} is not http(s): check GITHUB_API_URL"
+            )
         self._token = token
         self._login: str | None = None
         self._api_url = api_url.rstrip("/")
@@ -105,41 +139,100 @@ class GitHub:
         if self._client is not None:
             self._client.close()
 
-    def login(self) -> str:
-        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot].
+    # -- REST, for the comment ----------------------------------------------------------------
 
-        Asked once, outside PyGithub, retrying server errors only: PyGithub's retry looks at
-        every 403 and logs the job token's normal answer as a failed request."""
-        if self._login is None:
-            import requests
-            from requests.adapters import HTTPAdapter
-            from urllib3.util.retry import Retry
+    def _request(self, method: str, target: str, body: Any = None, *, what: str) -> Answer:
+        """One REST call (``target``: a path under the API, or a full address from a Link
+        header), retried as the module says. Any answer comes back, errors included; a failure
+        to reach GitHub at all is a GitHubError that starts with ``what``."""
+        import urllib.error
+        import urllib.request
 
-            headers = {"Accept": "application/vnd.github+json"}
-            self._auth_header(headers)
-            retry = Retry(
-                total=self._retries,
-                backoff_factor=self._backoff,
-                status_forcelist=sorted(RETRY_STATUSES),
-                allowed_methods=["GET"],
-                raise_on_status=False,
+        url = target if "://" in target else f"{self._api_url}{target}"
+        if not url.startswith(f"{self._api_url}/"):  # a Link header's page elsewhere
+            raise GitHubError(f"{what} (GitHub sent a page outside {self._api_url}: not followed)")
+        headers = {
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": "2022-11-28",
+            "User-Agent": USER_AGENT,
+        }
+        self._auth_header(headers)
+        # Not sent on to wherever a redirect points: urllib would pass it to any host.
+        authorization = headers.pop("Authorization")
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        attempt = 0
+        while True:
+            attempt += 1
+            request = urllib.request.Request(  # noqa: S310 (see urlopen)
+                url, data=data, headers=headers, method=method
             )
+            request.add_unredirected_header("Authorization", authorization)
             try:
-                with requests.Session() as session:
-                    session.mount(self._api_url, HTTPAdapter(max_retries=retry))
-                    resp = session.get(
-                        f"{self._api_url}/user", headers=headers, timeout=self._timeout
+                # The address is the API's (checked above, its scheme in __init__).
+                with urllib.request.urlopen(request, timeout=self._timeout) as resp:  # noqa: S310
+                    status, head, raw = resp.status, resp.headers, resp.read()
+            except urllib.error.HTTPError as err:
+                status, head, raw = err.code, err.headers, err.read()
+            except (OSError, ValueError) as err:  # refused, reset, timed out, bad TLS
+                if attempt <= self._retries:
+                    self._pause(attempt)
+                    continue
+                raise GitHubError(f"{what} (GitHub unreachable: {type(err).__name__})") from None
+            wait = self._rate_wait(status, head)
+            if attempt <= self._retries and (status in RETRY_STATUSES or wait is not None):
+                if wait is not None and wait > MAX_RATE_WAIT:
+                    raise GitHubError(
+                        f"{what} (rate limited for {wait:.0f} s more: run the job again later)"
                     )
-            except requests.RequestException as err:
-                raise GitHubError(
-                    f"cannot tell who the token belongs to ({type(err).__name__})"
-                ) from None
-            if resp.status_code in (401, 403, 404):
+                self._pause(attempt, wait)
+                continue
+            try:
+                decoded = json.loads(raw) if raw else None
+            except ValueError:
+                decoded = None
+            return Answer(status, decoded, _next_page(head.get("Link")))
+
+    def _pause(self, attempt: int, wait: float | None = None) -> None:
+        time.sleep(wait if wait is not None else self._backoff * 2 ** (attempt - 1))
+
+    @staticmethod
+    def _rate_wait(status: int, head: Any) -> float | None:
+        """Seconds to wait out a rate limit, or None when the answer is not one."""
+        if status not in (403, 429):
+            return None
+        after = head.get("Retry-After")
+        if after is not None and after.strip().isdigit():
+            return float(after)
+        if head.get("X-RateLimit-Remaining") == "0":
+            reset = head.get("X-RateLimit-Reset", "")
+            return max(0.0, float(reset) - time.time()) if reset.isdigit() else 60.0
+        return 60.0 if status == 429 else None
+
+    def _pages(self, path: str, *, what: str) -> Iterator[Any]:
+        """Every item of a listing, page after page (Link: rel="next")."""
+        target: str | None = path
+        while target is not None:
+            answer = self._request("GET", target, what=what)
+            if answer.status != 200 or not isinstance(answer.data, list):
+                raise GitHubError(f"{what} ({answer.reason})")
+            yield from answer.data
+            target = answer.next_url
+
+    def login(self) -> str:
+        """Who we comment as. The job's token cannot read /user: it acts as github-actions[bot]
+        (GitHub answers 403, a normal answer for it, not logged as a failure)."""
+        if self._login is None:
+            what = "cannot tell who the token belongs to"
+            answer = self._request("GET", "/user", what=what)
+            if answer.status in (401, 403, 404):
                 self._login = ACTIONS_BOT
-            elif resp.status_code != 200:
-                raise GitHubError(f"cannot tell who the token belongs to (HTTP {resp.status_code})")
+            elif answer.status != 200 or not isinstance(answer.data, dict):
+                raise GitHubError(f"{what} ({answer.reason})")
             else:
-                self._login = str(resp.json()["login"])
+                self._login = str(answer.data["login"])
         return self._login
 
     def upsert_comment(
@@ -158,20 +251,14 @@ class GitHub:
     ) -> Existing | None:
         """Our comment on the PR (the first that ``is_ours`` recognises and we wrote), or None.
 
-        The issue is addressed without reading it (PyGithub's lazy objects): listing its
-        comments is the one call, plus who we are when a comment has our marker."""
-        from github import GithubException
-
-        try:
-            for comment in self._gh.get_repo(repository).get_issue(pr).get_comments():
-                if (
-                    comment.user is not None
-                    and is_ours(comment.body)
-                    and comment.user.login == self.login()
-                ):
-                    return Existing(comment.id, comment.body, comment.html_url, comment)
-        except GithubException as err:
-            raise GitHubError(f"could not read the PR's comments ({_reason(err)})") from None
+        Listing the issue's comments is the one call (a page per 100), plus who we are when a
+        comment has our marker."""
+        path = f"/repos/{repository}/issues/{pr}/comments?per_page=100"
+        for comment in self._pages(path, what="could not read the PR's comments"):
+            user = comment.get("user") or {}
+            body = comment.get("body")
+            if user and is_ours(body) and user.get("login") == self.login():
+                return Existing(int(comment["id"]), body, str(comment["html_url"]))
         return None
 
     def write_comment(
@@ -179,29 +266,27 @@ class GitHub:
     ) -> CommentResult:
         """Make ``body`` the PR's comment: edit ``existing`` (nothing is sent when its text is
         already ``body``), or create one when there is none, or it was deleted meanwhile."""
-        from github import GithubException
-
-        try:
-            if existing is not None:
-                if existing.body == body:
-                    return CommentResult(existing.id, "unchanged", existing.url)
-                try:
-                    existing.handle.edit(body)
-                    return CommentResult(existing.id, "updated", existing.url)
-                except GithubException as err:
-                    if err.status != 404:
-                        raise
-            created = self._gh.get_repo(repository).get_issue(pr).create_comment(body)
-            return CommentResult(created.id, "created", created.html_url)
-        except GithubException as err:
-            raise GitHubError(f"could not write the PR comment ({_reason(err)})") from None
+        what = "could not write the PR comment"
+        if existing is not None:
+            if existing.body == body:
+                return CommentResult(existing.id, "unchanged", existing.url)
+            path = f"/repos/{repository}/issues/comments/{existing.id}"
+            edited = self._request("PATCH", path, {"body": body}, what=what)
+            if edited.status == 200:
+                return CommentResult(existing.id, "updated", existing.url)
+            if edited.status != 404:
+                raise GitHubError(f"{what} ({edited.reason})")
+        path = f"/repos/{repository}/issues/{pr}/comments"
+        created = self._request("POST", path, {"body": body}, what=what)
+        if created.status != 201 or not isinstance(created.data, dict):
+            raise GitHubError(f"{what} ({created.reason})")
+        return CommentResult(int(created.data["id"]), "created", str(created.data["html_url"]))
 
     def prefetch_comment(
         self, repository: str, pr: int, is_ours: Callable[[str | None], bool]
     ) -> PendingComment:
-        """Start looking for our comment now, in a thread, and write it later: PyGithub's import
-        and the listing then overlap the branch and its migrations, and the step waits only for
-        the write."""
+        """Start looking for our comment now, in a thread, and write it later: the listing then
+        overlaps the branch and its migrations, and the step waits only for the write."""
         return PendingComment(self, repository, pr, is_ours)
 
     # -- used by the webhook listener -------------------------------------------------------
@@ -293,7 +378,12 @@ class GitHub:
             ) from None
 
     def _auth_header(self, headers: dict[str, str]) -> None:
-        # PyGithub's auth objects know how to make (and refresh) the header value.
+        if isinstance(self._token, str):
+            headers["Authorization"] = f"token {self._token}"
+            return
+        # The listener's GitHub App auth: PyGithub's object makes (and refreshes) the token,
+        # once its client has bound it to a requester.
+        _ = self._gh
         self._auth.authentication(headers)
 
 
