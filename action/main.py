@@ -356,8 +356,9 @@ def entry(argv: Sequence[str] | None = None) -> int:
 
 def program() -> None:
     """The `pgoverlay-action` program: ``entry``, then the process ends without the
-    interpreter's teardown (freeing every module the step imported, psycopg's among them: tens of milliseconds of a step users wait for, and nothing that needs doing).
-    The outputs and the summary are written and closed by then; logging is flushed here."""
+    interpreter's teardown (freeing every module the step imported, psycopg's among them: tens
+    of milliseconds of a step users wait for, and nothing that needs doing). The outputs and
+    the summary are written and closed by then; logging is flushed here."""
     code = entry()
     logging.shutdown()
     try:

@@ -36,6 +36,7 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, gc, locks, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
@@ -178,11 +179,16 @@ def own_pool(source: cluster.Running) -> Iterator[tuple[Settings, dict[str, str]
     home's parent does not exist yet: `pool init` makes it."""
     require_root()
     top = Path(tempfile.mkdtemp(prefix="pgoverlay-admin-", dir="/var/tmp"))
+    top.chmod(0o755)  # Postgres's user passes through it
     home = top / "not-yet" / "pool"
     settings = Settings(
         home=home, port_min=SMALL_PORTS[0], port_max=SMALL_PORTS[1], runtime="local"
     )
-    made = poolmod.init(settings, size="1G")
+    try:
+        made = poolmod.init(settings, size="1G")
+    except BaseException:
+        shutil.rmtree(top)
+        raise
     env = {
         "PGOVERLAY_HOME": os.fspath(home),
         "PGOVERLAY_PORT_MIN": str(SMALL_PORTS[0]),
@@ -252,6 +258,41 @@ def test_pool_down_then_init_gives_back_working_branches_with_their_ports_and_pa
         branch.destroy(p, made.name)
     finally:
         p.close()
+
+
+def test_pool_down_and_rm_stop_an_engine_service_that_serves_and_keeps_warm_branches_first(
+    own_pool: tuple[Settings, dict[str, str]],
+) -> None:
+    """The service holds the registry open (one connection per thread that answered) and keeps
+    warm branches started: taking the pool down stops it first, or the image stays busy."""
+    settings, env = own_pool
+    env = {**env, "PGOVERLAY_RUNTIME": "local"}  # the service's settings: it acts for root
+    serve.start(settings)
+    try:
+        warmed = cli(["seed", "warm", "app", "--count", "1"], env=env)
+        assert warmed.returncode == 0, warmed.stderr
+
+        def warm_ready() -> bool:
+            listed = cli(["seed", "list", "--json"], env=env)  # asks the service, as root
+            return any(w["ready"] for w in json.loads(listed.stdout)[0]["warm"])
+
+        wait_for(warm_ready, timeout=120, what="the service's warm branch")
+        down = cli(["pool", "down"], env=env)
+        assert down.returncode == 0, down.stderr
+        assert not serve.answering(settings)
+        nothing_runs_or_is_mounted(settings, [])
+        assert cli(["pool", "init"], env=env).returncode == 0
+        serve.start(settings)  # what init does where the service may start itself
+        log = settings.home / "service.log"
+        start = len(log.read_text())
+        assert cli(["branch", "list"], env=env).returncode == 0
+        assert "GET /v1/branches -> 200" in log.read_text()[start:]  # the registry is open
+        gone = cli(["pool", "rm", "--yes"], env=env)
+        assert gone.returncode == 0, gone.stderr
+        assert "stopped the engine service" in gone.stdout
+        assert not settings.home.exists()
+    finally:
+        serve.stop(settings, wait=30)
 
 
 def test_pool_down_waits_for_a_held_lock_then_refuses_and_leaves_the_pool_up(

@@ -58,6 +58,9 @@ def down(settings: Settings) -> list[str]:
     if info is None:
         raise PoolError(f"no pool at {home}: nothing to take down (PGOVERLAY_HOME names it)")
     root = home / "pool"
+    # The engine service first: it holds the registry open (its mount would stay busy) and
+    # would start warm branches again.
+    serve.stop(settings, wait=settings.stop_timeout + 5)
     write_info(home, PoolInfo(mode=info.mode, image_bytes=info.image_bytes, down=True))
     started = False  # once something is stopped, the pool stays marked down until `pool init`
     try:
@@ -93,10 +96,12 @@ def remove(settings: Settings) -> list[str]:
             f"no pool at {home} (no {home / 'pool.json'}): nothing to remove; set "
             "PGOVERLAY_HOME to the pool you mean"
         )
-    stopped = down(settings)
-    done = [f"stopped branches: {', '.join(stopped)}"] if stopped else []
-    if serve.stop(settings):  # it notices its socket is gone, and exits
+    done = []
+    if serve.stop(settings, wait=settings.stop_timeout + 5):
         done.append("stopped the engine service")
+    stopped = down(settings)
+    if stopped:
+        done.append(f"stopped branches: {', '.join(stopped)}")
     done += leftovers.remove_all(pool_id(home))
     left = mounts.mounts_under(home)
     if left:

@@ -13,6 +13,7 @@ import grp
 import logging
 import os
 import shutil
+import signal
 import socket
 import stat
 import struct
@@ -25,7 +26,7 @@ from pathlib import Path
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from pgoverlay.errors import ConfigError, ServiceError, UnsafePathError
+from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import polling, safefs
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.pool import Pool, gc, require_root
@@ -246,14 +247,60 @@ def settings_environ(settings: Settings) -> dict[str, str]:
     return found
 
 
-def stop(settings: Settings) -> bool:
-    """Ask a running service to stop (by removing its socket: it notices and exits)."""
+def stop(settings: Settings, *, wait: float | None = None) -> bool:
+    """Ask a running service to stop (by removing its socket: it notices within seconds, ends
+    its requests and exits). With ``wait``, return once its process is gone, and it no longer
+    holds the pool's registry open: after ``wait`` seconds it gets SIGTERM, then SIGKILL.
+    False when no service had a socket."""
     path = socket_path(settings)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    if stat.S_ISSOCK(st.st_mode) and st.st_uid == 0:
-        os.unlink(path)
+    if not (stat.S_ISSOCK(st.st_mode) and st.st_uid == 0):
+        return False
+    pid = _listener(path)
+    os.unlink(path)
+    if pid is not None and wait is not None:
+        for signal_number in (None, signal.SIGTERM, signal.SIGKILL):
+            if signal_number is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal_number)
+                log.warning(
+                    "the engine service (pid %s) did not stop: sent %s",
+                    pid,
+                    signal.Signals(signal_number).name,
+                )
+            with contextlib.suppress(TimeoutExpiredError):
+                polling.wait_for(
+                    lambda: _ended(pid),
+                    timeout=wait,
+                    what="the engine service to stop",
+                    max_interval=0.1,
+                )
+                break
+    return True
+
+
+def _listener(path: Path) -> int | None:
+    """The pid of the process that listens on ``path`` (its peer credentials), or None."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5.0)
+        try:
+            sock.connect(os.fspath(path))
+        except OSError:
+            return None
+        return peer_of(sock).pid
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie has: its files are closed)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rpartition(b")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return True
-    return False
+    return state == b"Z"
