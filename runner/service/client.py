@@ -75,12 +75,14 @@ def _owner(repository: str | None) -> OwnerRequest:
 
 
 class Unreached(OSError):
-    """The service's socket could not be connected to: nothing was sent."""
+    """The service's socket could not be connected to: nothing was sent. Private control flow:
+    ``RemoteEngine`` turns it into its own errors."""
 
 
 class Declined(ServiceError):
     """The service did not act for root (it is not running, runs with other settings, or did
-    not answer a question in time): nothing was done, and root works on the engine itself."""
+    not answer a question in time): nothing was done, and root works on the engine itself.
+    Private control flow: only root's client raises it, and the CLI's root engine catches it."""
 
 
 # How long root waits for the service to answer a question (a GET): then root asks the engine

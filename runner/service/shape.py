@@ -17,7 +17,7 @@ caller's own would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from typing import Self
@@ -29,7 +29,6 @@ else:
         return lambda cls: cls
 
 
-T = TypeVar("T")
 MISSING: Any = object()
 
 
@@ -127,10 +126,6 @@ class Shape:
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes``, checked again as a new instance is."""
         return type(self)(**{**self.__dict__, **changes})
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(cls.__shape_fields__)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
