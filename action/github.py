@@ -145,6 +145,7 @@ class GitHub:
         """One REST call (``target``: a path under the API, or a full address from a Link
         header), retried as the module says. Any answer comes back, errors included; a failure
         to reach GitHub at all is a GitHubError that starts with ``what``."""
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -176,7 +177,8 @@ class GitHub:
                     status, head, raw = resp.status, resp.headers, resp.read()
             except urllib.error.HTTPError as err:
                 status, head, raw = err.code, err.headers, err.read()
-            except (OSError, ValueError) as err:  # refused, reset, timed out, bad TLS
+            except (OSError, ValueError, http.client.HTTPException) as err:
+                # refused, reset, timed out, bad TLS, an answer cut short
                 if attempt <= self._retries:
                     self._pause(attempt)
                     continue

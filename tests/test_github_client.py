@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -175,6 +176,31 @@ def test_github_unreachable_is_a_clear_error() -> None:
     with pytest.raises(GitHubError, match="GitHub unreachable") as caught:
         github.upsert_comment(REPO, 5, "x", ours)
     assert JOB not in str(caught.value)
+
+
+def test_an_answer_cut_short_is_retried_then_a_clear_error() -> None:
+    """A connection that closes before the body it announced is GitHub unreachable, not a
+    crash of the step."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    answers = []
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n[")
+                answers.append(1)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    with server, pytest.raises(GitHubError, match="GitHub unreachable: IncompleteRead"):
+        GitHub(JOB, api_url=url, retries=1, backoff=0.0).upsert_comment(REPO, 5, "x", ours)
+    thread.join(timeout=10)
+    assert len(answers) == 2, "retried once"
 
 
 # -- the listener's calls, through PyGithub ------------------------------------------------
