@@ -30,6 +30,7 @@ from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, Uns
 from pgoverlay.runner import polling, safefs
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.pool import Pool, gc, require_root
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
 from pgoverlay.runner.settings import Settings
@@ -273,7 +274,8 @@ def stop(settings: Settings, *, wait: float | None = None) -> bool:
                 )
             with contextlib.suppress(TimeoutExpiredError):
                 polling.wait_for(
-                    lambda: _ended(pid),
+                    # gone, or a zombie (its files closed; reaped if this process's child)
+                    lambda: postmaster.process_start_epoch(pid) is None,
                     timeout=wait,
                     what="the engine service to stop",
                     max_interval=0.1,
@@ -291,16 +293,3 @@ def _listener(path: Path) -> int | None:
         except OSError:
             return None
         return peer_of(sock).pid
-
-
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` has exited (a zombie has: its files are closed)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rpartition(b")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-    return state == b"Z"

@@ -131,7 +131,8 @@ class Shape:
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         from pydantic_core import core_schema
 
-        inner = handler(cls.twin())
+        twin = cls.twin()
+        inner = handler(twin)
         if "__pydantic_config__" in cls.__dict__:
             # A request, read from JSON into the twin, then made into the Shape (its checks).
             return core_schema.no_info_after_validator_function(
@@ -140,10 +141,9 @@ class Shape:
             )
         # An answer, given to be written out: its fields are read into the twin (FastAPI
         # validates what a route returns before writing it), or written as the twin's.
-        twin = cls.twin()
 
-        def write(value: Any, handler: Any) -> Any:
-            return handler(twin(**value.__dict__) if isinstance(value, cls) else value)
+        def write(value: Any, serialize: Any) -> Any:
+            return serialize(twin(**value.__dict__) if isinstance(value, cls) else value)
 
         return core_schema.no_info_before_validator_function(
             lambda value: dict(value.__dict__) if isinstance(value, cls) else value,
