@@ -27,6 +27,7 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as dt
 import os
 import signal
@@ -64,6 +65,7 @@ START, END = "<!-- wal-plain:start -->", "<!-- wal-plain:end -->"
 PORTS = (56700, 56799)
 METHODS = {
     "plain": "plain Postgres, full copy",
+    "hintless": "plain Postgres, full copy, its writeback hints off (`*_flush_after = 0`)",
     "reflink": "plain Postgres, reflink copy (XFS copy-on-write, no overlay)",
     "branch": "pgoverlay branch",
     "ahead": "pgoverlay branch, the update's files copied up ahead",
@@ -72,6 +74,10 @@ CACHES = {
     "cold": "page cache dropped right before the update",
     "warm": "every file of the data directory read in first",
 }
+# Postgres's writeback hints: each asks the kernel with sync_file_range(2) to start writing a
+# range out, which OverlayFS ignores (it has no page cache of its own to write): in a branch
+# they do nothing, and a plain server with them off shows what that costs.
+HINTS_OFF = {"checkpoint_flush_after": "0", "bgwriter_flush_after": "0", "backend_flush_after": "0"}
 # Settings that name a server's own files, socket and port: different by design.
 OWN = frozenset(
     {
@@ -104,6 +110,8 @@ KEY_SETTINGS = (
     "checkpoint_completion_target",
 )
 SEGMENT_NAME_LEN = 24
+SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writing the range out, wait for nothing
+PROBE_MIB = 64
 
 
 @dataclass
@@ -154,6 +162,33 @@ def started_with(conn: Conn) -> dict[str, str]:
     return {str(n): str(v) for n, v in rows if n not in OWN}
 
 
+def hint_probe(directory: Path, rounds: int = 5) -> tuple[float, float]:
+    """What Postgres's writeback hint does in ``directory``: PROBE_MIB written (not synced),
+    then sync_file_range(SYNC_FILE_RANGE_WRITE) on the file, then fdatasync, each timed.
+    Median milliseconds of both: a hint that starts writeback takes time itself and leaves
+    less to the fdatasync; one that is ignored takes none and leaves all of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    block, hints, syncs = os.urandom(1 << 20), [], []
+    for i in range(rounds):
+        path = directory / f"probe-{i}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            for _ in range(PROBE_MIB):
+                os.write(fd, block)
+            start = now()
+            if libc.sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) != 0:
+                raise OSError(ctypes.get_errno(), "sync_file_range")
+            hints.append((now() - start) * 1000)
+            start = now()
+            os.fdatasync(fd)
+            syncs.append((now() - start) * 1000)
+        finally:
+            os.close(fd)
+            path.unlink()
+    return statistics.median(hints), statistics.median(syncs)
+
+
 class PlainBench(WalBench):
     def __init__(self, work: Path, *, pool_size: str) -> None:
         super().__init__(work, pool_size=pool_size, clients=1, duration=1)
@@ -162,6 +197,31 @@ class PlainBench(WalBench):
         )
         self.branch_options: dict[str, str] = {}
         self.branch_settings: dict[str, str] = {}
+        self.hints: dict[str, tuple[float, float]] = {}
+
+    def probe_hints(self) -> None:
+        """The writeback hint on the pool's XFS and through an OverlayFS mount on it."""
+        pool = self.pool
+        assert pool is not None
+        top = pool.root / "bench-hint-probe"
+        subprocess.run(["rm", "-rf", str(top)], check=True)
+        dirs = {name: top / name for name in ("plain", "lower", "upper", "work", "merged")}
+        for d in dirs.values():
+            d.mkdir(parents=True)
+        subprocess.run(
+            [
+                "mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={dirs['lower']},upperdir={dirs['upper']},workdir={dirs['work']}",
+                str(dirs["merged"]),
+            ],
+            check=True,
+        )  # fmt: skip
+        try:
+            self.hints["the pool's XFS"] = hint_probe(dirs["plain"])
+            self.hints["OverlayFS on it"] = hint_probe(dirs["merged"])
+        finally:
+            subprocess.run(["umount", str(dirs["merged"])], check=True)
+            subprocess.run(["rm", "-rf", str(top)], check=True)
 
     # -- what every method runs -----------------------------------------------------------
     def cold(self) -> None:
@@ -216,7 +276,9 @@ class PlainBench(WalBench):
         finally:
             subprocess.run(["rm", "-rf", str(copy)], check=True)
 
-    def in_plain(self, res: SizeResults, cache: str, reflink: str) -> Sample:
+    def in_plain(
+        self, res: SizeResults, cache: str, reflink: str, extra: dict[str, str] | None = None
+    ) -> Sample:
         with (
             self.copy(res.run, reflink) as copy,
             cluster.running(
@@ -224,11 +286,11 @@ class PlainBench(WalBench):
                 copy,
                 owner=self.owner,
                 scratch=self.scratch,
-                options=self.branch_options,
+                options={**self.branch_options, **(extra or {})},
             ) as srv,
             connect(host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname=DB) as c,
         ):
-            if not res.differ:
+            if not res.differ and not extra:
                 mine = all_settings(c)
                 res.key_values = {
                     k: str(scalar(c, "SELECT current_setting(%s)", (k,))) for k in KEY_SETTINGS
@@ -309,6 +371,7 @@ class PlainBench(WalBench):
         self.probe(run)
         runs: dict[str, Callable[[str, int], Sample]] = {
             "plain": lambda cache, _: self.in_plain(res, cache, "never"),
+            "hintless": lambda cache, _: self.in_plain(res, cache, "never", HINTS_OFF),
             "reflink": lambda cache, _: self.in_plain(res, cache, "always"),
             "branch": lambda cache, c: self.in_branch(res, cache, False, c),
             "ahead": lambda cache, c: self.in_branch(res, cache, True, c),
@@ -382,7 +445,17 @@ def render_size(res: SizeResults, cycles: int) -> list[str]:
     return lines
 
 
-def render(results: list[SizeResults], argv: list[str], started: dt.datetime, ctx: str) -> str:
+def render(
+    results: list[SizeResults],
+    argv: list[str],
+    started: dt.datetime,
+    ctx: str,
+    hints: dict[str, tuple[float, float]],
+) -> str:
+    probe = "; ".join(
+        f"{where}: {hint:.1f} ms, then fdatasync {sync:.0f} ms"
+        for where, (hint, sync) in hints.items()
+    )
     lines = [
         START,
         "## The 1 % update: branch against plain Postgres",
@@ -399,6 +472,11 @@ def render(results: list[SizeResults], argv: list[str], started: dt.datetime, ct
         "- *plain Postgres, full copy*: the base's data directory copied with "
         "`cp --reflink=never` onto the pool's XFS, started with every setting a branch's "
         "server is given (read from a branch's pg_settings).",
+        "- *writeback hints off*: the same server with `checkpoint_flush_after`, "
+        "`bgwriter_flush_after` and `backend_flush_after` at 0. Postgres gives each hint to "
+        "the kernel with sync_file_range(2), to start writing a range out early; OverlayFS "
+        "ignores it, so in a branch the hints do nothing and the fsyncs do all the writing. "
+        f"The call after {PROBE_MIB} MiB written, median of 5 ({probe}).",
         "- *reflink copy*: the same with `cp --reflink=always`: the base's blocks shared, "
         "every first write to one copy-on-write, no overlay.",
         f"- *pgoverlay branch*: `branch.create` ({SHIPPED.label}). *copied up ahead*: the "
@@ -441,12 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench.open_pool()
         bench.sweep()
+        bench.probe_hints()
         for res in results:
             bench.run_size(res, args.cycles, caches)
             bench.sweep()
             if not args.keep:
                 bench.remove_size(res.run)
-        text = render(results, argv, started, machine_line(bench.install.major, load))
+        ctx = machine_line(bench.install.major, load)
+        text = render(results, argv, started, ctx, bench.hints)
         write_report(text, start=START, end=END)
         console.log("report written")
     finally:
