@@ -9,6 +9,9 @@ aid <= scale × 1000` (the first 1 % of the rows), then `CHECKPOINT`, each timed
 Every run starts from a fresh instance of the same base, and the methods take turns:
 
 - *plain*: Postgres on a full copy of the base (`cp --reflink=never`) on the pool's filesystem;
+- *writeback hints off*: the same with `checkpoint_flush_after`, `bgwriter_flush_after` and
+  `backend_flush_after` at 0: in a branch they do nothing, as OverlayFS ignores the
+  sync_file_range(2) they make (timed once per run on the pool's XFS and through OverlayFS);
 - *reflink copy*: Postgres on a reflink copy of it (`cp --reflink=always`): XFS copy-on-write
   of the base's blocks, no overlay;
 - *branch*: a pgoverlay branch;
