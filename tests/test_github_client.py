@@ -194,7 +194,7 @@ def test_an_answer_cut_short_is_retried_then_a_clear_error() -> None:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n[")
                 answers.append(1)
 
-    thread = threading.Thread(target=serve)
+    thread = threading.Thread(target=serve, daemon=True)  # never outlives a failed run
     thread.start()
     url = f"http://127.0.0.1:{server.getsockname()[1]}"
     with server, pytest.raises(GitHubError, match="GitHub unreachable: IncompleteRead"):

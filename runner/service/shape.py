@@ -139,9 +139,9 @@ class Shape:
                 lambda made: cls(**{name: getattr(made, name) for name in cls.__shape_fields__}),
                 inner,
             )
+
         # An answer, given to be written out: its fields are read into the twin (FastAPI
         # validates what a route returns before writing it), or written as the twin's.
-
         def write(value: Any, serialize: Any) -> Any:
             return serialize(twin(**value.__dict__) if isinstance(value, cls) else value)
 
