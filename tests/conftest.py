@@ -18,6 +18,7 @@ from helpers import (
     require,
     require_docker_image,
     require_root,
+    service_settings,
     source_dsn,
 )
 from pgoverlay.runner import branch, seed
@@ -152,8 +153,7 @@ def service(pool: Pool) -> Iterator[Path]:
     systemd (a detached root process); its socket's path."""
     from pgoverlay.runner.service import serve
 
-    # No periodic gc: tests leave half-made branches on purpose and call gc themselves.
-    settings = pool.settings.replace(service_gc_interval=0)
+    settings = service_settings(pool)
     serve.start(settings)
     yield serve.socket_path(settings)
     serve.stop(settings)

@@ -22,6 +22,7 @@ from pgoverlay.runner import branch, seed
 from pgoverlay.runner.pool import Pool, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.settings import Settings
 
 # Ports handed to the test pools' branches. Two test runs on one machine (two checkouts) pick
 # disjoint ranges: PGOVERLAY_TEST_PORTS=58000-58199. The main pool takes them from the bottom;
@@ -303,6 +304,28 @@ def as_engine(pool: Pool, b: Branch, base: BaseVersion) -> psycopg.Connection[An
         autocommit=True,
         connect_timeout=10,
     )
+
+
+def service_settings(pool: Pool) -> Settings:
+    """The settings the test run's engine service runs with (the ``service`` fixture). No
+    periodic gc: tests leave half-made branches on purpose and call gc themselves."""
+    return pool.settings.replace(service_gc_interval=0)
+
+
+@contextmanager
+def without_the_service(pool: Pool) -> Iterator[None]:
+    """The test run's engine service stopped meanwhile, when it runs, then started again: it
+    tops warm targets up every 2 s, and a test that crashes a command while it starts a warm
+    branch needs that command, not the service, to be the one starting it."""
+    from pgoverlay.runner.service import serve
+
+    settings = service_settings(pool)
+    was_running = serve.stop(settings, wait=settings.stop_timeout)
+    try:
+        yield
+    finally:
+        if was_running:
+            serve.start(settings)
 
 
 @contextmanager
