@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pgoverlay import __version__
 from pgoverlay.cli import common
 from pgoverlay.cli.common import err
 from pgoverlay.errors import PgoverlayError
@@ -73,6 +74,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Copy-on-write Postgres branches on a self-hosted runner.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("--version", action="version", version=f"pgoverlay {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     words = [word for word in (argv or ()) if not word.startswith("-")]
