@@ -182,9 +182,12 @@ def test_the_listener_refuses_to_run_as_root() -> None:
     assert "does not run as root" in done.stderr and "webhook setup" in done.stderr
 
 
-def test_tarballs_extract_only_plain_files_inside_without_extraction_filters(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("filters", ["as this Python has them", "without extraction filters"])
+def test_tarballs_extract_only_plain_files_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: str
 ) -> None:
+    """Debian 12's Python 3.11.2 has no ``tarfile.data_filter`` (3.11.4+): a newer one is made
+    to look like it, and the result must be the same."""
     import io
     import tarfile
 
@@ -206,7 +209,8 @@ def test_tarballs_extract_only_plain_files_inside_without_extraction_filters(
             info.linkname = "/etc/shadow" if kind == tarfile.SYMTYPE else ""
             info.mode = 0o4755
             tar.addfile(info, io.BytesIO(data))
-    monkeypatch.delattr(tarfile, "data_filter")
+    if filters == "without extraction filters":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
     top = _extract(archive, tmp_path / "out")
     found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert found == ["out", "out/top", "out/top/db", "out/top/db/001.sql", "pr.tar.gz"]

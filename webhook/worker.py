@@ -135,14 +135,21 @@ class GitHubClients:
 
 
 def _extract(tarball: Path, dest: Path) -> Path:
-    """Extract a GitHub tarball (one top-level folder) safely; return that folder."""
+    """Extract a GitHub tarball (one top-level folder) safely; return that folder.
+
+    Only folders and regular files that stay inside ``dest`` are extracted, without their
+    owners, modes or times; links, devices and FIFOs are left out. The same on every Python:
+    Debian 12's 3.11.2 has no extraction filters (3.11.4 brought them), and where they exist
+    the ``data`` filter checks each member as well."""
+    filters = hasattr(tarfile, "data_filter")
     with tarfile.open(tarball) as archive:
-        if hasattr(tarfile, "data_filter"):
-            archive.extractall(dest, filter="data")
-        else:  # Python before 3.11.4 (Debian 12's 3.11.2) has no extraction filters
-            for member in archive.getmembers():
-                if _plain(member):
-                    archive.extract(member, dest, set_attrs=False)
+        for member in archive:
+            if not _plain(member):
+                continue
+            if filters:
+                archive.extract(member, dest, set_attrs=False, filter="data")
+            else:
+                archive.extract(member, dest, set_attrs=False)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     if len(tops) != 1:
         raise PgoverlayError("the repository tarball does not have one top-level folder")
@@ -151,7 +158,7 @@ def _extract(tarball: Path, dest: Path) -> Path:
 
 def _plain(member: tarfile.TarInfo) -> bool:
     """A folder or a regular file that stays inside the destination; links, devices and FIFOs
-    are left out (what the ``data`` filter refuses or rewrites, kept simple)."""
+    are left out (what the ``data`` filter refuses or rewrites, made simple)."""
     parts = Path(member.name).parts
     inside = bool(parts) and not Path(member.name).is_absolute() and ".." not in parts
     return inside and (member.isreg() or member.isdir())
