@@ -31,6 +31,32 @@ def _root() -> Check:
     return Check("root", "fail", "not root: run pgoverlay with sudo")
 
 
+def _interpreter(settings: Settings) -> Check:
+    """Can the service group's members (the runner's user, the listener) run this command?"""
+    import platform
+    import sys
+
+    from pgoverlay.runner import interpreter
+
+    group = settings.service_group
+    found = interpreter.refusal(interpreter.needed(), gid=interpreter.group_id(group))
+    if found is None:
+        return Check(
+            "interpreter",
+            "ok",
+            f"{sys.executable} (Python {platform.python_version()}, environment {sys.prefix}) "
+            f"runs for the {group} group's members",
+        )
+    return Check(
+        "interpreter",
+        "fail",
+        f"the {group} group's members cannot run this pgoverlay: {found}; the runner's user, "
+        "the webhook listener and the systemd units get 'Permission denied': install with "
+        "scripts/install.sh, which builds the environment in /usr/local/lib/pgoverlay from "
+        "Debian's /usr/bin/python3",
+    )
+
+
 def _overlay() -> Check:
     try:
         if mounts.overlay_supported():
@@ -211,6 +237,7 @@ def _majors(settings: Settings, needed: list[int]) -> list[Check]:
 def run(settings: Settings) -> list[Check]:
     return [
         _root(),
+        _interpreter(settings),
         _overlay(),
         _runtime(settings),
         _psql(settings),

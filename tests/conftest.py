@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import checkout  # first: it says when the checkout's folder hides the installed package
 import psycopg
 import pytest
 
@@ -30,6 +31,14 @@ from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
 PORTS = TEST_PORTS  # see helpers.TEST_PORTS
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once when the users the tests start could not run the code under test."""
+    if os.geteuid() == 0:
+        found = checkout.problem(group="pgoverlay")
+        if found is not None:
+            pytest.exit(f"error: {found}", returncode=4)
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import checkout
 import pytest
 
 from fakegithub import FakeGitHub
@@ -212,7 +213,7 @@ class Scenario:
             "-P",
             "pgoverlay=-self-hosted",
             "--local-repository",
-            f"pgoverlay/action@v1={ROOT}",
+            f"pgoverlay/action@v1={checkout.readable()}",  # act reads it as the runner
             "--local-repository",
             f"actions/checkout@v4={self.checkout}",
             "--action-cache-path",

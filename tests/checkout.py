@@ -1,0 +1,94 @@
+"""Which pgoverlay the tests run, and whether the users they start can read it.
+
+The tests start unprivileged users (the runner's, the listener's) that run pgoverlay. They run
+either this checkout's code (an editable install: the checkout must be readable by them) or the
+copy `scripts/install.sh` installed outside the checkout (PREFIX/venv, built from PREFIX/src: it
+must hold this checkout's code). Imported first by conftest.py: it stops a run that would fail
+for these reasons in hundreds of places with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# What scripts/install.sh leaves out of its copy of the checkout: at the top, and anywhere.
+NOT_COPIED_AT_TOP = {".git", ".venv", "build"}
+NOT_COPIED = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+if importlib.util.find_spec("pgoverlay.runner") is None:
+    pytest.exit(
+        "error: `pgoverlay` is this checkout's pgoverlay/ folder, which hides the installed "
+        "package (`python -m` puts the current folder first on sys.path): run the tests with "
+        "scripts/test.sh, `.venv/bin/python -P -m pytest` or `.venv/bin/pytest`",
+        returncode=4,
+    )
+
+
+def installed_source() -> Path | None:
+    """The copy of the checkout the running pgoverlay was installed from (PREFIX/src, readable
+    by everyone); ``None`` when it runs this checkout's own code (an editable install)."""
+    spec = importlib.util.find_spec("pgoverlay.runner")
+    assert spec is not None and spec.origin is not None
+    if Path(spec.origin).resolve().is_relative_to(ROOT):
+        return None
+    return Path(sys.prefix).resolve().parent / "src"
+
+
+def readable() -> Path:
+    """This checkout, or the copy of it that was installed: what an unprivileged user (act as
+    the runner's user) may read as 'the repository'."""
+    return installed_source() or ROOT
+
+
+def _files(top: Path) -> dict[str, Path]:
+    found = {}
+    for folder, dirs, files in os.walk(top):
+        skip = NOT_COPIED | (NOT_COPIED_AT_TOP if Path(folder) == top else set())
+        dirs[:] = [d for d in dirs if d not in skip and not d.endswith(".egg-info")]
+        for name in files:
+            path = Path(folder) / name
+            found[os.fspath(path.relative_to(top))] = path
+    return found
+
+
+def difference(source: Path) -> str | None:
+    """The first file in which the installed copy ``source`` and this checkout differ."""
+    if not source.is_dir():
+        return f"there is no {source}"
+    mine, theirs = _files(ROOT), _files(source)
+    for name in sorted(mine.keys() | theirs.keys()):
+        if name not in theirs:
+            return f"{name} is not in {source}"
+        if name not in mine:
+            return f"{source / name} is not in the checkout"
+        if mine[name].read_bytes() != theirs[name].read_bytes():
+            return f"{name} differs from {source / name}"
+    return None
+
+
+def problem(*, group: str) -> str | None:
+    """Why the tests' unprivileged users would not run this checkout's code; ``None`` if they do."""
+    from pgoverlay.runner import interpreter
+
+    source = installed_source()
+    if source is not None:
+        changed = difference(source)
+        if changed is not None:
+            return (
+                f"the installed pgoverlay ({sys.prefix}) is not this checkout's code: {changed}: "
+                "run scripts/install.sh (or scripts/test.sh)"
+            )
+    found = interpreter.refusal(interpreter.needed(), gid=interpreter.group_id(group))
+    if found is None:
+        return None
+    return (
+        f"the users the tests start cannot run this pgoverlay: {found}: run the tests with "
+        "scripts/test.sh, which installs the package where they can read it "
+        "(/usr/local/lib/pgoverlay, from Debian's /usr/bin/python3)"
+    )
