@@ -5,9 +5,24 @@ set -euo pipefail
 
 source_dir=${ACTION_PATH:?ACTION_PATH is not set}
 cache_root=${RUNNER_TOOL_CACHE:-${HOME:-/tmp}/.cache}/pgoverlay
-version=$(cd "$source_dir" && find pyproject.toml pgoverlay/ runner/ action/ webhook/ examples/ \
+# The interpreter: the host's own /usr/bin/python3 (Debian 12: 3.11.2), as scripts/install.sh
+# uses, not whichever python3 an earlier step (setup-python) put first on PATH; that one only
+# when the host's is missing or older than 3.11.
+newer='import sys; sys.exit(sys.version_info < (3, 11))'
+python=
+for candidate in /usr/bin/python3 "$(command -v python3 || true)"; do
+    if [ -n "$candidate" ] && "$candidate" -c "$newer" 2>/dev/null; then
+        python=$candidate
+        break
+    fi
+done
+if [ -z "$python" ]; then
+    echo "::error::pgoverlay needs Python 3.11 or newer on the runner host: install it (Debian 12: apt-get install python3 python3-venv)"
+    exit 1
+fi
+version=$(cd "$source_dir" && { find pyproject.toml pgoverlay/ runner/ action/ webhook/ examples/ \
             -type f \( -name '*.py' -o -name '*.toml' -o -name '*.sql' \) -print0 2>/dev/null |
-          sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+          sort -z | xargs -0 sha256sum; realpath "$python"; } | sha256sum | cut -c1-16)
 venv=$cache_root/$version
 mkdir -p "$cache_root"
 
@@ -16,7 +31,7 @@ mkdir -p "$cache_root"
     if [ ! -f "$venv/.complete" ]; then
         echo "installing pgoverlay $version into $venv"
         rm -rf "$venv"
-        python3 -m venv "$venv"
+        "$python" -m venv "$venv"
         log=$(mktemp)
         # Build from a clean copy: a stale build/ directory in the checkout would be reused.
         src=$(mktemp -d)

@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
-.venv/bin/pgoverlay pool init
-.venv/bin/pgoverlay demo "$@"
+source scripts/prefix.sh
+"$venv/bin/pgoverlay" pool init
+"$venv/bin/pgoverlay" demo "$@"

@@ -45,12 +45,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-prefix=${PGOVERLAY_PREFIX:-/usr/local/lib/pgoverlay}
+source scripts/prefix.sh
 bindir=${PGOVERLAY_BINDIR:-/usr/local/bin}
 extras=${PGOVERLAY_EXTRAS-test}
 group=${PGOVERLAY_SERVICE_GROUP:-pgoverlay}
 python=${PYTHON:-/usr/bin/python3}
-venv=$prefix/venv
 umask 022  # what is installed is readable by everyone, whatever root's own umask is
 
 # Runs a command as a member of the group who is nobody else (`nobody`, with the group when it

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Install, then run the linters and the whole test suite against real servers and mounts.
 # Run as root: the tests mount filesystems and run Postgres as the postgres user.
+# The tests run the installed package (scripts/install.sh: Debian's python3, outside this
+# checkout), so that the unprivileged users they start can read it wherever the checkout is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
+source scripts/prefix.sh
 # The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages.
 scripts/docker.sh 15 >/dev/null
-.venv/bin/ruff check .
-.venv/bin/python scripts/typecheck.py
+"$venv/bin/ruff" check .
+"$venv/bin/python" scripts/typecheck.py
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+# -P: the checkout's own pgoverlay/ folder must not hide the installed package
+"$venv/bin/python" -P -m pytest -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "error: pytest collected no tests" >&2
     exit 1
