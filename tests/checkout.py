@@ -52,17 +52,24 @@ def _files(top: Path) -> dict[str, Path]:
         skip = NOT_COPIED | (NOT_COPIED_AT_TOP if Path(folder) == top else set())
         dirs[:] = [d for d in dirs if d not in skip and not d.endswith(".egg-info")]
         for name in files:
+            if name in skip:  # a worktree's .git is a file
+                continue
             path = Path(folder) / name
             found[os.fspath(path.relative_to(top))] = path
     return found
 
 
+# Folders of the checkout nothing runs from the installed copy: pytest runs the checkout's tests.
+NOT_RUN = ("tests/", "docs/", "bench/")
+
+
 def difference(source: Path) -> str | None:
-    """The first file in which the installed copy ``source`` and this checkout differ."""
+    """The first file in which the installed copy ``source`` and this checkout differ (outside
+    the folders nothing runs from the copy)."""
     if not source.is_dir():
         return f"there is no {source}"
     mine, theirs = _files(ROOT), _files(source)
-    for name in sorted(mine.keys() | theirs.keys()):
+    for name in sorted(n for n in mine.keys() | theirs.keys() if not n.startswith(NOT_RUN)):
         if name not in theirs:
             return f"{name} is not in {source}"
         if name not in mine:
