@@ -94,8 +94,12 @@ def problem(*, group: str) -> str | None:
     found = interpreter.refusal(interpreter.needed(), gid=interpreter.group_id(group))
     if found is None:
         return None
-    return (
-        f"the users the tests start cannot run this pgoverlay: {found}: run the tests with "
-        "scripts/test.sh, which installs the package where they can read it "
-        "(/usr/local/lib/pgoverlay, from Debian's /usr/bin/python3)"
-    )
+    if source is not None:  # installed, but started by a path through the checkout (.venv)
+        python = Path(sys.prefix).resolve() / "bin" / "python"
+        fix = f"run `{python} -P -m pytest`, the installed interpreter by its own path"
+    else:
+        fix = (
+            "run the tests with scripts/test.sh, which installs the package where they can "
+            "read it (/usr/local/lib/pgoverlay, from Debian's /usr/bin/python3)"
+        )
+    return f"the users the tests start cannot run this pgoverlay: {found}: {fix}"

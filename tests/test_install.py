@@ -215,6 +215,13 @@ def test_install_from_a_checkout_under_a_private_folder_gives_members_a_working_
     python = scratch / "prefix" / "venv" / "bin" / "python"
     assert Path(os.path.realpath(python)).is_relative_to("/usr/bin")  # Debian's, not PATH's
     assert doctor_verdict(python, scratch)["verdict"] == "ok"
+    # root's service runs this code: nobody else may change any of it
+    writable = [
+        f"{path} ({oct(path.lstat().st_mode)}, uid {path.lstat().st_uid})"
+        for path in [scratch / "prefix", *(scratch / "prefix").rglob("*")]
+        if path.lstat().st_uid != 0 or (path.lstat().st_mode & 0o022 and not path.is_symlink())
+    ]
+    assert writable == []
     # what members import is the installed copy, not the checkout
     where = as_member([os.fspath(python), "-c", "import pgoverlay.runner as r; print(r.__file__)"])
     assert where.strip().startswith(os.fspath(scratch / "prefix" / "venv"))
