@@ -23,7 +23,7 @@ from pathlib import Path
 
 # What `pgoverlay` imports from its own code: an editable install keeps these in its checkout.
 PACKAGES = ("pgoverlay", "pgoverlay.runner", "pgoverlay.action", "pgoverlay.webhook")
-_WORDS = {os.X_OK: "run", os.R_OK: "read", os.R_OK | os.X_OK: "list"}
+_WORDS = {os.X_OK: "run", os.R_OK: "read", os.R_OK | os.X_OK: "read"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Refusal:
     """The first path a member of the group cannot use, and why."""
 
     path: Path
-    needs: str  # "enter", "read", "list" or "run"
+    needs: str  # "enter", "read" or "run"
     mode: str  # e.g. "drwx------ root:root"
 
     def __str__(self) -> str:
@@ -49,6 +49,9 @@ def needed() -> list[tuple[Path, int]]:
     ]
     if sys.prefix != sys.base_prefix:
         paths.append((Path(sys.prefix) / "pyvenv.cfg", os.R_OK))
+    script = Path(sys.prefix) / "bin" / "pgoverlay"  # what /usr/local/bin/pgoverlay links to
+    if script.exists():
+        paths.append((script, os.R_OK | os.X_OK))
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin is not None:
