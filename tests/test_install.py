@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import checkout
 import pytest
 
 from helpers import SYSTEM_PATH, os_user, require_root
@@ -235,3 +236,30 @@ def test_install_from_a_checkout_under_a_private_folder_gives_members_a_working_
     assert as_member([os.fspath(python), "-c", code]).strip() == "1"
     unchanged = install(checkout, scratch, PGOVERLAY_EXTRAS="")
     assert unchanged.returncode == 0 and "installing" not in unchanged.stdout
+
+
+def test_the_tests_stop_at_once_when_the_users_they_start_could_not_run_the_code(
+    scratch: Path,
+) -> None:
+    """The suite run by an interpreter under a private folder (root's pyenv) stops before its
+    first test with one line saying why, instead of failing wherever a user is started."""
+    python = environment(scratch / "private" / "pyenv")
+    done = subprocess.run(
+        [python, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layout.py"],
+        cwd=ROOT,
+        env={"PATH": SYSTEM_PATH, "HOME": "/root"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert " passed" not in done.stdout
+    if checkout.installed_source() is None:  # this run's pgoverlay is the checkout's
+        line = (
+            f"error: the users the tests start cannot run this pgoverlay: {scratch}/private "
+            "(drwx------ root:root): they cannot enter it: run the tests with scripts/test.sh"
+        )
+    else:  # an installed copy: the private interpreter has none beside it
+        line = "error: the installed pgoverlay"
+    assert line in done.stdout + done.stderr
