@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import psycopg
 import pytest
 from conftest import PORTS
@@ -125,12 +126,18 @@ def _seen(pool: Pool, needle: str, client: Any) -> list[str]:
                 continue
     if client is not None:
         label = f"{docker_runtime.LABEL_POOL}={pool.id}"
-        for c in client.containers.list(filters={"label": label}):
-            config = c.attrs.get("Config") or {}
-            shown = [*c.attrs.get("Args", []), *(config.get("Env") or [])]
+        # Listed sparse, then inspected one by one: a container of the seed may end between
+        # the two (its inspection then answers 404), which is not a sighting.
+        for listed in client.containers.list(filters={"label": label}, sparse=True):
+            try:
+                attrs = client.api.inspect_container(listed.id)
+            except docker.errors.NotFound:
+                continue
+            config = attrs.get("Config") or {}
+            shown = [*attrs.get("Args", []), *(config.get("Env") or [])]
             shown += config.get("Cmd") or []
             if any(needle in str(item) for item in shown):
-                found.append(f"container {c.name}")
+                found.append(f"container {attrs.get('Name', listed.id)}")
     return found
 
 
