@@ -361,6 +361,8 @@ def seed(
             # A source on a Unix socket of this host: its directory, for a container to reach.
             mounts=[Path(src.host)] if src.host.startswith("/") else [],
         )
+        for line in checks.unread_warnings(info):
+            log.warning("%s", line)
         check_source(install, info, database=src.dbname)
         # A dump is restored into a fresh cluster: none of the source's settings come along.
         for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:

@@ -83,6 +83,27 @@ def _is_on(value: str | None) -> bool:
     return (value or "").strip().lower() in ("on", "true", "yes", "1", "always")
 
 
+def unread_warnings(info: SourceInfo) -> list[str]:
+    """One line when the DSN's role could not read settings the checks need: the seed goes
+    on (a replication role with no other right is enough to seed), unchecked."""
+    if not info.unreadable:
+        return []
+    unchecked = []
+    if "shared_preload_libraries" in info.unreadable:
+        unchecked.append(
+            "whether this runner has every library the source preloads (a missing one stops "
+            "the seed when the copy is started)"
+        )
+    if set(info.unreadable) - {"shared_preload_libraries"}:
+        unchecked.append("whether branches override them (no warning about them follows)")
+    role = info.user or "the DSN's role"
+    return [
+        f"{role} cannot read these settings of the source: {', '.join(info.unreadable)} (they "
+        f"need pg_read_all_settings), so the seed does not check {' nor '.join(unchecked)}; "
+        f"to have them checked, run `GRANT pg_read_all_settings TO {role}` in the source"
+    ]
+
+
 def override_warnings(info: SourceInfo, settings: Settings) -> list[str]:
     """One line per source setting a branch will not run with, saying what it runs with."""
     given = info.settings
