@@ -17,12 +17,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from helpers import as_branch_role, as_engine, branch_of, cli, extra_server, remove_base, source_dsn
-from pgoverlay.errors import TraceError
+from pgoverlay.errors import BranchStartError, TraceError
 from pgoverlay.runner import branch, trace
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import TraceRequest
 from pgoverlay.runner.trace import instrument
@@ -245,3 +247,28 @@ def test_the_trace_refuses_to_begin_beside_an_event_trigger_it_did_not_make(
     # Nothing was switched on; production's trigger is as it was.
     assert states["audit_ddl"] == "O"
     assert {states[t] for t in instrument.TRIGGERS} == {"D"}
+
+
+def test_a_restarted_branch_whose_login_role_is_gone_is_refused_not_remade_with_ddl(
+    pool: Pool, events_base: tuple[BaseVersion, str]
+) -> None:
+    """After a reboot, PR code has run in the branch: its login role is given its password
+    again (an ALTER ROLE), never made again with the ledger schema's DDL."""
+    base, _ = events_base
+    with branch_of(pool, base, name="et-restart", runtime="local") as b:
+        with as_engine(pool, b, base) as su:
+            su.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(b.user)))
+            su.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(b.user)))
+        lay = branch.layout(pool, b.name)
+        rt = runtime_for(pool, base, b.runtime)
+        rt.stop(lay)
+        rt.detach(lay)
+        with pytest.raises(BranchStartError, match=f"branch reset {b.name}"):
+            branch.restart(pool, b)
+        with as_engine(pool, b, base) as su:
+            made = su.execute(
+                "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = %s), "
+                "(SELECT count(*) FROM pg_namespace WHERE nspname = 'pgoverlay_ledger')",
+                (b.user,),
+            ).fetchone()
+        assert made == (0, 0)
