@@ -91,8 +91,8 @@ def unread_warnings(info: SourceInfo) -> list[str]:
     unchecked = []
     if "shared_preload_libraries" in info.unreadable:
         unchecked.append(
-            "whether this runner has every library the source preloads (a missing one makes "
-            "the seed fail when it starts the copy, after copying)"
+            "before the copy whether this runner has every library the source preloads (the "
+            "copy's files are checked after it)"
         )
     if set(info.unreadable) - {"shared_preload_libraries"}:
         unchecked.append("whether branches override them (no warning about them follows)")

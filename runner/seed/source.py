@@ -66,7 +66,8 @@ class SourceInfo:
     user: str = ""  # the role the source was inspected as
 
 
-def _libraries(values: list[str]) -> list[str]:
+def libraries(values: list[str]) -> list[str]:
+    """The library names of ``shared_preload_libraries`` values, sorted, unquoted."""
     names = {lib.strip().strip('"') for v in values for lib in v.split(",")}
     return sorted(lib for lib in names if lib)
 
@@ -124,7 +125,7 @@ def inspect(conn: psycopg.Connection[Any]) -> SourceInfo:
     return SourceInfo(
         major=major,
         standby=standby,
-        libraries=_libraries(preload),
+        libraries=libraries(preload),
         extensions=extensions,
         tablespaces=tablespaces,
         settings=settings,
