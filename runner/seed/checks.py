@@ -85,22 +85,21 @@ def _is_on(value: str | None) -> bool:
 
 def unread_warnings(info: SourceInfo) -> list[str]:
     """One line when the DSN's role could not read settings the checks need: the seed goes
-    on (a replication role with no other right is enough to seed), unchecked."""
+    on (a replication role with no other right is enough to seed), and says what it did
+    instead of checking them."""
     if not info.unreadable:
         return []
-    unchecked = []
-    if "shared_preload_libraries" in info.unreadable:
-        unchecked.append(
-            "before the copy whether this runner has every library the source preloads (the "
-            "copy's files are checked after it)"
-        )
-    if set(info.unreadable) - {"shared_preload_libraries"}:
-        unchecked.append("whether branches override them (no warning about them follows)")
     role = info.user or "the DSN's role"
+    instead = []
+    if "shared_preload_libraries" in info.unreadable:
+        instead.append("the libraries the source preloads are checked in the copy's files")
+    others = [n for n in info.unreadable if n != "shared_preload_libraries"]
+    if others:
+        instead.append(f"no warning says whether branches run without {', '.join(others)}")
     return [
-        f"{role} cannot read these settings of the source: {', '.join(info.unreadable)} (they "
-        f"need pg_read_all_settings), so the seed does not check {' nor '.join(unchecked)}; "
-        f"to have them checked, run `GRANT pg_read_all_settings TO {role}` in the source"
+        f"{role} cannot read these settings of the source: {', '.join(info.unreadable)} "
+        f"(reading them needs pg_read_all_settings), so {'; '.join(instead)}. To have them "
+        f"checked before the copy, run `GRANT pg_read_all_settings TO {role}` in the source"
     ]
 
 
