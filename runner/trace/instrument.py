@@ -21,9 +21,18 @@ three ways, and the engine gives it none:
   ``search_path`` to ``pg_catalog, pg_temp`` and read only the catalogs and statistics
   functions (``snapshot``, ``sampler``), and the trace's functions qualify every name.
 
+What the engine's superuser runs in a branch, all of it: this module's switches; the reads of
+``snapshot``, ``sampler`` and ``installed`` (catalogs and statistics functions, names pinned);
+and the branch role's password (``roles.set_password``: one ``ALTER ROLE``, on create, reset,
+restart and a warm claim). ``roles.set_login``, whose ``CREATE SCHEMA`` is DDL, runs only in a
+branch fresh from the base (no PR code has run there); a restarted branch whose role is gone is
+refused instead. The test ``test_what_the_engine_runs_in_a_branch_fires_no_event_trigger``
+runs these statements beside event triggers that fail whatever fires them.
+
 Beside that rule, the seed's lockdown disables production's own event triggers (those no
-extension owns), and ``enable`` refuses to switch the trace on beside any enabled event
-trigger it did not make.
+extension owns, for every event: a ``login`` one, from Postgres 17, would fire when the engine
+connects), and ``enable`` refuses to switch the trace on beside any enabled event trigger it
+did not make.
 
 The role cannot switch any of it off or fake it:
 
