@@ -33,6 +33,8 @@ RELEVANT = (
     "unix_socket_group",
     "work_mem",
 )
+# Settings of RELEVANT that older majors lack: their absence is not for want of a right.
+_SINCE = {"archive_library": 15}
 # Their values can carry credentials (a conninfo's password, keys in an archive command): only
 # whether they are set is recorded, never the value.
 SECRET = frozenset({"archive_command", "archive_library", "primary_conninfo", "restore_command"})
@@ -85,7 +87,11 @@ def _settings(conn: psycopg.Connection[Any]) -> tuple[dict[str, str], list[str]]
     for name, value, source in rows:
         if str(source) not in _NOT_FROM_FILES or name in ("config_file", "data_directory"):
             found[str(name)] = str(value)
-    unreadable = sorted(set(RELEVANT) - {str(r[0]) for r in rows})
+    unreadable = []
+    if conn.execute("SELECT pg_has_role('pg_read_all_settings', 'USAGE')").fetchone() != (True,):
+        major = conn.info.server_version // 10000
+        seen = {str(r[0]) for r in rows}
+        unreadable = [n for n in RELEVANT if n not in seen and major >= _SINCE.get(n, 0)]
     # Needs pg_read_all_settings; without it, the applied values above are what we know.
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         for name, value in conn.execute(
