@@ -6,6 +6,7 @@ superuser; what the role cannot read of the source before the copy is a warning,
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -32,8 +33,8 @@ def repl_source(pool: Pool) -> Iterator[cluster.Running]:
             **srv.conninfo(user="postgres", dbname="app"), autocommit=True
         ) as conn:
             conn.execute("SET ROLE app_owner")
-            conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
-            conn.execute("INSERT INTO items SELECT generate_series(1, 10)")
+            conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+            conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 10) g")
         yield srv
 
 
@@ -93,3 +94,31 @@ def test_a_library_the_role_could_not_see_preloaded_is_refused_from_the_copys_fi
     assert "preloads library 'no_such_lib'" in done.stderr, done.stderr
     assert "postgresql-15-no-such-lib" in done.stderr
     assert pool.registry.bases("repl-lib") == []
+
+
+def test_a_role_with_only_login_and_replication_seeds_a_masked_base(
+    pool: Pool, env: dict[str, str], repl_source: cluster.Running, tmp_path: Path
+) -> None:
+    """The rules are checked against the source's catalogs as the role, and applied to the
+    copy as its superuser."""
+    rules = tmp_path / "items-rules.yml"
+    rules.write_text("tables:\n  public.items:\n    name: {fake: text}\n")
+    try:
+        done = cli(
+            [
+                "seed",
+                "repl-masked",
+                "--mask",
+                str(rules),
+                "--from",
+                source_dsn(repl_source, user="replicator"),
+            ],
+            env={**env, "COLUMNS": "400"},
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        base = pool.registry.latest_base("repl-masked")
+        assert base is not None and base.masked
+    finally:
+        made = pool.registry.latest_base("repl-masked")
+        if made is not None:
+            remove_base(pool, made)
