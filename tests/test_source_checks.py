@@ -190,3 +190,15 @@ def test_make_in_place_refuses_a_link_outside_the_staging_area(tmp_path: Path) -
     (data / "pg_tblspc" / "16390").symlink_to(elsewhere)
     with pytest.raises(SeedError, match="outside the seed's staging area"):
         tablespaces.make_in_place(data, root)
+
+
+def test_settings_the_role_cannot_read_are_one_warning_naming_the_grant() -> None:
+    info = SourceInfo(
+        major=15, unreadable=["config_file", "shared_preload_libraries"], user="replicator"
+    )
+    (line,) = checks.unread_warnings(info)
+    assert line.startswith("replicator cannot read these settings of the source: config_file, ")
+    assert "the libraries the source preloads are checked in the copy's files" in line
+    assert "no warning says whether branches run without config_file" in line
+    assert "GRANT pg_read_all_settings TO replicator" in line
+    assert checks.unread_warnings(SourceInfo(major=15, user="postgres")) == []

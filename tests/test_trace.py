@@ -54,7 +54,7 @@ def _entry(pid: int, level: str, message: str) -> LogEntry:
 
 
 def test_a_trace_line_without_the_trace_functions_context_is_left_out() -> None:
-    ours = "PL/pgSQL function pgoverlay_ledger.trace_ddl() line 33 at RAISE"
+    ours = f"PL/pgSQL function {instrument.SCHEMA}.trace_ddl() line 33 at RAISE"
     entries = [
         _entry(1, "LOG", 'pgoverlay-trace {"event": "ddl"}'),
         _entry(1, "CONTEXT", ours),
@@ -62,7 +62,9 @@ def test_a_trace_line_without_the_trace_functions_context_is_left_out() -> None:
         _entry(2, "CONTEXT", "PL/pgSQL function inline_code_block line 1 at RAISE"),
         _entry(3, "LOG", 'pgoverlay-trace {"forged": true}'),
         _entry(
-            3, "CONTEXT", "PL/pgSQL function pgoverlay_ledger.trace_ddl(integer) line 1 at RAISE"
+            3,
+            "CONTEXT",
+            f"PL/pgSQL function {instrument.SCHEMA}.trace_ddl(integer) line 1 at RAISE",
         ),
     ]
     kept, forged = logfile.drop_forged(entries)
@@ -197,17 +199,13 @@ def test_a_held_lock_is_sampled_as_one_span_of_its_length(
     assert held[0].granted and ("pg_sleep" in held[0].query or "LOCK" in held[0].query)
 
 
-def _leftovers(conn: psycopg.Connection[Any], user: str) -> list[str]:
+def _switched_on(conn: psycopg.Connection[Any], user: str) -> list[str]:
+    """What of the trace is switched on in the branch: enabled event triggers (any), and the
+    role's settings."""
     found = [
         f"event trigger {r[0]}"
         for r in conn.execute(
-            "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'pgoverlay%'"
-        )
-    ]
-    found += [
-        f"function {r[0]}"
-        for r in conn.execute(
-            "SELECT proname FROM pg_proc WHERE pronamespace = 'pgoverlay_ledger'::regnamespace"
+            "SELECT evtname FROM pg_event_trigger WHERE evtenabled <> 'D' ORDER BY 1"
         )
     ]
     found += [
@@ -221,18 +219,123 @@ def _leftovers(conn: psycopg.Connection[Any], user: str) -> list[str]:
     return found
 
 
-def test_end_removes_the_triggers_functions_and_role_settings(
+def _trace_objects(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """The trace's functions and event triggers, with their owners."""
+    return [
+        (str(kind), str(owner))
+        for kind, owner in conn.execute(
+            """SELECT 'function ' || p.proname, r.rolname FROM pg_proc p
+                 JOIN pg_roles r ON r.oid = p.proowner
+                 JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s
+               UNION ALL
+               SELECT 'event trigger ' || e.evtname, r.rolname FROM pg_event_trigger e
+                 JOIN pg_roles r ON r.oid = e.evtowner WHERE e.evtname LIKE 'pgoverlay%%'
+               ORDER BY 1""",
+            (instrument.SCHEMA,),
+        )
+    ]
+
+
+def test_the_trace_objects_are_the_bases_made_at_prepare_and_switched_off(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    with as_engine(pool, traced, base) as conn:
+        assert _trace_objects(conn) == [
+            ("event trigger pgoverlay_trace_ddl", base.superuser),
+            ("event trigger pgoverlay_trace_rewrite", base.superuser),
+            ("function trace_ddl", base.superuser),
+            ("function trace_rewrite", base.superuser),
+        ]
+        assert _switched_on(conn, traced.user) == []
+        owner = conn.execute(
+            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s",
+            (instrument.SCHEMA,),
+        ).fetchone()
+        assert owner == (base.superuser,)
+
+
+def test_end_switches_the_triggers_off_and_resets_the_role_settings(
     pool: Pool, base: BaseVersion, traced: Branch
 ) -> None:
     engine = LocalEngine(pool)
     engine.trace_begin(traced.name, TraceRequest())
     with as_engine(pool, traced, base) as conn:
-        assert len(_leftovers(conn, traced.user)) == 6
+        before = _trace_objects(conn)
+        assert _switched_on(conn, traced.user) == [
+            "event trigger pgoverlay_trace_ddl",
+            "event trigger pgoverlay_trace_rewrite",
+            "setting log_min_duration_statement=0",
+            "setting log_lock_waits=on",
+        ]
     engine.trace_end(traced.name)
     with as_engine(pool, traced, base) as conn:
-        assert _leftovers(conn, traced.user) == []
+        assert _switched_on(conn, traced.user) == []
+        assert _trace_objects(conn) == before  # switched off, never dropped
     with pytest.raises(TraceError, match="no open trace"):
         engine.trace_mark(traced.name)
+
+
+# Fails any DDL that fires an event trigger, in whatever session runs it.
+CANARY = """
+CREATE SCHEMA canary;
+CREATE FUNCTION canary.fired() RETURNS event_trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'an event trigger fired (%) in a session of %', TG_EVENT, current_user;
+END $$;
+CREATE EVENT TRIGGER canary_start ON ddl_command_start EXECUTE FUNCTION canary.fired();
+CREATE EVENT TRIGGER canary_end ON ddl_command_end EXECUTE FUNCTION canary.fired();
+CREATE EVENT TRIGGER canary_drop ON sql_drop EXECUTE FUNCTION canary.fired();
+CREATE EVENT TRIGGER canary_rewrite ON table_rewrite EXECUTE FUNCTION canary.fired();
+ALTER EVENT TRIGGER canary_start ENABLE ALWAYS;
+ALTER EVENT TRIGGER canary_end ENABLE ALWAYS;
+ALTER EVENT TRIGGER canary_drop ENABLE ALWAYS;
+ALTER EVENT TRIGGER canary_rewrite ENABLE ALWAYS;
+"""
+
+
+def test_what_the_engine_runs_in_a_branch_fires_no_event_trigger(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    """Every statement the engine's superuser runs in a branch once PR code could have run:
+    the trace's switches, its marks' reads, its lock samples, and a password's ALTER ROLE,
+    with event triggers that fail whatever fires them."""
+    from pgoverlay.runner.postgres import roles
+    from pgoverlay.runner.trace import sampler, snapshot
+
+    t = trace.target(pool, traced)
+    with t.connect() as conn:
+        conn.execute(CANARY)
+        with pytest.raises(psycopg.errors.RaiseException, match="an event trigger fired"):
+            conn.execute("CREATE TABLE public.canary_works (id int)")
+        with conn.transaction():
+            instrument.switch_on(conn, user=t.user, database=t.database)
+        assert instrument.installed(conn) is not None
+        taken = snapshot.take(conn)
+        assert taken.relations
+        snapshot.wait_for_exits(conn, user=t.user, since=taken.at)
+        conn.execute(sampler.SAMPLE, {"user": t.user, "chars": 100}).fetchall()
+        roles.set_password(
+            conn,
+            user=t.user,
+            secret=roles.scram_verifier(traced.password),
+            superuser=False,
+            flush=False,
+        )
+        instrument.disable(conn, user=t.user, database=t.database)
+        assert instrument.installed(conn, enabled=False) is not None
+        assert instrument.installed(conn) is None
+
+
+def test_a_base_without_the_trace_objects_is_refused_with_the_fix(
+    pool: Pool, base: BaseVersion, traced: Branch
+) -> None:
+    with as_engine(pool, traced, base) as conn:  # as a base an older release prepared
+        conn.execute(f"DROP SCHEMA {instrument.SCHEMA} CASCADE")
+    with pytest.raises(TraceError) as refused:
+        LocalEngine(pool).trace_begin(traced.name, TraceRequest())
+    assert f"pgoverlay seed {base.name} --refresh" in str(refused.value)
+    with as_engine(pool, traced, base) as conn:  # nothing was made late, nor switched on
+        assert _trace_objects(conn) == []
+        assert _switched_on(conn, traced.user) == []
 
 
 def test_the_role_cannot_replace_disable_or_silence_the_trace(
@@ -240,11 +343,15 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
 ) -> None:
     engine = LocalEngine(pool)
     engine.trace_begin(traced.name, TraceRequest())
-    db = traced.database
+    db, schema = traced.database, instrument.SCHEMA
     attempts = [
-        "CREATE OR REPLACE FUNCTION pgoverlay_ledger.trace_ddl() RETURNS event_trigger "
+        f"CREATE OR REPLACE FUNCTION {schema}.trace_ddl() RETURNS event_trigger "
         "LANGUAGE plpgsql AS 'BEGIN END'",
-        "ALTER FUNCTION pgoverlay_ledger.trace_ddl() SECURITY DEFINER",
+        f"CREATE FUNCTION {schema}.trace_ddl(int) RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        f"ALTER FUNCTION {schema}.trace_ddl() SECURITY DEFINER",
+        f"DROP FUNCTION {schema}.trace_rewrite()",
+        f"DROP SCHEMA {schema} CASCADE",
+        f"ALTER SCHEMA {schema} RENAME TO elsewhere",
         "ALTER EVENT TRIGGER pgoverlay_trace_ddl DISABLE",
         "DROP EVENT TRIGGER pgoverlay_trace_rewrite",
         "SET log_min_duration_statement = -1",
@@ -271,17 +378,17 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
     assert any("left out" in n for n in mark.notes)
 
 
-def test_dropping_the_ledger_schema_shows_as_not_instrumented(
+def test_dropping_the_ledger_schema_leaves_the_trace_in_place(
     pool: Pool, base: BaseVersion, traced: Branch
 ) -> None:
     engine = LocalEngine(pool)
     engine.trace_begin(traced.name, TraceRequest())
     with as_branch_role(pool, traced) as conn:
         conn.execute("DROP SCHEMA pgoverlay_ledger CASCADE")
+        conn.execute("CREATE TABLE after_the_drop (id int)")
     mark = engine.trace_end(traced.name)
-    assert not mark.instrumented
-    assert any("pgoverlay_ledger" in n for n in mark.notes)
-    assert any("DROP SCHEMA pgoverlay_ledger" in e.message for e in mark.log)
+    assert mark.instrumented
+    assert [e["tag"] for e in _events(mark)] == ["DROP SCHEMA", "CREATE TABLE"]
 
 
 PLANT = """
@@ -357,7 +464,7 @@ def test_the_trace_through_the_service_and_its_client(
     last = remote.trace_end(traced.name)
     assert last.instrumented
     with as_engine(pool, traced, base) as conn:
-        assert _leftovers(conn, traced.user) == []
+        assert _switched_on(conn, traced.user) == []
 
 
 def test_the_trace_ends_itself_after_max_seconds(
@@ -367,9 +474,9 @@ def test_the_trace_ends_itself_after_max_seconds(
     engine.trace_begin(traced.name, TraceRequest(max_seconds=0.3))
     with as_engine(pool, traced, base) as conn:
         wait_for(
-            lambda: _leftovers(conn, traced.user) == [],
+            lambda: _switched_on(conn, traced.user) == [],
             timeout=30,
-            what="the trace to remove its instrumentation",
+            what="the trace to switch its instrumentation off",
         )
     mark = engine.trace_end(traced.name)
     assert not mark.instrumented

@@ -319,12 +319,21 @@ def connection(pool: Pool, branch: Branch) -> Connection:
 # -- sagas --------------------------------------------------------------------------------
 
 
-def _give_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str] | None) -> None:
+def _give_login(
+    pool: Pool,
+    base: BaseVersion,
+    branch: Branch,
+    secret: Future[str] | None,
+    *,
+    fresh: bool = True,
+) -> None:
     """A created or reset branch's password: one ``ALTER ROLE`` with its SCRAM verifier
     (``secret``, computed while the server started; None: computed here), whose commit does not
     wait for the WAL flush, as a claim's does not (``restart`` sets every ready branch's
     password again after a crash). A base prepared for another login role name has no role of
-    this one: it is then made in full (``roles.set_login``)."""
+    this one: in a ``fresh`` branch (the base's files, no PR code run yet) it is then made in
+    full (``roles.set_login``, whose DDL would fire event triggers); in a restarted one, whose
+    role existed, that is refused: the engine runs no DDL where PR code has run."""
     import psycopg
 
     from pgoverlay.runner.postgres import roles, sqlerror
@@ -356,7 +365,12 @@ def _give_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[st
                 )
                 return
             except psycopg.errors.UndefinedObject:
-                pass  # no such role in this base: made below
+                if not fresh:
+                    raise BranchStartError(
+                        f"branch {branch.name} started but its login role {branch.user} is gone "
+                        f"from it: reset the branch (`pgoverlay branch reset {branch.name}`)"
+                    ) from None
+                # no such role in this base: made below
         roles.set_login(
             conn,
             user=branch.user,
@@ -629,7 +643,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     write_conf(pool, lay, user=branch.user, superuser=base.superuser)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
-    _give_login(pool, base, branch, None)
+    _give_login(pool, base, branch, None, fresh=False)
     _check_ready(pool, branch)
 
 

@@ -217,6 +217,32 @@ def _basebackup(
     laps.lap("verify: checksums")
 
 
+def _check_copied_libraries(install: Tools, datadir: Path, *, owner: proc.OsUser) -> None:
+    """The check the source's role could not make before the copy (``shared_preload_libraries``
+    needs pg_read_all_settings), made on the copy's own files: ``postgres -C`` prints what they
+    set without starting a server. The files the base will run with: its postgresql.conf, if
+    the source kept one in its data directory, and its postgresql.auto.conf."""
+    conf = datadir / "postgresql.conf"
+    args: list[str | os.PathLike[str]] = ["-C", "shared_preload_libraries", "-D", datadir]
+    if not conf.is_file():
+        args += ["-c", "config_file=/dev/null"]
+    try:
+        value = install.run("postgres", args, timeout=60, user=owner).stdout.strip()
+    except CommandError as err:
+        log.warning(
+            "the copy's shared_preload_libraries could not be read (%s): the libraries it "
+            "preloads are checked when the copy starts",
+            proc.last_lines(err.stderr, 1),
+        )
+        return
+    checks.check_libraries(
+        sourceinfo.libraries([value]),
+        checks.available_libraries(install),
+        major=install.major,
+        where=install.where,
+    )
+
+
 def _verify_tree_and_wal(pool: Pool, install: Tools, target: Path) -> None:
     """What pg_verifybackup checks besides the data's checksums (``verify`` does those, during
     the copy): the manifest's own checksum, every file present with its size and no extra
@@ -361,6 +387,8 @@ def seed(
             # A source on a Unix socket of this host: its directory, for a container to reach.
             mounts=[Path(src.host)] if src.host.startswith("/") else [],
         )
+        for line in checks.unread_warnings(info):
+            log.warning("%s", line)
         check_source(install, info, database=src.dbname)
         # A dump is restored into a fresh cluster: none of the source's settings come along.
         for line in checks.override_warnings(info, pool.settings) if via == "basebackup" else []:
@@ -442,6 +470,8 @@ def _seed_version(
             if spaces:
                 _own(pool, tablespaces.staging_root(staging))
             _basebackup(pool, install, src, staging, spaces, progress, laps)
+            if "shared_preload_libraries" in info.unreadable:
+                _check_copied_libraries(install, staging, owner=pool.owner)
             lsn = prepare.start_lsn(staging)
             candidates = [src.user]
         else:

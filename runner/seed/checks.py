@@ -83,6 +83,26 @@ def _is_on(value: str | None) -> bool:
     return (value or "").strip().lower() in ("on", "true", "yes", "1", "always")
 
 
+def unread_warnings(info: SourceInfo) -> list[str]:
+    """One line when the DSN's role could not read settings the checks need: the seed goes
+    on (a replication role with no other right is enough to seed), and says what it did
+    instead of checking them."""
+    if not info.unreadable:
+        return []
+    role = info.user or "the DSN's role"
+    instead = []
+    if "shared_preload_libraries" in info.unreadable:
+        instead.append("the libraries the source preloads are checked in the copy's files")
+    others = [n for n in info.unreadable if n != "shared_preload_libraries"]
+    if others:
+        instead.append(f"no warning says whether branches run without {', '.join(others)}")
+    return [
+        f"{role} cannot read these settings of the source: {', '.join(info.unreadable)} "
+        f"(reading them needs pg_read_all_settings), so {'; '.join(instead)}. To have them "
+        f"checked before the copy, run `GRANT pg_read_all_settings TO {role}` in the source"
+    ]
+
+
 def override_warnings(info: SourceInfo, settings: Settings) -> list[str]:
     """One line per source setting a branch will not run with, saying what it runs with."""
     given = info.settings

@@ -17,6 +17,9 @@ Invariants once a base is prepared:
 - every subscription is disabled, has ``slot_name = NONE`` and no connection string;
 - no foreign server has a user mapping (the servers themselves stay, so schemas load);
 - no routine outside an extension runs as a superuser for its caller (``SECURITY DEFINER``);
+- no event trigger outside an extension is enabled: production's DDL tooling is meaningless in
+  a branch, and would run in whichever session runs DDL there, with code (its function, the
+  tables and helpers it reaches) the branch role may own or replace;
 - the catalogs that held secrets (passwords, connection strings, user mapping options) are
   rewritten, so their old row versions are not left in the base's files.
 """
@@ -161,7 +164,9 @@ def database(conn: Conn, *, branch_user: str) -> list[str]:
     """In the connected database: routines that reach the OS or run as a superuser, user
     mappings, subscriptions."""
     dbname = conn.info.dbname
-    notes = _file_functions(conn, branch_user=branch_user)
+    # First: the statements below are DDL, which fires event triggers.
+    notes = _event_triggers(conn)
+    notes += _file_functions(conn, branch_user=branch_user)
     notes += _definers(conn)
     notes += _untrusted(conn, branch_user=branch_user)
     notes += _user_mappings(conn)
@@ -184,6 +189,29 @@ _ROUTINES = """
 _EXECUTORS = """
     CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
     LEFT JOIN pg_roles r ON r.oid = a.grantee"""
+
+
+def _event_triggers(conn: Conn) -> list[str]:
+    """Disable every enabled event trigger no extension owns (``ALTER EVENT TRIGGER`` fires
+    none). An extension's are left as it made them: its own bookkeeping may need them, and a
+    trace refuses to begin beside one."""
+    notes = []
+    for name, event, function in conn.execute(
+        """SELECT e.evtname, e.evtevent,
+                  format('%I.%I(%s)', n.nspname, p.proname,
+                         pg_get_function_identity_arguments(p.oid))
+             FROM pg_event_trigger e
+             JOIN pg_proc p ON p.oid = e.evtfoid
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE e.evtenabled <> 'D'
+              AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                               WHERE d.classid = 'pg_event_trigger'::regclass
+                                 AND d.objid = e.oid AND d.deptype = 'e')
+            ORDER BY 1"""
+    ).fetchall():
+        conn.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(name)))
+        notes.append(f"event trigger {name} ({event}, {function}) disabled")
+    return notes
 
 
 def _revoke_execute(conn: Conn, signature: str, grantee: str | None) -> None:

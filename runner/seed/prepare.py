@@ -6,7 +6,10 @@ control file says "shut down", then reset the WAL with the pool's segment size
 it runs (:mod:`pgoverlay.runner.mask`); ``pg_resetwal`` then also drops the WAL that carried the
 original values. While it runs, :mod:`pgoverlay.runner.seed.lockdown` takes away what would let a
 branch reach the OS or production (logins, passwords, dangerous memberships, subscriptions,
-user mappings), and the branch login role is made.
+user mappings, production's event triggers), the branch login role is made, and the trace's
+event triggers (:mod:`pgoverlay.runner.trace.instrument`) are made, switched off. All of it runs
+as the copy's bootstrap superuser on the private server, whatever role the source was copied
+as.
 """
 
 from __future__ import annotations
@@ -67,17 +70,18 @@ def cluster_state(install: Tools, datadir: Path, *, owner: OsUser) -> str:
     return match.group(1).strip() if match else "unknown"
 
 
-def _connect_any(
-    running: cluster.Running, candidates: list[str]
-) -> psycopg.Connection[tuple[Any, ...]]:
+def _bootstrap_superuser(running: cluster.Running, candidates: list[str]) -> str:
+    """The name of the copy's bootstrap superuser (oid 10), asked as the first of
+    ``candidates`` that can log in (the private server trusts every local role): the source's
+    user may be a replication role with no other rights, so nothing else is done as it."""
     last: Exception | None = None
     for user in dict.fromkeys(c for c in candidates if c):
         try:
-            return psycopg.connect(
-                **running.conninfo(user=user),
-                autocommit=True,
-                connect_timeout=10,
-            )
+            with psycopg.connect(
+                **running.conninfo(user=user), autocommit=True, connect_timeout=10
+            ) as conn:
+                row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
+                return str(row[0]) if row else "postgres"
         except psycopg.OperationalError as err:
             last = err
     raise SeedError(f"cannot connect to the base while preparing it: {last}")
@@ -133,10 +137,10 @@ def prepare(
                 **srv.conninfo(user=superuser, dbname=dbname), autocommit=True, connect_timeout=10
             )
 
-        with _connect_any(srv, [*login_candidates, "postgres", owner.name]) as conn:
-            row = conn.execute("SELECT rolname FROM pg_roles WHERE oid = 10").fetchone()
-            superuser = str(row[0]) if row else "postgres"
-            check_hba_name(superuser)
+        # Everything after the copy runs as the copy's own superuser, never as the source's user.
+        superuser = _bootstrap_superuser(srv, [*login_candidates, "postgres", owner.name])
+        check_hba_name(superuser)
+        with connect("postgres") as conn:
             lockdown.check_branch_user(
                 conn, branch_user=branch_user, branch_superuser=branch_superuser
             )
@@ -186,6 +190,11 @@ def prepare(
                     superuser=branch_superuser,
                     createrole=branch_createrole,
                 )
+                # The trace's event triggers, disabled: a trace only switches them on and off,
+                # so it never runs DDL in a branch (see runner/trace/instrument.py).
+                from pgoverlay.runner.trace import instrument
+
+                instrument.create(conn)
         for dbname in databases[:1]:  # shared catalogs: from any one database, once
             with connect(dbname) as conn:
                 lockdown.scrub_shared(conn)

@@ -33,6 +33,8 @@ RELEVANT = (
     "unix_socket_group",
     "work_mem",
 )
+# Settings of RELEVANT that older majors lack: their absence is not for want of a right.
+_SINCE = {"archive_library": 15}
 # Their values can carry credentials (a conninfo's password, keys in an archive command): only
 # whether they are set is recorded, never the value.
 SECRET = frozenset({"archive_command", "archive_library", "primary_conninfo", "restore_command"})
@@ -60,16 +62,23 @@ class SourceInfo:
     extensions: dict[str, str] = field(default_factory=dict)  # name -> version, DSN's database
     tablespaces: list[Tablespace] = field(default_factory=list)
     settings: dict[str, str] = field(default_factory=dict)
+    # RELEVANT settings the DSN's role may not read (they need pg_read_all_settings): the
+    # checks that use them are not made before the copy.
+    unreadable: list[str] = field(default_factory=list)
+    user: str = ""  # the role the source was inspected as
 
 
-def _libraries(values: list[str]) -> list[str]:
+def libraries(values: list[str]) -> list[str]:
+    """The library names of ``shared_preload_libraries`` values, sorted, unquoted."""
     names = {lib.strip().strip('"') for v in values for lib in v.split(",")}
     return sorted(lib for lib in names if lib)
 
 
-def _settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
-    """The relevant settings the source's own files give, applied or waiting for a restart;
-    the last file entry wins, as in Postgres."""
+def _settings(conn: psycopg.Connection[Any]) -> tuple[dict[str, str], list[str]]:
+    """The relevant settings the source's own files give, applied or waiting for a restart
+    (the last file entry wins, as in Postgres), and the relevant ones the role may not see:
+    pg_settings leaves out, for a role without pg_read_all_settings, those only a superuser
+    may read (``shared_preload_libraries``, ``config_file`` ...)."""
     found: dict[str, str] = {}
     rows = conn.execute(
         "SELECT name, current_setting(name), source FROM pg_settings WHERE name = ANY(%s)",
@@ -78,6 +87,11 @@ def _settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
     for name, value, source in rows:
         if str(source) not in _NOT_FROM_FILES or name in ("config_file", "data_directory"):
             found[str(name)] = str(value)
+    unreadable = []
+    if conn.execute("SELECT pg_has_role('pg_read_all_settings', 'USAGE')").fetchone() != (True,):
+        major = conn.info.server_version // 10000
+        seen = {str(r[0]) for r in rows}
+        unreadable = [n for n in RELEVANT if n not in seen and major >= _SINCE.get(n, 0)]
     # Needs pg_read_all_settings; without it, the applied values above are what we know.
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         for name, value in conn.execute(
@@ -86,18 +100,23 @@ def _settings(conn: psycopg.Connection[Any]) -> dict[str, str]:
             (list(RELEVANT),),
         ):
             found[str(name)] = str(value)
-    return {k: (SET if k in SECRET and v else v) for k, v in sorted(found.items())}
+    for name in [n for n in unreadable if n in found]:  # read from the files after all
+        unreadable.remove(name)
+    settings = {k: (SET if k in SECRET and v else v) for k, v in sorted(found.items())}
+    return settings, unreadable
 
 
 def inspect(conn: psycopg.Connection[Any]) -> SourceInfo:
     """Everything the seed checks, from one autocommit connection to the DSN's database."""
     major = int(conn.info.server_version) // 10000
     standby = conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
-    settings = _settings(conn)
+    settings, unreadable = _settings(conn)
     preload = [settings.get("shared_preload_libraries", "")]
     # SHOW needs pg_read_all_settings for this one; the file's value came through _settings.
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         preload += [str(r[0]) for r in conn.execute("SHOW shared_preload_libraries")]
+        if "shared_preload_libraries" in unreadable:
+            unreadable.remove("shared_preload_libraries")
     extensions = {
         str(name): str(version)
         for name, version in conn.execute("SELECT extname, extversion FROM pg_extension")
@@ -112,8 +131,10 @@ def inspect(conn: psycopg.Connection[Any]) -> SourceInfo:
     return SourceInfo(
         major=major,
         standby=standby,
-        libraries=_libraries(preload),
+        libraries=libraries(preload),
         extensions=extensions,
         tablespaces=tablespaces,
         settings=settings,
+        unreadable=unreadable,
+        user=str(conn.info.user),
     )

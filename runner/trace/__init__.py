@@ -1,7 +1,8 @@
 """Tracing a branch while migrations run on it: see ``pgoverlay.runner.service.models.TraceMark``.
 
 A trace is opened (``begin``) on a running branch, asked for marks (``mark``), and closed
-(``end``). While open, it has its instrumentation in the branch (``instrument``), samples
+(``end``). While open, its instrumentation, made in the base when it was prepared, is switched on
+in the branch (``instrument``, whose docstring says what the engine may run there), samples
 pg_locks in a thread of its own (``sampler``), and reads the branch's log from where it stood
 at the start (``logfile``); each mark adds a snapshot of the relations (``snapshot``).
 
@@ -46,6 +47,7 @@ class Target:
 
     key: tuple[str, str]  # the pool's home, the branch's name
     name: str
+    base_name: str
     socket_dir: Path
     port: int
     user: str
@@ -84,6 +86,7 @@ def target(pool: Pool, b: Branch) -> Target:
     return Target(
         key=(os.fspath(pool.home), b.name),
         name=b.name,
+        base_name=b.base_name,
         socket_dir=lay.socket_dir,
         port=b.port,
         user=b.user,
@@ -120,15 +123,15 @@ class Trace:
         )
 
     def expire(self) -> None:
-        """The sampler ran for ``max_seconds``: take the instrumentation out of the branch."""
+        """The sampler ran for ``max_seconds``: switch the instrumentation off."""
         with self.lock:
             self.expired = True
             self._remove()
 
     def _remove(self) -> None:
         t = self.target
-        with self._wrapped("cannot remove the trace's instrumentation"), t.connect() as conn:
-            instrument.remove(conn, user=t.user, database=t.database)
+        with self._wrapped("cannot switch the trace's instrumentation off"), t.connect() as conn:
+            instrument.disable(conn, user=t.user, database=t.database)
 
     def take_mark(self) -> TraceMark:
         """What happened since the previous mark: relations, WAL, layer, locks and log."""
@@ -185,8 +188,7 @@ class Trace:
         if now is None:
             return (
                 f"the trace's event triggers or their functions in {instrument.SCHEMA} are "
-                f"gone or disabled (dropping the schema {instrument.SCHEMA}, which the branch's "
-                "role owns, drops them): DDL events since are missing"
+                "gone or disabled (only a superuser can do that): DDL events since are missing"
             )
         return (
             f"the trace's event triggers or their functions in {instrument.SCHEMA} were "
@@ -226,7 +228,7 @@ class Trace:
         return Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
 
     def close(self, *, remove: bool) -> None:
-        """Stop sampling; with ``remove``, take the instrumentation out of the branch."""
+        """Stop sampling; with ``remove``, switch the instrumentation off."""
         if self.sampling is not None:
             self.sampling.stop()
         if remove and not self.expired:
@@ -246,13 +248,13 @@ def begin(pool: Pool, b: Branch, *, interval: float, max_seconds: float) -> Trac
     with (
         sqlerror.wrapped(
             TraceError,
-            what=f"cannot install the trace's instrumentation in branch {b.name}",
-            fix=f"check that it runs (`pgoverlay branch status {b.name}`) and that its role owns "
-            f"the schema {instrument.SCHEMA}; reset the branch if a migration removed it",
+            what=f"cannot switch the trace's instrumentation on in branch {b.name}",
+            fix=f"check that it runs (`pgoverlay branch status {b.name}`), then open the trace "
+            "again",
         ),
         t.connect() as conn,
     ):
-        installed = instrument.install(conn, user=t.user, database=t.database)
+        installed = instrument.enable(conn, user=t.user, database=t.database, base_name=t.base_name)
     try:
         offset = logfile.size(t.log_file, uid=t.owner_uid)
     except (UnsafePathError, OSError):
@@ -302,7 +304,8 @@ def mark(pool: Pool, name: str) -> TraceMark:
 
 
 def end(pool: Pool, name: str) -> TraceMark:
-    """The trace's last mark; then its instrumentation is removed and the trace forgotten."""
+    """The trace's last mark; then its instrumentation is switched off and the trace
+    forgotten."""
     trace = _open(pool, name)
     with _REGISTRY_LOCK:
         if _TRACES.get(trace.target.key) is trace:

@@ -1,18 +1,53 @@
-"""What a trace installs in a branch, as the base's superuser, and removes at its end.
+"""The trace's instrumentation in a branch: made once, in the base, when it is prepared; switched
+on when a trace begins and off when it ends.
 
 Two event triggers log a ``pgoverlay-trace {json}`` line for every DDL command and table
 rewrite, and two role settings make the server log every statement of the branch's login role
-with its duration, and its lock waits. The role cannot switch any of it off or fake it:
+with its duration, and its lock waits.
 
-- event triggers and their ``ENABLE ALWAYS`` are a superuser's (``session_replication_role``
-  too), and the functions are the superuser's, so the role can neither replace nor alter them;
-  it owns the schema they live in (``pgoverlay_ledger``), so it can drop them, which drops the
-  triggers: a mark's ``instrumented`` then says so;
+The rule: after the PR's code could have run in a branch, the engine's superuser runs nothing
+there that can fire code the PR can create or change. PR code reaches a superuser session in
+three ways, and the engine gives it none:
+
+- event triggers fire for DDL (``CREATE``/``ALTER``/``DROP``/``COMMENT``/``GRANT`` on objects,
+  ``CREATE SCHEMA IF NOT EXISTS`` included), in the session that runs it, and their functions,
+  or the tables and helpers those reach, may be the role's: the engine runs no such DDL in a
+  branch. ``create`` makes the trace's objects while the base is prepared, before any branch
+  exists; a trace only runs ``ALTER EVENT TRIGGER ... ENABLE ALWAYS | DISABLE`` (event
+  triggers never fire for event-trigger commands) and ``ALTER ROLE ... IN DATABASE ...
+  SET | RESET`` (a role is a shared object: no event trigger fires for it);
+- DML fires row and statement triggers: the engine writes to no table in a branch;
+- a call, cast or operator resolved by name may be the role's: the engine's sessions pin
+  ``search_path`` to ``pg_catalog, pg_temp`` and read only the catalogs and statistics
+  functions (``snapshot``, ``sampler``), and the trace's functions qualify every name.
+
+What the engine's superuser runs in a branch, all of it: this module's switches; the reads of
+``snapshot``, ``sampler`` and ``installed`` (catalogs and statistics functions, names pinned);
+and the branch role's password (``roles.set_password``: one ``ALTER ROLE``, on create, reset,
+restart and a warm claim). ``roles.set_login``, whose ``CREATE SCHEMA`` is DDL, runs only in a
+branch fresh from the base (no PR code has run there); a restarted branch whose role is gone is
+refused instead. The test ``test_what_the_engine_runs_in_a_branch_fires_no_event_trigger``
+runs these statements beside event triggers that fail whatever fires them.
+
+Beside that rule, the seed's lockdown disables production's own event triggers (those no
+extension owns, for every event: a ``login`` one, from Postgres 17, would fire when the engine
+connects), and ``enable`` refuses to switch the trace on beside any enabled event trigger it
+did not make.
+
+The role cannot switch any of it off or fake it:
+
+- the triggers, their functions and their schema (``SCHEMA``) are the bootstrap superuser's,
+  and the role may not create in that schema: it can neither replace, alter, drop nor disable
+  them; ``ENABLE ALWAYS`` fires them even where ``session_replication_role`` is replica (a
+  superuser's setting too);
 - ``log_min_duration_statement`` and ``log_lock_waits`` are superuser settings, which the role
   can neither set nor reset, in its session or on itself;
 - the functions run as whoever runs the DDL (no SECURITY DEFINER), with ``search_path`` pinned
-  to ``pg_catalog, pg_temp`` and every name qualified, so a superuser's DDL runs nothing the
-  role defined; and a line the role logs itself lacks their CONTEXT (see ``logfile``).
+  to ``pg_catalog, pg_temp`` and every name qualified; and a line the role logs itself lacks
+  their CONTEXT (see ``logfile``).
+
+``installed`` checks, at every mark, that what is in place is what ``create`` made: the same
+oids as when the trace began, owned by a superuser, not SECURITY DEFINER.
 """
 
 from __future__ import annotations
@@ -23,9 +58,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgoverlay.errors import TraceError
+from pgoverlay.errors import SeedError, TraceError
 
-SCHEMA = "pgoverlay_ledger"
+SCHEMA = "pgoverlay_trace"
 TRIGGERS = {
     # event trigger: (its event, its function in SCHEMA)
     "pgoverlay_trace_ddl": ("ddl_command_end", "trace_ddl"),
@@ -90,75 +125,144 @@ BODIES = {"trace_ddl": _DDL_BODY, "trace_rewrite": _REWRITE_BODY}
 
 @dataclass(frozen=True)
 class Installed:
-    """The oids of what ``install`` made: a mark checks they are all still there, unchanged."""
+    """The oids of the trace's objects: a mark checks they are all still there, unchanged."""
 
     namespace: int
     triggers: frozenset[int]
     functions: frozenset[int]
 
 
-def _remove_objects(conn: psycopg.Connection[Any]) -> None:
-    """Drop the triggers first: event triggers never fire for event trigger commands, so the
-    DDL that follows runs with none of ours (or a left-over one) in place."""
-    for trigger in TRIGGERS:
-        conn.execute(sql.SQL("DROP EVENT TRIGGER IF EXISTS {}").format(sql.Identifier(trigger)))
-    for function in BODIES:
-        conn.execute(
-            sql.SQL("DROP FUNCTION IF EXISTS {}.{}()").format(
-                sql.Identifier(SCHEMA), sql.Identifier(function)
-            )
+def create(conn: psycopg.Connection[Any]) -> None:
+    """Make the schema, the functions and the event triggers, disabled, in the connected
+    database of a base being prepared, as its bootstrap superuser (before any branch exists,
+    so before any PR code could have run). A source that has a schema of that name is
+    refused: it is pgoverlay's."""
+    if conn.execute(
+        "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s", (SCHEMA,)
+    ).fetchone():
+        raise SeedError(
+            f"database {conn.info.dbname} of the source has a schema named {SCHEMA}, which "
+            "pgoverlay keeps for the trace of migrations in a branch: rename it in the source "
+            "(ALTER SCHEMA ... RENAME TO ...) and seed again"
         )
-
-
-def install(conn: psycopg.Connection[Any], *, user: str, database: str) -> Installed:
-    """Install the triggers, their functions and the role's settings, in one transaction.
-
-    Whatever has the functions' names is dropped first, never replaced: ``CREATE OR REPLACE``
-    of a function the role made would keep the role as its owner."""
+    schema = sql.Identifier(SCHEMA)
     with conn.transaction():
-        _remove_objects(conn)
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(schema))
         for function, body in BODIES.items():
             conn.execute(
                 sql.SQL(
                     "CREATE FUNCTION {}.{}() RETURNS event_trigger LANGUAGE plpgsql "
                     "SET search_path = pg_catalog, pg_temp AS {}"
-                ).format(sql.Identifier(SCHEMA), sql.Identifier(function), sql.Literal(body))
+                ).format(schema, sql.Identifier(function), sql.Literal(body))
             )
         for trigger, (event, function) in TRIGGERS.items():
             conn.execute(
                 sql.SQL("CREATE EVENT TRIGGER {} ON {} EXECUTE FUNCTION {}.{}()").format(
                     sql.Identifier(trigger),
                     sql.Identifier(event),
-                    sql.Identifier(SCHEMA),
+                    schema,
                     sql.Identifier(function),
                 )
             )
-            # Fired even where session_replication_role is replica.
-            conn.execute(
-                sql.SQL("ALTER EVENT TRIGGER {} ENABLE ALWAYS").format(sql.Identifier(trigger))
+            conn.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(trigger)))
+
+
+# Enabled event triggers other than the trace's (whose oids are the parameter), with the
+# extension that owns each, if one does.
+_OTHERS = """
+SELECT e.evtname, e.evtevent,
+       pg_catalog.format('%%I.%%I(%%s)', n.nspname, p.proname,
+                         pg_catalog.pg_get_function_identity_arguments(p.oid)),
+       x.extname
+  FROM pg_catalog.pg_event_trigger e
+  JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  LEFT JOIN pg_catalog.pg_depend d
+         ON d.classid = 'pg_catalog.pg_event_trigger'::pg_catalog.regclass
+        AND d.objid = e.oid AND d.deptype = 'e'
+  LEFT JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid
+ WHERE e.evtenabled <> 'D' AND NOT e.oid = ANY(%s::pg_catalog.oid[])
+ ORDER BY 1
+"""
+
+
+def _refusal(others: list[tuple[Any, ...]], *, base_name: str) -> str:
+    named = "; ".join(
+        f"{name} ({event}, {function}" + (f", of extension {extension})" if extension else ")")
+        for name, event, function, extension in others
+    )
+    fix = (
+        f"seed the base again (`pgoverlay seed {base_name} --refresh --from DSN`: the seed "
+        "disables production's own event triggers), then reset the branch"
+    )
+    if any(extension for *_, extension in others):
+        fix += (
+            "; an extension's event trigger is kept by the seed: run these migrations without "
+            "the trace (the Action's `insight: false`)"
+        )
+    return (
+        f"the trace was not begun: an event trigger it did not make is enabled in the branch "
+        f"({named}), and a trace never runs beside one, which could run code the pull request "
+        f"changed; {fix}"
+    )
+
+
+def enable(conn: psycopg.Connection[Any], *, user: str, database: str, base_name: str) -> Installed:
+    """Switch the trace on: its triggers ``ENABLE ALWAYS`` and the role's log settings, in one
+    transaction, with statements that fire no event trigger. Refused, with nothing switched,
+    when the base has no trace objects (prepared by an older pgoverlay: they are never made
+    late, in a branch) or when another event trigger is enabled."""
+    with conn.transaction():
+        found = installed(conn, enabled=False)
+        if found is None:
+            raise TraceError(
+                f"base {base_name} has no trace instrumentation in schema {SCHEMA} (it was "
+                "prepared by an older pgoverlay, or a superuser changed it), and a trace never "
+                f"makes it in a branch: seed the base again with `pgoverlay seed {base_name} "
+                "--refresh --from DSN`, then reset or create the branch again"
             )
-        for setting, value in ROLE_SETTINGS.items():
-            conn.execute(
-                sql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(
-                    sql.Identifier(user),
-                    sql.Identifier(database),
-                    sql.Identifier(setting),
-                    sql.Literal(value),
-                )
-            )
-        found = installed(conn)
-    if found is None:
+        others = conn.execute(_OTHERS, (sorted(found.triggers),)).fetchall()
+        if others:
+            raise TraceError(_refusal(others, base_name=base_name))
+        switch_on(conn, user=user, database=database)
+        now = installed(conn)
+    if now is None or now != found:
         raise TraceError(
-            "the trace's event triggers were not in place right after they were made: another "
+            "the trace's event triggers changed while they were switched on: another "
             "superuser session changed them; open the trace again"
         )
-    return found
+    return now
 
 
-def remove(conn: psycopg.Connection[Any], *, user: str, database: str) -> None:
-    """Undo ``install``; idempotent."""
+def switch_on(conn: psycopg.Connection[Any], *, user: str, database: str) -> None:
+    """The triggers ``ENABLE ALWAYS`` and the role's log settings, unchecked (``enable``
+    checks first): statements that fire no event trigger."""
+    for trigger in TRIGGERS:
+        # Fired even where session_replication_role is replica.
+        conn.execute(
+            sql.SQL("ALTER EVENT TRIGGER {} ENABLE ALWAYS").format(sql.Identifier(trigger))
+        )
+    for setting, value in ROLE_SETTINGS.items():
+        conn.execute(
+            sql.SQL("ALTER ROLE {} IN DATABASE {} SET {} = {}").format(
+                sql.Identifier(user),
+                sql.Identifier(database),
+                sql.Identifier(setting),
+                sql.Literal(value),
+            )
+        )
+
+
+def disable(conn: psycopg.Connection[Any], *, user: str, database: str) -> None:
+    """Switch the trace off (idempotent), with statements that fire no event trigger."""
     with conn.transaction():
-        _remove_objects(conn)
+        present = conn.execute(
+            "SELECT evtname FROM pg_catalog.pg_event_trigger WHERE evtname = ANY(%s) ORDER BY 1",
+            (list(TRIGGERS),),
+        ).fetchall()
+        for (trigger,) in present:
+            conn.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(trigger)))
         for setting in ROLE_SETTINGS:
             conn.execute(
                 sql.SQL("ALTER ROLE {} IN DATABASE {} RESET {}").format(
@@ -172,16 +276,20 @@ SELECT n.oid, e.oid, p.oid
   FROM pg_catalog.pg_event_trigger e
   JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-  JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
+  JOIN pg_catalog.pg_roles fo ON fo.oid = p.proowner
+  JOIN pg_catalog.pg_roles eo ON eo.oid = e.evtowner
+  JOIN pg_catalog.pg_roles so ON so.oid = n.nspowner
  WHERE (e.evtname, e.evtevent, p.proname) IN
-       (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))
-   AND n.nspname = %s AND e.evtenabled = 'A' AND r.rolsuper AND NOT p.prosecdef
+       (SELECT * FROM unnest(%s::pg_catalog.text[], %s::pg_catalog.text[],
+                             %s::pg_catalog.text[]))
+   AND n.nspname = %s AND fo.rolsuper AND eo.rolsuper AND so.rolsuper AND NOT p.prosecdef
+   AND (e.evtenabled = 'A' OR NOT %s)
 """
 
 
-def installed(conn: psycopg.Connection[Any]) -> Installed | None:
-    """What is in place now, if both triggers are, enabled always, with superuser-owned
-    functions in ``SCHEMA``; None otherwise."""
+def installed(conn: psycopg.Connection[Any], *, enabled: bool = True) -> Installed | None:
+    """The trace's objects, if both triggers are in place with superuser-owned functions in
+    ``SCHEMA``, a superuser's schema (and, with ``enabled``, switched on); None otherwise."""
     names = list(TRIGGERS)
     rows = conn.execute(
         _INSTALLED,
@@ -190,6 +298,7 @@ def installed(conn: psycopg.Connection[Any]) -> Installed | None:
             [TRIGGERS[t][0] for t in names],
             [TRIGGERS[t][1] for t in names],
             SCHEMA,
+            enabled,
         ),
     ).fetchall()
     if len(rows) != len(TRIGGERS):
