@@ -263,7 +263,93 @@ def test_a_caller_outside_the_group_is_told_how_to_join_it(
     done = run_action(job, env, user=OUTSIDER, groups=())
     assert done.returncode == 30, done.stdout + done.stderr
     assert "may not use the engine service's socket" in done.stdout
-    assert "usermod -aG pgoverlay" in done.stdout
+    # the actual user and group, a command to paste as it is
+    assert f"`usermod -aG pgoverlay {OUTSIDER}`" in done.stdout
+    assert "restart the runner" in done.stdout
+    assert output_values(job)["status"] == "failed", "status is set on every failure"
     assert pool.registry.branches() == []
     written = job.who.read_text().split()
     assert written in ([], [str(outsider.pw_uid)])
+
+
+def output_values(job: Job) -> dict[str, str]:
+    """The step's outputs as GitHub Actions reads GITHUB_OUTPUT: `name=value` lines and
+    `name<<DELIMITER` blocks; a later value wins."""
+    values: dict[str, str] = {}
+    lines = job.output.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        key, block, delimiter = lines[i].partition("<<")
+        if block:
+            end = lines.index(delimiter, i + 1)
+            values[key] = "\n".join(lines[i + 1 : end])
+            i = end + 1
+        else:
+            key, _, value = lines[i].partition("=")
+            values[key] = value
+            i += 1
+    return values
+
+
+def test_a_runner_started_before_its_user_joined_the_group_is_told_to_restart(
+    job: Job, pool: Pool, env: dict[str, str]
+) -> None:
+    """/etc/group lists the runner's user, but its process started without the group: adding
+    the user again would change nothing, restarting the runner does."""
+    done = run_action(job, env, groups=())
+    assert done.returncode == 30, done.stdout + done.stderr
+    assert f"{RUNNER} is in the group pgoverlay, but this process started before" in done.stdout
+    assert "restart the runner" in done.stdout and "usermod" not in done.stdout
+    assert output_values(job)["status"] == "failed"
+    assert pool.registry.branches() == []
+
+
+def test_a_step_that_cannot_start_sets_status_failed(
+    job: Job, pool: Pool, env: dict[str, str]
+) -> None:
+    done = run_action(job, env, INPUT_MIGRATIONS_SELECT="some")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "input `migrations-select`" in done.stdout
+    assert output_values(job)["status"] == "failed"
+    assert pool.registry.branches() == []
+
+
+def setup_as(user: str, job: Job, cache: Path) -> subprocess.CompletedProcess[str]:
+    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache."""
+    script = Path(__file__).resolve().parents[1] / "action" / "setup.sh"
+    return subprocess.run(
+        [os.fspath(script)],
+        env={
+            "PATH": os.environ["PATH"],
+            "HOME": os.fspath(cache),
+            "ACTION_PATH": os.fspath(script.parents[1]),
+            "RUNNER_TOOL_CACHE": os.fspath(cache),
+            "GITHUB_OUTPUT": os.fspath(job.output),
+        },
+        user=user,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+
+
+def test_setup_refuses_a_user_outside_the_group_before_building_anything(
+    job: Job, pool: Pool, service: Path
+) -> None:
+    """The first job of an Action version builds a virtual environment (tens of seconds);
+    a user who cannot use the service is told so first, and nothing is built."""
+    outsider = pwd.getpwnam(OUTSIDER)
+    cache = job.root / "tool-cache"
+    cache.mkdir()
+    for path in (cache, job.output):
+        os.chown(path, outsider.pw_uid, outsider.pw_gid)
+    done = setup_as(OUTSIDER, job, cache)
+    assert done.returncode == 30, done.stdout + done.stderr
+    assert "::error title=pgoverlay::" in done.stdout
+    assert f"`usermod -aG pgoverlay {OUTSIDER}`" in done.stdout
+    assert "installing pgoverlay" not in done.stdout
+    assert os.listdir(cache) == [], "a virtual environment was started"
+    assert output_values(job)["status"] == "failed"
