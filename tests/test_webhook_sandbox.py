@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from helpers import as_user_call, cli, require_root
+from helpers import as_user_call, cli, os_user, require_root
+from pgoverlay.runner import doctor
+from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook.account import SUBUID, ranges
 
 HOOK_USER = "pgoverlay-test-hook"
@@ -307,3 +309,53 @@ print(json.dumps({"out": json.loads(done.stdout), "left": job.scratch.exists()})
         for folder in folders:
             with contextlib.suppress(OSError):
                 os.unlink(f"{folder}/{mark}")
+
+
+def test_doctor_checks_the_listener_it_finds_set_up(
+    hook: tuple[pwd.struct_passwd, Path], settings: Settings
+) -> None:
+    _, state = hook
+    checks = doctor.listener(settings, user=HOOK_USER, state_dir=state)
+    assert {c.name: c.verdict for c in checks} == {
+        "listener user": "ok",
+        "listener ids": "ok",
+        "listener state": "ok",
+        "listener newuidmap": "ok",
+        "listener newgidmap": "ok",
+    }, checks
+
+
+def test_doctor_says_what_a_listener_lacks_and_how_to_fix_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A listener's user made by hand: outside the service's group, no subordinate ids, a
+    state folder others can read, and no newuidmap where doctor looks."""
+    require_root()
+    user = os_user("pgoverlay-test-bare-hook")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    os.chown(state, user.pw_uid, user.pw_gid)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    checks = {
+        c.name: c
+        for c in doctor.listener(
+            settings, user=user.pw_name, state_dir=state, path=os.fspath(bin_dir)
+        )
+    }
+    fix = f"run `pgoverlay webhook setup --state-dir {state}` as root"
+    assert checks["listener user"].verdict == "fail"
+    assert "is not in the group pgoverlay" in checks["listener user"].detail
+    assert checks["listener ids"].verdict == "fail"
+    assert "needs 65536 subordinate uids and gids" in checks["listener ids"].detail
+    assert checks["listener state"].verdict == "fail"
+    assert "mode 0755, not the listener's alone (0700)" in checks["listener state"].detail
+    for name in ("listener user", "listener ids", "listener state"):
+        assert fix in checks[name].detail
+    assert checks["listener newuidmap"].verdict == "fail"
+    assert "apt-get install uidmap" in checks["listener newuidmap"].detail
+    assert doctor.blocking(list(checks.values()))
+
+
+def test_doctor_checks_no_listener_where_none_is_set_up(settings: Settings) -> None:
+    assert doctor.listener(settings, user="pgoverlay-test-no-listener") == []
