@@ -388,9 +388,7 @@ class Queue:
             f"SELECT {_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires <= ?", (now,)
         ).fetchall()
         for job in (Job(*row) for row in rows):
-            log.warning(
-                "lease of %s on %r expired", job.lease_owner, job, extra=job.log_extra()
-            )
+            log.warning("lease of %s on %r expired", job.lease_owner, job, extra=job.log_extra())
             if job.attempts >= self.max_attempts:
                 self._end(db, job, "failed", "its worker died or hung on the last attempt", now)
             else:
