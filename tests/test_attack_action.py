@@ -353,3 +353,37 @@ def test_setup_refuses_a_user_outside_the_group_before_building_anything(
     assert "installing pgoverlay" not in done.stdout
     assert os.listdir(cache) == [], "a virtual environment was started"
     assert output_values(job)["status"] == "failed"
+
+
+def test_run_sh_sets_status_failed_when_the_action_dies_before_it_could(tmp_path: Path) -> None:
+    """pgoverlay-action sets `status` on every failure it can catch; one that dies on start-up
+    (a broken install) leaves it to run.sh."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    crash = bin_dir / "pgoverlay-action"
+    crash.write_text("#!/bin/sh\necho 'Traceback: ImportError' >&2\nexit 1\n")
+    crash.chmod(0o755)
+    output = tmp_path / "output"
+    output.touch()
+    script = Path(__file__).resolve().parents[1] / "action" / "run.sh"
+    env = {"PATH": os.environ["PATH"], "PGOVERLAY_BIN": os.fspath(bin_dir / "pgoverlay")}
+    done = subprocess.run(
+        [os.fspath(script), "run"],
+        env={**env, "GITHUB_OUTPUT": os.fspath(output)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert output.read_text() == "status=failed\n"
+    # one that set it keeps its own value
+    crash.write_text('#!/bin/sh\necho "status=ready" >> "$GITHUB_OUTPUT"\nexit 1\n')
+    output.write_text("")
+    subprocess.run(
+        [os.fspath(script), "run"],
+        env={**env, "GITHUB_OUTPUT": os.fspath(output)},
+        check=False,
+        timeout=60,
+    )
+    assert output.read_text() == "status=ready\n"
