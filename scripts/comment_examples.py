@@ -21,7 +21,6 @@ from pgoverlay.action.insight.model import (
     Finding,
     LockUse,
     MigrationInsight,
-    Rewrite,
     StatementInsight,
     Verdict,
     Volume,
@@ -111,9 +110,7 @@ def _index() -> MigrationInsight:
     return MigrationInsight(
         seconds=41.3,
         locks=[lock],
-        rewrites=[
-            Rewrite("public.orders_status", "index", ["new index"], 0, 18874368, statement=0)
-        ],
+        rewrites=[],
         scans=[],
         volume=Volume(wal_bytes=41943040, layer_bytes=20971520),
         statements=[
