@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -387,3 +388,20 @@ def test_run_sh_sets_status_failed_when_the_action_dies_before_it_could(tmp_path
         timeout=60,
     )
     assert output.read_text() == "status=ready\n"
+
+
+def test_the_setup_check_says_when_no_engine_service_runs(tmp_path: Path) -> None:
+    """No socket, or a socket left by a service that is gone: the first step says to start
+    the service, before any build."""
+    from pgoverlay.runner.service import access
+
+    found = access.any_service_problem(tmp_path)
+    assert found is not None and "no engine service is running on this host" in found
+    assert "`systemctl start pgoverlay` or `pgoverlay pool init`" in found
+    stale = tmp_path / "0123abcd.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(os.fspath(stale))  # bound, never listening: what a killed service leaves
+    found = access.any_service_problem(tmp_path)
+    assert (
+        found is not None and f"the engine service is not running (no answer on {stale})" in found
+    )
