@@ -8,6 +8,7 @@ output and summary files) is read, written or run with this user's rights alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -332,12 +333,25 @@ def _report_file(job: JobEnv, report: Report) -> dict[str, str]:
     return {"report-path": str(path)}
 
 
+def _say_failed(environ: Mapping[str, str]) -> None:
+    """Set the ``status`` output to ``failed`` for a step that could not do its work, so a
+    later step can tell; as this user, and not at all when GITHUB_OUTPUT is what failed."""
+    path = environ.get("GITHUB_OUTPUT")
+    if path:
+        with contextlib.suppress(PgoverlayError, OSError):
+            outputs.write_outputs(Path(path), {"status": "failed"})
+
+
 def main_from_env(*, destroy: bool = False) -> int:
     try:
         return run(destroy=destroy)
     except PgoverlayError as err:
         outputs.annotation("error", str(err), sys.stdout, title="pgoverlay")
+        _say_failed(os.environ)
         return err.exit_code
+    except Exception:  # the edge: the traceback is printed, and the status still set
+        _say_failed(os.environ)
+        raise
 
 
 def entry(argv: Sequence[str] | None = None) -> int:

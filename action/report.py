@@ -61,7 +61,16 @@ class Report:
 
 def over_threshold(report: Report) -> list[MigrationRun]:
     """The migrations whose insight's verdict is "over": a lock or a rewrite past the
-    thresholds (with ``fail-on-threshold``, they fail the step or the commit status)."""
+    thresholds (with ``fail-on-threshold``, they fail the step or the commit status).
+
+    Only a report of migrations is judged. A close runs none: its report carries the branch's
+    last run for the closing comment, and is never over. A run on a new head judges what it
+    ran (a file skipped as already applied has no insight); a re-run of a head already done
+    reports that head's runs again, verdicts included, so re-running a job does not turn a
+    verdict it failed on into a pass.
+    """
+    if report.status not in ("ready", "migration failed"):
+        return []
     return [
         m for m in report.migrations if m.insight is not None and m.insight.verdict.level == "over"
     ]

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Install pgoverlay from the action's own checkout into a cached virtual environment, once per
 # version of the action; later runs reuse it. Prints `bin=<path to pgoverlay>` to GITHUB_OUTPUT.
+#
+# Before that build (tens of seconds on a first run): can this user reach the engine service?
+# A runner's user outside the service's group, or a host with no service, fails here at once.
+# Whatever fails, `status=failed` is written, so a later step can tell.
 set -euo pipefail
 
 source_dir=${ACTION_PATH:?ACTION_PATH is not set}
+trap 'code=$?; if [ "$code" != 0 ] && [ -n "${GITHUB_OUTPUT:-}" ]; then
+          echo "status=failed" >> "$GITHUB_OUTPUT" || true
+      fi' EXIT
+
+# The host's python3, isolated; this file uses nothing but its standard library.
+python3 -I "$source_dir/runner/service/access.py"
+
 cache_root=${RUNNER_TOOL_CACHE:-${HOME:-/tmp}/.cache}/pgoverlay
 # The interpreter: the host's own /usr/bin/python3 (Debian 12: 3.11.2), as scripts/install.sh
 # uses, not whichever python3 an earlier step (setup-python) put first on PATH; that one only

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pgoverlay.errors import PgoverlayError
@@ -234,6 +235,86 @@ def _majors(settings: Settings, needed: list[int]) -> list[Check]:
     return checks
 
 
+LISTENER_STATE_DIR = Path("/var/lib/pgoverlay-webhook")  # the unit's, and the default
+
+
+def listener(
+    settings: Settings,
+    *,
+    user: str | None = None,
+    state_dir: Path | None = None,
+    path: str | None = None,
+) -> list[Check]:
+    """The webhook listener's part of this host, when it is configured here (its user
+    exists): its user and group, its subordinate ids, its state folder, and the tools that map
+    the ids. ``user``, ``state_dir`` and ``path`` (where to look for the tools) default to what
+    `pgoverlay webhook setup` and the unit use."""
+    import grp
+    import pwd
+    import stat
+
+    from pgoverlay.runner import proc
+    from pgoverlay.webhook import account
+
+    user = user or account.USER
+    state_dir = state_dir or Path(os.environ.get("PGOVERLAY_WEBHOOK_STATE_DIR", LISTENER_STATE_DIR))
+    setup = f"run `pgoverlay webhook setup --state-dir {state_dir}` as root"
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return []  # no listener on this host
+    group = settings.service_group
+    try:
+        member = grp.getgrnam(group).gr_gid in os.getgrouplist(user, entry.pw_gid)
+    except KeyError:
+        member = False
+    checks = [
+        Check("listener user", "ok", f"{user} (uid {entry.pw_uid}), in the group {group}")
+        if member
+        else Check(
+            "listener user",
+            "fail",
+            f"{user} is not in the group {group}, so it cannot ask the engine service: {setup}",
+        )
+    ]
+    counts = account.subordinate_ranges(user)
+    short = [f"{name} gives it {n}" for name, n in counts.items() if n < account.SUBID_COUNT]
+    checks.append(
+        Check(
+            "listener ids",
+            "fail",
+            f"{user} needs {account.SUBID_COUNT} subordinate uids and gids for its jobs' "
+            f"sandboxes, and {', '.join(short)}: {setup}",
+        )
+        if short
+        else Check("listener ids", "ok", f"{user} has subordinate uids and gids for its jobs")
+    )
+    problem = account.state_problem(state_dir, uid=entry.pw_uid)
+    checks.append(
+        Check("listener state", "fail", f"{problem}: {setup}")
+        if problem
+        else Check("listener state", "ok", f"{state_dir}, the listener's alone (0700)")
+    )
+    search = path if path is not None else proc.child_env()["PATH"]
+    for tool in ("newuidmap", "newgidmap"):
+        found = shutil.which(tool, path=search)
+        st = os.stat(found) if found is not None else None
+        setuid = st is not None and st.st_uid == 0 and bool(st.st_mode & stat.S_ISUID)
+        if found is None or not setuid:
+            why = "missing" if found is None else f"{found} is not setuid root"
+            checks.append(
+                Check(
+                    f"listener {tool}",
+                    "fail",
+                    f"{tool} is {why}, so jobs cannot be sandboxed: install the `uidmap` "
+                    "package (`apt-get install uidmap`)",
+                )
+            )
+        else:
+            checks.append(Check(f"listener {tool}", "ok", found))
+    return checks
+
+
 def run(settings: Settings) -> list[Check]:
     return [
         _root(),
@@ -244,6 +325,7 @@ def run(settings: Settings) -> list[Check]:
         *_pool(settings),
         _binaries(settings),
         *_warm(settings),
+        *listener(settings),
     ]
 
 

@@ -8,6 +8,7 @@ service, root's, makes the branches."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -56,6 +57,8 @@ jobs:
         with:
           migrations: db/migrations
           runtime: "${{ env.BRANCH_RUNTIME }}"
+          fail-on-threshold: "${{ env.FAIL_ON_THRESHOLD }}"
+          max-rewrite: "${{ env.MAX_REWRITE }}"
       - if: github.event.action != 'closed'
         run: psql -X -P pager=off -At -f check.sql > "$RESULT_FILE"
         env:
@@ -68,6 +71,11 @@ jobs:
       - run: '{ id -u; command -v sudo || echo "no sudo"; } > "$WHO_FILE"'
         env:
           WHO_FILE: "${{ env.WHO_FILE }}"
+      - if: always()
+        run: 'printf %s "$STATUS" > "$STATUS_FILE"'
+        env:
+          STATUS: "${{ steps.db.outputs.status }}"
+          STATUS_FILE: "${{ env.STATUS_FILE }}"
 """
 
 CHECKOUT = """\
@@ -120,6 +128,7 @@ class Scenario:
         self.github = github
         self.result = root / "result.txt"
         self.who = root / "who.txt"
+        self.status = root / "status.txt"  # the step's `status` output, written even on failure
         self.user = pwd.getpwnam(RUNNER)
         self.path = path_without("sudo", scratch=root / "bin")
         self.checkout = root / "checkout"
@@ -182,9 +191,21 @@ class Scenario:
         path.write_text(json.dumps(payload))
         return path
 
-    def act(self, action: str, head_sha: str, *, merged: bool = False) -> Run:
+    def act(
+        self,
+        action: str,
+        head_sha: str,
+        *,
+        merged: bool = False,
+        inputs: dict[str, str] | None = None,
+        in_group: bool = True,
+    ) -> Run:
+        """Run the workflow for ``action`` at ``head_sha``; ``inputs`` (FAIL_ON_THRESHOLD,
+        MAX_REWRITE) fill the step's inputs, empty by default. ``in_group=False``: act's
+        process lacks the `pgoverlay` group, as a runner started before its user joined it."""
         self.result.unlink(missing_ok=True)
         self.who.unlink(missing_ok=True)
+        self.status.unlink(missing_ok=True)
         event_file = self.event(action, head_sha, merged=merged)
         self.give_to_runner()
         env = {
@@ -198,6 +219,10 @@ class Scenario:
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),
             "WHO_FILE": os.fspath(self.who),
+            "STATUS_FILE": os.fspath(self.status),
+            "FAIL_ON_THRESHOLD": "",
+            "MAX_REWRITE": "",
+            **(inputs or {}),
             # the step's interpreter lists what it imports (Run.imported reads it)
             "PYTHONPROFILEIMPORTTIME": "1",
         }
@@ -232,7 +257,7 @@ class Scenario:
             check=False,
             user=self.user.pw_uid,
             group=self.user.pw_gid,
-            extra_groups=[grp.getgrnam("pgoverlay").gr_gid],
+            extra_groups=[grp.getgrnam("pgoverlay").gr_gid] if in_group else [],
             env={
                 "PATH": self.path,
                 "HOME": home,
@@ -259,7 +284,19 @@ class Scenario:
 def scenario(
     pool: Pool, base: BaseVersion, service: Path, request: pytest.FixtureRequest
 ) -> Iterator[Scenario]:
-    runtime = str(request.param)
+    with _scenario(pool, base, str(request.param)) as made:
+        yield made
+
+
+@pytest.fixture
+def local_scenario(pool: Pool, base: BaseVersion, service: Path) -> Iterator[Scenario]:
+    """A scenario whose branches run locally: for what does not depend on the runtime."""
+    with _scenario(pool, base, "local") as made:
+        yield made
+
+
+@contextlib.contextmanager
+def _scenario(pool: Pool, base: BaseVersion, runtime: str) -> Iterator[Scenario]:
     if runtime == "docker":
         require_docker_image(base.pg_major or 0)
     require(shutil.which("git") is not None, "needs git")
@@ -352,3 +389,52 @@ def test_a_failing_migration_fails_the_step_with_an_annotation_and_a_comment(
     assert "Migration failed" in body
     assert 'type "nosuchtype" does not exist' in body
     assert "db/migrations/002_broken.sql:4" in body
+
+
+# Rewrites the base's `accounts` (200,000 rows): over a max-rewrite of 1 byte.
+OVER_MAX_REWRITE = "ALTER TABLE accounts ALTER COLUMN id TYPE bigint;\n"
+
+
+def test_with_fail_on_threshold_a_close_after_an_over_verdict_succeeds(
+    local_scenario: Scenario,
+) -> None:
+    """The run that was over fails; a re-run of that head, which runs nothing, reports the
+    same verdict and fails again (re-running is no way past the gate); the close runs
+    nothing, judges nothing, and succeeds."""
+    s = local_scenario
+    (s.repo / "db/migrations/001_accounts.sql").write_text(OVER_MAX_REWRITE)
+    head = s.commit("accounts get bigint ids")
+    strict = {"FAIL_ON_THRESHOLD": "true", "MAX_REWRITE": "1"}
+
+    opened = s.act("opened", head, inputs=strict)
+    assert opened.returncode != 0, opened.log[-4000:]
+    assert "is over a threshold" in opened.log
+    assert s.status.read_text() == "ready"
+
+    rerun = s.act("opened", head, inputs=strict)
+    assert rerun.returncode != 0, rerun.log[-4000:]
+    assert "already up to date" in rerun.log and "is over a threshold" in rerun.log
+
+    closed = s.act("closed", head, inputs=strict)
+    assert closed.returncode == 0, closed.log[-4000:]
+    assert "is over a threshold" not in closed.log
+    assert s.status.read_text() == "destroyed"
+    assert s.pool.registry.branch(BRANCH) is None
+    [final] = s.comments()
+    assert "Destroyed" in str(final["body"])
+
+
+def test_a_runner_without_the_group_fails_at_once_with_status_failed(
+    local_scenario: Scenario,
+) -> None:
+    """act's process lacks the group (a runner started before its user joined it): the first
+    step says so, names the user, builds nothing, and `status` is still `failed`."""
+    s = local_scenario
+    (s.repo / "db/migrations/001_widgets.sql").write_text("CREATE TABLE widgets (id int);\n")
+    head = s.commit("add widgets")
+    run = s.act("opened", head, in_group=False)
+    assert run.returncode != 0
+    assert f"{RUNNER} is in the group pgoverlay, but this process started before" in run.log
+    assert "installing pgoverlay" not in run.log and "reusing pgoverlay" not in run.log
+    assert s.status.read_text() == "failed"
+    assert s.pool.registry.branch(BRANCH) is None

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -263,7 +264,144 @@ def test_a_caller_outside_the_group_is_told_how_to_join_it(
     done = run_action(job, env, user=OUTSIDER, groups=())
     assert done.returncode == 30, done.stdout + done.stderr
     assert "may not use the engine service's socket" in done.stdout
-    assert "usermod -aG pgoverlay" in done.stdout
+    # the actual user and group, a command to paste as it is
+    assert f"`usermod -aG pgoverlay {OUTSIDER}`" in done.stdout
+    assert "restart the runner" in done.stdout
+    assert output_values(job)["status"] == "failed", "status is set on every failure"
     assert pool.registry.branches() == []
     written = job.who.read_text().split()
     assert written in ([], [str(outsider.pw_uid)])
+
+
+def output_values(job: Job) -> dict[str, str]:
+    """The step's outputs as GitHub Actions reads GITHUB_OUTPUT: `name=value` lines and
+    `name<<DELIMITER` blocks; a later value wins."""
+    values: dict[str, str] = {}
+    lines = job.output.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        key, block, delimiter = lines[i].partition("<<")
+        if block:
+            end = lines.index(delimiter, i + 1)
+            values[key] = "\n".join(lines[i + 1 : end])
+            i = end + 1
+        else:
+            key, _, value = lines[i].partition("=")
+            values[key] = value
+            i += 1
+    return values
+
+
+def test_a_runner_started_before_its_user_joined_the_group_is_told_to_restart(
+    job: Job, pool: Pool, env: dict[str, str]
+) -> None:
+    """/etc/group lists the runner's user, but its process started without the group: adding
+    the user again would change nothing, restarting the runner does."""
+    done = run_action(job, env, groups=())
+    assert done.returncode == 30, done.stdout + done.stderr
+    assert f"{RUNNER} is in the group pgoverlay, but this process started before" in done.stdout
+    assert "restart the runner" in done.stdout and "usermod" not in done.stdout
+    assert output_values(job)["status"] == "failed"
+    assert pool.registry.branches() == []
+
+
+def test_a_step_that_cannot_start_sets_status_failed(
+    job: Job, pool: Pool, env: dict[str, str]
+) -> None:
+    done = run_action(job, env, INPUT_MIGRATIONS_SELECT="some")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "input `migrations-select`" in done.stdout
+    assert output_values(job)["status"] == "failed"
+    assert pool.registry.branches() == []
+
+
+def setup_as(user: str, job: Job, cache: Path) -> subprocess.CompletedProcess[str]:
+    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache."""
+    script = Path(__file__).resolve().parents[1] / "action" / "setup.sh"
+    return subprocess.run(
+        [os.fspath(script)],
+        env={
+            "PATH": os.environ["PATH"],
+            "HOME": os.fspath(cache),
+            "ACTION_PATH": os.fspath(script.parents[1]),
+            "RUNNER_TOOL_CACHE": os.fspath(cache),
+            "GITHUB_OUTPUT": os.fspath(job.output),
+        },
+        user=user,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+
+
+def test_setup_refuses_a_user_outside_the_group_before_building_anything(
+    job: Job, pool: Pool, service: Path
+) -> None:
+    """The first job of an Action version builds a virtual environment (tens of seconds);
+    a user who cannot use the service is told so first, and nothing is built."""
+    outsider = pwd.getpwnam(OUTSIDER)
+    cache = job.root / "tool-cache"
+    cache.mkdir()
+    for path in (cache, job.output):
+        os.chown(path, outsider.pw_uid, outsider.pw_gid)
+    done = setup_as(OUTSIDER, job, cache)
+    assert done.returncode == 30, done.stdout + done.stderr
+    assert "::error title=pgoverlay::" in done.stdout
+    assert f"`usermod -aG pgoverlay {OUTSIDER}`" in done.stdout
+    assert "installing pgoverlay" not in done.stdout
+    assert os.listdir(cache) == [], "a virtual environment was started"
+    assert output_values(job)["status"] == "failed"
+
+
+def test_run_sh_sets_status_failed_when_the_action_dies_before_it_could(tmp_path: Path) -> None:
+    """pgoverlay-action sets `status` on every failure it can catch; one that dies on start-up
+    (a broken install) leaves it to run.sh."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    crash = bin_dir / "pgoverlay-action"
+    crash.write_text("#!/bin/sh\necho 'Traceback: ImportError' >&2\nexit 1\n")
+    crash.chmod(0o755)
+    output = tmp_path / "output"
+    output.touch()
+    script = Path(__file__).resolve().parents[1] / "action" / "run.sh"
+    env = {"PATH": os.environ["PATH"], "PGOVERLAY_BIN": os.fspath(bin_dir / "pgoverlay")}
+    done = subprocess.run(
+        [os.fspath(script), "run"],
+        env={**env, "GITHUB_OUTPUT": os.fspath(output)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert output.read_text() == "status=failed\n"
+    # one that set it keeps its own value
+    crash.write_text('#!/bin/sh\necho "status=ready" >> "$GITHUB_OUTPUT"\nexit 1\n')
+    output.write_text("")
+    subprocess.run(
+        [os.fspath(script), "run"],
+        env={**env, "GITHUB_OUTPUT": os.fspath(output)},
+        check=False,
+        timeout=60,
+    )
+    assert output.read_text() == "status=ready\n"
+
+
+def test_the_setup_check_says_when_no_engine_service_runs(tmp_path: Path) -> None:
+    """No socket, or a socket left by a service that is gone: the first step says to start
+    the service, before any build."""
+    from pgoverlay.runner.service import access
+
+    found = access.any_service_problem(tmp_path)
+    assert found is not None and "no engine service is running on this host" in found
+    assert "`systemctl start pgoverlay` or `pgoverlay pool init`" in found
+    stale = tmp_path / "0123abcd.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(os.fspath(stale))  # bound, never listening: what a killed service leaves
+    found = access.any_service_problem(tmp_path)
+    assert (
+        found is not None and f"the engine service is not running (no answer on {stale})" in found
+    )

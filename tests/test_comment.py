@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import random
 import re
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from markdown_it import MarkdownIt
@@ -363,3 +366,35 @@ def test_secret_looking_values_in_error_text_are_not_shown(
 
 def test_format_bytes_is_the_runners_own() -> None:
     assert comment.format_bytes is units.format_bytes
+
+
+def _comment_examples() -> Any:
+    """scripts/comment_examples.py, which renders docs/action.md's comment examples."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "comment_examples.py"
+    spec = importlib.util.spec_from_file_location("comment_examples", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_comment_examples_in_the_docs_are_what_the_code_renders() -> None:
+    examples = _comment_examples()
+    text = examples.DOC.read_text()
+    assert examples.stale(text) == [], (
+        "docs/action.md's comment examples differ from what render_comment makes of them: "
+        "run `python scripts/comment_examples.py --update`"
+    )
+    # every example is in the doc, and the ready branch shows the insight table
+    shown = re.findall(r"<!-- comment example: ([a-z-]+) -->", text)
+    assert sorted(shown) == sorted(examples.EXAMPLES)
+    assert "| Migration | Duration | Result | Worst lock | Rewrites | Bytes | Verdict |" in text
+    assert "-408.0 KiB layer" in examples.quoted("ready")
+
+
+def test_the_comment_examples_update_rewrites_a_stale_block() -> None:
+    examples = _comment_examples()
+    text = examples.DOC.read_text()
+    broken = text.replace("> ### pgoverlay: **Destroyed**", "> ### pgoverlay: **Gone**", 1)
+    assert examples.stale(broken) == ["destroyed"]
+    assert examples.update(broken) == text

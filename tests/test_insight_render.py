@@ -394,13 +394,20 @@ def job_environ(tmp_path: Path, **inputs: str) -> dict[str, str]:
 
 
 def run_action(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: Report, **inputs: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    found: Report,
+    *,
+    reused: bool = False,
+    **inputs: str,
 ) -> tuple[int, str, dict[str, str]]:
-    """The entry point's last steps on ``found`` (as if the workflow had made it)."""
+    """The entry point's last steps on ``found`` (as if the workflow had made it; ``reused``:
+    as a re-run finds it)."""
     environ = job_environ(tmp_path, **inputs)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(main, "handle", lambda *a, **k: Outcome(report=found, branch=None))
+    outcome = Outcome(report=found, branch=None, reused=reused)
+    monkeypatch.setattr(main, "handle", lambda *a, **k: outcome)
     job = main.JobEnv.from_environ()
     ev = event.parse(
         "pull_request",
@@ -474,6 +481,29 @@ def test_fail_on_threshold_passes_when_no_verdict_is_over(
     found = rich(traced(level="notice"), MigrationRun("db/plain.sql", "applied", 0.1))
     code, log, _ = run_action(tmp_path, monkeypatch, found, fail_on_threshold="true")
     assert code == 0 and "::error" not in log
+
+
+def test_a_close_is_never_over_a_threshold_though_it_lists_the_last_runs_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close runs no migration: its report carries the last run's, over verdict included,
+    for the closing comment; fail-on-threshold does not fail it."""
+    found = rich(traced("db/0041_orders_index.sql"), status="destroyed")
+    code, log, values = run_action(tmp_path, monkeypatch, found, fail_on_threshold="true")
+    assert code == 0, log
+    assert "is over a threshold" not in log
+    assert values["status"] == "destroyed"
+
+
+def test_a_rerun_of_the_same_head_reports_its_over_verdict_and_fails_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-run that reuses the head's runs fails on their verdict as the first run did:
+    re-running a job is no way past fail-on-threshold."""
+    found = rich(traced("db/0041_orders_index.sql"))
+    code, log, _ = run_action(tmp_path, monkeypatch, found, fail_on_threshold="true", reused=True)
+    assert code == 1
+    assert "Migration db/0041_orders_index.sql is over a threshold" in log
 
 
 # -- the PR record ------------------------------------------------------------------------------

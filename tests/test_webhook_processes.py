@@ -10,7 +10,9 @@ import signal
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import psycopg
 import pytest
@@ -33,7 +35,7 @@ from helpers import require
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
 
 GO = "pgoverlay-test-go"
 # Holds the job until a session named GO connects to the branch (at most ~2 minutes).
@@ -183,3 +185,86 @@ def test_the_worker_process_ends_with_intake_stopped_or_killed(
     service.stop(signal.SIGKILL)
     wait_for(lambda: gone(second), timeout=120, what="the orphaned worker process to stop")
     service.start()  # the fixture stops it
+
+
+def sandboxed_processes(service: Listener) -> list[int]:
+    """Processes of this listener's job sandboxes: `unshare` and the namespace's shell carry
+    the job's name (`pgoverlay-job`) and its scratch folder, in the listener's state folder, in
+    their arguments (other listeners on the host have other state folders)."""
+    state = os.fsencode(service.state)
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+            if b"\0pgoverlay-job\0" in cmdline and state in cmdline:
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def test_after_kill_9_of_intake_the_worker_ends_its_job_at_once_and_the_job_runs_again(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    """A killed intake is restarted (systemd's Restart=on-failure): its orphaned worker process
+    must not go on running jobs beside the new listener's for the shutdown grace. It ends its
+    job's processes and exits; the job's lease brings the job back in the new listener."""
+    service, github = listener
+    service.stop()
+    service.env["PGOVERLAY_WEBHOOK_SHUTDOWN_GRACE"] = "600"  # a graceful stop would wait
+    service.start()
+    held = "e" * 40
+    add_pull(github, 25, held, WAIT_FOR_GO)
+    assert service.send(pr_payload("opened", held, number=25)).status_code == 202
+    wait_for(lambda: held_by_its_migration(service, 25), timeout=120, what="the job to hold")
+    wait_for(lambda: sandboxed_processes(service), timeout=60, what="the job's sandboxed psql")
+    worker = worker_pid(service)
+    made = branch.get(service.pool, "shop-pr-25")
+    first_server = server_started(made, service)
+    service.stop(signal.SIGKILL)
+    wait_for(
+        lambda: gone(worker) and not sandboxed_processes(service),
+        timeout=30,
+        what="the orphaned worker process and its job's processes to end",
+    )
+    assert job_states(service)[25] == "running", "the job keeps its lease, for its next run"
+    service.start()
+    # The job runs again once its lease has expired: it resets the branch (a new server) and
+    # applies the migration, which waits for GO again.
+    wait_for(
+        lambda: migrating_on_a_new_server(made, service, first_server),
+        timeout=120,
+        what="the job to run again in the new listener",
+    )
+    with psycopg.connect(
+        **branch.connection(service.pool, made).connect_kwargs(), application_name=GO
+    ):
+        wait_for(lambda: "success" in statuses(github, held), timeout=120, what="the job")
+    log = service.log.read_text()
+    assert "the intake process is gone: stopping now" in log
+    assert "shutdown grace over" not in log
+
+
+def server_started(made: Branch, service: Listener) -> datetime:
+    with psycopg.connect(**branch.connection(service.pool, made).connect_kwargs()) as conn:
+        row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    assert row is not None
+    return cast(datetime, row[0])
+
+
+def migrating_on_a_new_server(made: Branch, service: Listener, after: datetime) -> bool:
+    """The branch's server started after ``after`` (the job reset it), and the migration that
+    waits for GO runs on it."""
+    try:
+        with psycopg.connect(
+            **branch.connection(service.pool, made).connect_kwargs(), connect_timeout=5
+        ) as conn:
+            row = conn.execute(
+                "SELECT pg_postmaster_start_time(), EXISTS (SELECT 1 FROM pg_stat_activity"
+                " WHERE query LIKE %s AND pid <> pg_backend_pid())",
+                (f"%{GO}%",),
+            ).fetchone()
+    except psycopg.OperationalError:  # the reset is restarting it
+        return False
+    assert row is not None
+    return bool(row[0] > after and row[1])

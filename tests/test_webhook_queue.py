@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -780,3 +781,23 @@ def test_an_older_queues_jobs_survive_the_upgrade_as_parsed_events(tmp_path: Pat
         }
     finally:
         q.close()
+
+
+def test_every_queue_log_line_about_a_job_names_its_pr_as_owner_name_number(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/webhook.md says to follow a PR by searching for `pr=owner/name#N`: the queue's own
+    lines (queued, a lease that expired) carry that, not the bare number."""
+    from pgoverlay.webhook.worker import LOG_FORMAT, JobLogContext
+
+    caplog.set_level(logging.INFO, logger="pgoverlay.webhook")
+    put(queue, "open", 101, repo="acme/shop")
+    claimed(queue, "w1", T0)
+    assert claim(queue, "w2", T0 + LEASE + 1) is not None  # reaps w1's lease, then claims
+    formatter = logging.Formatter(LOG_FORMAT)
+    context = JobLogContext()
+    lines = [formatter.format(r) for r in caplog.records if context.filter(r)]
+    about_the_job = [line for line in lines if "queued open job" in line or "expired" in line]
+    assert len(about_the_job) == 2, lines
+    for line in about_the_job:
+        assert " pr=acme/shop#101 " in line, line

@@ -4,10 +4,13 @@ processes left behind on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
+import os
 import pwd
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from helpers import as_user_call, cli, require_root
+from helpers import as_user_call, cli, os_user, require_root
+from pgoverlay.runner import doctor
+from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook.account import SUBUID, ranges
 
 HOOK_USER = "pgoverlay-test-hook"
@@ -216,3 +221,145 @@ def test_tarballs_extract_only_plain_files_inside(
     assert found == ["out", "out/top", "out/top/db", "out/top/db/001.sql", "pr.tar.gz"]
     assert top == tmp_path / "out" / "top"
     assert (top / "db" / "001.sql").stat().st_mode & 0o7000 == 0
+
+
+def writable_folders(uid: int, gid: int) -> list[str]:
+    """Every folder on this host that others may write in (sticky or not), or that host uid
+    ``uid`` or gid ``gid`` may write in: the whole filesystem from /, except /proc and /sys."""
+    found = []
+    stack = ["/"]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # gone meanwhile (another test's mount), or not a folder to list
+            continue
+        for entry in entries:
+            if entry.path in ("/proc", "/sys"):
+                continue
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            if (
+                mode & stat.S_IWOTH
+                or (st.st_uid == uid and mode & stat.S_IWUSR)
+                or (st.st_gid == gid and mode & stat.S_IWGRP)
+            ):
+                found.append(entry.path)
+            stack.append(entry.path)
+    return found
+
+
+# Runs as the job: tries to write a file named MARK in each folder listed in /tmp/folders
+# (NUL-separated), and prints the folders where it could.
+WRITE_EVERYWHERE = """
+import json, sys
+written = []
+for folder in open("/tmp/folders", "rb").read().decode("utf-8", "surrogateescape").split("\\0"):
+    try:
+        with open(f"{folder}/{sys.argv[1]}", "x") as f:
+            f.write("left by the first job")
+        written.append(folder)
+    except OSError:
+        pass
+print(json.dumps(written))
+"""
+
+# Runs as the next job: prints the folders where it sees a file named MARK.
+LOOK_EVERYWHERE = """
+import json, os, sys
+folders = open("/tmp/folders", "rb").read().decode("utf-8", "surrogateescape").split("\\0")
+print(json.dumps([f for f in folders if os.path.lexists(f"{f}/{sys.argv[1]}")]))
+"""
+
+
+def test_a_job_writes_nowhere_the_next_job_or_the_host_sees(
+    hook: tuple[pwd.struct_passwd, Path],
+) -> None:
+    """Every folder of this host that a job's uid could write in, found by walking the
+    filesystem (not a list of the usual ones: /run/lock was one a list missed): what the job
+    writes there is gone with it, for the next job and for the host."""
+    _, state = hook
+    job_uid = 1004
+    host_id = subordinate_uid(HOOK_USER, job_uid)
+    folders = writable_folders(host_id, host_id)
+    assert {"/tmp", "/var/tmp", "/dev/shm", "/run/lock"} <= set(folders), folders[:20]
+    mark = f"pgoverlay-leak-{os.getpid()}"
+    run_job = """
+job = JobSandbox(Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=values["state"])), values["uid"])
+(job.scratch / "folders").write_bytes(values["folders"].encode("utf-8", "surrogateescape"))
+(job.scratch / "probe.py").write_text(values["probe"])
+done = job.run([sys.executable, "-I", "/tmp/probe.py", values["mark"]], timeout=300, env={},
+               cwd=job.scratch)
+job.remove()
+print(json.dumps({"out": json.loads(done.stdout), "left": job.scratch.exists()}))
+"""
+    listed = "\0".join(folders)
+    common = {"state": str(state), "folders": listed, "mark": mark}
+    try:
+        first = as_listener(run_job, uid=job_uid, probe=WRITE_EVERYWHERE, **common)
+        # The job could write in its own places, and nowhere else.
+        assert set(first["out"]) == {"/tmp", "/var/tmp", "/dev/shm", "/run/lock"}, first
+        second = as_listener(run_job, uid=job_uid + 1, probe=LOOK_EVERYWHERE, **common)
+        assert second["out"] == [], "the next job sees what the first one wrote"
+        on_host = [f for f in folders if os.path.lexists(f"{f}/{mark}")]
+        assert on_host == [], "what the job wrote stayed on the host"
+        assert not first["left"] and not second["left"]
+    finally:
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{folder}/{mark}")
+
+
+def test_doctor_checks_the_listener_it_finds_set_up(
+    hook: tuple[pwd.struct_passwd, Path], settings: Settings
+) -> None:
+    _, state = hook
+    checks = doctor.listener(settings, user=HOOK_USER, state_dir=state)
+    assert {c.name: c.verdict for c in checks} == {
+        "listener user": "ok",
+        "listener ids": "ok",
+        "listener state": "ok",
+        "listener newuidmap": "ok",
+        "listener newgidmap": "ok",
+    }, checks
+
+
+def test_doctor_says_what_a_listener_lacks_and_how_to_fix_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A listener's user made by hand: outside the service's group, no subordinate ids, a
+    state folder others can read, and no newuidmap where doctor looks."""
+    require_root()
+    user = os_user("pgoverlay-test-bare-hook")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    os.chown(state, user.pw_uid, user.pw_gid)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    checks = {
+        c.name: c
+        for c in doctor.listener(
+            settings, user=user.pw_name, state_dir=state, path=os.fspath(bin_dir)
+        )
+    }
+    fix = f"run `pgoverlay webhook setup --state-dir {state}` as root"
+    assert checks["listener user"].verdict == "fail"
+    assert "is not in the group pgoverlay" in checks["listener user"].detail
+    assert checks["listener ids"].verdict == "fail"
+    assert "needs 65536 subordinate uids and gids" in checks["listener ids"].detail
+    assert checks["listener state"].verdict == "fail"
+    assert "mode 0755, not the listener's alone (0700)" in checks["listener state"].detail
+    for name in ("listener user", "listener ids", "listener state"):
+        assert fix in checks[name].detail
+    assert checks["listener newuidmap"].verdict == "fail"
+    assert "apt-get install uidmap" in checks["listener newuidmap"].detail
+    assert doctor.blocking(list(checks.values()))
+
+
+def test_doctor_checks_no_listener_where_none_is_set_up(settings: Settings) -> None:
+    assert doctor.listener(settings, user="pgoverlay-test-no-listener") == []

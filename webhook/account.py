@@ -119,3 +119,34 @@ def _subordinate_ids(user: str, *, say: Say) -> None:
         argv += ["--add-subgids", span]
     proc.run([*argv, user], timeout=60)
     say(f"gave {user} subordinate ids {span} (one uid of them per job)")
+
+
+def state_problem(path: Path, *, uid: int) -> str | None:
+    """What is wrong with the listener's state folder (``None``: a folder, the listener's
+    alone, 0700)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder (a link or a file)"
+    if st.st_uid != uid or stat.S_IMODE(st.st_mode) != 0o700:
+        return (
+            f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}, not "
+            f"the listener's alone (0700)"
+        )
+    return None
+
+
+def subordinate_ranges(user: str) -> dict[str, int]:
+    """How many subordinate uids and gids /etc/subuid and /etc/subgid give ``user`` (by name or
+    uid), each file by its name: what ``unshare --map-users=auto`` needs SUBID_COUNT of."""
+    try:
+        mine = {user, str(pwd.getpwnam(user).pw_uid)}
+    except KeyError:
+        mine = {user}
+    found = {}
+    for path in (SUBUID, SUBGID):
+        taken = ranges(path.read_text()) if path.exists() else []
+        found[path.name] = max([0, *(n for owner, _, n in taken if owner in mine)])
+    return found

@@ -20,7 +20,7 @@ from typing import Any
 
 from pgoverlay.errors import DeliveryError, QueueError
 from pgoverlay.webhook import payload, signature
-from pgoverlay.webhook.queue import Accepted, Delivery, NewJob, Queue
+from pgoverlay.webhook.queue import Accepted, Delivery, NewJob, Queue, pr_label
 from pgoverlay.webhook.routing import Routed, route
 from pgoverlay.webhook.settings import WebhookSettings
 
@@ -124,7 +124,7 @@ class Intake:
                 body_sha256=digest,
             )
         )
-        pr = f"{job.repository}#{job.pr}" if isinstance(job, NewJob) else "-"
+        pr = pr_label(job.repository, job.pr) if isinstance(job, NewJob) else "-"
         extra = {"delivery_id": delivery_id, "pr": pr}
         if outcome == "duplicate":
             log.info("duplicate delivery acknowledged", extra=extra)

@@ -121,6 +121,12 @@ AND kind IN ('close', 'sync') GROUP BY kind
 """
 
 
+def pr_label(repository: str, pr: int | None) -> str:
+    """How log lines name a pull request: `owner/name#N` (what docs/webhook.md says to search
+    for), or the repository alone for a job that is not about one."""
+    return repository if pr is None else f"{repository}#{pr}"
+
+
 @dataclass(frozen=True)
 class NewJob:
     repository: str  # "owner/name"
@@ -158,6 +164,10 @@ class Job:
     created_at: float
     finished_at: float | None
     result: str
+
+    def log_extra(self) -> dict[str, str]:
+        """The delivery id and the PR, for a log line about this job."""
+        return {"delivery_id": self.delivery_id, "pr": pr_label(self.repository, self.pr)}
 
     def __repr__(self) -> str:  # what a job names, without the sender and installation
         return (
@@ -326,7 +336,10 @@ class Queue:
                     job_id,
                     job.repository,
                     job.pr,
-                    extra={"delivery_id": delivery.delivery_id, "pr": job.pr},
+                    extra={
+                        "delivery_id": delivery.delivery_id,
+                        "pr": pr_label(job.repository, job.pr),
+                    },
                 )
         return [outcome for outcome, _ in done]
 
@@ -375,8 +388,7 @@ class Queue:
             f"SELECT {_COLUMNS} FROM jobs WHERE state = 'running' AND lease_expires <= ?", (now,)
         ).fetchall()
         for job in (Job(*row) for row in rows):
-            extra = {"delivery_id": job.delivery_id, "pr": job.pr}
-            log.warning("lease of %s on %r expired", job.lease_owner, job, extra=extra)
+            log.warning("lease of %s on %r expired", job.lease_owner, job, extra=job.log_extra())
             if job.attempts >= self.max_attempts:
                 self._end(db, job, "failed", "its worker died or hung on the last attempt", now)
             else:

@@ -9,8 +9,9 @@ inside, the range is mapped above it. There, still as that inner root, it
 
 * gives the job's scratch folder (the PR's trees) to the job's own uid, picked from the range
   per job, so no two jobs running at once share one, and none is the listener's or root;
-* mounts that folder on ``/tmp``, and fresh, empty tmpfs on ``/dev/shm`` and ``/var/tmp``, so
-  the job sees its own files and no other job's;
+* makes every mount read-only, mounts that folder on ``/tmp`` and fresh, empty tmpfs on
+  ``/dev/shm``, ``/var/tmp`` and ``/run/lock`` (``mounts.py``): the job can write nowhere
+  but in places of its own, gone with it, and sees no other job's files;
 * drops to the job's uid and gid with no supplementary group (so not the service's group: the
   engine socket is out of reach), no capabilities and ``no_new_privs``, and runs the command.
 
@@ -27,12 +28,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pgoverlay.errors import CommandError, SandboxError
 from pgoverlay.runner import proc
+from pgoverlay.webhook import mounts
 
 # The uid and gid namespaces: the listener is root inside, and `auto` maps the first 65536 ids
 # of its /etc/subuid and /etc/subgid ranges above it (inner ids 1 to 65535).
@@ -50,19 +53,17 @@ FIRST_UID, LAST_UID = 1000, 65535  # job uids inside the namespace (below 1000: 
 # it when `unshare` dies (at a timeout, or with the listener), and the job cannot signal it.
 _INSIDE = """
 set -eu
-scratch=$1 uid=$2 dir=$3
-shift 3
+scratch=$1 uid=$2 dir=$3 python=$4 mounts=$5
+shift 5
 chown -R -h "$uid:$uid" "$scratch"
 chmod 0700 "$scratch"
-mount --bind "$scratch" /tmp
-for shared in /dev/shm /var/tmp; do
-    if [ -d "$shared" ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$shared"; fi
-done
+"$python" -I -S "$mounts" "$scratch"
 cd "/tmp/$dir"
 setpriv --reuid="$uid" --regid="$uid" --clear-groups --inh-caps=-all \
     --bounding-set=-all --no-new-privs -- "$@"
 """
-JOB_HOME = "/tmp"  # noqa: S108 - the job's own scratch folder, mounted there in its namespace
+JOB_HOME = mounts.SCRATCH_AT  # the job's own scratch folder, mounted there in its namespace
+_MOUNTS = Path(mounts.__file__)  # run by the namespace's root as a file: see mounts.py
 SETUP_HINT = (
     "run `pgoverlay webhook setup` as root (it gives the listener's user a subordinate uid and "
     "gid range) and install the `uidmap` package (newuidmap, newgidmap)"
@@ -130,6 +131,8 @@ class JobSandbox:
                 self.scratch,
                 str(self.uid),
                 inside,
+                sys.executable,
+                _MOUNTS,
                 *argv,
             ],
             timeout=timeout,

@@ -4,14 +4,18 @@ priority than intake, so acknowledging deliveries wins the CPU over building bra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 from pgoverlay.action import record
-from pgoverlay.errors import PgoverlayError
+from pgoverlay.errors import PgoverlayError, TimeoutExpiredError
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import sandbox
@@ -63,15 +67,19 @@ class Service:
         thread.start()
         self.threads.append(thread)
 
-    def stop(self) -> None:
-        """Stop taking jobs; let running ones finish until the grace period ends. Jobs not
-        finished by then keep their lease and run again after a restart."""
+    def stop(self, *, abandon: Callable[[], bool] = lambda: False) -> None:
+        """Stop taking jobs; let running ones finish until the grace period ends, or until
+        ``abandon`` says to wait no more. Jobs not finished by then keep their lease and run
+        again after a restart."""
         self.stopping.set()
-        deadline = time.monotonic() + self.settings.shutdown_grace
-        for thread in self.threads:
-            thread.join(max(deadline - time.monotonic(), 0))
+        with contextlib.suppress(TimeoutExpiredError):  # the grace is over: said below
+            wait_for(
+                lambda: abandon() or not any(t.is_alive() for t in self.threads),
+                timeout=self.settings.shutdown_grace,
+                what="the running jobs to finish",
+            )
         left = [t.name for t in self.threads if t.is_alive()]
-        if left:
+        if left and not abandon():
             log.warning("shutdown grace over; still running: %s", ", ".join(left))
         self.clients.close()
 
@@ -135,20 +143,47 @@ class Service:
 
 
 def work(settings: WebhookSettings, runner: Settings) -> int:
-    """Run the workers and reconcile until SIGTERM or SIGINT, or until the intake process that
-    started this one is gone; then stop as :meth:`Service.stop` says."""
+    """Run the workers and reconcile until SIGTERM or SIGINT; then stop as :meth:`Service.stop`
+    says. If the intake process that started this one dies (the kernel then sends SIGTERM, and
+    this process's parent changes), stop at once instead, also in the middle of a graceful
+    stop: see :func:`_orphaned`."""
     parent = os.getppid()
     jobs = Service(settings, runner)
+
+    def orphaned() -> bool:
+        # Not the signal: the kernel sends it when the thread of intake that started this
+        # process ends, which may be before the rest of intake has.
+        return os.getppid() != parent
+
+    def on_signal(*_: object) -> None:
+        jobs.stopping.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: jobs.stopping.set())
+        signal.signal(sig, on_signal)
     log.info("worker process %s: %s workers", os.getpid(), settings.workers)
     try:
         jobs.start()
-        while not jobs.stopping.wait(1.0):
-            if os.getppid() != parent:
-                log.warning("the intake process is gone: stopping")
-                jobs.stopping.set()
+        while not jobs.stopping.wait(1.0) and not orphaned():
+            pass
     finally:
-        jobs.stop()
+        jobs.stop(abandon=orphaned)
+        if orphaned():
+            _orphaned(settings)
         jobs.close()
     return 0
+
+
+def _orphaned(settings: WebhookSettings) -> NoReturn:
+    """Intake is gone (killed, or crashed), and a new listener may start beside this process:
+    end now, without the shutdown grace. The process exits at once; the kernel kills every
+    job command it started (they die with it, and each sandbox's namespace with its first
+    process), and the jobs it held keep their lease, so they run again, in the new listener,
+    once the lease has expired (``lease_seconds``)."""
+    log.warning(
+        "the intake process is gone: stopping now; running jobs end and run again once their"
+        " lease has expired (%.0f s at most)",
+        settings.lease_seconds,
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(1)

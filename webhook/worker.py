@@ -61,6 +61,11 @@ CURRENT: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
 )
 
 
+# Both processes of the listener log alike: the time, the level, the logger, the delivery and the
+# pull request (`owner/name#N`: search for `pr=owner/name#N`), then the message.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s delivery=%(delivery_id)s pr=%(pr)s %(message)s"
+
+
 class JobLogContext(logging.Filter):
     """Every log line carries the delivery id and the PR (`owner/name#N`), or '-'."""
 
@@ -232,6 +237,7 @@ class Worker:
         engine = service.client(self.runner)
         try:
             while not self.stop.is_set():
+                job: Job | None = None
                 try:
                     job = self.queue.claim(
                         worker=self.name, lease_seconds=self.settings.lease_seconds
@@ -242,14 +248,15 @@ class Worker:
                     self.run_one(engine, job)
                 except QueueError as err:
                     # e.g. our lease ran out while the job ran: another worker owns it now
-                    log.warning("%s: %s", self.name, err)
+                    extra = job.log_extra() if job is not None else None
+                    log.warning("%s: %s", self.name, err, extra=extra)
                     self.stop.wait(1.0)
         finally:
             engine.close()
 
     def run_one(self, engine: Engine, job: Job) -> None:
-        extra = {"delivery_id": job.delivery_id, "pr": f"{job.repository}#{job.pr}"}
-        CURRENT.set((job.delivery_id, f"{job.repository}#{job.pr}"))
+        extra = job.log_extra()
+        CURRENT.set((extra["delivery_id"], extra["pr"]))
         started = time.monotonic()
         renewing = threading.Event()
         keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
@@ -294,10 +301,12 @@ class Worker:
                 if not self.queue.renew(
                     job.id, worker=self.name, lease_seconds=self.settings.lease_seconds
                 ):
-                    log.error("job %s: lease lost while running", job.id)
+                    log.error("job %s: lease lost while running", job.id, extra=job.log_extra())
                     return
             except QueueError as err:  # e.g. a busy database: try again at the next tick
-                log.warning("job %s: could not renew the lease: %s", job.id, err)
+                log.warning(
+                    "job %s: could not renew the lease: %s", job.id, err, extra=job.log_extra()
+                )
 
     # -- one job ----------------------------------------------------------------------------
 

@@ -35,18 +35,14 @@ def _webhook_settings() -> WebhookSettings:
 
     from pgoverlay.webhook import sandbox
     from pgoverlay.webhook.settings import load
-    from pgoverlay.webhook.worker import JobLogContext
+    from pgoverlay.webhook.worker import LOG_FORMAT, JobLogContext
 
     sandbox.check()  # never as root; each job's code gets a uid of its own
     os.umask(0o077)  # the queue, its journals and the jobs' trees: the listener's alone
     settings = load()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(JobLogContext())
-    handler.setFormatter(
-        logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s delivery=%(delivery_id)s pr=%(pr)s %(message)s"
-        )
-    )
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

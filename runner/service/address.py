@@ -10,8 +10,7 @@ import os
 from pathlib import Path
 
 from pgoverlay.runner.digest import sha256_hex
-
-SOCKET_ROOT = Path("/run/pgoverlay")
+from pgoverlay.runner.service.access import SOCKET_ROOT as SOCKET_ROOT  # where it is defined
 
 
 def pool_id(home: Path) -> str:

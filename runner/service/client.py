@@ -11,7 +11,6 @@ checks that each answer is what this release expects.
 from __future__ import annotations
 
 import _socket  # socket's C module: `socket` adds selectors and enums, ~7 ms a command
-import errno
 import json
 import os
 from pathlib import Path
@@ -20,7 +19,7 @@ from urllib.parse import quote
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError
-from pgoverlay.runner.service import address
+from pgoverlay.runner.service import access, address
 from pgoverlay.runner.service.shape import Shape, as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
@@ -189,18 +188,7 @@ class RemoteEngine:
         return decoded
 
     def _unreachable(self, err: OSError) -> ServiceError:
-        if err.errno in (errno.EACCES, errno.EPERM):
-            return ServiceError(
-                f"this user may not use the engine service's socket {self.path}: add it to the "
-                "service's group (`usermod -aG pgoverlay USER`, then log in again or restart the "
-                "runner)"
-            )
-        if err.errno in (errno.ENOENT, errno.ECONNREFUSED):
-            return ServiceError(
-                f"the engine service is not running (no answer on {self.path}): start it with "
-                "`systemctl start pgoverlay` or `pgoverlay pool init` (as root)"
-            )
-        return ServiceError(f"the engine service at {self.path} did not answer: {err}")
+        return ServiceError(access.explain(self.path, err))
 
     def _error(self, status: int, decoded: Any) -> PgoverlayError:
         try:
