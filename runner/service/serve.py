@@ -11,6 +11,7 @@ import contextlib
 import grp
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -39,6 +40,7 @@ UNIT = "pgoverlay.service"
 SOCKET_MODE = 0o660
 # An idle connection between two requests is closed after this (uvicorn's own default).
 KEEP_ALIVE_SECONDS = 5
+MAX_DESCRIPTORS = 65536
 
 
 def answering(settings: Settings) -> bool:
@@ -103,6 +105,7 @@ def serve(settings: Settings) -> None:
         log.info("start-up repair: %s", "; ".join(report.lines()))
     sock = bind(path, gid=ensure_group(settings.service_group))
     inode = os.stat(path).st_ino
+    _more_descriptors()
     caps = Caps(
         connections_per_user=settings.service_connections_per_user,
         request_timeout=settings.service_request_timeout,
@@ -166,6 +169,16 @@ def serve(settings: Settings) -> None:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == inode:
                 os.unlink(path)
+
+
+def _more_descriptors() -> None:
+    """Raise this process's soft limit on open files to its hard one (at most
+    ``MAX_DESCRIPTORS``): the usual soft 1024 is below what a few members may hold open
+    within their connection caps, with the pool's own files and locks besides."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 # The detached service's command line. -P (and the cwd /): nothing is imported from the
