@@ -20,8 +20,10 @@ import pytest
 
 from helpers import as_user_call, cli, os_user, service_settings
 from pgoverlay.runner import branch
+from pgoverlay.runner.branch import warm
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion
 from pgoverlay.runner.service import limits, serve
 from pgoverlay.runner.service.models import MAX_RECORD_BYTES
 from pgoverlay.runner.service.protocol import peer_of
@@ -325,6 +327,41 @@ def test_simultaneous_creates_stop_exactly_at_the_limit(
                 """,
             )
             assert other == os_user(MEMBER).pw_uid  # type: ignore[comparison-overlap]
+
+
+def test_simultaneous_creates_claiming_warm_branches_stop_exactly_at_the_limit(
+    users: None, clean: None, pool: Pool, base: BaseVersion
+) -> None:
+    """The same race with warm branches to claim: a claim is counted in the transaction that
+    binds the warm branch, as a cold create is in the one that registers it."""
+    with service_with(pool, max_branches=3) as settings:
+        pool.registry.set_warm_target(base.name, "local", 2)
+        try:
+            wait_for(
+                lambda: len(warm.warm_branches(pool)) >= 2 or None,
+                timeout=180,
+                what="the service to start 2 warm branches",
+            )
+            requests = [
+                {"name": f"race-{i}", "repository": f"acme/r{i}", "pr": i + 1} for i in range(20)
+            ]
+            path = serve.socket_path(settings)
+            code = f"SOCKET = {os.fspath(path)!r}\nREQUESTS = {requests!r}\n{_RACE}"
+            answers = as_member(ATTACKER, code)
+        finally:
+            pool.registry.set_warm_target(base.name, "local", 0)
+            wait_for(
+                lambda: not warm.warm_branches(pool),
+                timeout=180,
+                what="the service to retire its warm branches",
+            )
+    assert isinstance(answers, list)
+    made = sorted(name for kind, name in answers if kind == "made")
+    assert len(made) == 3, answers
+    assert {kind for kind, _ in answers} == {"made", "LimitReachedError"}, answers
+    ours = pool.registry.branches()
+    assert sorted(b.name for b in ours) == made and all(b.state == "ready" for b in ours)
+    assert any(b.slot.startswith(WARM_PREFIX) for b in ours), "no warm branch was claimed"
 
 
 def test_a_create_without_a_repository_is_refused_to_members_and_taken_from_root(
