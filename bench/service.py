@@ -130,7 +130,8 @@ def cycle(way: str, pool: poolmod.Pool, name: str, user: pwd.struct_passwd) -> t
         engine.destroy(name)
     else:
         who = user if way == "user_cli" else None
-        command(["branch", "create", name], settings, user=who)
+        # A user of the group names the repository its branch is for (root need not).
+        command(["branch", "create", name, "--repository", "bench/service"], settings, user=who)
         login(command(["branch", "connect", name, "--url"], settings, user=who).strip())
         t1 = now()
         command(["branch", "destroy", name], settings, user=who)

@@ -257,7 +257,8 @@ class NotOwnerError(BranchError):
 
 
 class LimitReachedError(BranchError):
-    """The pool's limit on branches (in total, or per repository) is reached."""
+    """The pool's limit on branches (in total, per repository or per caller's uid) is
+    reached."""
 
     exit_code = 29
 
@@ -272,6 +273,16 @@ class ServiceError(PgoverlayError):
 class SettingsDifferError(ServiceError):
     """Root asked the engine service to act with settings other than the service's own: root's
     CLI then works on the pool itself."""
+
+
+class RequestTooLargeError(ServiceError):
+    """A request to the engine service has a body over its route's cap: it is answered 413
+    before the rest is read, and nothing is done."""
+
+
+class ServiceBusyError(ServiceError):
+    """The engine service refused a connection because its caller (a uid) already has as many
+    open as ``PGOVERLAY_SERVICE_CONNECTIONS_PER_USER`` allows: nothing was done."""
 
 
 class BaseInUseError(PgoverlayError):

@@ -199,6 +199,13 @@ class Settings:
     service_group: str = "pgoverlay"
     max_branches: int = bounded(50, ge=1)
     max_branches_per_repository: int = bounded(10, ge=1)
+    # per caller's uid (the peer credentials the service records as a branch's owner): by
+    # default half the pool, so neither the runner's user nor the listener's takes it all
+    max_branches_per_user: int = bounded(25, ge=1)
+    # connections one uid may have open on the service at once (root's are not counted), and
+    # the seconds a caller has to send a whole request (its head and body)
+    service_connections_per_user: int = bounded(32, ge=1)
+    service_request_timeout: float = bounded(10.0, gt=0)
     # `pool init` starts the service when it is not answering and systemd does not run it
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never

@@ -119,7 +119,7 @@ def test_a_workflow_user_creates_logs_in_and_destroys(
 def test_another_user_may_look_but_not_touch(
     users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b"))')
+    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b", repository="acme/b"))')
     seen = ask(OTHER, "result = [b.name for b in engine.branches()]")
     assert seen == ["svc-b"]  # type: ignore[comparison-overlap]
     for call in (
@@ -216,7 +216,10 @@ def test_the_non_root_cli_talks_to_the_service(
     users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
     made = cli(
-        ["branch", "create", "svc-cli", "--json"], env=env, user=RUNNER, groups=["pgoverlay"]
+        ["branch", "create", "svc-cli", "--repository", "acme/cli", "--json"],
+        env=env,
+        user=RUNNER,
+        groups=["pgoverlay"],
     )
     assert made.returncode == 0, made.stderr
     listed = cli(["branch", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])

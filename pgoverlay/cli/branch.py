@@ -40,6 +40,8 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
             base=check_name(args.base, what="base") if args.base else None,
             ttl_seconds=ttl,
             runtime=None if args.runtime in (None, "auto") else args.runtime,
+            repository=args.repository,
+            pr=args.pr,
         )
     )
     elapsed = time.monotonic() - started
@@ -189,6 +191,13 @@ def register(sub: Subcommands) -> None:
         help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
         "its daemon answers, otherwise a local process)",
     )
+    create.add_argument(
+        "--repository",
+        metavar="OWNER/NAME",
+        help="the repository the branch is for (required of users other than root: the "
+        "service's limits count it)",
+    )
+    create.add_argument("--pr", type=int, help="the pull request the branch is for")
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_branch_create, lean=True)
     for verb, func, text in (

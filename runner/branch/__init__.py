@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
     import psycopg
 
+    from pgoverlay.runner.branch.quota import Quota
+
 log = logging.getLogger(__name__)
 
 
@@ -416,9 +418,11 @@ def create(
     repository: str = "",
     pr: int | None = None,
     owner_uid: int = 0,
+    quota: Quota | None = None,
 ) -> Branch:
     """Create branch ``name`` of a base and wait until it accepts logins. ``repository``,
-    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in).
+    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in), and
+    ``quota`` the limits it is held to, checked in the transaction that registers it.
 
     A warm branch of the base's current version on the chosen runtime is claimed when one is
     ready: its name, password and owner are bound to it in one registry transaction, then its
@@ -448,7 +452,7 @@ def create(
         # branch again, whose stopped server gets it retired; a lost "ready" leaves it
         # claiming, which gc undoes.
         with pool.registry.transaction(durable=False) as db:
-            _check_free(pool, db, base, name)
+            _check_free(pool, db, base, name, quota=quota)
             claimed = pool.registry.claim_warm(db, base, chosen, **asked)
         if claimed is not None:
             try:
@@ -460,7 +464,7 @@ def create(
                 teardown(pool, claimed)
                 raise
         with pool.registry.transaction() as db:
-            _check_free(pool, db, base, name)
+            _check_free(pool, db, base, name, quota=quota)
             branch = Branch(
                 **asked,
                 base_name=base.name,
@@ -490,8 +494,11 @@ def create(
     return _get(pool, name)
 
 
-def _check_free(pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str) -> None:
-    """In the create's transaction: the base version is still usable and ``name`` is free."""
+def _check_free(
+    pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str, *, quota: Quota | None = None
+) -> None:
+    """In the create's transaction: the base version is still usable, ``name`` is free, and
+    one more branch is within ``quota``."""
     current = pool.registry.base(base.name, base.version)
     if current is None or current.state != "ready":
         raise BaseMissingError(
@@ -509,6 +516,8 @@ def _check_free(pool: Pool, db: sqlite3.Connection, base: BaseVersion, name: str
             f"the name {name} is taken by the files of another branch (a claimed warm "
             "branch keeps its first name for them): pick another name"
         )
+    if quota is not None:
+        quota.check(pool.registry.usage(db, repository=quota.repository, owner_uid=quota.owner_uid))
 
 
 def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch, secret: Future[str]) -> Branch:

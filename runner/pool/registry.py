@@ -197,6 +197,16 @@ class Record:
     updated_at: float
 
 
+@dataclass(frozen=True)
+class Usage:
+    """How many branches (warm ones aside) the pool holds, of them one repository's and one
+    owner's (``Registry.usage``)."""
+
+    total: int
+    of_repository: int
+    of_owner: int
+
+
 def _columns(cls: type) -> str:
     return ", ".join(f.name for f in fields(cls))
 
@@ -579,6 +589,20 @@ class Registry:
             f"INSERT INTO branches ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
             tuple(getattr(branch, n) for n in names),
         )
+
+    def usage(self, db: sqlite3.Connection, *, repository: str, owner_uid: int) -> Usage:
+        """In the caller's transaction: how many branch rows (warm ones aside, valid or not)
+        the pool, ``repository`` (none when '') and ``owner_uid`` hold. Read in the transaction
+        that registers a new branch, so a limit checked against it cannot be passed by
+        creates that run at the same time (see ``branch.quota``)."""
+        row = db.execute(
+            "SELECT count(*), "
+            "coalesce(sum(?1 <> '' AND lower(repository) = lower(?1)), 0), "
+            "coalesce(sum(owner_uid = ?2), 0) "
+            "FROM branches WHERE state <> 'warm'",
+            (repository, owner_uid),
+        ).fetchone()
+        return Usage(total=int(row[0]), of_repository=int(row[1]), of_owner=int(row[2]))
 
     def used_ports(self, db: sqlite3.Connection) -> set[int]:
         return {int(row[0]) for row in db.execute("SELECT port FROM branches")}

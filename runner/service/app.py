@@ -1,7 +1,7 @@
 """The engine service's HTTP API: each route validates its request with pydantic, acts
 through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
 
-The caller's uid comes from the socket's peer credentials (``serve.PeerCredProtocol``), never
+The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
 from anything the caller sends. Every request is logged with that uid; secrets never are.
 """
 
@@ -22,9 +22,11 @@ from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.service import limits
 from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
+    EXCERPT_CHARS,
     CreateRequest,
     OwnerRequest,
     RecordRequest,
@@ -64,8 +66,18 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PoolFullError, 507),
 ]
 ERROR_ANSWERS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (403, 404, 409, 422, 429, 500, 503, 507)
+    code: {"model": ErrorBody} for code in (403, 404, 409, 413, 422, 429, 431, 500, 503, 507)
 }
+DESCRIPTION = (
+    f"A request's body is at most {limits.MAX_BODY_BYTES} bytes unless its operation's "
+    f"`{limits.BODY_CAP_KEY}` says more; a larger one is answered 413 before it is read. A "
+    f"request's head is at most {limits.MAX_HEAD_BYTES} bytes (431 beyond). A caller has "
+    "`PGOVERLAY_SERVICE_REQUEST_TIMEOUT` seconds to send its whole request (408 after), and "
+    "a uid other than root's at most `PGOVERLAY_SERVICE_CONNECTIONS_PER_USER` connections "
+    "open at once (429 beyond)."
+)
+# What a refusal quotes of the caller's input at most (see models.excerpt).
+MAX_REFUSAL_CHARS = 300
 
 
 def status_of(err: PgoverlayError) -> int:
@@ -115,12 +127,17 @@ def create_app(settings: Settings) -> FastAPI:
         version="1",
         docs_url=None,
         redoc_url=None,
+        description=DESCRIPTION,
         responses=ERROR_ANSWERS,
         dependencies=[Depends(_same_settings)],
     )
     app.state.settings = settings
     app.state.fingerprint = settings.fingerprint()
     app.state.pools = threading.local()
+    # Inside the audit below, which logs what the caller got, a 413 too.
+    app.add_middleware(
+        limits.RequestCap, cap_of=lambda scope: limits.route_cap(app.router.routes, scope)
+    )
 
     @app.middleware("http")
     async def audit(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -144,11 +161,14 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
+        # A field's name may be the caller's own (an unknown one): quoted as an excerpt.
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
         # A request's own check (its __post_init__) names its field in its message.
         problem = str(first.get("msg", "not valid")).removeprefix("Value error, ")
+        if len(where) > EXCERPT_CHARS:
+            where = f"{where[:EXCERPT_CHARS]}..."
         message = problem if where == "request" else f"{where}: {problem}"
-        body = ErrorBody(code="invalid_request", message=message)
+        body = ErrorBody(code="invalid_request", message=message[:MAX_REFUSAL_CHARS])
         return JSONResponse(as_dict(body), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -211,7 +231,11 @@ def create_app(settings: Settings) -> FastAPI:
     def size(e: Caller, name: Name) -> Layer:
         return e.size(name)
 
-    @app.put(f"{API}/branches/{{name}}/record", status_code=204)
+    @app.put(
+        f"{API}/branches/{{name}}/record",
+        status_code=204,
+        openapi_extra={limits.BODY_CAP_KEY: limits.MAX_RECORD_BODY_BYTES},
+    )
     def record(e: Caller, name: Name, body: Annotated[RecordRequest, Body()]) -> None:
         e.save_record(name, body)
 

@@ -111,10 +111,21 @@ def exchange(
             sock.connect(os.fspath(path))
         except OSError as err:
             raise Unreached(err.errno, err.strerror) from None
-        sock.sendall(request)
+        # The service may answer, and close, before it read the whole request (a body over
+        # its cap, a caller over its connections): its answer, when there is one, says why.
+        cut: OSError | None = None
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError) as err:
+            cut = err
         chunks = []
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
+        try:
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+        except ConnectionResetError as err:
+            cut = cut or err
+        if cut is not None and not chunks:
+            raise cut
     finally:
         sock.close()
     return _answer(b"".join(chunks))

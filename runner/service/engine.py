@@ -7,8 +7,9 @@ webhook listener and an admin's CLI all see the same operations with the same er
 A ``LocalEngine`` acts for one caller (a uid). Every caller may list and look; only the uid
 that created a branch (or root) may reset it, destroy it, read its password or save its record
 (JSON the owner keeps with the branch; the engine never reads it). A create names the
-repository and pull request it is for: a branch of one repository is never reset, destroyed or
-re-recorded for another.
+repository and pull request it is for (a caller other than root must name the repository): a
+branch of one repository is never reset, destroyed or re-recorded for another. A caller other
+than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import TYPE_CHECKING, Protocol
 from pgoverlay.errors import (
     BranchMissingError,
     BranchOwnedError,
-    LimitReachedError,
     NotOwnerError,
+    RequestError,
 )
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.service.views import (
@@ -206,8 +208,18 @@ class LocalEngine:
         return b
 
     def create(self, request: CreateRequest) -> BranchView:
+        """Create a branch for this caller. A caller other than root must say which repository
+        it is for, and is held to the pool's limits (``branch.quota``), checked in the registry
+        transaction that registers the branch."""
+        quota = None
         if self.uid != 0:
-            self._within_limits(request.repository)
+            if not request.repository:
+                raise RequestError(
+                    "repository: a create by a user other than root must name the repository "
+                    'the branch is for, as OWNER/NAME ("repository": "acme/shop" in the '
+                    "request; `pgoverlay branch create NAME --repository OWNER/NAME`)"
+                )
+            quota = Quota.of(self.pool.settings, owner_uid=self.uid, repository=request.repository)
         started = time.monotonic()
         created = branches.create(
             self.pool,
@@ -218,25 +230,9 @@ class LocalEngine:
             repository=request.repository or "",
             pr=request.pr,
             owner_uid=self.uid,
+            quota=quota,
         )
         return self._view(created, layer=False, seconds=time.monotonic() - started)
-
-    def _within_limits(self, repository: str | None) -> None:
-        s = self.pool.settings
-        existing = self.pool.registry.branches()
-        if len(existing) >= s.max_branches:
-            raise LimitReachedError(
-                f"this pool already has {len(existing)} branches, its limit: destroy branches "
-                "that are no longer needed, or raise PGOVERLAY_MAX_BRANCHES"
-            )
-        if repository:
-            mine = [b for b in existing if b.repository.lower() == repository.lower()]
-            if len(mine) >= s.max_branches_per_repository:
-                raise LimitReachedError(
-                    f"{repository} already has {len(mine)} branches on this runner, its limit: "
-                    "close pull requests or destroy their branches, or raise "
-                    "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
-                )
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
         self._mine(name, repository=repository)

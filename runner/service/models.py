@@ -40,17 +40,30 @@ _NAME = {"pattern": NAME_RE.pattern, "maxLength": 63}
 _REPOSITORY = {"pattern": REPOSITORY_RE.pattern, "maxLength": 201}
 
 
+EXCERPT_CHARS = 40
+
+
+def excerpt(value: object) -> str:
+    """``value`` as a refusal quotes it: its repr, cut to ``EXCERPT_CHARS`` characters with its
+    length said. An answer never echoes a caller's whole input (the service's 422s included)."""
+    text = repr(value)
+    if len(text) <= EXCERPT_CHARS:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} as text"
+    return f"{text[:EXCERPT_CHARS]}... ({size})"
+
+
 def _name(field: str, value: str) -> None:
     if not NAME_RE.match(value):
         raise RequestError(
-            f"{field}: {value!r} is not a name: use 1-63 lowercase letters, digits and dashes, "
-            "starting with a letter or digit (e.g. pr-123)"
+            f"{field}: {excerpt(value)} is not a name: use 1-63 lowercase letters, digits and "
+            "dashes, starting with a letter or digit (e.g. pr-123)"
         )
 
 
 def _repository(value: str | None) -> None:
     if value is not None and not REPOSITORY_RE.match(value):
-        raise RequestError(f"repository: {value!r} is not OWNER/NAME (e.g. acme/shop)")
+        raise RequestError(f"repository: {excerpt(value)} is not OWNER/NAME (e.g. acme/shop)")
 
 
 def _within(field: str, value: float, *, low: float, high: float, low_open: bool = False) -> None:
@@ -63,7 +76,8 @@ def _within(field: str, value: float, *, low: float, high: float, low_open: bool
 
 class CreateRequest(Shape):
     """Create a branch ``name`` of ``base`` (the only base when not given), destroyed by gc
-    after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``."""
+    after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``. Every
+    caller but root must name the ``repository``: the service's limits count it."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     _checks: ClassVar[dict[str, dict[str, Any]]] = {
@@ -88,7 +102,9 @@ class CreateRequest(Shape):
         if self.ttl_seconds is not None:
             _within("ttl_seconds", self.ttl_seconds, low=0, high=MAX_TTL_SECONDS, low_open=True)
         if self.runtime is not None and self.runtime not in RUNTIMES:
-            raise RequestError(f"runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+            raise RequestError(
+                f"runtime: {excerpt(self.runtime)} is not one of {', '.join(RUNTIMES)}"
+            )
         _repository(self.repository)
         if self.pr is not None:
             _within("pr", self.pr, low=0, high=2**31 - 1, low_open=True)

@@ -1,30 +1,27 @@
 """Run the engine service: a root process answering on a Unix socket that only root and the
 service's group may open (root:pgoverlay, 0660), and start it where systemd does not.
 
-Who is calling is read from the socket itself (SO_PEERCRED: the kernel's word for the peer's
-pid, uid and gid), attached to each request as ``request.scope["state"]["peer"]``.
+Who is calling, and what one caller may hold of it, is the protocol's (``protocol``); what one
+request may carry is ``limits``'.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import grp
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import polling, safefs
@@ -33,38 +30,17 @@ from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
+from pgoverlay.runner.service.limits import MAX_HEAD_BYTES
+from pgoverlay.runner.service.protocol import Caps, PeerCredProtocol, peer_of
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
 
 UNIT = "pgoverlay.service"
 SOCKET_MODE = 0o660
-
-
-@dataclass(frozen=True)
-class Peer:
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid=pid, uid=uid, gid=gid)
-
-
-class PeerCredProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, with the connection's peer credentials in each request's
-    state."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        sock = transport.get_extra_info("socket")
-        if sock is None or sock.family != socket.AF_UNIX:
-            transport.close()  # only the Unix socket is served
-            return
-        self.app_state = {**self.app_state, "peer": peer_of(sock)}
+# An idle connection between two requests is closed after this (uvicorn's own default).
+KEEP_ALIVE_SECONDS = 5
+MAX_DESCRIPTORS = 65536
 
 
 def answering(settings: Settings) -> bool:
@@ -129,13 +105,20 @@ def serve(settings: Settings) -> None:
         log.info("start-up repair: %s", "; ".join(report.lines()))
     sock = bind(path, gid=ensure_group(settings.service_group))
     inode = os.stat(path).st_ino
+    _more_descriptors()
+    caps = Caps(
+        connections_per_user=settings.service_connections_per_user,
+        request_timeout=settings.service_request_timeout,
+    )
     config = uvicorn.Config(
         create_app(settings),
-        http=PeerCredProtocol,
+        http=PeerCredProtocol.for_caps(caps),
         log_config=None,
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=int(settings.stop_timeout),
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     server = uvicorn.Server(config)
     stop = threading.Event()
@@ -186,6 +169,16 @@ def serve(settings: Settings) -> None:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == inode:
                 os.unlink(path)
+
+
+def _more_descriptors() -> None:
+    """Raise this process's soft limit on open files to its hard one (at most
+    ``MAX_DESCRIPTORS``): the usual soft 1024 is below what a few members may hold open
+    within their connection caps, with the pool's own files and locks besides."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 # The detached service's command line. -P (and the cwd /): nothing is imported from the

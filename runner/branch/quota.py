@@ -1,0 +1,59 @@
+"""How many branches a caller of the engine service may hold: the pool's limits, checked in the
+registry transaction that registers (or claims) the caller's branch.
+
+A check made before that transaction, then a create, lets simultaneous creates all pass it:
+each counts the branches the others have not registered yet. Counted inside the create's own
+``BEGIN IMMEDIATE``, every create sees the ones committed before it, and the one over a limit
+is refused with nothing left behind. Root's own requests hold no quota.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pgoverlay.errors import LimitReachedError
+from pgoverlay.runner.pool.registry import Usage
+from pgoverlay.runner.settings import Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quota:
+    """The limits one create is held to: for the caller ``owner_uid`` (its peer uid), asking
+    for ``repository`` ('' for none)."""
+
+    owner_uid: int
+    repository: str
+    max_branches: int
+    max_per_repository: int
+    max_per_user: int
+
+    @classmethod
+    def of(cls, settings: Settings, *, owner_uid: int, repository: str) -> Quota:
+        return cls(
+            owner_uid=owner_uid,
+            repository=repository,
+            max_branches=settings.max_branches,
+            max_per_repository=settings.max_branches_per_repository,
+            max_per_user=settings.max_branches_per_user,
+        )
+
+    def check(self, usage: Usage) -> None:
+        """LimitReachedError, saying which limit and how to raise it, if one more branch would
+        go over one of them."""
+        if usage.total >= self.max_branches:
+            raise LimitReachedError(
+                f"this pool already has {usage.total} branches, its limit: destroy branches "
+                "that are no longer needed, or raise PGOVERLAY_MAX_BRANCHES"
+            )
+        if self.repository and usage.of_repository >= self.max_per_repository:
+            raise LimitReachedError(
+                f"{self.repository} already has {usage.of_repository} branches on this runner, "
+                "its limit: close pull requests or destroy their branches, or raise "
+                "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
+            )
+        if usage.of_owner >= self.max_per_user:
+            raise LimitReachedError(
+                f"this user (uid {self.owner_uid}) already has {usage.of_owner} branches on "
+                "this runner, its limit: destroy the ones it no longer needs, or raise "
+                "PGOVERLAY_MAX_BRANCHES_PER_USER"
+            )
