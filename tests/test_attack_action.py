@@ -219,7 +219,7 @@ def test_a_base_named_by_a_path_is_refused_before_asking_the_service(
         done = run_action(job, env, INPUT_BASE=os.fspath(other))
         assert done.returncode == 2, done.stdout + done.stderr
         assert "input `base`" in done.stdout and "not a base name" in done.stdout
-        assert "pgoverlay seed list" in done.stdout
+        assert "pgoverlay base list" in done.stdout
         assert snapshot([other, pool.home]) == before
     finally:
         shutil.rmtree(other)

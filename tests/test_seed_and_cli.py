@@ -53,7 +53,7 @@ def test_seeded_base_is_prepared_with_the_pools_wal_segment_size_and_metadata(
 def test_seed_list_shows_versions_and_branch_counts(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    done = cli(["seed", "list", "--json"], env=env)
+    done = cli(["base", "list", "--json"], env=env)
     assert done.returncode == 0, done.stderr
     listed = {(b["name"], b["version"]): b for b in json.loads(done.stdout)}
     assert listed[("app", base.version)]["state"] == "ready"
@@ -104,7 +104,7 @@ def test_source_refusing_replication_says_to_use_dump(pool: Pool, source: cluste
 
 def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) -> None:
     done = cli(
-        ["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x"],
+        ["base", "seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x"],
         env={**env, "PGPASSWORD": "hunter2secret"},
     )
     assert done.returncode == SourceUnreachableError.exit_code
@@ -143,7 +143,7 @@ def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
     gc.collect(pool)  # what other tests left, so the report below is this seed's alone
     before = set(pool.tmp.glob("pgo-*-*"))
     done = cli(
-        ["seed", name, "--from", dsn, "--via", via],
+        ["base", "seed", name, "--from", dsn, "--via", via],
         env={**env, "PGOVERLAY_FAULT_POINT": f"seed:{step}"},
     )
     assert done.returncode == -signal.SIGKILL, done.stderr

@@ -226,7 +226,7 @@ def test_the_non_root_cli_talks_to_the_service(
         conn.execute("SELECT 1")
     denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
     assert denied.returncode == 28 and "created by another user" in denied.stderr
-    bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    bases = cli(["base", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
     assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
     # Where a base came from, and what its lockdown removed, are root's to see.
     assert not {"source", "neutralised", "superuser"} & set(json.loads(bases.stdout)[0])
@@ -313,11 +313,11 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
     assert "GET /v1/branches -> 200" in asked
     # Asking is all such a command does: it imports neither the engine nor pydantic, and
     # defines no dataclass (``dataclasses`` and the ``inspect`` it imports cost about 20 ms).
-    for args in (["branch", "list"], ["branch", "status", "root-svc"], ["seed", "list"]):
+    for args in (["branch", "list"], ["branch", "status", "root-svc"], ["base", "list"]):
         modules = loaded(args, same)
         assert not modules & {"dataclasses", "inspect", "pydantic", "pgoverlay.runner.pool"}
     start = len(log.read_text())
-    bases = cli(["seed", "list", "--json"], env=same)
+    bases = cli(["base", "list", "--json"], env=same)
     assert "GET /v1/bases -> 200" in new_lines(start), bases.stderr
     shown = json.loads(bases.stdout)[0]
     assert shown["source"] == base.source and shown["neutralised"] == base.neutralised_notes

@@ -1,8 +1,9 @@
 """The `pgoverlay` command: parse arguments, call one core function, format the result.
 
 One module per command group, each registering its subcommands: pool.py (pool and doctor),
-seed.py, branch.py, service.py (service and gc), demo.py, action.py and webhook.py; common.py
-holds what they share.
+base.py, branch.py, service.py (service and gc), demo.py, action.py and webhook.py; common.py
+holds what they share; renamed.py keeps the old spellings of renamed commands working for a
+release.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pgoverlay.errors import PgoverlayError
 GROUPS = {
     "pool": "pool",
     "doctor": "pool",
-    "seed": "seed",
+    "base": "base",
     "branch": "branch",
     "service": "service",
     "gc": "service",
@@ -33,6 +34,9 @@ GROUPS = {
     "action": "action",
     "webhook": "webhook",
 }
+# Renamed commands, whose old spelling still works for a release: renamed.py rewrites a command
+# line that uses one (imported only then).
+RENAMED = {"seed": "base"}
 
 
 def _columns() -> int:
@@ -75,15 +79,23 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    words = [word for word in (argv or ()) if not word.startswith("-")]
-    named = GROUPS.get(words[0]) if words else None
+    named = GROUPS.get(_command(argv or ()) or "")
     for group in (named,) if named else dict.fromkeys(GROUPS.values()):
         importlib.import_module(f"pgoverlay.cli.{group}").register(sub)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if _command(argv) in RENAMED:
+        from pgoverlay.cli import renamed
+
+        argv = renamed.rewrite(argv)
     args = build_parser(argv).parse_args(argv)
     common.verbosity = args.verbose
     # A command that may only ask the engine service (``lean``) sets logging up when it turns
