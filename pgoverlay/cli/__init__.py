@@ -39,25 +39,32 @@ GROUPS = {
 RENAMED = {"seed": "base"}
 
 
-def _columns() -> int:
-    """The terminal's width as ``shutil.get_terminal_size`` finds it (COLUMNS, else the
-    terminal of stdout, else 80), without importing shutil: argparse's help formatter imports
-    it, with bz2 and lzma, for this alone, about 5 ms of every command."""
+# argparse's width off a terminal: no line of help is that long, so none is broken.
+NO_WRAP = 1 << 16
+
+
+def _help_width() -> int:
+    """Where argparse wraps help: on a terminal, at its width as ``shutil.get_terminal_size``
+    finds it (COLUMNS, else the terminal's own); off one (a file, a pipe, a CI log) nowhere, as
+    a path or a message broken at 80 columns cannot be searched or copied whole. Found without
+    importing shutil: argparse's help formatter imports it, with bz2 and lzma, for this alone,
+    about 5 ms of every command."""
+    stdout = sys.__stdout__
     try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
+        if stdout is None or not os.isatty(stdout.fileno()):
+            return NO_WRAP
+        columns = os.get_terminal_size(stdout.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return NO_WRAP
+    override = os.environ.get("COLUMNS", "")
+    if override.isdigit() and int(override) > 0:
+        columns = int(override)
     return columns if columns > 0 else 80
 
 
 class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str, **kwargs: Any) -> None:
-        kwargs.setdefault("width", _columns() - 2)  # what argparse's own default is
+        kwargs.setdefault("width", _help_width() - 2)  # what argparse's own default is
         super().__init__(prog, **kwargs)
 
 
