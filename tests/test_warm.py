@@ -302,6 +302,7 @@ def test_a_count_of_0_set_during_a_top_up_waits_for_it_and_leaves_no_warm_branch
 ) -> None:
     """A top-up in another thread stands for the engine service's: `base warm NAME --count 0`
     (a process) returns only when that top-up has ended, and nothing it started is left."""
+
     def top_up() -> warm.Replenished:
         with contextlib.closing(Pool.open(pool.settings)) as own:  # a registry per thread
             return warm.replenish(own, wait=120)
