@@ -14,7 +14,9 @@ import pytest
 
 from helpers import (
     DOCKER_IMAGE,
+    SESSION_BASE,
     TEST_PORTS,
+    Undo,
     dismantle,
     require,
     require_docker_image,
@@ -125,7 +127,14 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
 
 @pytest.fixture(scope="session")
 def base(pool: Pool, source: cluster.Running) -> BaseVersion:
-    return seed.seed(pool, "app", source_dsn=source_dsn(source))
+    return seed.seed(pool, SESSION_BASE, source_dsn=source_dsn(source))
+
+
+@pytest.fixture
+def undo(pool: Pool) -> Iterator[Undo]:
+    made = Undo(pool)
+    yield made
+    made.run()
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers import (
+    Undo,
     assert_no_leaks,
     cli,
     dismantle,
@@ -63,8 +64,9 @@ def seeded(pool: Pool, source: cluster.Running, name: str, *, refresh: bool = Fa
 
 
 def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("in-use")
     base = seeded(pool, source, "in-use")
     made = branch.create(pool, "uses-in-use", base_name="in-use")
     try:
@@ -85,9 +87,10 @@ def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
 
 
 def test_seed_rm_destroy_branches_destroys_them_then_every_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
     require_docker_image(15)
+    undo.base("wrongly-seeded")
     first = seeded(pool, source, "wrongly-seeded")
     local = branch.create(pool, "on-first", base_name="wrongly-seeded", runtime="local")
     second = seeded(pool, source, "wrongly-seeded", refresh=True)
@@ -103,8 +106,9 @@ def test_seed_rm_destroy_branches_destroys_them_then_every_version(
 
 
 def test_seed_rm_version_removes_only_that_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("two-versions")
     first = seeded(pool, source, "two-versions")
     second = seeded(pool, source, "two-versions", refresh=True)
     try:
@@ -122,8 +126,9 @@ def test_seed_rm_version_removes_only_that_version(
 
 
 def test_seed_rm_of_a_base_being_seeded_is_refused(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("being-seeded")
     base = seeded(pool, source, "being-seeded")
     try:
         with locks.hold(pool.lock_path("seed", "being-seeded"), timeout=0, what="a seed"):
@@ -137,9 +142,10 @@ def test_seed_rm_of_a_base_being_seeded_is_refused(
 
 @pytest.mark.parametrize("step", ["marked", "branches", "unmounted"])
 def test_kill_during_seed_rm_then_gc_finishes_the_removal(
-    pool: Pool, source: cluster.Running, env: dict[str, str], step: str
+    pool: Pool, source: cluster.Running, env: dict[str, str], step: str, undo: Undo
 ) -> None:
     name = f"crash-rm-{step}"
+    undo.base(name)
     base = seeded(pool, source, name)
     made = branch.create(pool, f"{name}-branch", base_name=name)
     done = cli(

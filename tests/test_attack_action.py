@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, os_user
+from helpers import SESSION_BASE, cli, os_user
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -132,6 +132,7 @@ def run_action(
         "GITHUB_WORKSPACE": os.fspath(job.workspace),
         "GITHUB_OUTPUT": os.fspath(job.output),
         "GITHUB_STEP_SUMMARY": os.fspath(job.summary),
+        "INPUT_BASE": SESSION_BASE,
         "INPUT_COMMENT": "false",
         "INPUT_MIGRATE_COMMAND": f"id -u > {job.who}",
         **overrides,

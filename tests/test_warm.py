@@ -104,8 +104,10 @@ def test_a_claimed_warm_branch_is_a_branch_like_any_other_and_only_its_new_passw
     assert not _login(pool, ready, "guess")
     assert "warm" not in {b.state for b in pool.registry.branches()}  # not listed as a branch
 
-    claimed = branch.create(pool, "claimed", ttl_seconds=3600, repository="o/r", pr=7)
-    cold = branch.create(pool, "cold-twin")  # the only warm one is taken
+    claimed = branch.create(
+        pool, "claimed", ttl_seconds=3600, repository="o/r", pr=7, base_name=base.name
+    )
+    cold = branch.create(pool, "cold-twin", base_name=base.name)  # the only warm one is taken
     try:
         assert claimed.slot == ready.name and claimed.port == ready.port
         assert cold.slot == "cold-twin"
@@ -143,7 +145,12 @@ def test_concurrent_creates_never_claim_the_same_warm_branch(
     warmed = {b.name for b in _warm_up(pool, base, "local", 2)}
     names = [f"race-{i}" for i in range(5)]
     with ThreadPoolExecutor(len(names)) as workers:
-        done = list(workers.map(lambda n: cli(["branch", "create", n, "--json"], env=env), names))
+        done = list(
+            workers.map(
+                lambda n: cli(["branch", "create", n, "--json", "--base", base.name], env=env),
+                names,
+            )
+        )
     try:
         assert [d.returncode for d in done] == [0] * len(names), [d.stderr for d in done]
         made = [pool.registry.branch(n) for n in names]
@@ -169,7 +176,10 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
 ) -> None:
     (ready,) = _warm_up(pool, base, "local", 1)
     name = f"crash-claim-{step}"
-    done = cli(["branch", "create", name], env={**env, "PGOVERLAY_FAULT_POINT": f"claim:{step}"})
+    done = cli(
+        ["branch", "create", name, "--base", base.name],
+        env={**env, "PGOVERLAY_FAULT_POINT": f"claim:{step}"},
+    )
     assert done.returncode == KILLED, done.stderr
     row = pool.registry.branch(name)
     assert row is not None and row.state == "claiming" and row.slot == ready.name
@@ -183,7 +193,7 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
     assert_no_leaks(pool, ready.name)  # its port may be the new warm branch's
     # the target is met again (by gc, or by the engine service when a test started one)
     (refilled,) = _warm_up(pool, base, "local", 1)
-    again = branch.create(pool, name, runtime="local")
+    again = branch.create(pool, name, runtime="local", base_name=base.name)
     try:
         assert again.slot == refilled.name and _login(pool, again, again.password)
     finally:
@@ -280,7 +290,7 @@ def test_the_engine_service_keeps_the_target_met(
         timeout=120,
         what="the service to start a warm branch",
     )
-    branch.create(pool, "served", runtime="local")
+    branch.create(pool, "served", runtime="local", base_name=base.name)
     try:
         second = wait_for(
             lambda: ready[0] if (ready := _ready(pool, base, "local")) else None,
@@ -374,7 +384,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
             raise AssertionError("the claim opened a connection of its own")
 
         monkeypatch.setattr(branch, "_engine_connection", refuse)
-        claimed = branch.create(pool, "held-claim", runtime="local")
+        claimed = branch.create(pool, "held-claim", runtime="local", base_name=base.name)
         monkeypatch.undo()
     try:
         assert claimed.slot == ready.name
@@ -393,7 +403,7 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
         assert len(held_pids) == 1  # the one held connection
         with branch._engine_connection(pool, ready, base) as conn:
             assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
-        claimed = branch.create(pool, "reheld-claim", runtime="local")
+        claimed = branch.create(pool, "reheld-claim", runtime="local", base_name=base.name)
     try:
         assert claimed.slot == ready.name  # claimed warm, not created cold after a failure
         assert _login(pool, claimed, claimed.password)
@@ -441,7 +451,7 @@ def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         try:
-            claimed = branch.create(pool, "unflushed", runtime="local")
+            claimed = branch.create(pool, "unflushed", runtime="local", base_name=base.name)
         finally:
             for pid in [pm, *children]:
                 os.kill(pid, signal.SIGKILL)
