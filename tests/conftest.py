@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from helpers import (
+    DECOY_BASE,
     DOCKER_IMAGE,
     SESSION_BASE,
     TEST_PORTS,
@@ -127,7 +128,12 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
 
 @pytest.fixture(scope="session")
 def base(pool: Pool, source: cluster.Running) -> BaseVersion:
-    return seed.seed(pool, SESSION_BASE, source_dsn=source_dsn(source))
+    made = seed.seed(pool, SESSION_BASE, source_dsn=source_dsn(source))
+    if os.environ.get("PGOVERLAY_TEST_DECOY_BASE") == "1":
+        # A second base for the whole session (`PGOVERLAY_TEST_DECOY_BASE=1`): a test that
+        # relies on the session pool holding one base fails (`several bases exist`).
+        seed.seed(pool, DECOY_BASE, source_dsn=source_dsn(source))
+    return made
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ TEST_PORTS = (int(_low), int(_high))
 # The session pool's base (conftest's `base`). Every test that creates a branch in that pool names
 # it: a test must not depend on the pool holding that base alone.
 SESSION_BASE = "app"
+DECOY_BASE = "decoy"  # the second base PGOVERLAY_TEST_DECOY_BASE=1 adds to it
 
 
 def top_ports(offset: int, count: int) -> tuple[int, int]:

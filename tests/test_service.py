@@ -242,9 +242,9 @@ def test_the_non_root_cli_talks_to_the_service(
     denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
     assert denied.returncode == 28 and "created by another user" in denied.stderr
     bases = cli(["base", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
-    assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
+    (seen,) = [b for b in json.loads(bases.stdout) if b["name"] == base.name]
     # Where a base came from, and what its lockdown removed, are root's to see.
-    assert not {"source", "neutralised", "superuser"} & set(json.loads(bases.stdout)[0])
+    assert not {"source", "neutralised", "superuser"} & set(seen)
     outside = cli(["branch", "list"], env=env, user=OUTSIDER)
     assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
     gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])

@@ -48,7 +48,7 @@ def test_a_base_a_test_leaves_behind_is_removed_before_the_next_test(tmp_path: P
         [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider"]
         + ["-q", "-rA", "-o", "pythonpath=", os.fspath(tmp_path / "test_nested.py")],
         env={
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PGOVERLAY_TEST_DECOY_BASE"},
             "PYTHONPATH": os.fspath(TESTS),
             "PGOVERLAY_TEST_PORTS": f"{low}-{high}",
         },
