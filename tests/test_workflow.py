@@ -439,6 +439,9 @@ def test_a_branch_destroyed_by_hand_frees_its_pr_for_another_repository(
 
 
 def job_env(tmp_path: Path, pool: Pool, data: dict[str, Any], **inputs: str) -> dict[str, str]:
+    """A job's variables for ``data`` and ``inputs``, whose `base` is the session's unless
+    given."""
+    inputs = {"base": SESSION_BASE, **inputs}
     event_path = tmp_path / "event.json"
     event_path.write_text(json.dumps(data))
     return {
