@@ -1,7 +1,7 @@
 """Warm branches: started ahead of time, so ``branch create`` only claims one.
 
 Nothing about a branch depends on who claims it except its name, its password and its owner,
-so a configured number per base and runtime (``pgoverlay base warm NAME COUNT``) is kept
+so a configured number per base and runtime (``pgoverlay base warm NAME --count N``) is kept
 started: unclaimed, reachable by nobody (its login role has no password), named after its own
 slot (``warm-…``), which its directories and container keep after a claim renames it.
 
