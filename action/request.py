@@ -111,7 +111,7 @@ def _base_name(base: str | None) -> None:
     if base and not NAME_RE.match(base):
         raise ConfigError(
             f"{base!r} is not a base name; name one of the bases seeded on this runner "
-            "(`pgoverlay seed list`), or leave it empty for the only one"
+            "(`pgoverlay base list`), or leave it empty for the only one"
         )
 
 

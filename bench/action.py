@@ -4,8 +4,8 @@ side by side in one run.
 
     sudo .venv/bin/python bench/action.py [--before main] [--runs 5] [--work DIR] [--no-report]
 
-One pool (this checkout's CLI: `pool init`, `seed --demo --scale 1`, its engine service), one
-fake GitHub API (tests/fakegithub.py), and two copies of the workflow of
+One pool (this checkout's CLI: `pool init`, `base seed NAME --demo --scale 1`, its engine
+service), one fake GitHub API (tests/fakegithub.py), and two copies of the workflow of
 tests/test_action_e2e.py, one running the Action of ``--before`` (a `git archive` of that
 revision, in the work directory) and one this checkout's. Each copy first runs once untimed, to
 fill its tool cache (the install step then finds pgoverlay installed, as on a warm runner);
@@ -137,13 +137,13 @@ def render(result: dict[str, Any]) -> str:
 ## The Action step's own cost (`bench/action.py`)
 
 The composite Action under `act` (tests/test_action_e2e.py's workflow, the fake GitHub API,
-`PGOVERLAY_RUNTIME=local`, a base of `seed --demo --scale 1`), before ({result["before"]}) and
-after (this checkout), the two taking turns in one run, with a warm tool cache: `opened`
-creates the branch, applies one migration and writes a new comment; `closed` destroys the
-branch and edits the comment. Steps' times are act's; the run step's phases are the Action's
-own log line (`pgoverlay: timings:`; `start` is the interpreter's start and its imports, up to
-the Action's first line of code). The step's own cost is the run step less its branch and its
-migrations. Run {result["date"]}:
+`PGOVERLAY_RUNTIME=local`, a base of `base seed NAME --demo --scale 1`), before
+({result["before"]}) and after (this checkout), the two taking turns in one run, with a warm
+tool cache: `opened` creates the branch, applies one migration and writes a new comment;
+`closed` destroys the branch and edits the comment. Steps' times are act's; the run step's
+phases are the Action's own log line (`pgoverlay: timings:`; `start` is the interpreter's start
+and its imports, up to the Action's first line of code). The step's own cost is the run step
+less its branch and its migrations. Run {result["date"]}:
 
 {table(result["found"])}
 
@@ -174,7 +174,7 @@ def main() -> None:
         bench.work.mkdir(parents=True, exist_ok=True)
         os.chmod(bench.work, 0o755)
         bench.cli("pool", "init", "--size", "3G")
-        bench.cli("seed", BASE, "--demo", "--scale", "1")
+        bench.cli("base", "seed", BASE, "--demo", "--scale", "1")
         found = measure(bench, before, args.runs)
     finally:
         bench.teardown()

@@ -6,12 +6,12 @@
 
 ``--checkout`` is the pgoverlay checkout measured (default: this one); its own virtual
 environment (``DIR/.venv``) runs every command, its CLI makes the pool and seeds the base
-(`seed --demo --scale 1`) and starts the pool's engine service, and `act` runs its action.yml. So
-the same script measures an older checkout as a baseline: its figures are kept in
+(`base seed NAME --demo --scale 1`) and starts the pool's engine service, and `act` runs its
+action.yml. So the same script measures an older checkout as a baseline: its figures are kept in
 ``WORK/results-LABEL.json``, and ``--baseline`` puts them next to this run's in the report.
 
 Each round runs, in turn and as root: `pgoverlay --help`, `branch list`, `branch status`,
-`branch connect` and `seed list` (a branch exists), then `branch create` + `branch destroy`
+`branch connect` and `base list` (a branch exists), then `branch create` + `branch destroy`
 (each a process) paired with `pg_ctl start -w` + `pg_ctl stop -m fast` of a plain copy of the
 same base on the same disk; which of the pair goes first alternates. A wall time is
 ``time.perf_counter()`` around ``subprocess.run`` (hyperfine is not installed).
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import grp
 import json
 import os
@@ -64,7 +65,7 @@ READ_ONLY = {
     "branch list": ["branch", "list"],
     "branch status": ["branch", "status", BRANCH],
     "branch connect": ["branch", "connect", BRANCH],
-    "seed list": ["seed", "list"],
+    "base list": ["base", "list"],
 }
 
 
@@ -107,18 +108,38 @@ class Bench:
         }
 
     def cli(self, *args: str) -> float:
-        return timed([os.fspath(self.bin / "pgoverlay"), *args], self.env)
+        return timed([os.fspath(self.bin / "pgoverlay"), *self.spelled(args)], self.env)
 
     def untimed(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """`pgoverlay ARGS` as root, for its answer."""
         return subprocess.run(
-            [os.fspath(self.bin / "pgoverlay"), *args],
+            [os.fspath(self.bin / "pgoverlay"), *self.spelled(args)],
             env=self.env,
             capture_output=True,
             text=True,
             check=check,
             cwd="/",
         )
+
+    @functools.cached_property
+    def has_base_group(self) -> bool:
+        """Whether the checkout has `pgoverlay base` (from 2026-12-02)."""
+        done = subprocess.run(
+            [os.fspath(self.bin / "pgoverlay"), "base", "--help"],
+            env=self.env,
+            capture_output=True,
+            check=False,
+            cwd="/",
+        )
+        return done.returncode == 0
+
+    def spelled(self, args: tuple[str, ...]) -> tuple[str, ...]:
+        """``args`` as the measured checkout spells them: an older one than the `base` command
+        group has `seed NAME` for `base seed NAME`, and `seed list|rm|warm` for the rest (the
+        new checkout takes both, with a deprecation line, but is measured in its own)."""
+        if args[:1] != ("base",) or self.has_base_group:
+            return args
+        return ("seed", *args[2:]) if args[1:2] == ("seed",) else ("seed", *args[1:])
 
     # -- setup ------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -129,7 +150,7 @@ class Bench:
         except SystemExit as err:  # a busy machine may keep the service from answering in time
             print(f"pool init again: {err}", file=sys.stderr)
             self.cli("pool", "init", "--size", "3G")
-        self.cli("seed", BASE, "--demo", "--scale", "1")
+        self.cli("base", "seed", BASE, "--demo", "--scale", "1")
         self.cli("branch", "create", BRANCH)
 
     def plain_copy(self) -> tuple[Path, Path, int]:
@@ -156,7 +177,7 @@ class Bench:
         """Until the base has a ready warm branch (the service tops up every 2 s)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            listed = self.untimed("seed", "list", "--json")
+            listed = self.untimed("base", "list", "--json")
             base = next(b for b in json.loads(listed.stdout) if b["name"] == BASE)
             if any(w["ready"] for w in base.get("warm", [])):
                 return
@@ -164,8 +185,8 @@ class Bench:
         raise SystemExit("the engine service did not start a warm branch within 60 s")
 
     def supports_warm(self) -> bool:
-        """Whether the checkout measured keeps warm branches (`seed warm`)."""
-        return "--count" in self.untimed("seed", "--help", check=False).stdout
+        """Whether the checkout measured keeps warm branches (`base warm`)."""
+        return "--count" in self.untimed("base", "warm", "--help", check=False).stdout
 
     # -- rounds -----------------------------------------------------------------------------
     def rounds(self, runs: int) -> dict[str, list[float]]:
@@ -194,16 +215,16 @@ class Bench:
 
         def warm_pair() -> None:
             """Create claiming a warm branch the engine service started (and so holds a session
-            to), as in steady use: `seed warm` starts one in its own process, an untimed create
+            to), as in steady use: `base warm` starts one in its own process, an untimed create
             takes that one, and the service starts its replacement. None is kept after, so the
             cold pair never finds one."""
-            self.cli("seed", "warm", BASE, "--count", "1")
+            self.cli("base", "warm", BASE, "--count", "1")
             self.cli("branch", "create", "procbench-v")
             self.cli("branch", "destroy", "procbench-v")
             self.wait_warm()
             created = self.cli("branch", "create", "procbench-w")
             destroyed = self.cli("branch", "destroy", "procbench-w")
-            self.cli("seed", "warm", BASE, "--count", "0")
+            self.cli("base", "warm", BASE, "--count", "0")
             found["create (warm)"].append(created)
             found["destroy (warm)"].append(destroyed)
 
@@ -488,11 +509,11 @@ def render(result: dict[str, Any], baseline: dict[str, Any] | None) -> str:
 
 What a user waits for, each figure the wall time of whole processes (`time.perf_counter()`
 around `subprocess.run`; hyperfine is not installed), as root on a prepared pool with one base
-(`seed --demo --scale 1`) and one branch, `PGOVERLAY_RUNTIME=local`. `create+destroy` is
+(`base seed NAME --demo --scale 1`) and one branch, `PGOVERLAY_RUNTIME=local`. `create+destroy` is
 `pgoverlay branch create` then `pgoverlay branch destroy`, two processes; `pg_ctl` is
 `pg_ctl start -w` then `pg_ctl stop -m fast` of a plain copy of the same base on the same disk,
 the three taking turns at going first; `create (warm)` claims a warm branch the engine
-service started (untimed before each: `seed warm --count 1`, a create that takes the one that
+service started (untimed before each: `base warm --count 1`, a create that takes the one that
 command starts, and a wait for the service's replacement), where the checkout has them. The
 pool's engine service runs (`pool init` starts it, with the commands' settings), so a checkout
 whose root commands ask it (from 2026-12-01) is timed doing so.

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Seed benchmark: `pgoverlay seed` (copy, verify, prepare) against a plain pg_basebackup.
+"""Seed benchmark: `pgoverlay base seed` (copy, verify, prepare) against a plain pg_basebackup.
 
     sudo .venv/bin/python bench/seed.py [--sizes 1,5] [--rounds 3] [--work DIR] [--keep]
 
 For each size a pgbench database is built once (cached in the work dir, as bench/engine.py
 does). Each round then runs, in an order that rotates from round to round, with the page cache
 dropped before each (and the programs' files read back in): a plain `pg_basebackup -Fp -X
-stream -c fast` of the same server into the pool's filesystem, `pgoverlay seed` as a process,
+stream -c fast` of the same server into the pool's filesystem, `pgoverlay base seed` as a process,
 and `seed.seed` as a function (whose laps give the step breakdown). Every copy and base is
 removed, untimed, after it is measured. The Markdown report replaces the section between the
 seed markers in docs/benchmarks.md. A measurement
@@ -41,7 +41,7 @@ START, END = "<!-- seed:start -->", "<!-- seed:end -->"
 PORTS = (56700, 56799)
 METHODS = {
     "plain": "plain `pg_basebackup -Fp -X stream -c fast`",
-    "process": "`pgoverlay seed NAME --from DSN` (a process)",
+    "process": "`pgoverlay base seed NAME --from DSN` (a process)",
     "function": "`seed.seed()` (the function)",
 }
 
@@ -70,7 +70,7 @@ class SeedBench(Bench):
         read from a cold disk (which cost the process about 3 s here). Both methods get it."""
         if not self.drop:
             return
-        imports = "import pgoverlay.cli, pgoverlay.cli.seed, pgoverlay.runner.seed, psycopg"
+        imports = "import pgoverlay.cli, pgoverlay.cli.base, pgoverlay.runner.seed, psycopg"
         subprocess.run([sys.executable, "-c", imports], check=True, timeout=120)
         subprocess.run([self.install.tool("pg_basebackup"), "--version"], check=True, timeout=60)
 

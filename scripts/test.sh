@@ -12,6 +12,9 @@ scripts/docker.sh 15 >/dev/null
 "$venv/bin/ruff" check .
 "$venv/bin/python" scripts/typecheck.py
 status=0
+# A second base in the session pool for the whole run: a test that relies on the pool holding
+# one base fails here rather than after another test's failed clean-up.
+export PGOVERLAY_TEST_DECOY_BASE="${PGOVERLAY_TEST_DECOY_BASE:-1}"
 # -P: the checkout's own pgoverlay/ folder must not hide the installed package
 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -eq 5 ]; then

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import checkout  # first: it says when the checkout's folder hides the installed package
@@ -13,8 +14,11 @@ import psycopg
 import pytest
 
 from helpers import (
+    DECOY_BASE,
     DOCKER_IMAGE,
+    SESSION_BASE,
     TEST_PORTS,
+    Undo,
     dismantle,
     require,
     require_docker_image,
@@ -22,12 +26,14 @@ from helpers import (
     service_settings,
     source_dsn,
 )
+from pgoverlay.errors import BaseMissingError
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.seed import bases
 from pgoverlay.runner.settings import Settings
 
 PORTS = TEST_PORTS  # see helpers.TEST_PORTS
@@ -131,7 +137,52 @@ def source(pool: Pool) -> Iterator[cluster.Running]:
 
 @pytest.fixture(scope="session")
 def base(pool: Pool, source: cluster.Running) -> BaseVersion:
-    return seed.seed(pool, "app", source_dsn=source_dsn(source))
+    made = seed.seed(pool, SESSION_BASE, source_dsn=source_dsn(source))
+    if os.environ.get("PGOVERLAY_TEST_DECOY_BASE") == "1":
+        # A second base for the whole session (`PGOVERLAY_TEST_DECOY_BASE=1`): a test that
+        # relies on the session pool holding one base fails (`several bases exist`).
+        seed.seed(pool, DECOY_BASE, source_dsn=source_dsn(source))
+    return made
+
+
+@pytest.fixture
+def undo(pool: Pool) -> Iterator[Undo]:
+    made = Undo(pool)
+    yield made
+    made.run()
+
+
+@pytest.fixture(autouse=True)
+def _no_base_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A base a test seeded in the session pool goes when the test ends, passed or failed,
+    with its branches: one left behind would make every later command that names no base fail
+    (`several bases exist`). Bases of the session's and a module's fixtures are made before
+    this runs, and stay. A test that passed yet left one is an error: it must remove its own."""
+    if "pool" not in request.fixturenames:
+        yield
+        return
+    pool: Pool = request.getfixturevalue("pool")
+    before = {(b.name, b.version) for b in pool.registry.bases()}
+    yield
+    left = [b for b in pool.registry.bases() if (b.name, b.version) not in before]
+    for b in left:
+        with contextlib.suppress(BaseMissingError):
+            bases.remove(pool, b.name, version=b.version, destroy_branches=True)
+    report = getattr(request.node, "rep_call", None)
+    if left and report is not None and report.passed:
+        listed = ", ".join(f"{b.name} v{b.version}" for b in left)
+        pytest.fail(f"the test left bases behind (removed now): {listed}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report on the test's node (``rep_setup``, ``rep_call``), for fixtures
+    that clean up after it to tell whether it passed."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 @pytest.fixture(scope="module", params=["local", "docker"])

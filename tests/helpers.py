@@ -18,10 +18,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.pool import Pool, mounts
+from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.seed import bases
 from pgoverlay.runner.settings import Settings
 
 # Ports handed to the test pools' branches. Two test runs on one machine (two checkouts) pick
@@ -29,6 +31,12 @@ from pgoverlay.runner.settings import Settings
 # small pools of single tests and extra servers take theirs from the top.
 _low, _, _high = os.environ.get("PGOVERLAY_TEST_PORTS", "57000-57199").partition("-")
 TEST_PORTS = (int(_low), int(_high))
+
+
+# The session pool's base (conftest's `base`). Every test that creates a branch in that pool names
+# it: a test must not depend on the pool holding that base alone.
+SESSION_BASE = "app"
+DECOY_BASE = "decoy"  # the second base PGOVERLAY_TEST_DECOY_BASE=1 adds to it
 
 
 def top_ports(offset: int, count: int) -> tuple[int, int]:
@@ -407,3 +415,34 @@ def path_without(program: str, *, scratch: Path, path: str = SYSTEM_PATH) -> str
                 (shadow / item.name).symlink_to(item)
         parts.append(os.fspath(shadow))
     return os.pathsep.join(parts)
+
+
+class Undo:
+    """What a test makes in the session pool, named as it goes (``undo.branch(NAME)``,
+    ``undo.base(NAME)``) and destroyed or removed when the test ends, passed or failed: a
+    finaliser, not a line after the assertions. Naming what a test goes on to remove itself
+    is harmless: destroying and removing are idempotent."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._branches: list[str] = []
+        self._bases: list[str] = []
+
+    def branch(self, *names: str) -> None:
+        self._branches.extend(names)
+
+    def base(self, *names: str) -> None:
+        self._bases.extend(names)
+
+    def run(self) -> None:
+        for name in reversed(self._branches):
+            branch.destroy(self.pool, name)
+        for name in reversed(self._bases):
+            if not self.pool.registry.bases(name):
+                continue
+            try:
+                bases.remove(self.pool, name, destroy_branches=True)
+            except PgoverlayError:  # e.g. a removal a test killed: gc finishes it
+                gc.collect(self.pool)
+                if self.pool.registry.bases(name):
+                    bases.remove(self.pool, name, destroy_branches=True)

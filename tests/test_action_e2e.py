@@ -25,7 +25,7 @@ import checkout
 import pytest
 
 from fakegithub import FakeGitHub
-from helpers import os_user, path_without, require, require_docker_image
+from helpers import SESSION_BASE, os_user, path_without, require, require_docker_image
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
@@ -59,6 +59,7 @@ jobs:
           runtime: "${{ env.BRANCH_RUNTIME }}"
           fail-on-threshold: "${{ env.FAIL_ON_THRESHOLD }}"
           max-rewrite: "${{ env.MAX_REWRITE }}"
+          base: "${{ env.BRANCH_BASE }}"
       - if: github.event.action != 'closed'
         run: psql -X -P pager=off -At -f check.sql > "$RESULT_FILE"
         env:
@@ -215,6 +216,7 @@ class Scenario:
             "PGOVERLAY_RUNTIME": "local",
             "PGOVERLAY_DOCKER_IMAGE": self.pool.settings.docker_image,
             "BRANCH_RUNTIME": self.runtime,
+            "BRANCH_BASE": SESSION_BASE,
             "GITHUB_API_URL": self.github.url,
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers import (
+    Undo,
     assert_no_leaks,
     cli,
     dismantle,
@@ -63,12 +64,13 @@ def seeded(pool: Pool, source: cluster.Running, name: str, *, refresh: bool = Fa
 
 
 def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("in-use")
     base = seeded(pool, source, "in-use")
     made = branch.create(pool, "uses-in-use", base_name="in-use")
     try:
-        done = cli(["seed", "rm", "in-use"], env=env)
+        done = cli(["base", "rm", "in-use"], env=env)
         assert done.returncode == BaseInUseError.exit_code, done.stderr
         assert "uses-in-use" in done.stderr and "--destroy-branches" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -77,7 +79,7 @@ def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
             assert conn.execute("SELECT count(*) FROM accounts").fetchone() == (200000,)
     finally:
         branch.destroy(pool, "uses-in-use")
-    done = cli(["seed", "rm", "in-use"], env=env)  # no branch left: removed
+    done = cli(["base", "rm", "in-use"], env=env)  # no branch left: removed
     assert done.returncode == 0, done.stderr
     assert f"base in-use removed (v{base.version})" in done.stdout
     assert_base_gone(pool, "in-use", base.version)
@@ -85,14 +87,15 @@ def test_seed_rm_is_refused_while_branches_use_the_base_and_names_them(
 
 
 def test_seed_rm_destroy_branches_destroys_them_then_every_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
     require_docker_image(15)
+    undo.base("wrongly-seeded")
     first = seeded(pool, source, "wrongly-seeded")
     local = branch.create(pool, "on-first", base_name="wrongly-seeded", runtime="local")
     second = seeded(pool, source, "wrongly-seeded", refresh=True)
     docker = branch.create(pool, "on-second", base_name="wrongly-seeded", runtime="docker")
-    done = cli(["seed", "rm", "wrongly-seeded", "--destroy-branches"], env=env)
+    done = cli(["base", "rm", "wrongly-seeded", "--destroy-branches"], env=env)
     assert done.returncode == 0, done.stderr
     assert "destroyed branches: on-first, on-second" in done.stdout
     assert_no_leaks(pool, "on-first", port=local.port)
@@ -103,18 +106,19 @@ def test_seed_rm_destroy_branches_destroys_them_then_every_version(
 
 
 def test_seed_rm_version_removes_only_that_version(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("two-versions")
     first = seeded(pool, source, "two-versions")
     second = seeded(pool, source, "two-versions", refresh=True)
     try:
-        done = cli(["seed", "rm", "two-versions", "--version", str(first.version)], env=env)
+        done = cli(["base", "rm", "two-versions", "--version", str(first.version)], env=env)
         assert done.returncode == 0, done.stderr
         assert_base_gone(pool, "two-versions", first.version)
         kept = pool.registry.latest_base("two-versions")
         assert kept is not None and kept.version == second.version
         assert mounts.is_mounted(pool.base_dir("two-versions", second.version))
-        missing = cli(["seed", "rm", "two-versions", "--version", "9"], env=env)
+        missing = cli(["base", "rm", "two-versions", "--version", "9"], env=env)
         assert missing.returncode == BaseMissingError.exit_code
         assert f"has no version 9 (it has: {second.version})" in missing.stderr
     finally:
@@ -122,12 +126,13 @@ def test_seed_rm_version_removes_only_that_version(
 
 
 def test_seed_rm_of_a_base_being_seeded_is_refused(
-    pool: Pool, source: cluster.Running, env: dict[str, str]
+    pool: Pool, source: cluster.Running, env: dict[str, str], undo: Undo
 ) -> None:
+    undo.base("being-seeded")
     base = seeded(pool, source, "being-seeded")
     try:
         with locks.hold(pool.lock_path("seed", "being-seeded"), timeout=0, what="a seed"):
-            done = cli(["seed", "rm", "being-seeded"], env=env)
+            done = cli(["base", "rm", "being-seeded"], env=env)
         assert done.returncode == SeedBusyError.exit_code, done.stderr
         assert "base being-seeded is busy" in done.stderr
         assert pool.registry.base("being-seeded", base.version).state == "ready"  # type: ignore[union-attr]
@@ -135,27 +140,16 @@ def test_seed_rm_of_a_base_being_seeded_is_refused(
         seed.remove_version(pool, "being-seeded", base.version)
 
 
-def test_seed_rm_user_errors_say_what_to_do(env: dict[str, str], pool: Pool) -> None:
-    cases = [
-        (["seed", "rm"], ConfigError.exit_code, "seed rm needs the base's name"),
-        (["seed", "rm", "never-seeded"], BaseMissingError.exit_code, "no base named"),
-        (["seed", "app", "--destroy-branches"], ConfigError.exit_code, "seed rm NAME"),
-    ]
-    for args, code, text in cases:
-        done = cli(args, env=env)
-        assert done.returncode == code, (args, done.stderr)
-        assert text in done.stderr
-
-
 @pytest.mark.parametrize("step", ["marked", "branches", "unmounted"])
 def test_kill_during_seed_rm_then_gc_finishes_the_removal(
-    pool: Pool, source: cluster.Running, env: dict[str, str], step: str
+    pool: Pool, source: cluster.Running, env: dict[str, str], step: str, undo: Undo
 ) -> None:
     name = f"crash-rm-{step}"
+    undo.base(name)
     base = seeded(pool, source, name)
     made = branch.create(pool, f"{name}-branch", base_name=name)
     done = cli(
-        ["seed", "rm", name, "--destroy-branches"],
+        ["base", "rm", name, "--destroy-branches"],
         env={**env, "PGOVERLAY_FAULT_POINT": f"seed-rm:{step}"},
     )
     assert done.returncode == KILLED, done.stderr
@@ -269,11 +263,11 @@ def test_pool_down_and_rm_stop_an_engine_service_that_serves_and_keeps_warm_bran
     env = {**env, "PGOVERLAY_RUNTIME": "local"}  # the service's settings: it acts for root
     serve.start(settings)
     try:
-        warmed = cli(["seed", "warm", "app", "--count", "1"], env=env)
+        warmed = cli(["base", "warm", "app", "--count", "1"], env=env)
         assert warmed.returncode == 0, warmed.stderr
 
         def warm_ready() -> bool:
-            listed = cli(["seed", "list", "--json"], env=env)  # asks the service, as root
+            listed = cli(["base", "list", "--json"], env=env)  # asks the service, as root
             return any(w["ready"] for w in json.loads(listed.stdout)[0]["warm"])
 
         wait_for(warm_ready, timeout=120, what="the service's warm branch")

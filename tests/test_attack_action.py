@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, os_user
+from helpers import SESSION_BASE, cli, os_user
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -133,6 +133,7 @@ def run_action(
         "GITHUB_WORKSPACE": os.fspath(job.workspace),
         "GITHUB_OUTPUT": os.fspath(job.output),
         "GITHUB_STEP_SUMMARY": os.fspath(job.summary),
+        "INPUT_BASE": SESSION_BASE,
         "INPUT_COMMENT": "false",
         "INPUT_MIGRATE_COMMAND": f"id -u > {job.who}",
         **overrides,
@@ -220,7 +221,7 @@ def test_a_base_named_by_a_path_is_refused_before_asking_the_service(
         done = run_action(job, env, INPUT_BASE=os.fspath(other))
         assert done.returncode == 2, done.stdout + done.stderr
         assert "input `base`" in done.stdout and "not a base name" in done.stdout
-        assert "pgoverlay seed list" in done.stdout
+        assert "pgoverlay base list" in done.stdout
         assert snapshot([other, pool.home]) == before
     finally:
         shutil.rmtree(other)

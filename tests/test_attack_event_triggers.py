@@ -241,7 +241,7 @@ def test_the_trace_refuses_to_begin_beside_an_event_trigger_it_did_not_make(
         engine.trace_begin(target.name, TraceRequest())
     message = str(refused.value)
     assert "audit_ddl" in message and "public.audit_ddl()" in message
-    assert f"pgoverlay seed {base.name} --refresh" in message
+    assert f"pgoverlay base seed {base.name} --refresh" in message
     with as_engine(pool, target, base) as su:
         states = dict(_enabled_triggers(su))
     # Nothing was switched on; production's trigger is as it was.

@@ -147,7 +147,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_keeps_its_owner(
 def test_a_branchs_mount_target_cannot_be_swapped(
     pool: Pool, base: BaseVersion, victim: Victim
 ) -> None:
-    branch.create(pool, "swap-target", runtime="local")
+    branch.create(pool, "swap-target", runtime="local", base_name=base.name)
     try:
         lay = branch.layout(pool, "swap-target")
         for path in (lay.data, lay.conf, lay.root):
@@ -200,7 +200,7 @@ def test_a_symlinked_log_is_not_followed_when_gc_restarts_a_crashed_branch(
     pool: Pool, base: BaseVersion, runtime: str, victim: Victim
 ) -> None:
     name = f"log-gc-{runtime}"
-    branch.create(pool, name)
+    branch.create(pool, name, base_name=base.name)
     try:
         stop_server(pool, name)
         log_file = _plant_log_link(pool, name, victim)
@@ -221,7 +221,7 @@ def test_a_symlinked_log_is_not_followed_on_reset(
     pool: Pool, base: BaseVersion, runtime: str, victim: Victim
 ) -> None:
     name = f"log-reset-{runtime}"
-    branch.create(pool, name)
+    branch.create(pool, name, base_name=base.name)
     try:
         _plant_log_link(pool, name, victim)
         branch.reset(pool, name)
@@ -234,7 +234,7 @@ def test_a_symlinked_log_is_not_followed_on_reset(
 def test_a_log_linked_to_a_root_file_is_never_quoted_into_an_error(
     pool: Pool, base: BaseVersion, victim: Victim
 ) -> None:
-    branch.create(pool, "log-quote", runtime="local")
+    branch.create(pool, "log-quote", runtime="local", base_name=base.name)
     try:
         log_file = _plant_log_link(pool, "log-quote", victim)
         tail = postmaster.log_tail(log_file)
@@ -253,7 +253,7 @@ def test_a_start_failure_quotes_the_real_log_not_a_linked_root_file(
     pool: Pool, base: BaseVersion, victim: Victim
 ) -> None:
     """The error that reaches the PR comment: a branch that cannot start, with a linked log."""
-    branch.create(pool, "log-fail", runtime="local")
+    branch.create(pool, "log-fail", runtime="local", base_name=base.name)
     try:
         stop_server(pool, "log-fail")
         lay = branch.layout(pool, "log-fail")
@@ -318,7 +318,7 @@ def test_a_user_outside_the_service_group_gets_a_clear_error(
     pool: Pool, base: BaseVersion, env: dict[str, str], service: Path
 ) -> None:
     done = cli(
-        ["branch", "create", "as-user", "--runtime", "docker"],
+        ["branch", "create", "as-user", "--runtime", "docker", "--base", base.name],
         env={**env, "PGOVERLAY_RUNTIME": "docker"},
         user=pool.owner.name,
         groups=["docker"],

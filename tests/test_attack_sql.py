@@ -97,7 +97,9 @@ def seeded(
     pool: Pool, env: dict[str, str], attack_source: cluster.Running
 ) -> Iterator[tuple[BaseVersion, str]]:
     """The base, seeded through the command, and what the command printed."""
-    done = cli(["seed", "attack", "--from", source_dsn(attack_source, dbname="shop")], env=env)
+    done = cli(
+        ["base", "seed", "attack", "--from", source_dsn(attack_source, dbname="shop")], env=env
+    )
     assert done.returncode == 0, done.stderr
     base = pool.registry.latest_base("attack")
     assert base is not None
@@ -153,10 +155,10 @@ def test_seed_prints_and_records_what_it_neutralised(
     for note in expected:
         assert f"neutralised in the base: {note}" in output, note
         assert note in base.neutralised_notes, note
-    listed = json.loads(cli(["seed", "list", "--json"], env=env).stdout)
+    listed = json.loads(cli(["base", "list", "--json"], env=env).stdout)
     mine = [b for b in listed if b["name"] == "attack"]
     assert mine and set(expected) <= set(mine[0]["neutralised"])
-    table = cli(["seed", "list"], env={**env, "COLUMNS": "400"}).stdout
+    table = cli(["base", "list"], env={**env, "COLUMNS": "400"}).stdout
     assert "attack v1 neutralised: role app_owner: CREATEROLE removed" in table
     assert PRODUCTION_PASSWORD not in output + json.dumps(listed) + table
 
@@ -169,9 +171,9 @@ def test_seed_list_tells_a_base_prepared_before_lockdown_apart(
         base.name, base.version, neutralised=""
     )  # as an older release left it
     try:
-        listed = json.loads(cli(["seed", "list", "--json"], env=env).stdout)
+        listed = json.loads(cli(["base", "list", "--json"], env=env).stdout)
         assert [b["neutralised"] for b in listed if b["name"] == "attack"] == [None]
-        table = cli(["seed", "list"], env={**env, "COLUMNS": "400"}).stdout
+        table = cli(["base", "list"], env={**env, "COLUMNS": "400"}).stdout
         assert "not locked down" in table
     finally:
         pool.registry.update_base(base.name, base.version, neutralised=base.neutralised)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, postgres_processes_for, server_pid
+from helpers import Undo, assert_no_leaks, postgres_processes_for, server_pid
 from pgoverlay.errors import BranchExistsError, BranchMissingError, InvalidNameError
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
@@ -39,7 +40,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 def test_branch_serves_the_base_data_over_tcp_with_its_password(
     pool: Pool, base: BaseVersion
 ) -> None:
-    b = branch.create(pool, "serve")
+    b = branch.create(pool, "serve", base_name=base.name)
     try:
         assert b.state == "ready"
         with connect(pool, "serve") as conn:
@@ -65,12 +66,13 @@ def test_branch_serves_the_base_data_over_tcp_with_its_password(
 
 
 def test_base_files_are_unchanged_after_branches_write_heavily(
-    pool: Pool, base: BaseVersion
+    pool: Pool, base: BaseVersion, undo: Undo
 ) -> None:
+    undo.branch("heavy-a", "heavy-b")
     store = pool.store_dir(base.name, base.version)
     before = tree_digest(store)
     for name in ("heavy-a", "heavy-b"):
-        branch.create(pool, name)
+        branch.create(pool, name, base_name=base.name)
         with connect(pool, name) as conn:
             conn.execute("UPDATE accounts SET balance = balance + 1")
             conn.execute("DELETE FROM accounts WHERE id % 3 = 0")
@@ -95,8 +97,8 @@ def test_base_is_read_only_even_for_root(pool: Pool, base: BaseVersion) -> None:
 
 
 def test_two_branches_see_only_their_own_writes(pool: Pool, base: BaseVersion) -> None:
-    branch.create(pool, "iso-a")
-    branch.create(pool, "iso-b")
+    branch.create(pool, "iso-a", base_name=base.name)
+    branch.create(pool, "iso-b", base_name=base.name)
     try:
         with connect(pool, "iso-a") as a, connect(pool, "iso-b") as b:
             a.execute("UPDATE accounts SET owner = 'changed in a' WHERE id = 1")
@@ -112,7 +114,7 @@ def test_two_branches_see_only_their_own_writes(pool: Pool, base: BaseVersion) -
 
 
 def test_reset_discards_writes_but_keeps_port_and_password(pool: Pool, base: BaseVersion) -> None:
-    created = branch.create(pool, "resettable")
+    created = branch.create(pool, "resettable", base_name=base.name)
     try:
         with connect(pool, "resettable") as conn:
             conn.execute("DROP TABLE accounts")
@@ -131,7 +133,7 @@ def test_a_base_prepared_for_another_login_role_still_gives_branches_theirs(
     such role, and the role is made in full."""
     other = Pool.open(pool.settings.replace(branch_user="renamed_login"))
     try:
-        made = branch.create(other, "renamed-role")
+        made = branch.create(other, "renamed-role", base_name=base.name)
         assert made.user == "renamed_login"
         with psycopg.connect(**branch.connection(other, made).connect_kwargs()) as conn:
             assert conn.execute("SELECT current_user").fetchone() == ("renamed_login",)
@@ -144,7 +146,7 @@ def test_a_base_prepared_for_another_login_role_still_gives_branches_theirs(
 def test_layer_sizes_are_small_after_create_and_reads_add_no_physical_bytes(
     pool: Pool, base: BaseVersion
 ) -> None:
-    branch.create(pool, "sizes")
+    branch.create(pool, "sizes", base_name=base.name)
     try:
         fresh = branch.layer_size(pool, "sizes")
         assert fresh.physical_bytes <= 1024 * 1024
@@ -166,8 +168,11 @@ def test_layer_sizes_are_small_after_create_and_reads_add_no_physical_bytes(
         branch.destroy(pool, "sizes")
 
 
-def test_destroy_is_idempotent_and_leaves_nothing(pool: Pool, base: BaseVersion) -> None:
-    b = branch.create(pool, "gone")
+def test_destroy_is_idempotent_and_leaves_nothing(
+    pool: Pool, base: BaseVersion, undo: Undo
+) -> None:
+    undo.branch("gone")
+    b = branch.create(pool, "gone", base_name=base.name)
     assert branch.destroy(pool, "gone") is True
     assert branch.destroy(pool, "gone") is False
     assert_no_leaks(pool, "gone", port=b.port)
@@ -176,11 +181,11 @@ def test_destroy_is_idempotent_and_leaves_nothing(pool: Pool, base: BaseVersion)
 def test_names_are_validated_and_unique(pool: Pool, base: BaseVersion) -> None:
     for bad in ("", "Upper", "-dash", "a" * 64, "semi;colon", "../up"):
         with pytest.raises(InvalidNameError):
-            branch.create(pool, bad)
-    branch.create(pool, "taken")
+            branch.create(pool, bad, base_name=base.name)
+    branch.create(pool, "taken", base_name=base.name)
     try:
         with pytest.raises(BranchExistsError, match="already exists"):
-            branch.create(pool, "taken")
+            branch.create(pool, "taken", base_name=base.name)
     finally:
         branch.destroy(pool, "taken")
     with pytest.raises(BranchMissingError):
@@ -188,12 +193,14 @@ def test_names_are_validated_and_unique(pool: Pool, base: BaseVersion) -> None:
 
 
 def test_gc_restarts_a_ready_branch_whose_server_died(pool: Pool, base: BaseVersion) -> None:
-    b = branch.create(pool, "phoenix")
+    b = branch.create(pool, "phoenix", base_name=base.name)
     try:
         lay = branch.layout(pool, "phoenix")
         os.kill(server_pid(pool, "phoenix"), 9)
         for pid in postgres_processes_for(lay.root):
-            os.kill(pid, 9)
+            # a child of the killed postmaster may end between the listing and the kill
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
         # A local server is seen dead at once; Docker notes a container's death a moment later.
         wait_for(lambda: not branch.status(pool, "phoenix").running, timeout=30, what="death")
         report = gc.collect(pool)
@@ -205,8 +212,9 @@ def test_gc_restarts_a_ready_branch_whose_server_died(pool: Pool, base: BaseVers
         branch.destroy(pool, "phoenix")
 
 
-def test_gc_reaps_an_expired_branch(pool: Pool, base: BaseVersion) -> None:
-    b = branch.create(pool, "short-lived", ttl_seconds=60)
+def test_gc_reaps_an_expired_branch(pool: Pool, base: BaseVersion, undo: Undo) -> None:
+    undo.branch("short-lived")
+    b = branch.create(pool, "short-lived", ttl_seconds=60, base_name=base.name)
     report = gc.collect(pool, now=b.created_at + 61)
     assert report.expired == ["short-lived"]
     assert_no_leaks(pool, "short-lived", port=b.port)
@@ -215,7 +223,7 @@ def test_gc_reaps_an_expired_branch(pool: Pool, base: BaseVersion) -> None:
 def test_branch_login_is_not_a_superuser_but_can_migrate_the_owners_tables(
     pool: Pool, base: BaseVersion
 ) -> None:
-    branch.create(pool, "deployer")
+    branch.create(pool, "deployer", base_name=base.name)
     try:
         with connect(pool, "deployer") as conn:
             assert conn.execute(

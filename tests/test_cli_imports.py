@@ -43,7 +43,10 @@ def tops(modules: set[str]) -> set[str]:
     [
         ["--help"],
         ["branch", "create", "--help"],
-        ["seed", "--help"],
+        ["base", "--help"],
+        ["base", "seed", "--help"],
+        ["base", "warm", "--help"],
+        ["seed", "--help"],  # the old spelling, rewritten
         ["pool", "init", "--help"],
         ["demo", "--help"],
         ["action", "run", "--help"],
@@ -70,12 +73,12 @@ def test_help_still_names_every_command_and_option() -> None:
     top = subprocess.run(
         [sys.executable, "-m", "pgoverlay", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for group in ("pool", "doctor", "seed", "branch", "service", "gc", "demo", "action"):
+    for group in ("pool", "doctor", "base", "branch", "service", "gc", "demo", "action"):
         assert group in top
 
 
 @pytest.mark.parametrize(
-    "args", [["branch", "list"], ["branch", "list", "--json"], ["seed", "list", "--json"]]
+    "args", [["branch", "list"], ["branch", "list", "--json"], ["base", "list", "--json"]]
 )
 def test_the_read_only_views_import_no_server_client_web_or_docker_library(
     args: list[str], env: dict[str, str], base: BaseVersion
@@ -101,14 +104,14 @@ def test_a_create_and_a_destroy_import_neither_the_seed_package_nor_a_web_or_doc
 def test_a_seed_imports_neither_rich_nor_the_demo_nor_the_other_command_groups(
     env: dict[str, str], pool: Pool, source: cluster.Running
 ) -> None:
-    """`pgoverlay seed NAME --from DSN` is timed against a bare pg_basebackup: it imports the
+    """`pgoverlay base seed NAME --from DSN` is timed against a bare pg_basebackup: it imports the
     seed (psycopg among it), not the demo's sample data, the other commands' modules, or rich
     to print its one line (or pydantic, YAML and the Docker SDK, which only masking and the
     Docker runtime need)."""
     require_root()
     name = "imports-probe-seed"
     try:
-        modules = loaded(["seed", name, "--from", source_dsn(source)], env)
+        modules = loaded(["base", "seed", name, "--from", source_dsn(source)], env)
     finally:
         for version in pool.registry.bases(name):
             seed.remove_version(pool, name, version.version)
@@ -116,7 +119,7 @@ def test_a_seed_imports_neither_rich_nor_the_demo_nor_the_other_command_groups(
     assert not {m for m in modules if m.startswith("pgoverlay.runner.demo")}
     assert {m for m in modules if m.startswith("pgoverlay.cli.")} == {
         "pgoverlay.cli.common",
-        "pgoverlay.cli.seed",
+        "pgoverlay.cli.base",
     }
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli
+from helpers import Undo, assert_no_leaks, cli
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -25,7 +25,8 @@ def test_kill_during_create_then_gc_leaves_no_leaks(
 ) -> None:
     name = f"crash-create-{step}"
     done = cli(
-        ["branch", "create", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"create:{step}"}
+        ["branch", "create", name, "--base", base.name],
+        env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"create:{step}"},
     )
     assert done.returncode == KILLED, done.stderr
     row = pool.registry.branch(name)
@@ -37,10 +38,11 @@ def test_kill_during_create_then_gc_leaves_no_leaks(
 
 @pytest.mark.parametrize("step", ["marked", "stopped"])
 def test_kill_during_destroy_then_gc_finishes_it(
-    pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str
+    pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str, undo: Undo
 ) -> None:
+    undo.branch(f"crash-destroy-{step}")
     name = f"crash-destroy-{step}"
-    created = branch.create(pool, name)
+    created = branch.create(pool, name, base_name=base.name)
     done = cli(
         ["branch", "destroy", name], env={**runtime_env, "PGOVERLAY_FAULT_POINT": f"destroy:{step}"}
     )
@@ -54,7 +56,7 @@ def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
     pool: Pool, base: BaseVersion, runtime_env: dict[str, str], step: str
 ) -> None:
     name = f"crash-reset-{step}"
-    created = branch.create(pool, name)
+    created = branch.create(pool, name, base_name=base.name)
     try:
         with psycopg.connect(
             **branch.connection(pool, created).connect_kwargs(), autocommit=True
@@ -80,7 +82,7 @@ def test_kill_during_reset_then_gc_finishes_it_with_the_same_password(
 
 
 def test_gc_leaves_ready_branches_and_running_sagas_alone(pool: Pool, base: BaseVersion) -> None:
-    created = branch.create(pool, "bystander")
+    created = branch.create(pool, "bystander", base_name=base.name)
     try:
         report = gc.collect(pool)
         assert "bystander" not in report.undone + report.finished + report.restarted
@@ -97,7 +99,11 @@ def test_concurrent_creates_of_different_branches_all_succeed(
 ) -> None:
     names = [f"parallel-{i}" for i in range(4)]
     with ThreadPoolExecutor(len(names)) as workers:
-        results = list(workers.map(lambda n: cli(["branch", "create", n], env=runtime_env), names))
+        results = list(
+            workers.map(
+                lambda n: cli(["branch", "create", n, "--base", base.name], env=runtime_env), names
+            )
+        )
     try:
         assert [r.returncode for r in results] == [0] * len(names), [r.stderr for r in results]
         ports = {branch.get(pool, n).port for n in names}
@@ -117,7 +123,12 @@ def test_concurrent_creates_of_one_name_give_one_branch_and_one_clear_error(
 ) -> None:
     with ThreadPoolExecutor(3) as workers:
         results: list[subprocess.CompletedProcess[str]] = list(
-            workers.map(lambda _: cli(["branch", "create", "contested"], env=runtime_env), range(3))
+            workers.map(
+                lambda _: cli(
+                    ["branch", "create", "contested", "--base", base.name], env=runtime_env
+                ),
+                range(3),
+            )
         )
     try:
         codes = sorted(r.returncode for r in results)

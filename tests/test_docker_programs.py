@@ -112,7 +112,9 @@ def test_migrations_of_a_docker_branch_need_a_psql_on_the_host_and_say_so(
 
     (tmp_path / "db").mkdir()
     (tmp_path / "db" / "001_widgets.sql").write_text("CREATE TABLE widgets (id int);\n")
-    inputs = Inputs(migrations="db", migrations_select="all", comment=False, runtime="docker")
+    inputs = Inputs(
+        base=base.name, migrations="db", migrations_select="all", comment=False, runtime="docker"
+    )
     ev = event.Event(
         kind="open",
         repository="acme/shop",

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import assert_no_leaks, cli, docker_objects_for, require_docker_image
+from helpers import Undo, assert_no_leaks, cli, docker_objects_for, require_docker_image
 from pgoverlay.errors import DockerError, VersionMismatchError
 from pgoverlay.runner import branch, doctor
 from pgoverlay.runner.pool import Pool, gc
@@ -36,7 +36,7 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
     previous = pool.settings.runtime
     pool.settings.runtime = "auto"
     try:
-        b = branch.create(pool, "dock-auto")
+        b = branch.create(pool, "dock-auto", base_name=base.name)
     finally:
         pool.settings.runtime = previous
     try:
@@ -63,7 +63,7 @@ def test_auto_picks_docker_when_the_daemon_answers_and_records_it(
 def test_a_killed_container_is_seen_as_down_and_gc_restarts_it(
     pool: Pool, base: BaseVersion, client: Any
 ) -> None:
-    b = branch.create(pool, "dock-dead", runtime="docker")
+    b = branch.create(pool, "dock-dead", runtime="docker", base_name=base.name)
     try:
         with psycopg.connect(
             **branch.connection(pool, b).connect_kwargs(), autocommit=True
@@ -80,9 +80,10 @@ def test_a_killed_container_is_seen_as_down_and_gc_restarts_it(
 
 
 def test_gc_removes_containers_and_volumes_that_no_branch_claims(
-    pool: Pool, base: BaseVersion, client: Any
+    pool: Pool, base: BaseVersion, client: Any, undo: Undo
 ) -> None:
-    b = branch.create(pool, "dock-orphan", runtime="docker")
+    undo.branch("dock-orphan")
+    b = branch.create(pool, "dock-orphan", runtime="docker", base_name=base.name)
     # As if the registry row had been lost: the container and volume now belong to nobody.
     pool.registry.delete_branch("dock-orphan")
     assert len(docker_objects_for(pool, "dock-orphan")) == 2
@@ -111,7 +112,7 @@ def test_an_image_of_another_major_is_refused_before_anything_starts(
     pool.settings.docker_image = tag
     try:
         with pytest.raises(VersionMismatchError, match=f"runs Postgres {wrong_major}"):
-            branch.create(pool, "dock-mismatch", runtime="docker")
+            branch.create(pool, "dock-mismatch", runtime="docker", base_name=base.name)
         assert pool.registry.branch("dock-mismatch") is None
         assert docker_objects_for(pool, "dock-mismatch") == []
         pool.settings.runtime = "docker"
@@ -137,7 +138,7 @@ def test_auto_runs_locally_without_pulling_when_the_image_is_not_here(
     pool.settings.docker_image = "pgoverlay-local/no-such-image:{major}"
     try:
         choice = choose(pool.settings, "branch", major=base.pg_major or 0)
-        b = branch.create(pool, "dock-fallback")
+        b = branch.create(pool, "dock-fallback", base_name=base.name)
     finally:
         pool.settings.runtime, pool.settings.docker_image = previous
     try:
@@ -182,7 +183,7 @@ def test_a_docker_outage_reads_as_unknown_and_gc_neither_restarts_nor_destroys(
 ) -> None:
     """A process that cannot reach the daemon cannot tell whether a Docker branch runs: it says
     so, and gc leaves the branch alone instead of restarting it."""
-    b = branch.create(pool, "dock-blind", runtime="docker")
+    b = branch.create(pool, "dock-blind", runtime="docker", base_name=base.name)
     try:
         before = container_of(client, pool, "dock-blind").id
         # The daemon is up for this test; for the commands below, no daemon answers.

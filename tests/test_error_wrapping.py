@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from helpers import Undo
 from pgoverlay.action import migrations
 from pgoverlay.errors import BranchStartError, MigrationError, RegistryError, ServiceError
 from pgoverlay.runner import branch
@@ -59,12 +60,13 @@ def test_a_registry_locked_past_the_wait_raises_the_registrys_error_and_keeps_no
 
 
 def test_a_failing_login_role_update_in_create_raises_branch_start_error_and_undoes_it(
-    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
+    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch, undo: Undo
 ) -> None:
     # A predefined role cannot be made a login role: Postgres refuses the ALTER ROLE.
+    undo.branch("reserved-login")
     monkeypatch.setattr(pool.settings, "branch_user", "pg_monitor")
     with pytest.raises(BranchStartError) as caught:
-        branch.create(pool, "reserved-login")
+        branch.create(pool, "reserved-login", base_name=base.name)
     assert caught.value.exit_code == 19
     message = str(caught.value)
     assert message.startswith(
@@ -80,7 +82,7 @@ def test_a_failing_login_role_update_in_create_raises_branch_start_error_and_und
 def test_a_ledger_a_migration_broke_raises_migration_error_naming_the_fix(
     pool: Pool, base: BaseVersion
 ) -> None:
-    b = branch.create(pool, "broken-ledger")
+    b = branch.create(pool, "broken-ledger", base_name=base.name)
     try:
         target = Connection(
             host=pool.settings.public_host,

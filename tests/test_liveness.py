@@ -41,7 +41,7 @@ def test_a_local_branch_whose_binaries_are_gone_is_still_seen_running(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
     """Asking whether a branch runs needs no binaries: only starting it does."""
-    made = branch.create(pool, "live-nobin", runtime="local")
+    made = branch.create(pool, "live-nobin", runtime="local", base_name=base.name)
     empty = tmp_path / "no-postgres-here"
     empty.mkdir()
     previous = pool.settings.pg_bindir
@@ -59,7 +59,7 @@ def test_a_server_is_running_though_the_clock_was_stepped_since_it_started(
     """The pid file holds the wall clock at the server's start and /proc the boot clock: after
     the wall clock is stepped, the server is told by its working directory, and a pid file
     naming another data directory is still refused."""
-    made = branch.create(pool, "stepped-clock")
+    made = branch.create(pool, "stepped-clock", base_name=base.name)
     try:
         pidfile = branch.layout(pool, made.key).upper / "postmaster.pid"
         info = postmaster.read_pidfile(pidfile)

@@ -247,7 +247,9 @@ def masked(
     rules = tmp_path_factory.mktemp("rules") / "people-rules.yml"
     rules.write_bytes(RULES)
     dsn = source_dsn(source, dbname="people")
-    done = cli(["seed", "people-masked", "--from", dsn, "--mask", os.fspath(rules)], env=env)
+    done = cli(
+        ["base", "seed", "people-masked", "--from", dsn, "--mask", os.fspath(rules)], env=env
+    )
     assert done.returncode == 0, done.stderr
     assert "masked by people-rules.yml (sha256" in " ".join(done.stdout.split())
     base = pool.registry.latest_base("people-masked")
@@ -362,12 +364,12 @@ def test_seed_list_and_registry_record_the_rules_and_their_checksum(
     assert masked.mask_rules == "people-rules.yml"
     assert masked.mask_sha256 == parse(RULES, name="x").sha256
     assert not plain.masked and plain.mask_label == "not masked"
-    done = cli(["seed", "list", "--json"], env=env)
+    done = cli(["base", "list", "--json"], env=env)
     assert done.returncode == 0, done.stderr
     listed = {b["name"]: b for b in json.loads(done.stdout)}
     assert listed["people-masked"]["mask_sha256"] == masked.mask_sha256
     assert listed["people-plain"]["mask_sha256"] == ""
-    table = cli(["seed", "list"], env={**env, "COLUMNS": "400"})
+    table = cli(["base", "list"], env={**env, "COLUMNS": "400"})
     assert masked.mask_sha256[:12] in table.stdout
 
 
@@ -390,7 +392,7 @@ def test_rule_for_a_missing_column_fails_the_seed_naming_it_and_leaves_no_versio
     rules = tmp_path / "typo.yml"
     rules.write_text("tables:\n  customers:\n    emial: {fake: email}\n  shipments: truncate\n")
     dsn = source_dsn(source, dbname="people")
-    done = cli(["seed", "people-typo", "--from", dsn, "--mask", os.fspath(rules)], env=env)
+    done = cli(["base", "seed", "people-typo", "--from", dsn, "--mask", os.fspath(rules)], env=env)
     assert done.returncode == MaskError.exit_code, done.stderr
     assert "column public.customers.emial does not exist" in done.stderr
     assert "table public.shipments does not exist" in done.stderr

@@ -127,7 +127,7 @@ def _target(pool: Pool, name: str) -> Target:
 
 @pytest.fixture(scope="module")
 def hostile_branch(pool: Pool, base: BaseVersion) -> Iterator[Target]:
-    branch.create(pool, "hostile-files")
+    branch.create(pool, "hostile-files", base_name=base.name)
     try:
         yield _target(pool, "hostile-files")
     finally:

@@ -140,7 +140,7 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
     (repo / "m/003_bad.sql").write_text(FILE)
     (repo / "m/004_never.sql").write_text("CREATE TABLE never (x int);\n")
     files = migrations.all_files(repo, "m")
-    branch.create(pool, "migrating")
+    branch.create(pool, "migrating", base_name=base.name)
     try:
         target = target_for(pool, "migrating")
         psql = pgbin.for_major(15).tool("psql")
@@ -182,7 +182,7 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
 def test_a_migrate_command_sees_the_branch_in_its_environment(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
-    branch.create(pool, "by-command")
+    branch.create(pool, "by-command", base_name=base.name)
     try:
         target = target_for(pool, "by-command")
         ok = migrations.run_command(
@@ -222,7 +222,7 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
         (repo / "m/001_escape.sql").write_text("\\! id -u > whoami.txt\nSELECT 1;\n")
         for path in (repo, repo / "m", repo / "m/001_escape.sql"):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
-        branch.create(pool, "unprivileged")
+        branch.create(pool, "unprivileged", base_name=base.name)
         target = target_for(pool, "unprivileged")
         runs = migrations.apply_files(
             target,

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import cli, postgres_processes_for, source_dsn
+from helpers import Undo, cli, postgres_processes_for, source_dsn
 from pgoverlay.errors import (
     ConfigError,
     NotRootError,
@@ -53,7 +53,7 @@ def test_seeded_base_is_prepared_with_the_pools_wal_segment_size_and_metadata(
 def test_seed_list_shows_versions_and_branch_counts(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    done = cli(["seed", "list", "--json"], env=env)
+    done = cli(["base", "list", "--json"], env=env)
     assert done.returncode == 0, done.stderr
     listed = {(b["name"], b["version"]): b for b in json.loads(done.stdout)}
     assert listed[("app", base.version)]["state"] == "ready"
@@ -61,8 +61,10 @@ def test_seed_list_shows_versions_and_branch_counts(
 
 
 def test_refresh_makes_a_new_version_and_gc_removes_the_unreferenced_old_one(
-    pool: Pool, source: cluster.Running
+    pool: Pool, source: cluster.Running, undo: Undo
 ) -> None:
+    undo.branch("on-old-version")
+    undo.base("refreshing")
     first = seed.seed(pool, "refreshing", source_dsn=source_dsn(source))
     with pytest.raises(SeedError, match="--refresh"):
         seed.seed(pool, "refreshing", source_dsn=source_dsn(source))
@@ -80,7 +82,8 @@ def test_refresh_makes_a_new_version_and_gc_removes_the_unreferenced_old_one(
     seed.remove_version(pool, "refreshing", second.version)
 
 
-def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running) -> None:
+def test_seed_via_dump_gives_the_same_data(pool: Pool, source: cluster.Running, undo: Undo) -> None:
+    undo.branch("from-dump")
     dumped = seed.seed(pool, "dumped", source_dsn=source_dsn(source), via="dump")
     try:
         assert dumped.via == "dump"
@@ -104,7 +107,7 @@ def test_source_refusing_replication_says_to_use_dump(pool: Pool, source: cluste
 
 def test_unreachable_source_is_a_clear_error(pool: Pool, env: dict[str, str]) -> None:
     done = cli(
-        ["seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x"],
+        ["base", "seed", "nowhere", "--from", "host=127.0.0.1 port=1 user=x"],
         env={**env, "PGPASSWORD": "hunter2secret"},
     )
     assert done.returncode == SourceUnreachableError.exit_code
@@ -143,7 +146,7 @@ def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
     gc.collect(pool)  # what other tests left, so the report below is this seed's alone
     before = set(pool.tmp.glob("pgo-*-*"))
     done = cli(
-        ["seed", name, "--from", dsn, "--via", via],
+        ["base", "seed", name, "--from", dsn, "--via", via],
         env={**env, "PGOVERLAY_FAULT_POINT": f"seed:{step}"},
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
@@ -193,7 +196,8 @@ def test_create_with_binaries_of_another_major_is_refused(
     (fake / "postgres").write_text("#!/bin/sh\necho 'postgres (PostgreSQL) 16.4'\n")
     (fake / "postgres").chmod(0o755)
     done = cli(
-        ["branch", "create", "mismatch"], env={**env, "PGOVERLAY_PG_BINDIR": os.fspath(fake)}
+        ["branch", "create", "mismatch", "--base", base.name],
+        env={**env, "PGOVERLAY_PG_BINDIR": os.fspath(fake)},
     )
     assert done.returncode == VersionMismatchError.exit_code, done.stderr
     assert "needs Postgres 15" in done.stderr and "postgresql-15" in done.stderr
@@ -270,14 +274,14 @@ def test_not_root_is_refused_with_how_to_fix(env: dict[str, str], service: Path)
 def test_exhausted_port_range_is_a_clear_error(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    first = branch.create(pool, "port-holder")
+    first = branch.create(pool, "port-holder", base_name=base.name)
     try:
         narrow = {
             **env,
             "PGOVERLAY_PORT_MIN": str(first.port),
             "PGOVERLAY_PORT_MAX": str(first.port),
         }
-        done = cli(["branch", "create", "no-port"], env=narrow)
+        done = cli(["branch", "create", "no-port", "--base", base.name], env=narrow)
         assert done.returncode == PortsExhaustedError.exit_code, done.stderr
         assert "PGOVERLAY_PORT_MAX" in done.stderr
         assert pool.registry.branch("no-port") is None
@@ -288,7 +292,7 @@ def test_exhausted_port_range_is_a_clear_error(
 def test_connect_prints_a_working_dsn_and_status_never_shows_the_password(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    b = branch.create(pool, "cli-view")
+    b = branch.create(pool, "cli-view", base_name=base.name)
     try:
         dsn = cli(["branch", "connect", "cli-view"], env=env).stdout.strip()
         with psycopg.connect(dsn) as conn:
@@ -378,7 +382,7 @@ def test_a_source_preloading_a_library_this_runner_lacks_is_refused_before_copyi
 def test_status_config_lists_what_pgoverlay_imposes_over_the_bases_settings(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    branch.create(pool, "configured")
+    branch.create(pool, "configured", base_name=base.name)
     try:
         done = cli(["branch", "status", "configured", "--config", "--json"], env=env)
         assert done.returncode == 0, done.stderr

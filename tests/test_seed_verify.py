@@ -213,10 +213,10 @@ def test_a_seed_whose_copy_is_damaged_fails_and_leaves_nothing(
 
 
 def test_the_seed_command_starts_without_the_services_web_stack() -> None:
-    """`pgoverlay seed` is timed against a bare pg_basebackup: its start imports only what
+    """`pgoverlay base seed` is timed against a bare pg_basebackup: its start imports only what
     seeding needs, not the engine service's web server."""
     code = (
-        "import sys, pgoverlay.cli, pgoverlay.cli.seed, pgoverlay.runner.seed; "
+        "import sys, pgoverlay.cli, pgoverlay.cli.base, pgoverlay.runner.seed; "
         "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

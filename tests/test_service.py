@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -46,6 +47,7 @@ def ask(user: str, code: str, *, groups: tuple[str, ...] = ("pgoverlay",)) -> di
             "from pgoverlay.runner.service.client import RemoteEngine",
             "from pgoverlay.runner.service.models import CreateRequest, RecordRequest",
             f"engine = RemoteEngine(Path({os.fspath(SOCKET)!r}))",
+            f"BASE = {BASE!r}",
             "try:",
             inner,
             "except PgoverlayError as err:",
@@ -61,16 +63,22 @@ def ask(user: str, code: str, *, groups: tuple[str, ...] = ("pgoverlay",)) -> di
 
 
 SOCKET = Path()
+BASE = ""  # the session's base: every create names it, whatever other bases the pool holds
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _socket(service: Path) -> None:
-    global SOCKET
+def _socket(service: Path, base: BaseVersion) -> None:
+    global SOCKET, BASE
     SOCKET = service
+    BASE = base.name
 
 
 @pytest.fixture
-def clean(pool: Pool) -> None:
+def clean(pool: Pool) -> Iterator[None]:
+    """No branch when the test starts, and none left when it ends, passed or failed."""
+    for b in pool.registry.branches():
+        branch.destroy(pool, b.name)
+    yield
     for b in pool.registry.branches():
         branch.destroy(pool, b.name)
 
@@ -94,7 +102,7 @@ def test_a_workflow_user_creates_logs_in_and_destroys(
     created = ask(
         RUNNER,
         """
-        b = engine.create(CreateRequest(name="svc-a", repository="acme/widgets", pr=7))
+        b = engine.create(CreateRequest(name="svc-a", base=BASE, repository="acme/widgets", pr=7))
         c = engine.connection("svc-a")
         result = {"view": as_dict(b), "url": c.url}
         """,
@@ -119,7 +127,10 @@ def test_a_workflow_user_creates_logs_in_and_destroys(
 def test_another_user_may_look_but_not_touch(
     users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    ask(RUNNER, 'result = engine.create(CreateRequest(name="svc-b", repository="acme/b"))')
+    ask(
+        RUNNER,
+        'result = engine.create(CreateRequest(name="svc-b", base=BASE, repository="acme/b"))',
+    )
     seen = ask(OTHER, "result = [b.name for b in engine.branches()]")
     assert seen == ["svc-b"]  # type: ignore[comparison-overlap]
     for call in (
@@ -143,7 +154,8 @@ def test_a_branch_of_another_repository_is_refused_and_freed_when_destroyed(
 ) -> None:
     ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="pr-31", repository="acme/widgets", pr=31))',
+        'result = engine.create(CreateRequest(name="pr-31", base=BASE, '
+        'repository="acme/widgets", pr=31))',
     )
     refused = ask(RUNNER, 'result = engine.reset("pr-31", repository="other/gadgets")')
     assert refused["error"] == "BranchOwnedError" and "acme/widgets#31" in str(refused["message"])
@@ -151,7 +163,8 @@ def test_a_branch_of_another_repository_is_refused_and_freed_when_destroyed(
     assert cli(["branch", "destroy", "pr-31"], env=env)
     again = ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="pr-31", repository="other/gadgets", pr=31))',
+        'result = engine.create(CreateRequest(name="pr-31", base=BASE, '
+        'repository="other/gadgets", pr=31))',
     )
     assert again["repository"] == "other/gadgets" and again["record"] is None
 
@@ -196,7 +209,9 @@ def test_per_repository_and_total_limits(
         result = None
         for i in range({limit + 1}):
             try:
-                engine.create(CreateRequest(name=f"lim-{{i}}", repository="acme/many", pr=i + 1))
+                engine.create(
+                    CreateRequest(name=f"lim-{{i}}", base=BASE, repository="acme/many", pr=i + 1)
+                )
                 made.append(i)
             except PgoverlayError as err:
                 result = {{"made": len(made), "error": type(err).__name__, "message": str(err)}}
@@ -207,7 +222,7 @@ def test_per_repository_and_total_limits(
     assert "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY" in str(answer["message"])
     other = ask(
         RUNNER,
-        'result = engine.create(CreateRequest(name="lim-x", repository="acme/few", pr=1))',  # noqa: E501
+        'result = engine.create(CreateRequest(name="lim-x", base=BASE, repository="acme/few", pr=1))',  # noqa: E501
     )
     assert other["name"] == "lim-x"
 
@@ -216,7 +231,7 @@ def test_the_non_root_cli_talks_to_the_service(
     users: None, clean: None, pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
     made = cli(
-        ["branch", "create", "svc-cli", "--repository", "acme/cli", "--json"],
+        ["branch", "create", "svc-cli", "--repository", "acme/cli", "--json", "--base", base.name],
         env=env,
         user=RUNNER,
         groups=["pgoverlay"],
@@ -229,10 +244,10 @@ def test_the_non_root_cli_talks_to_the_service(
         conn.execute("SELECT 1")
     denied = cli(["branch", "destroy", "svc-cli"], env=env, user=OTHER, groups=["pgoverlay"])
     assert denied.returncode == 28 and "created by another user" in denied.stderr
-    bases = cli(["seed", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
-    assert [b["name"] for b in json.loads(bases.stdout)] == [base.name], bases.stderr
+    bases = cli(["base", "list", "--json"], env=env, user=OTHER, groups=["pgoverlay"])
+    (seen,) = [b for b in json.loads(bases.stdout) if b["name"] == base.name]
     # Where a base came from, and what its lockdown removed, are root's to see.
-    assert not {"source", "neutralised", "superuser"} & set(json.loads(bases.stdout)[0])
+    assert not {"source", "neutralised", "superuser"} & set(seen)
     outside = cli(["branch", "list"], env=env, user=OUTSIDER)
     assert outside.returncode == 30 and "usermod -aG pgoverlay" in outside.stderr
     gone = cli(["branch", "destroy", "svc-cli"], env=env, user=RUNNER, groups=["pgoverlay"])
@@ -260,7 +275,7 @@ def test_concurrent_requests_each_get_their_answer(
     from pgoverlay.runner.service.models import CreateRequest, RecordRequest
 
     engine = RemoteEngine(service)  # root's own client: may act on every branch
-    engine.create(CreateRequest(name="svc-busy", repository="acme/busy", pr=1))
+    engine.create(CreateRequest(name="svc-busy", repository="acme/busy", pr=1, base=base.name))
 
     def one(i: int) -> str:
         engine.save_record(
@@ -306,7 +321,7 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
     # What the test service runs with (the suite's environment turns autostart off).
     same = {**env, "PGOVERLAY_SERVICE_GC_INTERVAL": "0", "PGOVERLAY_SERVICE_AUTOSTART": "true"}
     start = len(log.read_text())
-    made = cli(["branch", "create", "root-svc", "--json"], env=same)
+    made = cli(["branch", "create", "root-svc", "--json", "--base", base.name], env=same)
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["owner_uid"] == 0
     listed = cli(["branch", "list"], env=same)
@@ -316,11 +331,11 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
     assert "GET /v1/branches -> 200" in asked
     # Asking is all such a command does: it imports neither the engine nor pydantic, and
     # defines no dataclass (``dataclasses`` and the ``inspect`` it imports cost about 20 ms).
-    for args in (["branch", "list"], ["branch", "status", "root-svc"], ["seed", "list"]):
+    for args in (["branch", "list"], ["branch", "status", "root-svc"], ["base", "list"]):
         modules = loaded(args, same)
         assert not modules & {"dataclasses", "inspect", "pydantic", "pgoverlay.runner.pool"}
     start = len(log.read_text())
-    bases = cli(["seed", "list", "--json"], env=same)
+    bases = cli(["base", "list", "--json"], env=same)
     assert "GET /v1/bases -> 200" in new_lines(start), bases.stderr
     shown = json.loads(bases.stdout)[0]
     assert shown["source"] == base.source and shown["neutralised"] == base.neutralised_notes

@@ -199,7 +199,7 @@ def test_a_password_given_outside_argv_seeds_and_never_shows_in_a_command_line(
     home.mkdir(mode=0o700)
     run_env = _base_env(env, home)
     name = f"pw-{WAYS.index(way)}-{where}-{via}"
-    args = ["seed", name, "--from", locked.dsn, "--via", via, "--runtime", where]
+    args = ["base", "seed", name, "--from", locked.dsn, "--via", via, "--runtime", where]
     if way == "PGPASSWORD":
         run_env["PGPASSWORD"] = locked.password
     elif way == "PGPASSFILE":
@@ -240,7 +240,7 @@ def test_a_password_in_the_dsn_is_refused_without_echoing_it(
         f"postgresql://seeder:{quoted}@127.0.0.1:{locked.port}/app",
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "pgoverlay", "-vv", "seed", "refused", "--from", dsn],
+            [sys.executable, "-m", "pgoverlay", "-vv", "base", "seed", "refused", "--from", dsn],
             env=_base_env(env, tmp_path),
             capture_output=True,
             text=True,
@@ -262,7 +262,7 @@ def test_no_password_off_a_terminal_says_how_to_give_one(
     pool: Pool, locked: Locked, env: dict[str, str], tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pgoverlay", "seed", "no-password", "--from", locked.dsn],
+        [sys.executable, "-m", "pgoverlay", "base", "seed", "no-password", "--from", locked.dsn],
         env=_base_env(env, tmp_path),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -300,7 +300,7 @@ def test_on_a_terminal_a_missing_password_is_prompted_for(
     if pid == 0:  # the child: pgoverlay on a terminal
         os.execve(
             sys.executable,
-            [sys.executable, "-m", "pgoverlay", "seed", "prompted", "--from", locked.dsn],
+            [sys.executable, "-m", "pgoverlay", "base", "seed", "prompted", "--from", locked.dsn],
             run_env,
         )
     try:

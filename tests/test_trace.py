@@ -332,7 +332,7 @@ def test_a_base_without_the_trace_objects_is_refused_with_the_fix(
         conn.execute(f"DROP SCHEMA {instrument.SCHEMA} CASCADE")
     with pytest.raises(TraceError) as refused:
         LocalEngine(pool).trace_begin(traced.name, TraceRequest())
-    assert f"pgoverlay seed {base.name} --refresh" in str(refused.value)
+    assert f"pgoverlay base seed {base.name} --refresh" in str(refused.value)
     with as_engine(pool, traced, base) as conn:  # nothing was made late, nor switched on
         assert _trace_objects(conn) == []
         assert _switched_on(conn, traced.user) == []

@@ -76,7 +76,7 @@ def test_a_branch_runs_with_the_pools_wal_settings_on_a_base_of_its_segment_size
     store = pool.base_dir(base.name, base.version)
     assert {p.stat().st_size for p in segments(store / "pg_wal")} == {16 * MiB}
     assert branchconf.wal_segment_bytes(store) == 16 * MiB
-    made = branch.create(pool, "wal-settings")
+    made = branch.create(pool, "wal-settings", base_name=base.name)
     try:
         s = pool.settings
         assert show(
@@ -121,7 +121,7 @@ def test_a_branchs_whole_wal_segment_is_a_clone_and_a_small_write_costs_far_less
     """Create writes WAL (the branch's password), so the base's 16 MiB segment is copied up:
     logically whole, physically a reflink clone. A small write then adds a few blocks, not a
     segment: it stays in that segment, and copy-up clones share the base's blocks."""
-    made = branch.create(pool, "wal-small-write")
+    made = branch.create(pool, "wal-small-write", base_name=base.name)
     try:
         os.sync()
         fresh = branch.layer_size(pool, "wal-small-write")

@@ -3,6 +3,7 @@ mended by gc after a crash at any claim step, retired when their base is refresh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,11 +32,14 @@ KILLED = -signal.SIGKILL
 
 @pytest.fixture
 def keep_warm(pool: Pool, base: BaseVersion) -> Iterator[None]:
-    """Whatever a test keeps warm is retired when it ends, so other tests create cold."""
+    """Whatever a test keeps warm is retired when it ends, so other tests create cold. The
+    test run's engine service may be topping a target up meanwhile: setting the count to 0
+    waits for that top-up and retires what it started (``warm.set_target``); a target the test
+    lowered itself is waited for the same way."""
     yield
     for target in pool.registry.warm_targets():
-        pool.registry.set_warm_target(target.base_name, target.runtime, 0)
-    warm.replenish(pool, start=False)
+        assert not warm.set_target(pool, target.base_name, target.runtime, 0).busy
+    assert not warm.replenish(pool, start=False, wait=120).busy
     left = warm.warm_branches(pool)
     assert left == [], f"warm branches left: {left}"
 
@@ -100,8 +104,10 @@ def test_a_claimed_warm_branch_is_a_branch_like_any_other_and_only_its_new_passw
     assert not _login(pool, ready, "guess")
     assert "warm" not in {b.state for b in pool.registry.branches()}  # not listed as a branch
 
-    claimed = branch.create(pool, "claimed", ttl_seconds=3600, repository="o/r", pr=7)
-    cold = branch.create(pool, "cold-twin")  # the only warm one is taken
+    claimed = branch.create(
+        pool, "claimed", ttl_seconds=3600, repository="o/r", pr=7, base_name=base.name
+    )
+    cold = branch.create(pool, "cold-twin", base_name=base.name)  # the only warm one is taken
     try:
         assert claimed.slot == ready.name and claimed.port == ready.port
         assert cold.slot == "cold-twin"
@@ -139,7 +145,12 @@ def test_concurrent_creates_never_claim_the_same_warm_branch(
     warmed = {b.name for b in _warm_up(pool, base, "local", 2)}
     names = [f"race-{i}" for i in range(5)]
     with ThreadPoolExecutor(len(names)) as workers:
-        done = list(workers.map(lambda n: cli(["branch", "create", n, "--json"], env=env), names))
+        done = list(
+            workers.map(
+                lambda n: cli(["branch", "create", n, "--json", "--base", base.name], env=env),
+                names,
+            )
+        )
     try:
         assert [d.returncode for d in done] == [0] * len(names), [d.stderr for d in done]
         made = [pool.registry.branch(n) for n in names]
@@ -165,7 +176,10 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
 ) -> None:
     (ready,) = _warm_up(pool, base, "local", 1)
     name = f"crash-claim-{step}"
-    done = cli(["branch", "create", name], env={**env, "PGOVERLAY_FAULT_POINT": f"claim:{step}"})
+    done = cli(
+        ["branch", "create", name, "--base", base.name],
+        env={**env, "PGOVERLAY_FAULT_POINT": f"claim:{step}"},
+    )
     assert done.returncode == KILLED, done.stderr
     row = pool.registry.branch(name)
     assert row is not None and row.state == "claiming" and row.slot == ready.name
@@ -179,7 +193,7 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
     assert_no_leaks(pool, ready.name)  # its port may be the new warm branch's
     # the target is met again (by gc, or by the engine service when a test started one)
     (refilled,) = _warm_up(pool, base, "local", 1)
-    again = branch.create(pool, name, runtime="local")
+    again = branch.create(pool, name, runtime="local", base_name=base.name)
     try:
         assert again.slot == refilled.name and _login(pool, again, again.password)
     finally:
@@ -192,7 +206,7 @@ def test_a_crash_while_starting_a_warm_branch_is_undone_by_gc(
 ) -> None:
     with without_the_service(pool):  # until gc has undone the half-started one
         done = cli(
-            ["seed", "warm", base.name, "--count", "1"],
+            ["base", "warm", base.name, "--count", "1"],
             env={**env, "PGOVERLAY_FAULT_POINT": "warm:started"},
         )
         assert done.returncode == KILLED, done.stderr
@@ -239,11 +253,11 @@ def test_a_refreshed_base_retires_the_old_versions_warm_branches(
 def test_seed_list_and_doctor_show_each_warm_branchs_memory(
     pool: Pool, base: BaseVersion, env: dict[str, str]
 ) -> None:
-    done = cli(["seed", "warm", base.name, "--count", "2"], env=env)
+    done = cli(["base", "warm", base.name, "--count", "2"], env=env)
     assert done.returncode == 0, done.stderr
     assert f"base {base.name} on local: 2/2 (" in done.stdout
 
-    listed = cli(["seed", "list", "--json"], env=env)
+    listed = cli(["base", "list", "--json"], env=env)
     assert listed.returncode == 0, listed.stderr
     (row,) = [b for b in json.loads(listed.stdout) if b["name"] == base.name]
     (state,) = row["warm"]
@@ -251,7 +265,7 @@ def test_seed_list_and_doctor_show_each_warm_branchs_memory(
     # an idle server: more than its binary's share, far less than its shared_buffers
     assert 1024**2 < state["memory_bytes_each"] < 128 * 1024**2
     assert row["branches"] == 0  # warm branches are nobody's yet
-    # What the engine service answers a workflow's user (`seed list` as anyone but root).
+    # What the engine service answers a workflow's user (`base list` as anyone but root).
     views = LocalEngine(pool, uid=1000).bases()
     (view,) = [b for b in views if (b.name, b.version) == (base.name, base.version)]
     (served,) = view.warm
@@ -262,7 +276,7 @@ def test_seed_list_and_doctor_show_each_warm_branchs_memory(
     assert "2 of 2 warm branches ready on local, " in doctor.stdout, doctor.stdout
     assert "MiB each" in doctor.stdout
 
-    bad = cli(["seed", "warm", base.name], env=env)
+    bad = cli(["base", "warm", base.name], env=env)
     assert bad.returncode != 0 and "--count N" in bad.stderr
 
 
@@ -276,7 +290,7 @@ def test_the_engine_service_keeps_the_target_met(
         timeout=120,
         what="the service to start a warm branch",
     )
-    branch.create(pool, "served", runtime="local")
+    branch.create(pool, "served", runtime="local", base_name=base.name)
     try:
         second = wait_for(
             lambda: ready[0] if (ready := _ready(pool, base, "local")) else None,
@@ -286,14 +300,63 @@ def test_the_engine_service_keeps_the_target_met(
         assert second.name != first.name
     finally:
         branch.destroy(pool, "served")
-        pool.registry.set_warm_target(base.name, "local", 0)
         # Every warm branch, not only the ready ones: one the service was still starting when
-        # the target fell to 0 is retired after it is up, and would meet the next test.
+        # the target fell to 0 is retired once it is up, before set_target returns.
+        assert not warm.set_target(pool, base.name, "local", 0).busy
+        assert warm.warm_branches(pool) == []
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_count_of_0_set_during_a_top_up_waits_for_it_and_leaves_no_warm_branch(
+    pool: Pool, base: BaseVersion, env: dict[str, str]
+) -> None:
+    """A top-up in another thread stands for the engine service's: `base warm NAME --count 0`
+    (a process) returns only when that top-up has ended, and nothing it started is left."""
+
+    def top_up() -> warm.Replenished:
+        with contextlib.closing(Pool.open(pool.settings)) as own:  # a registry per thread
+            return warm.replenish(own, wait=120)
+
+    pool.registry.set_warm_target(base.name, "local", 4)
+    with ThreadPoolExecutor(1) as worker:
+        topping = worker.submit(top_up)
         wait_for(
-            lambda: not warm.warm_branches(pool) or None,
+            lambda: warm.warm_branches(pool) or None,
             timeout=120,
-            what="the service to retire the warm branches",
+            what="the top-up to start its first warm branch",
         )
+        done = cli(["base", "warm", base.name, "--count", "0"], env=env)
+        left = warm.warm_branches(pool)
+        ended = topping.done()
+        topping.result(timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"base {base.name} on local: no warm branches kept" in done.stdout, done.stdout
+    assert ended and left == []
+
+
+@pytest.mark.usefixtures("keep_warm")
+def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
+    pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count is lowered to 0 right after the top-up's first start (as `base warm NAME
+    --count 0` would meanwhile): it starts no second one."""
+    started: list[str] = []
+    start_warm = branch.start_warm
+
+    def start_then_lower(p: Pool, b: BaseVersion, runtime: str) -> Branch:
+        made = start_warm(p, b, runtime)
+        started.append(made.name)
+        pool.registry.set_warm_target(base.name, "local", 0)
+        return made
+
+    monkeypatch.setattr(branch, "start_warm", start_then_lower)
+    with without_the_service(pool):  # this top-up, not the service's, is the one to watch
+        pool.registry.set_warm_target(base.name, "local", 3)
+        done = warm.replenish(pool, wait=120)
+        assert len(started) == 1 and done.started == started
+        assert warm.replenish(pool, start=False).retired == [
+            f"{started[0]} (no warm branches of {base.name} are wanted on local)"
+        ]
 
 
 @contextmanager
@@ -321,7 +384,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
             raise AssertionError("the claim opened a connection of its own")
 
         monkeypatch.setattr(branch, "_engine_connection", refuse)
-        claimed = branch.create(pool, "held-claim", runtime="local")
+        claimed = branch.create(pool, "held-claim", runtime="local", base_name=base.name)
         monkeypatch.undo()
     try:
         assert claimed.slot == ready.name
@@ -340,7 +403,7 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
         assert len(held_pids) == 1  # the one held connection
         with branch._engine_connection(pool, ready, base) as conn:
             assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
-        claimed = branch.create(pool, "reheld-claim", runtime="local")
+        claimed = branch.create(pool, "reheld-claim", runtime="local", base_name=base.name)
     try:
         assert claimed.slot == ready.name  # claimed warm, not created cold after a failure
         assert _login(pool, claimed, claimed.password)
@@ -388,7 +451,7 @@ def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         try:
-            claimed = branch.create(pool, "unflushed", runtime="local")
+            claimed = branch.create(pool, "unflushed", runtime="local", base_name=base.name)
         finally:
             for pid in [pm, *children]:
                 os.kill(pid, signal.SIGKILL)

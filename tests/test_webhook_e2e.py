@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakegithub import FakeGitHub
-from helpers import cli, require
+from helpers import SESSION_BASE, cli, require
 from pgoverlay.action import record
 from pgoverlay.runner import branch
 from pgoverlay.runner.polling import wait_for
@@ -163,8 +163,12 @@ class Listener:
             yaml.safe_dump(
                 {
                     "repositories": {
-                        REPO: {"migrations": "db/migrations", "fork_label": "db-ok"},
-                        TOOLS: {"migrate_command": job_command(socket)},
+                        REPO: {
+                            "base": SESSION_BASE,
+                            "migrations": "db/migrations",
+                            "fork_label": "db-ok",
+                        },
+                        TOOLS: {"base": SESSION_BASE, "migrate_command": job_command(socket)},
                     },
                 }
             )

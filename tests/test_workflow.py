@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from fakegithub import FakeGitHub
-from helpers import cli
+from helpers import SESSION_BASE, cli
 from pgoverlay.action import event, main, request, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.request import Inputs, read_inputs
@@ -225,7 +225,9 @@ def pr_event(
 
 
 def handle(pool: Pool, ev: event.Event, inputs: Inputs, **options: Any) -> Outcome:
-    """The workflow as root's engine runs it (the service's own tests cover other callers)."""
+    """The workflow as root's engine runs it (the service's own tests cover other callers), on
+    the session's base unless ``inputs`` names one."""
+    inputs = dataclasses.replace(inputs, base=inputs.base or SESSION_BASE)
     return workflow.handle(LocalEngine(pool), ev, inputs, settings=pool.settings, **options)
 
 
@@ -328,13 +330,18 @@ def test_the_comment_is_looked_for_while_the_branch_is_made_and_written_once(
     engine = ListingFirst(pool, fake)
     try:
         first = workflow.handle(
-            engine, pr_event(), Inputs(), settings=pool.settings, repo_dir=tmp_path, github=client
+            engine,
+            pr_event(),
+            Inputs(base=base.name),
+            settings=pool.settings,
+            repo_dir=tmp_path,
+            github=client,
         )
         assert first.comment is not None and first.comment.action == "created"
         again = workflow.handle(
             engine,
             pr_event(head="c" * 40),
-            Inputs(),
+            Inputs(base=base.name),
             settings=pool.settings,
             repo_dir=tmp_path,
             github=client,
@@ -432,6 +439,9 @@ def test_a_branch_destroyed_by_hand_frees_its_pr_for_another_repository(
 
 
 def job_env(tmp_path: Path, pool: Pool, data: dict[str, Any], **inputs: str) -> dict[str, str]:
+    """A job's variables for ``data`` and ``inputs``, whose `base` is the session's unless
+    given."""
+    inputs = {"base": SESSION_BASE, **inputs}
     event_path = tmp_path / "event.json"
     event_path.write_text(json.dumps(data))
     return {

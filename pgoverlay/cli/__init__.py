@@ -1,8 +1,9 @@
 """The `pgoverlay` command: parse arguments, call one core function, format the result.
 
 One module per command group, each registering its subcommands: pool.py (pool and doctor),
-seed.py, branch.py, service.py (service and gc), demo.py, action.py and webhook.py; common.py
-holds what they share.
+base.py, branch.py, service.py (service and gc), demo.py, action.py and webhook.py; common.py
+holds what they share; renamed.py keeps the old spellings of renamed commands working for a
+release.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pgoverlay.errors import PgoverlayError
 GROUPS = {
     "pool": "pool",
     "doctor": "pool",
-    "seed": "seed",
+    "base": "base",
     "branch": "branch",
     "service": "service",
     "gc": "service",
@@ -34,27 +35,37 @@ GROUPS = {
     "action": "action",
     "webhook": "webhook",
 }
+# Renamed commands, whose old spelling still works for a release: renamed.py rewrites a command
+# line that uses one (imported only then).
+RENAMED = {"seed": "base"}
 
 
-def _columns() -> int:
-    """The terminal's width as ``shutil.get_terminal_size`` finds it (COLUMNS, else the
-    terminal of stdout, else 80), without importing shutil: argparse's help formatter imports
-    it, with bz2 and lzma, for this alone, about 5 ms of every command."""
+# argparse's width off a terminal: no line of help is that long, so none is broken.
+NO_WRAP = 1 << 16
+
+
+def _help_width() -> int:
+    """Where argparse wraps help: on a terminal, at its width as ``shutil.get_terminal_size``
+    finds it (COLUMNS, else the terminal's own); off one (a file, a pipe, a CI log) nowhere, as
+    a path or a message broken at 80 columns cannot be searched or copied whole. Found without
+    importing shutil: argparse's help formatter imports it, with bz2 and lzma, for this alone,
+    about 5 ms of every command."""
+    stdout = sys.__stdout__
     try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):
-            columns = 0
+        if stdout is None or not os.isatty(stdout.fileno()):
+            return NO_WRAP
+        columns = os.get_terminal_size(stdout.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return NO_WRAP
+    override = os.environ.get("COLUMNS", "")
+    if override.isdigit() and int(override) > 0:
+        columns = int(override)
     return columns if columns > 0 else 80
 
 
 class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str, **kwargs: Any) -> None:
-        kwargs.setdefault("width", _columns() - 2)  # what argparse's own default is
+        kwargs.setdefault("width", _help_width() - 2)  # what argparse's own default is
         super().__init__(prog, **kwargs)
 
 
@@ -77,15 +88,23 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pgoverlay {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    words = [word for word in (argv or ()) if not word.startswith("-")]
-    named = GROUPS.get(words[0]) if words else None
+    named = GROUPS.get(_command(argv or ()) or "")
     for group in (named,) if named else dict.fromkeys(GROUPS.values()):
         importlib.import_module(f"pgoverlay.cli.{group}").register(sub)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if _command(argv) in RENAMED:
+        from pgoverlay.cli import renamed
+
+        argv = renamed.rewrite(argv)
     args = build_parser(argv).parse_args(argv)
     common.verbosity = args.verbose
     # A command that may only ask the engine service (``lean``) sets logging up when it turns

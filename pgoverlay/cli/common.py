@@ -46,7 +46,11 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr, highlight=False)
+            console = Console(stderr=self._stderr, highlight=False)
+            # Off a terminal (a file, a pipe, a CI log) no line is broken: rich would wrap at
+            # 80 columns, in the middle of a path or a message.
+            console.soft_wrap = not console.is_terminal
+            self._console = console
         return self._console
 
     def print(self, *objects: Any, **kwargs: Any) -> None:

@@ -65,8 +65,8 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
             name = names[0]
         elif not names:
             raise BaseMissingError(
-                "no base is seeded yet: run `pgoverlay seed NAME --from DSN` "
-                "(or `pgoverlay seed demo --demo`)"
+                "no base is seeded yet: run `pgoverlay base seed NAME --from DSN` "
+                "(or `pgoverlay base seed demo --demo`)"
             )
         else:
             raise BaseMissingError(
@@ -78,7 +78,7 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
         known = ", ".join(sorted({b.name for b in pool.registry.bases() if b.state == "ready"}))
         raise BaseMissingError(
             f"no base named {name!r} (known: {known or 'none'}): seed it with "
-            f"`pgoverlay seed {name} --from DSN`"
+            f"`pgoverlay base seed {name} --from DSN`"
         )
     return base
 
@@ -264,7 +264,7 @@ def _claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[s
         what=f"warm branch {branch.slot} was claimed as {branch.name} but its login role "
         f"{branch.user} could not be given the branch's password",
         fix="it is undone and the branch created cold; if warm claims keep failing, retire "
-        f"the warm branches (`pgoverlay seed warm {base.name} --count 0`)",
+        f"the warm branches (`pgoverlay base warm {base.name} --count 0`)",
         flush=False,
     )
 
@@ -502,8 +502,8 @@ def _check_free(
     current = pool.registry.base(base.name, base.version)
     if current is None or current.state != "ready":
         raise BaseMissingError(
-            f"base {base.name} v{base.version} is being removed (`pgoverlay seed rm`): "
-            "create the branch from another base (`pgoverlay seed list`)"
+            f"base {base.name} v{base.version} is being removed (`pgoverlay base rm`): "
+            "create the branch from another base (`pgoverlay base list`)"
         )
     existing = pool.registry.branch(name)
     if existing is not None:

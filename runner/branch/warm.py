@@ -1,7 +1,7 @@
 """Warm branches: started ahead of time, so ``branch create`` only claims one.
 
 Nothing about a branch depends on who claims it except its name, its password and its owner,
-so a configured number per base and runtime (``pgoverlay seed warm NAME COUNT``) is kept
+so a configured number per base and runtime (``pgoverlay base warm NAME --count N``) is kept
 started: unclaimed, reachable by nobody (its login role has no password), named after its own
 slot (``warm-…``), which its directories and container keep after a claim renames it.
 
@@ -11,6 +11,11 @@ retires the warm branches of a superseded base version, of a runtime or base no 
 for, or whose server is gone, and starts new ones up to the target. Retiring takes a branch
 out of the warm set in one registry transaction (``Registry.unwarm``) before tearing it down, so
 it never races a claim: whichever commits first wins.
+
+One top-up runs at a time (a lock). A top-up reads the target again before each branch it
+starts, so a lowered target stops it after the branch it is starting; :func:`set_target` waits
+for a running top-up to end and then retires what it started beyond the new target: when it
+returns, the count it set holds (0: no warm branch of that base on that runtime is left).
 """
 
 from __future__ import annotations
@@ -85,16 +90,28 @@ def retire(pool: Pool, b: Branch) -> bool:
     return True
 
 
-def replenish(pool: Pool, *, start: bool = True) -> Replenished:
+def replenish(pool: Pool, *, start: bool = True, wait: float = 0) -> Replenished:
     """Retire the warm branches that should go, then start new ones up to each target (unless
-    ``start`` is false). One process at a time: a second caller returns ``busy``."""
+    ``start`` is false). One process at a time: a caller that finds another one at it for
+    ``wait`` seconds returns ``busy``, having done nothing."""
     done = Replenished()
     try:
-        with locks.hold(pool.lock_path("warm", "replenish"), timeout=0, what="warm branches"):
+        with locks.hold(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
             _replenish(pool, done, start=start)
     except LockBusyError:
         done.busy = True
     return done
+
+
+def set_target(pool: Pool, base_name: str, runtime: str, count: int) -> Replenished:
+    """Keep ``count`` warm branches of ``base_name`` on ``runtime`` (0: none), and make it so
+    now: after the top-up another process (the engine service) may be running, which the new
+    target stops after the branch it is starting, retire what is beyond the target and start
+    what is missing. ``busy`` if that top-up did not end within the time one branch may take
+    to start and stop (the target is set; the next top-up meets it)."""
+    pool.registry.set_warm_target(base_name, runtime, count)
+    wait = pool.settings.start_timeout + pool.settings.stop_timeout
+    return replenish(pool, wait=wait)
 
 
 def _replenish(pool: Pool, done: Replenished, *, start: bool) -> None:
@@ -116,7 +133,10 @@ def _replenish(pool: Pool, done: Replenished, *, start: bool) -> None:
         base = pool.registry.latest_base(target.base_name)
         if base is None:
             continue
-        for _ in range(target.count - have.get((target.base_name, target.runtime), 0)):
+        key = (target.base_name, target.runtime)
+        # The target as it is now, before each start: one lowered meanwhile (`base warm NAME
+        # --count 0`) stops this top-up rather than being met by one more branch to retire.
+        while have.get(key, 0) < _targets(pool).get(key, 0):
             try:
                 runtime_for(pool, base, target.runtime, check=True)
                 made = branches.start_warm(pool, base, target.runtime)
@@ -124,7 +144,12 @@ def _replenish(pool: Pool, done: Replenished, *, start: bool) -> None:
                 done.problems.append(f"warm branch of {base.name} on {target.runtime}: {err}")
                 log.warning("could not start a warm branch of %s: %s", base.name, err)
                 break
+            have[key] = have.get(key, 0) + 1
             done.started.append(made.name)
+
+
+def _targets(pool: Pool) -> dict[tuple[str, str], int]:
+    return {(t.base_name, t.runtime): t.count for t in pool.registry.warm_targets()}
 
 
 def states(pool: Pool, *, measure: bool = True) -> list[WarmState]:

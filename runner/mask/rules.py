@@ -1,4 +1,4 @@
-"""Masking rules: the YAML file an admin passes to ``seed --mask``, parsed and checked. Pure.
+"""Masking rules: the YAML file an admin passes to ``base seed --mask``, parsed and checked. Pure.
 
 A rules file names tables and, per column, how to mask it::
 

@@ -75,7 +75,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
 
 
 def _removals(pool: Pool, report: Report) -> None:
-    """Finish the base removals (`seed rm`) a killed process left: their branches first."""
+    """Finish the base removals (`base rm`) a killed process left: their branches first."""
     for base in pool.registry.bases():
         if base.state != "removing":
             continue
@@ -84,7 +84,7 @@ def _removals(pool: Pool, report: Report) -> None:
                 base_removal.finish(pool, base.name, base.version)
             report.bases_removed.append(f"{base.name} v{base.version} (interrupted removal)")
         except LockBusyError:
-            continue  # a live `seed rm` is working on it
+            continue  # a live `base rm` is working on it
         except PgoverlayError as err:
             report.problems.append(f"base {base.name} v{base.version}: {err}")
             log.warning("gc could not finish removing base %s: %s", base.name, err)

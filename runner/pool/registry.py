@@ -216,7 +216,7 @@ def _columns(cls: type) -> str:
 # "warm": started, unclaimed, no password; "claiming": bound to a name, its password being set
 BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying", "warm", "claiming"})
 WARM_PREFIX = "warm-"
-# "removing": `seed rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
+# "removing": `base rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})
 IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$. -]{0,62}$")
 

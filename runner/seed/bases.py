@@ -1,4 +1,4 @@
-"""Removing a base (`pgoverlay seed rm`): every version of a name, or one.
+"""Removing a base (`pgoverlay base rm`): every version of a name, or one.
 
 A removal is a saga, like a seed. Under the base's lock it marks the versions ``removing`` in the
 same registry transaction that finds the branches using them, so no branch of them can be made
@@ -76,7 +76,7 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
         raise RegistryRowError(
             f"base {name} v{version} is still used by branch rows pgoverlay cannot act on "
             f"({', '.join(left)}; `pgoverlay gc` says why): remove them with `sqlite3` (as "
-            f"root), then run `pgoverlay seed rm {name}` again"
+            f"root), then run `pgoverlay base rm {name}` again"
         )
     mounts.unmount(pool.base_dir(name, version))
     fault(pool, "seed-rm:unmounted")
@@ -94,9 +94,9 @@ def _missing(pool: Pool, name: str, version: int | None) -> str:
     versions = [b.version for b in pool.registry.bases(name)]
     if versions:
         listed = ", ".join(str(v) for v in versions)
-        return f"base {name} has no version {version} (it has: {listed}): see `pgoverlay seed list`"
+        return f"base {name} has no version {version} (it has: {listed}): see `pgoverlay base list`"
     known = ", ".join(sorted({b.name for b in pool.registry.bases()}))
-    return f"no base named {name!r} (known: {known or 'none'}): see `pgoverlay seed list`"
+    return f"no base named {name!r} (known: {known or 'none'}): see `pgoverlay base list`"
 
 
 def _in_use(name: str, version: int | None, users: dict[int, list[str]]) -> str:
@@ -104,6 +104,6 @@ def _in_use(name: str, version: int | None, users: dict[int, list[str]]) -> str:
     which = f"--version {version} " if version is not None else ""
     return (
         f"base {name} is used by branches ({listed}): destroy them first "
-        f"(`pgoverlay branch destroy NAME`), or run `pgoverlay seed rm {name} {which}"
+        f"(`pgoverlay branch destroy NAME`), or run `pgoverlay base rm {name} {which}"
         "--destroy-branches` to destroy them with the base"
     )

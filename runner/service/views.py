@@ -61,7 +61,7 @@ class WarmView(Shape):
     """A base's warm branches on one runtime: started, unclaimed, each waiting for a create."""
 
     runtime: str
-    target: int  # how many are kept (`pgoverlay seed warm NAME --count N`)
+    target: int  # how many are kept (`pgoverlay base warm NAME --count N`)
     ready: int
     memory_bytes_each: int | None  # median proportional set size of one; None: not measured
 

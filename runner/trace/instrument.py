@@ -193,7 +193,7 @@ def _refusal(others: list[tuple[Any, ...]], *, base_name: str) -> str:
         for name, event, function, extension in others
     )
     fix = (
-        f"seed the base again (`pgoverlay seed {base_name} --refresh --from DSN`: the seed "
+        f"seed the base again (`pgoverlay base seed {base_name} --refresh --from DSN`: the seed "
         "disables production's own event triggers), then reset the branch"
     )
     if any(extension for *_, extension in others):
@@ -219,7 +219,7 @@ def enable(conn: psycopg.Connection[Any], *, user: str, database: str, base_name
             raise TraceError(
                 f"base {base_name} has no trace instrumentation in schema {SCHEMA} (it was "
                 "prepared by an older pgoverlay, or a superuser changed it), and a trace never "
-                f"makes it in a branch: seed the base again with `pgoverlay seed {base_name} "
+                f"makes it in a branch: seed the base again with `pgoverlay base seed {base_name} "
                 "--refresh --from DSN`, then reset or create the branch again"
             )
         others = conn.execute(_OTHERS, (sorted(found.triggers),)).fetchall()

@@ -1,4 +1,4 @@
-"""`pgoverlay seed`: seed a base, list the bases, remove one."""
+"""`pgoverlay base`: seed a base, list the bases, remove one, keep branches of one warm."""
 
 from __future__ import annotations
 
@@ -22,25 +22,10 @@ if TYPE_CHECKING:
 def cmd_seed(args: argparse.Namespace) -> int:
     from pgoverlay.runner.units import format_bytes
 
-    if args.name == "list" and not args.source and not args.demo:
-        return cmd_seed_list(args)
-    if args.name == "rm" and not args.source and not args.demo:
-        return cmd_seed_rm(args)
-    if args.name == "warm" and not args.source and not args.demo:
-        return cmd_seed_warm(args)
-    if args.count is not None:
-        raise ConfigError("--count goes with `pgoverlay seed warm NAME --count N`")
-    if args.base is not None:
-        raise ConfigError(
-            f"seed takes one base name, got {args.name!r} and {args.base!r} "
-            "(`pgoverlay seed rm NAME` removes a base)"
-        )
-    if args.version is not None or args.destroy_branches:
-        raise ConfigError("--version and --destroy-branches go with `pgoverlay seed rm NAME`")
     if bool(args.source) == bool(args.demo):
-        raise ConfigError("seed needs exactly one of --from DSN or --demo")
+        raise ConfigError("base seed needs exactly one of --from DSN or --demo")
     if args.mask and args.no_mask:
-        raise ConfigError("seed takes --mask RULES or --no-mask, not both")
+        raise ConfigError("base seed takes --mask RULES or --no-mask, not both")
     if args.demo and args.mask:
         raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
@@ -119,7 +104,7 @@ def _end_quickly(p: Pool) -> None:
     gc.freeze()
 
 
-def cmd_seed_list(args: argparse.Namespace) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     """The bases as the engine shows them; root also sees where each came from and what its
     lockdown removed (``BaseView.detail``)."""
     from pgoverlay.runner.units import format_bytes
@@ -178,41 +163,44 @@ def _warm_label(ready: int, target: int, memory_each: int | None) -> str:
     return f"{ready}/{target}{each}"
 
 
-def cmd_seed_warm(args: argparse.Namespace) -> int:
+def cmd_warm(args: argparse.Namespace) -> int:
     """Set how many warm branches of a base to keep started, and start them now."""
     from pgoverlay.runner import branch as branches
     from pgoverlay.runner.branch import warm
     from pgoverlay.runner.runtime.choose import choose
 
-    if args.base is None or args.count is None:
+    if args.count is None:
         raise ConfigError(
-            "seed warm needs a base and a count: pgoverlay seed warm NAME --count N "
+            "base warm needs a count: pgoverlay base warm NAME --count N "
             "(0 stops keeping warm branches of it)"
         )
     if args.count < 0 or args.count > 64:
         raise ConfigError(f"--count {args.count} is out of range: give 0 to 64")
     p = common.pool()
-    base = branches.resolve_base(p, args.base)
+    base = branches.resolve_base(p, args.name)
     runtime = choose(p.settings, "branch", requested=args.runtime, major=base.pg_major or 0).name
-    p.registry.set_warm_target(base.name, runtime, args.count)
-    done = warm.replenish(p)
+    done = warm.set_target(p, base.name, runtime, args.count)
     for problem in done.problems:
         common.err.print(f"[yellow]warning:[/] {problem}", soft_wrap=True)
     found = {(s.base_name, s.runtime): s for s in warm.states(p)}.get((base.name, runtime))
-    label = _warm_label(found.ready, found.target, found.memory_each) if found else "-"
-    out.print(f"base {base.name} on {runtime}: {label} warm branches")
+    if found is None:
+        out.line(f"base {base.name} on {runtime}: no warm branches kept")
+    else:
+        label = _warm_label(found.ready, found.target, found.memory_each)
+        out.line(f"base {base.name} on {runtime}: {label} warm branches")
     if done.busy:
-        out.print("another pgoverlay is starting warm branches; they follow shortly")
+        out.line(
+            "another pgoverlay was still starting warm branches; the engine service (or "
+            "`pgoverlay gc`) meets the new count when it is done"
+        )
     return 0
 
 
-def cmd_seed_rm(args: argparse.Namespace) -> int:
-    if args.base is None:
-        raise ConfigError("seed rm needs the base's name: pgoverlay seed rm NAME")
+def cmd_rm(args: argparse.Namespace) -> int:
     from pgoverlay.runner.seed import bases
 
     removed = bases.remove(
-        common.pool(), args.base, version=args.version, destroy_branches=args.destroy_branches
+        common.pool(), args.name, version=args.version, destroy_branches=args.destroy_branches
     )
     versions = ", ".join(f"v{v}" for v in removed.versions)
     out.print(f"base {removed.name} removed ({versions})")
@@ -222,26 +210,14 @@ def cmd_seed_rm(args: argparse.Namespace) -> int:
 
 
 def register(sub: Subcommands) -> None:
-    seed_cmd = sub.add_parser(
-        "seed",
-        help="seed a base from a running Postgres (`seed list` lists bases, `seed rm NAME` "
-        "removes one, `seed warm NAME --count N` keeps N branches of it started)",
+    base_cmds = sub.add_parser(
+        "base", help="seed, list, remove the bases branches start from, or keep some warm"
+    ).add_subparsers(dest="base_command", required=True)
+
+    seed_cmd = base_cmds.add_parser(
+        "seed", help="seed a base from a running Postgres (or the demo's sample database)"
     )
-    seed_cmd.add_argument("name", help="base name, or `list`, `rm` or `warm`")
-    seed_cmd.add_argument(
-        "base",
-        nargs="?",
-        metavar="NAME",
-        help="with `rm`: the base to remove; with `warm`: the base to keep warm branches of",
-    )
-    seed_cmd.add_argument(
-        "--count",
-        type=int,
-        metavar="N",
-        help="with `seed warm`: keep N branches of the base started and unclaimed, so "
-        "`branch create` takes one in milliseconds (0: none); on --runtime, default the "
-        "branches' runtime",
-    )
+    seed_cmd.add_argument("name", help="the base's name")
     seed_cmd.add_argument(
         "--from",
         dest="source",
@@ -288,13 +264,38 @@ def register(sub: Subcommands) -> None:
         "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
         "this host's binaries of the source's version when it has them",
     )
-    seed_cmd.add_argument("--json", action="store_true", help="with `seed list`: JSON output")
-    seed_cmd.add_argument(
-        "--version", type=int, metavar="N", help="with `seed rm`: remove only version N"
+    seed_cmd.set_defaults(func=cmd_seed)
+
+    list_cmd = base_cmds.add_parser("list", help="list the bases, their versions and warm branches")
+    list_cmd.add_argument("--json", action="store_true", help="JSON output")
+    list_cmd.set_defaults(func=cmd_list, lean=True)
+
+    rm_cmd = base_cmds.add_parser(
+        "rm", help="remove a base: every version of it, or one (refused while branches use it)"
     )
-    seed_cmd.add_argument(
+    rm_cmd.add_argument("name", help="the base to remove")
+    rm_cmd.add_argument("--version", type=int, metavar="N", help="remove only version N")
+    rm_cmd.add_argument(
         "--destroy-branches",
         action="store_true",
-        help="with `seed rm`: destroy the branches that use the base, then remove it",
+        help="destroy the branches that use the base, then remove it",
     )
-    seed_cmd.set_defaults(func=cmd_seed, lean=lambda args: args.name == "list")
+    rm_cmd.set_defaults(func=cmd_rm)
+
+    warm_cmd = base_cmds.add_parser(
+        "warm", help="keep N branches of a base started, so `branch create` takes one at once"
+    )
+    warm_cmd.add_argument("name", help="the base to keep warm branches of")
+    warm_cmd.add_argument(
+        "--count",
+        type=int,
+        metavar="N",
+        help="keep N branches of the base started and unclaimed, so `branch create` takes one "
+        "in milliseconds (0: none, and the ones started are removed)",
+    )
+    warm_cmd.add_argument(
+        "--runtime",
+        choices=RUNTIME_CHOICES,
+        help="the runtime the warm branches run on (default: the branches' runtime)",
+    )
+    warm_cmd.set_defaults(func=cmd_warm)
