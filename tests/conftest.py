@@ -25,6 +25,7 @@ from helpers import (
     require_root,
     service_settings,
     source_dsn,
+    start_service,
 )
 from pgoverlay.errors import BaseMissingError
 from pgoverlay.runner import branch, seed
@@ -214,6 +215,6 @@ def service(pool: Pool) -> Iterator[Path]:
     from pgoverlay.runner.service import serve
 
     settings = service_settings(pool)
-    serve.start(settings)
+    start_service(settings)
     yield serve.socket_path(settings)
     serve.stop(settings)

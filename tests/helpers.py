@@ -333,7 +333,23 @@ def without_the_service(pool: Pool) -> Iterator[None]:
         yield
     finally:
         if was_running:
-            serve.start(settings)
+            start_service(settings)
+
+
+def start_service(settings: Settings) -> None:
+    """Start the engine service with ``settings`` and nothing else: the PGOVERLAY_* a test sets
+    for itself (``PGOVERLAY_SERVICE_AUTOSTART=false``, conftest) are not the session's
+    service's, and would leave a service whose settings root's CLI does not share (its
+    requests then answered 409 ``settings_differ``)."""
+    from pgoverlay.runner.service import serve
+
+    own = {key: value for key, value in os.environ.items() if key.startswith("PGOVERLAY_")}
+    for key in own:
+        del os.environ[key]
+    try:
+        serve.start(settings)
+    finally:
+        os.environ.update(own)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import as_user_call, cli, os_user, service_settings
+from helpers import as_user_call, cli, os_user, service_settings, start_service
 from pgoverlay.runner import branch
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.polling import wait_for
@@ -61,26 +61,13 @@ def service_with(pool: Pool, **changes: object) -> Iterator[Settings]:
     normal = service_settings(pool)
     changed = normal.replace(**changes)
     was_running = serve.stop(normal, wait=normal.stop_timeout)
-    start_with(changed)
+    start_service(changed)
     try:
         yield changed
     finally:
         serve.stop(changed, wait=changed.stop_timeout)
         if was_running:
-            start_with(normal)
-
-
-def start_with(settings: Settings) -> None:
-    """Start the service with ``settings`` and nothing else: the PGOVERLAY_* a test sets for
-    itself (``PGOVERLAY_SERVICE_AUTOSTART=false``, conftest) are not the session's service's,
-    and would leave a service whose settings root's CLI does not share."""
-    own = {key: value for key, value in os.environ.items() if key.startswith("PGOVERLAY_")}
-    for key in own:
-        del os.environ[key]
-    try:
-        serve.start(settings)
-    finally:
-        os.environ.update(own)
+            start_service(normal)
 
 
 def service_pid(path: Path) -> int:
