@@ -202,7 +202,8 @@ def test_the_largest_record_fits_its_routes_cap(
         from pgoverlay.runner.service.client import RemoteEngine
         from pgoverlay.runner.service.models import CreateRequest, RecordRequest
         engine = RemoteEngine(Path({os.fspath(service)!r}))
-        engine.create(CreateRequest(name="big-record", repository="acme/records", pr=1))
+        made = CreateRequest(name="big-record", base={base.name!r}, repository="acme/records", pr=1)
+        engine.create(made)
         data = '"' + "\\x7f" * ({MAX_RECORD_BYTES} - 2) + '"'
         engine.save_record("big-record", RecordRequest(repository="acme/records", data=data))
         result = len(engine.branch("big-record").record.data)
@@ -296,7 +297,8 @@ def test_simultaneous_creates_stop_exactly_at_the_limit(
     setting, repository = LIMITS[limit]
     with service_with(pool, **{setting: 3}) as settings:
         requests = [
-            {"name": f"race-{i}", "repository": repository(i), "pr": i + 1} for i in range(20)
+            {"name": f"race-{i}", "base": base.name, "repository": repository(i), "pr": i + 1}
+            for i in range(20)
         ]
         path = serve.socket_path(settings)
         code = f"SOCKET = {os.fspath(path)!r}\nREQUESTS = {requests!r}\n{_RACE}"
@@ -322,7 +324,9 @@ def test_simultaneous_creates_stop_exactly_at_the_limit(
                 from pgoverlay.runner.service.client import RemoteEngine
                 from pgoverlay.runner.service.models import CreateRequest
                 engine = RemoteEngine(Path({os.fspath(path)!r}))
-                request = CreateRequest(name="race-other", repository="acme/other", pr=1)
+                request = CreateRequest(
+                    name="race-other", base={base.name!r}, repository="acme/other", pr=1
+                )
                 result = engine.create(request).owner_uid
                 """,
             )
@@ -343,7 +347,8 @@ def test_simultaneous_creates_claiming_warm_branches_stop_exactly_at_the_limit(
                 what="the service to start 2 warm branches",
             )
             requests = [
-                {"name": f"race-{i}", "repository": f"acme/r{i}", "pr": i + 1} for i in range(20)
+                {"name": f"race-{i}", "base": base.name, "repository": f"acme/r{i}", "pr": i + 1}
+                for i in range(20)
             ]
             path = serve.socket_path(settings)
             code = f"SOCKET = {os.fspath(path)!r}\nREQUESTS = {requests!r}\n{_RACE}"
@@ -367,13 +372,19 @@ def test_simultaneous_creates_claiming_warm_branches_stop_exactly_at_the_limit(
 def test_a_create_without_a_repository_is_refused_to_members_and_taken_from_root(
     users: None, clean: None, pool: Pool, base: BaseVersion, service: Path, env: dict[str, str]
 ) -> None:
-    refused = cli(["branch", "create", "no-repo"], env=env, user=MEMBER, groups=list(GROUPS))
+    refused = cli(
+        ["branch", "create", "no-repo", "--base", base.name],
+        env=env,
+        user=MEMBER,
+        groups=list(GROUPS),
+    )
     assert refused.returncode == 2, refused.stderr
     assert "must name the repository" in refused.stderr
     assert "--repository OWNER/NAME" in refused.stderr
     assert pool.registry.branch("no-repo") is None
     named = cli(
-        ["branch", "create", "with-repo", "--repository", "acme/shop", "--pr", "4", "--json"],
+        ["branch", "create", "with-repo", "--base", base.name, "--repository", "acme/shop"]
+        + ["--pr", "4", "--json"],
         env=env,
         user=MEMBER,
         groups=list(GROUPS),
@@ -385,7 +396,7 @@ def test_a_create_without_a_repository_is_refused_to_members_and_taken_from_root
     from pgoverlay.runner.service.client import RemoteEngine
     from pgoverlay.runner.service.models import CreateRequest
 
-    by_root = RemoteEngine(service).create(CreateRequest(name="root-no-repo"))
+    by_root = RemoteEngine(service).create(CreateRequest(name="root-no-repo", base=base.name))
     assert by_root.owner_uid == 0 and by_root.repository == ""
 
 
@@ -515,7 +526,10 @@ def test_oversized_and_slow_requests_leave_the_services_memory_flat_and_others_s
         pid = service_pid(path)
         as_member_cli = {"env": env, "user": MEMBER, "groups": list(GROUPS)}
         # What a create costs the service the first time (its imports) is not the flood's.
-        warm = cli(["branch", "create", "warm-up", "--repository", "acme/shop"], **as_member_cli)
+        warm = cli(
+            ["branch", "create", "warm-up", "--base", base.name, "--repository", "acme/shop"],
+            **as_member_cli,
+        )
         assert warm.returncode == 0, warm.stderr
         assert cli(["branch", "destroy", "warm-up"], **as_member_cli).returncode == 0
         reset_peak(pid)
@@ -524,7 +538,8 @@ def test_oversized_and_slow_requests_leave_the_services_memory_flat_and_others_s
         attack = flood(ATTACKER, path, slow=1000, declared=50, streamed=50, records=10)
         try:
             made = cli(
-                ["branch", "create", "meanwhile", "--repository", "acme/shop", "--json"],
+                ["branch", "create", "meanwhile", "--base", base.name]
+                + ["--repository", "acme/shop", "--json"],
                 **as_member_cli,
             )
             # Served while the slow requests were still open (they wait 60 s for their 408).
