@@ -41,7 +41,7 @@ from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime.choose import tools_for
-from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces, verify
+from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces, verify, writeback
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
 from pgoverlay.runner.seed.source import SourceInfo, Tablespace
@@ -170,7 +170,7 @@ def _basebackup(
     if spaces:
         roots.append((tablespaces.staging_root(target), "pg_tblspc"))
     try:
-        with verify.Watch(roots) as watch:
+        with verify.Watch(roots, writeback=writeback.Writeback()) as watch:
             install.run_streaming(
                 "pg_basebackup",
                 [
@@ -186,6 +186,7 @@ def _basebackup(
                     *(["--progress"] if progress is not None else []),
                     "--no-password",
                     # Not a fsync per file (each one a flush of the pool image's disk): the
+                    # watch starts writing each file as it grows (seed/writeback.py), and the
                     # server that prepares the copy starts with one syncfs
                     # (recovery_init_sync_method), before it writes anything.
                     "--no-sync",
@@ -496,6 +497,10 @@ def _seed_version(
         mounts.bind_readonly(store, target)
         fault(pool, "seed:mounted")
         laps.lap("store")
+        # On disk before it is declared ready: what the clean shutdown and pg_resetwal did not
+        # sync themselves (masking's removals, the move into the store).
+        writeback.syncfs(store)
+        laps.lap("sync")
         pool.registry.update_base(
             name,
             version,
