@@ -5,8 +5,8 @@ time, layer).
     sudo .venv/bin/python bench/mask.py [--rows 1700000] [--rounds 2] [--creates 5] [--work DIR]
 
 Builds a throwaway source (cached in the work directory) with a customers table (email under a
-unique index, names, phones, notes) and an orders table keyed by email; 1.7 M customers make a
-database of about 1.1 GiB. Each round seeds it unmasked and masked with
+unique index, names, phones, notes), an orders table keyed by email, sessions and an audit log;
+1.7 M customers make a database of about 1.1 GiB. Each round seeds it unmasked and masked with
 docs/examples/masking-rules.yml, in an order that alternates from round to round, into a pool of
 its own, with a warm page cache (the source stays up, and what one seed read the next reads
 again). While each seed runs, a thread samples the pool filesystem's used space every 0.2 s: the
@@ -50,6 +50,7 @@ SCHEMA = [
     "customer_email text NOT NULL REFERENCES customers (email), shipping_address text, "
     "amount numeric NOT NULL)",
     "CREATE TABLE sessions (id bigint PRIMARY KEY, token text NOT NULL)",
+    "CREATE TABLE audit_log (id bigint PRIMARY KEY, detail text NOT NULL)",
 ]
 FILL = [
     "INSERT INTO customers SELECT g, 'user' || g || '@corp.example', 'Name ' || md5(g::text), "
@@ -58,6 +59,8 @@ FILL = [
     "INSERT INTO orders SELECT g, 1 + g %% %(rows)s, 'user' || (1 + g %% %(rows)s) || "
     "'@corp.example', g || ' Main Street', g %% 1000 FROM generate_series(1, 2 * %(rows)s) g",
     "INSERT INTO sessions SELECT g, md5(g::text) FROM generate_series(1, %(rows)s / 10) g",
+    "INSERT INTO audit_log SELECT g, CASE WHEN g %% 2 = 0 THEN 'login of user' || g || "
+    "'@corp.example' ELSE 'nightly job ' || g END FROM generate_series(1, %(rows)s / 10) g",
 ]
 
 

@@ -67,7 +67,15 @@ _KEPT_DATABASES = ("template0", "template1", "postgres")
 # copy. With wal_level minimal a table rewritten in one transaction is written once (its new
 # files are synced at commit) rather than also into WAL, and without full-page writes an UPDATE
 # logs its rows, not whole pages.
-SERVER_OPTIONS = {"wal_level": "minimal", "max_wal_senders": "0", "full_page_writes": "off"}
+# A small max_wal_size keeps the WAL of updates (the free SQL's, a table a view reads) from
+# taking the pool's space: a checkpoint without full-page writes only writes the dirty buffers.
+SERVER_OPTIONS = {
+    "wal_level": "minimal",
+    "max_wal_senders": "0",
+    "full_page_writes": "off",
+    "max_wal_size": "128MB",
+    "min_wal_size": "32MB",
+}
 
 # Why ALTER TABLE may refuse to rewrite a table that an UPDATE can mask: a view, rule, policy,
 # trigger definition or generated column uses the column (0A000), a partition or inheritance

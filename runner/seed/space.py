@@ -8,7 +8,8 @@ What a seed occupies at its peak (measured in docs/benchmarks.md, "mask"):
 - masking, one table after the other: a table rewritten in one pass (``ALTER TABLE … USING``)
   has its new files beside its old ones until it commits, so the largest such table is added
   once; a table that is updated instead (a view reads a masked column) or that the free SQL
-  writes is updated (its rows twice) and then rewritten by ``VACUUM FULL``: twice its size.
+  writes is updated (its rows twice, and WAL up to the masking server's ``max_wal_size``) and
+  then rewritten by ``VACUUM FULL``: twice its size and that WAL.
 
 :func:`estimate` is pure arithmetic on what :func:`measure` reads from the source.
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgoverlay.errors import PoolFullError
-from pgoverlay.runner.units import format_bytes
+from pgoverlay.runner.units import format_bytes, memory_bytes
 
 if TYPE_CHECKING:  # masking's rules (pydantic) are imported only to mask
     from pgoverlay.runner.mask.rules import QualifiedName, Rules
@@ -77,14 +78,19 @@ def estimate(sizes: Sizes, rules: Rules | None, *, dump: bool = False) -> Estima
     copy = sizes.database_bytes if dump else sizes.cluster_bytes
     if rules is None:
         return Estimate(copy_bytes=copy, masking_bytes=0, peak_table="")
+    from pgoverlay.runner.mask import SERVER_OPTIONS
+
+    # An update also writes WAL, up to the masking server's max_wal_size before it is recycled.
+    wal = memory_bytes("max_wal_size", SERVER_OPTIONS["max_wal_size"]) or 0
     costs: dict[QualifiedName, tuple[int, str]] = {}
     for table in sizes.masked:
         if table.viewed:
-            costs[table.name] = (2 * table.size_bytes, "updated, then rewritten: a view reads it")
+            why = "updated, then rewritten: a view reads it"
+            costs[table.name] = (2 * table.size_bytes + wal, why)
         else:
             costs[table.name] = (table.size_bytes, "rewritten in one pass")
     for name in written_by_sql(rules.sql, sizes.tables):
-        costs[name] = (2 * sizes.tables[name], "written by the free SQL, then rewritten")
+        costs[name] = (2 * sizes.tables[name] + wal, "written by the free SQL, then rewritten")
     if not costs:
         return Estimate(copy_bytes=copy, masking_bytes=0, peak_table="")
     name, (peak, why) = max(costs.items(), key=lambda item: item[1][0])
