@@ -86,6 +86,15 @@ def test_bad_rules_files_are_refused_naming_the_file_and_the_entry(
     assert expected in str(caught.value)
 
 
+def test_the_documented_example_rules_file_parses() -> None:
+    """docs/examples/masking-rules.yml, which the docs point to and bench/mask.py uses."""
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "masking-rules.yml"
+    rules = parse(example.read_bytes(), name=example.name).rules
+    orders = rules.columns()[QualifiedName("public", "orders")]
+    assert orders["amount"].argument == "round(amount, -1)"
+    assert rules.truncated() == [QualifiedName("public", "sessions")] and rules.sql
+
+
 def test_same_rules_bytes_give_the_same_checksum_and_other_bytes_another() -> None:
     assert parse(RULES, name="a").sha256 == parse(RULES, name="b").sha256
     assert parse(RULES + b"\n# changed\n", name="a").sha256 != parse(RULES, name="a").sha256
