@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
-MARGIN = 64 << 20  # the catalog work of preparing, the branch role, the streamed WAL
+# The WAL the copy brings and the preparing server keeps (a seed of a 1.1 GiB database peaked at
+# 1.2x it, docs/benchmarks.md "mask"), the sort files of index builds, the catalog work.
+MARGIN = 256 << 20
 
 
 @dataclass(frozen=True)
