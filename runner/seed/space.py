@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
-# The WAL the copy brings and the preparing server keeps (a seed of a 1.1 GiB database peaked at
-# 1.2x it, docs/benchmarks.md "mask"), the sort files of index builds, the catalog work.
-MARGIN = 256 << 20
+# Beyond the databases' own size: the catalog work of preparing, sort files of index builds, and
+# the WAL the copy brings and the preparing server keeps, which grow with the copy (an unmasked
+# seed of a 1.1 GiB database peaked at 1.2x it, docs/benchmarks.md "mask").
+MARGIN = 64 << 20
+MARGIN_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Estimate:
 
     @property
     def total(self) -> int:
-        return self.copy_bytes + self.masking_bytes + MARGIN
+        return self.copy_bytes + self.masking_bytes + MARGIN + int(self.copy_bytes * MARGIN_SHARE)
 
 
 def written_by_sql(statements: list[str], tables: dict[QualifiedName, int]) -> list[QualifiedName]:
@@ -116,7 +118,8 @@ def check(found: Estimate, *, free_bytes: int, base: str) -> None:
         f"seeding base {base} needs about {format_bytes(found.total)} in the pool "
         f"({'; '.join(parts)}), but the pool has {format_bytes(free_bytes)} free: remove bases "
         "or branches you no longer need (`pgoverlay seed list`, `pgoverlay seed rm NAME`), or "
-        "make the pool larger (docs/engine.md, 'The pool'); nothing was copied"
+        "put the pool on a larger disk (docs/engine.md, 'When the pool is full'); nothing was "
+        "copied"
     )
 
 
