@@ -23,7 +23,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.seed import verify, writeback
+from pgoverlay.runner.seed import verify
 
 
 @pytest.fixture(scope="module")
@@ -110,28 +110,6 @@ def test_files_the_watch_read_are_not_read_again(copy: Path) -> None:
     read_again: list[str] = []
     verify.check(copy, reads, on_read=read_again.append)
     assert read_again == []
-
-
-def test_the_watch_starts_writing_a_growing_file_to_disk_as_it_grows(pool: Pool) -> None:
-    """The copy is written to disk while it is made: after each look, every byte the file holds
-    so far has been handed to the kernel's writeback (sync_file_range), whether the watch saw
-    the file still growing or already settled."""
-    folder = pool.home / f"writeback-{os.urandom(4).hex()}"
-    folder.mkdir(mode=0o700)
-    pushed = writeback.Writeback(step=1 << 20)
-    watch = verify.Watch([(folder, "")], writeback=pushed)
-    try:
-        with (folder / "16384").open("wb") as growing:
-            for chunk in range(1, 5):
-                growing.write(os.urandom(3 << 20))
-                growing.flush()
-                watch.look()
-                assert pushed.pushed["16384"] == chunk * (3 << 20)
-        (folder / "small").write_bytes(b"x" * 100)
-        wait_for(lambda: watch.look() or "small" in watch.reads, timeout=30, what="a look")
-        assert pushed.pushed["small"] == 100  # smaller than a step: pushed once it is finished
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_byte_flipped_after_the_watch_read_the_file_is_caught(copy: Path) -> None:

@@ -45,11 +45,11 @@ from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.seed import (
     checks,
     credentials,
+    durable,
     prepare,
     space,
     tablespaces,
     verify,
-    writeback,
 )
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
@@ -180,7 +180,7 @@ def _basebackup(
     if spaces:
         roots.append((tablespaces.staging_root(target), "pg_tblspc"))
     try:
-        with verify.Watch(roots, writeback=writeback.Writeback()) as watch:
+        with verify.Watch(roots) as watch:
             install.run_streaming(
                 "pg_basebackup",
                 [
@@ -196,7 +196,6 @@ def _basebackup(
                     *(["--progress"] if progress is not None else []),
                     "--no-password",
                     # Not a fsync per file (each one a flush of the pool image's disk): the
-                    # watch starts writing each file as it grows (seed/writeback.py), and the
                     # server that prepares the copy starts with one syncfs
                     # (recovery_init_sync_method), before it writes anything.
                     "--no-sync",
@@ -540,7 +539,7 @@ def _seed_version(
         laps.lap("store")
         # On disk before it is declared ready: what the clean shutdown and pg_resetwal did not
         # sync themselves (masking's removals, the move into the store).
-        writeback.syncfs(store)
+        durable.syncfs(store)
         laps.lap("sync")
         pool.registry.update_base(
             name,

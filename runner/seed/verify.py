@@ -10,9 +10,6 @@ thread read it, and a file it never read, is read then. Nothing outside the mani
 there. ``pg_verifybackup --skip-checksums`` still checks the manifest's own checksum, the tree
 and the WAL the copy needs (``pg_waldump``): it reads no data file, so it is cheap.
 
-The same thread starts the disk writes of each file as it grows (``writeback``), so the copy is
-written while it is made rather than all at the preparing server's ``syncfs``.
-
 Root reads the Postgres user's files here: no link is followed (directories are opened one
 descriptor at a time with ``O_NOFOLLOW``), and anything but a directory or regular file is
 refused.
@@ -35,7 +32,6 @@ from typing import Any
 import crc32c
 
 from pgoverlay.errors import SeedError
-from pgoverlay.runner.seed.writeback import Writeback
 
 SETTLE_NS = 100_000_000  # a file this long unchanged is finished (timestamps are coarse: ~ms)
 CHUNK = 1 << 20  # large reads, yet within the CPU cache: the copy is in the page cache
@@ -140,16 +136,9 @@ class Watch:
     once it is finished. Use it as a context manager around the copy; ``reads`` then holds
     what it read, by manifest path."""
 
-    def __init__(
-        self,
-        roots: Sequence[tuple[Path, str]],
-        *,
-        interval: float = INTERVAL,
-        writeback: Writeback | None = None,
-    ) -> None:
+    def __init__(self, roots: Sequence[tuple[Path, str]], *, interval: float = INTERVAL) -> None:
         self.roots = list(roots)
         self.interval = interval
-        self.writeback = writeback  # told of each file's growth (see seed/writeback.py)
         self.reads: dict[str, Read] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="seed-verify", daemon=True)
@@ -185,8 +174,6 @@ class Watch:
         if not stat.S_ISREG(st.st_mode) or (known is not None and known.still(st)):
             return
         if st.st_ctime_ns > now - SETTLE_NS:
-            if self.writeback is not None:
-                self.writeback.push(path, dir_fd, entry.name, st.st_size, finished=False)
             return  # still being written, or just finished: a later pass reads it
         with _opened(entry.name, _FILE, dir_fd) as fd:
             before = os.fstat(fd)
@@ -198,8 +185,6 @@ class Watch:
             self.reads[path] = Read(
                 before.st_ino, size, before.st_mtime_ns, before.st_ctime_ns, crc
             )
-            if self.writeback is not None:
-                self.writeback.push(path, dir_fd, entry.name, size, finished=True)
 
 
 def load_manifest(datadir: Path) -> dict[str, Expected]:
