@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Masking benchmark: what masking costs once (seed time) and per branch (create time, layer).
+"""Masking benchmark: what masking costs once (seed time, pool space) and per branch (create
+time, layer).
 
-    sudo .venv/bin/python bench/mask.py [--rows 500000] [--creates 10] [--work DIR]
+    sudo .venv/bin/python bench/mask.py [--rows 1700000] [--rounds 2] [--creates 5] [--work DIR]
 
-Builds a throwaway source with a customers table (email under a unique index, names, phones,
-notes) and an orders table keyed by email, seeds it twice into a pool of its own (unmasked, and
-masked with docs/examples/masking-rules.yml), then creates and destroys branches of the two bases
-in turns. The Markdown table replaces the section between the mask markers in
-docs/benchmarks.md. A measurement script: it asserts nothing about timings.
+Builds a throwaway source (cached in the work directory) with a customers table (email under a
+unique index, names, phones, notes), an orders table keyed by email, sessions and an audit log;
+1.7 M customers make a database of about 1.1 GiB. Each round seeds it unmasked and masked with
+docs/examples/masking-rules.yml, in an order that alternates from round to round, into a pool of
+its own, with a warm page cache (the source stays up, and what one seed read the next reads
+again). While each seed runs, a thread samples the pool filesystem's used space every 0.2 s: the
+peak above what was used before the seed is the seed's peak space. Then it creates and destroys
+branches of the two bases in turns. The Markdown report replaces the section between the mask
+markers in docs/benchmarks.md. A measurement script: it asserts nothing about timings.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,8 +33,11 @@ from psycopg.conninfo import make_conninfo
 
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.mask import Step
+from pgoverlay.runner.mask import rules as maskrules
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.seed import space
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
 
@@ -40,6 +50,7 @@ SCHEMA = [
     "customer_email text NOT NULL REFERENCES customers (email), shipping_address text, "
     "amount numeric NOT NULL)",
     "CREATE TABLE sessions (id bigint PRIMARY KEY, token text NOT NULL)",
+    "CREATE TABLE audit_log (id bigint PRIMARY KEY, detail text NOT NULL)",
 ]
 FILL = [
     "INSERT INTO customers SELECT g, 'user' || g || '@corp.example', 'Name ' || md5(g::text), "
@@ -48,6 +59,8 @@ FILL = [
     "INSERT INTO orders SELECT g, 1 + g %% %(rows)s, 'user' || (1 + g %% %(rows)s) || "
     "'@corp.example', g || ' Main Street', g %% 1000 FROM generate_series(1, 2 * %(rows)s) g",
     "INSERT INTO sessions SELECT g, md5(g::text) FROM generate_series(1, %(rows)s / 10) g",
+    "INSERT INTO audit_log SELECT g, CASE WHEN g %% 2 = 0 THEN 'login of user' || g || "
+    "'@corp.example' ELSE 'nightly job ' || g END FROM generate_series(1, %(rows)s / 10) g",
 ]
 
 
@@ -71,11 +84,47 @@ def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows:
     return datadir
 
 
+class Peak:
+    """The most the pool's filesystem had in use above ``base`` while it ran, sampled, and the
+    one-minute load average, sampled alike."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.base, self.peak = root, 0, 0
+        self.loads: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def used(self) -> int:
+        usage = shutil.disk_usage(self.root)
+        return usage.total - usage.free
+
+    def __enter__(self) -> Peak:
+        self.base = self.peak = self.used()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self.used())
+            self.loads.append(os.getloadavg()[0])
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.used())
+
+    @property
+    def above(self) -> int:
+        return self.peak - self.base
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Benchmark masked bases (run as root).")
-    parser.add_argument("--rows", type=int, default=500_000, help="customers (orders: twice)")
-    parser.add_argument("--creates", type=int, default=10, help="creates per base")
+    parser.add_argument("--rows", type=int, default=1_700_000, help="customers (orders: twice)")
+    parser.add_argument("--rounds", type=int, default=2, help="seeds of each kind, alternating")
+    parser.add_argument("--creates", type=int, default=5, help="creates per base")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-mask", help="work directory")
+    parser.add_argument("--no-report", action="store_true", help="print, do not write the report")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     work = Path(args.work)
@@ -88,17 +137,56 @@ def main() -> int:
     started = dt.datetime.now(dt.UTC)
     datadir = build_source(work, owner, install, args.rows)
     pool = poolmod.init(settings, size="20G")
-    seeds: dict[str, float] = {}
+    rules = maskrules.load(RULES)
     bases = {"unmasked": "mask-bench-plain", "masked": "mask-bench-masked"}
+    seeds: dict[str, list[float]] = {k: [] for k in bases}
+    peaks: dict[str, list[int]] = {k: [] for k in bases}
+    loads: list[float] = []
+    steps: list[Step] = []
     creates: dict[str, list[float]] = {k: [] for k in bases}
     layers: dict[str, list[int]] = {k: [] for k in bases}
     try:
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
-            dsn = make_conninfo(host=os.fspath(srv.socket_dir), port=srv.port, user="postgres")
-            for kind, name in bases.items():
-                t0 = time.monotonic()
-                seed.seed(pool, name, source_dsn=dsn, mask=RULES if kind == "masked" else None)
-                seeds[kind] = time.monotonic() - t0
+            dsn = make_conninfo(
+                host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="postgres"
+            )
+            with psycopg.connect(dsn) as conn:
+                row = conn.execute("SELECT pg_database_size('postgres')").fetchone()
+                database = int(row[0]) if row else 0
+                sizes = space.measure(conn, rules.rules)
+            assert sizes is not None
+            estimate = space.estimate(sizes, rules.rules)
+            for r in range(args.rounds):
+                kinds = list(bases) if r % 2 == 0 else list(reversed(bases))
+                for kind in kinds:
+                    name = bases[kind]
+                    for old in pool.registry.bases(name):
+                        seed.remove_version(pool, name, old.version)
+                    done: list[Step] = []
+
+                    def finished(step: Step, done: list[Step] = done) -> None:
+                        if step.seconds is not None:
+                            done.append(step)
+
+                    with Peak(pool.root) as peak:
+                        t0 = time.monotonic()
+                        seed.seed(
+                            pool,
+                            name,
+                            source_dsn=dsn,
+                            mask=RULES if kind == "masked" else None,
+                            mask_progress=finished,
+                        )
+                        took = time.monotonic() - t0
+                    seeds[kind].append(took)
+                    peaks[kind].append(peak.above)
+                    loads += peak.loads
+                    steps = done if kind == "masked" else steps
+                    busy = statistics.mean(peak.loads or [0.0])
+                    sys.stderr.write(
+                        f"round {r + 1}/{args.rounds}: {kind} {took:.1f} s, "
+                        f"peak {format_bytes(peak.above)}, load {busy:.1f}\n"
+                    )
         for i in range(args.creates):
             for kind, name in bases.items():
                 t0 = time.monotonic()
@@ -106,41 +194,111 @@ def main() -> int:
                 creates[kind].append(time.monotonic() - t0)
                 layers[kind].append(branch.layer_size(pool, f"b{i}").physical_bytes)
                 branch.destroy(pool, f"b{i}")
-        sizes = {k: pool.registry.latest_base(n).size_bytes for k, n in bases.items()}  # type: ignore[union-attr]
+        kept = {k: pool.registry.latest_base(n) for k, n in bases.items()}
+        base_sizes = {k: b.size_bytes if b else 0 for k, b in kept.items()}
     finally:
         remove_pool(pool)
-
-    def med(values: list[float]) -> str:
-        return f"{statistics.median(values):.3f} ({min(values):.3f} – {max(values):.3f})"
-
-    rows = [
-        f"| {kind} | {format_bytes(sizes[kind])} | {seeds[kind]:.1f} | {med(creates[kind])} | "
-        f"{format_bytes(int(statistics.median(layers[kind])))} |"
-        for kind in bases
-    ]
-    section = "\n".join(
-        [
-            START,
-            "## Masking benchmark",
-            "",
-            f"Generated by `python bench/mask.py --rows {args.rows} --creates {args.creates}` on "
-            f"{started:%Y-%m-%d}: {args.rows:,} customers, {2 * args.rows:,} orders keyed by "
-            f"email, {args.rows // 10:,} sessions; masked with "
-            "`docs/examples/masking-rules.yml`. Create is the median (min – max) over the "
-            "creates, taken in turns; the layer is the branch's physical exclusive bytes right "
-            "after create.",
-            "",
-            "| base | size | seed (s) | create (s) | layer after create |",
-            "|---|--:|--:|--:|--:|",
-            *rows,
-            "",
-            machine_line(install.major, load),
-            END,
-        ]
+    section = render(
+        args=args,
+        started=started,
+        database=database,
+        seeds=seeds,
+        peaks=peaks,
+        estimate=estimate,
+        steps=steps,
+        creates=creates,
+        layers=layers,
+        sizes=base_sizes,
+        machine=machine_line(install.major, load),
+        loads=loads,
     )
-    write_report(section + "\n", start=START, end=END)
-    sys.stdout.write(section + "\n")
+    if not args.no_report:
+        write_report(section, start=START, end=END)
+    sys.stdout.write(section)
     return 0
+
+
+def med(values: list[float], digits: int = 3) -> str:
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:.{digits}f} ({low:.{digits}f} – {high:.{digits}f})"
+
+
+def step_row(step: Step) -> str:
+    size = format_bytes(step.size_bytes) if step.size_bytes else "–"
+    return f"| {step.what} | {step.how or '–'} | {size} | {step.seconds or 0:.1f} |"
+
+
+def render(
+    *,
+    args: argparse.Namespace,
+    started: dt.datetime,
+    database: int,
+    seeds: dict[str, list[float]],
+    peaks: dict[str, list[int]],
+    estimate: space.Estimate,
+    steps: list[Step],
+    creates: dict[str, list[float]],
+    layers: dict[str, list[int]],
+    sizes: dict[str, int],
+    machine: str,
+    loads: list[float],
+) -> str:
+    ratio = statistics.median(seeds["masked"]) / statistics.median(seeds["unmasked"])
+    peak_ratio = max(peaks["masked"]) / database
+    rows = [
+        f"| {kind} | {format_bytes(sizes[kind])} | {med(seeds[kind], 1)} | "
+        f"{format_bytes(max(peaks[kind]))} ({max(peaks[kind]) / database:.2f}×) | "
+        f"{med(creates[kind])} | {format_bytes(int(statistics.median(layers[kind])))} |"
+        for kind in seeds
+    ]
+    command = f"python bench/mask.py --rows {args.rows} --rounds {args.rounds}"
+    intro = (
+        f"Generated by `{command} --creates {args.creates}` on {started:%Y-%m-%d}: "
+        f"{args.rows:,} customers, {2 * args.rows:,} orders keyed by email, "
+        f"{args.rows // 10:,} sessions, a database of {format_bytes(database)}; masked with "
+        "`docs/examples/masking-rules.yml`. Each round seeds the source unmasked and masked, "
+        "the order alternating from round to round, with a warm page cache. Seed is the median "
+        "(min – max) over the rounds; peak space is the most the pool's filesystem held above "
+        "what it held before the seed (sampled every 0.2 s; the largest over the rounds), and "
+        "in brackets that over the database's size. Create is the median (min – max) over the "
+        "creates, taken in turns; the layer is the branch's physical exclusive bytes right "
+        "after create."
+    )
+    verdict = (
+        f"Masked against unmasked: **{ratio:.1f}×** the seed time (target: at most 4×); peak "
+        f"space **{peak_ratio:.2f}×** the database (target: at most 2×). Before copying, the "
+        f"seed estimated it needs {format_bytes(estimate.total)} "
+        f"({estimate.total / database:.2f}× the database; the costliest table: "
+        f"{estimate.peak_table})."
+    )
+    during = (
+        f" The one-minute load average sampled during the seeds: mean "
+        f"{statistics.mean(loads):.1f}, max {max(loads):.1f}."
+        if loads
+        else ""
+    )
+    lines = [
+        START,
+        "## Masking benchmark",
+        "",
+        intro,
+        "",
+        "| base | size | seed (s) | peak space | create (s) | layer after create |",
+        "|---|--:|--:|--:|--:|--:|",
+        *rows,
+        "",
+        verdict,
+        "",
+        "The masked seed's masking steps (the last round):",
+        "",
+        "| step | how | size | seconds |",
+        "|---|---|--:|--:|",
+        *map(step_row, steps),
+        "",
+        machine + during,
+        END,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

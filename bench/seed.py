@@ -54,6 +54,7 @@ class SeedBench(Bench):
         self.settings = Settings(home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
         self.laps: list[Laps] = []
         self.startup: list[float] = []  # seconds a process spent before its seed began
+        self.loads: list[float] = []  # the one-minute load average after each run
 
     def settle(self) -> None:
         """Before each timed run: trim the pool, which waits for the discards of the copy the
@@ -125,6 +126,7 @@ class SeedBench(Bench):
         }
         command = [
             Path(sys.executable).with_name("pgoverlay"),
+            "base",
             "seed",
             name,
             "--from",
@@ -160,6 +162,7 @@ class SeedBench(Bench):
                     else:
                         took = self.seed_function(srv, name)
                     times[method].append(took)
+                    self.loads.append(os.getloadavg()[0])
                     console.log(f"{run.label} round {r + 1}/{rounds}: {method} {took:.2f} s")
         return times
 
@@ -190,6 +193,7 @@ def render(
     drop: bool,
     major: int,
     load: float,
+    loads: list[float],
 ) -> str:
     lines = [
         START,
@@ -236,7 +240,13 @@ def render(
             "|---|--:|",
             *breakdown(laps),
         ]
-    lines += ["", machine_line(major, load), END]
+    during = (
+        f" The one-minute load average after each run: median {statistics.median(loads):.1f}, "
+        f"max {max(loads):.1f}."
+        if loads
+        else ""
+    )
+    lines += ["", machine_line(major, load) + during, END]
     return "\n".join(lines) + "\n"
 
 
@@ -275,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             drop=bench.drop,
             major=bench.install.major,
             load=load,
+            loads=bench.loads,
         )
         if not args.no_report:
             write_report(section, start=START, end=END)

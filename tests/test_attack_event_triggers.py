@@ -85,7 +85,9 @@ def events_base(pool: Pool, env: dict[str, str]) -> Iterator[tuple[BaseVersion, 
             conn.execute("CREATE TABLE public.orders (id int PRIMARY KEY, note text)")
             conn.execute("INSERT INTO public.orders SELECT g, 'o' FROM generate_series(1, 50) g")
         try:
-            done = cli(["seed", "events", "--from", source_dsn(srv, dbname="shop")], env=env)
+            done = cli(
+                ["base", "seed", "events", "--from", source_dsn(srv, dbname="shop")], env=env
+            )
             assert done.returncode == 0, done.stderr
             base = pool.registry.latest_base("events")
             assert base is not None
@@ -215,9 +217,9 @@ def test_the_seed_disables_and_lists_productions_event_triggers(
     for note in expected:
         assert f"neutralised in the base: {note}" in output, note
         assert note in base.neutralised_notes, note
-    listed = json.loads(cli(["seed", "list", "--json"], env=env).stdout)
+    listed = json.loads(cli(["base", "list", "--json"], env=env).stdout)
     assert set(expected) <= set(next(b for b in listed if b["name"] == "events")["neutralised"])
-    table = cli(["seed", "list"], env={**env, "COLUMNS": "400"}).stdout
+    table = cli(["base", "list"], env={**env, "COLUMNS": "400"}).stdout
     assert f"events v{base.version} neutralised: {expected[0]}" in table
 
 

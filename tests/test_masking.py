@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 
 from helpers import cli, source_dsn
-from pgoverlay.errors import MaskError
+from pgoverlay.errors import MaskError, PoolFullError
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner.mask.rules import QualifiedName, parse
 from pgoverlay.runner.pool import Pool
@@ -83,6 +84,15 @@ def test_bad_rules_files_are_refused_naming_the_file_and_the_entry(
         parse(text, name="bad.yml")
     assert "masking rules bad.yml" in str(caught.value)
     assert expected in str(caught.value)
+
+
+def test_the_documented_example_rules_file_parses() -> None:
+    """docs/examples/masking-rules.yml, which the docs point to and bench/mask.py uses."""
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "masking-rules.yml"
+    rules = parse(example.read_bytes(), name=example.name).rules
+    orders = rules.columns()[QualifiedName("public", "orders")]
+    assert orders["amount"].argument == "round(amount, -1)"
+    assert rules.truncated() == [QualifiedName("public", "sessions")] and rules.sql
 
 
 def test_same_rules_bytes_give_the_same_checksum_and_other_bytes_another() -> None:
@@ -237,25 +247,36 @@ def plain(pool: Pool, source: cluster.Running, people: Originals) -> Iterator[Ba
 
 
 @pytest.fixture(scope="module")
-def masked(
+def masked_seed(
     pool: Pool,
     source: cluster.Running,
     people: Originals,
     env: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[BaseVersion]:
+) -> Iterator[tuple[BaseVersion, str]]:
+    """The masked base, seeded by the command as a script runs it (no terminal), and what the
+    command wrote on stderr."""
     rules = tmp_path_factory.mktemp("rules") / "people-rules.yml"
     rules.write_bytes(RULES)
     dsn = source_dsn(source, dbname="people")
-    done = cli(
-        ["base", "seed", "people-masked", "--from", dsn, "--mask", os.fspath(rules)], env=env
-    )
-    assert done.returncode == 0, done.stderr
-    assert "masked by people-rules.yml (sha256" in " ".join(done.stdout.split())
-    base = pool.registry.latest_base("people-masked")
-    assert base is not None
-    yield base
-    seed.remove_version(pool, base.name, base.version)
+    try:
+        done = cli(
+            ["base", "seed", "people-masked", "--from", dsn, "--mask", os.fspath(rules)],
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "masked by people-rules.yml (sha256" in " ".join(done.stdout.split())
+        base = pool.registry.latest_base("people-masked")
+        assert base is not None
+        yield base, done.stderr
+    finally:
+        for version in pool.registry.bases("people-masked"):
+            seed.remove_version(pool, version.name, version.version)
+
+
+@pytest.fixture(scope="module")
+def masked(masked_seed: tuple[BaseVersion, str]) -> BaseVersion:
+    return masked_seed[0]
 
 
 def test_search_finds_the_originals_in_an_unmasked_base_including_toast_and_statistics(
@@ -409,3 +430,90 @@ def test_rules_breaking_a_foreign_key_are_refused_before_copying(
     with pytest.raises(MaskError, match=r"public\.orders\.customer_email references"):
         seed.seed(pool, "people-half", source_dsn=source_dsn(source, dbname="people"), mask=rules)
     assert pool.registry.bases("people-half") == []
+
+
+def test_a_masked_seed_without_a_terminal_prints_a_line_per_table_as_it_goes(
+    masked_seed: tuple[BaseVersion, str],
+) -> None:
+    """Progress for a log or a CI job: a line per finished step, saying how each table was
+    masked. A materialized view reads customers.email, so customers is updated and rewritten;
+    orders is rewritten in one pass, its foreign key to customers set aside meanwhile."""
+    lines = [line for line in masked_seed[1].splitlines() if line.startswith("masking [")]
+    said = "\n".join(lines)
+    assert re.search(r"^masking \[\d+/\d+\] truncate 1 table\(s\): [0-9.]+ s$", said, re.M)
+    assert re.search(
+        r"mask public\.customers: updated \(rewritten below\), .*B, [0-9.]+ s$", said, re.M
+    )
+    assert re.search(r"mask public\.orders: rewritten in one pass, .*B, [0-9.]+ s$", said, re.M)
+    assert re.search(r"restore 1 foreign key\(s\): [0-9.]+ s$", said, re.M)
+    assert re.search(r"rewrite \"public\"\.\"customers\": .*B, [0-9.]+ s$", said, re.M)
+    numbers = [tuple(map(int, re.findall(r"\[(\d+)/(\d+)\]", line)[0])) for line in lines]
+    assert [i for i, _ in numbers] == list(range(1, len(lines) + 1))
+    assert numbers[-1][0] == numbers[-1][1]  # the last step says it is the last
+
+
+def test_the_space_estimate_adds_the_peak_of_the_costliest_masked_table() -> None:
+    """A table rewritten in one pass has its new files beside the old ones: once its size. One a
+    view reads is updated, then rewritten: twice, and the WAL of the update (the masking
+    server's max_wal_size). So is a table the free SQL names."""
+    from pgoverlay.runner.seed import space
+
+    rules = parse(
+        b"tables:\n  big: {email: {fake: email}}\n  viewed: {email: {fake: email}}\n"
+        b"sql:\n  - DELETE FROM Audit WHERE note IS NULL\n",
+        name="r",
+    ).rules
+    big, viewed, audit = (QualifiedName("public", n) for n in ("big", "viewed", "audit"))
+    mib, wal = 1 << 20, 128 << 20
+    sizes = space.Sizes(
+        cluster_bytes=1000 * mib,
+        database_bytes=900 * mib,
+        masked=[space.Table(big, 300 * mib, False), space.Table(viewed, 100 * mib, False)],
+        tables={big: 300 * mib, viewed: 100 * mib, audit: 50 * mib},
+    )
+    assert space.estimate(sizes, None).total == 1150 * mib + space.MARGIN
+    assert space.estimate(sizes, None, dump=True).copy_bytes == 900 * mib
+    one_pass = space.estimate(sizes, rules)
+    assert one_pass.masking_bytes == 300 * mib and one_pass.peak_table.startswith("public.big,")
+    sizes.tables[audit] = 120 * mib
+    by_sql = space.estimate(sizes, rules)
+    assert by_sql.masking_bytes == 240 * mib + wal and "free SQL" in by_sql.peak_table
+    sizes.masked[1] = space.Table(viewed, 200 * mib, True)
+    sizes.tables[viewed] = 200 * mib
+    viewed_peak = space.estimate(sizes, rules)
+    assert viewed_peak.masking_bytes == 400 * mib + wal and "a view" in viewed_peak.peak_table
+    with pytest.raises(PoolFullError, match=r"about 1\.70 GiB .*masking 528\.0 MiB at its peak"):
+        space.check(viewed_peak, free_bytes=1 << 30, base="b")
+
+
+def test_a_masked_seed_the_pool_has_no_room_for_fails_before_copying_saying_why(
+    pool: Pool, source: cluster.Running, people: Originals, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Ballast leaves the pool half of what the seed needs: the command fails at once (exit 6),
+    says what it needs and for what, and leaves no version and no copy."""
+    from pgoverlay.runner.seed import space
+
+    rules = tmp_path / "people-rules.yml"
+    rules.write_bytes(RULES)
+    dsn = source_dsn(source, dbname="people")
+    with psycopg.connect(dsn) as conn:
+        sizes = space.measure(conn, parse(RULES, name="r").rules)
+    assert sizes is not None and sizes.masked
+    need = space.estimate(sizes, parse(RULES, name="r").rules)
+    ballast = pool.tmp / "ballast"
+    try:
+        with ballast.open("wb") as f:
+            os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(pool.root).free - need.total // 2)
+        staged = set(pool.root.joinpath("staging").rglob("*"))
+        done = cli(
+            ["base", "seed", "people-roomless", "--from", dsn, "--mask", os.fspath(rules)], env=env
+        )
+    finally:
+        ballast.unlink(missing_ok=True)
+    assert done.returncode == 6, done.stderr
+    said = " ".join(done.stderr.split())
+    assert "seeding base people-roomless needs about" in said
+    assert "masking" in said and "at its peak (public.customers" in said
+    assert "nothing was copied" in said
+    assert pool.registry.bases("people-roomless") == []
+    assert set(pool.root.joinpath("staging").rglob("*")) == staged

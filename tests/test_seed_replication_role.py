@@ -56,7 +56,7 @@ def test_a_role_with_only_login_and_replication_seeds_a_base_through_the_command
             conn.execute("SELECT count(*) FROM pg_authid")
     try:
         done = cli(
-            ["seed", "repl", "--from", source_dsn(srv, user="replicator", dbname="app")],
+            ["base", "seed", "repl", "--from", source_dsn(srv, user="replicator", dbname="app")],
             env={**env, "COLUMNS": "400"},
         )
         output = done.stdout + done.stderr
@@ -85,7 +85,7 @@ def test_a_library_the_role_could_not_see_preloaded_is_refused_from_the_copys_fi
         conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'no_such_lib'")
         try:
             done = cli(
-                ["seed", "repl-lib", "--from", source_dsn(repl_source, user="replicator")],
+                ["base", "seed", "repl-lib", "--from", source_dsn(repl_source, user="replicator")],
                 env={**env, "COLUMNS": "400"},
             )
         finally:
@@ -106,6 +106,7 @@ def test_a_role_with_only_login_and_replication_seeds_a_masked_base(
     try:
         done = cli(
             [
+                "base",
                 "seed",
                 "repl-masked",
                 "--mask",

@@ -75,6 +75,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 via=args.via,
                 progress=update,
                 mask=args.mask,
+                mask_progress=common.mask_progress(bar) if args.mask else None,
                 allow_unmasked=args.no_mask,
                 runtime=args.runtime,
             )

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
+    from pgoverlay.runner.mask import Step as MaskStep
     from pgoverlay.runner.pool import Pool
     from pgoverlay.runner.service.client import RemoteEngine
     from pgoverlay.runner.service.engine import Engine
@@ -121,15 +122,29 @@ def seed_progress() -> tuple[Progress, Callable[[int, int], None]]:
         BarColumn,
         DownloadColumn,
         Progress,
+        ProgressColumn,
+        Task,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
+    from rich.text import Text
+
+    class StepsOrBytes(ProgressColumn):
+        """Bytes (the copy) and their speed, or steps done of the steps known (masking)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.download, self.speed = DownloadColumn(), TransferSpeedColumn()
+
+        def render(self, task: Task) -> Text:
+            if task.fields.get("steps"):
+                return Text(f"{int(task.completed)}/{int(task.total or 0)} steps")
+            return Text.assemble(self.download.render(task), " ", self.speed.render(task))
 
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        StepsOrBytes(),
         TimeRemainingColumn(),
         console=err.console,
         transient=True,
@@ -140,6 +155,35 @@ def seed_progress() -> tuple[Progress, Callable[[int, int], None]]:
         bar.update(task, completed=done, total=total)
 
     return bar, update
+
+
+def mask_step_line(step: MaskStep) -> str:
+    """One finished masking step, as a line: what, how, how big, how long."""
+    from pgoverlay.runner.units import format_bytes
+
+    details = [d for d in (step.how, format_bytes(step.size_bytes) if step.size_bytes else "") if d]
+    return f"masking [{step.index}/{step.total}] {step.what}: " + ", ".join(
+        [*details, f"{step.seconds or 0.0:.1f} s"]
+    )
+
+
+def mask_progress(bar: Progress | None) -> Callable[[MaskStep], None]:
+    """Masking's progress: a task on ``bar`` when a terminal watches, else a line on stderr
+    per finished step (a log or a CI job then shows which table a slow seed is on)."""
+    if bar is None:
+
+        def line(step: MaskStep) -> None:
+            if step.seconds is not None:
+                err.line(mask_step_line(step))
+
+        return line
+    task = bar.add_task("masking", total=None, visible=False, steps=True)
+
+    def update(step: MaskStep) -> None:
+        done = step.index if step.seconds is not None else step.index - 1
+        bar.update(task, description=step.what, completed=done, total=step.total, visible=True)
+
+    return update
 
 
 def home() -> Path | None:

@@ -9,29 +9,37 @@ What happens, in order (docs/engine.md, "Masked bases"):
 
 1. the rules are checked against the database's catalog (the same check runs against the source
    before anything is copied);
-2. the masking functions are created in the session's temporary schema, so they vanish with the
-   session; the fakes and hashes are keyed with a random per-seed key that only this process's
-   memory and the session hold (it travels as a bound parameter, never in SQL text);
+2. the fakes and hashes are SQL expressions (:mod:`pgoverlay.runner.mask.fakes`) keyed with a
+   random per-seed key that only this process's memory and the session hold (it travels as a
+   bound parameter of ``set_config``, never in SQL text);
 3. with triggers and foreign-key checks off (``session_replication_role = replica``): tables are
-   truncated, and each masked table is updated once, all its masked columns together;
+   truncated, and each masked table is rewritten once, all its masked columns together, by
+   ``ALTER TABLE … ALTER COLUMN … TYPE (its own type) USING (the rule)``: heap, TOAST and
+   indexes are written anew with the masked values, and the old files are dropped at commit.
+   Where Postgres refuses that (a view or rule reads the column, a partition named on its own),
+   the table is updated instead and rewritten in step 5;
 4. the free SQL runs last, normally (triggers on); the tables it updated or deleted from are
    found in ``pg_stat_xact_all_tables`` before each statement commits;
-5. materialized views that read a masked table are refreshed; every masked or touched table is
+5. materialized views that read a masked table are refreshed; every updated or touched table is
    rewritten with ``VACUUM FULL`` (heap, TOAST and indexes: dead row versions and free space that
-   hold old bytes are not carried over); their statistics rows are deleted and recomputed by
-   ``ANALYZE`` from the masked data, then ``pg_statistic`` and ``pg_statistic_ext_data`` are
-   rewritten too, since their dead rows still hold the old values;
+   hold old bytes are not carried over); statistics rows of the masked and touched tables are
+   deleted and recomputed by ``ANALYZE`` from the masked data, then ``pg_statistic`` and
+   ``pg_statistic_ext_data`` are rewritten too, since their dead rows still hold the old values;
 6. after the clean shutdown (:func:`finish`): every file those relations had before is gone, and
    the cumulative statistics files and any server log inside the data directory are removed. The
    caller's ``pg_resetwal`` then drops the WAL that carried the old values.
+
+The server runs with ``SERVER_OPTIONS`` meanwhile, so that rewrites are not also written to WAL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +49,7 @@ from psycopg import sql
 
 from pgoverlay.errors import MaskError, UnsafePathError
 from pgoverlay.runner import safefs
-from pgoverlay.runner.mask.functions import FUNCTIONS
+from pgoverlay.runner.mask import fakes
 from pgoverlay.runner.mask.rules import ColumnRule, QualifiedName, Rules
 from pgoverlay.runner.mask.schema import Column, Table, catalog, check
 from pgoverlay.runner.postgres.sqlerror import reason
@@ -54,6 +62,27 @@ Connect = Callable[[str], Connection]  # database name -> a superuser connection
 _KEPT_DATABASES = ("template0", "template1", "postgres")
 
 
+# The preparing server of a masked base writes no WAL it does not need: the base is shut down
+# cleanly and its WAL reset before any branch uses it, and a seed that fails midway removes the
+# copy. With wal_level minimal a table rewritten in one transaction is written once (its new
+# files are synced at commit) rather than also into WAL, and without full-page writes an UPDATE
+# logs its rows, not whole pages.
+# A small max_wal_size keeps the WAL of updates (the free SQL's, a table a view reads) from
+# taking the pool's space: a checkpoint without full-page writes only writes the dirty buffers.
+SERVER_OPTIONS = {
+    "wal_level": "minimal",
+    "max_wal_senders": "0",
+    "full_page_writes": "off",
+    "max_wal_size": "128MB",
+    "min_wal_size": "32MB",
+}
+
+# Why ALTER TABLE may refuse to rewrite a table that an UPDATE can mask: a view, rule, policy,
+# trigger definition or generated column uses the column (0A000), a partition or inheritance
+# child named on its own (42P16), another object state (55xxx). The table is then updated.
+_NOT_IN_ONE_PASS = ("0A", "42", "55")
+
+
 @dataclass
 class Masked:
     """What :func:`apply` did; :func:`finish` checks and completes it after the shutdown."""
@@ -62,95 +91,258 @@ class Masked:
     log_directory: str = ""
     tables_masked: int = 0
     tables_truncated: int = 0
-    tables_rewritten: int = 0
+    tables_rewritten: int = 0  # by VACUUM FULL after an UPDATE
+    tables_in_one_pass: int = 0  # rewritten with their masked values by ALTER TABLE
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of masking, told to ``progress`` when it starts (``seconds`` None) and when it
+    ends. ``total`` is the number of steps known so far: rewrites join once the updates that
+    need them have run."""
+
+    what: str  # "mask public.customers"
+    index: int  # from 1
+    total: int
+    size_bytes: int  # of the table (heap, TOAST, indexes) before the step; 0 for other steps
+    seconds: float | None = None
+    how: str = ""  # once ended: "in one pass", "updated", ...
+
+
+Progress = Callable[[Step], None]
+
+
+class _Steps:
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.index = progress, total, 0
+
+    @contextlib.contextmanager
+    def step(self, what: str, *, size_bytes: int = 0) -> Iterator[list[str]]:
+        """Time one step; the caller appends how it went to the list it is given."""
+        self.index += 1
+        self.total = max(self.total, self.index)
+        how: list[str] = []
+        if self.progress is not None:
+            self.progress(Step(what, self.index, self.total, size_bytes))
+        started = time.perf_counter()
+        yield how
+        if self.progress is not None:
+            took = time.perf_counter() - started
+            self.progress(Step(what, self.index, self.total, size_bytes, took, ", ".join(how)))
 
 
 # -- applying ----------------------------------------------------------------------------------
 
 
-def apply(conn: Connection, rules: Rules, *, rules_name: str, statement_timeout: float) -> Masked:
-    """Mask the connected database (superuser, autocommit); see the module's docstring."""
+def apply(
+    conn: Connection,
+    rules: Rules,
+    *,
+    rules_name: str,
+    statement_timeout: float,
+    progress: Progress | None = None,
+) -> Masked:
+    """Mask the connected database (superuser, autocommit); see the module's docstring.
+    ``progress`` is told of each step as it starts and ends."""
     if not conn.autocommit:
         raise ValueError("masking needs an autocommit connection (VACUUM cannot run in one)")
     conn.execute(
         "SELECT set_config('statement_timeout', %s, false)", (f"{int(statement_timeout)}s",)
     )
     check(conn, rules, rules_name=rules_name, where="the base")
-    for statement in FUNCTIONS:
+    for statement in fakes.FUNCTIONS:
         conn.execute(statement.encode())
-    key = secrets.token_bytes(32)
+    # The key lives in this session's memory only; a bound parameter, never SQL text.
+    conn.execute("SELECT set_config(%s, %s, false)", (fakes.KEY_SETTING, secrets.token_hex(32)))
+    try:
+        return _apply(conn, rules, progress)
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SELECT set_config(%s, '', false)", (fakes.KEY_SETTING,))
+
+
+def _apply(conn: Connection, rules: Rules, progress: Progress | None) -> Masked:
     masked = Masked(log_directory=_setting(conn, "log_directory"))
     found = catalog(conn, [*rules.columns(), *rules.truncated()])
     truncated = [found[n].oid for n in rules.truncated()]
     updated = [found[n].oid for n in rules.columns()]
     # Before anything changes: the files that hold original values now.
     masked.old_files += _files(conn, [*truncated, *updated])
+    sizes = _sizes(conn, updated)
+    steps = _Steps(progress, len(updated) + bool(truncated) + len(rules.sql) + 1)
+    needs_rewrite: set[int] = set()
     conn.execute("SET session_replication_role = replica")  # no triggers, no FK actions
+    keys = _foreign_keys(conn, {found[n].oid: set(c) for n, c in rules.columns().items()})
     try:
+        for key in keys:  # ALTER TABLE would check them before the other side is masked
+            _run(conn, key.drop(), what=f"set foreign key {key.name} aside")
         if truncated:
-            _run(conn, sql.SQL("TRUNCATE {}").format(_names(conn, truncated)), what="truncate")
+            with steps.step(f"truncate {len(truncated)} table(s)"):
+                _run(conn, sql.SQL("TRUNCATE {}").format(_names(conn, truncated)), what="truncate")
             masked.tables_truncated = len(truncated)
         for name, columns in rules.columns().items():
-            _run(conn, *_update(name, columns, found[name], key), what=f"mask {name}")
+            table = found[name]
+            with steps.step(f"mask {name}", size_bytes=sizes.get(table.oid, 0)) as how:
+                if _rewrite(conn, name, columns, table):
+                    masked.tables_in_one_pass += 1
+                    how.append("rewritten in one pass")
+                else:
+                    needs_rewrite.add(table.oid)
+                    how.append("updated (rewritten below)")
         masked.tables_masked = len(updated)
+        if keys:
+            steps.total += 1
+            with steps.step(f"restore {len(keys)} foreign key(s)"):
+                for key in keys:
+                    _run(conn, key.add(), what=f"restore foreign key {key.name}")
     finally:
         conn.execute("RESET session_replication_role")
-    touched = set(updated)
+    touched: set[int] = set()
     for statement in rules.sql:
-        touched |= _run_free_sql(conn, statement)
+        with steps.step(f"sql: {' '.join(statement.split())[:40]}"):
+            touched |= _run_free_sql(conn, statement)
     touched -= set(truncated)
+    needs_rewrite |= touched
     masked.old_files += _files(conn, sorted(touched - set(updated)))
-    for oid, view in _dependent_matviews(conn, [*truncated, *touched]):
+    for oid, view in _dependent_matviews(conn, [*truncated, *updated, *touched]):
         masked.old_files += _files(conn, [oid])
-        _run(conn, sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view), what="refresh a view")
-    leaves = _leaves(conn, sorted(touched))
-    for relation in leaves:
-        _run(conn, sql.SQL("VACUUM (FULL) {}").format(relation), what="rewrite a table")
+        steps.total += 1
+        with steps.step(f"refresh {view.as_string(conn)}"):
+            _run(conn, sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view), what="refresh a view")
+    leaves = _leaves(conn, sorted(needs_rewrite))
+    steps.total += len(leaves)
+    rewrite_sizes = _sizes(conn, [oid for oid, _ in leaves])
+    for oid, relation in leaves:
+        what = f"rewrite {relation.as_string(conn)}"
+        with steps.step(what, size_bytes=rewrite_sizes.get(oid, 0)):
+            _run(conn, sql.SQL("VACUUM (FULL) {}").format(relation), what="rewrite a table")
     masked.tables_rewritten = len(leaves)
-    _restat(conn, [*truncated, *touched], masked)
+    with steps.step("statistics"):
+        _restat(conn, [*truncated, *updated, *touched], masked)
     log.info(
-        "masked %s tables, truncated %s, rewrote %s",
+        "masked %s tables (%s in one pass), truncated %s, rewrote %s",
         masked.tables_masked,
+        masked.tables_in_one_pass,
         masked.tables_truncated,
         masked.tables_rewritten,
     )
     return masked
 
 
-def _update(
-    name: QualifiedName, columns: dict[str, ColumnRule], table: Table, key: bytes
-) -> tuple[sql.Composed, list[Any]]:
-    assignments = []
-    params: list[Any] = []
+def _rewrite(
+    conn: Connection, name: QualifiedName, columns: dict[str, ColumnRule], table: Table
+) -> bool:
+    """Mask one table. Rewritten by one ``ALTER TABLE … ALTER COLUMN … TYPE (its own type)
+    USING (the rule)``, it is written once, with its masked values, its indexes built anew, and
+    its old files dropped at commit: no dead row versions, nothing for ``VACUUM FULL`` to do.
+    Where Postgres refuses that (see ``_NOT_IN_ONE_PASS``), the table is updated, and rewritten
+    later. Returns whether it was rewritten in one pass."""
+    target = sql.Identifier(name.schema, name.table)
+    changes = []
     for column, rule in columns.items():
-        expression, args = _expression(rule, table.columns[column], key)
-        assignments.append(sql.SQL("{} = {}").format(sql.Identifier(column), expression))
-        params += args
-    query = sql.SQL("UPDATE {} SET {}").format(
-        sql.Identifier(name.schema, name.table), sql.SQL(", ").join(assignments)
-    )
-    return query, params
+        col = table.columns[column]
+        collate = (
+            sql.SQL(" COLLATE {}").format(sql.Identifier(*col.collation))
+            if col.collation
+            else sql.SQL("")
+        )
+        # format_type's text: the column's type as Postgres spells it in SQL (identifiers
+        # quoted), with its modifier, which sql.Identifier cannot express.
+        changes.append(
+            sql.SQL("ALTER COLUMN {} TYPE {}{} USING {}").format(
+                sql.Identifier(column), sql.SQL(col.sql_type), collate, _expression(rule, col)
+            )
+        )
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("ALTER TABLE {} {}").format(target, sql.SQL(", ").join(changes)))
+        return True
+    except psycopg.Error as err:
+        if not (err.sqlstate or "").startswith(_NOT_IN_ONE_PASS):
+            raise MaskError(f"masking failed (mask {name}): {reason(err)}") from None
+        log.info("%s cannot be rewritten in one pass (%s): updating it", name, reason(err))
+    assignments = [
+        sql.SQL("{} = {}").format(sql.Identifier(column), _expression(rule, table.columns[column]))
+        for column, rule in columns.items()
+    ]
+    query = sql.SQL("UPDATE {} SET {}").format(target, sql.SQL(", ").join(assignments))
+    _run(conn, query, what=f"mask {name}")
+    return False
 
 
-def _expression(rule: ColumnRule, col: Column, key: bytes) -> tuple[sql.Composable, list[Any]]:
+@dataclass(frozen=True)
+class _ForeignKey:
+    """A foreign key on or to a masked column, set aside while the tables are rewritten and put
+    back, checked, with its own definition (``pg_get_constraintdef``) and comment."""
+
+    table: sql.Identifier
+    name: str
+    definition: str
+    comment: str | None
+
+    def drop(self) -> sql.Composed:
+        return sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            self.table, sql.Identifier(self.name)
+        )
+
+    def add(self) -> sql.Composed:
+        add = sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+            self.table, sql.Identifier(self.name), sql.SQL(self.definition)
+        )
+        if self.comment is None:
+            return add
+        return sql.SQL("{}; COMMENT ON CONSTRAINT {} ON {} IS {}").format(
+            add, sql.Identifier(self.name), self.table, sql.Literal(self.comment)
+        )
+
+
+def _foreign_keys(conn: Connection, masked: dict[int, set[str]]) -> list[_ForeignKey]:
+    """Foreign keys (the partitioned table's own, not its partitions' copies) whose columns,
+    on either side, include a masked column of ``masked`` (table oid -> column names)."""
+    rows = conn.execute(
+        """
+        SELECT k.conrelid, k.confrelid, n.nspname, c.relname, k.conname,
+               pg_get_constraintdef(k.oid), obj_description(k.oid, 'pg_constraint'),
+               ARRAY(SELECT attname FROM pg_attribute
+                     WHERE attrelid = k.conrelid AND attnum = ANY(k.conkey))::text[],
+               ARRAY(SELECT attname FROM pg_attribute
+                     WHERE attrelid = k.confrelid AND attnum = ANY(k.confkey))::text[]
+        FROM pg_constraint k
+        JOIN pg_class c ON c.oid = k.conrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE k.contype = 'f' AND k.conparentid = 0
+          AND (k.conrelid = ANY(%s::oid[]) OR k.confrelid = ANY(%s::oid[]))
+        ORDER BY 3, 4, 5
+        """,
+        (list(masked), list(masked)),
+    ).fetchall()
+    return [
+        _ForeignKey(sql.Identifier(str(nsp), str(rel)), str(name), str(definition), comment)
+        for relid, frelid, nsp, rel, name, definition, comment, cols, fcols in rows
+        if masked.get(int(relid), set()) & set(cols) or masked.get(int(frelid), set()) & set(fcols)
+    ]
+
+
+def _expression(rule: ColumnRule, col: Column) -> sql.Composed:
+    """The rule as an expression of the row: no bound parameter (``ALTER TABLE`` takes none)."""
     ident = sql.Identifier(col.name)
+    value = sql.SQL("{}::text").format(ident)
     if rule.strategy == "null":
-        return sql.SQL("NULL"), []
-    if rule.strategy == "value":
-        return sql.SQL("%s"), [rule.argument]  # untyped: Postgres casts it to the column's type
+        return sql.Composed([sql.SQL("NULL")])
+    if rule.strategy == "value":  # untyped: Postgres casts it to the column's type
+        return sql.Composed([sql.Literal(rule.argument)])
     if rule.strategy == "fake":
-        function = sql.Identifier("pg_temp", f"pgo_fake_{rule.argument}")
-        return sql.SQL("{}({}::text, %s)").format(function, ident), [key]
+        return fakes.fake(rule.argument or "", value)
     if rule.strategy == "hash":
-        suffix = "_uuid" if col.type_name == "uuid" else ""
-        function = sql.Identifier("pg_temp", f"pgo_hash{suffix}")
-        return sql.SQL("{}({}::text, %s)").format(function, ident), [key]
+        return fakes.hashed(value, uuid=col.type_name == "uuid")
     if rule.strategy == "truncate_date":
         if col.type_name == "date":
-            return sql.SQL("date_trunc(%s, {}::timestamp)::date").format(ident), [rule.argument]
-        return sql.SQL("date_trunc(%s, {})").format(ident), [rule.argument]
-    # sql: the administrator's own expression; a literal % must not read as a placeholder.
-    return sql.SQL("({})").format(sql.SQL((rule.argument or "").replace("%", "%%"))), []
+            return sql.SQL("date_trunc({}, {}::timestamp)::date").format(
+                sql.Literal(rule.argument), ident
+            )
+        return sql.SQL("date_trunc({}, {})").format(sql.Literal(rule.argument), ident)
+    # sql: the administrator's own expression, as written.
+    return sql.SQL("({})").format(sql.SQL(rule.argument or ""))
 
 
 def _run(
@@ -220,16 +412,28 @@ def _files(conn: Connection, oids: list[int]) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def _leaves(conn: Connection, oids: list[int]) -> list[sql.Identifier]:
+def _leaves(conn: Connection, oids: list[int]) -> list[tuple[int, sql.Identifier]]:
     """Tables with storage among ``oids`` and their descendants (partitions, children)."""
     family = _family(conn, oids)
     rows = conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_class c "
+        "SELECT c.oid, n.nspname, c.relname FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'm') ORDER BY 1, 2",
+        "WHERE c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'm') ORDER BY 2, 3",
         (family,),
     ).fetchall()
-    return [sql.Identifier(str(n), str(r)) for n, r in rows]
+    return [(int(o), sql.Identifier(str(n), str(r))) for o, n, r in rows]
+
+
+def _sizes(conn: Connection, oids: list[int]) -> dict[int, int]:
+    """Bytes on disk of each table of ``oids`` with its partitions, TOAST and indexes."""
+    sizes = {}
+    for oid in oids:
+        row = conn.execute(
+            "SELECT sum(pg_relation_size(f))::bigint FROM unnest(%s::oid[]) AS f",
+            (_family(conn, [oid]),),
+        ).fetchone()
+        sizes[oid] = int(row[0] or 0) if row else 0
+    return sizes
 
 
 def _dependent_matviews(conn: Connection, oids: list[int]) -> list[tuple[int, sql.Identifier]]:

@@ -31,6 +31,8 @@ class Column:
     not_null: bool
     generated: bool
     identity_always: bool
+    sql_type: str = ""  # format_type(): the type as SQL, with its modifier (varchar(40))
+    collation: tuple[str, str] | None = None  # (schema, name), when not the type's default
 
 
 @dataclass(frozen=True)
@@ -48,18 +50,23 @@ def catalog(conn: Connection, names: Iterable[QualifiedName]) -> dict[QualifiedN
         SELECT n.nspname, c.relname, c.oid, c.relkind, a.attname, t.typname, t.typcategory,
                CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
                     THEN a.atttypmod - 4 END,
-               a.attnotnull, a.attgenerated <> '', a.attidentity = 'a'
+               a.attnotnull, a.attgenerated <> '', a.attidentity = 'a',
+               format_type(a.atttypid, a.atttypmod), cn.nspname, co.collname
         FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
         JOIN unnest(%s::text[], %s::text[]) AS w(nsp, rel)
           ON w.nsp = n.nspname AND w.rel = c.relname
         LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
         LEFT JOIN pg_type t ON t.oid = a.atttypid
+        LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> t.typcollation
+        LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
         """,
         ([n.schema for n in wanted], [n.table for n in wanted]),
     ).fetchall()
     tables: dict[QualifiedName, Table] = {}
-    for nsp, rel, oid, kind, attname, typname, category, length, notnull, gen, ident in rows:
+    for row in rows:
+        nsp, rel, oid, kind, attname, typname, category, length, notnull, gen, ident = row[:11]
+        sql_type, coll_schema, coll_name = row[11:]
         name = QualifiedName(str(nsp), str(rel))
         table = tables.setdefault(name, Table(oid=int(oid), kind=str(kind), columns={}))
         if attname is not None:
@@ -71,6 +78,8 @@ def catalog(conn: Connection, names: Iterable[QualifiedName]) -> dict[QualifiedN
                 not_null=bool(notnull),
                 generated=bool(gen),
                 identity_always=bool(ident),
+                sql_type=str(sql_type),
+                collation=(str(coll_schema), str(coll_name)) if coll_name is not None else None,
             )
     return tables
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -41,13 +42,22 @@ from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime.choose import tools_for
-from pgoverlay.runner.seed import checks, credentials, prepare, tablespaces, verify
+from pgoverlay.runner.seed import (
+    checks,
+    credentials,
+    durable,
+    prepare,
+    space,
+    tablespaces,
+    verify,
+)
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
 from pgoverlay.runner.seed.source import SourceInfo, Tablespace
 from pgoverlay.runner.seed.steps import Laps
 
 if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
+    from pgoverlay.runner.mask import Progress as MaskProgress
     from pgoverlay.runner.mask.rules import RulesFile
 
 log = logging.getLogger(__name__)
@@ -330,13 +340,15 @@ def seed(
     via: Via = "basebackup",
     progress: Progress | None = None,
     mask: Path | None = None,
+    mask_progress: MaskProgress | None = None,
     allow_unmasked: bool = False,
     runtime: str | None = None,
     laps: Laps | None = None,
 ) -> BaseVersion:
     """Seed base ``name`` from ``source_dsn``, authenticating with ``auth``; with ``mask``, a
         rules file applied while the base is prepared. Refreshing a masked base needs ``mask``
-        again, or ``allow_unmasked``. ``ask_password`` (given the source's label) is called once
+        again, or ``allow_unmasked``; ``mask_progress`` is told of each masking step.
+        ``ask_password`` (given the source's label) is called once
         when the source wants a password and ``auth`` holds none: a prompt on a terminal. ``laps``,
     when given, gets the seconds each step took."""
     laps = Laps() if laps is None else laps
@@ -402,9 +414,19 @@ def seed(
             )
         if rules is not None:
             check_rules_on_source(src, rules)
+        check_space(pool, src, rules, base=name, via=via)
         laps.lap("checks")
         return _seed_version(
-            pool, name, src, install, info, via=via, progress=progress, rules=rules, laps=laps
+            pool,
+            name,
+            src,
+            install,
+            info,
+            via=via,
+            progress=progress,
+            rules=rules,
+            mask_progress=mask_progress,
+            laps=laps,
         )
 
 
@@ -421,6 +443,23 @@ def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
         database=database,
         where=where,
     )
+
+
+def check_space(pool: Pool, src: Source, rules: RulesFile | None, *, base: str, via: Via) -> None:
+    """Refuse, before copying anything, a seed the pool has no room for (see seed/space.py)."""
+    try:
+        with src.connect() as conn:
+            sizes = space.measure(conn, rules.rules if rules else None)
+    except psycopg.OperationalError:
+        return  # reached a moment ago: the copy will say what is wrong
+    if sizes is None:
+        return
+    free = shutil.disk_usage(pool.root).free
+    if pool.info.mode == "image":  # a sparse image: the host's disk must hold its growth too
+        free = min(free, shutil.disk_usage(pool.home).free)
+    found = space.estimate(sizes, rules.rules if rules else None, dump=via == "dump")
+    log.debug("the seed needs about %s bytes; the pool has %s free", found.total, free)
+    space.check(found, free_bytes=free, base=base)
 
 
 def check_rules_on_source(src: Source, rules: RulesFile) -> None:
@@ -458,6 +497,7 @@ def _seed_version(
     via: Via,
     progress: Progress | None,
     rules: RulesFile | None,
+    mask_progress: MaskProgress | None = None,
     laps: Laps,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
@@ -491,6 +531,7 @@ def _seed_version(
             wal_segsize_mb=pool.settings.wal_segsize_mb,
             timeout=pool.settings.command_timeout,
             masking=rules,
+            mask_progress=mask_progress,
             laps=laps,
         )
         if src.dbname not in result.databases:
@@ -526,6 +567,10 @@ def _seed_version(
         mounts.bind_readonly(store, target)
         fault(pool, "seed:mounted")
         laps.lap("store")
+        # On disk before it is declared ready: what the clean shutdown and pg_resetwal did not
+        # sync themselves (masking's removals, the move into the store).
+        durable.syncfs(store)
+        laps.lap("sync")
         pool.registry.update_base(
             name,
             version,

@@ -101,10 +101,12 @@ def prepare(
     branch_createrole: bool = False,
     timeout: float,
     masking: RulesFile | None = None,
+    mask_progress: mask.Progress | None = None,
     laps: Laps | None = None,
 ) -> Prepared:
-    """Finish recovery, mask (when ``masking`` is given), shut down cleanly, reset the WAL
-    with ``wal_segsize_mb`` segments; ``database`` is the one branches will serve."""
+    """Finish recovery, mask (when ``masking`` is given, telling ``mask_progress`` of each
+    step), shut down cleanly, reset the WAL with ``wal_segsize_mb`` segments; ``database`` is
+    the one branches will serve."""
     laps = Laps() if laps is None else laps
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
@@ -117,6 +119,10 @@ def prepare(
     masked: mask.Masked | None = None
     dropped: list[str] = []
     options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
+    if masking is not None:
+        from pgoverlay.runner import mask
+
+        options.update(mask.SERVER_OPTIONS)
     # Every statement below is the engine's own, on its own copy: a failure is a seed failure
     # (the half-made version is removed), said in one line once the server has stopped.
     with (
@@ -176,7 +182,11 @@ def prepare(
                     from pgoverlay.runner import mask
 
                     masked = mask.apply(
-                        conn, masking.rules, rules_name=masking.name, statement_timeout=timeout
+                        conn,
+                        masking.rules,
+                        rules_name=masking.name,
+                        statement_timeout=timeout,
+                        progress=mask_progress,
                     )
                     size_row = conn.execute(  # masking rewrote tables: measure again
                         "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
