@@ -64,6 +64,7 @@ def test_help_still_names_every_command_and_option() -> None:
     """Registering a command imports nothing of it, yet its help is the whole of it."""
     done = subprocess.run(
         [sys.executable, "-m", "pgoverlay", "branch", "create", "--help"],
+        cwd="/",  # not the checkout, whose pgoverlay/ folder would hide the installed package
         capture_output=True,
         text=True,
         check=True,
@@ -71,7 +72,11 @@ def test_help_still_names_every_command_and_option() -> None:
     for option in ("--base", "--ttl", "--runtime", "--json", "{auto,local,docker}"):
         assert option in done.stdout
     top = subprocess.run(
-        [sys.executable, "-m", "pgoverlay", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pgoverlay", "--help"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for group in ("pool", "doctor", "base", "branch", "service", "gc", "demo", "action"):
         assert group in top
@@ -132,6 +137,7 @@ def test_the_actions_entry_point_imports_no_web_docker_github_psycopg_or_pydanti
             "-c",
             "import json, sys, pgoverlay.action.main; print(json.dumps(sorted(sys.modules)))",
         ],
+        cwd="/",
         capture_output=True,
         text=True,
         check=True,
@@ -161,7 +167,12 @@ def test_the_actions_run_imports_no_pydantic(tmp_path: Path) -> None:
         "INPUT_TTL": "soon",  # refused: the run stops there, having read its inputs
     }
     done = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", probe],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "input `ttl`: cannot read duration 'soon'" in done.stdout
