@@ -30,6 +30,11 @@ if importlib.util.find_spec("pgoverlay.runner") is None:
     )
 
 
+# The Pythons the tests start (`python -c`, `python -m pgoverlay`, from the checkout's folder)
+# run the installed package too: as with -P, no current folder is put first on their sys.path.
+os.environ["PYTHONSAFEPATH"] = "1"
+
+
 def installed_source() -> Path | None:
     """The copy of the checkout the running pgoverlay was installed from (PREFIX/src, readable
     by everyone); ``None`` when it runs this checkout's own code (an editable install)."""
