@@ -352,9 +352,13 @@ def test_the_engine_service_imports_nothing_from_the_directory_root_starts_it_in
     )
     assert done.returncode == 0 and "usage: pgoverlay service" in done.stdout, done.stderr
     assert not marker.exists(), marker.read_text()
-    # The same command without -P would have imported them: the test can fail.
+    # The same command without -P (nor PYTHONSAFEPATH, which the tests set) would have
+    # imported them: the test can fail.
     without = [arg for arg in serve.SERVICE_COMMAND if arg != "-P"]
-    subprocess.run([*without, "--help"], cwd=planted, capture_output=True, timeout=60, check=False)
+    unsafe = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    subprocess.run(
+        [*without, "--help"], cwd=planted, env=unsafe, capture_output=True, timeout=60, check=False
+    )
     assert marker.exists()
 
 
