@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pgoverlay.errors import SeedError
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -41,12 +43,17 @@ _libc.syncfs.restype = ctypes.c_int
 
 def syncfs(path: Path) -> None:
     """Write everything of the filesystem holding directory ``path`` to disk, and wait
-    (``path`` is opened without following a link)."""
+    (``path`` is opened without following a link); a :class:`SeedError` when the disk
+    refuses."""
     fd = os.open(path, _DIR)
     try:
         if _libc.syncfs(fd) != 0:
             number = ctypes.get_errno()
-            raise OSError(number, f"syncfs: {os.strerror(number)}")
+            raise SeedError(
+                f"the base could not be written to the pool's disk (syncfs: "
+                f"{os.strerror(number)}); it is removed: check the disk under the pool "
+                "(dmesg, free space), then seed again"
+            )
     finally:
         os.close(fd)
 
@@ -56,12 +63,12 @@ def flushing(path: Path) -> Iterator[None]:
     """Flush the filesystem holding ``path`` in a thread while the block runs (``ctypes``
     releases the GIL for the call); the block's end waits for it and raises its error. It
     starts the disk's work early; :func:`syncfs` after it is still what makes a base durable."""
-    failed: list[OSError] = []
+    failed: list[Exception] = []
 
     def flush() -> None:
         try:
             syncfs(path)
-        except OSError as err:
+        except Exception as err:  # raised in the seed's thread, below
             failed.append(err)
 
     thread = threading.Thread(target=flush, name="seed-flush", daemon=True)
