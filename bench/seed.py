@@ -49,8 +49,12 @@ METHODS = {
 class SeedBench(Bench):
     """The engine benchmark's plumbing (sources, pool, caches) with this benchmark's ports."""
 
-    def __init__(self, work: Path, *, drop_caches: bool, pool_size: str) -> None:
+    def __init__(
+        self, work: Path, *, drop_caches: bool, pool_size: str, process_laps: bool = False
+    ) -> None:
         super().__init__(work, drop_caches=drop_caches, pool_size=pool_size, creates=0)
+        self.process_laps = process_laps  # run the process with -vv and read its laps
+        self.proc_laps: list[Laps] = []
         self.settings = Settings(home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
         self.laps: list[Laps] = []
         self.startup: list[float] = []  # seconds a process spent before its seed began
@@ -126,6 +130,7 @@ class SeedBench(Bench):
         }
         command = [
             Path(sys.executable).with_name("pgoverlay"),
+            *(["-vv"] if self.process_laps else []),
             "base",
             "seed",
             name,
@@ -135,9 +140,17 @@ class SeedBench(Bench):
         self.settle()
         start = time.perf_counter()
         done = subprocess.run(
-            command, env=env, check=True, stdout=subprocess.PIPE, text=True, timeout=3600
+            command,
+            env=env,
+            check=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if self.process_laps else None,
+            text=True,
+            timeout=3600,
         )
         took = time.perf_counter() - start
+        if self.process_laps:
+            self.proc_laps.append(laps_logged(done.stderr))
         said = re.search(r"in ([0-9.]+) s\s*$", done.stdout)  # the command's own timer
         if said:
             self.startup.append(took - float(said.group(1)))
@@ -149,7 +162,7 @@ class SeedBench(Bench):
     def run_size(self, run: SizeRun, rounds: int) -> dict[str, list[float]]:
         self.ensure_source(run)
         times: dict[str, list[float]] = {m: [] for m in METHODS}
-        self.laps, self.startup = [], []
+        self.laps, self.startup, self.proc_laps = [], [], []
         with self.source(run, {}) as srv:
             order = list(METHODS)
             for r in range(rounds):
@@ -165,6 +178,15 @@ class SeedBench(Bench):
                     self.loads.append(os.getloadavg()[0])
                     console.log(f"{run.label} round {r + 1}/{rounds}: {method} {took:.2f} s")
         return times
+
+
+def laps_logged(stderr: str) -> Laps:
+    """The laps a seed process logs at debug level: `seed of NAME version V: copy 2.65 s, ...`."""
+    laps = Laps()
+    found = re.search(r"seed of \S+ version \d+: (.*)$", stderr, re.MULTILINE)
+    for step, secs in re.findall(r"(.+?) ([0-9.]+) s(?:, |$)", found.group(1) if found else ""):
+        laps.seconds[step.strip()] = float(secs)
+    return laps
 
 
 def cell(values: list[float]) -> str:
@@ -260,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
     parser.add_argument("--no-drop-caches", action="store_true", help="keep the page cache warm")
     parser.add_argument("--no-report", action="store_true", help="print, do not write the report")
+    parser.add_argument(
+        "--process-laps",
+        action="store_true",
+        help="run the process with -vv and print its steps (a diagnosis: the logging is timed)",
+    )
     args = parser.parse_args(argv)
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
     if not gibs or args.rounds < 1:
@@ -267,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the finally blocks run
     load = os.getloadavg()[0]
     bench = SeedBench(
-        Path(args.work).resolve(), drop_caches=not args.no_drop_caches, pool_size=args.pool_size
+        Path(args.work).resolve(),
+        drop_caches=not args.no_drop_caches,
+        pool_size=args.pool_size,
+        process_laps=args.process_laps,
     )
     started = dt.datetime.now(dt.UTC)
     results = []
@@ -278,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             run = SizeRun(gib=gib, scale=max(1, round(gib * SCALE_PER_GIB)))
             times = bench.run_size(run, args.rounds)
             results.append((run, times, bench.laps, bench.startup))
+            if bench.proc_laps:
+                console.log(f"{run.label}: the process's steps (median seconds)")
+                for row in breakdown(bench.proc_laps):
+                    console.log(row)
         section = render(
             results,
             argv=argv,

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.seed import verify
+from pgoverlay.runner.seed import durable, lockdown, verify
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +222,58 @@ def test_the_seed_command_starts_without_the_services_web_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_copy_is_prepared_without_flushing_and_synced_before_it_is_ready(
+    pool: Pool, source: cluster.Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preparing server runs with fsync off (nothing waits for the disk while the copy is
+    prepared); the base is flushed by syncfs, the last call still before it is registered
+    ready, on the store where the base lives."""
+    name = f"flushed-{os.urandom(3).hex()}"
+    seen: dict[str, Any] = {"syncs": []}
+    real_check = lockdown.check_branch_user
+
+    def check_branch_user(conn: Any, **kwargs: Any) -> None:
+        seen["fsync"] = conn.execute("SHOW fsync").fetchone()[0]
+        real_check(conn, **kwargs)
+
+    real_syncfs = durable.syncfs
+
+    def syncfs(path: Path) -> None:
+        if threading.current_thread() is threading.main_thread():  # the registry's thread
+            seen["syncs"].append((path, [b.state for b in pool.registry.bases(name)]))
+        else:
+            seen["syncs"].append((path, "flushed in a thread"))
+        real_syncfs(path)
+
+    monkeypatch.setattr(lockdown, "check_branch_user", check_branch_user)
+    monkeypatch.setattr(durable, "syncfs", syncfs)
+    made = seed.seed(pool, name, source_dsn=source_dsn(source))
+    try:
+        assert seen["fsync"] == "off"
+        assert seen["syncs"][0] == (pool.staging_dir(name, made.version), "flushed in a thread")
+        assert seen["syncs"][-1] == (pool.store_dir(name, made.version), ["seeding"])
+        assert made.state == "ready"
+    finally:
+        seed.remove_version(pool, name, made.version)
+
+
+def test_a_flush_the_disk_refuses_fails_the_seed_and_leaves_nothing(
+    pool: Pool, source: cluster.Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write error met by the flush that runs during the preparation (in its own thread)
+    fails the seed, says what to check, and removes the version."""
+    real_syncfs = durable.syncfs
+
+    def syncfs(path: Path) -> None:
+        if path.parent.name == "staging":  # the early flush, started on the staged copy
+            raise SeedError("the base could not be written to the pool's disk (syncfs: EIO)")
+        real_syncfs(path)
+
+    monkeypatch.setattr(durable, "syncfs", syncfs)
+    name = f"unflushed-{os.urandom(3).hex()}"
+    with pytest.raises(SeedError, match="could not be written to the pool's disk"):
+        seed.seed(pool, name, source_dsn=source_dsn(source))
+    assert pool.registry.bases(name) == []
+    assert not any(p.name.startswith(f"{name}-") for p in (pool.root / "staging").iterdir())

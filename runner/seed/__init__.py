@@ -196,8 +196,8 @@ def _basebackup(
                     *(["--progress"] if progress is not None else []),
                     "--no-password",
                     # Not a fsync per file (each one a flush of the pool image's disk): the
-                    # server that prepares the copy starts with one syncfs
-                    # (recovery_init_sync_method), before it writes anything.
+                    # seed flushes the copy while it is prepared, and syncs the base once
+                    # before declaring it ready (durable.py).
                     "--no-sync",
                     *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
                 ],
@@ -518,22 +518,25 @@ def _seed_version(
             candidates = [_dump_restore(pool, install, src, staging)]
             lsn = ""
         fault(pool, "seed:copied")
-        result = prepare.prepare(
-            install,
-            staging,
-            owner=pool.owner,
-            scratch=pool.tmp,
-            login_candidates=candidates,
-            database=src.dbname,
-            branch_user=pool.settings.branch_user,
-            branch_superuser=pool.settings.branch_superuser,
-            branch_createrole=pool.settings.branch_createrole,
-            wal_segsize_mb=pool.settings.wal_segsize_mb,
-            timeout=pool.settings.command_timeout,
-            masking=rules,
-            mask_progress=mask_progress,
-            laps=laps,
-        )
+        # The copy's flush starts now, while the server prepares it (see durable.py).
+        with durable.flushing(staging):
+            result = prepare.prepare(
+                install,
+                staging,
+                owner=pool.owner,
+                scratch=pool.tmp,
+                login_candidates=candidates,
+                database=src.dbname,
+                branch_user=pool.settings.branch_user,
+                branch_superuser=pool.settings.branch_superuser,
+                branch_createrole=pool.settings.branch_createrole,
+                wal_segsize_mb=pool.settings.wal_segsize_mb,
+                timeout=pool.settings.command_timeout,
+                masking=rules,
+                mask_progress=mask_progress,
+                laps=laps,
+            )
+        laps.lap("flush")
         if src.dbname not in result.databases:
             raise SeedError(
                 f"database {src.dbname!r} from the DSN is not in the base "
@@ -567,8 +570,8 @@ def _seed_version(
         mounts.bind_readonly(store, target)
         fault(pool, "seed:mounted")
         laps.lap("store")
-        # On disk before it is declared ready: what the clean shutdown and pg_resetwal did not
-        # sync themselves (masking's removals, the move into the store).
+        # On disk before it is declared ready: what the flush during the preparation did not
+        # write (the preparation's changes, masking's removals, the move into the store).
         durable.syncfs(store)
         laps.lap("sync")
         pool.registry.update_base(

@@ -106,7 +106,8 @@ def prepare(
 ) -> Prepared:
     """Finish recovery, mask (when ``masking`` is given, telling ``mask_progress`` of each
     step), shut down cleanly, reset the WAL with ``wal_segsize_mb`` segments; ``database`` is
-    the one branches will serve."""
+    the one branches will serve. Nothing is flushed to disk: the caller syncs the base before
+    it declares it ready."""
     laps = Laps() if laps is None else laps
     for name in _DROP:
         (datadir / name).unlink(missing_ok=True)
@@ -118,7 +119,12 @@ def prepare(
     neutralised: list[str] = []
     masked: mask.Masked | None = None
     dropped: list[str] = []
-    options = {"allow_in_place_tablespaces": "on"} if tablespaces.has_in_place(datadir) else {}
+    # Nothing is flushed while the base is prepared, neither the copy at the start
+    # (recovery_init_sync_method) nor the checkpoints: the seed flushes the base once, before
+    # it is declared ready (runner/seed/durable.py), and removes a base a crash cut short.
+    options = {"fsync": "off"}
+    if tablespaces.has_in_place(datadir):
+        options["allow_in_place_tablespaces"] = "on"
     if masking is not None:
         from pgoverlay.runner import mask
 
