@@ -14,10 +14,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from helpers import cli, source_dsn
 from pgoverlay.errors import MaskError, PoolFullError
 from pgoverlay.runner import branch, seed
+from pgoverlay.runner.mask import fakes
 from pgoverlay.runner.mask.rules import QualifiedName, parse
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -98,6 +100,36 @@ def test_the_documented_example_rules_file_parses() -> None:
 def test_same_rules_bytes_give_the_same_checksum_and_other_bytes_another() -> None:
     assert parse(RULES, name="a").sha256 == parse(RULES, name="b").sha256
     assert parse(RULES + b"\n# changed\n", name="a").sha256 != parse(RULES, name="a").sha256
+
+
+@pytest.mark.parametrize("kind", ["email", "first_name", "last_name", "name", "phone", "text"])
+def test_each_fake_computes_the_rows_digest_once(kind: str) -> None:
+    """The expressions are inline, so each mention of the digest is one more sha256 per row:
+    a fake mentions it once (a name picks a "First Last" pair, not a first and a last name)."""
+    expression = fakes.fake(kind, sql.Identifier("value")).as_string(None)
+    assert expression.count('"pg_catalog"."sha256"(') == 1
+
+
+def test_fakes_pick_with_the_digests_leading_bytes_on_a_real_server(
+    source: cluster.Running,
+) -> None:
+    """The digest's bytes 1 and 2 (big-endian) choose the word; the values include NULL, '' and
+    non-ASCII text."""
+    values = [None, "", "Zoë Ñandú 東京", "+1 (555) 010-9999", *(f"v{i}" for i in range(500))]
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
+        conn.execute("SELECT set_config(%s, %s, false)", (fakes.KEY_SETTING, "ab" * 32))
+        for kind, words in (
+            ("first_name", fakes.FIRST_NAMES),
+            ("name", fakes.FULL_NAMES),
+        ):
+            d = fakes.digest("first" if kind == "first_name" else kind, sql.Identifier("v"))
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT {}, get_byte({}, 0) * 256 + get_byte({}, 1) FROM unnest({}::text[]) v"
+                ).format(fakes.fake(kind, sql.Identifier("v")), d, d, sql.Literal(values))
+            ).fetchall()
+            expected = [None if n is None else words[n % len(words)] for _, n in rows]
+            assert [picked for picked, _ in rows] == expected
 
 
 # -- a real source with personal data ------------------------------------------------------------

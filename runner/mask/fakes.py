@@ -104,6 +104,9 @@ LAST_NAMES = [
     "Zhang",
     "Ziegler",
 ]
+# "First Last" for every pair: a name picks one entry, so it reads the row's digest once (two
+# picks, one per part, would compute the digest twice).
+FULL_NAMES = [f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES]
 LOREM = (
     "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt "
     "ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco "
@@ -162,11 +165,9 @@ def digest(kind: str, value: sql.Composable) -> sql.Composed:
 
 def _bytes16(d: sql.Composable, byte: int) -> sql.Composed:
     """``get_byte(d, byte) * 256 + get_byte(d, byte + 1)`` reading ``d`` once: the digest is
-    inline, so every mention of it computes it again."""
-    hex4 = _call("substr", _call("encode", d, sql.Literal("hex")), sql.Literal(2 * byte + 1))
-    return sql.SQL("({}::bit(16)::int)").format(
-        sql.SQL("('x' || {})").format(_call("left", hex4, sql.Literal(4)))
-    )
+    inline, so every mention of it computes it again. Only the two bytes are hex-encoded."""
+    pair = _call("substr", d, sql.Literal(byte + 1), sql.Literal(2))
+    return sql.SQL("(('x' || {})::bit(16)::int)").format(_call("encode", pair, sql.Literal("hex")))
 
 
 def _pick(words: list[str], d: sql.Composable, byte: int) -> sql.Composed:
@@ -187,7 +188,7 @@ def fake(kind: str, value: sql.Composable) -> sql.Composed:
     if kind == "last_name":
         return _pick(LAST_NAMES, d, 0)
     if kind == "name":
-        return sql.SQL("{} || ' ' || {}").format(_pick(FIRST_NAMES, d, 0), _pick(LAST_NAMES, d, 2))
+        return _pick(FULL_NAMES, d, 0)
     if kind == "phone":
         return sql.SQL("{}({}, {})").format(PHONE, value, d)
     if kind == "text":
