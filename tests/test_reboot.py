@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 
-from helpers import cli, dismantle, postgres_processes_for, require_root, source_dsn
+from helpers import cli, dismantle, postgres_processes_for, require_root, source_dsn, top_ports
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool, mounts
@@ -35,12 +35,13 @@ def test_pool_init_after_a_reboot_remounts_and_restarts_branches_with_their_data
 ) -> None:
     require_root()
     home = Path(tempfile.mkdtemp(prefix="pgoverlay-reboot-", dir="/var/tmp"))
-    settings = Settings(home=home, port_min=57400, port_max=57499)
+    low, high = top_ports(80, 10)  # apart from this session's pools
+    settings = Settings(home=home, port_min=low, port_max=high)
     pool = poolmod.init(settings, size="1G")
     env = {
         "PGOVERLAY_HOME": os.fspath(home),
-        "PGOVERLAY_PORT_MIN": "57400",
-        "PGOVERLAY_PORT_MAX": "57499",
+        "PGOVERLAY_PORT_MIN": str(low),
+        "PGOVERLAY_PORT_MAX": str(high),
     }
     try:
         seed.seed(pool, "app", source_dsn=source_dsn(source))
