@@ -165,3 +165,21 @@ def test_base_command_mistakes_say_what_to_do(
     done = cli(args, env=env)
     assert done.returncode == code, (args, done.stderr)
     assert text in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (["base", "list", "--count", "1"], "usage: pgoverlay base list"),
+        (["branch", "list", "--bogus"], "usage: pgoverlay branch list"),
+        (["pool", "status", "--yes"], "usage: pgoverlay pool status"),
+        (["branch", "--bogus", "list"], "usage: pgoverlay branch"),
+    ],
+)
+def test_an_unknown_option_is_refused_with_its_own_commands_usage(
+    env: dict[str, str], args: list[str], usage: str
+) -> None:
+    done = cli(args, env=env)
+    assert done.returncode == USAGE, done.stderr
+    assert done.stderr.startswith(usage), done.stderr
+    assert "unrecognized arguments" in done.stderr or "invalid choice" in done.stderr

@@ -76,6 +76,16 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A subcommand's parser refuses what it does not know itself, with its own usage
+        (argparse leaves that to the top parser, whose usage names only the groups)."""
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and " " in self.prog:  # a subcommand's parser: "pgoverlay branch list"
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: every group's commands, or only those of the group ``argv``
