@@ -341,11 +341,12 @@ def test_sampled_spans_go_to_the_statement_running_then_and_the_longer_hold_wins
     insight = run(log, sql=SQL, spans=spans, ignore=[77])
     got = [(x.relation, x.mode, x.held_seconds, x.waited_seconds, x.statement)
            for x in insight.locks]  # fmt: skip
+    # worst table first, each table's locks together
     assert got == [
         ("public.orders", "ACCESS EXCLUSIVE", 1.0, 0.45, 1),
         ("public.orders", "SHARE", 3.0, 0.0, 0),
-        ("public.items", "EXCLUSIVE", 0.79, 0.0, 1),
         ("public.orders", "ROW EXCLUSIVE", 0.001, 0.0, None),
+        ("public.items", "EXCLUSIVE", 0.79, 0.0, 1),
     ]
     assert insight.notes == ["locks seen by sampling pg_locks are timed to 50 ms"]
 
@@ -913,6 +914,16 @@ def test_a_toast_or_index_lock_is_reported_on_its_table_with_the_whole_size() ->
     ]
     assert insight.statements[0].locks[0].relation == "public.orders"
     assert {r.table for r in insight.rewrites} == {"public.orders"}
+    # a sample that saw the TOAST table's lock a little longer does not put it first
+    longer = LockSpan(pid=PID, relation=TOAST, mode="AccessExclusiveLock", granted=True,
+                      first=T0 + 1.0, last=T0 + 7.2, query_start=None, query="")  # fmt: skip
+    sampled = an.analyze(
+        before=mark(T0), after=mark(T0 + 9, log=log, spans=[longer]), relations_before=WIDE,
+        relations_after=after, seconds=6.0, statements=None, ignore_pids=(), lint=[],
+        thresholds=Thresholds(max_blocking_lock=5.0),
+    )  # fmt: skip
+    assert [u.relation for u in sampled.locks][:2] == ["public.orders", "pg_toast.pg_toast_16384"]
+    assert sampled.verdict.text.startswith("rewrites `public.orders` (1.29 GiB")
     assert insight.verdict == Verdict(
         "over",
         "rewrites `public.orders` (1.29 GiB; column type change) under ACCESS EXCLUSIVE for "

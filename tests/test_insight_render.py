@@ -68,8 +68,12 @@ def insight(
     rewrite = Rewrite("public.users", "table", ["column type change"], 1024**2, 2 * 1024**2, 1)
     return MigrationInsight(
         seconds=2.4,
-        locks=[SHARE, LockUse("public.orders_pkey", "index", "ACCESS SHARE", "ddl", 9.0,
-                              table="public.orders")],  # fmt: skip
+        locks=[
+            SHARE,
+            LockUse(
+                "public.orders_pkey", "index", "ACCESS SHARE", "ddl", 9.0, table="public.orders"
+            ),
+        ],  # fmt: skip
         rewrites=[rewrite],
         scans=[Scan("public.orders", 1, 3_000_000, "SHARE", 0)],
         volume=Volume(rows_updated=10, wal_bytes=40 * 1024**2, layer_bytes=12 * 1024**2),

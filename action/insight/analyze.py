@@ -393,15 +393,26 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
 
 
 def _worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
-    """What it blocks, then how long, then the stronger mode first; on a tie a table before
-    its indexes and TOAST table."""
+    """Tables worst first (what their locks block, then how long, then the stronger mode), each
+    table's own locks together; within a table, what it blocks first and the table before its
+    indexes and TOAST table, so that a hold a sample or a rounding made a little longer never
+    puts ``pg_toast.*`` or an index ahead of its table."""
+
+    def rank(u: LockUse) -> tuple[int, float, int]:
+        return (-locks.severity(u.blocks), -u.held_seconds, -locks.strength(u.mode))
+
+    worst: dict[str, tuple[int, float, int]] = {}
+    for u in uses:
+        table = u.table or u.relation
+        worst[table] = min(worst.get(table, rank(u)), rank(u))
     return sorted(
         uses,
         key=lambda u: (
+            worst[u.table or u.relation],
+            u.table or u.relation,
             -locks.severity(u.blocks),
-            -u.held_seconds,
-            -locks.strength(u.mode),
             bool(u.table) and u.relation != u.table,
+            rank(u),
             u.relation,
         ),
     )
