@@ -492,31 +492,37 @@ def _recreated(
     *,
     rewritten: Collection[int],
 ) -> list[Rewrite]:
-    """Indexes of tables that existed before, dropped and built again by the migration under
-    the same name (``ALTER COLUMN ... TYPE`` re-creates its column's indexes with new OIDs): a
-    rewrite of the index. One whose storage was kept (a binary-coercible type change, such as
-    varchar to text, keeps its index's relfilenode) was not built again and is not one."""
-    dropped: dict[tuple[str, str, int | None], RelationState] = {
-        (old.schema_name, old.name, old.table_oid): old
+    """Indexes and TOAST tables of tables that existed before, dropped and made again by the
+    migration under the same name: ``ALTER COLUMN ... TYPE`` creates its column's indexes
+    again with new OIDs (a rewrite of the index), and a table's rewrite gives it a new TOAST
+    table (and TOAST index) renamed as the old one was. One whose storage was kept (a
+    binary-coercible type change, such as varchar widening, keeps its index's relfilenode) was
+    not built again and is not one."""
+    dropped: dict[tuple[str, str, int], RelationState] = {
+        (old.schema_name, old.name, work.owner(oid)): old
         for oid, old in work.before.items()
         if oid not in work.after
-        and old.kind in ("i", "I")
+        and old.kind in ("i", "I", "t")
         and old.table_oid is not None
         and old.schema_name != LEDGER_SCHEMA
     }
     found: list[Rewrite] = []
     for oid, new in work.after.items():
-        old = dropped.get((new.schema_name, new.name, new.table_oid))
+        old = dropped.get((new.schema_name, new.name, work.owner(oid)))
         if oid in work.before or old is None or new.filenode == old.filenode:
             continue
         table = work.owner(old.oid)
         named = events.get(table, [])
         statement = named[0][0] if named else _exclusive_holder(work, uses, table, None)
+        toast = old.kind == "t" or work.owner(old.table_oid or 0) != old.table_oid
+        reasons = [WITH_TABLE] if toast else [RECREATED]
+        if not toast and table in rewritten:
+            reasons.append(WITH_TABLE)
         found.append(
             Rewrite(
                 relation=work.name(oid),
                 kind=work.kind(oid),
-                reasons=[RECREATED, *([WITH_TABLE] if table in rewritten else [])],
+                reasons=reasons,
                 bytes_before=old.bytes,
                 bytes_after=new.bytes,
                 statement=statement,

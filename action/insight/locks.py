@@ -149,6 +149,10 @@ def seconds_text(seconds: float) -> str:
 _INDEX_KINDS = ("index", "partitioned index")
 
 
+def _backticks(name: str) -> str:
+    return f"`{name}`"
+
+
 @dataclass(frozen=True)
 class TableLock:
     """The locks a migration (or a statement) took on one table, its indexes and its TOAST
@@ -165,10 +169,10 @@ class TableLock:
     toast: bool  # its TOAST table was locked
     statement: int | None  # the first statement that took the strongest mode
 
-    def what(self, code: Callable[[str], str] = lambda name: f"`{name}`") -> str:
+    def what(self, code: Callable[[str], str] = _backticks, *, size: str = "") -> str:
         """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST``; ``code`` quotes the
-        table's name (markdown escaping, in the comment)."""
-        name = code(self.table)
+        table's name (markdown escaping, in the comment), ``size`` follows it in brackets."""
+        name = code(self.table) + (f" ({size})" if size else "")
         if self.itself:
             parts = []
             if self.indexes:
@@ -183,7 +187,7 @@ class TableLock:
             parts.append("the TOAST")
         return f"{self.mode} on {' and '.join(parts) or 'part'} of {name}"
 
-    def line(self, code: Callable[[str], str] = lambda name: f"`{name}`") -> str:
+    def line(self, code: Callable[[str], str] = _backticks) -> str:
         """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s``."""
         text = f"{self.what(code)}: {seconds_text(self.held_seconds)}"
         if self.waited_seconds > 0:

@@ -255,7 +255,8 @@ def _size(n: int) -> str:
 
 def _lock_text(insight: MigrationInsight, lock: locks.TableLock, *, with_advice: bool) -> str:
     """``ACCESS EXCLUSIVE on `public.t` (181.0 MiB) for 11 ms: it waits behind ...``."""
-    text = f"{lock.what()}{_size(lock.table_bytes)} for {locks.seconds_text(lock.held_seconds)}"
+    size = format_bytes(lock.table_bytes) if lock.table_bytes else ""
+    text = f"{lock.what(size=size)} for {locks.seconds_text(lock.held_seconds)}"
     if not with_advice:
         return text
     advice = _advice(insight, lock.statement, [])
