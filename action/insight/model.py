@@ -112,7 +112,7 @@ class RowWrites:
 @dataclass(frozen=True)
 class Verdict:
     level: VerdictLevel
-    text: str  # one line: "safe online", or "blocks writes to `orders` (5.0 GiB) for 41.2 s: ..."
+    text: str  # one line: "safe online", or "takes SHARE on `public.orders` (5.0 GiB) for ..."
     kind: VerdictKind = "safe online"
 
 
