@@ -668,6 +668,15 @@ def test_each_kind_is_the_first_rule_that_applies_and_never_depends_on_size_or_t
     ]  # fmt: skip
 
 
+def test_the_docs_state_every_kind_in_order_and_the_thresholds() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "insight.md").read_text()
+    section = doc.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [f"`{k.name}`" for k in verdict.KINDS]
+    assert f"`max-blocking-lock` (default\n  {Thresholds().max_blocking_lock:.0f} s)" in section
+    assert "`max-rewrite` (default 1 GiB)" in section and Thresholds().max_rewrite == 1024**3
+
+
 def test_row_locks_say_how_many_rows_stay_locked_and_to_batch() -> None:
     rows = [RowWrites("public.orders", 2_000_000, 0, 412 * MIB), RowWrites("public.items", 1, 1)]
     assert verdict.decide(rows_insight(row_writes=rows), DEFAULTS) == Verdict(
