@@ -61,6 +61,11 @@ MIGRATIONS = {
     ),
     "06_update_rows": ("UPDATE {t} SET n = n + 1 WHERE id <= 10;", "row locks"),
     "07_index_concurrently": ("CREATE INDEX CONCURRENTLY {t}_n2 ON {t} (n);", "safe online"),
+    # squawk does not see this lock_timeout, the check does
+    "08_set_config_lock_timeout": (
+        "SELECT set_config('lock_timeout', '3s', false);\nALTER TABLE {t} ADD COLUMN more int;",
+        "blocks reads and writes",
+    ),
 }
 
 
@@ -202,6 +207,11 @@ def test_a_constant_default_blocks_reads_with_the_lock_queue_and_lint_confirms_n
     bounded = insight(runs, "03_with_lock_timeout", size)
     statuses = {f.rule: f.status for f in bounded.findings}
     assert statuses.get("require-lock-timeout", "not observed") == "not observed"
+    configured = insight(runs, "08_set_config_lock_timeout", size)
+    (finding,) = [f for f in configured.findings if f.rule == "require-lock-timeout"]
+    assert (finding.status, finding.evidence) == (
+        "not observed", f"lock_timeout was 3.0 s when it took ACCESS EXCLUSIVE on `{table}`"
+    )  # fmt: skip
     assert bounded.verdict.text.endswith(
         "lock_timeout (2.0 s) bounds that wait: retry when it expires"
     )
