@@ -606,6 +606,7 @@ def test_verdict_levels_and_advice() -> None:
         ("ALTER TABLE orders ATTACH PARTITION orders_2025 FOR VALUES IN (2025)",
          "first add a CHECK constraint matching the partition bound"),
         ("TRUNCATE orders", "TRUNCATE takes ACCESS EXCLUSIVE: to empty a busy table, DELETE"),
+        ("ALTER TABLE orders SET TABLESPACE fast", "SET TABLESPACE copies the table"),
     ],
 )  # fmt: skip
 def test_the_advice_fits_the_statement(text: str, advice: str) -> None:
@@ -613,6 +614,25 @@ def test_the_advice_fits_the_statement(text: str, advice: str) -> None:
                    statement=0)  # fmt: skip
     found = verdict.decide(insight_with([lock], texts=[text]), DEFAULTS).text
     assert f"for 10 ms: {advice}" in found
+
+
+def test_a_stored_generated_column_and_truncate_get_their_own_words_not_the_reasons() -> None:
+    lock = LockUse("public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.01,
+                   statement=0)  # fmt: skip
+    rewrite = Rewrite("public.orders", "table", ["volatile default"], 10, 10, statement=0)
+    generated = (
+        "ALTER TABLE orders ADD COLUMN cents bigint GENERATED ALWAYS AS (total * 100) STORED"
+    )
+    found = verdict.decide(insight_with([lock], [rewrite], texts=[generated]), DEFAULTS).text
+    assert found.startswith(
+        "rewrites `public.orders` (10 B; volatile default) under ACCESS EXCLUSIVE for 10 ms: a "
+        "stored generated column rewrites the table: add a plain column, fill it in batches"
+    )
+    emptied = dataclasses.replace(rewrite, reasons=[])
+    found = verdict.decide(insight_with([lock], [emptied], texts=["TRUNCATE orders"]), DEFAULTS)
+    assert (found.kind, found.text.split(":")[0]) == (
+        "rewrite", "empties `public.orders` (10 B) under ACCESS EXCLUSIVE for 10 ms"
+    )  # fmt: skip
 
 
 def test_not_valid_and_detach_concurrently_get_no_advice_but_the_lock_queue() -> None:
@@ -1032,6 +1052,9 @@ def test_rewrite_reason_bits_are_postgres_own(server_dsn: str) -> None:
         "ALTER TABLE t ADD b float8 DEFAULT random()",
         "ALTER TABLE t SET UNLOGGED",
         "ALTER TABLE t SET ACCESS METHOD heap2",
+        # a stored generated column is a "volatile default" to Postgres (verdict.py's
+        # _TEXT_FIRST gives it its own advice)
+        "ALTER TABLE t ADD c bigint GENERATED ALWAYS AS (a * 2) STORED",
     ]
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute("CREATE DATABASE rewrites")
@@ -1045,4 +1068,5 @@ def test_rewrite_reason_bits_are_postgres_own(server_dsn: str) -> None:
         ["volatile default"],
         ["SET LOGGED/UNLOGGED"],
         ["access method"],
+        ["volatile default"],
     ]

@@ -106,8 +106,20 @@ _TEXT_ADVICE = (
         "(NOT VALID, then VALIDATE): ATTACH then skips its scan",
     ),
     (
+        r"\bSET TABLESPACE\b",
+        "SET TABLESPACE copies the table under ACCESS EXCLUSIVE: leave it to a maintenance window",
+    ),
+    (
         r"^TRUNCATE\b",
         "TRUNCATE takes ACCESS EXCLUSIVE: to empty a busy table, DELETE in batches",
+    ),
+)
+# Checked before the rewrite's reasons: statements whose reason would give the wrong advice.
+_TEXT_FIRST = (
+    (
+        r"\bGENERATED ALWAYS AS \(.*\) STORED\b",
+        "a stored generated column rewrites the table: add a plain column, fill it in batches "
+        "and keep it current with a trigger",
     ),
 )
 _UNTIL_COMMIT = "the lock is held until COMMIT: run slow statements in a transaction of their own"
@@ -274,7 +286,8 @@ def _rewrite_text(
     if RECREATED in rewrite.reasons:
         why.append("its indexes built again" if not why else "indexes built again")
     size = format_bytes(rewrite.table_bytes or rewrite.bytes_after)
-    text = f"rewrites `{rewrite.table}` ({size}" + (f"; {', '.join(why)})" if why else ")")
+    verb = "empties" if _bare(insight, rewrite.statement).startswith("TRUNCATE") else "rewrites"
+    text = f"{verb} `{rewrite.table}` ({size}" + (f"; {', '.join(why)})" if why else ")")
     if lock is not None and lock.blocks != "ddl":
         text += f" under {lock.mode} for {locks.seconds_text(lock.held_seconds)}"
     advice = _advice(insight, rewrite.statement, rewrite.reasons)
@@ -310,18 +323,28 @@ def _rows_text(rows: RowWrites) -> str:
 
 
 def _advice(insight: MigrationInsight, statement: int | None, reasons: list[str]) -> str:
-    """What to do instead, from the rewrite's reasons, else the statement's text."""
+    """What to do instead: for a statement Postgres gives a misleading reason for (a stored
+    generated column is a "volatile default"), from its text; else from the rewrite's
+    reasons; else from the statement's text."""
+    bare = _bare(insight, statement)
+    for pattern, hint in _TEXT_FIRST:
+        if re.search(pattern, bare):
+            return hint
     for reason, hint in _REASON_ADVICE:
         if reason in reasons:
             return hint
-    if statement is None or statement >= len(insight.statements):
-        return ""
-    bare = sqlparse.format(insight.statements[statement].text, strip_comments=True)
-    bare = " ".join(bare.upper().split())
     for pattern, hint in _TEXT_ADVICE:
         if re.search(pattern, bare):
             return hint
     return ""
+
+
+def _bare(insight: MigrationInsight, statement: int | None) -> str:
+    """The statement's text in capitals, on one line, without comments; "" if unknown."""
+    if statement is None or not 0 <= statement < len(insight.statements):
+        return ""
+    bare = sqlparse.format(insight.statements[statement].text, strip_comments=True)
+    return " ".join(bare.upper().split())
 
 
 def _held_past_statement(insight: MigrationInsight, lock: locks.TableLock) -> bool:
