@@ -647,6 +647,18 @@ def test_not_valid_and_detach_concurrently_get_no_advice_but_the_lock_queue() ->
         assert found.text == "takes SHARE ROW EXCLUSIVE on `public.orders` for 4 ms: " + WRITES
 
 
+def test_a_foreign_keys_other_table_is_named_with_the_worst() -> None:
+    def lock(table: str, held: float) -> LockUse:
+        return LockUse(table, "table", "SHARE ROW EXCLUSIVE", "writes", held, statement=0)
+
+    fk = "ALTER TABLE orders ADD CONSTRAINT fk FOREIGN KEY (c) REFERENCES customers (id) NOT VALID"
+    both = [lock("public.orders", 0.004), lock("public.customers", 0.003)]
+    assert verdict.decide(insight_with(both, texts=[fk]), DEFAULTS).text == (
+        "takes SHARE ROW EXCLUSIVE on `public.orders` for 4 ms (and SHARE ROW EXCLUSIVE on "
+        "`public.customers`): " + WRITES
+    )
+
+
 def rows_insight(**kw: Any) -> MigrationInsight:
     return dataclasses.replace(insight_with(texts=["UPDATE orders SET total = 0"]), **kw)
 

@@ -258,17 +258,30 @@ def decide(insight: MigrationInsight, thresholds: Thresholds) -> Verdict:
             text += f"; also takes {_lock_text(insight, others[0], with_advice=False)}"
         return Verdict(level, text, kind)
     lock = (over_locks or tables)[0]
-    return Verdict(level, "takes " + _lock_text(insight, lock, with_advice=True), kind)
+    others = [t for t in tables if t.blocks != "ddl" and t.table != lock.table]
+    return Verdict(level, "takes " + _lock_text(insight, lock, with_advice=True, also=others), kind)
 
 
 def _size(n: int) -> str:
     return f" ({format_bytes(n)})" if n else ""
 
 
-def _lock_text(insight: MigrationInsight, lock: locks.TableLock, *, with_advice: bool) -> str:
-    """``ACCESS EXCLUSIVE on `public.t` (181.0 MiB) for 11 ms: it waits behind ...``."""
+def _lock_text(
+    insight: MigrationInsight,
+    lock: locks.TableLock,
+    *,
+    with_advice: bool,
+    also: Sequence[locks.TableLock] = (),
+) -> str:
+    """``ACCESS EXCLUSIVE on `public.t` (181.0 MiB) for 11 ms: it waits behind ...``; ``also``
+    are other tables locked so that they block reads or writes (a foreign key's other table),
+    named after it."""
     size = format_bytes(lock.table_bytes) if lock.table_bytes else ""
     text = f"{lock.what(size=size)} for {locks.seconds_text(lock.held_seconds)}"
+    if also:
+        text += f" (and {also[0].mode} on `{also[0].table}`"
+        more = len(also) - 1
+        text += f" and {more} more table{'s' if more > 1 else ''})" if more else ")"
     if not with_advice:
         return text
     advice = _advice(insight, lock.statement, [])
