@@ -753,6 +753,7 @@ def statements_of(*texts: str) -> list[StatementInsight]:
         (["SET lock_timeout = '2s'", "SET lock_timeout TO DEFAULT"], 0.0),
         (["BEGIN", "SET LOCAL lock_timeout = '3s'"], 3.0),
         (["SET lock_timeout = '1s'", "BEGIN", "SET LOCAL lock_timeout = '3s'", "COMMIT"], 1.0),
+        (["BEGIN", "SET LOCAL lock_timeout = '3s'", "ROLLBACK TO SAVEPOINT s"], 3.0),
         (["SELECT set_config('lock_timeout', '4s', false)"], 4.0),
         (["SELECT pg_catalog.set_config('lock_timeout', '4s', true)", "COMMIT"], 0.0),
         (["SET statement_timeout = '5s'"], 0.0),

@@ -242,7 +242,9 @@ _SET_CONFIG = re.compile(
     r"\bSET_CONFIG\s*\(\s*'LOCK_TIMEOUT'\s*,\s*'(?P<value>[^']*)'\s*,\s*(?P<local>\w+)\s*\)",
     re.IGNORECASE,
 )
-_TRANSACTION_END = re.compile(r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+PREPARED)", re.IGNORECASE)
+_TRANSACTION_END = re.compile(
+    r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+(PREPARED|TO)\b)(?!\s+WORK\s+TO\b)", re.IGNORECASE
+)
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _VALUE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+)\s*(?P<unit>us|ms|s|min|h|d)?$", re.IGNORECASE)
 
