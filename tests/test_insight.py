@@ -230,7 +230,7 @@ def test_squawk_findings_are_checked_against_the_measurement(
 
 def test_verdicts_name_what_blocks_production(sql_runs: dict[str, MigrationRun]) -> None:
     index = insight_of(sql_runs, "006_index.sql").verdict
-    assert (index.kind, index.level) == ("blocks writes", "notice")
+    assert index.kind == "blocks writes"  # "over" too when the build outlasts 5 s
     assert index.text.startswith("takes SHARE on `public.orders` (")
     assert "CREATE INDEX CONCURRENTLY" in index.text
     # NOT VALID holds its locks for an instant, but they block writes to both tables: in
