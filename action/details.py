@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgoverlay.action import markdown as md
-from pgoverlay.action.insight.locks import severity
+from pgoverlay.action.insight.locks import TableLock, per_table
 from pgoverlay.action.insight.model import (
     Blocks,
     Finding,
@@ -72,11 +72,11 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
 
 
 def lock_cell(locks: Sequence[LockUse]) -> str:
-    """The worst lock: what it blocks first, then how long: "SHARE on `public.orders`: blocks
-    writes, 2.3 s"; "none" without one."""
+    """The worst lock, folded onto its table: "ACCESS EXCLUSIVE on `public.t`, its 2 indexes
+    and TOAST: blocks reads and writes, 5.9 s"; "none" without one."""
     if not locks:
         return "none"
-    return _lock(max(locks, key=lambda u: (severity(u.blocks), u.held_seconds)))
+    return _table_lock(per_table(locks)[0])
 
 
 def rewrites_cell(rewrites: Sequence[Rewrite]) -> str:
@@ -95,11 +95,12 @@ def verdict_cell(v: Verdict) -> str:
     return _LEVEL[v.level] + md.prose(v.text, md.CELL, cell=True)
 
 
-def _lock(u: LockUse) -> str:
-    text = f"{md.prose(u.mode, 40, cell=True)} on {md.code(u.relation, cell=True)}: "
-    text += f"{_BLOCKS[u.blocks]}, {_duration(u.held_seconds)}"
-    if u.waited_seconds > 0:
-        text += f" (waited {_duration(u.waited_seconds)})"
+def _table_lock(t: TableLock) -> str:
+    """One line per table: its indexes and TOAST table folded in."""
+    text = f"{t.what(lambda name: md.code(name, cell=True))}: "
+    text += f"{_BLOCKS[t.blocks]}, {_duration(t.held_seconds)}"
+    if t.waited_seconds > 0:
+        text += f" (waited {_duration(t.waited_seconds)})"
     return text
 
 
@@ -133,7 +134,7 @@ def _statements(
             str(s.line) if s.line is not None else "",
             md.code(s.text, cell=True, limit=width),
             _duration(s.seconds) if s.seconds is not None else "not logged",
-            _joined([_lock(u) for u in s.locks]),
+            _joined([_table_lock(t) for t in per_table(s.locks)]),
             _joined([_rewrite(r) for r in s.rewrites]),
             _joined([_scan(x) for x in s.scans]),
         ]
@@ -165,7 +166,7 @@ def _whole(i: MigrationInsight) -> list[str]:
         "shorter hold may be missed."
     ]
     for title, items in (
-        ("Locks", [_lock(u) for u in i.locks]),
+        ("Locks", [_table_lock(t) for t in per_table(i.locks)]),
         ("Rewrites", [_rewrite(r) for r in i.rewrites]),
         ("Scans under a lock", [_scan(s) for s in i.scans]),
     ):

@@ -230,13 +230,19 @@ def test_squawk_findings_are_checked_against_the_measurement(
 
 def test_verdicts_name_what_blocks_production(sql_runs: dict[str, MigrationRun]) -> None:
     index = insight_of(sql_runs, "006_index.sql").verdict
-    assert index.text.startswith("blocks writes to `public.orders`")
+    assert index.kind == "blocks writes"  # "over" too when the build outlasts 5 s
+    assert index.text.startswith("takes SHARE on `public.orders` (")
     assert "CREATE INDEX CONCURRENTLY" in index.text
-    # NOT VALID holds its locks for an instant: "safe online", or, on a machine too busy to
-    # finish it within a tenth of a second, a notice naming that short lock; never "over".
+    # NOT VALID holds its locks for an instant, but they block writes to both tables: in
+    # production each waits in the lock queue. Always the same kind, never "over".
     fk = insight_of(sql_runs, "009_fk_not_valid.sql").verdict
-    assert fk.level in ("safe", "notice")
-    assert fk.text == "safe online" or fk.text.startswith("blocks writes to `public.")
+    assert (fk.kind, fk.level) == ("blocks writes", "notice")
+    assert fk.text.startswith("takes SHARE ROW EXCLUSIVE on `public.")
+    assert fk.text.endswith("set lock_timeout (e.g. SET lock_timeout = '2s') and retry")
+    typed = insight_of(sql_runs, "002_type_bigint.sql").verdict
+    assert typed.kind == "rewrite" and typed.text.startswith("rewrites `public.orders` (")
+    validate = insight_of(sql_runs, "010_validate.sql").verdict
+    assert (validate.kind, validate.level) == ("safe online", "safe")
 
 
 def test_alembic_as_a_migrate_command_gives_the_same_locks_and_rewrites(

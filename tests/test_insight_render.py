@@ -29,6 +29,7 @@ from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
     Rewrite,
+    RowWrites,
     Scan,
     StatementInsight,
     Thresholds,
@@ -46,7 +47,10 @@ from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
 from pgoverlay.webhook.worker import Done
 
 HOSTILE = "x `` ``` | y </details> --> <!-- z <b>bold</b> \n\n| a | b |\n</summary>"
-SHARE = LockUse("public.orders", "table", "SHARE", "writes", 2.3, 0.0, 0, 412 * 1024**2)
+SHARE = LockUse(
+    "public.orders", "table", "SHARE", "writes", 2.3, 0.0, 0, 412 * 1024**2,
+    "public.orders", 413 * 1024**2,
+)  # fmt: skip
 
 
 def statement(i: int, text: str = "CREATE INDEX orders_created ON orders (created_at)") -> Any:
@@ -64,7 +68,12 @@ def insight(
     rewrite = Rewrite("public.users", "table", ["column type change"], 1024**2, 2 * 1024**2, 1)
     return MigrationInsight(
         seconds=2.4,
-        locks=[SHARE, LockUse("public.orders_pkey", "index", "ACCESS SHARE", "ddl", 9.0)],
+        locks=[
+            SHARE,
+            LockUse(
+                "public.orders_pkey", "index", "ACCESS SHARE", "ddl", 9.0, table="public.orders"
+            ),
+        ],  # fmt: skip
         rewrites=[rewrite],
         scans=[Scan("public.orders", 1, 3_000_000, "SHARE", 0)],
         volume=Volume(rows_updated=10, wal_bytes=40 * 1024**2, layer_bytes=12 * 1024**2),
@@ -84,9 +93,11 @@ def insight(
             level,  # type: ignore[arg-type]
             "blocks writes to `public.orders` (412.0 MiB) for 2.3 s: consider CREATE INDEX "
             "CONCURRENTLY",
+            "blocks writes",
         ),
         interval=0.05,
         notes=[f"note {i}" for i in range(notes)],
+        row_writes=[RowWrites("public.orders", 10, 0, 412 * 1024**2)],
     )
 
 
@@ -129,8 +140,9 @@ def test_a_traced_migration_gets_a_compact_row_with_its_worst_lock_rewrites_byte
             "`db/0041_orders_index.sql`",
             "2.41 s",
             "applied",
-            # a lock that blocks writes is worse than a longer one that blocks DDL only
-            "SHARE on `public.orders`: blocks writes, 2.3 s",
+            # a lock that blocks writes is worse than a longer one that blocks DDL only; the
+            # index's lock is folded onto its table
+            "SHARE on `public.orders`, its index: blocks writes, 2.3 s",
             "1 (2.0 MiB)",
             "12.0 MiB layer; 40.0 MiB WAL",
             "**over**: blocks writes to `public.orders` (412.0 MiB) for 2.3 s: consider CREATE "
@@ -332,7 +344,7 @@ def test_bad_threshold_inputs_say_what_is_accepted(name: str, value: str, says: 
 def test_the_json_report_is_the_report_with_a_schema_version() -> None:
     r = rich(traced())
     doc = json.loads(jsonreport.dumps(r))
-    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 1 and doc["detail"] == "full"
+    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 2 and doc["detail"] == "full"
     lock = doc["migrations"][0]["insight"]["statements"][0]["locks"][0]
     assert lock == {
         "relation": "public.orders",
@@ -343,7 +355,14 @@ def test_the_json_report_is_the_report_with_a_schema_version() -> None:
         "waited_seconds": 0.0,
         "statement": 0,
         "bytes": 412 * 1024**2,
+        "table": "public.orders",
+        "table_bytes": 413 * 1024**2,
     }
+    insight = doc["migrations"][0]["insight"]
+    assert insight["verdict"]["kind"] == "blocks writes"
+    assert insight["row_writes"] == [
+        {"relation": "public.orders", "rows_updated": 10, "rows_deleted": 0, "bytes": 412 * 1024**2}
+    ]
     del doc["schema_version"], doc["detail"]
     assert TypeAdapter(Report).validate_python(doc) == r
 

@@ -24,13 +24,14 @@ from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
     Rewrite,
+    RowWrites,
     Scan,
     StatementInsight,
     Thresholds,
     Verdict,
     Volume,
 )
-from pgoverlay.action.insight.verdict import REWRITE_REASONS, WITH_TABLE
+from pgoverlay.action.insight.verdict import RECREATED, REWRITE_REASONS, WITH_TABLE
 from pgoverlay.runner.service.views import RelationState, TraceMark
 
 LEDGER_SCHEMA = "pgoverlay_ledger"
@@ -114,6 +115,10 @@ class _Analysis:
         self.after = after
         self.holds: dict[tuple[int | None, int, str], _Hold] = defaultdict(_Hold)
         self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
+        # Each table's whole size before the migration: itself, its TOAST and their indexes.
+        self.whole: dict[int, int] = defaultdict(int)
+        for oid, rel in before.items():
+            self.whole[self.owner(oid)] += rel.bytes
 
     def state(self, oid: int) -> RelationState | None:
         return self.before.get(oid) or self.after.get(oid)
@@ -126,6 +131,16 @@ class _Analysis:
     def name(self, oid: int) -> str:
         rel = self.state(oid)
         return f"{rel.schema_name}.{rel.name}" if rel else str(oid)
+
+    def owner(self, oid: int) -> int:
+        """The table a relation belongs to: an index's table, a TOAST table's table, the table
+        of a TOAST table's index; itself for anything else."""
+        for _ in range(2):
+            rel = self.state(oid)
+            if rel is None or rel.kind not in ("i", "I", "t") or rel.table_oid is None:
+                break
+            oid = rel.table_oid
+        return oid
 
     def kind(self, oid: int) -> str:
         rel = self.state(oid)
@@ -192,6 +207,7 @@ def analyze(
         verdict=Verdict("safe", ""),
         interval=after.interval,
         notes=_notes(before, after, parsed, mapped, sampled),
+        row_writes=_row_writes(work),
     )
     return dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
 
@@ -369,19 +385,34 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
             waited_seconds=hold.waited,
             statement=index,
             bytes=work.before[oid].bytes,
+            table=work.name(work.owner(oid)),
+            table_bytes=work.whole[work.owner(oid)],
         )
         for (index, oid, mode), hold in work.holds.items()
     ]
 
 
 def _worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
-    """What it blocks, then how long, then the stronger mode first."""
+    """Tables worst first (what their locks block, then how long, then the stronger mode), each
+    table's own locks together; within a table, what it blocks first and the table before its
+    indexes and TOAST table, so that a hold a sample or a rounding made a little longer never
+    puts ``pg_toast.*`` or an index ahead of its table."""
+
+    def rank(u: LockUse) -> tuple[int, float, int]:
+        return (-locks.severity(u.blocks), -u.held_seconds, -locks.strength(u.mode))
+
+    worst: dict[str, tuple[int, float, int]] = {}
+    for u in uses:
+        table = u.table or u.relation
+        worst[table] = min(worst.get(table, rank(u)), rank(u))
     return sorted(
         uses,
         key=lambda u: (
+            worst[u.table or u.relation],
+            u.table or u.relation,
             -locks.severity(u.blocks),
-            -u.held_seconds,
-            -locks.strength(u.mode),
+            bool(u.table) and u.relation != u.table,
+            rank(u),
             u.relation,
         ),
     )
@@ -445,10 +476,61 @@ def _rewrites(
                 bytes_before=old.bytes,
                 bytes_after=new.bytes,
                 statement=statement,
+                table=work.name(work.owner(oid)),
+                table_bytes=work.whole[work.owner(oid)],
             )
         )
         found += _later_rewrites(found[-1], named, with_table=WITH_TABLE in reasons)
+    found += _recreated(work, uses, events, rewritten={o for o in changed})
     return sorted(found, key=lambda r: (-r.bytes_after, r.relation, r.statement or 0))
+
+
+def _recreated(
+    work: _Analysis,
+    uses: Sequence[LockUse],
+    events: Mapping[int, Sequence[tuple[int | None, int]]],
+    *,
+    rewritten: Collection[int],
+) -> list[Rewrite]:
+    """Indexes and TOAST tables of tables that existed before, dropped and made again by the
+    migration under the same name: ``ALTER COLUMN ... TYPE`` creates its column's indexes
+    again with new OIDs (a rewrite of the index), and a table's rewrite gives it a new TOAST
+    table (and TOAST index) renamed as the old one was. One whose storage was kept (a
+    binary-coercible type change, such as varchar widening, keeps its index's relfilenode) was
+    not built again and is not one."""
+    dropped: dict[tuple[str, str, int], RelationState] = {
+        (old.schema_name, old.name, work.owner(oid)): old
+        for oid, old in work.before.items()
+        if oid not in work.after
+        and old.kind in ("i", "I", "t")
+        and old.table_oid is not None
+        and old.schema_name != LEDGER_SCHEMA
+    }
+    found: list[Rewrite] = []
+    for oid, new in work.after.items():
+        old = dropped.get((new.schema_name, new.name, work.owner(oid)))
+        if oid in work.before or old is None or new.filenode == old.filenode:
+            continue
+        table = work.owner(old.oid)
+        named = events.get(table, [])
+        statement = named[0][0] if named else _exclusive_holder(work, uses, table, None)
+        toast = old.kind == "t" or work.owner(old.table_oid or 0) != old.table_oid
+        reasons = [WITH_TABLE] if toast else [RECREATED]
+        if not toast and table in rewritten:
+            reasons.append(WITH_TABLE)
+        found.append(
+            Rewrite(
+                relation=work.name(oid),
+                kind=work.kind(oid),
+                reasons=reasons,
+                bytes_before=old.bytes,
+                bytes_after=new.bytes,
+                statement=statement,
+                table=work.name(table),
+                table_bytes=work.whole[table],
+            )
+        )
+    return found
 
 
 def _later_rewrites(
@@ -545,6 +627,21 @@ def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> lis
             )
         )
     return sorted(found, key=lambda s: (-s.rows_read, s.relation))
+
+
+def _row_writes(work: _Analysis) -> list[RowWrites]:
+    """Tables that existed before the migration (not the ledger) whose rows it updated or
+    deleted, most rows first."""
+    found = []
+    for oid, old in work.before.items():
+        new = work.after.get(oid)
+        if new is None or old.kind != "r" or not work.counts(oid):
+            continue
+        updated = max(0, new.n_tup_upd - old.n_tup_upd)
+        deleted = max(0, new.n_tup_del - old.n_tup_del)
+        if updated or deleted:
+            found.append(RowWrites(work.name(oid), updated, deleted, work.whole[oid]))
+    return sorted(found, key=lambda w: (-(w.rows_updated + w.rows_deleted), w.relation))
 
 
 def _volume(before: TraceMark, after: TraceMark, old: Relations, new: Relations) -> Volume:

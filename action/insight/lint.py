@@ -6,9 +6,11 @@ directory with an empty configuration file, so nothing of the pull request (a
 reason, not an exception: lint is advice, and its absence must not fail a migration.
 
 Each finding is then checked against its statement's measurement: a rule about a rewrite is
-confirmed iff the statement rewrote a table; a rule about a lock iff the statement held a lock
-that blocks what the rule says for at least ``NOTICEABLE_SECONDS``; a rule about style or
-compatibility cannot be measured.
+confirmed iff the statement rewrote a table; a rule about a lock iff the statement took a lock
+that blocks what the rule says, however briefly (in production it waits in the lock queue);
+``require-lock-timeout`` iff the statement took a lock that blocks reads or writes while no
+lock_timeout was in force (``locks.timeout_in_force``); a rule about style or compatibility
+cannot be measured.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class Lint:
 @dataclass(frozen=True)
 class _Check:
     rewrite: bool = False  # confirmed by a rewrite of a table
-    blocks: Blocks | None = None  # confirmed by a lock blocking at least this, held long enough
+    blocks: Blocks | None = None  # confirmed by a lock blocking at least this, however short
+    timeout: bool = False  # confirmed by such a lock taken with no lock_timeout in force
 
 
 # What each of squawk's measurable rules says a statement does. The messages of squawk 2.70
@@ -73,6 +76,7 @@ RULES: dict[str, _Check] = {
     "adding-not-nullable-field": _Check(blocks="reads and writes"),
     "setting-not-nullable-field": _Check(blocks="reads and writes"),
     "disallowed-unique-constraint": _Check(blocks="reads and writes"),
+    "require-lock-timeout": _Check(blocks="writes", timeout=True),
 }
 
 
@@ -149,13 +153,17 @@ def check(
         status: FindingStatus = "not measurable"
         evidence = "the finding's line is in no statement"
         if index is not None or raw.rule not in RULES:
-            status, evidence = judge(raw.rule, stmt)
+            earlier = measured[:index] if index is not None else ()
+            status, evidence = judge(raw.rule, stmt, earlier=earlier)
         checked.append(Finding(raw.rule, raw.message, raw.line, status, evidence, index))
     return checked
 
 
-def judge(rule: str, stmt: StatementInsight | None) -> tuple[FindingStatus, str]:
-    """(status, evidence) for one rule against one measured statement."""
+def judge(
+    rule: str, stmt: StatementInsight | None, *, earlier: Sequence[StatementInsight] = ()
+) -> tuple[FindingStatus, str]:
+    """(status, evidence) for one rule against one measured statement; ``earlier`` are the
+    statements that ran before it in the same file (whose SET lock_timeout may be in force)."""
     rule_check = RULES.get(rule)
     if rule_check is None:
         return "not measurable", "a rule of style or compatibility: nothing to measure"
@@ -168,18 +176,44 @@ def judge(rule: str, stmt: StatementInsight | None) -> tuple[FindingStatus, str]
     if rule_check.blocks is not None:
         claim = rule_check.blocks
         blocking = [x for x in stmt.locks if locks.covers(x.blocks, claim)]
-        longest = max(blocking, key=lambda x: x.held_seconds, default=None)
-        if longest is not None and longest.held_seconds >= locks.NOTICEABLE_SECONDS:
-            return "confirmed", _held(longest)
-        if longest is not None:
-            return "not observed", _held(longest)
+        worst = min(
+            blocking,
+            key=lambda x: (
+                -locks.severity(x.blocks),
+                -x.held_seconds,
+                bool(x.table) and x.relation != x.table,  # a table before its index or TOAST
+                x.relation,
+            ),
+            default=None,
+        )
+        if worst is not None and rule_check.timeout:
+            return _timeout(worst, [*earlier, stmt], len(earlier))
+        if worst is not None:
+            return "confirmed", _held(worst)
         if not rule_check.rewrite:
             return "not observed", f"no lock that blocks {claim} was taken"
     return "not observed", _no_rewrite(stmt)
 
 
+def _timeout(
+    lock: LockUse, statements: Sequence[StatementInsight], index: int
+) -> tuple[FindingStatus, str]:
+    """require-lock-timeout: confirmed when the lock was taken with no lock_timeout in force."""
+    timeout = locks.timeout_in_force(statements, index)
+    own = statements[index].lock_timeout
+    if timeout > 0:
+        return "not observed", f"lock_timeout was {locks.seconds_text(timeout)} when it " + (
+            f"took {lock.mode} on `{lock.table or lock.relation}`"
+        )
+    how = "" if own is not None else " (none set before it in the file)"
+    return "confirmed", f"{_held(lock)} with no lock_timeout in force{how}"
+
+
 def _held(lock: LockUse) -> str:
-    return f"held {lock.mode} on `{lock.relation}` for {locks.seconds_text(lock.held_seconds)}"
+    on = f"`{lock.relation}`"
+    if lock.table and lock.table != lock.relation:
+        on += f" (of `{lock.table}`)"
+    return f"held {lock.mode} on {on} for {locks.seconds_text(lock.held_seconds)}"
 
 
 def _no_rewrite(stmt: StatementInsight) -> str:

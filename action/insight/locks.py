@@ -8,9 +8,12 @@ The conflict table is the documentation's "Conflicting Lock Modes" (explicit loc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from pgoverlay.action.insight.model import Blocks
+import sqlparse
+
+from pgoverlay.action.insight.model import Blocks, LockUse, StatementInsight
 
 # From weakest to strongest, in the documentation's order and spelling.
 MODES = (
@@ -128,8 +131,9 @@ def phrase(what: Blocks, relation: str) -> str:
     return f"blocks {what} of `{relation}`"
 
 
-# The shortest hold of a lock that blocks reads or writes worth a notice or a confirmed lint
-# finding: below it, a blocked client waits no longer than a slow query.
+# How much longer than its statement a lock must be held for the verdict to say that it was
+# held until COMMIT. Only that hint uses it: a lock that blocks reads or writes is reported
+# however short (in production it waits in the lock queue, and every query waits behind it).
 NOTICEABLE_SECONDS = 0.1
 
 
@@ -138,3 +142,159 @@ def seconds_text(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     return f"{seconds:.1f} s"
+
+
+# -- one line per table ---------------------------------------------------------------------
+
+_INDEX_KINDS = ("index", "partitioned index")
+
+
+def _backticks(name: str) -> str:
+    return f"`{name}`"
+
+
+@dataclass(frozen=True)
+class TableLock:
+    """The locks a migration (or a statement) took on one table, its indexes and its TOAST
+    table, folded: the strongest mode, what it blocks and the longest hold of that mode."""
+
+    table: str  # schema-qualified; the relation itself for what belongs to no table
+    mode: str
+    blocks: Blocks
+    held_seconds: float
+    waited_seconds: float  # the longest wait for any of the folded locks
+    table_bytes: int  # the table's whole size before the migration (table, TOAST, indexes)
+    itself: bool  # the table itself was locked (not only an index or its TOAST)
+    indexes: int  # how many of its indexes were locked
+    toast: bool  # its TOAST table was locked
+    statement: int | None  # the first statement that took the strongest mode
+
+    def what(self, code: Callable[[str], str] = _backticks, *, size: str = "") -> str:
+        """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST``; ``code`` quotes the
+        table's name (markdown escaping, in the comment), ``size`` follows it in brackets."""
+        name = code(self.table) + (f" ({size})" if size else "")
+        if self.itself:
+            parts = []
+            if self.indexes:
+                parts.append("its index" if self.indexes == 1 else f"its {self.indexes:,} indexes")
+            if self.toast:
+                parts.append("TOAST")
+            return f"{self.mode} on {name}" + (f", {' and '.join(parts)}" if parts else "")
+        parts = []
+        if self.indexes:
+            parts.append("an index" if self.indexes == 1 else f"{self.indexes:,} indexes")
+        if self.toast:
+            parts.append("the TOAST")
+        return f"{self.mode} on {' and '.join(parts) or 'part'} of {name}"
+
+    def line(self, code: Callable[[str], str] = _backticks) -> str:
+        """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s``."""
+        text = f"{self.what(code)}: {seconds_text(self.held_seconds)}"
+        if self.waited_seconds > 0:
+            text += f" (waited {seconds_text(self.waited_seconds)})"
+        return text
+
+
+def per_table(uses: Sequence[LockUse]) -> list[TableLock]:
+    """``uses`` folded onto their tables (``LockUse.table``; the relation itself when it is
+    unset), worst first: what it blocks, then how long, then the stronger mode, then the name."""
+    groups: dict[str, list[LockUse]] = {}
+    for use in uses:
+        groups.setdefault(use.table or use.relation, []).append(use)
+    folded = []
+    for table, group in groups.items():
+        worst = max(strength(u.mode) for u in group)
+        strongest_uses = [u for u in group if strength(u.mode) == worst]
+        first = min(
+            strongest_uses,
+            key=lambda u: (u.statement is None, u.statement or 0, -u.held_seconds),
+        )
+        folded.append(
+            TableLock(
+                table=table,
+                mode=MODES[worst],
+                blocks=blocks(MODES[worst]),
+                held_seconds=max(u.held_seconds for u in strongest_uses),
+                waited_seconds=max(u.waited_seconds for u in group),
+                table_bytes=max(
+                    u.table_bytes or (u.bytes if u.relation == table else 0) for u in group
+                ),
+                itself=any(u.relation == table for u in group),
+                indexes=len({u.relation for u in group if u.kind in _INDEX_KINDS}),
+                toast=any(u.kind == "TOAST table" for u in group),
+                statement=first.statement,
+            )
+        )
+    return sorted(
+        folded,
+        key=lambda t: (-severity(t.blocks), -t.held_seconds, -strength(t.mode), t.table),
+    )
+
+
+# -- lock_timeout ---------------------------------------------------------------------------
+
+_SET_TIMEOUT = re.compile(
+    r"^SET\s+(?P<scope>SESSION\s+|LOCAL\s+)?LOCK_TIMEOUT\s*(?:=|\bTO\b)\s*(?P<value>.+?)\s*;?$",
+    re.IGNORECASE | re.DOTALL,
+)
+_RESET_TIMEOUT = re.compile(r"^RESET\s+(LOCK_TIMEOUT|ALL)\s*;?$", re.IGNORECASE)
+_SET_CONFIG = re.compile(
+    r"\bSET_CONFIG\s*\(\s*'LOCK_TIMEOUT'\s*,\s*'(?P<value>[^']*)'\s*,\s*(?P<local>\w+)\s*\)",
+    re.IGNORECASE,
+)
+_TRANSACTION_END = re.compile(
+    r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+(PREPARED|TO)\b)(?!\s+WORK\s+TO\b)", re.IGNORECASE
+)
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_VALUE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+)\s*(?P<unit>us|ms|s|min|h|d)?$", re.IGNORECASE)
+
+
+def timeout_seconds(value: str) -> float | None:
+    """A lock_timeout setting in seconds (``'2s'``, ``2000``, ``'1min'``; DEFAULT is 0);
+    None when it is not a value Postgres would accept."""
+    bare = value.strip().strip("'\"").strip()
+    if bare.upper() == "DEFAULT":
+        return 0.0
+    found = _VALUE.match(bare)
+    if found is None:
+        return None
+    unit = (found["unit"] or "ms").lower()
+    return float(found["number"]) * _UNITS[unit]
+
+
+def timeout_in_force(statements: Sequence[StatementInsight], index: int) -> float:
+    """The lock_timeout in force when statement ``index`` ran, in seconds (0: none): what the
+    trace measured (``StatementInsight.lock_timeout``) when it did, else what the statements
+    before it in the same session set (``SET [SESSION|LOCAL] lock_timeout``, ``RESET``,
+    ``set_config``; a LOCAL setting lasts until the transaction's COMMIT or ROLLBACK). A
+    setting of the role or the database is known only from the trace."""
+    if 0 <= index < len(statements) and statements[index].lock_timeout is not None:
+        return statements[index].lock_timeout or 0.0
+    session = 0.0
+    local: float | None = None
+    for stmt in statements[:index]:
+        text = " ".join(_strip_comments(stmt.text).split())
+        if _TRANSACTION_END.match(text):
+            local = None
+            continue
+        if _RESET_TIMEOUT.match(text):
+            session, local = 0.0, None
+            continue
+        found = _SET_TIMEOUT.match(text)
+        value = timeout_seconds(found["value"]) if found else None
+        is_local = bool(found and (found["scope"] or "").strip().upper() == "LOCAL")
+        called = _SET_CONFIG.search(text)
+        if found is None and called is not None:
+            value = timeout_seconds(called["value"])
+            is_local = called["local"].lower() in ("true", "t", "on", "1", "yes")
+        if value is None:
+            continue
+        if is_local:
+            local = value
+        else:
+            session, local = value, None
+    return local if local is not None else session
+
+
+def _strip_comments(text: str) -> str:
+    return str(sqlparse.format(text, strip_comments=True))

@@ -15,6 +15,10 @@ from typing import Literal
 Blocks = Literal["reads and writes", "writes", "ddl"]
 FindingStatus = Literal["confirmed", "not observed", "not measurable"]
 VerdictLevel = Literal["safe", "notice", "over"]  # over: a threshold is crossed
+# What a migration does to production, worst first (verdict.KINDS holds each kind's rule).
+VerdictKind = Literal[
+    "rewrite", "blocks reads and writes", "blocks writes", "row locks", "safe online"
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,10 @@ class LockUse:
     waited_seconds: float = 0.0  # time spent waiting to get it
     statement: int | None = None  # the statement that took it, where statements are known
     bytes: int = 0  # the relation's size, for "blocks writes to orders (5.0 GiB)"
+    # The table the relation belongs to: itself for a table, an index's table, a TOAST
+    # table's table; and that table's whole size before the migration (table, TOAST, indexes).
+    table: str = ""
+    table_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class Rewrite:
     bytes_before: int
     bytes_after: int
     statement: int | None = None
+    table: str = ""  # the table it belongs to (itself for a table), as ``LockUse.table``
+    table_bytes: int = 0  # that table's whole size before the migration
 
 
 @dataclass(frozen=True)
@@ -84,12 +94,26 @@ class StatementInsight:
     locks: list[LockUse] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
     scans: list[Scan] = field(default_factory=list)
+    # The lock_timeout in force when the statement ran, seconds: 0 for none, None if unknown.
+    lock_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class RowWrites:
+    """Rows of a table that existed before the migration, updated or deleted by it: each such
+    row stays locked against other writers until the transaction commits."""
+
+    relation: str
+    rows_updated: int
+    rows_deleted: int
+    bytes: int = 0  # the table's size before the migration
 
 
 @dataclass(frozen=True)
 class Verdict:
     level: VerdictLevel
-    text: str  # one line: "safe online", or "blocks writes to `orders` (5.0 GiB) for 41.2 s: ..."
+    text: str  # one line: "safe online", or "takes SHARE on `public.orders` (5.0 GiB) for ..."
+    kind: VerdictKind = "safe online"
 
 
 @dataclass(frozen=True)
@@ -104,6 +128,7 @@ class MigrationInsight:
     verdict: Verdict
     interval: float  # the lock sampler's resolution, seconds
     notes: list[str] = field(default_factory=list)  # what was not measured, and why
+    row_writes: list[RowWrites] = field(default_factory=list)  # per existing table
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out.print(f"  migration {m.name}: {m.status}{detail} ({m.seconds:.2f} s)")
         if m.insight is not None:
             out.print(f"    {escape(m.insight.verdict.text)}", highlight=False)
-            blocking = [lock for lock in m.insight.locks if lock.blocks != "ddl"]
-            for lock in blocking:
+            tables = locks.per_table(m.insight.locks)
+            blocking = [table for table in tables if table.blocks != "ddl"]
+            for table in blocking:
                 out.print(
-                    f"    {lock.mode} on {escape(lock.relation)}: blocks {lock.blocks}, "
-                    f"held {locks.seconds_text(lock.held_seconds)}",
+                    f"    {escape(table.what(str))}: blocks {table.blocks}, "
+                    f"held {locks.seconds_text(table.held_seconds)}",
                     highlight=False,
                 )
-            if len(m.insight.locks) > len(blocking):
-                others = len(m.insight.locks) - len(blocking)
-                out.print(f"    and {others} lock(s) that block other DDL only", highlight=False)
+            if len(tables) > len(blocking):
+                others = len(tables) - len(blocking)
+                out.print(
+                    f"    and {others} table(s) locked in a mode that blocks other DDL only",
+                    highlight=False,
+                )
     out.print(
         f"[bold]writable layer[/] {format_bytes(result.layer.logical_bytes)} logical, "
         f"{format_bytes(result.layer.physical_bytes)} physical"
