@@ -1,17 +1,22 @@
 """A traced migration's insight as markdown: the cells of its row in the migrations table, and
-its ``<details>`` block (per-statement table, squawk's findings, notes). Pure: no I/O.
+its ``<details>`` block (what it did, one item per statement, squawk's findings, notes). Pure.
 
 The block's first line is raw HTML (``<details><summary>…</summary>``), whose text is
 entity-escaped; what follows a blank line is markdown, escaped by ``markdown.py``, and no line
 of it starts with ``<``, so nothing a pull request writes can end the block early or open one.
+
+Everything here must fit GitHub's comment width (tests/test_comment_layout.py renders it in
+Chromium): a table cell never holds a name longer than ``NAME`` characters, and what a statement
+did is a list, which wraps, rather than table cells, which do not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pgoverlay.action import markdown as md
-from pgoverlay.action.insight.locks import severity
+from pgoverlay.action.insight.locks import severity, strength
 from pgoverlay.action.insight.model import (
     Blocks,
     Finding,
@@ -26,27 +31,91 @@ from pgoverlay.action.insight.model import (
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner.units import format_bytes
 
-__all__ = ["FEW", "details", "lock_cell", "rewrites_cell", "verdict_cell", "volume_cell"]
+__all__ = [
+    "FEW",
+    "NAME",
+    "TableLock",
+    "details",
+    "lock_cell",
+    "name_cell",
+    "per_table",
+    "rewrites_cell",
+    "verdict_cell",
+    "volume_cell",
+]
 
 FEW = 20  # rows of each table in a block cut to fit
 COMMENT_ROWS = 50  # rows of each table in the PR comment's blocks (the summary has them all)
 COMMENT_NOTES = 10
+# Characters of a file name and of a relation name in a migrations table cell: a code span's
+# longest word is the least a column can shrink to, and two such columns, the verdict and the
+# time must fit GitHub's comment width (806 px: about 110 characters of code).
+NAME = 40
+RELATION = 32
+CELL_TABLES = 3  # tables listed in a migration's lock cell; the rest are counted
 _STATEMENT = 160  # characters of a statement shown in the comment
 _FULL_STATEMENT = 500  # the most the insight keeps of one
-_JOINED = 600  # characters of one cell listing several locks, rewrites or scans
+_ITEMS = 10  # rewrites or scans listed under one statement
 _BLOCKS: dict[Blocks, str] = {
     "reads and writes": "blocks reads and writes",
     "writes": "blocks writes",
     "ddl": "blocks other DDL only",
 }
-_LEVEL = {"over": "**over**: ", "notice": "notice: ", "safe": ""}
+_LEVEL = {"over": "**over**", "notice": "notice", "safe": "safe"}
+_TOAST = "TOAST table"
+
+
+@dataclass(frozen=True)
+class TableLock:
+    """The locks a migration (or a statement) took on one table, its indexes and its TOAST
+    folded into one: the strongest mode, the longest hold."""
+
+    table: str
+    mode: str
+    blocks: Blocks
+    held_seconds: float
+    waited_seconds: float
+    indexes: int  # how many of the table's indexes were locked too
+    toast: bool  # whether its TOAST table was
+
+
+def per_table(locks: Sequence[LockUse]) -> list[TableLock]:
+    """``locks`` folded per table, the worst first (what it blocks, then how long). A lock on an
+    index or a TOAST table counts on its table where the insight names it (``LockUse.table``),
+    else on itself."""
+    groups: dict[str, list[LockUse]] = {}
+    for u in locks:
+        groups.setdefault(_table_of(u), []).append(u)
+    folded = []
+    for table, uses in groups.items():
+        top = max(uses, key=lambda u: strength(u.mode))
+        parts = [u for u in uses if u.relation != table]
+        folded.append(
+            TableLock(
+                table=table,
+                mode=top.mode,
+                blocks=max((u.blocks for u in uses), key=severity),
+                held_seconds=max(u.held_seconds for u in uses),
+                waited_seconds=max(u.waited_seconds for u in uses),
+                indexes=len({u.relation for u in parts if "index" in u.kind}),
+                toast=any(u.kind == _TOAST for u in parts),
+            )
+        )
+    return sorted(folded, key=lambda t: (-severity(t.blocks), -t.held_seconds, t.table))
+
+
+def _table_of(u: LockUse) -> str:
+    # ``LockUse.table`` (issue 27's data contract: the owning table of an index or TOAST
+    # table) is filled by the verdict work; until a LockUse carries it, a lock is its own table.
+    return str(getattr(u, "table", "") or u.relation)
 
 
 def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -> str:
-    """The ``<details>`` block of a traced migration (``""`` for one without insight). ``full``
-    (the job summary): every statement, finding and note, the migration's own lists of locks,
-    rewrites and scans, and the sampler's resolution; else at most COMMENT_ROWS of each table.
-    ``rows`` cuts each table shorter still; a cut says to ``see`` where the rest is."""
+    """The ``<details>`` block of a traced migration (``""`` for one without insight): what it
+    did as a whole, then one item per statement, squawk's findings and the notes. ``full`` (the
+    job summary): every statement, finding and note, the migration's own lists of locks,
+    rewrites and scans, and the sampler's resolution; else at most COMMENT_ROWS of each list.
+    ``rows`` cuts each list shorter still; a cut says to ``see`` where the rest is."""
     i = m.insight
     if i is None:
         return ""
@@ -56,6 +125,7 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     verdict = md.html_text(level + i.verdict.text, md.CELL)
     opened = " open" if i.verdict.level == "over" else ""
     parts = [f"<details{opened}><summary><code>{name}</code>: {verdict}</summary>"]
+    parts.append(_outcome(m, i))
     parts.append(_statements(i.statements, cap, full=full, see=see))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
@@ -71,12 +141,24 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     return "\n\n".join(p for p in parts if p)
 
 
+def name_cell(name: str) -> str:
+    """A migration's name in a table cell: at most NAME characters. A long path loses its
+    folders first (``…/0042_orders_status_index.sql``), then its middle."""
+    if len(name) > NAME and "/" in name and not any(c.isspace() for c in name):
+        name = "…/" + name.rsplit("/", 1)[1]
+    return md.code(md.middle(name, NAME), cell=True)
+
+
 def lock_cell(locks: Sequence[LockUse]) -> str:
-    """The worst lock: what it blocks first, then how long: "SHARE on `public.orders`: blocks
-    writes, 2.3 s"; "none" without one."""
-    if not locks:
+    """One line per table, the worst first: "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and
+    TOAST: 5.9 s"; at most CELL_TABLES lines and a count of the rest; "none" without a lock."""
+    tables = per_table(locks)
+    if not tables:
         return "none"
-    return _lock(max(locks, key=lambda u: (severity(u.blocks), u.held_seconds)))
+    lines = [_table_lock(t, cell=True) for t in tables[:CELL_TABLES]]
+    if len(tables) > CELL_TABLES:
+        lines.append(f"and {len(tables) - CELL_TABLES:,} more tables")
+    return "<br>".join(lines)
 
 
 def rewrites_cell(rewrites: Sequence[Rewrite]) -> str:
@@ -92,11 +174,41 @@ def volume_cell(v: Volume) -> str:
 
 
 def verdict_cell(v: Verdict) -> str:
-    return _LEVEL[v.level] + md.prose(v.text, md.CELL, cell=True)
+    """The verdict in a word or two: its level, and what it is where the insight says
+    (``Verdict.kind``, issue 27's data contract): "**over**: rewrite", "notice: blocks writes",
+    "safe online"."""
+    kind = str(getattr(v, "kind", ""))
+    if v.level == "safe":
+        return "safe online"
+    return f"{_LEVEL[v.level]}: {md.prose(kind, 40, cell=True)}" if kind else _LEVEL[v.level]
+
+
+def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
+    """What the migration did as a whole, under its summary: the columns the table leaves out."""
+    locks = [_table_lock(t, cell=False) for t in per_table(i.locks)]
+    lines = [
+        f"- {m.status.capitalize()} in {m.seconds:.2f} s; rewrites: {rewrites_cell(i.rewrites)}; "
+        f"wrote {volume_cell(i.volume)}",
+        f"- Locks: {'; '.join(locks[:_ITEMS]) or 'none'}"
+        + (f"; and {len(locks) - _ITEMS:,} more tables" if len(locks) > _ITEMS else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _table_lock(t: TableLock, *, cell: bool) -> str:
+    """ "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s (waited 3 ms)"."""
+    name = md.code(md.middle(t.table, RELATION) if cell else t.table, cell=cell)
+    parts = [f"its {t.indexes} index{'' if t.indexes == 1 else 'es'}"] if t.indexes else []
+    parts += ["TOAST"] if t.toast else []
+    folded = f", {' and '.join(parts)}" if parts else ""
+    text = f"{md.prose(t.mode, 40, cell=cell)} on {name}{folded}: {_duration(t.held_seconds)}"
+    if t.waited_seconds > 0:
+        text += f" (waited {_duration(t.waited_seconds)})"
+    return text
 
 
 def _lock(u: LockUse) -> str:
-    text = f"{md.prose(u.mode, 40, cell=True)} on {md.code(u.relation, cell=True)}: "
+    text = f"{md.prose(u.mode, 40, cell=False)} on {md.code(u.relation)}: "
     text += f"{_BLOCKS[u.blocks]}, {_duration(u.held_seconds)}"
     if u.waited_seconds > 0:
         text += f" (waited {_duration(u.waited_seconds)})"
@@ -104,41 +216,39 @@ def _lock(u: LockUse) -> str:
 
 
 def _rewrite(r: Rewrite) -> str:
-    text = f"{md.code(r.relation, cell=True)} {format_bytes(r.bytes_before)} → "
+    text = f"{md.code(r.relation)} {format_bytes(r.bytes_before)} → "
     text += format_bytes(r.bytes_after)
     if r.reasons:
-        text += f" ({md.prose(', '.join(r.reasons), md.CELL, cell=True)})"
+        text += f" ({md.prose(', '.join(r.reasons), md.CELL, cell=False)})"
     return text
 
 
 def _scan(s: Scan) -> str:
     scans = f"{s.scans:,} scan{'' if s.scans == 1 else 's'}"
     rows = f"{s.rows_read:,} row{'' if s.rows_read == 1 else 's'}"
-    return f"{md.code(s.relation, cell=True)}: {scans}, {rows} under {md.code(s.under, cell=True)}"
+    return f"{md.code(s.relation)}: {scans}, {rows} under {md.code(s.under)}"
 
 
 def _statements(
     statements: Sequence[StatementInsight], cap: int | None, *, full: bool, see: str
 ) -> str:
-    """One row per statement: where it is, what it is, how long it ran, what it did."""
+    """One item per statement: where it is, how long it ran, the statement, then what it did
+    (its locks one line per table, what it rewrote, what it scanned under a lock)."""
     if not statements:
         return "No per-statement detail."
     width = _FULL_STATEMENT if full else _STATEMENT
-    lines = [
-        "| Line | Statement | Duration | Locks | Rewrites | Scans |",
-        "|--:|---|--:|---|---|---|",
-    ]
+    items = []
     for s in statements[:cap]:
-        cells = [
-            str(s.line) if s.line is not None else "",
-            md.code(s.text, cell=True, limit=width),
-            _duration(s.seconds) if s.seconds is not None else "not logged",
-            _joined([_lock(u) for u in s.locks]),
-            _joined([_rewrite(r) for r in s.rewrites]),
-            _joined([_scan(x) for x in s.scans]),
-        ]
-        lines.append(f"| {' | '.join(cells)} |")
-    return "\n".join(lines) + _more(len(statements), cap, "statement", see)
+        where = [f"line {s.line}"] if s.line is not None else []
+        where.append(_duration(s.seconds) if s.seconds is not None else "not logged")
+        did = [_table_lock(t, cell=False) for t in per_table(s.locks)]
+        did += [f"rewrote {_rewrite(r)}" for r in s.rewrites[:_ITEMS]]
+        did += [f"scanned {_scan(x)}" for x in s.scans[:_ITEMS]]
+        hidden = max(0, len(s.rewrites) - _ITEMS) + max(0, len(s.scans) - _ITEMS)
+        did += [f"and {hidden:,} more rewrites or scans"] if hidden else []
+        head = f"- {md.code(s.text, limit=width)} ({', '.join(where)})"
+        items.append("\n".join([head, *(f"  - {d}" for d in did)]))
+    return "Statements:\n\n" + "\n".join(items) + _more(len(statements), cap, "statement", see)
 
 
 def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: str) -> str:
@@ -147,7 +257,7 @@ def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: 
     lines = [head, "|---|--:|---|---|" + ("---|" if full else "")]
     for f in findings[:cap]:
         status = f"**{f.status}**" if f.status == "confirmed" else f.status
-        cells = [md.code(f.rule, cell=True), str(f.line), status]
+        cells = [md.code(md.middle(f.rule, NAME), cell=True), str(f.line), status]
         cells.append(md.prose(f.evidence, md.CELL, cell=True))
         if full:
             cells.append(md.prose(f.message, 500, cell=True))
@@ -172,18 +282,6 @@ def _whole(i: MigrationInsight) -> list[str]:
         if items:
             parts.append(f"{title}:\n\n" + "\n".join(f"- {item}" for item in items))
     return parts
-
-
-def _joined(items: list[str]) -> str:
-    """Items of one cell, ``; ``-separated, cut with a count when they grow past _JOINED."""
-    shown: list[str] = []
-    used = 0
-    for item in items:
-        if shown and used + len(item) > _JOINED:
-            return "; ".join(shown) + f"; and {len(items) - len(shown):,} more"
-        shown.append(item)
-        used += len(item) + 2
-    return "; ".join(shown)
 
 
 def _more(total: int, cap: int | None, noun: str, see: str) -> str:
