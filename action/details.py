@@ -63,6 +63,7 @@ _BLOCKS: dict[Blocks, str] = {
 }
 _LEVEL = {"over": "**over**", "notice": "notice", "safe": "safe"}
 _TOAST = "TOAST table"
+_PARTS = frozenset({_TOAST, "index", "partitioned index"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class TableLock:
     folded into one: the strongest mode, the longest hold."""
 
     table: str
+    kind: str  # the table's own kind, or an index's or TOAST table's when its table is unknown
     mode: str
     blocks: Blocks
     held_seconds: float
@@ -90,9 +92,11 @@ def per_table(locks: Sequence[LockUse]) -> list[TableLock]:
     for table, uses in groups.items():
         top = max(uses, key=lambda u: strength(u.mode))
         parts = [u for u in uses if u.relation != table]
+        own = next((u.kind for u in uses if u.relation == table), top.kind)
         folded.append(
             TableLock(
                 table=table,
+                kind=own,
                 mode=top.mode,
                 blocks=max((u.blocks for u in uses), key=severity),
                 held_seconds=max(u.held_seconds for u in uses),
@@ -101,7 +105,11 @@ def per_table(locks: Sequence[LockUse]) -> list[TableLock]:
                 toast=any(u.kind == _TOAST for u in parts),
             )
         )
-    return sorted(folded, key=lambda t: (-severity(t.blocks), -t.held_seconds, t.table))
+    # A table before an index or a TOAST table held as long: the reader knows the table.
+    return sorted(
+        folded,
+        key=lambda t: (-severity(t.blocks), -t.held_seconds, t.kind in _PARTS, t.table),
+    )
 
 
 def _table_of(u: LockUse) -> str:
