@@ -187,7 +187,7 @@ def verdict_cell(v: Verdict) -> str:
     "safe online"."""
     kind = str(getattr(v, "kind", ""))
     if v.level == "safe":
-        return "safe online"
+        return "safe\u00a0online"  # a no-break space: two words, one line
     return f"{_LEVEL[v.level]}: {md.prose(kind, 40, cell=True)}" if kind else _LEVEL[v.level]
 
 

@@ -17,6 +17,7 @@ __all__ = ["NAMED", "lead"]
 
 NAMED = 3  # migrations named in the lead; the rest are counted
 _ERROR = 300  # characters of the failed migration's first error line
+_VERDICT = 500  # characters of a verdict (its advice included)
 _ORDER: tuple[MigrationStatus, ...] = ("applied", "skipped", "failed", "not run")
 
 
@@ -56,7 +57,7 @@ def _named(head: str, runs: list[MigrationRun], say: Callable[[MigrationRun], st
 
 def _verdict(m: MigrationRun) -> str:
     assert m.insight is not None
-    return md.prose(m.insight.verdict.text, md.CELL, cell=False)
+    return md.prose(m.insight.verdict.text, _VERDICT, cell=False)
 
 
 def _failure(m: MigrationRun) -> str:

@@ -246,8 +246,9 @@ def add_column(n: int, level: str = "safe") -> Any:
         findings=[],
         verdict=Verdict(
             level,  # type: ignore[arg-type]
-            "safe online" if level == "safe" else "blocks reads and writes to `public.orders` "
-            "(412.0 MiB) for 4 ms",
+            "safe online"
+            if level == "safe"
+            else "blocks reads and writes to `public.orders` (412.0 MiB) for 4 ms",
         ),
         interval=0.05,
     )
