@@ -22,6 +22,7 @@ layout is screenshotted into the test's tmp dir, named in a failing assertion.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 from collections.abc import Iterator
@@ -107,8 +108,9 @@ body {{ margin: 0; background: #fff; }}
 <body><div class="comment-body markdown-body">{rendered}</div></body></html>"""
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+@contextlib.contextmanager
+def chromium(profile: Path) -> Iterator[webdriver.Chrome]:
+    """Debian's headless Chromium through its WebDriver, with a fresh profile in ``profile``."""
     for path in (CHROMIUM, CHROMEDRIVER):
         if not Path(path).exists():
             pytest.fail(
@@ -118,7 +120,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
             )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    profile = tmp_path_factory.mktemp("chromium-profile")
     for flag in (
         "--headless",
         "--no-sandbox",  # the tests run as root
@@ -139,6 +140,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
 
 
 def look(browser: webdriver.Chrome, body: str, folder: Path, name: str) -> Layout:
@@ -347,18 +354,22 @@ LEADS = {
 }
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_comment_fits_githubs_width_and_leads_with_its_verdict(
-    browser: webdriver.Chrome, tmp_path: Path, shape: str
-) -> None:
-    layout = look(browser, render_comment(SHAPES[shape]()), tmp_path, shape)
+def assert_fits(layout: Layout, lead: str) -> None:
+    """Nothing wider than the comment, and ``lead`` said right under the title."""
     seen = f"(screenshot: {layout.screenshot})"
     assert layout.width == pytest.approx(COMMENT_WIDTH, abs=1), seen
     scrolled = [t for t in layout.tables if t["scroll"] > t["client"]]
     assert scrolled == [], f"a table is wider than the comment and scrolls {seen}"
     assert layout.past == [], f"something reaches past the comment's right edge {seen}"
-    assert LEADS[shape] in layout.lead, f"the verdict in words is not right under the title {seen}"
+    assert lead in layout.lead, f"the verdict in words is not right under the title {seen}"
     assert layout.lead_bottom is not None and layout.lead_bottom <= FIRST_SCREEN, seen
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_comment_fits_githubs_width_and_leads_with_its_verdict(
+    browser: webdriver.Chrome, tmp_path: Path, shape: str
+) -> None:
+    assert_fits(look(browser, render_comment(SHAPES[shape]()), tmp_path, shape), LEADS[shape])
 
 
 def test_a_table_wider_than_the_comment_is_caught(
