@@ -12,6 +12,10 @@ per traced migration (``details.py``). The table is short enough for GitHub's co
 (tests/test_comment_layout.py checks it in Chromium): with insight, the verdict, the name, the
 locks one line per table, and the time; what else a migration did is in its block. The job
 summary holds the whole of it; the comment a bounded part.
+
+A new column is one more ``Column`` in ``RICH`` (its header, alignment and cell, from one
+definition); a new section under the table, one more part in ``_render``'s ``build``, rendered
+by a function of the module that measures it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
 
 __all__ = [
+    "ERROR_COLUMNS",
     "MAX_COMMENT",
     "MAX_SUMMARY",
+    "PLAIN",
+    "RICH",
+    "Column",
     "format_bytes",
     "has_marker",
     "marker",
