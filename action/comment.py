@@ -49,8 +49,8 @@ MAX_SUMMARY = 1024 * 1024  # GitHub's limit on one step's $GITHUB_STEP_SUMMARY (
 MAX_ERRORS = 5  # error excerpts shown; the table still lists every failure
 _MESSAGE = 1000  # characters kept of the one-line failure message
 _MIN_EXCERPT = 200  # an error excerpt is never cut below this many characters
-# Characters of a line in an error's code block: GitHub's comment holds about 108 of its
-# monospace (806 px less the block's padding, 7.1 px a character at 85 % of 14 px).
+# Characters of a line in an error's code block: GitHub's comment holds about 104 of its
+# monospace (774 px less the block's padding, 7.1 px a character at 85 % of 14 px).
 ERROR_COLUMNS = 100
 
 _VERDICT: dict[RunStatus, str] = {

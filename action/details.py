@@ -49,7 +49,7 @@ COMMENT_ROWS = 50  # rows of each table in the PR comment's blocks (the summary 
 COMMENT_NOTES = 10
 # Characters of a file name and of a relation name in a migrations table cell: a code span's
 # longest word is the least a column can shrink to, and two such columns, the verdict and the
-# time must fit GitHub's comment width (806 px: about 110 characters of code).
+# time must fit GitHub's comment width (774 px: about 108 characters of code).
 NAME = 40
 RELATION = 32
 CELL_TABLES = 3  # tables listed in a migration's lock cell; the rest are counted

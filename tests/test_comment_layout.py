@@ -9,11 +9,14 @@ from github.com's own stylesheet; tests/fixtures/github/markdown-css). Its table
 comment does not push the page wider, it scrolls, and what is past its right edge is out of
 sight until the reader scrolls it.
 
-The width: a pull request's conversation on github.com at a window 1,280 px wide or wider is
-Primer's ``container-xl`` (1,280 px) less its padding (32 px each side), less the sidebar
-(296 px) and the gutter (24 px): 896 px for the timeline; a comment sits 56 px in (its avatar),
-inside a 1 px border and 16 px of padding (``.comment-body``, font-size 14 px). That leaves
-``COMMENT_WIDTH`` = 896 - 56 - 2 - 32 = 806 px for the markdown; a narrower window narrows it.
+The width, from Primer's documented layout (github.com's CSS framework), not measured on
+github.com: at a window 1,280 px wide or wider a pull request's conversation is ``container-xl``
+(1,280 px) less its padding (32 px each side), 1,216 px, of which the sidebar takes 320 px and
+the gutter 32 px (``Layout``'s defaults at the xl breakpoint; 296 and 24 at lg, which would leave
+32 px more); a comment sits 56 px in (its avatar), inside a 1 px border and 16 px of padding
+(``.comment-body``, font-size 14 px). That leaves ``COMMENT_WIDTH`` = 864 - 56 - 2 - 32 = 774 px
+for the markdown: the narrower reading, so a comment that fits it fits the other. A narrower
+window narrows it further.
 
 Each shape is a report as the Action makes it from a real run (the int→bigint rewrite at 2 M
 rows as issue 27 measured it, many migrations, a failure, long names, command mode). Every
@@ -50,7 +53,7 @@ from pgoverlay.action.insight.model import (
 )
 from pgoverlay.action.report import MigrationRun, Report
 
-COMMENT_WIDTH = 806  # px of markdown in a PR comment on github.com (see the module's docstring)
+COMMENT_WIDTH = 774  # px of markdown in a PR comment on github.com (see the module's docstring)
 FIRST_SCREEN = 300  # px from the comment's top within which the verdict in words must end
 CSS = Path(__file__).parent / "fixtures" / "github" / "markdown-css" / "github-markdown-light.css"
 CHROMIUM = "/usr/bin/chromium"
