@@ -10,7 +10,7 @@ from test_comment import MARK, failed_run, fences, report, table_rows
 from test_insight_render import insight, traced
 
 from pgoverlay.action.comment import ERROR_COLUMNS, render_comment, render_summary
-from pgoverlay.action.details import NAME, lock_cell, name_cell, per_table
+from pgoverlay.action.details import NAME, lock_cell, name_cell, per_table, verdict_cell
 from pgoverlay.action.insight.model import LockUse, Verdict
 from pgoverlay.action.lead import lead
 from pgoverlay.action.report import MigrationRun
@@ -155,3 +155,19 @@ def test_long_error_lines_are_folded_to_the_comments_width_losing_nothing() -> N
     lines = shown.rstrip("\n").split("\n")
     assert max(len(x) for x in lines) == ERROR_COLUMNS
     assert "".join(lines[:-1]) == error.split("\n")[0] and lines[-1] == "LINE 3: short"
+
+
+@dataclass(frozen=True)
+class Kinded(Verdict):
+    """A Verdict that says its kind, as issue 27's data contract adds (``Verdict.kind``)."""
+
+    kind: str = "safe online"
+
+
+def test_the_verdict_cell_is_its_level_and_kind_in_a_few_words() -> None:
+    assert verdict_cell(Kinded("over", "rewrites `public.t` …", kind="rewrite")) == (
+        "**over**: rewrite"
+    )
+    assert verdict_cell(Kinded("notice", "…", kind="blocks writes")) == "notice: blocks writes"
+    assert verdict_cell(Kinded("safe", "safe online")) == "safe\u00a0online"
+    assert verdict_cell(Verdict("over", "…")) == "**over**"  # a verdict without a kind
