@@ -39,9 +39,7 @@ __all__ = [
     "lock_cell",
     "name_cell",
     "per_table",
-    "rewrites_cell",
     "verdict_cell",
-    "volume_cell",
 ]
 
 FEW = 20  # rows of each table in a block cut to fit
@@ -169,14 +167,14 @@ def lock_cell(locks: Sequence[LockUse]) -> str:
     return "<br>".join(lines)
 
 
-def rewrites_cell(rewrites: Sequence[Rewrite]) -> str:
+def _rewritten(rewrites: Sequence[Rewrite]) -> str:
     """How many tables and indexes were rewritten, and the bytes they were rewritten to."""
     if not rewrites:
         return "none"
     return f"{len(rewrites):,} ({format_bytes(sum(r.bytes_after for r in rewrites))})"
 
 
-def volume_cell(v: Volume) -> str:
+def _wrote(v: Volume) -> str:
     """What the migration wrote: the writable layer's growth, then WAL."""
     return f"{format_bytes(v.layer_bytes)} layer; {format_bytes(v.wal_bytes)} WAL"
 
@@ -195,8 +193,8 @@ def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
     """What the migration did as a whole, under its summary: the columns the table leaves out."""
     locks = [_table_lock(t, cell=False) for t in per_table(i.locks)]
     lines = [
-        f"- {m.status.capitalize()} in {m.seconds:.2f} s; rewrites: {rewrites_cell(i.rewrites)}; "
-        f"wrote {volume_cell(i.volume)}",
+        f"- {m.status.capitalize()} in {m.seconds:.2f} s; rewrites: {_rewritten(i.rewrites)}; "
+        f"wrote {_wrote(i.volume)}",
         f"- Locks: {'; '.join(locks[:_ITEMS]) or 'none'}"
         + (f"; and {len(locks) - _ITEMS:,} more tables" if len(locks) > _ITEMS else ""),
     ]
