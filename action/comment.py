@@ -6,31 +6,37 @@ error excerpts are cut, with a note, when they would not fit. Every piece of use
 text is escaped (``markdown.py``) so it cannot break the table, a ``<details>`` block or a code
 fence, or hide the rest of the comment in an HTML comment.
 
-A migration the workflow traced carries its insight: the table then shows its worst lock,
-rewrites, bytes and verdict, and a ``<details>`` block per migration (``details.py``) its
-statements and findings. The job summary holds the whole of it; the comment a bounded part.
+It reads top down, most important first: the status, the run's verdict in words (``lead.py``),
+the migrations table, the errors, how to connect, the branch's base, then a ``<details>`` block
+per traced migration (``details.py``). The table is short enough for GitHub's comment width
+(tests/test_comment_layout.py checks it in Chromium): with insight, the verdict, the name, the
+locks one line per table, and the time; what else a migration did is in its block. The job
+summary holds the whole of it; the comment a bounded part.
+
+A new column is one more ``Column`` in ``RICH`` (its header, alignment and cell, from one
+definition); a new section under the table, one more part in ``_render``'s ``build``, rendered
+by a function of the module that measures it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
-from pgoverlay.action.details import (
-    FEW,
-    details,
-    lock_cell,
-    rewrites_cell,
-    verdict_cell,
-    volume_cell,
-)
+from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
+from pgoverlay.action.lead import lead
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
 
 __all__ = [
+    "ERROR_COLUMNS",
     "MAX_COMMENT",
     "MAX_SUMMARY",
+    "PLAIN",
+    "RICH",
+    "Column",
     "format_bytes",
     "has_marker",
     "marker",
@@ -43,6 +49,9 @@ MAX_SUMMARY = 1024 * 1024  # GitHub's limit on one step's $GITHUB_STEP_SUMMARY (
 MAX_ERRORS = 5  # error excerpts shown; the table still lists every failure
 _MESSAGE = 1000  # characters kept of the one-line failure message
 _MIN_EXCERPT = 200  # an error excerpt is never cut below this many characters
+# Characters of a line in an error's code block: GitHub's comment holds about 104 of its
+# monospace (774 px less the block's padding, 7.1 px a character at 85 % of 14 px).
+ERROR_COLUMNS = 100
 
 _VERDICT: dict[RunStatus, str] = {
     "ready": "Ready",
@@ -51,13 +60,53 @@ _VERDICT: dict[RunStatus, str] = {
     "destroyed": "Destroyed",
     "not branched": "Not branched",
 }
-_HEADER = ["#### Migrations", "", "| File | Duration | Result |", "|---|--:|---|"]
-_RICH_HEADER = [
-    "#### Migrations",
-    "",
-    "| Migration | Duration | Result | Worst lock | Rewrites | Bytes | Verdict |",
-    "|---|--:|---|---|---|---|---|",
-]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the migrations table: its header, its alignment, and its cell."""
+
+    header: str
+    align: str  # the delimiter row's cell: "---" or "--:"
+    cell: Callable[[MigrationRun], str]
+
+
+def _time(m: MigrationRun) -> str:
+    return f"{m.seconds:.2f}\u00a0s"  # a no-break space: the column is as narrow as "0.41 s"
+
+
+def _result(m: MigrationRun) -> str:
+    return "**failed**" if m.status == "failed" else m.status
+
+
+def _verdict(m: MigrationRun) -> str:
+    """The verdict of a traced migration that ran; else what became of it."""
+    if m.insight is None or m.status == "failed":
+        return _result(m)
+    return verdict_cell(m.insight.verdict)
+
+
+def _locks(m: MigrationRun) -> str:
+    return lock_cell(m.insight.locks) if m.insight is not None else ""
+
+
+def _name(m: MigrationRun) -> str:
+    return name_cell(m.name)
+
+
+# Without insight (``insight: false``); with it, the verdict first and what a migration did in
+# its block below the table.
+PLAIN: tuple[Column, ...] = (
+    Column("File", "---", _name),
+    Column("Duration", "--:", _time),
+    Column("Result", "---", _result),
+)
+RICH: tuple[Column, ...] = (
+    Column("Verdict", "---", _verdict),
+    Column("Migration", "---", _name),
+    Column("Locks", "---", _locks),
+    Column("Time", "--:", _time),
+)
 
 
 def marker(repository: str, pr: int | None, branch: str) -> str:
@@ -107,8 +156,9 @@ def _render(
     if report.status == "destroyed":
         return top + "\n"
     runs = report.migrations
-    rich = any(m.insight is not None for m in runs)
-    rows = [_rich_row(m) if rich else _row(m) for m in runs]
+    columns = RICH if any(m.insight is not None for m in runs) else PLAIN
+    rows = [_row(columns, m) for m in runs]
+    branch = _branch(report)
     traced = [i for i, m in enumerate(runs) if m.insight is not None]
     # What a block cuts is in the summary; what the summary's blocks cut, in the JSON report.
     more = "the JSON report, output `report-path`" if full else see
@@ -119,20 +169,20 @@ def _render(
     def build(kept: list[str], omitted: int, cap: int | None, shown: dict[int, str]) -> str:
         parts = [top]
         if runs:
-            header = _RICH_HEADER if rich else _HEADER
-            table = "\n".join([*header, *kept])
+            table = "\n".join(["#### Migrations", "", *_header(columns), *kept])
             if omitted:
                 table += f"\n\n… {_count(omitted, 'more migration')} not shown (see {see})"
             parts.append(table)
         elif report.status == "ready":
             parts.append("No migrations in this pull request.")
+        parts += [_error(m, cap, see) for m in errors]
+        if hidden_errors > 0:
+            parts.append(f"… {_count(hidden_errors, 'more error')} not shown (see {see})")
+        parts += branch
         parts += [shown[i] for i in sorted(shown)]
         if len(shown) < len(traced):
             hidden = len(traced) - len(shown)
             parts.append(f"… details of {_count(hidden, 'migration')} not shown (see {see})")
-        parts += [_error(m, cap, see) for m in errors]
-        if hidden_errors > 0:
-            parts.append(f"… {_count(hidden_errors, 'more error')} not shown (see {see})")
         return "\n\n".join(parts) + "\n"
 
     body = build(rows, 0, None, blocks)
@@ -190,9 +240,13 @@ def _fitting(
 
 
 def _top(report: Report) -> list[str]:
-    """Status, where the branch is, how to reach it and what it came from: bounded in size."""
+    """Status, the run's verdict in words, why it failed, where the branch is: bounded."""
     b = report.branch
     parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
+    if report.status != "destroyed" and report.migrations:
+        parts.append(lead(report.migrations))
+    if report.message:
+        parts.append(md.prose(report.message, _MESSAGE, cell=False))
     facts = []
     if b is not None and report.status != "destroyed":
         facts.append(f"Branch {md.code(b.name)}")
@@ -214,30 +268,36 @@ def _top(report: Report) -> list[str]:
         name = f"Branch {md.code(b.name)}" if b is not None else "The branch"
         parts.append(f"{name} was destroyed: {merged}.")
         parts.append(f"Final writable layer: {_layer(b)}.")
-    if report.message:
-        parts.append(md.prose(report.message, _MESSAGE, cell=False))
-    if b is not None and report.status != "destroyed":
-        parts.append(_details(b, report.password_hint))
     return parts
 
 
-def _details(b: BranchInfo, hint: str) -> str:
-    """How to connect, how big the writable layer is, what base the branch came from."""
+def _branch(report: Report) -> list[str]:
+    """How to connect, then what the branch holds: its writable layer and its base."""
+    b = report.branch
+    if b is None or report.status == "destroyed":
+        return []
     base = f"{md.code(b.base_name, cell=True)} version {b.base_version}"
     if b.base_seeded_at is not None:
         base += f", seeded {datetime.fromtimestamp(b.base_seeded_at, tz=UTC):%Y-%m-%d %H:%M} UTC"
-    rows = [
+    hint = report.password_hint
+    connection = [
         ("Host", md.code(b.host, cell=True)),
         ("Port", md.code(str(b.port), cell=True)),
         ("Database", md.code(b.database, cell=True)),
         ("User", md.code(b.user, cell=True)),
         ("Password", md.prose(hint, md.CELL, cell=True, redact=False) if hint else ""),
+    ]
+    holds = [
         ("Writable layer", _layer(b)),
         ("Base", base),
         ("Data", _masking(b)),
         ("Runtime", md.code(b.runtime, cell=True)),
     ]
-    lines = ["| Connection | |", "|---|---|"]
+    return [_pairs("Connection", connection), _pairs("Branch", holds)]
+
+
+def _pairs(title: str, rows: list[tuple[str, str]]) -> str:
+    lines = [f"| {title} | |", "|---|---|"]
     return "\n".join(lines + [f"| {key} | {value} |" for key, value in rows if value])
 
 
@@ -251,31 +311,33 @@ def _masking(b: BranchInfo) -> str:
     return f"masked by {rules} (sha256 {md.code(b.base_mask_sha256[:12], cell=True)})"
 
 
-def _row(m: MigrationRun) -> str:
-    return f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} |"
+def _header(columns: tuple[Column, ...]) -> list[str]:
+    return [
+        f"| {' | '.join(c.header for c in columns)} |",
+        f"|{'|'.join(c.align for c in columns)}|",
+    ]
 
 
-def _rich_row(m: MigrationRun) -> str:
-    """The compact row: what the migration did to production, in one line."""
-    i = m.insight
-    if i is None:
-        return f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | | | | |"
-    cells = [lock_cell(i.locks), rewrites_cell(i.rewrites), volume_cell(i.volume)]
-    cells.append(verdict_cell(i.verdict))
-    return (
-        f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | {' | '.join(cells)} |"
-    )
-
-
-def _result(m: MigrationRun) -> str:
-    return "**failed**" if m.status == "failed" else m.status
+def _row(columns: tuple[Column, ...], m: MigrationRun) -> str:
+    return f"| {' | '.join(c.cell(m) for c in columns)} |"
 
 
 def _error(m: MigrationRun, cap: int | None, see: str) -> str:
     where = m.file or m.name
     if m.file and m.line is not None:
         where = f"{m.file}:{m.line}"
-    return f"#### Error in {md.code(where)}\n\n{md.fence(_excerpt(m.error, cap, see))}"
+    return f"#### Error in {md.code(where)}\n\n{md.fence(_folded(_excerpt(m.error, cap, see)))}"
+
+
+def _folded(text: str) -> str:
+    """Lines longer than ERROR_COLUMNS broken into pieces that long: a code block on GitHub
+    does not wrap, it scrolls, and what is past the comment's edge goes unread. Nothing is lost:
+    the pieces joined are the line."""
+    return "\n".join(
+        line[i : i + ERROR_COLUMNS]
+        for line in text.split("\n")
+        for i in range(0, max(len(line), 1), ERROR_COLUMNS)
+    )
 
 
 def _excerpt(text: str, cap: int | None, see: str) -> str:

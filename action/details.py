@@ -1,9 +1,13 @@
 """A traced migration's insight as markdown: the cells of its row in the migrations table, and
-its ``<details>`` block (per-statement table, squawk's findings, notes). Pure: no I/O.
+its ``<details>`` block (what it did, one item per statement, squawk's findings, notes). Pure.
 
 The block's first line is raw HTML (``<details><summary>…</summary>``), whose text is
 entity-escaped; what follows a blank line is markdown, escaped by ``markdown.py``, and no line
 of it starts with ``<``, so nothing a pull request writes can end the block early or open one.
+
+Everything here must fit GitHub's comment width (tests/test_comment_layout.py renders it in
+Chromium): a table cell never holds a name longer than ``NAME`` characters, and what a statement
+did is a list, which wraps, rather than table cells, which do not.
 """
 
 from __future__ import annotations
@@ -26,27 +30,43 @@ from pgoverlay.action.insight.model import (
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner.units import format_bytes
 
-__all__ = ["FEW", "details", "lock_cell", "rewrites_cell", "verdict_cell", "volume_cell"]
+__all__ = [
+    "FEW",
+    "NAME",
+    "TableLock",
+    "details",
+    "lock_cell",
+    "name_cell",
+    "per_table",
+    "verdict_cell",
+]
 
 FEW = 20  # rows of each table in a block cut to fit
 COMMENT_ROWS = 50  # rows of each table in the PR comment's blocks (the summary has them all)
 COMMENT_NOTES = 10
+# Characters of a file name and of a relation name in a migrations table cell: a code span's
+# longest word is the least a column can shrink to, and two such columns, the verdict and the
+# time must fit GitHub's comment width (774 px: about 108 characters of code).
+NAME = 40
+RELATION = 32
+CELL_TABLES = 3  # tables listed in a migration's lock cell; the rest are counted
 _STATEMENT = 160  # characters of a statement shown in the comment
 _FULL_STATEMENT = 500  # the most the insight keeps of one
-_JOINED = 600  # characters of one cell listing several locks, rewrites or scans
+_ITEMS = 10  # rewrites or scans listed under one statement
 _BLOCKS: dict[Blocks, str] = {
     "reads and writes": "blocks reads and writes",
     "writes": "blocks writes",
     "ddl": "blocks other DDL only",
 }
-_LEVEL = {"over": "**over**: ", "notice": "notice: ", "safe": ""}
+_LEVEL = {"over": "**over**", "notice": "notice", "safe": "safe"}
 
 
 def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -> str:
-    """The ``<details>`` block of a traced migration (``""`` for one without insight). ``full``
-    (the job summary): every statement, finding and note, the migration's own lists of locks,
-    rewrites and scans, and the sampler's resolution; else at most COMMENT_ROWS of each table.
-    ``rows`` cuts each table shorter still; a cut says to ``see`` where the rest is."""
+    """The ``<details>`` block of a traced migration (``""`` for one without insight): what it
+    did as a whole, then one item per statement, squawk's findings and the notes. ``full`` (the
+    job summary): every statement, finding and note, the migration's own lists of locks,
+    rewrites and scans, and the sampler's resolution; else at most COMMENT_ROWS of each list.
+    ``rows`` cuts each list shorter still; a cut says to ``see`` where the rest is."""
     i = m.insight
     if i is None:
         return ""
@@ -56,6 +76,7 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     verdict = md.html_text(level + i.verdict.text, md.CELL)
     opened = " open" if i.verdict.level == "over" else ""
     parts = [f"<details{opened}><summary><code>{name}</code>: {verdict}</summary>"]
+    parts.append(_outcome(m, i))
     parts.append(_statements(i.statements, cap, full=full, see=see))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
@@ -71,75 +92,111 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     return "\n\n".join(p for p in parts if p)
 
 
+def name_cell(name: str) -> str:
+    """A migration's name in a table cell: at most NAME characters. A long path loses its
+    folders first (``…/0042_orders_status_index.sql``), then its middle."""
+    if len(name) > NAME and "/" in name and not any(c.isspace() for c in name):
+        name = "…/" + name.rsplit("/", 1)[1]
+    return md.code(md.middle(name, NAME), cell=True)
+
+
 def lock_cell(locks: Sequence[LockUse]) -> str:
-    """The worst lock, folded onto its table: "ACCESS EXCLUSIVE on `public.t`, its 2 indexes
-    and TOAST: blocks reads and writes, 5.9 s"; "none" without one."""
-    if not locks:
+    """One line per table, the worst first: "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and
+    TOAST: 5.9 s"; at most CELL_TABLES lines and a count of the rest; "none" without a lock."""
+    tables = per_table(locks)
+    if not tables:
         return "none"
-    return _table_lock(per_table(locks)[0])
+    lines = [_table_lock(t, cell=True) for t in tables[:CELL_TABLES]]
+    if len(tables) > CELL_TABLES:
+        lines.append(f"and {len(tables) - CELL_TABLES:,} more tables")
+    return "<br>".join(lines)
 
 
-def rewrites_cell(rewrites: Sequence[Rewrite]) -> str:
+def _rewritten(rewrites: Sequence[Rewrite]) -> str:
     """How many tables and indexes were rewritten, and the bytes they were rewritten to."""
     if not rewrites:
         return "none"
     return f"{len(rewrites):,} ({format_bytes(sum(r.bytes_after for r in rewrites))})"
 
 
-def volume_cell(v: Volume) -> str:
+def _wrote(v: Volume) -> str:
     """What the migration wrote: the writable layer's growth, then WAL."""
     return f"{format_bytes(v.layer_bytes)} layer; {format_bytes(v.wal_bytes)} WAL"
 
 
 def verdict_cell(v: Verdict) -> str:
-    return _LEVEL[v.level] + md.prose(v.text, md.CELL, cell=True)
+    """The verdict in a word or two: its level, and what it is where the insight says
+    (``Verdict.kind``, issue 27's data contract): "**over**: rewrite", "notice: blocks writes",
+    "safe online"."""
+    kind = v.kind
+    if v.level == "safe":
+        return "safe\u00a0online"  # a no-break space: two words, one line
+    return f"{_LEVEL[v.level]}: {md.prose(kind, 40, cell=True)}" if kind else _LEVEL[v.level]
 
 
-def _table_lock(t: TableLock) -> str:
-    """One line per table: its indexes and TOAST table folded in."""
-    text = f"{t.what(lambda name: md.code(name, cell=True))}: "
-    text += f"{_BLOCKS[t.blocks]}, {_duration(t.held_seconds)}"
+def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
+    """What the migration did as a whole, under its summary: the columns the table leaves out."""
+    locks = [_table_lock(t, cell=False) for t in per_table(i.locks)]
+    lines = [
+        f"- {m.status.capitalize()} in {m.seconds:.2f} s; rewrites: {_rewritten(i.rewrites)}; "
+        f"wrote {_wrote(i.volume)}",
+        f"- Locks: {'; '.join(locks[:_ITEMS]) or 'none'}"
+        + (f"; and {len(locks) - _ITEMS:,} more tables" if len(locks) > _ITEMS else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _table_lock(t: TableLock, *, cell: bool) -> str:
+    """ "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s (waited 3 ms)"."""
+    text = t.what(lambda name: md.code(md.middle(name, RELATION) if cell else name, cell=cell))
+    text += f": {_duration(t.held_seconds)}"
     if t.waited_seconds > 0:
         text += f" (waited {_duration(t.waited_seconds)})"
     return text
 
 
+def _lock(u: LockUse) -> str:
+    text = f"{md.prose(u.mode, 40, cell=False)} on {md.code(u.relation)}: "
+    text += f"{_BLOCKS[u.blocks]}, {_duration(u.held_seconds)}"
+    if u.waited_seconds > 0:
+        text += f" (waited {_duration(u.waited_seconds)})"
+    return text
+
+
 def _rewrite(r: Rewrite) -> str:
-    text = f"{md.code(r.relation, cell=True)} {format_bytes(r.bytes_before)} → "
+    text = f"{md.code(r.relation)} {format_bytes(r.bytes_before)} → "
     text += format_bytes(r.bytes_after)
     if r.reasons:
-        text += f" ({md.prose(', '.join(r.reasons), md.CELL, cell=True)})"
+        text += f" ({md.prose(', '.join(r.reasons), md.CELL, cell=False)})"
     return text
 
 
 def _scan(s: Scan) -> str:
     scans = f"{s.scans:,} scan{'' if s.scans == 1 else 's'}"
     rows = f"{s.rows_read:,} row{'' if s.rows_read == 1 else 's'}"
-    return f"{md.code(s.relation, cell=True)}: {scans}, {rows} under {md.code(s.under, cell=True)}"
+    return f"{md.code(s.relation)}: {scans}, {rows} under {md.code(s.under)}"
 
 
 def _statements(
     statements: Sequence[StatementInsight], cap: int | None, *, full: bool, see: str
 ) -> str:
-    """One row per statement: where it is, what it is, how long it ran, what it did."""
+    """One item per statement: where it is, how long it ran, the statement, then what it did
+    (its locks one line per table, what it rewrote, what it scanned under a lock)."""
     if not statements:
         return "No per-statement detail."
     width = _FULL_STATEMENT if full else _STATEMENT
-    lines = [
-        "| Line | Statement | Duration | Locks | Rewrites | Scans |",
-        "|--:|---|--:|---|---|---|",
-    ]
+    items = []
     for s in statements[:cap]:
-        cells = [
-            str(s.line) if s.line is not None else "",
-            md.code(s.text, cell=True, limit=width),
-            _duration(s.seconds) if s.seconds is not None else "not logged",
-            _joined([_table_lock(t) for t in per_table(s.locks)]),
-            _joined([_rewrite(r) for r in s.rewrites]),
-            _joined([_scan(x) for x in s.scans]),
-        ]
-        lines.append(f"| {' | '.join(cells)} |")
-    return "\n".join(lines) + _more(len(statements), cap, "statement", see)
+        where = [f"line {s.line}"] if s.line is not None else []
+        where.append(_duration(s.seconds) if s.seconds is not None else "not logged")
+        did = [_table_lock(t, cell=False) for t in per_table(s.locks)]
+        did += [f"rewrote {_rewrite(r)}" for r in s.rewrites[:_ITEMS]]
+        did += [f"scanned {_scan(x)}" for x in s.scans[:_ITEMS]]
+        hidden = max(0, len(s.rewrites) - _ITEMS) + max(0, len(s.scans) - _ITEMS)
+        did += [f"and {hidden:,} more rewrites or scans"] if hidden else []
+        head = f"- {md.code(s.text, limit=width)} ({', '.join(where)})"
+        items.append("\n".join([head, *(f"  - {d}" for d in did)]))
+    return "Statements:\n\n" + "\n".join(items) + _more(len(statements), cap, "statement", see)
 
 
 def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: str) -> str:
@@ -148,7 +205,7 @@ def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: 
     lines = [head, "|---|--:|---|---|" + ("---|" if full else "")]
     for f in findings[:cap]:
         status = f"**{f.status}**" if f.status == "confirmed" else f.status
-        cells = [md.code(f.rule, cell=True), str(f.line), status]
+        cells = [md.code(md.middle(f.rule, NAME), cell=True), str(f.line), status]
         cells.append(md.prose(f.evidence, md.CELL, cell=True))
         if full:
             cells.append(md.prose(f.message, 500, cell=True))
@@ -166,25 +223,13 @@ def _whole(i: MigrationInsight) -> list[str]:
         "shorter hold may be missed."
     ]
     for title, items in (
-        ("Locks", [_table_lock(t) for t in per_table(i.locks)]),
+        ("Locks", [_lock(u) for u in i.locks]),
         ("Rewrites", [_rewrite(r) for r in i.rewrites]),
         ("Scans under a lock", [_scan(s) for s in i.scans]),
     ):
         if items:
             parts.append(f"{title}:\n\n" + "\n".join(f"- {item}" for item in items))
     return parts
-
-
-def _joined(items: list[str]) -> str:
-    """Items of one cell, ``; ``-separated, cut with a count when they grow past _JOINED."""
-    shown: list[str] = []
-    used = 0
-    for item in items:
-        if shown and used + len(item) > _JOINED:
-            return "; ".join(shown) + f"; and {len(items) - len(shown):,} more"
-        shown.append(item)
-        used += len(item) + 2
-    return "; ".join(shown)
 
 
 def _more(total: int, cap: int | None, noun: str, see: str) -> str:

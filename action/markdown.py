@@ -85,6 +85,17 @@ def line(text: str, limit: int, *, redact: bool = True) -> str:
     return one
 
 
+def middle(text: str, limit: int) -> str:
+    """``text`` on one line, cut in its middle to ``limit`` characters: a long path or relation
+    keeps its start and its end (``db/migrations/0041…order_notes.sql``), what looks like a
+    password redacted before the cut."""
+    one = " ".join(hide_secrets(text[: limit * 8]).split())
+    if len(one) <= limit and len(text) <= limit * 8:
+        return one
+    head = (limit - 1) // 2
+    return one[:head] + "…" + one[len(one) - (limit - 1 - head) :]
+
+
 def url(address: str) -> str:
     """Percent-encode what would end a markdown link destination early (spaces, parentheses)."""
     return quote(line(address, 2000, redact=False), safe=":/?#[]@!$&'*+,;=%~")

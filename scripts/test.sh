@@ -7,6 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
 source scripts/prefix.sh
+# tests/test_comment_layout.py lays the PR comment out in Debian's headless Chromium, through
+# its WebDriver, in GitHub's fonts' metric twins (Liberation Sans and Mono stand for Arial and
+# GitHub's own monospace list).
+browser=(chromium chromium-driver fonts-liberation)
+missing=()
+for pkg in "${browser[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 # The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages.
 scripts/docker.sh 15 >/dev/null
 "$venv/bin/ruff" check .

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from selenium import webdriver
+from test_comment import report
+from test_comment_layout import assert_fits, chromium, look
 
 from helpers import extra_server, remove_base, source_dsn
 from pgoverlay.action import migrations
+from pgoverlay.action.comment import render_comment
 from pgoverlay.action.insight.locks import strongest
 from pgoverlay.action.insight.model import MigrationInsight, StatementInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
@@ -305,3 +309,21 @@ def test_every_migration_was_fully_observed(sql_runs: dict[str, MigrationRun]) -
             insight.notes,
         )
         assert [s.seconds is not None for s in insight.statements] == [True], file
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
+
+
+def test_the_comment_on_these_measured_runs_fits_githubs_width(
+    sql_runs: dict[str, MigrationRun], browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """The comment a reviewer gets for these ten migrations, as measured (a type change and a
+    volatile default rewriting `orders`, each index, constraint and default), laid out at
+    GitHub's comment width (tests/test_comment_layout.py)."""
+    body = render_comment(report(migrations=[sql_runs[f] for f in sorted(sql_runs)]))
+    over = sum(1 for r in sql_runs.values() if r.insight and r.insight.verdict.level == "over")
+    lead = f"{over} migration{'' if over == 1 else 's'} over a threshold" if over else "applied"
+    assert_fits(look(browser, body, tmp_path, "measured"), lead)

@@ -225,9 +225,22 @@ def per_table(uses: Sequence[LockUse]) -> list[TableLock]:
                 statement=first.statement,
             )
         )
+    # A table before an index or a TOAST table held as long (one whose table is not known):
+    # the reader knows the table.
+    parts = {
+        table
+        for table, group in groups.items()
+        if all(u.kind in _INDEX_KINDS or u.kind == "TOAST table" for u in group)
+    }
     return sorted(
         folded,
-        key=lambda t: (-severity(t.blocks), -t.held_seconds, -strength(t.mode), t.table),
+        key=lambda t: (
+            -severity(t.blocks),
+            -t.held_seconds,
+            -strength(t.mode),
+            t.table in parts,
+            t.table,
+        ),
     )
 
 
