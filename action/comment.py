@@ -17,6 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action import parts
 from pgoverlay.action.details import (
     FEW,
     details,
@@ -262,9 +263,10 @@ def _rich_row(m: MigrationRun) -> str:
         return f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | | | | |"
     cells = [lock_cell(i.locks), rewrites_cell(i.rewrites), volume_cell(i.volume)]
     cells.append(verdict_cell(i.verdict))
-    return (
+    row = (
         f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | {' | '.join(cells)} |"
     )
+    return "\n".join([row, *parts.rows(m)])  # a migrate command's tool migrations under it
 
 
 def _result(m: MigrationRun) -> str:

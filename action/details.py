@@ -56,7 +56,8 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     verdict = md.html_text(level + i.verdict.text, md.CELL)
     opened = " open" if i.verdict.level == "over" else ""
     parts = [f"<details{opened}><summary><code>{name}</code>: {verdict}</summary>"]
-    parts.append(_statements(i.statements, cap, full=full, see=see))
+    own = [s for s in i.statements if not s.bookkeeping]
+    parts.append(_statements(own, cap, full=full, see=see) + _bookkeeping(i))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
     if full:
@@ -139,6 +140,20 @@ def _statements(
         ]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines) + _more(len(statements), cap, "statement", see)
+
+
+def _bookkeeping(i: MigrationInsight) -> str:
+    """The line that stands for the migrate command's bookkeeping left out of the table."""
+    b = i.bookkeeping
+    if not b.statements:
+        return ""
+    whose = f" ({md.prose(', '.join(b.tools), md.CELL, cell=False)})" if b.tools else ""
+    count = f"{b.statements:,} statement{'' if b.statements == 1 else 's'}"
+    return (
+        f"\n\nBookkeeping{whose}: {count}, "
+        f"{_duration(b.seconds)}, not listed (session set-up, catalog lookups, the tool's own "
+        "tables; their locks on those tables are not the migration's)."
+    )
 
 
 def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: str) -> str:

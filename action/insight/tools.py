@@ -129,7 +129,9 @@ _READS = frozenset({"SELECT", "WITH", "VALUES"})
 _BEFORE_RELATION = frozenset(
     {"FROM", "INTO", "UPDATE", "TABLE", "REFERENCES", "TRUNCATE", "LOCK", "ON"}
 )
-_SKIPPED = frozenset({"ONLY", "IF", "NOT", "EXISTS", "TABLE", "LATERAL"})
+_SKIPPED = frozenset(
+    {"ONLY", "IF", "NOT", "EXISTS", "IF EXISTS", "IF NOT EXISTS", "TABLE", "LATERAL"}
+)
 _PARAMETER = re.compile(r"\$(\d+) = (NULL|'((?:[^']|'')*)')")
 
 Relation = tuple[str, str]  # (schema or "", name)
@@ -158,7 +160,7 @@ def is_tool_table(name: str) -> bool:
 
 
 def classify(text: str) -> str:
-    """"" for the user's change, else which bookkeeping it is (``BOOKKEEPING``)."""
+    """The bookkeeping a statement is (``BOOKKEEPING``), or "" for the user's change."""
     tokens = _tokens(text)
     if not tokens:
         return SESSION
