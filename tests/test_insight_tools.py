@@ -20,7 +20,7 @@ from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
 from pgoverlay.action import comment, event, parts, workflow
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.insight import analyze, jsonreport, logparse, tools
+from pgoverlay.action.insight import analyze, jsonreport, ledgers, logparse, tools
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, Thresholds
 from pgoverlay.action.report import MigrationRun, Report
 from pgoverlay.action.request import Inputs
@@ -279,7 +279,7 @@ def test_each_tools_ledger_row_names_its_migration(
 ) -> None:
     (logged,) = logparse.parse(log).statements
     assert tools.classify(logged.text) == tools.LEDGER
-    found = tools.ledger_write(logged.text, logged.parameters)
+    found = ledgers.ledger_write(logged.text, logged.parameters)
     assert found is not None
     assert (found.ledger.tool, found.name) == (tool, name)
 
@@ -289,11 +289,11 @@ def test_a_ledger_write_that_names_no_migration_and_other_writes() -> None:
         'UPDATE "_prisma_migrations" SET "finished_at" = now(), "applied_steps_count" = '
         '"applied_steps_count" + 1 WHERE "id" = $1'
     )
-    found = tools.ledger_write(prisma_done, "$1 = '3c5c4c8e-1f0a'")
+    found = ledgers.ledger_write(prisma_done, "$1 = '3c5c4c8e-1f0a'")
     assert found is not None and (found.ledger.tool, found.name) == ("Prisma", "")
-    assert tools.ledger_write("UPDATE accounts SET note = 'x'") is None
-    assert tools.ledger_write("SELECT alembic_version.version_num FROM alembic_version") is None
-    copied = tools.ledger_write("INSERT INTO alembic_version SELECT '1'")
+    assert ledgers.ledger_write("UPDATE accounts SET note = 'x'") is None
+    assert ledgers.ledger_write("SELECT alembic_version.version_num FROM alembic_version") is None
+    copied = ledgers.ledger_write("INSERT INTO alembic_version SELECT '1'")
     assert copied is not None and copied.name == ""
 
 
@@ -593,7 +593,7 @@ def check_three_migrations(
     # the tool's ledger is bookkeeping: its rows and locks are not the migration's
     assert insight.volume.rows_updated == 1000 and insight.volume.rows_inserted == 0
     assert insight.bookkeeping.statements > 0 and tool in insight.bookkeeping.tools
-    ledger_tables = set(tools.TOOL_TABLES)
+    ledger_tables = set(ledgers.TOOL_TABLES)
     for p in insight.parts:
         assert all(u.relation.split(".")[-1] not in ledger_tables for u in p.locks)
         assert p.tool == tool

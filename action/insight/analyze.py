@@ -2,7 +2,7 @@
 after it.
 
 What production would feel is what is reported, so relations of the ledger schema (and, in
-command mode, a migration tool's own tables: ``tools``) and relations the migration itself
+command mode, a migration tool's own tables: ``ledgers``) and relations the migration itself
 created (nobody else can be using them) take no part in locks, rewrites or scans.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import sqlparse
 
 from pgoverlay.action import migrations
+from pgoverlay.action.insight import ledgers, locks, logparse, tools, verdict
 from pgoverlay.action.insight import lint as lint_mod
-from pgoverlay.action.insight import locks, logparse, tools, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -126,7 +126,9 @@ class _Analysis:
 
     def ledger(self, rel: RelationState) -> bool:
         """Whether a relation is bookkeeping: pgoverlay's ledger, or a migration tool's."""
-        return rel.schema_name == LEDGER_SCHEMA or (self.command and tools.is_tool_table(rel.name))
+        return rel.schema_name == LEDGER_SCHEMA or (
+            self.command and ledgers.is_tool_table(rel.name)
+        )
 
     def name(self, oid: int) -> str:
         rel = self.state(oid)
