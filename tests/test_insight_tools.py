@@ -130,6 +130,20 @@ BOOKKEEPING = {
 }
 
 
+def test_a_script_sent_in_one_query_is_bookkeeping_only_when_each_statement_is() -> None:
+    """Prisma sends a migration's script as one query: the server logs it as one statement."""
+    script = (
+        '-- AlterTable\nALTER TABLE "schema_migrations" ADD COLUMN x int;\n\n'
+        '-- AlterTable\nALTER TABLE "accounts" ADD COLUMN "note" TEXT;\n'
+    )
+    assert tools.classify(script) == ""
+    assert tools.classify("SET lock_timeout = '1s'; SELECT 1 FROM alembic_version;") == (
+        tools.LEDGER
+    )
+    assert tools.classify("SET a = 1; SET b = 2") == tools.SESSION
+    assert tools.classify("-- nothing but a comment") == tools.SESSION
+
+
 @pytest.mark.parametrize("text", USERS_CHANGES)
 def test_the_users_changes_are_not_bookkeeping(text: str) -> None:
     assert tools.classify(text) == ""
@@ -471,6 +485,37 @@ def test_a_tool_that_records_a_migration_first_and_statements_no_row_names() -> 
     assert (named.name, named.statements, unnamed.name, len(unnamed.statements)) == (
         "0001", [], "", 1
     )  # fmt: skip
+
+
+def test_prisma_names_its_row_first_and_finishes_it_by_id() -> None:
+    insert = (
+        'INSERT INTO "_prisma_migrations" ("id", "checksum", "logs", "started_at", "finished_at", '
+        '"migration_name", "applied_steps_count") VALUES ($1, $2, $3, $4, $5, $6, $7)'
+    )
+    finish = (
+        'UPDATE "_prisma_migrations" SET "finished_at" = now(), "applied_steps_count" = '
+        '"applied_steps_count" + 1 WHERE "id" = $1'
+    )
+    log = [
+        *simple(T0 + 1.0, 'SELECT "migration_name" FROM "_prisma_migrations"'),
+        *extended(T0 + 1.1, insert, ["a1", "c", None, "now", None, "20261201_note", "0"]),
+        *simple(T0 + 1.2, '-- AlterTable\nALTER TABLE "accounts" ADD COLUMN "note" TEXT;'),
+        *extended(T0 + 1.3, finish, ["a1"]),
+        *extended(T0 + 1.4, insert, ["b2", "c", None, "now", None, "20261202_index", "0"]),
+        *simple(T0 + 1.5, 'CREATE INDEX "accounts_note" ON "accounts"("note");'),
+        *extended(T0 + 1.6, finish, ["b2"]),
+    ]
+    insight = command(log)
+    texts = [[insight.statements[i].text for i in p.statements] for p in insight.parts]
+    assert [(p.tool, p.name) for p in insight.parts] == [
+        ("Prisma", "20261201_note"),
+        ("Prisma", "20261202_index"),
+    ]
+    assert texts == [
+        ['-- AlterTable\nALTER TABLE "accounts" ADD COLUMN "note" TEXT;'],
+        ['CREATE INDEX "accounts_note" ON "accounts"("note");'],
+    ]
+    assert insight.bookkeeping.statements == 5
 
 
 def test_without_a_ledger_row_the_command_has_no_parts_and_still_folds_bookkeeping() -> None:

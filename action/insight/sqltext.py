@@ -14,7 +14,16 @@ import sqlparse
 from sqlparse import tokens as T
 from sqlparse.sql import Token
 
-__all__ = ["Relation", "functions", "identifier", "name_chain", "relations", "tokenise", "writes"]
+__all__ = [
+    "Relation",
+    "functions",
+    "identifier",
+    "name_chain",
+    "relations",
+    "statements",
+    "tokenise",
+    "writes",
+]
 
 # Keywords after which a relation's name follows (ON only in CREATE INDEX/TRIGGER/...).
 _BEFORE_RELATION = frozenset(
@@ -26,16 +35,24 @@ _SKIPPED = frozenset(
 Relation = tuple[str, str]  # (schema or "", name)
 
 
+def statements(text: str) -> list[list[Token]]:
+    """The tokens of each statement of ``text`` (a tool may send several in one query),
+    without whitespace and comments; none for a text of comments only."""
+    found = []
+    for statement in sqlparse.parse(text):
+        kept = [
+            t
+            for t in statement.flatten()  # type: ignore[no-untyped-call]
+            if not t.is_whitespace and t.ttype not in T.Comment and t.ttype is not T.Newline
+        ]
+        if kept and not (len(kept) == 1 and kept[0].value == ";"):
+            found.append(kept)
+    return found
+
+
 def tokenise(text: str) -> list[Token]:
-    """The statement's tokens, without whitespace and comments."""
-    parsed = sqlparse.parse(text)
-    if not parsed:
-        return []
-    return [
-        t
-        for t in parsed[0].flatten()  # type: ignore[no-untyped-call]
-        if not t.is_whitespace and t.ttype not in T.Comment and t.ttype is not T.Newline
-    ]
+    """The first statement's tokens, without whitespace and comments."""
+    return next(iter(statements(text)), [])
 
 
 def identifier(token: Token) -> str | None:

@@ -27,6 +27,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sqlparse.sql import Token
+
 from pgoverlay.action.insight import ledgers, sqltext, verdict
 from pgoverlay.action.insight.model import (
     Bookkeeping,
@@ -95,10 +97,16 @@ class Logged:
 
 
 def classify(text: str) -> str:
-    """The bookkeeping a statement is (``BOOKKEEPING``), or "" for the user's change."""
-    tokens = sqltext.tokenise(text)
-    if not tokens:
-        return SESSION
+    """The bookkeeping a statement is (``BOOKKEEPING``), or "" for the user's change. A text of
+    several statements (a script a tool sends in one query) is bookkeeping only when each of
+    them is."""
+    roles = {_classify(tokens) for tokens in sqltext.statements(text)}
+    if "" in roles:
+        return ""
+    return next((role for role in (LEDGER, CATALOG) if role in roles), SESSION)
+
+
+def _classify(tokens: Sequence[Token]) -> str:
     first = tokens[0].normalized.upper()
     if first in _SESSION_COMMANDS:
         return SESSION
@@ -142,7 +150,8 @@ def sort_out(
         ledgers.TOOL_TABLES[r[1]]
         for x, role in zip(logged, roles, strict=True)
         if role == LEDGER
-        for r in sqltext.relations(sqltext.tokenise(x.text))
+        for tokens in sqltext.statements(x.text)
+        for r in sqltext.relations(tokens)
         if ledgers.is_tool_table(r[1])
     }
     book = Bookkeeping(
@@ -255,7 +264,7 @@ def _changes_rows(logged: Logged) -> bool:
     statement: a part is given the command's counts when it has such a statement)."""
     if classify(logged.text):
         return False
-    return sqltext.writes(sqltext.tokenise(logged.text))
+    return any(sqltext.writes(tokens) for tokens in sqltext.statements(logged.text))
 
 
 def _catalog(relation: sqltext.Relation) -> bool:
