@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlparse
 
 from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
@@ -516,6 +517,27 @@ def test_prisma_names_its_row_first_and_finishes_it_by_id() -> None:
         ['CREATE INDEX "accounts_note" ON "accounts"("note");'],
     ]
     assert insight.bookkeeping.statements == 5
+
+
+def test_a_data_migrations_long_insert_is_the_users_and_is_read_within_a_limit() -> None:
+    """sqlparse's grouping refuses a statement of more than 10,000 tokens: a seed INSERT of
+    many rows is still read (lexer only), and past ``READ_LIMIT`` not read at all."""
+    rows = ",".join(["(1,1)"] * 2500)
+    medium = f"INSERT INTO accounts (id, balance) VALUES {rows}"
+    huge = "INSERT INTO accounts (id, balance) VALUES " + ",".join([rows] * 10)
+    assert len(medium) < tools.READ_LIMIT < len(huge)
+    with pytest.raises(sqlparse.exceptions.SQLParseError, match="Maximum number of tokens"):
+        sqlparse.parse(medium)
+    log = [
+        *simple(T0 + 1.0, medium, ms=300.0),
+        *simple(T0 + 2.0, huge, ms=900.0),
+        *simple(T0 + 2.1, "INSERT INTO alembic_version (version_num) VALUES ('0004_seed')"),
+    ]
+    insight = command(log)
+    (part,) = insight.parts
+    assert (part.name, part.statements) == ("0004_seed", [0, 1])
+    assert part.volume.rows_updated == 1000  # the command's rows: this part writes rows
+    assert [s.bookkeeping for s in insight.statements] == ["", "", tools.LEDGER]
 
 
 def test_without_a_ledger_row_the_command_has_no_parts_and_still_folds_bookkeeping() -> None:

@@ -45,6 +45,9 @@ LEDGER = "ledger"
 BOOKKEEPING = (SESSION, CATALOG, LEDGER)  # ``StatementInsight.bookkeeping``; "" is the user's
 
 
+# No tool's own statement is this long; a longer one (a data migration's INSERT) is the user's
+# without being read: sqlparse's lexer reads about 150 kB a second.
+READ_LIMIT = 20_000
 CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema"})
 SESSION_FUNCTIONS = frozenset(
     {
@@ -99,7 +102,9 @@ class Logged:
 def classify(text: str) -> str:
     """The bookkeeping a statement is (``BOOKKEEPING``), or "" for the user's change. A text of
     several statements (a script a tool sends in one query) is bookkeeping only when each of
-    them is."""
+    them is; one longer than ``READ_LIMIT`` is the user's, unread."""
+    if len(text) > READ_LIMIT:
+        return ""
     roles = {_classify(tokens) for tokens in sqltext.statements(text)}
     if "" in roles:
         return ""
@@ -264,7 +269,7 @@ def _changes_rows(logged: Logged) -> bool:
     statement: a part is given the command's counts when it has such a statement)."""
     if classify(logged.text):
         return False
-    return any(sqltext.writes(tokens) for tokens in sqltext.statements(logged.text))
+    return any(sqltext.writes(t) for t in sqltext.statements(logged.text[:READ_LIMIT]))
 
 
 def _catalog(relation: sqltext.Relation) -> bool:
