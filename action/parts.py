@@ -12,8 +12,9 @@ from pgoverlay.action.details import lock_cell, rewrites_cell, verdict_cell
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, ToolMigration
 from pgoverlay.action.report import MigrationRun
 
-__all__ = ["UNNAMED", "rows"]
+__all__ = ["MAX_ROWS", "UNNAMED", "rows"]
 
+MAX_ROWS = 40  # tool migrations listed under a command; the JSON report has them all
 UNNAMED = "not in the ledger"  # statements no ledger row named (a migration that failed)
 
 
@@ -24,7 +25,10 @@ def rows(m: MigrationRun) -> list[str]:
     if i is None or not i.parts:
         return []
     shown = [p for p in i.parts if p.statements]
-    lines = [_row(p) for p in shown]
+    lines = [_row(p) for p in shown[:MAX_ROWS]]
+    if len(shown) > MAX_ROWS:
+        more = _count(len(shown) - MAX_ROWS, "more tool migration")
+        lines.append(f"| ↳ … {more} (in the JSON report, output `report-path`) | | | | | | |")
     book = _bookkeeping_cell(i, len(i.parts) - len(shown))
     if book:
         seconds = f"{i.bookkeeping.seconds:.2f} s"

@@ -602,6 +602,10 @@ def test_the_comment_has_one_row_per_tool_migration_and_one_bookkeeping_line() -
     )
     (_, _, last) = parts.rows(dataclasses.replace(run, insight=quiet))
     assert "1 tool migration with no statement of its own" in last
+    many = dataclasses.replace(insight, parts=[insight.parts[0]] * (parts.MAX_ROWS + 3))
+    listed = parts.rows(dataclasses.replace(run, insight=many))
+    assert len(listed) == parts.MAX_ROWS + 2
+    assert listed[-2].startswith("| ↳ … 3 more tool migrations (in the JSON report")
 
 
 # -- the real tools, through the Action's workflow ---------------------------------------------
