@@ -701,14 +701,25 @@ def test_alembic_revisions_are_named_and_judged_one_by_one_in_the_comment(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("binding", ["client", "server"])
 def test_django_migrations_are_named_and_its_bookkeeping_is_one_line_in_the_comment(
-    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+    pool: Pool,
+    base: BaseVersion,
+    tmp_path: Path,
+    github: tuple[FakeGitHub, GitHub],
+    binding: str,
 ) -> None:
+    """psycopg's client-side binding logs the ledger's values as literals; server-side binding
+    as the extended protocol's parameters, on the DETAIL line after the statement."""
     fake, client = github
     shutil.copytree(FIXTURES / "django", tmp_path / "app")
+    server = "1" if binding == "server" else "0"
     try:
         outcome = through_the_action(
-            pool, tmp_path, f"cd app && {sys.executable} manage.py migrate --no-input", client
+            pool,
+            tmp_path,
+            f"cd app && SERVER_SIDE_BINDING={server} {sys.executable} manage.py migrate --no-input",
+            client,
         )
         report = outcome.report
         assert report is not None and report.status == "ready", report
@@ -725,5 +736,7 @@ def test_django_migrations_are_named_and_its_bookkeeping_is_one_line_in_the_comm
         assert not [t for t in users if "django_migrations" in t or "django_content_type" in t]
         assert insight.bookkeeping.statements > len(users) // 2
         assert "django_migrations" not in body
+        placeholders = [s.text for s in insight.statements if "$1" in s.text]
+        assert bool(placeholders) == (binding == "server"), placeholders[:3]
     finally:
         branch.destroy(pool, "shop-pr-5")
