@@ -299,6 +299,13 @@ def test_each_tools_ledger_row_names_its_migration(
     assert (found.ledger.tool, found.name) == (tool, name)
 
 
+def test_the_tools_tables_say_whose_they_are() -> None:
+    assert ledgers.TOOL_TABLES["schema_migrations"] == "Rails, dbmate, Ecto or golang-migrate"
+    assert ledgers.TOOL_TABLES["django_content_type"] == "Django"
+    assert {ledger.table for ledger in ledgers.LEDGERS} <= set(ledgers.TOOL_TABLES)
+    assert ledgers.is_tool_table("SequelizeMeta") and not ledgers.is_tool_table("sequelizemeta")
+
+
 def test_a_ledger_write_that_names_no_migration_and_other_writes() -> None:
     prisma_done = (
         'UPDATE "_prisma_migrations" SET "finished_at" = now(), "applied_steps_count" = '

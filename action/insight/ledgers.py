@@ -50,11 +50,10 @@ LEDGERS = (
     Ledger("sqlx", "_sqlx_migrations", ("version", "description"), joiner=" "),
     Ledger("goose", "goose_db_version", ("version_id",)),
 )
-
-
 # Every table a tool keeps for itself -> the tool: its ledger, and what it maintains beside it.
 TOOL_TABLES: dict[str, str] = {
-    **{ledger.table: ledger.tool for ledger in reversed(LEDGERS)},
+    **{ledger.table: ledger.tool for ledger in LEDGERS},
+    "schema_migrations": "Rails, dbmate, Ecto or golang-migrate",  # one name, four tools
     "django_content_type": "Django",
     "auth_permission": "Django",
     "ar_internal_metadata": "Rails",
