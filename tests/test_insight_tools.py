@@ -630,21 +630,25 @@ def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
 
 
 def through_the_action(
-    pool: Pool, project: Path, command_line: str, client: GitHub
+    pool: Pool, project: Path, command_line: str, client: GitHub, *, head: str = "a" * 40
 ) -> workflow.Outcome:
+    """The pull request opened (or, on another head, pushed to) with the migrate command."""
+    pushed = head != "a" * 40
     ev = event.Event(
-        kind="open", repository="acme/shop", pr=5, head_sha="a" * 40, base_sha="b" * 40,
-        merged=None, from_fork=False, draft=False, ref_name="feature", action="opened",
+        kind="sync" if pushed else "open", repository="acme/shop", pr=5, head_sha=head,
+        base_sha="b" * 40, merged=None, from_fork=False, draft=False, ref_name="feature",
+        action="synchronize" if pushed else "opened",
     )  # fmt: skip
-    inputs = Inputs(migrate_command=command_line, base=SESSION_BASE)
+    inputs = Inputs(migrate_command=command_line, base=SESSION_BASE, reset_on_push=False)
     return workflow.handle(
         LocalEngine(pool), ev, inputs, settings=pool.settings, repo_dir=project, github=client
     )
 
 
 def posted(fake: FakeGitHub) -> str:
-    (post,) = [r for r in fake.requests if r["method"] == "POST"]
-    return str(post["json"]["body"])
+    """The comment's body as last written."""
+    writes = [r for r in fake.requests if r["method"] in ("POST", "PATCH")]
+    return str(writes[-1]["json"]["body"])
 
 
 def check_three_migrations(
@@ -703,6 +707,38 @@ def test_alembic_revisions_are_named_and_judged_one_by_one_in_the_comment(
         assert [p.name for p in run.insight.parts] == names
         doc = json.loads(jsonreport.dumps(report))
         assert [p["name"] for p in doc["migrations"][0]["insight"]["parts"]] == names
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
+@pytest.mark.slow
+def test_a_ledger_that_existed_before_the_command_is_still_bookkeeping(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    """As in production, the branch's ledger holds the revisions already applied: the next
+    push's `UPDATE alembic_version` changes a row of a table that existed, and is not the
+    migration's row or lock."""
+    fake, client = github
+    later = ("0002_note_index.py", "0003_fill_note.py")
+    shutil.copytree(FIXTURES / "alembic", tmp_path / "db", ignore=shutil.ignore_patterns(*later))
+    command_line = f"cd db && {sys.executable} -m alembic -c alembic.ini upgrade head"
+    try:
+        first = through_the_action(pool, tmp_path, command_line, client)
+        assert first.report is not None and first.report.status == "ready", first.report
+        for name in later:
+            shutil.copy(FIXTURES / "alembic" / "versions" / name, tmp_path / "db" / "versions")
+        second = through_the_action(pool, tmp_path, command_line, client, head="c" * 40)
+        report = second.report
+        assert report is not None and report.status == "ready", report
+        (run,) = report.migrations
+        insight = run.insight
+        assert insight is not None
+        assert [p.name for p in insight.parts] == ["0002_note_index", "0003_fill_note"]
+        assert insight.volume.rows_updated == 1000 and insight.volume.rows_inserted == 0
+        assert not [u for u in insight.locks if u.relation.endswith("alembic_version")]
+        ledger = [s.text for s in insight.statements if s.bookkeeping == tools.LEDGER]
+        assert any(t.startswith("UPDATE alembic_version") for t in ledger), ledger
+        assert "| ↳ `0003_fill_note` |" in posted(fake)
     finally:
         branch.destroy(pool, "shop-pr-5")
 
