@@ -285,6 +285,39 @@ LEDGER_ROWS: list[tuple[str, list[LogEntry], str]] = [
                  ["20261202100000", "t"]),
         "20261202100000",
     ),
+    (
+        "Entity Framework",
+        simple(T0, 'INSERT INTO "__EFMigrationsHistory" ("MigrationId", "ProductVersion")\n'
+               "VALUES ('20261202100000_AddNote', '8.0.11');"),
+        "20261202100000_AddNote",
+    ),
+    (
+        "node-pg-migrate",
+        simple(T0, 'INSERT INTO "public"."pgmigrations" (name, run_on) VALUES '
+               "('1733133600000_add-note', NOW());"),
+        "1733133600000_add-note",
+    ),
+    (
+        "Doctrine",
+        extended(T0, "INSERT INTO doctrine_migration_versions (version, executed_at, "
+                 "execution_time) VALUES ($1, $2, $3)",
+                 ["DoctrineMigrations\\Version20261202100000", "2026-12-02 10:00:00", "12"]),
+        "DoctrineMigrations\\Version20261202100000",
+    ),
+    (
+        "Phinx",
+        extended(T0, 'INSERT INTO "phinxlog" ("version", "migration_name", "start_time", '
+                 '"end_time", "breakpoint") VALUES ($1, $2, $3, $4, $5);',
+                 ["20261202100000", "AddNote", "2026-12-02 10:00:00", "2026-12-02 10:00:01",
+                  "f"]),
+        "20261202100000 AddNote",
+    ),
+    (
+        "MikroORM",
+        extended(T0, 'insert into "mikro_orm_migrations" ("name") values ($1)',
+                 ["Migration20261202100000"]),
+        "Migration20261202100000",
+    ),
 ]  # fmt: skip
 
 

@@ -49,7 +49,14 @@ LEDGERS = (
     Ledger("Diesel", "__diesel_schema_migrations", ("version",)),
     Ledger("sqlx", "_sqlx_migrations", ("version", "description"), joiner=" "),
     Ledger("goose", "goose_db_version", ("version_id",)),
+    Ledger("Entity Framework", "__EFMigrationsHistory", ("MigrationId",)),
+    Ledger("node-pg-migrate", "pgmigrations", ("name",)),
+    Ledger("Doctrine", "doctrine_migration_versions", ("version",)),
+    Ledger("Phinx", "phinxlog", ("version", "migration_name"), joiner=" "),
+    Ledger("MikroORM", "mikro_orm_migrations", ("name",)),
 )
+# Left out: tables named too plainly to be told from the user's own ("migrations" of TypeORM
+# and Laravel, the "changes" and "events" of Sqitch's registry schema).
 # Every table a tool keeps for itself -> the tool: its ledger, and what it maintains beside it.
 TOOL_TABLES: dict[str, str] = {
     **{ledger.table: ledger.tool for ledger in LEDGERS},
