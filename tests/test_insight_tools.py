@@ -19,7 +19,7 @@ import sqlparse
 
 from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
-from pgoverlay.action import comment, event, parts, workflow
+from pgoverlay.action import comment, event, parts, record, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import analyze, jsonreport, ledgers, logparse, tools
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, Thresholds
@@ -646,6 +646,18 @@ def test_the_comment_has_one_row_per_tool_migration_and_one_bookkeeping_line() -
     listed = parts.rows(dataclasses.replace(run, insight=many))
     assert len(listed) == parts.MAX_ROWS + 2
     assert listed[-2].startswith("| ↳ … 3 more tool migrations (in the JSON report")
+
+
+def test_a_re_run_reads_the_tool_migrations_back_from_the_pr_record() -> None:
+    """A re-run of a head already done reports the runs it recorded: parts and bookkeeping
+    come back as they were written."""
+    run = MigrationRun("python manage.py migrate", "applied", 5.0, insight=command(django_log()))
+    report = Report(
+        repository="acme/shop", pr=5, branch_name="shop-pr-5", head_sha="a" * 40,
+        status="ready", branch=None, migrations=[run],
+    )  # fmt: skip
+    kept = record.PrRecord("a" * 40, "ready", report)
+    assert record.loads(record.dumps(kept)) == kept
 
 
 # -- the real tools, through the Action's workflow ---------------------------------------------
