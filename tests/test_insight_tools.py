@@ -19,7 +19,7 @@ import sqlparse
 
 from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
-from pgoverlay.action import comment, event, parts, record, workflow
+from pgoverlay.action import comment, details, event, parts, record, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import analyze, jsonreport, ledgers, logparse, tools
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, Thresholds
@@ -705,15 +705,11 @@ def check_three_migrations(
     assert [p.name for p in shop] == names, [p.name for p in insight.parts]
     add, index, fill = shop
     text = {i: insight.statements[i].text for p in shop for i in p.statements}
-    assert [text[i] for i in add.statements] and all(
+    assert add.statements and all(
         "ALTER TABLE" in text[i] and "accounts" in text[i] for i in add.statements
     )
-    assert (
-        [text[i] for i in index.statements]
-        == [t for t in (text[i] for i in index.statements) if "CREATE INDEX" in t]
-        != []
-    )
-    assert all("UPDATE" in text[i] for i in fill.statements) and fill.statements
+    assert index.statements and all("CREATE INDEX" in text[i] for i in index.statements)
+    assert fill.statements and all("UPDATE" in text[i] for i in fill.statements)
     assert "ACCESS EXCLUSIVE" in {u.mode for u in add.locks if u.relation == "public.accounts"}
     assert "SHARE" in {u.mode for u in index.locks if u.relation == "public.accounts"}
     assert (add.volume.rows_updated, fill.volume.rows_updated) == (0, 1000)
@@ -725,9 +721,14 @@ def check_three_migrations(
         assert all(u.relation.split(".")[-1] not in ledger_tables for u in p.locks)
         assert p.tool == tool
     assert all(u.relation.split(".")[-1] not in ledger_tables for u in insight.locks)
+    # the comment: one row per migration, with its own worst lock and verdict
+    rows = {line.split(" | ")[0]: line for line in body.splitlines() if line.startswith("| ↳")}
     for p in shop:
-        assert f"| ↳ `{p.name}` |" in body
-    assert "| ↳ bookkeeping |" in body
+        row = rows[f"| ↳ `{p.name}`"]
+        assert row.endswith(f" | {details.verdict_cell(p.verdict)} |")
+    assert "ACCESS EXCLUSIVE on `public.accounts`" in rows[f"| ↳ `{add.name}`"]
+    assert "SHARE on `public.accounts`" in rows[f"| ↳ `{index.name}`"]
+    assert "| ↳ bookkeeping" in rows
 
 
 @pytest.mark.slow
