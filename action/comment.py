@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action import parts
 from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
 from pgoverlay.action.lead import lead
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
@@ -319,7 +320,10 @@ def _header(columns: tuple[Column, ...]) -> list[str]:
 
 
 def _row(columns: tuple[Column, ...], m: MigrationRun) -> str:
-    return f"| {' | '.join(c.cell(m) for c in columns)} |"
+    row = f"| {' | '.join(c.cell(m) for c in columns)} |"
+    if columns is not RICH:
+        return row
+    return "\n".join([row, *parts.rows(m)])  # a migrate command's tool migrations under it
 
 
 def _error(m: MigrationRun, cap: int | None, see: str) -> str:

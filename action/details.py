@@ -77,7 +77,8 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     opened = " open" if i.verdict.level == "over" else ""
     parts = [f"<details{opened}><summary><code>{name}</code>: {verdict}</summary>"]
     parts.append(_outcome(m, i))
-    parts.append(_statements(i.statements, cap, full=full, see=see))
+    own = [s for s in i.statements if not s.bookkeeping]
+    parts.append(_statements(own, cap, full=full, see=see) + _bookkeeping(i))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
     if full:
@@ -197,6 +198,20 @@ def _statements(
         head = f"- {md.code(s.text, limit=width)} ({', '.join(where)})"
         items.append("\n".join([head, *(f"  - {d}" for d in did)]))
     return "Statements:\n\n" + "\n".join(items) + _more(len(statements), cap, "statement", see)
+
+
+def _bookkeeping(i: MigrationInsight) -> str:
+    """The line that stands for the migrate command's bookkeeping left out of the table."""
+    b = i.bookkeeping
+    if not b.statements:
+        return ""
+    whose = f" ({md.prose(', '.join(b.tools), md.CELL, cell=False)})" if b.tools else ""
+    count = f"{b.statements:,} statement{'' if b.statements == 1 else 's'}"
+    return (
+        f"\n\nBookkeeping{whose}: {count}, "
+        f"{_duration(b.seconds)}, not listed (session set-up, catalog lookups, the tool's own "
+        "tables; their locks on those tables are not the migration's)."
+    )
 
 
 def _findings(findings: Sequence[Finding], cap: int | None, *, full: bool, see: str) -> str:

@@ -1,9 +1,9 @@
 """One migration's trace -> ``MigrationInsight``: pure code on the marks taken before and
 after it.
 
-What production would feel is what is reported, so relations of the ledger schema and
-relations the migration itself created (nobody else can be using them) take no part in locks,
-rewrites or scans.
+What production would feel is what is reported, so relations of the ledger schema (and, in
+command mode, a migration tool's own tables: ``ledgers``) and relations the migration itself
+created (nobody else can be using them) take no part in locks, rewrites or scans.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import dataclasses
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlparse
 
 from pgoverlay.action import migrations
+from pgoverlay.action.insight import ledgers, locks, logparse, tools, verdict
 from pgoverlay.action.insight import lint as lint_mod
-from pgoverlay.action.insight import locks, logparse, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -110,9 +110,10 @@ class _Mapping:
 class _Analysis:
     """The state of one analysis: relation lookups and what was attributed to whom."""
 
-    def __init__(self, before: Relations, after: Relations) -> None:
+    def __init__(self, before: Relations, after: Relations, *, command: bool = False) -> None:
         self.before = before
         self.after = after
+        self.command = command  # a migrate command's: the tool's own tables are its bookkeeping
         self.holds: dict[tuple[int | None, int, str], _Hold] = defaultdict(_Hold)
         self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
         # Each table's whole size before the migration: itself, its TOAST and their indexes.
@@ -126,7 +127,13 @@ class _Analysis:
     def counts(self, oid: int) -> bool:
         """Whether a relation is one production has: it existed before, outside the ledger."""
         rel = self.before.get(oid)
-        return rel is not None and rel.schema_name != LEDGER_SCHEMA
+        return rel is not None and not self.ledger(rel)
+
+    def ledger(self, rel: RelationState) -> bool:
+        """Whether a relation is bookkeeping: pgoverlay's ledger, or a migration tool's."""
+        return rel.schema_name == LEDGER_SCHEMA or (
+            self.command and ledgers.is_tool_table(rel.name)
+        )
 
     def name(self, oid: int) -> str:
         rel = self.state(oid)
@@ -177,7 +184,7 @@ def analyze(
     mode); None in command mode, where the logged statements become the statements."""
     parsed = logparse.parse(after.log, ignore_pids=ignore_pids)
     mapped = _map(parsed.statements, statements)
-    work = _Analysis(relations_before, relations_after)
+    work = _Analysis(relations_before, relations_after, command=statements is None)
     _from_events(work, parsed.statements, mapped.index_of)
     sampled = _from_samples(work, before, after, parsed.statements, mapped.index_of, ignore_pids)
     _from_waits(work, parsed.statements, mapped.index_of)
@@ -201,7 +208,7 @@ def analyze(
         locks=migration_locks,
         rewrites=_first_per_relation(rewrites),
         scans=_migration_scans(work, migration_locks),
-        volume=_volume(before, after, relations_before, relations_after),
+        volume=_volume(before, after, relations_before, relations_after, skip=work.ledger),
         statements=per_statement,
         findings=lint_mod.check(lint, file_statements=statements, measured=per_statement),
         verdict=Verdict("safe", ""),
@@ -209,7 +216,12 @@ def analyze(
         notes=_notes(before, after, parsed, mapped, sampled),
         row_writes=_row_writes(work),
     )
-    return dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
+    insight = dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
+    if statements is not None:
+        return insight
+    whole = {i: parsed.statements[p] for p, i in mapped.index_of.items()}
+    logged = [tools.Logged(whole[i].text, whole[i].parameters) for i in range(mapped.count)]
+    return tools.sort_out(insight, logged, thresholds=thresholds, merge=_longest)
 
 
 # -- which statement is which ---------------------------------------------------------------
@@ -448,7 +460,7 @@ def _rewrites(
         oid: (old, new)
         for oid, new in work.after.items()
         if (old := work.before.get(oid)) is not None
-        and old.schema_name != LEDGER_SCHEMA
+        and not work.ledger(old)
         and old.filenode
         and new.filenode
         and old.filenode != new.filenode
@@ -644,11 +656,18 @@ def _row_writes(work: _Analysis) -> list[RowWrites]:
     return sorted(found, key=lambda w: (-(w.rows_updated + w.rows_deleted), w.relation))
 
 
-def _volume(before: TraceMark, after: TraceMark, old: Relations, new: Relations) -> Volume:
-    """Rows written to tables (not the ledger's), WAL written, and the layer's growth."""
+def _volume(
+    before: TraceMark,
+    after: TraceMark,
+    old: Relations,
+    new: Relations,
+    *,
+    skip: Callable[[RelationState], bool],
+) -> Volume:
+    """Rows written to tables (not to ``skip``'s ledgers), WAL written, and the layer's growth."""
     ins = upd = dele = 0
     for oid, rel in new.items():
-        if rel.kind != "r" or rel.schema_name == LEDGER_SCHEMA:
+        if rel.kind != "r" or skip(rel):
             continue
         prior = old.get(oid)
         ins += max(0, rel.n_tup_ins - (prior.n_tup_ins if prior else 0))

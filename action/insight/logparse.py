@@ -31,6 +31,7 @@ _WAIT = re.compile(
 _BEGIN = re.compile(r"^(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
 _END = re.compile(r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+PREPARED)", re.IGNORECASE)
 _LEADING_COMMENTS = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*", re.DOTALL)
+_PARAMETERS = "parameters: "  # a DETAIL line's start, for the extended protocol's values
 # Continuation entries of an error or notice: never a statement of their own.
 _CONTINUATION = {"DETAIL", "CONTEXT", "STATEMENT", "HINT", "QUERY", "LOCATION"}
 
@@ -90,6 +91,9 @@ class Statement:
     ddl: list[DdlEvent] = field(default_factory=list)
     rewrites: list[RewriteEvent] = field(default_factory=list)
     waits: list[LockWait] = field(default_factory=list)
+    # The extended protocol's values, as the DETAIL line after the statement gives them
+    # ("$1 = 'shop', $2 = NULL"); "" for the simple protocol.
+    parameters: str = ""
 
     @property
     def control(self) -> bool:
@@ -122,8 +126,16 @@ def parse(entries: Iterable[LogEntry], *, ignore_pids: Iterable[int] = ()) -> Pa
     pending: dict[int, _Pending] = {}
     statements: list[Statement] = []
     malformed = 0
+    just_done: dict[int, int] = {}  # pid -> its statement whose DETAIL may follow
     for entry in entries:
-        if entry.pid in ignored or entry.level.upper() in _CONTINUATION:
+        if entry.pid in ignored:
+            continue
+        done = just_done.pop(entry.pid, None)
+        if entry.level.upper() in _CONTINUATION:
+            if done is not None and entry.level.upper() == "DETAIL":
+                values = entry.message.removeprefix(_PARAMETERS)
+                if values != entry.message:
+                    statements[done] = replace(statements[done], parameters=values)
             continue
         state = pending.setdefault(entry.pid, _Pending())
         message = entry.message
@@ -162,6 +174,7 @@ def parse(entries: Iterable[LogEntry], *, ignore_pids: Iterable[int] = ()) -> Pa
             )
         )
         pending[entry.pid] = _Pending()
+        just_done[entry.pid] = len(statements) - 1
     orphans = sum(len(p.ddl) + len(p.rewrites) for p in pending.values())
     return ParsedLog(_blocks(statements), malformed=malformed, orphans=orphans)
 

@@ -96,6 +96,9 @@ class StatementInsight:
     scans: list[Scan] = field(default_factory=list)
     # The lock_timeout in force when the statement ran, seconds: 0 for none, None if unknown.
     lock_timeout: float | None = None
+    # Command mode: "" for the user's change, else which of the tool's bookkeeping it is
+    # ("session set-up", "catalog lookup", "ledger"; ``tools.BOOKKEEPING``).
+    bookkeeping: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,31 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Bookkeeping:
+    """Command mode: the statements the migration tool sent for itself, folded into one line."""
+
+    statements: int = 0
+    seconds: float = 0.0  # their total time, from the server log
+    tools: list[str] = field(default_factory=list)  # whose ledger tables they used
+
+
+@dataclass(frozen=True)
+class ToolMigration:
+    """Command mode: one migration of the tool, named from the ledger row it wrote, with its
+    own statements (the user's, never the bookkeeping), locks, rewrites, scans and verdict."""
+
+    name: str  # "shop.0003_order_amount", an Alembic revision; "" for statements no row named
+    tool: str  # "Django", "Alembic", ...
+    statements: list[int]  # indexes in ``MigrationInsight.statements``
+    seconds: float  # its statements' time, from the server log
+    locks: list[LockUse]
+    rewrites: list[Rewrite]
+    scans: list[Scan]
+    volume: Volume  # rows: see ``tools.split`` (the trace counts rows per command)
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
 class MigrationInsight:
     seconds: float  # the migration's duration on the branch
     locks: list[LockUse]  # per relation and mode, the longest hold
@@ -129,6 +157,10 @@ class MigrationInsight:
     interval: float  # the lock sampler's resolution, seconds
     notes: list[str] = field(default_factory=list)  # what was not measured, and why
     row_writes: list[RowWrites] = field(default_factory=list)  # per existing table
+    # Command mode: the tool's own statements, and its migrations one by one (empty when no
+    # ledger row named one).
+    bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
+    parts: list[ToolMigration] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
