@@ -25,6 +25,7 @@ from pgoverlay.action.details import (
     verdict_cell,
     volume_cell,
 )
+from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
 
@@ -113,6 +114,7 @@ def _render(
     # What a block cuts is in the summary; what the summary's blocks cut, in the JSON report.
     more = "the JSON report, output `report-path`" if full else see
     blocks = {i: details(runs[i], full=full, see=more) for i in traced}
+    schema = schemadiff.markdown(report.schema_diff, full=full, see=more)
     failed = [m for m in runs if m.status == "failed" and m.error.strip()]
     errors, hidden_errors = failed[:MAX_ERRORS], len(failed) - MAX_ERRORS
 
@@ -126,6 +128,8 @@ def _render(
             parts.append(table)
         elif report.status == "ready":
             parts.append("No migrations in this pull request.")
+        if schema:
+            parts.append(schema)
         parts += [shown[i] for i in sorted(shown)]
         if len(shown) < len(traced):
             hidden = len(traced) - len(shown)

@@ -22,7 +22,7 @@ from pgoverlay.action.report import Report
 
 __all__ = ["DETAILS", "SCHEMA_VERSION", "Detail", "document", "dumps", "fit", "trim"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Detail = Literal["full", "no statements", "no findings", "no insight"]
 DETAILS: tuple[Detail, ...] = ("full", "no statements", "no findings", "no insight")
 
@@ -86,7 +86,17 @@ def trim(report: Report, detail: Detail, *, limit: int = 0) -> Report:
         if insight is not None:
             insight = None if detail == "no insight" else _trim_insight(insight, detail, limit)
         runs.append(dataclasses.replace(m, insight=insight))
-    return dataclasses.replace(report, migrations=runs)
+    schema = report.schema_diff
+    if schema is not None and detail == "no insight" and schema.changes:
+        # the counts stay: the comment's headline; the listed changes go
+        note = f"the listed schema changes were left out to keep the report within {limit:,} bytes"
+        schema = dataclasses.replace(
+            schema,
+            changes=[],
+            left_out=schema.left_out + len(schema.changes),
+            notes=[*schema.notes, note],
+        )
+    return dataclasses.replace(report, migrations=runs, schema_diff=schema)
 
 
 def _trim_insight(insight: MigrationInsight, detail: Detail, limit: int) -> MigrationInsight:

@@ -403,9 +403,40 @@ def _bring_up(
     fault(pool, f"{saga}:started")
     if saga == "warm":
         _lock_login(pool, base, branch)  # its password comes with its claim
-        return
-    _give_login(pool, base, branch, secret)
-    _check_ready(pool, branch)
+    else:
+        _give_login(pool, base, branch, secret)
+        _check_ready(pool, branch)
+    _record_schema(pool, base, branch)
+
+
+def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    """Keep the base version's schema, read in this branch while it is fresh (its password
+    has not left the engine yet: no PR code has run in it), for the diffs of every branch of
+    that version (``trace.schema``); once per version. A failure only costs those diffs."""
+    import psycopg
+
+    from pgoverlay.runner.trace import schema
+
+    try:
+        if schema.record_base(
+            pool.schema_file(base.name, base.version),
+            lambda: _engine_connection(pool, branch, base),
+        ):
+            log.info(
+                "base %s v%s: its schema was read in branch %s",
+                base.name,
+                base.version,
+                branch.name,
+            )
+    except (psycopg.Error, OSError, PgoverlayError) as err:
+        log.warning(
+            "base %s v%s: its schema could not be read in branch %s (%s); a later branch "
+            "tries again",
+            base.name,
+            base.version,
+            branch.name,
+            err,
+        )
 
 
 def create(
