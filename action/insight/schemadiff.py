@@ -125,7 +125,12 @@ def _added(c: SchemaChange) -> str:
     values = {a.name: a.after for a in c.attributes}
     if c.kind == "column":
         words = [values.get("type", "")]
-        words += [values[k] for k in ("nullability", "identity", "collation") if values.get(k)]
+        if values.get("nullability") == "not null":
+            words.append("not null")
+        if values.get("identity"):
+            words.append(f"identity {values['identity']}")
+        if values.get("collation"):
+            words.append(f"collate {values['collation']}")
         if values.get("default"):
             words.append(f"default {values['default']}")
         if values.get("generated"):
@@ -139,10 +144,7 @@ def _added(c: SchemaChange) -> str:
         extra = [w for w in extra if w != "valid"]
         return md.code(shown, limit=_LINE) + (f" ({', '.join(extra)})" if extra else "")
     if c.kind in ("constraint", "trigger", "view", "materialized view"):
-        text = values.get("definition", "")
-        if values.get("validation") == "not valid":
-            text += " (not valid)"
-        return md.code(text, limit=_LINE)
+        return md.code(values.get("definition", ""), limit=_LINE)
     if c.kind == "table":
         kind = values.get("kind", "table")
         columns = values.get("columns", "")
@@ -152,8 +154,9 @@ def _added(c: SchemaChange) -> str:
             prefix = f"{values['persistence']} {prefix}".strip()
         return " ".join(w for w in (prefix, shown) if w)
     if c.kind == "function":
-        return md.code(f"{values.get('kind', '')} returning {values.get('returns', '')}".strip())
-    shown = "; ".join(f"{a.name} {a.after}" for a in c.attributes if a.after)
+        returns = values.get("returns", "")
+        return md.code(f"{values.get('kind', '')}{f' returning {returns}' if returns else ''}")
+    shown = "; ".join(f"{a.name} {a.after}" for a in c.attributes if a.after and a.name != "grants")
     return md.code(shown, limit=_LINE) if shown else ""
 
 

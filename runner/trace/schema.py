@@ -52,8 +52,10 @@ MAX_CHANGES = 500  # listed in a diff; past it, changes are counted only
 MAX_VALUE = 400  # characters of an attribute's value kept in a diff
 MAX_FILE = 512 * 1024 * 1024  # bytes of a stored base snapshot read back
 
-# Which objects a table's own (folded into it when the table is added or dropped).
+# Which objects a table's own (folded into it when the table is added or dropped), and which
+# kinds of relation own them.
 TABLE_PARTS = ("column", "index", "constraint", "trigger", "grant")
+RELATIONS = ("table", "view", "materialized view", "sequence")
 
 # A namespace of the branch's own: %(excluded)s is OWN_SCHEMAS plus the catalogs'.
 _NAMESPACES = """
@@ -202,6 +204,9 @@ SELECT {_QNAME},
         CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::pg_catalog."char", c.relowner))) a
  WHERE c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S') AND c.oid >= 16384::pg_catalog.oid
    AND n.oid IN (SELECT n.oid {_NAMESPACES})
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                    WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                      AND d.objid = c.oid AND d.deptype = 'i')
    {_own("pg_class", "c.oid")}
  GROUP BY 1, 2 ORDER BY 1, 2 LIMIT %(limit)s
 """
@@ -472,7 +477,9 @@ def diff(base: Snapshot, branch: Snapshot, *, limit: int = MAX_CHANGES) -> Schem
     ``columns`` (and so on) attribute, not one by one."""
     changes: list[SchemaChange] = []
     counts: dict[tuple[str, SchemaChangeKind], int] = {}
-    whole = set(base.objects.get("table", {})) ^ set(branch.objects.get("table", {}))
+    whole = set().union(
+        *(set(base.objects.get(k, {})) ^ set(branch.objects.get(k, {})) for k in RELATIONS)
+    )
     for kind in KINDS:
         old, new = base.objects.get(kind, {}), branch.objects.get(kind, {})
         for name in sorted(set(old) | set(new)):
@@ -490,7 +497,7 @@ def diff(base: Snapshot, branch: Snapshot, *, limit: int = MAX_CHANGES) -> Schem
             else:
                 continue
             attributes = _attributes(before, after)
-            if kind == "table" and change != "changed":
+            if kind in RELATIONS and change != "changed":
                 attributes += _folded(base if change == "dropped" else branch, name, change)
             changes.append(
                 SchemaChange(
@@ -522,12 +529,15 @@ def _folded(snapshot: Snapshot, table: str, change: SchemaChangeKind) -> list[Sc
         value = _cut(text)
         found.append(
             SchemaAttribute(
-                name=f"{kind}s",
+                name=_PLURAL.get(kind, f"{kind}s"),
                 before=value if change == "dropped" else "",
                 after=value if change == "added" else "",
             )
         )
     return found
+
+
+_PLURAL = {"index": "indexes"}
 
 
 def _part(kind: str, table: str, name: str, attributes: dict[str, str]) -> str:
