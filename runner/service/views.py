@@ -186,7 +186,7 @@ class SchemaChange(Shape):
 
     kind: str  # "table", "column", "index", "constraint", "trigger", "view", ...
     name: str  # quoted where Postgres would quote it: public.orders.amount
-    change: SchemaChangeKind
+    change: Literal["added", "dropped", "changed"]  # SchemaChangeKind (decode reads it spelt out)
     table: str = ""  # the table a column, index, constraint, trigger or grant belongs to
     # added/dropped: the object's attributes on its side; changed: those that differ
     attributes: list[SchemaAttribute] = field(default_factory=list)
@@ -194,7 +194,7 @@ class SchemaChange(Shape):
 
 class SchemaCount(Shape):
     kind: str
-    change: SchemaChangeKind
+    change: Literal["added", "dropped", "changed"]
     count: int
 
 
