@@ -530,3 +530,30 @@ def test_a_long_diff_is_cut_in_the_comment_with_a_pointer_and_whole_in_the_summa
     summary = comment.render_summary(_report(diff))
     assert summary.count("- ~ column `public.orders.c") == schemadiff.FEW + 20
     assert "… 5 more changes in the JSON report, output `report-path`" in summary
+
+
+def test_a_schema_of_more_views_than_the_lock_table_holds_is_read_and_its_diff_capped(
+    pool: Pool, kinds: BaseVersion
+) -> None:
+    """pg_get_viewdef locks each view until its transaction ends: 10,000 views read in one
+    would not fit a branch's lock table (max_locks_per_transaction times its connections)."""
+    engine = LocalEngine(pool)
+    engine.create(CreateRequest(name="schemadiff-views", base=kinds.name))
+    try:
+        b = pool.registry.branch("schemadiff-views")
+        assert b is not None
+        with as_branch_role(pool, b) as conn:
+            conn.execute(
+                "DO $$ BEGIN FOR i IN 1..10000 LOOP "
+                "EXECUTE pg_catalog.format('CREATE VIEW many_%s AS SELECT %s AS n', i, i); "
+                "COMMIT; END LOOP; END $$"
+            )
+        engine.trace_begin(b.name, TraceRequest())
+        diff = engine.trace_end(b.name).schema_diff
+    finally:
+        engine.destroy("schemadiff-views")
+    assert diff is not None and diff.notes == []
+    assert len(diff.changes) == schema.MAX_CHANGES and diff.left_out == 10000 - schema.MAX_CHANGES
+    assert [(n.kind, n.change, n.count) for n in diff.counts] == [("view", "added", 10000)]
+    first = {a.name: a.after for a in diff.changes[0].attributes}
+    assert first["definition"] == "SELECT 1 AS n;"

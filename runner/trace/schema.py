@@ -85,7 +85,7 @@ _QNAME = "pg_catalog.format('%%I.%%I', n.nspname, c.relname)"
 
 # Relations: kind, persistence, partitioning, owner, RLS, a view's definition.
 _RELATIONS = f"""
-SELECT {_RELKIND}, {_QNAME},
+SELECT c.oid, {_RELKIND}, {_QNAME},
        CASE c.relpersistence WHEN 'u' THEN 'unlogged' ELSE '' END,
        COALESCE((SELECT pg_catalog.format('%%I.%%I', pn.nspname, pc.relname)
                    FROM pg_catalog.pg_inherits h
@@ -96,8 +96,7 @@ SELECT {_RELKIND}, {_QNAME},
        CASE WHEN c.relkind = 'p' THEN pg_catalog.pg_get_partkeydef(c.oid) ELSE '' END,
        pg_catalog.pg_get_userbyid(c.relowner),
        CASE WHEN c.relrowsecurity THEN 'enabled' ELSE '' END
-       || CASE WHEN c.relforcerowsecurity THEN ', forced' ELSE '' END,
-       CASE WHEN c.relkind IN ('v', 'm') THEN pg_catalog.pg_get_viewdef(c.oid) ELSE '' END
+       || CASE WHEN c.relforcerowsecurity THEN ', forced' ELSE '' END
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S') AND c.oid >= 16384::pg_catalog.oid
@@ -105,14 +104,17 @@ SELECT {_RELKIND}, {_QNAME},
    {_own("pg_class", "c.oid")}
  ORDER BY 2 LIMIT %(limit)s
 """
-_RELATION_ATTRIBUTES = (
-    "persistence",
-    "partition of",
-    "partitioned by",
-    "owner",
-    "row security",
-    "definition",
-)
+_RELATION_ATTRIBUTES = ("persistence", "partition of", "partitioned by", "owner", "row security")
+
+# A view's definition: pg_get_viewdef locks the view (ACCESS SHARE) until the transaction
+# ends, so they are read VIEW_BATCH at a time, each batch in its own transaction, and a
+# schema of many views does not fill the branch's lock table (max_locks_per_transaction).
+_VIEWS = """
+SELECT c.oid, pg_catalog.pg_get_viewdef(c.oid)
+  FROM pg_catalog.pg_class c
+ WHERE c.oid = ANY(%s::pg_catalog.oid[]) AND c.relkind IN ('v', 'm')
+"""
+VIEW_BATCH = 200
 
 _COLUMNS = f"""
 SELECT {_QNAME}, pg_catalog.quote_ident(a.attname),
@@ -329,17 +331,20 @@ def take(conn: psycopg.Connection[Any], *, limit: int = MAX_OBJECTS) -> Snapshot
     catalogs). ``conn`` is an engine session: ``search_path`` pinned to the catalog."""
     params = {"excluded": ["pg_catalog", "information_schema", *OWN_SCHEMAS], "limit": limit + 1}
     objects: Objects = {}
+    views: dict[int, dict[str, str]] = {}
     with conn.transaction():
         conn.execute("SET TRANSACTION READ ONLY")
 
         def rows(query: str) -> list[tuple[Any, ...]]:
             return conn.execute(query, params).fetchall()
 
-        for kind, name, *values in rows(_RELATIONS):
+        for oid, kind, name, *values in rows(_RELATIONS):
             attributes = dict(zip(_RELATION_ATTRIBUTES, (str(v) for v in values), strict=True))
             group = "table" if kind in ("table", "partitioned table", "foreign table") else kind
             if group == "table":
                 attributes = {"kind": str(kind), **attributes}
+            if group in ("view", "materialized view"):
+                views[int(oid)] = attributes
             objects.setdefault(str(group), {})[str(name)] = attributes
         objects["column"] = _parts(rows(_COLUMNS), _COLUMN_ATTRIBUTES)
         indexes = rows(_INDEXES)
@@ -364,6 +369,12 @@ def take(conn: psycopg.Connection[Any], *, limit: int = MAX_OBJECTS) -> Snapshot
         objects["enum"] = _keyed(rows(_ENUMS), _ENUM_ATTRIBUTES)
         objects["schema"] = _keyed(rows(_SCHEMAS), _SCHEMA_ATTRIBUTES)
         objects["extension"] = _keyed(rows(_EXTENSIONS), _EXTENSION_ATTRIBUTES)
+    oids = sorted(views)
+    for start in range(0, len(oids), VIEW_BATCH):
+        with conn.transaction():
+            conn.execute("SET TRANSACTION READ ONLY")
+            for oid, definition in conn.execute(_VIEWS, (oids[start : start + VIEW_BATCH],)):
+                views[int(oid)]["definition"] = str(definition).strip()
     notes = tuple(
         f"more than {limit:,} objects of kind {kind}: the schema is too large to compare it"
         for kind, found in objects.items()
