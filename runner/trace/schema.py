@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -440,7 +441,8 @@ def record_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> b
         return False  # too large to compare: every diff of this base says so instead
     for directory in (path.parent.parent, path.parent):  # schemas/ is new to older pools
         safefs.make_dir(directory, uid=0, gid=0, mode=0o700, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    # the service creates branches in threads of one process: a name of this call's own
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
     safefs.write_new(partial, dumps(taken), uid=0, gid=0, mode=0o600)
     try:
         os.replace(partial, path)
