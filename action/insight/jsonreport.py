@@ -4,7 +4,8 @@ The document is the :class:`~pgoverlay.action.report.Report` as its dataclasses 
 seconds and sizes in bytes, with ``schema_version`` (raised when a field is removed or changes
 meaning; new fields may appear in any release) and ``detail``, which says what was left out to
 keep the document under a size limit: ``full``, ``no statements`` (per-statement detail dropped),
-``no findings`` (squawk's findings dropped too) or ``no insight`` (the insights dropped).
+``no findings`` (squawk's findings dropped too) or ``no insight`` (the insights dropped, and the
+schema diff's listed changes: its counts stay).
 
 The same ladder keeps the PR record (``action/record.py``) and the listener's stored report
 within their limits, so a big report is never refused for its size, only made coarser.
