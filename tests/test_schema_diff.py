@@ -557,3 +557,28 @@ def test_a_schema_of_more_views_than_the_lock_table_holds_is_read_and_its_diff_c
     assert [(n.kind, n.change, n.count) for n in diff.counts] == [("view", "added", 10000)]
     first = {a.name: a.after for a in diff.changes[0].attributes}
     assert first["definition"] == "SELECT 1 AS n;"
+
+
+def test_the_comment_block_stays_within_its_room_however_long_the_values() -> None:
+    long = "x" * schema.MAX_VALUE
+    changes = [
+        schemadiff.SchemaChange(
+            kind="function",
+            name=f"public.f{i}(" + "integer, " * 40 + "integer)",
+            change="changed",
+            attributes=[
+                schemadiff.SchemaAttribute(name=n, before=long, after=long + "y")
+                for n in ("returns", "language", "properties", "settings", "owner", "kind")
+            ],
+        )
+        for i in range(schemadiff.FEW)
+    ]
+    diff = schemadiff.SchemaDiff(
+        base_taken_at=1.0,
+        changes=changes,
+        counts=[schemadiff.SchemaCount(kind="function", change="changed", count=len(changes))],
+    )
+    block = schemadiff.markdown(diff, full=False, see="the job summary")
+    assert len(block) <= schemadiff.ROOM[False] + 500
+    assert "more changes in the job summary" in block and "and 3 more" in block
+    assert len(schemadiff.markdown(diff, full=True, see="x")) > len(block)

@@ -18,7 +18,9 @@ from pgoverlay.runner.service import views
 Change = Literal["added", "dropped", "changed"]
 
 FEW = 30  # change lines the PR comment shows; the job summary shows every listed one
-_LINE = 300  # characters of one change line's values
+ROOM = {False: 8_000, True: 400_000}  # characters of the block: the comment's, the summary's
+_VALUE = {False: 120, True: 300}  # characters of one value: in the comment, in the summary
+_ATTRIBUTES = 3  # changed attributes named on one line; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -96,32 +98,37 @@ def headline(diff: SchemaDiff) -> str:
     return f"Schema changes: {counted}"
 
 
-def line(c: SchemaChange) -> str:
+def line(c: SchemaChange, *, full: bool = False) -> str:
     """One change: "+ index `public.orders_amount_idx` on `public.orders`: btree (amount)",
-    "~ column `public.orders.amount`: type `integer` → `bigint`"."""
-    head = f"{_MARK[c.change]} {c.kind} {md.code(c.name)}"
+    "~ column `public.orders.amount`: type `integer` → `bigint`". Values are cut shorter in
+    the comment (``full`` False) than in the job summary."""
+    limit = _VALUE[full]
+    head = f"{_MARK[c.change]} {c.kind} {md.code(c.name, limit=limit)}"
     if c.table and c.kind not in ("column", "grant"):
-        head += f" on {md.code(c.table)}"
+        head += f" on {md.code(c.table, limit=limit)}"
     if c.change == "changed":
-        parts = [_changed(a) for a in c.attributes]
+        parts = [_changed(a, limit) for a in c.attributes[:_ATTRIBUTES]]
+        more = len(c.attributes) - _ATTRIBUTES
+        if more > 0:
+            parts.append(f"and {more} more")
         return f"{head}: {'; '.join(parts)}" if parts else head
     if c.change == "dropped":
         return head
-    shown = _added(c)
+    shown = _added(c, limit)
     return f"{head}: {shown}" if shown else head
 
 
-def _changed(a: SchemaAttribute) -> str:
+def _changed(a: SchemaAttribute, limit: int) -> str:
     if a.name == "body":
         return "body changed"
     if a.name == "definition" and (len(a.before) > 60 or len(a.after) > 60):
-        return f"definition changed, now {md.code(a.after, limit=_LINE)}"
-    before = md.code(a.before, limit=_LINE) if a.before else "(none)"
-    after = md.code(a.after, limit=_LINE) if a.after else "(none)"
+        return f"definition changed, now {md.code(a.after, limit=limit)}"
+    before = md.code(a.before, limit=limit) if a.before else "(none)"
+    after = md.code(a.after, limit=limit) if a.after else "(none)"
     return f"{md.prose(a.name, 40, cell=False)} {before} → {after}"
 
 
-def _added(c: SchemaChange) -> str:
+def _added(c: SchemaChange, limit: int) -> str:
     values = {a.name: a.after for a in c.attributes}
     if c.kind == "column":
         words = [values.get("type", "")]
@@ -135,29 +142,30 @@ def _added(c: SchemaChange) -> str:
             words.append(f"default {values['default']}")
         if values.get("generated"):
             words.append(f"generated as {values['generated']}")
-        return md.code(" ".join(w for w in words if w), limit=_LINE)
+        return md.code(" ".join(w for w in words if w), limit=limit)
     if c.kind == "index":
         definition = values.get("definition", "")
         using = definition.find(" USING ")
         shown = definition[using + len(" USING ") :] if using >= 0 else definition
         extra = [w for w in (values.get("unique", ""), values.get("validity", "")) if w]
         extra = [w for w in extra if w != "valid"]
-        return md.code(shown, limit=_LINE) + (f" ({', '.join(extra)})" if extra else "")
+        return md.code(shown, limit=limit) + (f" ({', '.join(extra)})" if extra else "")
     if c.kind in ("constraint", "trigger", "view", "materialized view"):
-        return md.code(values.get("definition", ""), limit=_LINE)
+        return md.code(values.get("definition", ""), limit=limit)
     if c.kind == "table":
         kind = values.get("kind", "table")
         columns = values.get("columns", "")
-        shown = md.code(columns, limit=_LINE) if columns else ""
+        shown = md.code(columns, limit=limit) if columns else ""
         prefix = kind if kind != "table" else ""
         if values.get("persistence"):
             prefix = f"{values['persistence']} {prefix}".strip()
         return " ".join(w for w in (prefix, shown) if w)
     if c.kind == "function":
         returns = values.get("returns", "")
-        return md.code(f"{values.get('kind', '')}{f' returning {returns}' if returns else ''}")
+        text = f"{values.get('kind', '')}{f' returning {returns}' if returns else ''}"
+        return md.code(text, limit=limit)
     shown = "; ".join(f"{a.name} {a.after}" for a in c.attributes if a.after and a.name != "grants")
-    return md.code(shown, limit=_LINE) if shown else ""
+    return md.code(shown, limit=limit) if shown else ""
 
 
 def markdown(diff: SchemaDiff | None, *, full: bool, see: str) -> str:
@@ -167,8 +175,15 @@ def markdown(diff: SchemaDiff | None, *, full: bool, see: str) -> str:
     if diff is None:
         return ""
     rows = diff.changes if full else diff.changes[:FEW]
-    lines = [f"- {line(c)}" for c in rows]
-    hidden = len(diff.changes) - len(rows) + diff.left_out
+    lines: list[str] = []
+    room = ROOM[full]
+    for c in rows:
+        text = f"- {line(c, full=full)}"
+        room -= len(text) + 1
+        if room < 0:
+            break
+        lines.append(text)
+    hidden = len(diff.changes) - len(lines) + diff.left_out
     if hidden:
         lines.append(f"- … {hidden} more {'change' if hidden == 1 else 'changes'} in {see}")
     lines += [f"- {md.prose(note, 500, cell=False)}" for note in diff.notes]
