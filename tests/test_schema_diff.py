@@ -582,3 +582,25 @@ def test_the_comment_block_stays_within_its_room_however_long_the_values() -> No
     assert len(block) <= schemadiff.ROOM[False] + 500
     assert "more changes in the job summary" in block and "and 3 more" in block
     assert len(schemadiff.markdown(diff, full=True, see="x")) > len(block)
+
+
+def test_a_schema_past_the_object_limit_is_not_compared_and_says_so(
+    pool: Pool, kinds: BaseVersion
+) -> None:
+    from pgoverlay.runner import trace
+
+    engine = LocalEngine(pool)
+    engine.create(CreateRequest(name="schemadiff-limit", base=kinds.name))
+    try:
+        b = pool.registry.branch("schemadiff-limit")
+        assert b is not None
+        with trace.target(pool, b).connect() as conn:
+            whole, cut = schema.take(conn), schema.take(conn, limit=3)
+    finally:
+        engine.destroy("schemadiff-limit")
+    assert whole.notes == ()
+    assert "more than 3 objects of kind column" in " ".join(cut.notes)
+    kept = schema.loads(schema.dumps(cut))
+    assert kept is not None and kept.notes == cut.notes
+    diff = schema.diff(kept, whole)
+    assert diff.changes == [] and diff.counts == [] and list(diff.notes) == list(cut.notes)

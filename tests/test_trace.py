@@ -130,6 +130,29 @@ def test_the_branch_runs_with_the_log_settings_the_trace_reads(
         assert logged == []  # not traced: the role's statements are not logged
 
 
+def test_the_schema_diff_reads_a_branch_of_either_runtime_against_its_base(
+    pool: Pool, base: BaseVersion, runtime: str
+) -> None:
+    with branch_of(pool, base, name=f"trace-schema-{runtime}", runtime=runtime) as b:
+        assert pool.schema_file(base.name, base.version).is_file()
+        engine = LocalEngine(pool)
+        engine.trace_begin(b.name, TraceRequest())
+        with as_branch_role(pool, b) as conn:
+            conn.execute("ALTER TABLE accounts ADD COLUMN note text DEFAULT 'none'")
+            conn.execute("CREATE INDEX accounts_note ON accounts (note)")
+        diff = engine.trace_end(b.name).schema_diff
+    assert diff is not None and diff.notes == []
+    found = {(c.kind, c.name, c.change): c for c in diff.changes}
+    assert set(found) == {
+        ("column", "public.accounts.note", "added"),
+        ("index", "public.accounts_note", "added"),
+    }
+    attributes = {
+        a.name: a.after for a in found["column", "public.accounts.note", "added"].attributes
+    }
+    assert attributes == {"type": "text", "nullability": "null", "default": "'none'::text"}
+
+
 def test_create_index_is_logged_with_its_share_lock_and_the_scan_it_made(
     pool: Pool, base: BaseVersion, traced: Branch
 ) -> None:

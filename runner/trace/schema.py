@@ -409,7 +409,12 @@ KINDS = (
 
 def dumps(snapshot: Snapshot) -> str:
     return json.dumps(
-        {"format": FORMAT, "taken_at": snapshot.taken_at, "objects": snapshot.objects},
+        {
+            "format": FORMAT,
+            "taken_at": snapshot.taken_at,
+            "objects": snapshot.objects,
+            "notes": list(snapshot.notes),
+        },
         separators=(",", ":"),
         sort_keys=True,
     )
@@ -426,7 +431,12 @@ def loads(text: str) -> Snapshot | None:
     objects = data.get("objects")
     if not isinstance(objects, dict):
         return None
-    return Snapshot(taken_at=float(data.get("taken_at", 0.0)), objects=objects)
+    notes = data.get("notes", [])
+    return Snapshot(
+        taken_at=float(data.get("taken_at", 0.0)),
+        objects=objects,
+        notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
+    )
 
 
 def record_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> bool:
@@ -436,9 +446,7 @@ def record_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> b
     if path.is_file():
         return False
     with connect() as conn:
-        taken = take(conn)
-    if taken.notes:
-        return False  # too large to compare: every diff of this base says so instead
+        taken = take(conn)  # too large to compare: kept with its note, which every diff says
     for directory in (path.parent.parent, path.parent):  # schemas/ is new to older pools
         safefs.make_dir(directory, uid=0, gid=0, mode=0o700, exist_ok=True)
     # the service creates branches in threads of one process: a name of this call's own
@@ -488,6 +496,8 @@ def diff(base: Snapshot, branch: Snapshot, *, limit: int = MAX_CHANGES) -> Schem
     """What ``branch`` has that ``base`` has not, has differently, or lacks, kind by kind. The
     parts of a table added or dropped whole (columns, indexes, ...) go with it: listed as its
     ``columns`` (and so on) attribute, not one by one."""
+    if base.notes or branch.notes:  # a side was cut short: its objects are not all there
+        return SchemaDiff(base_taken_at=base.taken_at, notes=[*base.notes, *branch.notes])
     changes: list[SchemaChange] = []
     counts: dict[tuple[str, SchemaChangeKind], int] = {}
     whole = set().union(
@@ -523,7 +533,6 @@ def diff(base: Snapshot, branch: Snapshot, *, limit: int = MAX_CHANGES) -> Schem
         changes=changes[:limit],
         counts=[SchemaCount(kind=k, change=c, count=n) for (k, c), n in counts.items()],
         left_out=max(0, len(changes) - limit),
-        notes=list(base.notes) + list(branch.notes),
     )
 
 
