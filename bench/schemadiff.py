@@ -59,9 +59,7 @@ def build(conn: psycopg.Connection[Any], tables: int) -> None:
             )
             conn.execute(f"CREATE INDEX t{i}_name ON t{i} (name)")
             if i:
-                conn.execute(
-                    f"ALTER TABLE t{i} ADD FOREIGN KEY (parent) REFERENCES t{i - 1} (id)"
-                )
+                conn.execute(f"ALTER TABLE t{i} ADD FOREIGN KEY (parent) REFERENCES t{i - 1} (id)")
             conn.execute(f"GRANT SELECT ON t{i} TO reader")
             if i % 10 == 0:
                 conn.execute(

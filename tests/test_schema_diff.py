@@ -10,6 +10,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -604,3 +605,38 @@ def test_a_schema_past_the_object_limit_is_not_compared_and_says_so(
     assert kept is not None and kept.notes == cut.notes
     diff = schema.diff(kept, whole)
     assert diff.changes == [] and diff.counts == [] and list(diff.notes) == list(cut.notes)
+
+
+def test_the_bases_schema_is_read_before_anyone_can_log_in_to_the_branch(
+    pool: Pool, kinds: BaseVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset branch keeps its password, which the pull request knows: were the base's
+    schema read after it is set, the PR could race the read with its own DDL and change what
+    every other branch of the base is compared with."""
+    from pgoverlay.runner import branch
+
+    engine = LocalEngine(pool)
+    engine.create(CreateRequest(name="schemadiff-login", base=kinds.name))
+    try:
+        b = pool.registry.branch("schemadiff-login")
+        assert b is not None
+        tried: list[str] = []
+        read = schema.record_base
+
+        def watched(path: Path, connect: Any) -> bool:
+            try:
+                with psycopg.connect(
+                    **branch.connection(pool, b).connect_kwargs(), connect_timeout=10
+                ):
+                    tried.append("the branch's role logged in")
+            except psycopg.OperationalError as err:
+                tried.append(str(err))
+            return read(path, connect)
+
+        monkeypatch.setattr(schema, "record_base", watched)
+        engine.reset("schemadiff-login")
+        assert len(tried) == 1 and "password authentication failed" in tried[0], tried
+        with as_branch_role(pool, b) as conn:  # and afterwards it can
+            conn.execute("SELECT 1")
+    finally:
+        engine.destroy("schemadiff-login")

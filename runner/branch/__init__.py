@@ -401,18 +401,20 @@ def _bring_up(
     rt.start(lay, options=server_options(pool, lay, branch))
     pool.registry.update_branch(branch.name, durable=False, step="started")
     fault(pool, f"{saga}:started")
+    # Before any login: the role still has the password the base was prepared with, which
+    # nobody kept (a reset branch's own password, known to the pull request, is set next).
+    _record_schema(pool, base, branch)
     if saga == "warm":
         _lock_login(pool, base, branch)  # its password comes with its claim
-    else:
-        _give_login(pool, base, branch, secret)
-        _check_ready(pool, branch)
-    _record_schema(pool, base, branch)
+        return
+    _give_login(pool, base, branch, secret)
+    _check_ready(pool, branch)
 
 
 def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
-    """Keep the base version's schema, read in this branch while it is fresh (its password
-    has not left the engine yet: no PR code has run in it), for the diffs of every branch of
-    that version (``trace.schema``); once per version. A failure only costs those diffs."""
+    """Keep the base version's schema, read in this branch while it is fresh and nobody but
+    the engine can log in (no PR code has run in it, nor can), for the diffs of every branch
+    of that version (``trace.schema``); once per version. A failure only costs those diffs."""
     import psycopg
 
     from pgoverlay.runner.trace import schema

@@ -1,7 +1,8 @@
 """What the pull request did to the schema: the branch's catalogs against its base's.
 
-The base's side is read once per base version, in a branch fresh from it (``record_base``, at
-the end of a create, reset or warm start, before anyone but the engine can log in), and kept
+The base's side is read once per base version, in a branch fresh from it (``record_base``,
+in a create, reset or warm start once the server is up and before the branch's login role gets
+its password: until then it has the one the base was prepared with, which nobody kept), kept
 in the pool, root's alone (``Pool.schema_file``): the base's data directory has no server of
 its own, and a branch where pull-request code has run could show anything. Every later branch
 of that version is diffed against it when its trace ends, so a re-run diffs the branch as it
