@@ -32,9 +32,15 @@ from pgoverlay.runner.trace import schema
 # One object of every kind the diff covers, some to be changed, some dropped, some untouched.
 BASE_SQL = """
 CREATE SCHEMA sales;
+CREATE SCHEMA archive;
+CREATE SCHEMA handed;
 CREATE EXTENSION citext;
+CREATE EXTENSION hstore;
+CREATE EXTENSION pg_trgm VERSION '1.5';
 CREATE TYPE status AS ENUM ('new', 'paid');
+CREATE TYPE mood AS ENUM ('ok');
 CREATE SEQUENCE invoice_no START 1000;
+CREATE SEQUENCE old_seq;
 CREATE TABLE orders (
     id int PRIMARY KEY,
     amount integer NOT NULL,
@@ -46,6 +52,7 @@ CREATE INDEX orders_note_idx ON orders (note);
 CREATE INDEX orders_code_idx ON orders (code);
 ALTER TABLE orders ADD CONSTRAINT orders_amount_positive CHECK (amount > 0);
 CREATE TABLE customers (id int PRIMARY KEY, name text);
+ALTER TABLE customers ADD CONSTRAINT customers_id_positive CHECK (id > 0) NOT VALID;
 CREATE TABLE gone (id int, label text);
 CREATE INDEX gone_label ON gone (label);
 CREATE TABLE events (id int, at date) PARTITION BY RANGE (at);
@@ -56,21 +63,31 @@ CREATE FUNCTION total(i int) RETURNS int LANGUAGE sql AS 'SELECT i';
 CREATE FUNCTION gone_fn() RETURNS int LANGUAGE sql AS 'SELECT 1';
 CREATE FUNCTION untouched_fn() RETURNS int LANGUAGE sql AS 'SELECT 2';
 CREATE TRIGGER orders_touch BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION touch();
+CREATE TRIGGER customers_audit AFTER INSERT ON customers FOR EACH ROW EXECUTE FUNCTION touch();
 CREATE VIEW paid_orders AS SELECT id FROM orders WHERE status = 'paid';
 CREATE VIEW old_view AS SELECT 1 AS one;
 CREATE VIEW untouched_view AS SELECT id FROM untouched;
 CREATE MATERIALIZED VIEW order_count AS SELECT count(*) AS n FROM orders;
+CREATE MATERIALIZED VIEW stale AS SELECT 1 AS n;
+CREATE MATERIALIZED VIEW order_sums AS SELECT 1 AS n;
 GRANT SELECT ON orders TO PUBLIC;
+GRANT SELECT ON events TO PUBLIC;
 """
 
 # The pull request: every kind added, dropped and changed.
 MIGRATION_SQL = """
 CREATE SCHEMA billing;
+DROP SCHEMA archive;
+ALTER SCHEMA handed OWNER TO CURRENT_USER;
 CREATE EXTENSION pgcrypto;
+DROP EXTENSION hstore;
+ALTER EXTENSION pg_trgm UPDATE TO '1.6';
 CREATE TYPE billing.kind AS ENUM ('card');
 ALTER TYPE status ADD VALUE 'refunded';
+DROP TYPE mood;
 CREATE SEQUENCE billing.ticket;
 ALTER SEQUENCE invoice_no INCREMENT BY 5;
+DROP SEQUENCE old_seq;
 CREATE TABLE billing.refunds (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     order_id int REFERENCES orders (id),
@@ -91,26 +108,39 @@ CREATE UNIQUE INDEX orders_note_idx ON orders (note);
 ALTER TABLE orders DROP CONSTRAINT orders_amount_positive;
 ALTER TABLE orders ADD CONSTRAINT orders_amount_small CHECK (amount < 1000000) NOT VALID;
 ALTER TABLE customers ADD CONSTRAINT customers_name_key UNIQUE (name);
+ALTER TABLE customers VALIDATE CONSTRAINT customers_id_positive;
 ALTER TABLE orders DISABLE TRIGGER orders_touch;
+DROP TRIGGER customers_audit ON customers;
 CREATE TRIGGER customers_touch BEFORE UPDATE ON customers FOR EACH ROW EXECUTE FUNCTION touch();
 CREATE OR REPLACE VIEW paid_orders AS SELECT id FROM orders WHERE status = 'paid' AND id > 0;
 DROP VIEW old_view;
 CREATE VIEW billing.refund_ids AS SELECT id FROM billing.refunds;
 CREATE MATERIALIZED VIEW billing.refund_count AS SELECT count(*) AS n FROM billing.refunds;
+DROP MATERIALIZED VIEW stale;
+DROP MATERIALIZED VIEW order_sums;
+CREATE MATERIALIZED VIEW order_sums AS SELECT 2 AS n;
 CREATE OR REPLACE FUNCTION total(i int) RETURNS int LANGUAGE sql AS 'SELECT i + 1';
 DROP FUNCTION gone_fn();
 CREATE PROCEDURE billing.settle() LANGUAGE sql AS 'SELECT 1';
 GRANT INSERT ON orders TO PUBLIC;
+GRANT SELECT ON customers TO PUBLIC;
+REVOKE SELECT ON events FROM PUBLIC;
 """
 
 # (kind, name, change) of every change MIGRATION_SQL makes, and nothing else.
 EXPECTED = {
     ("schema", "billing", "added"),
+    ("schema", "archive", "dropped"),
+    ("schema", "handed", "changed"),
     ("extension", "pgcrypto", "added"),
+    ("extension", "hstore", "dropped"),
+    ("extension", "pg_trgm", "changed"),
     ("enum", "billing.kind", "added"),
     ("enum", "public.status", "changed"),
+    ("enum", "public.mood", "dropped"),
     ("sequence", "billing.ticket", "added"),
     ("sequence", "public.invoice_no", "changed"),
+    ("sequence", "public.old_seq", "dropped"),
     ("table", "billing.refunds", "added"),
     ("table", "public.gone", "dropped"),
     ("table", "public.events_2026", "added"),
@@ -123,16 +153,25 @@ EXPECTED = {
     ("constraint", "public.orders.orders_amount_positive", "dropped"),
     ("constraint", "public.orders.orders_amount_small", "added"),
     ("constraint", "public.customers.customers_name_key", "added"),
+    ("constraint", "public.customers.customers_id_positive", "changed"),
     ("index", "public.orders_amount_idx", "added"),
     ("index", "public.orders_note_idx", "changed"),
     ("index", "public.orders_code_idx", "dropped"),
     ("trigger", "public.orders.orders_touch", "changed"),
     ("trigger", "public.customers.customers_touch", "added"),
+    ("trigger", "public.customers.customers_audit", "dropped"),
     ("grant", "public.orders to PUBLIC", "changed"),
+    ("grant", "public.customers to PUBLIC", "added"),
+    ("grant", "public.events to PUBLIC", "dropped"),
     ("view", "public.paid_orders", "changed"),
     ("view", "public.old_view", "dropped"),
     ("view", "billing.refund_ids", "added"),
     ("materialized view", "billing.refund_count", "added"),
+    ("materialized view", "public.stale", "dropped"),
+    ("materialized view", "public.order_sums", "changed"),
+    # made again by the branch's role: its owner, and so the owner's privileges, changed
+    ("grant", "public.order_sums to kinds_owner", "dropped"),
+    ("grant", "public.order_sums to pgoverlay", "added"),
     ("function", "public.total(i integer)", "changed"),
     ("function", "public.gone_fn()", "dropped"),
     ("function", "billing.settle()", "added"),
@@ -236,7 +275,7 @@ def test_unchanged_objects_are_not_reported(
         c.kind == "column" and c.name.startswith("public.orders.status") for c in diff.changes
     )
     # nothing of pgoverlay's own: its ledger (written by the apply) and trace schemas
-    assert "pgoverlay" not in names
+    assert "pgoverlay_ledger" not in names and "pgoverlay_trace" not in names
 
 
 def test_each_changed_attribute_says_what_it_was_and_what_it_is(
@@ -274,6 +313,14 @@ def test_each_changed_attribute_says_what_it_was_and_what_it_is(
         "privileges": ("SELECT", "INSERT, SELECT")
     }
     assert set(_attributes(found["function", "public.total(i integer)", "changed"])) == {"body"}
+    assert _attributes(found["extension", "pg_trgm", "changed"]) == {"version": ("1.5", "1.6")}
+    assert _attributes(found["constraint", "public.customers.customers_id_positive", "changed"])[
+        "validation"
+    ] == ("not valid", "validated")
+    assert _attributes(found["materialized view", "public.order_sums", "changed"]) == {
+        "owner": ("kinds_owner", "pgoverlay"),
+        "definition": ("SELECT 1 AS n;", "SELECT 2 AS n;"),
+    }
     assert _attributes(found["enum", "public.status", "changed"]) == {
         "labels": ("'new', 'paid'", "'new', 'paid', 'refunded'")
     }

@@ -208,9 +208,10 @@ SELECT {_QNAME},
         CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::pg_catalog."char", c.relowner))) a
  WHERE c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S') AND c.oid >= 16384::pg_catalog.oid
    AND n.oid IN (SELECT n.oid {_NAMESPACES})
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-                    WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-                      AND d.objid = c.oid AND d.deptype = 'i')
+   AND NOT (c.relkind = 'S' AND EXISTS (  -- an identity column's sequence
+            SELECT 1 FROM pg_catalog.pg_depend d
+             WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+               AND d.objid = c.oid AND d.deptype = 'i'))
    {_own("pg_class", "c.oid")}
  GROUP BY 1, 2 ORDER BY 1, 2 LIMIT %(limit)s
 """
