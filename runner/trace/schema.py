@@ -10,8 +10,9 @@ is now against the base, not against the run before.
 
 The reads follow ``instrument``'s rule for a branch where PR code may have run: catalog
 queries and ``pg_get_*def``/``format_type``/``pg_get_expr`` (which print a definition and call
-nothing the role made), every function qualified, in the engine's sessions whose
-``search_path`` is pinned to ``pg_catalog, pg_temp``. No DDL, no DML.
+nothing the role made: a constant's output function and a type modifier's are those of a base
+type, which only a superuser can make), every function qualified, in the engine's sessions
+whose ``search_path`` is pinned to ``pg_catalog, pg_temp``. No DDL, no DML.
 
 Read from the catalogs, not from ``pg_dump`` text: migra and schemainspect (unmaintained since
 2022) and pg-schema-diff (a young CLI that writes migration SQL) were looked at; none reads
