@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
-from pgoverlay.action import parts
 from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
+from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.lead import lead
+from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
 
@@ -164,6 +165,7 @@ def _render(
     # What a block cuts is in the summary; what the summary's blocks cut, in the JSON report.
     more = "the JSON report, output `report-path`" if full else see
     blocks = {i: details(runs[i], full=full, see=more) for i in traced}
+    schema = schemadiff.markdown(report.schema_diff, full=full, see=more)
     failed = [m for m in runs if m.status == "failed" and m.error.strip()]
     errors, hidden_errors = failed[:MAX_ERRORS], len(failed) - MAX_ERRORS
 
@@ -179,6 +181,8 @@ def _render(
         parts += [_error(m, cap, see) for m in errors]
         if hidden_errors > 0:
             parts.append(f"… {_count(hidden_errors, 'more error')} not shown (see {see})")
+        if schema:
+            parts.append(schema)
         parts += branch
         parts += [shown[i] for i in sorted(shown)]
         if len(shown) < len(traced):
@@ -323,7 +327,7 @@ def _row(columns: tuple[Column, ...], m: MigrationRun) -> str:
     row = f"| {' | '.join(c.cell(m) for c in columns)} |"
     if columns is not RICH:
         return row
-    return "\n".join([row, *parts.rows(m)])  # a migrate command's tool migrations under it
+    return "\n".join([row, *tool_migration_rows(m)])  # a migrate command's tool migrations under it
 
 
 def _error(m: MigrationRun, cap: int | None, see: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pgoverlay.action.insight.model import MigrationInsight
+from pgoverlay.action.insight.schemadiff import SchemaDiff
 
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
 RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
@@ -57,6 +58,8 @@ class Report:
     merged: bool | None = None  # on close: was the PR merged
     password_hint: str = ""  # how to get the password; never the password itself
     run_url: str = ""  # link to the workflow run, when known
+    # The branch's schema after the migrations against its base's (None: not measured)
+    schema_diff: SchemaDiff | None = None
 
 
 def over_threshold(report: Report) -> list[MigrationRun]:

@@ -41,6 +41,7 @@ from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:
     from pgoverlay.action import migrations
+    from pgoverlay.action.insight.schemadiff import SchemaDiff
     from pgoverlay.runner.service.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -167,11 +168,12 @@ class _Migrations:
     sandbox: Sandbox
     fork_commands: bool
 
-    def apply(self, engine: Engine, name: str) -> tuple[list[MigrationRun], str]:
-        """Apply them, measured unless the ``insight`` input is off; returns the runs and a
-        note for the report. A fork's migrate command runs only with ``fork_commands``."""
+    def apply(self, engine: Engine, name: str) -> tuple[list[MigrationRun], str, SchemaDiff | None]:
+        """Apply them, measured unless the ``insight`` input is off; returns the runs, a note
+        for the report and the schema's changes (measured only). A fork's migrate command runs
+        only with ``fork_commands``."""
         if not self.inputs.insight:
-            return self._run(None)
+            return *self._run(None), None
         from pgoverlay.action.insight.observe import Observer
 
         observer = Observer(
@@ -185,7 +187,7 @@ class _Migrations:
         )
         with observer:
             runs, note = self._run(observer)
-        return runs, note or observer.problem
+        return runs, note or observer.problem, observer.schema_diff
 
     def _run(self, watcher: migrations.Watcher | None) -> tuple[list[MigrationRun], str]:
         from pgoverlay.action import migrations
@@ -377,7 +379,7 @@ def handle(
             connection = engine.connection(name)
             base = _base_of(engine, b)
             with _timed(timings, "migrations"):
-                runs, note = _Migrations(
+                runs, note, schema_diff = _Migrations(
                     settings,
                     connection,
                     base.pg_major if base and base.pg_major else 0,
@@ -396,6 +398,7 @@ def handle(
                 branch=_branch_info(engine, b, base, create_seconds=seconds),
                 migrations=runs,
                 message=note,
+                schema_diff=schema_diff,
             )
             ready = b
         except (PgoverlayError, OSError) as err:

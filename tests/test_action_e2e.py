@@ -339,6 +339,8 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     assert f"`{b.port}`" in body and f"`{s.pool.settings.public_host}`" in body
     assert "db/migrations/001_widgets.sql" in body and "applied" in body
     assert "000_existing.sql" not in body, "only what the PR changes is applied"
+    assert "<details><summary>Schema changes: 1 table added</summary>" in body
+    assert "- + table `public.widgets`: `id integer not null, name text`" in body
     assert b.password not in body and b.password not in opened.log
     assert s.writes() == [f"POST /repos/{REPO}/issues/{PR}/comments"]
 
@@ -357,6 +359,9 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     [updated] = s.comments()
     assert updated["id"] == comment["id"] and updated["body"] != comment["body"]
     assert second[:7] in str(updated["body"])
+    # reset for the new head, then diffed against the base again: still one table added
+    assert "Schema changes: 1 table added</summary>" in str(updated["body"])
+    assert "`id integer not null, name text, price numeric`" in str(updated["body"])
     assert s.writes()[-1] == f"PATCH /repos/{REPO}/issues/comments/{comment['id']}"
     assert branch.get(s.pool, BRANCH).password == b.password
 

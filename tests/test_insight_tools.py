@@ -724,9 +724,7 @@ def check_three_migrations(
     # the comment: one row per migration, with its own worst lock and verdict
     # (verdict | migration | locks | time)
     rows = {
-        line.split(" | ")[1].split(" (")[0]: line
-        for line in body.splitlines()
-        if " | ↳ " in line
+        line.split(" | ")[1].split(" (")[0]: line for line in body.splitlines() if " | ↳ " in line
     }
     for p in shop:
         row = rows[f"↳ `{p.name}`"]

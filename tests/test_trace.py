@@ -130,6 +130,29 @@ def test_the_branch_runs_with_the_log_settings_the_trace_reads(
         assert logged == []  # not traced: the role's statements are not logged
 
 
+def test_the_schema_diff_reads_a_branch_of_either_runtime_against_its_base(
+    pool: Pool, base: BaseVersion, runtime: str
+) -> None:
+    with branch_of(pool, base, name=f"trace-schema-{runtime}", runtime=runtime) as b:
+        assert pool.schema_file(base.name, base.version).is_file()
+        engine = LocalEngine(pool)
+        engine.trace_begin(b.name, TraceRequest())
+        with as_branch_role(pool, b) as conn:
+            conn.execute("ALTER TABLE accounts ADD COLUMN note text DEFAULT 'none'")
+            conn.execute("CREATE INDEX accounts_note ON accounts (note)")
+        diff = engine.trace_end(b.name).schema_diff
+    assert diff is not None and diff.notes == []
+    found = {(c.kind, c.name, c.change): c for c in diff.changes}
+    assert set(found) == {
+        ("column", "public.accounts.note", "added"),
+        ("index", "public.accounts_note", "added"),
+    }
+    attributes = {
+        a.name: a.after for a in found["column", "public.accounts.note", "added"].attributes
+    }
+    assert attributes == {"type": "text", "nullability": "null", "default": "'none'::text"}
+
+
 def test_create_index_is_logged_with_its_share_lock_and_the_scan_it_made(
     pool: Pool, base: BaseVersion, traced: Branch
 ) -> None:
@@ -296,10 +319,10 @@ def test_what_the_engine_runs_in_a_branch_fires_no_event_trigger(
     pool: Pool, base: BaseVersion, traced: Branch
 ) -> None:
     """Every statement the engine's superuser runs in a branch once PR code could have run:
-    the trace's switches, its marks' reads, its lock samples, and a password's ALTER ROLE,
-    with event triggers that fail whatever fires them."""
+    the trace's switches, its marks' reads, its lock samples, the schema diff's catalog reads
+    and a password's ALTER ROLE, with event triggers that fail whatever fires them."""
     from pgoverlay.runner.postgres import roles
-    from pgoverlay.runner.trace import sampler, snapshot
+    from pgoverlay.runner.trace import sampler, schema, snapshot
 
     t = trace.target(pool, traced)
     with t.connect() as conn:
@@ -313,6 +336,7 @@ def test_what_the_engine_runs_in_a_branch_fires_no_event_trigger(
         assert taken.relations
         snapshot.wait_for_exits(conn, user=t.user, since=taken.at)
         conn.execute(sampler.SAMPLE, {"user": t.user, "chars": 100}).fetchall()
+        assert "public.canary_works" not in schema.take(conn).objects["table"]
         roles.set_password(
             conn,
             user=t.user,
@@ -463,6 +487,12 @@ def test_the_trace_through_the_service_and_its_client(
     assert "by_http" in {r.name for r in mark.relations}
     last = remote.trace_end(traced.name)
     assert last.instrumented
+    assert last.schema_diff is not None  # the schema diff comes with the end, read back whole
+    changed = [(c.kind, c.name, c.change) for c in last.schema_diff.changes]
+    assert changed == [("table", "public.by_http", "added")]
+    assert {a.name: a.after for a in last.schema_diff.changes[0].attributes}["columns"] == (
+        "id integer"
+    )
     with as_engine(pool, traced, base) as conn:
         assert _switched_on(conn, traced.user) == []
 

@@ -4,7 +4,8 @@ The document is the :class:`~pgoverlay.action.report.Report` as its dataclasses 
 seconds and sizes in bytes, with ``schema_version`` (raised when a field is removed or changes
 meaning; new fields may appear in any release) and ``detail``, which says what was left out to
 keep the document under a size limit: ``full``, ``no statements`` (per-statement detail dropped),
-``no findings`` (squawk's findings dropped too) or ``no insight`` (the insights dropped).
+``no findings`` (squawk's findings dropped too) or ``no insight`` (the insights dropped, and the
+schema diff's listed changes: its counts stay).
 
 The same ladder keeps the PR record (``action/record.py``) and the listener's stored report
 within their limits, so a big report is never refused for its size, only made coarser.
@@ -86,7 +87,17 @@ def trim(report: Report, detail: Detail, *, limit: int = 0) -> Report:
         if insight is not None:
             insight = None if detail == "no insight" else _trim_insight(insight, detail, limit)
         runs.append(dataclasses.replace(m, insight=insight))
-    return dataclasses.replace(report, migrations=runs)
+    schema = report.schema_diff
+    if schema is not None and detail == "no insight" and schema.changes:
+        # the counts stay: the comment's headline; the listed changes go
+        note = f"the listed schema changes were left out to keep the report within {limit:,} bytes"
+        schema = dataclasses.replace(
+            schema,
+            changes=[],
+            left_out=schema.left_out + len(schema.changes),
+            notes=[*schema.notes, note],
+        )
+    return dataclasses.replace(report, migrations=runs, schema_diff=schema)
 
 
 def _trim_insight(insight: MigrationInsight, detail: Detail, limit: int) -> MigrationInsight:

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from types import TracebackType
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import analyze, lint
+from pgoverlay.action.insight import analyze, lint, schemadiff
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service.engine import Engine
@@ -48,6 +48,7 @@ class Observer:
             repository=repository, interval=interval, max_seconds=max_seconds
         )
         self.problem = ""  # why migrations were not measured, when they were not
+        self.schema_diff: schemadiff.SchemaDiff | None = None  # at the trace's end
         self._last: TraceMark | None = None
         self._book: analyze.Book | None = None
         self._started = False
@@ -82,7 +83,9 @@ class Observer:
         if not opened:
             return
         try:
-            self.engine.trace_end(self.name, repository=self.repository)
+            last = self.engine.trace_end(self.name, repository=self.repository)
+            if last.schema_diff is not None:
+                self.schema_diff = schemadiff.of_view(last.schema_diff)
         except PgoverlayError as problem:
             log.warning("branch %s: the trace did not end cleanly: %s", self.name, problem)
 

@@ -401,11 +401,44 @@ def _bring_up(
     rt.start(lay, options=server_options(pool, lay, branch))
     pool.registry.update_branch(branch.name, durable=False, step="started")
     fault(pool, f"{saga}:started")
+    # Before any login: the role still has the password the base was prepared with, which
+    # nobody kept (a reset branch's own password, known to the pull request, is set next).
+    _record_schema(pool, base, branch)
     if saga == "warm":
         _lock_login(pool, base, branch)  # its password comes with its claim
         return
     _give_login(pool, base, branch, secret)
     _check_ready(pool, branch)
+
+
+def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+    """Keep the base version's schema, read in this branch while it is fresh and nobody but
+    the engine can log in (no PR code has run in it, nor can), for the diffs of every branch
+    of that version (``trace.schema``); once per version. A failure only costs those diffs."""
+    import psycopg
+
+    from pgoverlay.runner.trace import schema
+
+    try:
+        if schema.record_base(
+            pool.schema_file(base.name, base.version),
+            lambda: _engine_connection(pool, branch, base),
+        ):
+            log.info(
+                "base %s v%s: its schema was read in branch %s",
+                base.name,
+                base.version,
+                branch.name,
+            )
+    except (psycopg.Error, OSError, PgoverlayError) as err:
+        log.warning(
+            "base %s v%s: its schema could not be read in branch %s (%s); a later branch "
+            "tries again",
+            base.name,
+            base.version,
+            branch.name,
+            err,
+        )
 
 
 def create(

@@ -158,6 +158,11 @@ class Pool:
         check_name(name, what="base")
         return self._inside(self.root / "bases" / name / str(int(version)))
 
+    def schema_file(self, name: str, version: int) -> Path:
+        """The base version's schema as a branch fresh from it has it (``trace.schema``)."""
+        check_name(name, what="base")
+        return self._inside(self.root / "schemas" / name / f"{int(version)}.json")
+
     def branch_dir(self, name: str) -> Path:
         check_name(name)
         return self._inside(self.root / "branches" / name)
@@ -336,6 +341,7 @@ LAYOUT = (
     ("staging", 0o711),
     ("bases", 0o755),
     ("branches", 0o711),
+    ("schemas", 0o700),
 )
 
 

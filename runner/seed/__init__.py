@@ -619,6 +619,7 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
         tablespaces.staging_root(staging),
         pool.store_dir(name, version),
         target,
+        pool.schema_file(name, version),
     ):
         with contextlib.suppress(OSError):
             safefs.remove_tree(path)

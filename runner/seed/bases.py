@@ -83,7 +83,11 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
     seed.remove_version(pool, name, version)
     if not pool.registry.bases(name):
         pool.registry.forget_warm_targets(name)
-        for parent in (pool.store_dir(name, version).parent, pool.base_dir(name, version).parent):
+        for parent in (
+            pool.store_dir(name, version).parent,
+            pool.base_dir(name, version).parent,
+            pool.schema_file(name, version).parent,
+        ):
             with contextlib.suppress(OSError):
                 os.rmdir(parent)  # only when empty
     log.info("removed base %s version %s", name, version)

@@ -168,6 +168,46 @@ class LogEntry(Shape):
     message: str
 
 
+SchemaChangeKind = Literal["added", "dropped", "changed"]
+
+
+class SchemaAttribute(Shape):
+    """One attribute of a schema object (a column's ``type``, an index's ``definition``) as
+    the base had it and as the branch has it ("" where the object is missing on that side)."""
+
+    name: str
+    before: str = ""
+    after: str = ""
+
+
+class SchemaChange(Shape):
+    """An object of the branch's schema the base does not have, has differently, or has and
+    the branch does not (``runner.trace.schema`` names the kinds)."""
+
+    kind: str  # "table", "column", "index", "constraint", "trigger", "view", ...
+    name: str  # quoted where Postgres would quote it: public.orders.amount
+    change: Literal["added", "dropped", "changed"]  # SchemaChangeKind (decode reads it spelt out)
+    table: str = ""  # the table a column, index, constraint, trigger or grant belongs to
+    # added/dropped: the object's attributes on its side; changed: those that differ
+    attributes: list[SchemaAttribute] = field(default_factory=list)
+
+
+class SchemaCount(Shape):
+    kind: str
+    change: Literal["added", "dropped", "changed"]
+    count: int
+
+
+class SchemaDiff(Shape):
+    """The branch's schema against its base's, read from the catalogs when a trace ends."""
+
+    base_taken_at: float  # when the base's side was read (0: it was not available)
+    changes: list[SchemaChange] = field(default_factory=list)  # at most MAX_CHANGES
+    counts: list[SchemaCount] = field(default_factory=list)  # of every change, listed or not
+    left_out: int = 0  # changes past MAX_CHANGES, counted but not listed
+    notes: list[str] = field(default_factory=list)  # what could not be compared, and why
+
+
 class TraceMark(Shape):
     """What a trace saw since its previous mark (since it opened, for the first)."""
 
@@ -186,6 +226,8 @@ class TraceMark(Shape):
     interval: float  # seconds between pg_locks samples
     instrumented: bool  # the event triggers were in place at this mark
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
+    # The branch's schema against its base's: with the trace's end only.
+    schema_diff: SchemaDiff | None = None
 
 
 class Connection(Shape):

@@ -30,8 +30,8 @@ from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import sqlerror
-from pgoverlay.runner.service.views import Layer, RelationState, TraceMark
-from pgoverlay.runner.trace import instrument, logfile, sampler, snapshot
+from pgoverlay.runner.service.views import Layer, RelationState, SchemaDiff, TraceMark
+from pgoverlay.runner.trace import instrument, logfile, sampler, schema, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Target:
     upper: Path
     owner_uid: int
     role_is_superuser: bool
+    base_schema: Path | None = None  # the base version's schema (``schema.record_base``)
 
     def connect(self) -> psycopg.Connection[Any]:
         """The base's superuser through the branch's private socket (the engine's access)."""
@@ -96,6 +97,7 @@ def target(pool: Pool, b: Branch) -> Target:
         upper=lay.upper,
         owner_uid=pool.owner.uid,
         role_is_superuser=pool.settings.branch_superuser,
+        base_schema=pool.schema_file(b.base_name, b.base_version),
     )
 
 
@@ -219,6 +221,35 @@ class Trace:
             )
         return entries, chunk.truncated
 
+    def schema_diff(self) -> SchemaDiff:
+        """The branch's schema now against its base's (``schema``); what kept them from being
+        compared is said in its notes, never raised."""
+        t = self.target
+        try:
+            base = schema.load_base(t.base_schema) if t.base_schema is not None else None
+        except (UnsafePathError, OSError, ValueError) as err:
+            return SchemaDiff(base_taken_at=0.0, notes=[f"the base's schema is unreadable: {err}"])
+        if base is None:
+            return SchemaDiff(
+                base_taken_at=0.0,
+                notes=[
+                    f"the base's schema was not recorded (it is read in a branch fresh from the "
+                    f"base, and branch {t.name} was made by an earlier release or the read "
+                    f"failed): reset the branch (`pgoverlay branch reset {t.name}`) and the "
+                    "next run shows the schema changes"
+                ],
+            )
+        try:
+            with t.connect() as conn:
+                now = schema.take(conn)
+        except psycopg.Error as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            return SchemaDiff(
+                base_taken_at=base.taken_at,
+                notes=[f"the branch's schema could not be read: {first}"],
+            )
+        return schema.diff(base, now)
+
     def _layer(self, notes: list[str]) -> Layer:
         try:
             size = sizes.layer_size(self.target.upper)
@@ -316,6 +347,7 @@ def end(pool: Pool, name: str) -> TraceMark:
         last = trace.take_mark()
     finally:
         trace.close(remove=True)
+    last = last.replace(schema_diff=trace.schema_diff())
     log.info("trace of branch %s ended", name)
     return last
 

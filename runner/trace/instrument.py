@@ -22,7 +22,8 @@ three ways, and the engine gives it none:
   functions (``snapshot``, ``sampler``), and the trace's functions qualify every name.
 
 What the engine's superuser runs in a branch, all of it: this module's switches; the reads of
-``snapshot``, ``sampler`` and ``installed`` (catalogs and statistics functions, names pinned);
+``snapshot``, ``sampler``, ``schema`` and ``installed`` (catalogs, statistics functions and
+``pg_get_*def``, in read-only transactions where they are several, names pinned);
 and the branch role's password (``roles.set_password``: one ``ALTER ROLE``, on create, reset,
 restart and a warm claim). ``roles.set_login``, whose ``CREATE SCHEMA`` is DDL, runs only in a
 branch fresh from the base (no PR code has run there); a restarted branch whose role is gone is
