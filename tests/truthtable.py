@@ -279,6 +279,7 @@ def table_of(rels: Snapshot, oid: int) -> Rel:
 @dataclass(frozen=True)
 class Truth:
     locks: frozenset[tuple[str, str]]  # (relation, mode) on relations that existed before
+    passing: frozenset[tuple[str, str]]  # seen held while it ran, let go before it ended
     rewritten: frozenset[str]  # tables whose storage, or an index's, was replaced
     scanned: frozenset[str]  # tables scanned in full under a lock that blocks writes
     rows_changed: frozenset[str]  # existing tables with rows updated or deleted
@@ -288,7 +289,7 @@ class Truth:
 
     def strongest(self) -> dict[str, str]:
         """Each table's strongest mode, its indexes' and TOAST table's folded onto it."""
-        return strongest_per_table(self.locks, self.names)
+        return strongest_per_table(self.locks | self.passing, self.names)
 
 
 def strongest_per_table(locks: Iterable[tuple[str, str]], names: dict[str, str]) -> dict[str, str]:
@@ -304,19 +305,22 @@ def _judge(
     before: Snapshot,
     after: Snapshot,
     held: Iterable[tuple[int, str]],
+    passing: Iterable[tuple[int, str]],
     scans: dict[int, int],
     changed: dict[int, int],
     *,
     exact: bool,
 ) -> Truth:
     locks = {(before[oid].name, mode) for oid, mode in held if oid in before}
+    taken = set(held) | set(passing)
+    seen = {(before[oid].name, mode) for oid, mode in taken if oid in before} - locks
     rewritten = {
         table_of(before, oid).name
         for oid, rel in before.items()
         if rel.kind in COUNTED_KINDS and (_refiled(rel, after) or _recreated(rel, before, after))
     }
     modes_on: dict[int, set[str]] = {}
-    for oid, mode in held:
+    for oid, mode in taken:
         modes_on.setdefault(oid, set()).add(mode)
     scanned = {
         before[oid].name
@@ -324,7 +328,7 @@ def _judge(
         if n > 0 and oid in before and modes_on.get(oid, set()) & BLOCKS_WRITES
     }
     rows = {before[oid].name for oid, n in changed.items() if n > 0 and oid in before}
-    counted = [mode for oid, mode in held if oid in before and before[oid].kind in COUNTED_KINDS]
+    counted = [mode for oid, mode in taken if oid in before and before[oid].kind in COUNTED_KINDS]
     if rewritten:
         kind = "rewrite"
     elif set(counted) & BLOCKS_READS:
@@ -339,8 +343,8 @@ def _judge(
         rel.name: table_of(snap, oid).name for snap in (after, before) for oid, rel in snap.items()
     }
     return Truth(
-        frozenset(locks), frozenset(rewritten), frozenset(scanned), frozenset(rows), kind, exact,
-        names,
+        frozenset(locks), frozenset(seen), frozenset(rewritten), frozenset(scanned),
+        frozenset(rows), kind, exact, names,
     )  # fmt: skip
 
 
@@ -359,24 +363,75 @@ def _recreated(rel: Rel, before: Snapshot, after: Snapshot) -> bool:
     )
 
 
-def measure(conn: psycopg.Connection[Any], text: str) -> Truth:
-    """Run ``text`` in a transaction of its own on ``conn`` (not in autocommit), read what it
-    did from inside, and roll it back."""
-    assert not conn.autocommit
-    pid = conn.info.backend_pid
-    try:
-        before = snapshot(conn)
-        conn.execute(text)
-        held = [
-            (oid, mode_name(m)) for oid, m, granted in conn.execute(_OWN_LOCKS, (pid,)) if granted
-        ]
-        after = snapshot(conn)
-        stats = conn.execute(_XACT_STATS).fetchall()
-    finally:
-        conn.rollback()
+class Watch:
+    """Another session sampling one backend's granted relation locks, about every millisecond,
+    from ``with`` to its end: what a statement holds while it runs, the ones it lets go before
+    it ends included."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], pid: int) -> None:
+        self.seen: set[tuple[int, str]] = set()
+        self._connect = connect
+        self._pid = pid
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="truth-watch")
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._failed:
+            raise self._failed[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        if self._failed:
+            raise self._failed[0]
+
+    def _run(self) -> None:
+        try:
+            with self._connect() as look:
+                look.autocommit = True
+
+                def sample() -> bool | None:
+                    for oid, mode, granted in look.execute(_OWN_LOCKS, (self._pid,)):
+                        if granted:
+                            self.seen.add((int(oid), mode_name(mode)))
+                    self._ready.set()
+                    return self._stop.is_set() or None
+
+                polling.wait_for(
+                    sample, timeout=3600, what="the statement to end",
+                    first_interval=0.0005, max_interval=0.001,
+                )  # fmt: skip
+        except BaseException as err:  # noqa: BLE001 - raised again in the measuring thread
+            self._failed.append(err)
+        finally:
+            self._ready.set()
+
+
+def measure(connect: Callable[[], psycopg.Connection[Any]], text: str) -> Truth:
+    """Run ``text`` in a transaction of its own, read what it did from inside (and, while it
+    runs, from another session), and roll it back."""
+    with connect() as conn:
+        conn.autocommit = False
+        pid = conn.info.backend_pid
+        try:
+            before = snapshot(conn)
+            with Watch(connect, pid) as watch:
+                conn.execute(text)
+            held = [
+                (o, mode_name(m)) for o, m, granted in conn.execute(_OWN_LOCKS, (pid,)) if granted
+            ]
+            after = snapshot(conn)
+            stats = conn.execute(_XACT_STATS).fetchall()
+        finally:
+            conn.rollback()
     scans = {oid: n for oid, n, _ in stats}
     changed = {oid: n for oid, _, n in stats}
-    return _judge(before, after, held, scans, changed, exact=True)
+    return _judge(before, after, held, watch.seen, scans, changed, exact=True)
 
 
 def measure_behind_blocker(
@@ -412,17 +467,18 @@ def measure_behind_blocker(
             waiting = any(not g for _, _, g in found)
             return found if waiting or failed else None
 
-        try:
-            seen = polling.wait_for(queued, timeout=timeout, what=f"{text!r} to queue")
-        finally:
-            blocker.execute("ROLLBACK")
-            worker.join(timeout)
+        with Watch(connect, pid) as watch:
+            try:
+                seen = polling.wait_for(queued, timeout=timeout, what=f"{text!r} to queue")
+            finally:
+                blocker.execute("ROLLBACK")
+                worker.join(timeout)
         assert not worker.is_alive(), f"{text!r} did not finish within {timeout} s"
         if failed:
             raise failed[0]
         after = snapshot(look)
         stats_after = {oid: (s, n) for oid, s, n in look.execute(_STATS)}
-    held = [(oid, mode) for oid, mode, _ in seen if oid]
+    held = [(oid, mode) for oid, mode, _ in seen if oid]  # held, or asked for, while queued
     scans = {o: s - stats_before.get(o, (0, 0))[0] for o, (s, _) in stats_after.items()}
     changed = {o: n - stats_before.get(o, (0, 0))[1] for o, (_, n) in stats_after.items()}
-    return _judge(before, after, held, scans, changed, exact=False)
+    return _judge(before, after, held, watch.seen, scans, changed, exact=False)
