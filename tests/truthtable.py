@@ -240,6 +240,7 @@ SELECT c.oid::int8, n.nspname || '.' || c.relname, c.relkind::text, c.relfilenod
   LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
   LEFT JOIN pg_catalog.pg_class t ON t.reltoastrelid = c.oid
  WHERE c.oid >= 16384 AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+   AND n.nspname !~ '^pg_(toast_)?temp_'
 """
 _OWN_LOCKS = """
 SELECT l.relation::int8, l.mode, l.granted
@@ -363,53 +364,87 @@ def _recreated(rel: Rel, before: Snapshot, after: Snapshot) -> bool:
     )
 
 
+# The watching session's loop, inside Postgres: pg_lock_status() about every 50 microseconds,
+# a transaction each, each lock the backend is granted kept once, until the session that runs
+# the statement lets go of the advisory lock it holds meanwhile.
+_WATCH = """
+DO $watch$
+DECLARE
+  seen text[] := '{{}}';
+  lock text;
+BEGIN
+  LOOP
+    FOR lock IN SELECT l.relation || ' ' || l.mode FROM pg_catalog.pg_lock_status() l
+                 WHERE l.pid = {pid} AND l.locktype = 'relation' AND l.granted LOOP
+      IF NOT lock = ANY (seen) THEN
+        seen := seen || lock;
+      END IF;
+    END LOOP;
+    COMMIT;  -- no snapshot held: CONCURRENTLY waits for older snapshots
+    EXIT WHEN pg_catalog.pg_try_advisory_lock({key});
+  END LOOP;
+  PERFORM pg_catalog.pg_advisory_unlock({key});
+  INSERT INTO pg_temp.truth_seen SELECT split_part(x, ' ', 1)::oid, substr(x, strpos(x, ' ') + 1)
+    FROM unnest(seen) x;
+END
+$watch$
+"""
+
+
 class Watch:
-    """Another session sampling one backend's granted relation locks, about every millisecond,
-    from ``with`` to its end: what a statement holds while it runs, the ones it lets go before
-    it ends included."""
+    """Another session sampling one backend's granted relation locks from inside Postgres
+    (about every 50 microseconds) from ``with`` to its end: what a statement holds while it
+    runs, the ones it lets go before it ends included."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection[Any]], pid: int) -> None:
         self.seen: set[tuple[int, str]] = set()
-        self._connect = connect
         self._pid = pid
-        self._stop = threading.Event()
-        self._ready = threading.Event()
+        self._control = connect()
+        self._look = connect()
+        for conn in (self._control, self._look):
+            conn.autocommit = True
+        self._look.execute(
+            "CREATE TEMP TABLE truth_seen (relation oid, mode text, PRIMARY KEY (relation, mode))"
+        )
         self._failed: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name="truth-watch")
 
     def __enter__(self) -> Watch:
+        self._control.execute("SELECT pg_catalog.pg_advisory_lock(%s)", (self._pid,))
         self._thread.start()
-        self._ready.wait(30)
+        watcher = self._look.info.backend_pid
+
+        def looping() -> bool:
+            row = self._control.execute(
+                "SELECT state = 'active' FROM pg_catalog.pg_stat_activity WHERE pid = %s",
+                (watcher,),
+            ).fetchone()
+            return bool(row and row[0]) or bool(self._failed)
+
+        polling.wait_for(looping, timeout=30, what="the watching session to start")
         if self._failed:
             raise self._failed[0]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        if self._failed:
-            raise self._failed[0]
+        self._control.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", (self._pid,))
+        self._thread.join(60)
+        try:
+            if self._failed:
+                raise self._failed[0]
+            rows = self._look.execute("SELECT relation::int8, mode FROM pg_temp.truth_seen")
+            self.seen = {(int(oid), mode_name(mode)) for oid, mode in rows}
+        finally:
+            self._control.close()
+            self._look.close()
 
     def _run(self) -> None:
         try:
-            with self._connect() as look:
-                look.autocommit = True
-
-                def sample() -> bool | None:
-                    for oid, mode, granted in look.execute(_OWN_LOCKS, (self._pid,)):
-                        if granted:
-                            self.seen.add((int(oid), mode_name(mode)))
-                    self._ready.set()
-                    return self._stop.is_set() or None
-
-                polling.wait_for(
-                    sample, timeout=3600, what="the statement to end",
-                    first_interval=0.0005, max_interval=0.001,
-                )  # fmt: skip
+            self._look.execute(
+                sql.SQL(_WATCH).format(pid=sql.Literal(self._pid), key=sql.Literal(self._pid))
+            )
         except BaseException as err:  # noqa: BLE001 - raised again in the measuring thread
             self._failed.append(err)
-        finally:
-            self._ready.set()
 
 
 def measure(connect: Callable[[], psycopg.Connection[Any]], text: str) -> Truth:
