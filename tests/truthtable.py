@@ -9,8 +9,13 @@ One that may not (``CONCURRENTLY``, ``VACUUM``) runs for real behind a blocker: 
 holds ``ROW EXCLUSIVE`` on the table, the statement queues behind it, and its locks are read
 from ``pg_locks`` while it waits (the ones it holds and the one it asks for); then the blocker
 lets go, the statement commits, and its files and the statistics views are read before and
-after. That measurement sees the locks held at the moment it waits, not every lock of its later
-phases, so only each table's strongest mode is compared for it (``Truth.exact`` is False).
+after. Its changes stay (``Statement.undo`` puts back what a later statement needs).
+
+Either way a third session samples the statement's locks from inside Postgres while it runs
+(``Watch``): the locks it lets go before it ends (``Truth.passing``), and the later phases of
+``CONCURRENTLY``. That part is sampling, about every 50 microseconds: a lock held for less than
+one look can be missed. For a statement measured behind a blocker only each table's strongest
+mode is compared (``Truth.exact`` is False).
 
 The verdict kind follows the rule every branch of issue 27 shares (first that applies; only
 relations that existed before count): "rewrite" when a table's or matview's storage, or one of
