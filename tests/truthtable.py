@@ -307,7 +307,7 @@ def strongest_per_table(locks: Iterable[tuple[str, str]], names: dict[str, str])
     return found
 
 
-def _judge(
+def judge(
     before: Snapshot,
     after: Snapshot,
     held: Iterable[tuple[int, str]],
@@ -317,6 +317,7 @@ def _judge(
     *,
     exact: bool,
 ) -> Truth:
+    held = list(held)
     locks = {(before[oid].name, mode) for oid, mode in held if oid in before}
     taken = set(held) | set(passing)
     seen = {(before[oid].name, mode) for oid, mode in taken if oid in before} - locks
@@ -471,7 +472,7 @@ def measure(connect: Callable[[], psycopg.Connection[Any]], text: str) -> Truth:
             conn.rollback()
     scans = {oid: n for oid, n, _ in stats}
     changed = {oid: n for oid, _, n in stats}
-    return _judge(before, after, held, watch.seen, scans, changed, exact=True)
+    return judge(before, after, held, watch.seen, scans, changed, exact=True)
 
 
 def measure_behind_blocker(
@@ -521,4 +522,4 @@ def measure_behind_blocker(
     held = [(oid, mode) for oid, mode, _ in seen if oid]  # held, or asked for, while queued
     scans = {o: s - stats_before.get(o, (0, 0))[0] for o, (s, _) in stats_after.items()}
     changed = {o: n - stats_before.get(o, (0, 0))[1] for o, (_, n) in stats_after.items()}
-    return _judge(before, after, held, watch.seen, scans, changed, exact=False)
+    return judge(before, after, held, watch.seen, scans, changed, exact=False)
