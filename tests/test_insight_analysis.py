@@ -255,9 +255,19 @@ def single_transaction_log() -> list[LogEntry]:
 
 def test_event_locks_are_held_from_their_statement_to_commit() -> None:
     insight = run(single_transaction_log(), sql=SQL)
-    share = LockUse("public.orders", "table", "SHARE", "writes", 2.0 + 1.0, 0.0, 0, 412 * MIB)
+    share = LockUse(
+        "public.orders", "table", "SHARE", "writes", 2.0 + 1.0, 0.0, 0, 412 * MIB, "exact"
+    )
     exclusive = LockUse(
-        "public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.505, 0.0, 1, 412 * MIB
+        "public.orders",
+        "table",
+        "ACCESS EXCLUSIVE",
+        "reads and writes",
+        0.505,
+        0.0,
+        1,
+        412 * MIB,
+        "exact",
     )
     assert insight.locks == [exclusive, share]
     # The second statement ran under the first one's SHARE too: it lists it, with its hold;

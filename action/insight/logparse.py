@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from pgoverlay.action.insight import marks
 from pgoverlay.runner.service.views import LogEntry
 
 TRACE_PREFIX = "pgoverlay-trace "
@@ -60,6 +61,21 @@ class DdlEvent:
 
 
 @dataclass(frozen=True)
+class StatementMark:
+    """A call of the statement procedure: the locks its backend then held, its transaction's
+    cumulative scan counters, the ``lock_timeout`` in force, and who it says it is (the
+    migration's nonce and the statement's index)."""
+
+    nonce: str
+    statement: int
+    vxid: str
+    locks: list[HeldLock]
+    scans: list[ScanCount]
+    lock_timeout_ms: int | None
+    at: float
+
+
+@dataclass(frozen=True)
 class RewriteEvent:
     """A table about to be rewritten; ``reason`` holds Postgres's AT_REWRITE_* bits."""
 
@@ -90,6 +106,9 @@ class Statement:
     ddl: list[DdlEvent] = field(default_factory=list)
     rewrites: list[RewriteEvent] = field(default_factory=list)
     waits: list[LockWait] = field(default_factory=list)
+    marks: list[StatementMark] = field(default_factory=list)  # in the order they were logged
+    # The (nonce, index) of the call a statement mark appended to the query (not in ``text``).
+    called: tuple[str, int] | None = None
 
     @property
     def control(self) -> bool:
@@ -105,6 +124,7 @@ class _Pending:
     ddl: list[DdlEvent] = field(default_factory=list)
     rewrites: list[RewriteEvent] = field(default_factory=list)
     waits: dict[tuple[int | None, str], LockWait] = field(default_factory=dict)
+    marks: list[StatementMark] = field(default_factory=list)
     phase_seconds: float = 0.0  # parse and bind of the extended protocol, before its execute
     phase_start: float | None = None
 
@@ -147,22 +167,25 @@ def parse(entries: Iterable[LogEntry], *, ignore_pids: Iterable[int] = ()) -> Pa
         start = entry.time - seconds
         if state.phase_start is not None:
             start = min(start, state.phase_start)
+        text, called = marks.split(found.group("text").strip())
         statements.append(
             Statement(
                 pid=entry.pid,
                 start=start,
                 end=entry.time,
                 seconds=seconds + state.phase_seconds,
-                text=found.group("text").strip(),
+                text=text,
                 block=None,
                 transaction_end=entry.time,
                 ddl=state.ddl,
                 rewrites=state.rewrites,
                 waits=list(state.waits.values()),
+                marks=state.marks,
+                called=called,
             )
         )
         pending[entry.pid] = _Pending()
-    orphans = sum(len(p.ddl) + len(p.rewrites) for p in pending.values())
+    orphans = sum(len(p.ddl) + len(p.rewrites) + len(p.marks) for p in pending.values())
     return ParsedLog(_blocks(statements), malformed=malformed, orphans=orphans)
 
 
@@ -180,6 +203,22 @@ def _read_event(payload: str, state: _Pending) -> bool:
                         ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
                         for x in event.get("scans", [])
                     ],
+                )
+            )
+        elif event["event"] == "statement":
+            timeout = event.get("lock_timeout_ms")
+            state.marks.append(
+                StatementMark(
+                    nonce=str(event["nonce"]),
+                    statement=int(event["statement"]),
+                    vxid=str(event["vxid"]),
+                    locks=[HeldLock(int(x["rel"]), str(x["mode"])) for x in event["locks"]],
+                    scans=[
+                        ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
+                        for x in event["scans"]
+                    ],
+                    lock_timeout_ms=int(timeout) if timeout is not None else None,
+                    at=float(event["at"]),
                 )
             )
         elif event["event"] == "rewrite":

@@ -15,6 +15,7 @@ from typing import Literal
 Blocks = Literal["reads and writes", "writes", "ddl"]
 FindingStatus = Literal["confirmed", "not observed", "not measurable"]
 VerdictLevel = Literal["safe", "notice", "over"]  # over: a threshold is crossed
+LockSource = Literal["exact", "inferred", "sampled"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class LockUse:
     waited_seconds: float = 0.0  # time spent waiting to get it
     statement: int | None = None  # the statement that took it, where statements are known
     bytes: int = 0  # the relation's size, for "blocks writes to orders (5.0 GiB)"
+    # How it is known: "exact" read from pg_locks by the trace while its transaction held it
+    # (an event trigger or a statement mark), "inferred" from what Postgres documents for the
+    # statement that ran (its mode is certain, its hold is the statement's to its commit),
+    # "sampled" seen by the pg_locks sampler (it may miss a lock held less than an interval).
+    source: LockSource = "sampled"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,9 @@ class StatementInsight:
     locks: list[LockUse] = field(default_factory=list)
     rewrites: list[Rewrite] = field(default_factory=list)
     scans: list[Scan] = field(default_factory=list)
+    # The lock_timeout in force when it ran, seconds (0: none), from its statement mark; None
+    # when unknown (no mark: command mode, or a statement left unmarked).
+    lock_timeout: float | None = None
 
 
 @dataclass(frozen=True)

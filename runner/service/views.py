@@ -186,6 +186,9 @@ class TraceMark(Shape):
     interval: float  # seconds between pg_locks samples
     instrumented: bool  # the event triggers were in place at this mark
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
+    # The statement procedure was in place too (a base prepared before it has none): a
+    # migration file's statements may be marked (``pgoverlay.action.insight.marks``).
+    statement_marks: bool = False
 
 
 class Connection(Shape):

@@ -1,0 +1,144 @@
+"""Statement marks: a migration file, as psql reads it, with a call to the trace's statement
+procedure after each statement, so that every lock of every statement is read from
+``pg_locks`` while its transaction still holds it (SQL-folder mode).
+
+A statement ``S;`` becomes ``S\\; CALL pgoverlay_trace.statement_end('NONCE', K);`` on the same
+line: psql sends both in one query, which Postgres runs in one transaction (an implicit one
+outside a transaction block), so the call sees what ``S`` took even when ``S`` commits on its
+own. Lines do not move, so psql's ``psql:FILE:LINE`` and the server's ``LINE k:`` keep pointing
+at the file's own lines; the call prints nothing under ``psql -q`` and logs one line.
+
+Statements are left unmarked (their locks come from the event triggers, from what Postgres
+documents for them, or from sampling) where a call could change what psql or the server
+does:
+
+- ``COPY`` (``FROM STDIN`` data follows the statement) and the lines of its data;
+- a statement holding a backslash: a psql meta-command (``\\i``, ``\\if``, ``\\gexec``,
+  ``\\set``) or an escape string, where psql's reading and this module's may part;
+- statements that cannot run in a transaction block (``CREATE INDEX CONCURRENTLY``, ``VACUUM``,
+  ...) and transaction control (a lock ends at ``COMMIT``: nothing is left to read);
+- ``CALL`` and ``DO`` outside ``--single-transaction``: they may commit, which they cannot do
+  in a query of two statements;
+- a last statement without its semicolon.
+
+A file that includes another relative to itself (``\\ir``) is not marked at all: psql reads
+the marked text from its standard input, where ``\\ir`` would look in another folder.
+
+The nonce is random per migration; the log reader accepts a mark only with it, on the query
+that holds the statement it names, once (``analyze``).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+
+from pgoverlay.action import migrations
+
+PROCEDURE = "pgoverlay_trace.statement_end"
+_CALL = PROCEDURE + "('{nonce}', {index});"
+# What psql sends for a marked statement ends with this (psql turns the ``\;`` into ``;``).
+_SUFFIX = re.compile(
+    r";\s*CALL\s+pgoverlay_trace\.statement_end\('(?P<nonce>[0-9a-f]{1,64})',\s*(?P<index>\d+)\);?\s*$"
+)
+# The same in psql's messages (``LINE 2: ... ; CALL ...``), which reach the report.
+_IN_MESSAGES = re.compile(r"(?<=;) CALL pgoverlay_trace\.statement_end\('[0-9a-f]+', \d+\);")
+_LEADING = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*", re.DOTALL)
+_CONTROL = re.compile(
+    r"^(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT|PREPARE\s+TRANSACTION)\b",
+    re.IGNORECASE,
+)
+_COPY = re.compile(r"^COPY\b", re.IGNORECASE)
+_FROM_STDIN = re.compile(r"\bFROM\s+STDIN\b", re.IGNORECASE)
+_MAY_COMMIT = re.compile(r"^(CALL|DO)\b", re.IGNORECASE)
+_RELATIVE_INCLUDE = re.compile(r"^\s*\\(ir|include_relative)\b", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A migration file as psql is to read it: ``text``, with a call after each statement of
+    ``marked`` (indexes into ``migrations.statements``); ``reason`` says why a file holds
+    none."""
+
+    text: str
+    nonce: str
+    marked: frozenset[int]
+    reason: str = ""
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def _bare(text: str) -> str:
+    return _LEADING.sub("", text)
+
+
+def markable(statement: migrations.Statement, *, single_transaction: bool) -> bool:
+    """Whether a call may follow ``statement`` without changing what it does."""
+    bare = _bare(statement.text)
+    return not (
+        statement.semicolon is None
+        or "\\" in statement.text
+        or _COPY.match(bare)
+        or _CONTROL.match(bare)
+        or migrations.cannot_run_in_transaction(bare)
+        or (_MAY_COMMIT.match(bare) and not single_transaction)
+    )
+
+
+def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked:
+    """``sql_text`` with a call after each statement a call may follow (see the module)."""
+    if _RELATIVE_INCLUDE.search(sql_text):
+        return Marked(
+            sql_text,
+            nonce,
+            frozenset(),
+            reason="the file includes another relative to itself (\\ir): its statements' "
+            "locks come from the event triggers and sampling",
+        )
+    found = migrations.statements(sql_text)
+    copy_data_end = -1  # offset where the data of the last COPY ... FROM STDIN ends
+    cuts: list[tuple[int, int]] = []  # (offset of the semicolon, statement index)
+    for index, statement in enumerate(found):
+        bare = _bare(statement.text)
+        if statement.semicolon is not None and _COPY.match(bare) and _FROM_STDIN.search(bare):
+            copy_data_end = _copy_data_end(sql_text, statement.semicolon)
+            continue
+        if statement.semicolon is None or statement.semicolon <= copy_data_end:
+            continue
+        if markable(statement, single_transaction=single_transaction):
+            cuts.append((statement.semicolon, index))
+    pieces: list[str] = []
+    at = 0
+    for semicolon, index in cuts:
+        pieces.append(sql_text[at:semicolon])
+        pieces.append("\\; CALL " + _CALL.format(nonce=nonce, index=index))
+        at = semicolon + 1
+    pieces.append(sql_text[at:])
+    return Marked("".join(pieces), nonce, frozenset(i for _, i in cuts))
+
+
+def _copy_data_end(text: str, semicolon: int) -> int:
+    """Where the data after a ``COPY ... FROM STDIN`` ends: the end of its ``\\.`` line (psql
+    reads the data from the line after the statement), or the end of the file."""
+    start = text.find("\n", semicolon)
+    if start < 0:
+        return len(text)
+    found = re.compile(r"^\\\.[ \t]*$", re.MULTILINE).search(text, start + 1)
+    return found.end() if found else len(text)
+
+
+def split(logged: str) -> tuple[str, tuple[str, int] | None]:
+    """A logged query without the call a mark added, and the call's (nonce, index); the text as
+    it is and None when it holds no such call at its end."""
+    found = _SUFFIX.search(logged)
+    if found is None:
+        return logged, None
+    return logged[: found.start() + 1], (found.group("nonce"), int(found.group("index")))
+
+
+def scrub(message: str) -> str:
+    """psql's messages without the calls marks added (a failed statement's ``LINE`` echo)."""
+    return _IN_MESSAGES.sub("", message)
