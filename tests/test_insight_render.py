@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from test_comment import MARK, failed_run, fences, report, table_rows, tokens
 from test_webhook_intake import REPO, SECRET, TOKEN, Intake
 
-from pgoverlay.action import event, main, record
+from pgoverlay.action import details, event, main, record
 from pgoverlay.action.comment import MAX_COMMENT, MAX_SUMMARY, render_comment, render_summary
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.insight.model import (
@@ -46,7 +46,7 @@ from pgoverlay.webhook.settings import RepoSettings, WebhookSettings
 from pgoverlay.webhook.worker import Done
 
 HOSTILE = "x `` ``` | y </details> --> <!-- z <b>bold</b> \n\n| a | b |\n</summary>"
-SHARE = LockUse("public.orders", "table", "SHARE", "writes", 2.3, 0.0, 0, 412 * 1024**2)
+SHARE = LockUse("public.orders", "table", "SHARE", "writes", 2.3, 0.0, 0, 412 * 1024**2, "exact")
 
 
 def statement(i: int, text: str = "CREATE INDEX orders_created ON orders (created_at)") -> Any:
@@ -329,10 +329,20 @@ def test_bad_threshold_inputs_say_what_is_accepted(name: str, value: str, says: 
 # -- the JSON report and the Action's outputs --------------------------------------------------
 
 
+def test_a_sampled_lock_is_marked_as_sampled_in_the_lock_cell() -> None:
+    sampled = dataclasses.replace(SHARE, source="sampled")
+    inferred = dataclasses.replace(SHARE, source="inferred")
+    assert details.lock_cell([sampled]) == (
+        "SHARE on `public.orders`: blocks writes, 2.3 s (sampled)"
+    )
+    assert details.lock_cell([inferred]) == details.lock_cell([SHARE])
+    assert "sampled" not in details.lock_cell([SHARE])
+
+
 def test_the_json_report_is_the_report_with_a_schema_version() -> None:
     r = rich(traced())
     doc = json.loads(jsonreport.dumps(r))
-    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 1 and doc["detail"] == "full"
+    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 2 and doc["detail"] == "full"
     lock = doc["migrations"][0]["insight"]["statements"][0]["locks"][0]
     assert lock == {
         "relation": "public.orders",
@@ -343,6 +353,7 @@ def test_the_json_report_is_the_report_with_a_schema_version() -> None:
         "waited_seconds": 0.0,
         "statement": 0,
         "bytes": 412 * 1024**2,
+        "source": "exact",
     }
     del doc["schema_version"], doc["detail"]
     assert TypeAdapter(Report).validate_python(doc) == r
