@@ -243,10 +243,20 @@ def test_the_trace_objects_are_the_bases_made_at_prepare_and_switched_off(
         assert _trace_objects(conn) == [
             ("event trigger pgoverlay_trace_ddl", base.superuser),
             ("event trigger pgoverlay_trace_rewrite", base.superuser),
+            ("function statement_end", base.superuser),
             ("function trace_ddl", base.superuser),
             ("function trace_rewrite", base.superuser),
         ]
         assert _switched_on(conn, traced.user) == []
+        # The statement procedure is what the branch's role may call, and all it may use.
+        assert conn.execute(
+            "SELECT has_function_privilege(%s, %s, 'EXECUTE'), "
+            "has_schema_privilege(%s, %s, 'USAGE'), has_schema_privilege(%s, %s, 'CREATE')",
+            (traced.user, f"{instrument.SCHEMA}.statement_end(text, integer)",
+             traced.user, instrument.SCHEMA, traced.user, instrument.SCHEMA),
+        ).fetchone() == (True, True, False)  # fmt: skip
+        found = instrument.installed(conn, enabled=False)
+        assert found is not None and found.statement_end is not None
         owner = conn.execute(
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s",
             (instrument.SCHEMA,),
