@@ -17,8 +17,11 @@ does:
   ``\\set``) or an escape string, where psql's reading and this module's may part;
 - statements that cannot run in a transaction block (``CREATE INDEX CONCURRENTLY``, ``VACUUM``,
   ...) and transaction control (a lock ends at ``COMMIT``: nothing is left to read);
-- ``CALL`` and ``DO`` outside ``--single-transaction``: they may commit, which they cannot do
-  in a query of two statements;
+- outside ``--single-transaction``: ``CALL`` and ``DO``, which may commit (they cannot in a
+  query of two statements), and ``LOCK``, ``DECLARE``, ``SAVEPOINT``, ``RELEASE``, ``SET
+  LOCAL | TRANSACTION | CONSTRAINTS``, which Postgres refuses or warns about outside a
+  transaction block (a query of two statements is one: they would pass where the file alone
+  fails);
 - a last statement without its semicolon.
 
 A file that includes another relative to itself (``\\ir``) is not marked at all: psql reads
@@ -52,6 +55,12 @@ _CONTROL = re.compile(
 _COPY = re.compile(r"^COPY\b", re.IGNORECASE)
 _FROM_STDIN = re.compile(r"\bFROM\s+STDIN\b", re.IGNORECASE)
 _MAY_COMMIT = re.compile(r"^(CALL|DO)\b", re.IGNORECASE)
+# Statements Postgres refuses, or warns about, outside a transaction block: in a query of two
+# statements (an implicit block) they would pass where the file alone fails.
+_NEEDS_BLOCK = re.compile(
+    r"^(LOCK|DECLARE|SAVEPOINT|RELEASE|SET\s+(LOCAL|TRANSACTION|CONSTRAINTS)\b)\b",
+    re.IGNORECASE,
+)
 _RELATIVE_INCLUDE = re.compile(r"^\s*\\(ir|include_relative)\b", re.MULTILINE)
 
 
@@ -84,7 +93,7 @@ def markable(statement: migrations.Statement, *, single_transaction: bool) -> bo
         or _COPY.match(bare)
         or _CONTROL.match(bare)
         or migrations.cannot_run_in_transaction(bare)
-        or (_MAY_COMMIT.match(bare) and not single_transaction)
+        or (not single_transaction and (_MAY_COMMIT.match(bare) or _NEEDS_BLOCK.match(bare)))
     )
 
 
