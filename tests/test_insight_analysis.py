@@ -16,7 +16,7 @@ import pytest
 from helpers import extra_server
 from pgoverlay.action import migrations
 from pgoverlay.action.insight import analyze as an
-from pgoverlay.action.insight import lint, locks, logparse, verdict
+from pgoverlay.action.insight import lint, locks, logparse, marks, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -102,6 +102,7 @@ def run(
     raws: Sequence[lint.Raw] = (),
     ignore: Sequence[int] = (),
     thresholds: Thresholds = DEFAULTS,
+    marked: marks.Marked | None = None,
     **after_kw: Any,
 ) -> MigrationInsight:
     """Analyse one migration whose after mark holds ``log`` and ``spans``."""
@@ -116,6 +117,7 @@ def run(
         ignore_pids=set(ignore),
         lint=list(raws),
         thresholds=thresholds,
+        marked=marked,
     )
 
 
