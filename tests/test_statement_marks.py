@@ -59,10 +59,13 @@ def test_statements_a_mark_could_change_are_left_unmarked() -> None:
     assert single.marked == {0, 1}
 
 
-def test_a_file_that_includes_relative_to_itself_is_not_marked() -> None:
-    found = _marked("UPDATE t SET a = 1;\n\\ir other.sql\n")
-    assert found.marked == frozenset() and "\\ir" in found.reason
-    assert found.text == "UPDATE t SET a = 1;\n\\ir other.sql\n"
+def test_a_file_psql_could_not_read_from_standard_input_is_not_marked() -> None:
+    for command in ("\\ir other.sql", "\\! cat", "\\copy t from pstdin", "\\o | tee x"):
+        text = f"UPDATE t SET a = 1;\n{command}\n"
+        found = _marked(text)
+        assert found.marked == frozenset() and "standard input" in found.reason, command
+        assert found.text == text
+    assert _marked("UPDATE t SET a = 1;\n\\i other.sql\n").marked == {0}
 
 
 def test_the_logged_query_is_the_statement_without_its_call() -> None:

@@ -24,8 +24,10 @@ does:
   fails);
 - a last statement without its semicolon.
 
-A file that includes another relative to itself (``\\ir``) is not marked at all: psql reads
-the marked text from its standard input, where ``\\ir`` would look in another folder.
+A file is not marked at all when psql could not read it from its standard input as it reads
+the file: one that includes another relative to itself (``\\ir`` would look in another
+folder), or runs what may read psql's standard input (``\\!``, ``\\copy``, ``\\g |``,
+``\\o |``, ``\\w |``: they would read the rest of the file).
 
 The nonce is random per migration; the log reader accepts a mark only with it, on the query
 that holds the statement it names, once (``analyze``).
@@ -62,6 +64,9 @@ _NEEDS_BLOCK = re.compile(
     re.IGNORECASE,
 )
 _RELATIVE_INCLUDE = re.compile(r"^\s*\\(ir|include_relative)\b", re.MULTILINE)
+# psql commands whose children or data may read psql's standard input, which would then be the
+# rest of the marked file: a shell escape, \copy, output piped to a command.
+_READS_STDIN = re.compile(r"\\(!|copy\b|[gow]\s*\|)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -99,13 +104,14 @@ def markable(statement: migrations.Statement, *, single_transaction: bool) -> bo
 
 def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked:
     """``sql_text`` with a call after each statement a call may follow (see the module)."""
-    if _RELATIVE_INCLUDE.search(sql_text):
+    if _RELATIVE_INCLUDE.search(sql_text) or _READS_STDIN.search(sql_text):
         return Marked(
             sql_text,
             nonce,
             frozenset(),
-            reason="the file includes another relative to itself (\\ir): its statements' "
-            "locks come from the event triggers and sampling",
+            reason="the file uses a psql command that cannot read it from standard input "
+            "(\\ir, \\!, \\copy or a pipe), so its statements were not marked: their locks "
+            "come from the event triggers, what Postgres documents, and sampling",
         )
     found = migrations.statements(sql_text)
     copy_data_end = -1  # offset where the data of the last COPY ... FROM STDIN ends
