@@ -360,6 +360,12 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
         f"CREATE FUNCTION {schema}.trace_ddl(int) RETURNS int LANGUAGE sql AS 'SELECT 1'",
         f"ALTER FUNCTION {schema}.trace_ddl() SECURITY DEFINER",
         f"DROP FUNCTION {schema}.trace_rewrite()",
+        f"CREATE OR REPLACE PROCEDURE {schema}.statement_end(text, int) "
+        "LANGUAGE plpgsql AS 'BEGIN END'",
+        f"ALTER PROCEDURE {schema}.statement_end(text, int) SECURITY DEFINER",
+        f"ALTER PROCEDURE {schema}.statement_end(text, int) SET search_path = public",
+        f"DROP PROCEDURE {schema}.statement_end(text, int)",
+        f"CREATE PROCEDURE {schema}.statement_end(text, bigint) LANGUAGE sql AS ''",
         f"DROP SCHEMA {schema} CASCADE",
         f"ALTER SCHEMA {schema} RENAME TO elsewhere",
         "ALTER EVENT TRIGGER pgoverlay_trace_ddl DISABLE",
@@ -383,7 +389,7 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
         assert conn.execute("SHOW log_min_duration_statement").fetchone() == ("0",)
         conn.execute("CREATE TABLE still_seen (id int)")
     mark = engine.trace_end(traced.name)
-    assert mark.instrumented
+    assert mark.instrumented and mark.statement_marks
     assert [e["tag"] for e in _events(mark)] == ["CREATE TABLE"]
     assert any("left out" in n for n in mark.notes)
 
