@@ -234,3 +234,19 @@ def test_notes_say_where_a_lock_may_have_been_missed() -> None:
     assert "1 statement whose locks were only sampled ran for less than" in notes
     assert "`INSERT INTO items VALUES (1)`" in notes
     assert "`public.items` rewritten with no lock seen on its table" in notes
+
+
+def test_an_unmarked_statement_gives_its_locks_to_the_next_mark_held_from_its_own_start() -> None:
+    sql = "COPY items FROM STDIN;\n1\n\\.\nUPDATE orders SET total = 0;\n"
+    marked = marks.instrument(sql, nonce=NONCE, single_transaction=True)
+    assert marked.marked == {1}
+    log = [
+        done(T0 + 1.0, 1.0, "BEGIN"),
+        done(T0 + 1.5, 500.0, "COPY items FROM STDIN;"),
+        _mark_entry(T0 + 2.0, 1, [(ITEMS, "RowExclusiveLock"), (ORDERS, "RowExclusiveLock")]),
+        done(T0 + 2.0, 500.0, _call("UPDATE orders SET total = 0;", 1)),
+        done(T0 + 3.0, 1.0, "COMMIT"),
+    ]
+    insight = run(log, sql=sql, marked=marked)
+    got = {(u.relation, u.statement, u.held_seconds, u.source) for u in insight.locks}
+    assert got == {("public.items", 1, 2.0, "exact"), ("public.orders", 1, 2.0, "exact")}

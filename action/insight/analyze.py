@@ -348,7 +348,11 @@ def _from_events(
         if mark is not None:
             events.append(mark)
         since = unobserved.get(stmt.pid)
-        start = since[1] if since is not None and since[0] == stmt.block else stmt.start
+        # Only a mark's new locks may be an earlier unmarked statement's (a DDL event's are
+        # the DDL's own, as they always were).
+        start = stmt.start
+        if mark is not None and since is not None and since[0] == stmt.block:
+            start = since[1]
         if not events:
             if stmt.block is not None and not stmt.control:
                 unobserved[stmt.pid] = (stmt.block, start)
@@ -359,7 +363,8 @@ def _from_events(
         for event in events:
             for lock in event.locks:
                 key = (lock.relation, lock.mode)
-                taken = held[event.vxid].setdefault(key, start)
+                first = start if isinstance(event, logparse.StatementMark) else stmt.start
+                taken = held[event.vxid].setdefault(key, first)
                 if work.counts(lock.relation):
                     work.hold(
                         index, lock.relation, lock.mode, stmt.transaction_end - taken, "exact"

@@ -35,6 +35,7 @@ that holds the statement it names, once (``analyze``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from dataclasses import dataclass
@@ -79,6 +80,8 @@ class Marked:
     nonce: str
     marked: frozenset[int]
     reason: str = ""
+    # The file's statements (``migrations.statements``), when they were split to mark them.
+    statements: tuple[migrations.Statement, ...] | None = None
 
 
 def new_nonce() -> str:
@@ -115,16 +118,25 @@ def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked
         )
     found = migrations.statements(sql_text)
     copy_data_end = -1  # offset where the data of the last COPY ... FROM STDIN ends
+    last_end = -1  # offset of the previous statement's semicolon
     cuts: list[tuple[int, int]] = []  # (offset of the semicolon, statement index)
     for index, statement in enumerate(found):
+        semicolon, after = statement.semicolon, last_end
+        last_end = semicolon if semicolon is not None else last_end
         bare = _bare(statement.text)
-        if statement.semicolon is not None and _COPY.match(bare) and _FROM_STDIN.search(bare):
-            copy_data_end = _copy_data_end(sql_text, statement.semicolon)
+        if semicolon is not None and _COPY.match(bare) and _FROM_STDIN.search(bare):
+            copy_data_end = _copy_data_end(sql_text, semicolon)
             continue
-        if statement.semicolon is None or statement.semicolon <= copy_data_end:
+        if semicolon is None or semicolon <= copy_data_end:
             continue
+        if copy_data_end > after:
+            # The splitter glued the COPY's data to this statement: psql's statement is what
+            # follows the data.
+            statement = dataclasses.replace(
+                statement, text=sql_text[copy_data_end : semicolon + 1].strip()
+            )
         if markable(statement, single_transaction=single_transaction):
-            cuts.append((statement.semicolon, index))
+            cuts.append((semicolon, index))
     pieces: list[str] = []
     at = 0
     for semicolon, index in cuts:
@@ -132,7 +144,7 @@ def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked
         pieces.append("\\; CALL " + _CALL.format(nonce=nonce, index=index))
         at = semicolon + 1
     pieces.append(sql_text[at:])
-    return Marked("".join(pieces), nonce, frozenset(i for _, i in cuts))
+    return Marked("".join(pieces), nonce, frozenset(i for _, i in cuts), statements=tuple(found))
 
 
 def _copy_data_end(text: str, semicolon: int) -> int:

@@ -118,7 +118,8 @@ class Observer:
         marked, self._marked = self._marked, None
         if self._last is None or self._book is None:
             return None
-        statement_marks = self._last.statement_marks
+        # A trace whose event triggers are in place but whose base has no statement procedure.
+        unmarkable = self._last.instrumented and not self._last.statement_marks
         try:
             mark = self.engine.trace_mark(self.name, repository=self.repository)
         except PgoverlayError as err:
@@ -136,7 +137,7 @@ class Observer:
             relations_before=before,
             relations_after=after,
             seconds=seconds,
-            statements=migrations.statements(text) if text is not None else None,
+            statements=_statements(text, marked),
             ignore_pids=ignore_pids,
             lint=found.findings,
             thresholds=self.thresholds,
@@ -144,7 +145,7 @@ class Observer:
         )
         self._last = mark
         notes = list(insight.notes)
-        if text is not None and not statement_marks:
+        if text is not None and unmarkable:
             notes.append(
                 "the base was prepared before statement marks existed: the locks of statements "
                 "that fire no event trigger (DML, TRUNCATE, LOCK TABLE, CLUSTER, REINDEX, "
@@ -156,3 +157,12 @@ class Observer:
         if found.reason:
             notes.append(found.reason)
         return dataclasses.replace(insight, notes=notes) if notes != insight.notes else insight
+
+
+def _statements(text: str | None, marked: marks.Marked | None) -> list[migrations.Statement] | None:
+    """The file's statements (split once: a big file takes seconds), None for a command."""
+    if text is None:
+        return None
+    if marked is not None and marked.statements is not None:
+        return list(marked.statements)
+    return migrations.statements(text)
