@@ -321,6 +321,8 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
         "CLUSTER t0 USING t0_pkey",
         "REINDEX TABLE t0",
         "VACUUM FULL t0",
+        "CREATE INDEX CONCURRENTLY t0_cc ON t0 (v)",
+        "DROP INDEX CONCURRENTLY t0_cc",
     ]
     command = f"{psql} -X -q -v ON_ERROR_STOP=1 " + " ".join(f"-c '{s}'" for s in statements)
     found: list[list[LockUse]] = []
@@ -343,7 +345,13 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
         } <= modes, run.insight.locks
         # REINDEX TABLE: each index under ACCESS EXCLUSIVE.
         assert ("public.t0_v", "ACCESS EXCLUSIVE", "inferred") in modes
+        # CONCURRENTLY: its lock for the whole statement, every internal transaction of it.
         texts = [s.text for s in run.insight.statements]
+        cic = run.insight.statements[texts.index(statements[-2])]
+        (held,) = [u for u in cic.locks if u.relation == "public.t0"]
+        assert (held.mode, held.source) == ("SHARE UPDATE EXCLUSIVE", "inferred")
+        assert cic.seconds is not None
+        assert held.held_seconds == pytest.approx(cic.seconds, abs=0.002)
         for s in statements:
             if s in ("BEGIN", "COMMIT"):
                 continue

@@ -89,6 +89,7 @@ def test_documented_locks_of_statements_no_event_trigger_sees() -> None:
         (ITEMS, ae),
     ]
     assert modes('truncate table "orders";') == [(ORDERS, ae)]
+    assert modes("/* first */ -- then\n  TRUNCATE orders") == [(ORDERS, ae)]
     assert modes("LOCK orders IN SHARE ROW EXCLUSIVE MODE NOWAIT") == [
         (ORDERS, "SHARE ROW EXCLUSIVE")
     ]
@@ -250,3 +251,20 @@ def test_an_unmarked_statement_gives_its_locks_to_the_next_mark_held_from_its_ow
     insight = run(log, sql=sql, marked=marked)
     got = {(u.relation, u.statement, u.held_seconds, u.source) for u in insight.locks}
     assert got == {("public.items", 1, 2.0, "exact"), ("public.orders", 1, 2.0, "exact")}
+
+
+def test_statements_postgres_refuses_in_a_transaction_block_keep_the_file_out_of_one() -> None:
+    for statement in (
+        "ALTER TABLE p DETACH PARTITION p1 CONCURRENTLY;",
+        "REINDEX SCHEMA public;",
+        "CLUSTER;",
+        "VACUUM orders;",
+        "CREATE INDEX CONCURRENTLY i ON t (a);",
+    ):
+        assert migrations.needs_no_transaction(f"SELECT 1;\n{statement}\n"), statement
+    for statement in (
+        "CLUSTER orders;",
+        "REINDEX TABLE orders;",
+        "ALTER TABLE p DETACH PARTITION p1;",
+    ):
+        assert not migrations.needs_no_transaction(f"SELECT 1;\n{statement}\n"), statement

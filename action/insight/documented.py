@@ -53,6 +53,12 @@ _DROP_INDEX_CONCURRENTLY = re.compile(
     rf"^DROP\s+INDEX\s+CONCURRENTLY\s+(?:IF\s+EXISTS\s+)?(?P<name>{_QNAME})\s*(?:CASCADE|RESTRICT)?\s*;?\s*$",
     re.I,
 )
+# What a statement this module knows may start with, after comments and blanks.
+_CANDIDATE = re.compile(
+    r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*(TRUNCATE|LOCK|CLUSTER|VACUUM|REINDEX|"
+    r"(CREATE|DROP)\b.*\bCONCURRENTLY)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 _TABLES = ("r", "p", "m")
 _INDEXES = ("i", "I")
 
@@ -63,6 +69,8 @@ Locks = list[tuple[int, str]]  # (relation oid, mode in capitals)
 def locks(text: str, relations: Relations) -> Locks:
     """The relations (by oid, among ``relations``) and modes Postgres takes for ``text``, if
     it is one of the statements this module knows and its names resolve; else []."""
+    if not _CANDIDATE.match(text):
+        return []  # most statements: no need to strip their comments
     bare = sqlparse.format(text, strip_comments=True).strip()
     for reader in _READERS:
         found = reader(bare, relations)
