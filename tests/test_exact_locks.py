@@ -342,7 +342,7 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
         assert {
             ("public.t0", "ACCESS EXCLUSIVE", "inferred"),
             ("public.t0", "SHARE", "inferred"),
-        } <= modes, run.insight.locks
+        } <= modes, [(s.text, s.seconds, s.locks) for s in run.insight.statements]
         # REINDEX TABLE: each index under ACCESS EXCLUSIVE.
         assert ("public.t0_v", "ACCESS EXCLUSIVE", "inferred") in modes
         # CONCURRENTLY: its lock for the whole statement, every internal transaction of it.

@@ -268,3 +268,29 @@ def test_statements_postgres_refuses_in_a_transaction_block_keep_the_file_out_of
         "ALTER TABLE p DETACH PARTITION p1;",
     ):
         assert not migrations.needs_no_transaction(f"SELECT 1;\n{statement}\n"), statement
+
+
+def test_a_sample_of_a_lock_postgres_documents_adds_no_second_entry() -> None:
+    """A sampled sighting of an inferred lock before its statement's logged start (the log's
+    end is written a moment after the statement ends, later on a busy server, and cut to the
+    millisecond) goes to the statement before: it must not stand beside the inferred lock,
+    nor replace it for being longer."""
+    log = [
+        done(T0 + 1.0, 1.0, "BEGIN"),
+        done(T0 + 1.1, 5.0, "LOCK TABLE orders IN SHARE MODE"),
+        done(T0 + 1.5, 1.0, "COMMIT"),
+    ]
+    sighting = LockSpan(
+        pid=PID,
+        relation=ORDERS,
+        mode="ShareLock",
+        granted=True,
+        first=T0 + 1.08,
+        last=T0 + 1.5,
+        query_start=None,
+        query="",
+    )
+    insight = run(log, spans=[sighting])
+    assert [(u.mode, u.source, u.statement, u.held_seconds) for u in insight.locks] == [
+        ("SHARE", "inferred", 0, 0.405)
+    ]

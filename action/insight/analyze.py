@@ -203,7 +203,13 @@ def analyze(
     windows = _from_events(work, parsed.statements, mapped.index_of, accepted)
     inferred = _from_documented(work, parsed.statements, mapped.index_of, accepted, windows)
     sampled = _from_samples(
-        work, before, after, parsed.statements, mapped.index_of, ignore_pids, windows
+        work,
+        before,
+        after,
+        parsed.statements,
+        mapped.index_of,
+        ignore_pids,
+        [*windows, *(w for found in inferred.values() for w in found)],
     )
     _from_waits(work, parsed.statements, mapped.index_of)
     uses = _lock_uses(work)
@@ -432,13 +438,14 @@ def _from_documented(
     index_of: Mapping[int, int],
     accepted: Mapping[int, logparse.StatementMark],
     windows: Sequence[_Window],
-) -> set[int]:
+) -> dict[int, list[_Window]]:
     """Locks of statements no mark read, where Postgres documents the mode the statement took
     (``documented``): held from the statement's start to its transaction's end; for the
     CONCURRENTLY forms and VACUUM, which run outside a transaction block, that is the whole
     statement, every internal transaction of it. A lock the trace read exactly is left as
-    it is. The positions of the statements that gave one are returned."""
-    gave: set[int] = set()
+    it is. The windows inferred are returned, by the position of the statement that gave
+    each (samples inside one add nothing)."""
+    gave: dict[int, list[_Window]] = defaultdict(list)
     for position, stmt in enumerate(logged):
         if position in accepted or stmt.control:
             continue
@@ -447,18 +454,28 @@ def _from_documented(
                 continue
             held = stmt.transaction_end - stmt.start
             work.hold(index_of.get(position), oid, mode, held, "inferred")
-            gave.add(position)
+            window = _Window(stmt.pid, oid, mode, stmt.start, stmt.transaction_end)
+            gave[position].append(window)
     return gave
 
 
-def _covered(windows: Sequence[_Window], pid: int, oid: int, mode: str, at: float) -> bool:
-    """Whether the trace read this lock exactly in a window around ``at``."""
+def _covered(
+    windows: Sequence[_Window],
+    pid: int,
+    oid: int,
+    mode: str,
+    at: float,
+    *,
+    early: float = _CLOCK_SLACK,
+) -> bool:
+    """Whether the trace read (or inferred) this lock in a window around ``at``, which may
+    precede the window's start by ``early``."""
     name = locks.sql_name(mode)
     return any(
         w.pid == pid
         and w.relation == oid
         and w.mode == name
-        and w.start - _CLOCK_SLACK <= at <= w.end + _CLOCK_SLACK
+        and w.start - early <= at <= w.end + _CLOCK_SLACK
         for w in windows
     )
 
@@ -492,9 +509,10 @@ def _from_samples(
     seen (or ran last before it: a lock outlives its statement until the transaction ends).
     A span first seen before this migration began (a lock still held at the previous mark,
     which the trace reports again) is not this migration's, and one of a lock the trace read
-    exactly adds nothing. The sampler folds per transaction: the spans of one lock that one
-    statement held across its own transactions (CREATE INDEX CONCURRENTLY's session lock)
-    are joined into one, from the first sighting to the last. True if any span counted."""
+    exactly, or inferred, adds nothing. The sampler folds per transaction: the spans of one
+    lock that one statement held across its own transactions (CREATE INDEX CONCURRENTLY's
+    session lock) are joined into one, from the first sighting to the last. True if any span
+    counted."""
     by_pid: dict[int, list[int]] = defaultdict(list)
     for position, stmt in enumerate(logged):
         by_pid[stmt.pid].append(position)
@@ -507,7 +525,12 @@ def _from_samples(
             locks.sql_name(span.mode)
         except ValueError:
             continue
-        if span.granted and _covered(windows, span.pid, span.relation, span.mode, span.first):
+        # A statement's start is its logged end less its duration, and the end is logged a
+        # moment after the statement ends (later still on a busy server): a sighting up to an
+        # interval before a window's start is the same lock.
+        if span.granted and _covered(
+            windows, span.pid, span.relation, span.mode, span.first, early=after.interval
+        ):
             continue
         used = True
         started = [p for p in by_pid[span.pid] if logged[p].start <= span.first + _CLOCK_SLACK]
