@@ -10,7 +10,7 @@ from typing import Any
 from test_insight_analysis import BEFORE, ITEMS, ORDERS, ORDERS_IDX, PID, T0, done, run
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import documented, marks
+from pgoverlay.action.insight import documented, logparse, marks
 from pgoverlay.runner.service.views import LockSpan, LogEntry
 
 NONCE = "ab" * 16
@@ -70,8 +70,8 @@ def test_a_file_psql_could_not_read_from_standard_input_is_not_marked() -> None:
 
 def test_the_logged_query_is_the_statement_without_its_call() -> None:
     logged = f"UPDATE t SET a = 1; CALL pgoverlay_trace.statement_end('{NONCE}', 4);"
-    assert marks.split(logged) == ("UPDATE t SET a = 1;", (NONCE, 4))
-    assert marks.split("UPDATE t SET a = 1;") == ("UPDATE t SET a = 1;", None)
+    assert logparse.split_call(logged) == ("UPDATE t SET a = 1;", (NONCE, 4))
+    assert logparse.split_call("UPDATE t SET a = 1;") == ("UPDATE t SET a = 1;", None)
     message = f"LINE 2:  nope; CALL pgoverlay_trace.statement_end('{NONCE}', 3);\n         ^"
     assert marks.scrub(message) == "LINE 2:  nope;\n         ^"
 

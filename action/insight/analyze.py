@@ -195,7 +195,7 @@ def analyze(
     mode); None in command mode, where the logged statements become the statements.
     ``marked`` is the file as psql read it, when its statements were marked."""
     parsed = logparse.parse(after.log, ignore_pids=ignore_pids)
-    accepted, mark_notes = _accepted_marks(parsed.statements, marked)
+    accepted, mark_notes = marks.accepted(parsed.statements, marked)
     mapped = _map(
         parsed.statements, statements, fixed={p: m.statement for p, m in accepted.items()}
     )
@@ -389,47 +389,6 @@ def _from_events(
                     entry.rows += count.seq_tup_read - rows0
                     entry.under = _stronger(entry.under, under)
     return list(windows.values())
-
-
-def _accepted_marks(
-    logged: Sequence[logparse.Statement], marked: marks.Marked | None
-) -> tuple[dict[int, logparse.StatementMark], list[str]]:
-    """The statement marks to trust, by position in the log, and notes on the others. A mark
-    is trusted when it is the last one its query logged, carries the migration's nonce and
-    the index of a statement that was marked, on the query psql sent for that statement (its
-    text ends with the call of that index), and no other query claims that statement. Any
-    other mark (the role can call the procedure itself, or make a line that looks like one) is
-    left out: it cannot hide a lock, only fail to show one, which the sampler may still see."""
-    claims: dict[int, list[int]] = defaultdict(list)
-    ignored = 0
-    for position, stmt in enumerate(logged):
-        if not stmt.marks:
-            continue
-        last = stmt.marks[-1]
-        ours = (
-            marked is not None
-            and last.nonce == marked.nonce
-            and last.statement in marked.marked
-            and stmt.called == (marked.nonce, last.statement)
-        )
-        ignored += len(stmt.marks) - ours
-        if ours:
-            claims[last.statement].append(position)
-    accepted = {ps[0]: logged[ps[0]].marks[-1] for ps in claims.values() if len(ps) == 1}
-    notes = []
-    if ignored:
-        notes.append(
-            f"{_count(ignored, 'statement mark')} not made by the engine for this migration "
-            "(another nonce, or not on the query of the statement named) "
-            f"{'was' if ignored == 1 else 'were'} left out"
-        )
-    twice = sorted(k for k, ps in claims.items() if len(ps) > 1)
-    if twice:
-        notes.append(
-            f"the mark of statement {twice[0] + 1} came from more than one query: the marks "
-            "of that statement were left out, its locks are sampled"
-        )
-    return accepted, notes
 
 
 def _from_documented(

@@ -16,7 +16,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pgoverlay.action.insight import marks
 from pgoverlay.runner.service.views import LogEntry
 
 TRACE_PREFIX = "pgoverlay-trace "
@@ -32,6 +31,11 @@ _WAIT = re.compile(
 _BEGIN = re.compile(r"^(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
 _END = re.compile(r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+PREPARED)", re.IGNORECASE)
 _LEADING_COMMENTS = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*", re.DOTALL)
+# What psql sends for a statement ``pgoverlay.action.insight.marks`` marked ends with this (psql
+# turns the ``\;`` into ``;``).
+_SUFFIX = re.compile(
+    r";\s*CALL\s+pgoverlay_trace\.statement_end\('(?P<nonce>[0-9a-f]{1,64})',\s*(?P<index>\d+)\);?\s*$"
+)
 # Continuation entries of an error or notice: never a statement of their own.
 _CONTINUATION = {"DETAIL", "CONTEXT", "STATEMENT", "HINT", "QUERY", "LOCATION"}
 
@@ -167,7 +171,7 @@ def parse(entries: Iterable[LogEntry], *, ignore_pids: Iterable[int] = ()) -> Pa
         start = entry.time - seconds
         if state.phase_start is not None:
             start = min(start, state.phase_start)
-        text, called = marks.split(found.group("text").strip())
+        text, called = split_call(found.group("text").strip())
         statements.append(
             Statement(
                 pid=entry.pid,
@@ -268,3 +272,12 @@ def _blocks(statements: Sequence[Statement]) -> list[Statement]:
         replace(s, block=b, transaction_end=s.end if b is None else block_end[b])
         for s, b in zip(statements, block_of, strict=True)
     ]
+
+
+def split_call(logged: str) -> tuple[str, tuple[str, int] | None]:
+    """A logged query without the call a mark added, and the call's (nonce, index); the text as
+    it is and None when it holds no such call at its end."""
+    found = _SUFFIX.search(logged)
+    if found is None:
+        return logged, None
+    return logged[: found.start() + 1], (found.group("nonce"), int(found.group("index")))

@@ -38,16 +38,15 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgoverlay.action import migrations
+from pgoverlay.action.insight import logparse
 
 PROCEDURE = "pgoverlay_trace.statement_end"
 _CALL = PROCEDURE + "('{nonce}', {index});"
-# What psql sends for a marked statement ends with this (psql turns the ``\;`` into ``;``).
-_SUFFIX = re.compile(
-    r";\s*CALL\s+pgoverlay_trace\.statement_end\('(?P<nonce>[0-9a-f]{1,64})',\s*(?P<index>\d+)\);?\s*$"
-)
 # The same in psql's messages (``LINE 2: ... ; CALL ...``), which reach the report.
 _IN_MESSAGES = re.compile(r"(?<=;) CALL pgoverlay_trace\.statement_end\('[0-9a-f]+', \d+\);")
 _LEADING = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*", re.DOTALL)
@@ -157,13 +156,45 @@ def _copy_data_end(text: str, semicolon: int) -> int:
     return found.end() if found else len(text)
 
 
-def split(logged: str) -> tuple[str, tuple[str, int] | None]:
-    """A logged query without the call a mark added, and the call's (nonce, index); the text as
-    it is and None when it holds no such call at its end."""
-    found = _SUFFIX.search(logged)
-    if found is None:
-        return logged, None
-    return logged[: found.start() + 1], (found.group("nonce"), int(found.group("index")))
+def accepted(
+    logged: Sequence[logparse.Statement], marked: Marked | None
+) -> tuple[dict[int, logparse.StatementMark], list[str]]:
+    """The statement marks to trust, by position in the log, and notes on the others. A mark
+    is trusted when it is the last one its query logged, carries the migration's nonce and
+    the index of a statement that was marked, on the query psql sent for that statement (its
+    text ends with the call of that index), and no other query claims that statement. Any
+    other mark (the role can call the procedure itself, or make a line that looks like one) is
+    left out: it cannot hide a lock, only fail to show one, which the sampler may still see."""
+    claims: dict[int, list[int]] = defaultdict(list)
+    ignored = 0
+    for position, stmt in enumerate(logged):
+        if not stmt.marks:
+            continue
+        last = stmt.marks[-1]
+        ours = (
+            marked is not None
+            and last.nonce == marked.nonce
+            and last.statement in marked.marked
+            and stmt.called == (marked.nonce, last.statement)
+        )
+        ignored += len(stmt.marks) - ours
+        if ours:
+            claims[last.statement].append(position)
+    accepted = {ps[0]: logged[ps[0]].marks[-1] for ps in claims.values() if len(ps) == 1}
+    notes = []
+    if ignored:
+        notes.append(
+            f"{ignored} statement mark{'' if ignored == 1 else 's'} not made by the engine "
+            "for this migration (another nonce, or not on the query of the statement named) "
+            f"{'was' if ignored == 1 else 'were'} left out"
+        )
+    twice = sorted(k for k, ps in claims.items() if len(ps) > 1)
+    if twice:
+        notes.append(
+            f"the mark of statement {twice[0] + 1} came from more than one query: the marks "
+            "of that statement were left out, its locks are sampled"
+        )
+    return accepted, notes
 
 
 def scrub(message: str) -> str:
