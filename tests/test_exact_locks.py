@@ -126,7 +126,8 @@ def test_statements_no_event_trigger_sees_are_exact_in_every_run(
         reindex = _insight(runs, f"{r}_4_reindex.sql")
         assert (t, "SHARE", "exact") in _locks(reindex)
         truncate = _insight(runs, f"{r}_5_truncate.sql")
-        assert [s.lock_timeout for s in truncate.statements] == [2.0, 2.0]
+        # The SET is not marked (settings take no lock): TRUNCATE's mark reads it.
+        assert [s.lock_timeout for s in truncate.statements] == [None, 2.0]
         assert [s.lock_timeout for s in _insight(runs, f"{r}_2_update.sql").statements] == [0.0]
 
 
@@ -179,6 +180,26 @@ def test_a_statement_that_needs_a_transaction_block_still_fails_outside_one(
     assert failed.status == "failed"
     assert "LOCK TABLE can only be used in transaction blocks" in failed.error
     assert failed.line == 2
+
+
+def test_set_transaction_after_another_setting_still_applies(
+    engine: LocalEngine, base: BaseVersion, tmp_path: Path
+) -> None:
+    """SET TRANSACTION must come before any query of its transaction: a mark after the SET
+    before it would be one."""
+    runs, _ = _apply(
+        engine,
+        base,
+        tmp_path,
+        {
+            "0_setup.sql": _setup(0),
+            "1_serializable.sql": "SET search_path = public;\n"
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE;\n"
+            "UPDATE t0 SET v = 3 WHERE id = 3;\n",
+        },
+    )
+    insight = _insight(runs, "1_serializable.sql")
+    assert ("public.t0", "ROW EXCLUSIVE", "exact") in _locks(insight)
 
 
 def test_error_lines_stay_the_files_own_with_the_marks(

@@ -54,6 +54,10 @@ def test_statements_a_mark_could_change_are_left_unmarked() -> None:
     # Every line is where it was.
     assert len(found.text.splitlines()) == len(text.splitlines())
     assert found.text.splitlines()[3:] == text.splitlines()[3:]
+    # Settings are not marked: SET TRANSACTION must come before any query, a call included.
+    assert _marked(
+        "SET search_path = a;\nSET TRANSACTION ISOLATION LEVEL SERIALIZABLE;\n"
+    ).marked == (frozenset())
     # In one transaction, DO and LOCK may be marked: they run in a block anyway.
     single = _marked("DO $$ BEGIN NULL; END $$;\nLOCK TABLE t;\n", single=True)
     assert single.marked == {0, 1}

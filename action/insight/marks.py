@@ -13,6 +13,8 @@ documents for them, or from sampling) where a call could change what psql or the
 does:
 
 - ``COPY`` (``FROM STDIN`` data follows the statement) and the lines of its data;
+- settings (``SET``, ``RESET``, ``SHOW``): they take no lock, and ``SET TRANSACTION`` must
+  come before any query of its transaction, which a call after an earlier ``SET`` would be;
 - a statement holding a backslash: a psql meta-command (``\\i``, ``\\if``, ``\\gexec``,
   ``\\set``) or an escape string, where psql's reading and this module's may part;
 - statements that cannot run in a transaction block (``CREATE INDEX CONCURRENTLY``, ``VACUUM``,
@@ -57,6 +59,9 @@ _CONTROL = re.compile(
 _COPY = re.compile(r"^COPY\b", re.IGNORECASE)
 _FROM_STDIN = re.compile(r"\bFROM\s+STDIN\b", re.IGNORECASE)
 _MAY_COMMIT = re.compile(r"^(CALL|DO)\b", re.IGNORECASE)
+# Settings take no lock, and a query after one could change what follows: SET TRANSACTION
+# must come before any query of its transaction.
+_SETTING = re.compile(r"^(SET|RESET|SHOW)\b", re.IGNORECASE)
 # Statements Postgres refuses, or warns about, outside a transaction block: in a query of two
 # statements (an implicit block) they would pass where the file alone fails.
 _NEEDS_BLOCK = re.compile(
@@ -99,6 +104,7 @@ def markable(statement: migrations.Statement, *, single_transaction: bool) -> bo
         or "\\" in statement.text
         or _COPY.match(bare)
         or _CONTROL.match(bare)
+        or _SETTING.match(bare)
         or migrations.cannot_run_in_transaction(bare)
         or (not single_transaction and (_MAY_COMMIT.match(bare) or _NEEDS_BLOCK.match(bare)))
     )
