@@ -72,6 +72,14 @@ def test_a_file_psql_could_not_read_from_standard_input_is_not_marked() -> None:
     assert _marked("UPDATE t SET a = 1;\n\\i other.sql\n").marked == {0}
 
 
+def test_a_long_file_is_marked_up_to_a_budget_and_says_so() -> None:
+    text = "UPDATE t SET a = 1;\n" * (marks.MAX_MARKED + 3)
+    found = _marked(text)
+    assert found.marked == frozenset(range(marks.MAX_MARKED))
+    assert f"only the first {marks.MAX_MARKED} of the file's" in found.reason
+    assert _marked("UPDATE t SET a = 1;\n").reason == ""
+
+
 def test_the_logged_query_is_the_statement_without_its_call() -> None:
     logged = f"UPDATE t SET a = 1; CALL pgoverlay_trace.statement_end('{NONCE}', 4);"
     assert logparse.split_call(logged) == ("UPDATE t SET a = 1;", (NONCE, 4))

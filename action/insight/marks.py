@@ -26,6 +26,8 @@ does:
   fails);
 - a last statement without its semicolon.
 
+At most ``MAX_MARKED`` statements of a file are marked (a note says so beyond that).
+
 A file is not marked at all when psql could not read it from its standard input as it reads
 the file: one that includes another relative to itself (``\\ir`` would look in another
 folder), or runs what may read psql's standard input (``\\!``, ``\\copy``, ``\\g |``,
@@ -48,6 +50,9 @@ from pgoverlay.action import migrations
 from pgoverlay.action.insight import logparse
 
 PROCEDURE = "pgoverlay_trace.statement_end"
+# The most statements of one file marked: a mark costs a round of pg_locks and a log line
+# (about a millisecond, measured), which a file of thousands of one-row writes would feel.
+MAX_MARKED = 500
 _CALL = PROCEDURE + "('{nonce}', {index});"
 # The same in psql's messages (``LINE 2: ... ; CALL ...``), which reach the report.
 _IN_MESSAGES = re.compile(r"(?<=;) CALL pgoverlay_trace\.statement_end\('[0-9a-f]+', \d+\);")
@@ -142,6 +147,14 @@ def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked
             )
         if markable(statement, single_transaction=single_transaction):
             cuts.append((semicolon, index))
+    reason = ""
+    if len(cuts) > MAX_MARKED:
+        reason = (
+            f"only the first {MAX_MARKED} of the file's {len(cuts)} statements that could be "
+            "marked were (a mark costs about a millisecond): the locks of the rest are "
+            "inferred or sampled"
+        )
+        cuts = cuts[:MAX_MARKED]
     pieces: list[str] = []
     at = 0
     for semicolon, index in cuts:
@@ -149,7 +162,13 @@ def instrument(sql_text: str, *, nonce: str, single_transaction: bool) -> Marked
         pieces.append("\\; CALL " + _CALL.format(nonce=nonce, index=index))
         at = semicolon + 1
     pieces.append(sql_text[at:])
-    return Marked("".join(pieces), nonce, frozenset(i for _, i in cuts), statements=tuple(found))
+    return Marked(
+        "".join(pieces),
+        nonce,
+        frozenset(i for _, i in cuts),
+        reason=reason,
+        statements=tuple(found),
+    )
 
 
 def _copy_data_end(text: str, semicolon: int) -> int:

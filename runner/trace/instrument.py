@@ -142,20 +142,18 @@ DECLARE
     scans pg_catalog.jsonb;
     vxid pg_catalog.text;
 BEGIN
-    SELECT l.virtualxid INTO vxid FROM pg_catalog.pg_locks l
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'virtualxid'
-       AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-     LIMIT 1;
-    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+    SELECT pg_catalog.max(l.virtualxid) FILTER (
+               WHERE l.locktype OPERATOR(pg_catalog.=) 'virtualxid'),
+           COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                'rel', l.relation::pg_catalog.int8, 'mode', l.mode)
-               ORDER BY l.relation, l.mode), '[]')
-      INTO held
+               ORDER BY l.relation, l.mode) FILTER (
+               WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.granted
+                 AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                 AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid), '[]')
+      INTO vxid, held
       FROM pg_catalog.pg_locks l
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.granted
-       AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-       AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid;
+     WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
     SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                'rel', r.rel::pg_catalog.int8,
                'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
@@ -167,8 +165,9 @@ BEGIN
     RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'statement', 'nonce', nonce, 'statement', statement, 'vxid', vxid,
         'at', pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()),
-        'lock_timeout_ms', (SELECT s.setting::pg_catalog.int8 FROM pg_catalog.pg_settings s
-                             WHERE s.name OPERATOR(pg_catalog.=) 'lock_timeout'),
+        'lock_timeout_ms', pg_catalog.round(pg_catalog.date_part('epoch',
+            pg_catalog.current_setting('lock_timeout')::pg_catalog.interval)
+            OPERATOR(pg_catalog.*) 1000),
         'locks', held, 'scans', scans);
 END
 """
