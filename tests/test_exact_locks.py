@@ -16,9 +16,11 @@ import pytest
 
 from helpers import as_engine
 from pgoverlay.action import migrations
+from pgoverlay.action.insight import marks
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner import proc
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
@@ -200,6 +202,34 @@ def test_set_transaction_after_another_setting_still_applies(
     )
     insight = _insight(runs, "1_serializable.sql")
     assert ("public.t0", "ROW EXCLUSIVE", "exact") in _locks(insight)
+
+
+def test_a_marked_file_prints_what_the_file_prints(
+    engine: LocalEngine, base: BaseVersion, tmp_path: Path
+) -> None:
+    """The calls print nothing: psql's output of the marked file is the file's own."""
+    text = (
+        "CREATE TABLE o1 (id int PRIMARY KEY, v text);\n"
+        "INSERT INTO o1 VALUES (1, 'a'), (2, 'b') RETURNING id;\n"
+        "SELECT v FROM o1 ORDER BY id;\n"
+        "\\echo between\n"
+        "UPDATE o1 SET v = 'c' WHERE id = 1;\n"
+        "DO $$ BEGIN RAISE NOTICE 'said'; END $$;\n"
+        "SELECT count(*) AS n FROM o1;\n"
+    )
+    marked = marks.instrument(text, nonce=marks.new_nonce(), single_transaction=True)
+    assert marked.marked == {0, 1, 2, 4, 5}  # the \\echo glues to the UPDATE: left unmarked
+    (tmp_path / "f.sql").write_text(text)
+    psql = pgbin.for_major(base.pg_major or 15).tool("psql")
+    env = engine.connection("exact-a").libpq_env()
+    argv = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
+    plain = proc.run([*argv, "-f", "f.sql"], env=env, cwd=tmp_path, timeout=60)
+    with engine_connection(engine) as conn:
+        conn.execute("DROP TABLE o1")
+    got = proc.run([*argv, "-f", "-"], env=env, cwd=tmp_path, timeout=60, input_text=marked.text)
+    assert got.stdout == plain.stdout and "between" in plain.stdout and "(2 rows)" in plain.stdout
+    assert got.stderr.replace("<stdin>", "f.sql") == plain.stderr
+    assert "said" in plain.stderr
 
 
 def test_error_lines_stay_the_files_own_with_the_marks(
