@@ -153,6 +153,8 @@ def _table_lock(t: TableLock, *, cell: bool) -> str:
     text += f": {_duration(t.held_seconds)}"
     if t.waited_seconds > 0:
         text += f" (waited {_duration(t.waited_seconds)})"
+    if t.sampled:
+        text += " (sampled)"  # seen by pg_locks sampling: timed to its interval, may be missed
     return text
 
 
@@ -161,6 +163,8 @@ def _lock(u: LockUse) -> str:
     text += f"{_BLOCKS[u.blocks]}, {_duration(u.held_seconds)}"
     if u.waited_seconds > 0:
         text += f" (waited {_duration(u.waited_seconds)})"
+    if u.source == "sampled":
+        text += " (sampled)"  # seen by pg_locks sampling: timed to its interval, may be missed
     return text
 
 

@@ -45,19 +45,27 @@ CREATE TABLE IF NOT EXISTS pgoverlay_ledger.migrations (
 );
 """
 
-# Statements Postgres refuses inside a transaction block, and explicit transaction control.
-_NO_TRANSACTION = re.compile(
+# Statements Postgres refuses inside a transaction block (an implicit one included: a query
+# of several statements).
+_NO_TRANSACTION_BLOCK = re.compile(
     r"""^\s*(
         (CREATE|DROP)\s+(UNIQUE\s+)?INDEX\s+CONCURRENTLY
       | REINDEX\b.*\bCONCURRENTLY
+      | REINDEX\s+(\(.*?\)\s*)?(SCHEMA|DATABASE|SYSTEM)\b
+      | ALTER\s+TABLE\b.*\bDETACH\s+PARTITION\b.*\bCONCURRENTLY
       | VACUUM\b
+      | CLUSTER\s*(\(.*?\)\s*)?(VERBOSE\s*)?;?\s*$
       | (CREATE|DROP)\s+(DATABASE|TABLESPACE)\b
+      | (CREATE|ALTER|DROP)\s+SUBSCRIPTION\b
       | ALTER\s+SYSTEM\b
       | ALTER\s+DATABASE\b.*\bSET\s+TABLESPACE\b
-      | (BEGIN|COMMIT|ROLLBACK|START\s+TRANSACTION|END)\b
+      | DISCARD\s+ALL\b
+      | (COMMIT|ROLLBACK)\s+PREPARED\b
     )""",
     re.IGNORECASE | re.VERBOSE | re.DOTALL,
 )
+# Explicit transaction control: a file that holds it is not wrapped in another transaction.
+_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|START\s+TRANSACTION|END)\b", re.IGNORECASE)
 _PSQL_ERROR = re.compile(
     r"^psql:(?P<file>.+?):(?P<line>\d+): (?P<level>ERROR|FATAL):\s+(?P<msg>.*)$"
 )
@@ -71,6 +79,7 @@ class Statement:
     start_line: int  # where psql's query buffer starts (leading -- comments are not sent)
     end_line: int
     text: str
+    semicolon: int | None = None  # offset in the file of the ``;`` that ends it, if one does
 
 
 def statements(sql_text: str) -> list[Statement]:
@@ -80,19 +89,29 @@ def statements(sql_text: str) -> list[Statement]:
 
     found: list[Statement] = []
     line = 1
+    offset = 0
     for stmt in sqlparse.parse(sql_text):
         start: int | None = None
         end = line
+        semicolon: int | None = None
         for token in stmt.flatten():  # type: ignore[no-untyped-call]
             skippable = token.is_whitespace or token.ttype in T.Comment.Single
             if start is None and not skippable:
                 start = line
             if not token.is_whitespace and token.ttype not in T.Comment.Single:
                 end = line + token.value.count("\n")
+                semicolon = offset if token.match(T.Punctuation, ";") else None
             line += token.value.count("\n")
+            offset += len(token.value)
         if start is not None:
-            found.append(Statement(start, end, str(stmt).strip()))
+            found.append(Statement(start, end, str(stmt).strip(), semicolon))
     return found
+
+
+def cannot_run_in_transaction(statement: str) -> bool:
+    """True for a statement (without leading comments) Postgres refuses in a transaction
+    block."""
+    return bool(_NO_TRANSACTION_BLOCK.match(statement))
 
 
 def needs_no_transaction(sql_text: str) -> bool:
@@ -101,7 +120,7 @@ def needs_no_transaction(sql_text: str) -> bool:
 
     for stmt in statements(sql_text):
         bare = sqlparse.format(stmt.text, strip_comments=True)
-        if _NO_TRANSACTION.match(bare):
+        if _NO_TRANSACTION_BLOCK.match(bare) or _CONTROL.match(bare):
             return True
     return False
 
@@ -307,6 +326,11 @@ class Watcher(Protocol):
 
     def start(self) -> None: ...
 
+    def marked(self, text: str, *, single_transaction: bool) -> str | None:
+        """What psql is to read instead of the file ``text``, to measure it (None: the file
+        as it is); the next ``measure`` is of it."""
+        ...
+
     def measure(
         self,
         *,
@@ -400,11 +424,19 @@ def _apply(
         argv: list[str | os.PathLike[str]] = ["-X", "-q", "-v", "ON_ERROR_STOP=1"]
         if single:
             argv.append("--single-transaction")
-        argv += ["-f", name]
+        marked = watcher.marked(text, single_transaction=single) if watcher else None
+        # A marked file is read from standard input: its lines are the file's, so psql's
+        # error lines stay right (they name <stdin> instead of the file).
+        argv += ["-f", name if marked is None else "-"]
         started = time.monotonic()
         try:
             done = sandbox.run(
-                [psql, *argv], timeout=timeout, env=target.libpq_env(), cwd=repo, check=False
+                [psql, *argv],
+                timeout=timeout,
+                env=target.libpq_env(),
+                cwd=repo,
+                check=False,
+                input_text=marked,
             )
         except TimeoutExpiredError:
             seconds = time.monotonic() - started
@@ -424,6 +456,10 @@ def _apply(
             results.append(MigrationRun(name, "applied", seconds, insight=insight))
             continue
         stderr = scrub(done.stderr, target.password)
+        if marked is not None:
+            from pgoverlay.action.insight import marks
+
+            stderr = marks.scrub(stderr)
         error = parse_psql_error(stderr, text)
         failed = MigrationRun(
             name,

@@ -28,9 +28,11 @@ class Sandbox(Protocol):
         env: Mapping[str, str],
         cwd: Path,
         check: bool = True,
+        input_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in ``cwd`` (a folder of the PR's tree) to completion, with ``env`` added
-        to a clean environment; raise CommandError on failure when ``check``."""
+        to a clean environment and ``input_text`` on its standard input; raise CommandError on
+        failure when ``check``."""
         ...
 
 
@@ -48,8 +50,17 @@ class AsUser:
         env: Mapping[str, str],
         cwd: Path,
         check: bool = True,
+        input_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        return proc.run(argv, timeout=timeout, env=env, user=self.user, cwd=cwd, check=check)
+        return proc.run(
+            argv,
+            timeout=timeout,
+            env=env,
+            user=self.user,
+            cwd=cwd,
+            check=check,
+            input_text=input_text,
+        )
 
 
 AS_SELF = AsUser()

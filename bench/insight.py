@@ -70,6 +70,9 @@ class Watch:
         self.observer.start()
         self.start_seconds += time.monotonic() - t0
 
+    def marked(self, text: str, *, single_transaction: bool) -> str | None:
+        return self.observer.marked(text, single_transaction=single_transaction)
+
     def measure(self, **kwargs: object) -> MigrationInsight | None:
         t0 = time.monotonic()
         found = self.observer.measure(**kwargs)  # type: ignore[arg-type]

@@ -70,7 +70,13 @@ def _notes() -> MigrationInsight:
         seconds=0.08,
         locks=[
             LockUse(
-                "public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.004, bytes=0
+                "public.orders",
+                "table",
+                "ACCESS EXCLUSIVE",
+                "reads and writes",
+                0.004,
+                bytes=0,
+                source="exact",
             )
         ],
         rewrites=[],
@@ -83,7 +89,14 @@ def _notes() -> MigrationInsight:
                 "ALTER TABLE orders ADD COLUMN notes text NOT NULL DEFAULT ''",
                 0.004,
                 locks=[
-                    LockUse("public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.004)
+                    LockUse(
+                        "public.orders",
+                        "table",
+                        "ACCESS EXCLUSIVE",
+                        "reads and writes",
+                        0.004,
+                        source="exact",
+                    )
                 ],
             )
         ],
@@ -106,7 +119,9 @@ def _notes() -> MigrationInsight:
 def _index() -> MigrationInsight:
     """A plain CREATE INDEX on a big table: writes blocked for longer than max-blocking-lock."""
     size = 412 * 1024**2
-    lock = LockUse("public.orders", "table", "SHARE", "writes", 41.2, bytes=size, statement=0)
+    lock = LockUse(
+        "public.orders", "table", "SHARE", "writes", 41.2, bytes=size, statement=0, source="exact"
+    )
     return MigrationInsight(
         seconds=41.3,
         locks=[lock],

@@ -4,14 +4,13 @@ one line per table, names cut to a cell's width, error lines folded to the comme
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from test_comment import MARK, failed_run, fences, report, table_rows
 from test_insight_render import insight, traced
 
 from pgoverlay.action.comment import ERROR_COLUMNS, render_comment, render_summary
 from pgoverlay.action.details import NAME, lock_cell, name_cell, per_table, verdict_cell
-from pgoverlay.action.insight.model import LockUse, Verdict
+from pgoverlay.action.insight.model import Blocks, LockUse, Verdict
 from pgoverlay.action.lead import lead
 from pgoverlay.action.report import MigrationRun
 
@@ -28,15 +27,13 @@ def notice(name: str) -> MigrationRun:
     return MigrationRun(name, "applied", 0.1, insight=level)
 
 
-@dataclass(frozen=True)
-class Owned(LockUse):
-    """A LockUse that names its table, as issue 27's data contract adds (``LockUse.table``)."""
-
-    table: str = ""
-
-
 def aex(relation: str, kind: str, held: float, table: str = "") -> LockUse:
-    return Owned(relation, kind, "ACCESS EXCLUSIVE", "reads and writes", held, table=table)
+    return exact(relation, kind, "ACCESS EXCLUSIVE", "reads and writes", held, table=table)
+
+
+def exact(relation: str, kind: str, mode: str, blocks: Blocks, held: float, table: str) -> LockUse:
+    """A lock the trace read exactly, on ``table`` (its own table, an index's, a TOAST's)."""
+    return LockUse(relation, kind, mode, blocks, held, table=table, source="exact")
 
 
 def test_one_migration_over_a_threshold_is_named_with_its_verdict_right_under_the_title() -> None:
@@ -107,7 +104,7 @@ def test_a_tables_indexes_and_toast_fold_onto_it_in_one_line() -> None:
         aex("pg_toast.pg_toast_16391_index", "index", 5.9, table="public.t"),
         aex("public.t_pkey", "index", 5.9, table="public.t"),
         aex("public.t", "table", 5.9, table="public.t"),
-        Owned("public.u", "table", "SHARE", "writes", 9.0, table="public.u"),
+        exact("public.u", "table", "SHARE", "writes", 9.0, table="public.u"),
     ]
     folded = per_table(locks)
     assert [(t.table, t.mode, t.indexes, t.toast) for t in folded] == [

@@ -16,7 +16,7 @@ import pytest
 from helpers import extra_server
 from pgoverlay.action import migrations
 from pgoverlay.action.insight import analyze as an
-from pgoverlay.action.insight import lint, locks, logparse, verdict
+from pgoverlay.action.insight import lint, locks, logparse, marks, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -109,6 +109,7 @@ def run(
     raws: Sequence[lint.Raw] = (),
     ignore: Sequence[int] = (),
     thresholds: Thresholds = DEFAULTS,
+    marked: marks.Marked | None = None,
     **after_kw: Any,
 ) -> MigrationInsight:
     """Analyse one migration whose after mark holds ``log`` and ``spans``."""
@@ -123,6 +124,7 @@ def run(
         ignore_pids=set(ignore),
         lint=list(raws),
         thresholds=thresholds,
+        marked=marked,
     )
 
 
@@ -263,10 +265,10 @@ def single_transaction_log() -> list[LogEntry]:
 def test_event_locks_are_held_from_their_statement_to_commit() -> None:
     insight = run(single_transaction_log(), sql=SQL)
     share = LockUse("public.orders", "table", "SHARE", "writes", 2.0 + 1.0, 0.0, 0, 412 * MIB,
-                    "public.orders", 413 * MIB)  # fmt: skip
+                    "public.orders", 413 * MIB, source="exact")  # fmt: skip
     exclusive = LockUse(
         "public.orders", "table", "ACCESS EXCLUSIVE", "reads and writes", 0.505, 0.0, 1, 412 * MIB,
-        "public.orders", 413 * MIB,
+        "public.orders", 413 * MIB, source="exact",
     )  # fmt: skip
     assert insight.locks == [exclusive, share]
     # The second statement ran under the first one's SHARE too: it lists it, with its hold;

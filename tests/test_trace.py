@@ -266,10 +266,20 @@ def test_the_trace_objects_are_the_bases_made_at_prepare_and_switched_off(
         assert _trace_objects(conn) == [
             ("event trigger pgoverlay_trace_ddl", base.superuser),
             ("event trigger pgoverlay_trace_rewrite", base.superuser),
+            ("function statement_end", base.superuser),
             ("function trace_ddl", base.superuser),
             ("function trace_rewrite", base.superuser),
         ]
         assert _switched_on(conn, traced.user) == []
+        # The statement procedure is what the branch's role may call, and all it may use.
+        assert conn.execute(
+            "SELECT has_function_privilege(%s, %s, 'EXECUTE'), "
+            "has_schema_privilege(%s, %s, 'USAGE'), has_schema_privilege(%s, %s, 'CREATE')",
+            (traced.user, f"{instrument.SCHEMA}.statement_end(text, integer)",
+             traced.user, instrument.SCHEMA, traced.user, instrument.SCHEMA),
+        ).fetchone() == (True, True, False)  # fmt: skip
+        found = instrument.installed(conn, enabled=False)
+        assert found is not None and found.statement_end is not None
         owner = conn.execute(
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = %s",
             (instrument.SCHEMA,),
@@ -374,6 +384,12 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
         f"CREATE FUNCTION {schema}.trace_ddl(int) RETURNS int LANGUAGE sql AS 'SELECT 1'",
         f"ALTER FUNCTION {schema}.trace_ddl() SECURITY DEFINER",
         f"DROP FUNCTION {schema}.trace_rewrite()",
+        f"CREATE OR REPLACE PROCEDURE {schema}.statement_end(text, int) "
+        "LANGUAGE plpgsql AS 'BEGIN END'",
+        f"ALTER PROCEDURE {schema}.statement_end(text, int) SECURITY DEFINER",
+        f"ALTER PROCEDURE {schema}.statement_end(text, int) SET search_path = public",
+        f"DROP PROCEDURE {schema}.statement_end(text, int)",
+        f"CREATE PROCEDURE {schema}.statement_end(text, bigint) LANGUAGE sql AS ''",
         f"DROP SCHEMA {schema} CASCADE",
         f"ALTER SCHEMA {schema} RENAME TO elsewhere",
         "ALTER EVENT TRIGGER pgoverlay_trace_ddl DISABLE",
@@ -397,7 +413,7 @@ def test_the_role_cannot_replace_disable_or_silence_the_trace(
         assert conn.execute("SHOW log_min_duration_statement").fetchone() == ("0",)
         conn.execute("CREATE TABLE still_seen (id int)")
     mark = engine.trace_end(traced.name)
-    assert mark.instrumented
+    assert mark.instrumented and mark.statement_marks
     assert [e["tag"] for e in _events(mark)] == ["CREATE TABLE"]
     assert any("left out" in n for n in mark.notes)
 

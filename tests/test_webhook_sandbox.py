@@ -315,6 +315,28 @@ print(json.dumps({"out": json.loads(done.stdout), "left": job.scratch.exists()})
                 os.unlink(f"{folder}/{mark}")
 
 
+def test_a_jobs_program_reads_the_input_it_is_given(
+    hook: tuple[pwd.struct_passwd, Path],
+) -> None:
+    """psql reads a marked migration file from its standard input: it reaches the program
+    inside the job's namespace whole, as the job's uid."""
+    _, state = hook
+    text = "UPDATE t SET a = 1\\; CALL x('n', 0);\n" * 2000 + "é\n"
+    got = as_listener(
+        """
+job = JobSandbox(Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=values["state"])), 1005)
+done = job.run(["/bin/sh", "-c", "cat; id -u"], timeout=120, env={}, cwd=job.scratch,
+               input_text=values["text"])
+job.remove()
+print(json.dumps({"out": done.stdout, "code": done.returncode}))
+""",
+        state=str(state),
+        text=text,
+    )
+    assert got["code"] == 0
+    assert got["out"] == text + "1005\n"
+
+
 def test_doctor_checks_the_listener_it_finds_set_up(
     hook: tuple[pwd.struct_passwd, Path], settings: Settings
 ) -> None:

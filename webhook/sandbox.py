@@ -109,6 +109,7 @@ class JobSandbox:
         env: Mapping[str, str],
         cwd: Path,
         check: bool = True,
+        input_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         inside = os.path.relpath(cwd, self.scratch)
         if inside == ".." or inside.startswith("../") or os.path.isabs(inside):
@@ -139,6 +140,7 @@ class JobSandbox:
             env={**env, **home},
             cwd="/",
             check=check,
+            input_text=input_text,
         )
 
     def remove(self) -> None:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import sqlparse
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import ledgers, locks, logparse, tools, verdict
+from pgoverlay.action.insight import documented, ledgers, locks, logparse, marks, tools, verdict
 from pgoverlay.action.insight import lint as lint_mod
 from pgoverlay.action.insight.model import (
+    LockSource,
     LockUse,
     MigrationInsight,
     Rewrite,
@@ -87,6 +88,22 @@ def normalise(sql: str) -> str:
 class _Hold:
     held: float = 0.0
     waited: float = 0.0
+    source: LockSource = "sampled"
+
+
+# How well a lock is known, worst first: an entry is as good as its best source.
+_SOURCE_RANK: dict[LockSource, int] = {"sampled": 0, "inferred": 1, "exact": 2}
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A lock the trace read exactly: which backend held it, from when to when."""
+
+    pid: int
+    relation: int
+    mode: str  # in capitals
+    start: float
+    end: float
 
 
 @dataclass
@@ -153,13 +170,32 @@ class _Analysis:
         rel = self.state(oid)
         return KINDS.get(rel.kind, rel.kind) if rel else "relation"
 
-    def hold(self, index: int | None, oid: int, mode: str, held: float) -> None:
+    def hold(
+        self, index: int | None, oid: int, mode: str, held: float, source: LockSource = "sampled"
+    ) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
         entry.held = max(entry.held, _tenth_ms(held))
+        entry.source = _better(entry.source, source)
 
-    def wait(self, index: int | None, oid: int, mode: str, waited: float) -> None:
+    def wait(
+        self,
+        index: int | None,
+        oid: int,
+        mode: str,
+        waited: float,
+        source: LockSource = "sampled",
+    ) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
         entry.waited = max(entry.waited, _tenth_ms(waited))
+        entry.source = _better(entry.source, source)
+
+
+def _better(a: LockSource, b: LockSource) -> LockSource:
+    return a if _SOURCE_RANK[a] >= _SOURCE_RANK[b] else b
+
+
+# What a full scan reads: a table or a materialized view (an index is read by an index scan).
+_SCANNED_KINDS = frozenset({KINDS["r"], KINDS["m"]})
 
 
 def _tenth_ms(seconds: float) -> float:
@@ -179,17 +215,36 @@ def analyze(
     ignore_pids: Collection[int],
     lint: Sequence[lint_mod.Raw],
     thresholds: Thresholds,
+    marked: marks.Marked | None = None,
 ) -> MigrationInsight:
     """What one migration did, from the marks around it. ``statements`` are the file's (SQL
-    mode); None in command mode, where the logged statements become the statements."""
+    mode); None in command mode, where the logged statements become the statements.
+    ``marked`` is the file as psql read it, when its statements were marked."""
     parsed = logparse.parse(after.log, ignore_pids=ignore_pids)
-    mapped = _map(parsed.statements, statements)
+    accepted, mark_notes = marks.accepted(parsed.statements, marked)
+    mapped = _map(
+        parsed.statements, statements, fixed={p: m.statement for p, m in accepted.items()}
+    )
     work = _Analysis(relations_before, relations_after, command=statements is None)
-    _from_events(work, parsed.statements, mapped.index_of)
-    sampled = _from_samples(work, before, after, parsed.statements, mapped.index_of, ignore_pids)
+    windows = _from_events(work, parsed.statements, mapped.index_of, accepted)
+    inferred = _from_documented(work, parsed.statements, mapped.index_of, accepted, windows)
+    sampled = _from_samples(
+        work,
+        before,
+        after,
+        parsed.statements,
+        mapped.index_of,
+        ignore_pids,
+        [*windows, *(w for found in inferred.values() for w in found)],
+    )
     _from_waits(work, parsed.statements, mapped.index_of)
     uses = _lock_uses(work)
     rewrites = _rewrites(work, parsed.statements, mapped.index_of, uses)
+    timeouts = {
+        mapped.index_of[p]: m.lock_timeout_ms / 1000
+        for p, m in accepted.items()
+        if m.lock_timeout_ms is not None and p in mapped.index_of
+    }
     per_statement = [
         StatementInsight(
             index=i,
@@ -199,6 +254,7 @@ def analyze(
             locks=_worst_first([u for u in uses if u.statement == i]),
             rewrites=[r for r in rewrites if r.statement == i],
             scans=_statement_scans(work, i),
+            lock_timeout=timeouts.get(i),
         )
         for i in range(mapped.count)
     ]
@@ -213,7 +269,11 @@ def analyze(
         findings=lint_mod.check(lint, file_statements=statements, measured=per_statement),
         verdict=Verdict("safe", ""),
         interval=after.interval,
-        notes=_notes(before, after, parsed, mapped, sampled),
+        notes=[
+            *_notes(before, after, parsed, mapped, sampled),
+            *mark_notes,
+            *_missed(work, parsed.statements, mapped, uses, rewrites, accepted, inferred, after),
+        ],
         row_writes=_row_writes(work),
     )
     insight = dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
@@ -228,10 +288,14 @@ def analyze(
 
 
 def _map(
-    logged: Sequence[logparse.Statement], statements: Sequence[migrations.Statement] | None
+    logged: Sequence[logparse.Statement],
+    statements: Sequence[migrations.Statement] | None,
+    *,
+    fixed: Mapping[int, int] | None = None,
 ) -> _Mapping:
     """SQL mode: the file's statements matched in order and by normalised text with the logged
-    ones (psql's own BEGIN and COMMIT match nothing, silently). Command mode: the logged
+    ones (psql's own BEGIN and COMMIT match nothing, silently), or, for a statement whose
+    mark was accepted, by the index it carries (``fixed``). Command mode: the logged
     statements, less transaction control."""
     if statements is None:
         kept = [p for p, s in enumerate(logged) if not s.control]
@@ -249,6 +313,10 @@ def _map(
     for block in matcher.get_matching_blocks():
         for k in range(block.size):
             index_of[block.a + k] = block.b + k
+    if fixed:
+        taken = set(fixed.values())
+        index_of = {p: i for p, i in index_of.items() if i not in taken}
+        index_of.update({p: i for p, i in fixed.items() if i < len(statements)})
     notes: list[str] = []
     strays = [s for p, s in enumerate(logged) if p not in index_of and not s.control]
     if strays:
@@ -293,33 +361,117 @@ def _seconds(
 
 
 def _from_events(
-    work: _Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
-) -> None:
-    """Locks and scans from the DDL events. A lock the transaction did not hold before a
-    statement was taken by it, and is held from its start to its transaction's end; a later
-    statement of the same transaction that reports it ran under it, and lists it with the same
-    hold (the first taker stays the one a migration's lock is attributed to). Scans are the
-    delta of the transaction's counters since its previous event, on relations the statement
-    then holds a lock on that blocks writes."""
+    work: _Analysis,
+    logged: Sequence[logparse.Statement],
+    index_of: Mapping[int, int],
+    accepted: Mapping[int, logparse.StatementMark],
+) -> list[_Window]:
+    """Locks and scans from the DDL events and the statement marks: both read the backend's
+    own pg_locks while its transaction held them (exact). A lock the transaction did not hold
+    before a statement was taken by it, and is held from its start to its transaction's end
+    (from the first of the unobserved statements before it in its transaction, when those
+    left no event: one of them may have taken it); a later statement of the same transaction
+    that reports it ran under it, and lists it with the same hold (the first taker stays the
+    one a migration's lock is attributed to). Scans are the delta of the transaction's
+    counters since its previous event, on relations the statement then holds a lock on that
+    blocks writes. The windows of the locks read are returned."""
     held: dict[str, dict[tuple[int, str], float]] = defaultdict(dict)
     counters: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
+    windows: dict[tuple[str, int, str], _Window] = {}
+    unobserved: dict[int, tuple[int | None, float]] = {}  # pid -> (block, first start)
     for position, stmt in enumerate(logged):
         index = index_of.get(position)
-        for event in stmt.ddl:
+        mark = accepted.get(position)
+        events: list[logparse.DdlEvent | logparse.StatementMark] = [*stmt.ddl]
+        if mark is not None:
+            events.append(mark)
+        since = unobserved.get(stmt.pid)
+        # Only a mark's new locks may be an earlier unmarked statement's (a DDL event's are
+        # the DDL's own, as they always were).
+        start = stmt.start
+        if mark is not None and since is not None and since[0] == stmt.block:
+            start = since[1]
+        if not events:
+            if stmt.block is not None and not stmt.control:
+                unobserved[stmt.pid] = (stmt.block, start)
+            else:
+                unobserved.pop(stmt.pid, None)
+            continue
+        unobserved.pop(stmt.pid, None)
+        for event in events:
             for lock in event.locks:
                 key = (lock.relation, lock.mode)
-                taken = held[event.vxid].setdefault(key, stmt.start)
+                first = start if isinstance(event, logparse.StatementMark) else stmt.start
+                taken = held[event.vxid].setdefault(key, first)
                 if work.counts(lock.relation):
-                    work.hold(index, lock.relation, lock.mode, stmt.transaction_end - taken)
+                    work.hold(
+                        index, lock.relation, lock.mode, stmt.transaction_end - taken, "exact"
+                    )
+                    mode = locks.sql_name(lock.mode)
+                    windows[(event.vxid, lock.relation, mode)] = _Window(
+                        stmt.pid, lock.relation, mode, taken, stmt.transaction_end
+                    )
             for count in event.scans:
                 scans0, rows0 = counters[event.vxid].get(count.relation, (0, 0))
                 counters[event.vxid][count.relation] = (count.seq_scan, count.seq_tup_read)
                 under = _write_blocking(held[event.vxid], count.relation)
-                if count.seq_scan > scans0 and under and work.counts(count.relation):
+                # a table's or materialized view's own: an index's counter counts index scans
+                # (a rewrite reads its TOAST through the TOAST table's index)
+                full = work.kind(count.relation) in _SCANNED_KINDS
+                if count.seq_scan > scans0 and under and work.counts(count.relation) and full:
                     entry = work.scanned[(index, count.relation)]
                     entry.scans += count.seq_scan - scans0
                     entry.rows += count.seq_tup_read - rows0
                     entry.under = _stronger(entry.under, under)
+    return list(windows.values())
+
+
+def _from_documented(
+    work: _Analysis,
+    logged: Sequence[logparse.Statement],
+    index_of: Mapping[int, int],
+    accepted: Mapping[int, logparse.StatementMark],
+    windows: Sequence[_Window],
+) -> dict[int, list[_Window]]:
+    """Locks of statements no mark read, where Postgres documents the mode the statement took
+    (``documented``): held from the statement's start to its transaction's end; for the
+    CONCURRENTLY forms and VACUUM, which run outside a transaction block, that is the whole
+    statement, every internal transaction of it. A lock the trace read exactly is left as
+    it is. The windows inferred are returned, by the position of the statement that gave
+    each (samples inside one add nothing)."""
+    gave: dict[int, list[_Window]] = defaultdict(list)
+    for position, stmt in enumerate(logged):
+        if position in accepted or stmt.control:
+            continue
+        for oid, mode in documented.locks(stmt.text, work.before):
+            if not work.counts(oid) or _covered(windows, stmt.pid, oid, mode, stmt.start):
+                continue
+            held = stmt.transaction_end - stmt.start
+            work.hold(index_of.get(position), oid, mode, held, "inferred")
+            window = _Window(stmt.pid, oid, mode, stmt.start, stmt.transaction_end)
+            gave[position].append(window)
+    return gave
+
+
+def _covered(
+    windows: Sequence[_Window],
+    pid: int,
+    oid: int,
+    mode: str,
+    at: float,
+    *,
+    early: float = _CLOCK_SLACK,
+) -> bool:
+    """Whether the trace read (or inferred) this lock in a window around ``at``, which may
+    precede the window's start by ``early``."""
+    name = locks.sql_name(mode)
+    return any(
+        w.pid == pid
+        and w.relation == oid
+        and w.mode == name
+        and w.start - early <= at <= w.end + _CLOCK_SLACK
+        for w in windows
+    )
 
 
 def _write_blocking(held: Collection[tuple[int, str]], relation: int) -> str:
@@ -345,30 +497,51 @@ def _from_samples(
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
     ignore_pids: Collection[int],
+    windows: Sequence[_Window],
 ) -> bool:
     """Sampled spans, given to the statement their pid was running when the span was first
     seen (or ran last before it: a lock outlives its statement until the transaction ends).
     A span first seen before this migration began (a lock still held at the previous mark,
-    which the trace reports again) is not this migration's. True if any span counted."""
+    which the trace reports again) is not this migration's, and one of a lock the trace read
+    exactly, or inferred, adds nothing. The sampler folds per transaction: the spans of one
+    lock that one statement held across its own transactions (CREATE INDEX CONCURRENTLY's
+    session lock) are joined into one, from the first sighting to the last. True if any span
+    counted."""
     by_pid: dict[int, list[int]] = defaultdict(list)
     for position, stmt in enumerate(logged):
         by_pid[stmt.pid].append(position)
+    joined: dict[tuple[int | None, int, int, str, bool], list[tuple[float, float]]] = {}
     used = False
-    for span in after.locks:
+    for span in sorted(after.locks, key=lambda s: s.first):
         if span.pid in ignore_pids or not work.counts(span.relation) or span.first < before.at:
             continue
         try:
             locks.sql_name(span.mode)
         except ValueError:
             continue
+        # A statement's start is its logged end less its duration, and the end is logged a
+        # moment after the statement ends (later still on a busy server): a sighting up to an
+        # interval before a window's start is the same lock.
+        if span.granted and _covered(
+            windows, span.pid, span.relation, span.mode, span.first, early=after.interval
+        ):
+            continue
+        used = True
         started = [p for p in by_pid[span.pid] if logged[p].start <= span.first + _CLOCK_SLACK]
         running = max(started, key=lambda p: logged[p].start, default=None)
-        index = index_of.get(running) if running is not None else None
-        if span.granted:
-            work.hold(index, span.relation, span.mode, span.last - span.first)
+        inside = running is not None and span.first <= logged[running].end + _CLOCK_SLACK
+        key = (running if inside else None, span.pid, span.relation, span.mode, span.granted)
+        pieces = joined.setdefault(key, [])
+        if key[0] is not None and pieces and span.first - pieces[-1][1] <= 2 * after.interval:
+            pieces[-1] = (pieces[-1][0], max(pieces[-1][1], span.last))
         else:
-            work.wait(index, span.relation, span.mode, span.last - span.first)
-        used = True
+            pieces.append((span.first, span.last))
+        index = index_of.get(running) if running is not None else None
+        first, last = pieces[-1]
+        if span.granted:
+            work.hold(index, span.relation, span.mode, last - first)
+        else:
+            work.wait(index, span.relation, span.mode, last - first)
     return used
 
 
@@ -381,7 +554,7 @@ def _from_waits(
             if wait.relation is None or not work.counts(wait.relation):
                 continue
             try:
-                work.wait(index_of.get(position), wait.relation, wait.mode, wait.seconds)
+                work.wait(index_of.get(position), wait.relation, wait.mode, wait.seconds, "exact")
             except ValueError:
                 continue
 
@@ -399,6 +572,7 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
             bytes=work.before[oid].bytes,
             table=work.name(work.owner(oid)),
             table_bytes=work.whole[work.owner(oid)],
+            source=hold.source,
         )
         for (index, oid, mode), hold in work.holds.items()
     ]
@@ -621,6 +795,8 @@ def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> lis
         statements[oid].add(index)
     found: list[Scan] = []
     for oid in set(under) | set(totals):
+        if work.kind(oid) not in _SCANNED_KINDS:
+            continue
         old, new = work.before.get(oid), work.after.get(oid)
         scans, rows = totals[oid].scans, totals[oid].rows
         if old is not None and new is not None and oid in under:
@@ -715,6 +891,67 @@ def _notes(
     if sampled:
         notes.append(f"locks seen by sampling pg_locks are timed to {after.interval * 1000:.0f} ms")
     return notes + mapped.notes
+
+
+# Statements that take no lock beyond ACCESS SHARE (or none): a lock missed on them is no loss.
+_READ_ONLY = re.compile(
+    r"^(SELECT\b(?!.*\bFOR\s+(UPDATE|NO\s+KEY\s+UPDATE|SHARE|KEY\s+SHARE)\b)(?!.*\bINTO\b)"
+    r"|SHOW\b|SET\b|RESET\b|SAVEPOINT\b|RELEASE\b|EXPLAIN\b(?!.*\bANALY[SZ]E\b)"
+    r"|DISCARD\b|DEALLOCATE\b|LISTEN\b|UNLISTEN\b|VALUES\b)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _missed(
+    work: _Analysis,
+    logged: Sequence[logparse.Statement],
+    mapped: _Mapping,
+    uses: Sequence[LockUse],
+    rewrites: Sequence[Rewrite],
+    accepted: Mapping[int, logparse.StatementMark],
+    inferred: Collection[int],
+    after: TraceMark,
+) -> list[str]:
+    """Where the sampler may have missed a lock: a relation rewritten with no lock seen on its
+    table, and statements whose locks nothing read exactly or inferred that ran for less than
+    a sampling interval."""
+    notes: list[str] = []
+    locked = {u.relation for u in uses}
+    by_name = {work.name(oid): oid for oid in work.before}
+    unlocked = []
+    for r in rewrites:
+        oid = by_name.get(r.relation)
+        table = work.before[oid].table_oid if oid is not None else None
+        names = {r.relation} | ({work.name(table)} if table is not None else set())
+        if not names & locked and r.relation not in unlocked:
+            unlocked.append(r.relation)
+    if unlocked:
+        notes.append(
+            f"`{unlocked[0]}`{f' and {len(unlocked) - 1} more' if len(unlocked) > 1 else ''} "
+            "rewritten with no lock seen on its table: a lock was missed (held for less than "
+            f"the sampling interval, {after.interval * 1000:.0f} ms)"
+        )
+    short = [
+        stmt
+        for position, stmt in enumerate(logged)
+        if position not in accepted
+        and position not in inferred
+        and not stmt.ddl
+        and not stmt.control
+        and (mapped.index_of.get(position) is not None)
+        and not _READ_ONLY.match(_without_leading_comments(stmt.text).lstrip())
+        and stmt.seconds < after.interval
+        # a migrate command's bookkeeping (its own tables, the catalogs): not the migration's
+        and not (work.command and tools.classify(stmt.text))
+    ]
+    if short:
+        notes.append(
+            f"{_count(len(short), 'statement')} whose locks were only sampled ran for less "
+            f"than the sampling interval ({after.interval * 1000:.0f} ms): a lock "
+            f"{'it' if len(short) == 1 else 'they'} took may be missing (first: "
+            f"`{_short(short[0].text)}`)"
+        )
+    return notes
 
 
 def _count(n: int, noun: str) -> str:

@@ -168,6 +168,9 @@ class TableLock:
     indexes: int  # how many of its indexes were locked
     toast: bool  # its TOAST table was locked
     statement: int | None  # the first statement that took the strongest mode
+    # Every lock of the strongest mode was only seen by sampling (``LockUse.source``): its
+    # time is to the sampler's interval, and a shorter hold may have been missed.
+    sampled: bool = False
 
     def what(self, code: Callable[[str], str] = _backticks, *, size: str = "") -> str:
         """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST``; ``code`` quotes the
@@ -223,6 +226,7 @@ def per_table(uses: Sequence[LockUse]) -> list[TableLock]:
                 indexes=len({u.relation for u in group if u.kind in _INDEX_KINDS}),
                 toast=any(u.kind == "TOAST table" for u in group),
                 statement=first.statement,
+                sampled=all(u.source == "sampled" for u in strongest_uses),
             )
         )
     # A table before an index or a TOAST table held as long (one whose table is not known):

@@ -32,6 +32,11 @@ _BEGIN = re.compile(r"^(BEGIN|START\s+TRANSACTION)\b", re.IGNORECASE)
 _END = re.compile(r"^(COMMIT|END|ROLLBACK|ABORT)\b(?!\s+PREPARED)", re.IGNORECASE)
 _LEADING_COMMENTS = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*", re.DOTALL)
 _PARAMETERS = "parameters: "  # a DETAIL line's start, for the extended protocol's values
+# What psql sends for a statement ``pgoverlay.action.insight.marks`` marked ends with this (psql
+# turns the ``\;`` into ``;``).
+_SUFFIX = re.compile(
+    r";\s*CALL\s+pgoverlay_trace\.statement_end\('(?P<nonce>[0-9a-f]{1,64})',\s*(?P<index>\d+)\);?\s*$"
+)
 # Continuation entries of an error or notice: never a statement of their own.
 _CONTINUATION = {"DETAIL", "CONTEXT", "STATEMENT", "HINT", "QUERY", "LOCATION"}
 
@@ -58,6 +63,21 @@ class DdlEvent:
     vxid: str
     locks: list[HeldLock]
     scans: list[ScanCount]
+
+
+@dataclass(frozen=True)
+class StatementMark:
+    """A call of the statement procedure: the locks its backend then held, its transaction's
+    cumulative scan counters, the ``lock_timeout`` in force, and who it says it is (the
+    migration's nonce and the statement's index)."""
+
+    nonce: str
+    statement: int
+    vxid: str
+    locks: list[HeldLock]
+    scans: list[ScanCount]
+    lock_timeout_ms: int | None
+    at: float
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,9 @@ class Statement:
     # The extended protocol's values, as the DETAIL line after the statement gives them
     # ("$1 = 'shop', $2 = NULL"); "" for the simple protocol.
     parameters: str = ""
+    marks: list[StatementMark] = field(default_factory=list)  # in the order they were logged
+    # The (nonce, index) of the call a statement mark appended to the query (not in ``text``).
+    called: tuple[str, int] | None = None
 
     @property
     def control(self) -> bool:
@@ -109,6 +132,7 @@ class _Pending:
     ddl: list[DdlEvent] = field(default_factory=list)
     rewrites: list[RewriteEvent] = field(default_factory=list)
     waits: dict[tuple[int | None, str], LockWait] = field(default_factory=dict)
+    marks: list[StatementMark] = field(default_factory=list)
     phase_seconds: float = 0.0  # parse and bind of the extended protocol, before its execute
     phase_start: float | None = None
 
@@ -159,23 +183,26 @@ def parse(entries: Iterable[LogEntry], *, ignore_pids: Iterable[int] = ()) -> Pa
         start = entry.time - seconds
         if state.phase_start is not None:
             start = min(start, state.phase_start)
+        text, called = split_call(found.group("text").strip())
         statements.append(
             Statement(
                 pid=entry.pid,
                 start=start,
                 end=entry.time,
                 seconds=seconds + state.phase_seconds,
-                text=found.group("text").strip(),
+                text=text,
                 block=None,
                 transaction_end=entry.time,
                 ddl=state.ddl,
                 rewrites=state.rewrites,
                 waits=list(state.waits.values()),
+                marks=state.marks,
+                called=called,
             )
         )
         pending[entry.pid] = _Pending()
         just_done[entry.pid] = len(statements) - 1
-    orphans = sum(len(p.ddl) + len(p.rewrites) for p in pending.values())
+    orphans = sum(len(p.ddl) + len(p.rewrites) + len(p.marks) for p in pending.values())
     return ParsedLog(_blocks(statements), malformed=malformed, orphans=orphans)
 
 
@@ -193,6 +220,22 @@ def _read_event(payload: str, state: _Pending) -> bool:
                         ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
                         for x in event.get("scans", [])
                     ],
+                )
+            )
+        elif event["event"] == "statement":
+            timeout = event.get("lock_timeout_ms")
+            state.marks.append(
+                StatementMark(
+                    nonce=str(event["nonce"]),
+                    statement=int(event["statement"]),
+                    vxid=str(event["vxid"]),
+                    locks=[HeldLock(int(x["rel"]), str(x["mode"])) for x in event["locks"]],
+                    scans=[
+                        ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
+                        for x in event["scans"]
+                    ],
+                    lock_timeout_ms=int(timeout) if timeout is not None else None,
+                    at=float(event["at"]),
                 )
             )
         elif event["event"] == "rewrite":
@@ -242,3 +285,12 @@ def _blocks(statements: Sequence[Statement]) -> list[Statement]:
         replace(s, block=b, transaction_end=s.end if b is None else block_end[b])
         for s, b in zip(statements, block_of, strict=True)
     ]
+
+
+def split_call(logged: str) -> tuple[str, tuple[str, int] | None]:
+    """A logged query without the call a mark added, and the call's (nonce, index); the text as
+    it is and None when it holds no such call at its end."""
+    found = _SUFFIX.search(logged)
+    if found is None:
+        return logged, None
+    return logged[: found.start() + 1], (found.group("nonce"), int(found.group("index")))

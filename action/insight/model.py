@@ -19,6 +19,7 @@ VerdictLevel = Literal["safe", "notice", "over"]  # over: a threshold is crossed
 VerdictKind = Literal[
     "rewrite", "blocks reads and writes", "blocks writes", "row locks", "safe online"
 ]
+LockSource = Literal["exact", "inferred", "sampled"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class LockUse:
     # table's table; and that table's whole size before the migration (table, TOAST, indexes).
     table: str = ""
     table_bytes: int = 0
+    # How it is known: "exact" read from pg_locks by the trace while its transaction held it
+    # (an event trigger or a statement mark), "inferred" from what Postgres documents for the
+    # statement that ran (its mode is certain, its hold is the statement's to its commit),
+    # "sampled" seen by the pg_locks sampler (it may miss a lock held less than an interval).
+    source: LockSource = "sampled"
 
 
 @dataclass(frozen=True)

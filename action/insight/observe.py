@@ -14,7 +14,7 @@ from collections.abc import Collection
 from types import TracebackType
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import analyze, lint, schemadiff
+from pgoverlay.action.insight import analyze, lint, marks, schemadiff
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service.engine import Engine
@@ -53,6 +53,7 @@ class Observer:
         self._book: analyze.Book | None = None
         self._started = False
         self._opened = False  # the engine holds a trace this observer must end
+        self._marked: marks.Marked | None = None  # the migration now running, as psql read it
 
     def __enter__(self) -> Observer:
         return self
@@ -95,6 +96,18 @@ class Observer:
         self.problem = self.problem or why
         self._last = self._book = None
 
+    def marked(self, text: str, *, single_transaction: bool) -> str | None:
+        """The file with a statement mark after each statement (``marks``), when the trace can
+        read them; None (run the file as it is) otherwise."""
+        self._marked = None
+        if self._last is None or not self._last.statement_marks:
+            return None
+        found = marks.instrument(
+            text, nonce=marks.new_nonce(), single_transaction=single_transaction
+        )
+        self._marked = found
+        return found.text if found.marked else None
+
     def measure(
         self,
         *,
@@ -105,8 +118,11 @@ class Observer:
     ) -> MigrationInsight | None:
         """What the migration that just ended did: ``text`` is its SQL (None for a migrate
         command, whose statements come from the server's log)."""
+        marked, self._marked = self._marked, None
         if self._last is None or self._book is None:
             return None
+        # A trace whose event triggers are in place but whose base has no statement procedure.
+        unmarkable = self._last.instrumented and not self._last.statement_marks
         try:
             mark = self.engine.trace_mark(self.name, repository=self.repository)
         except PgoverlayError as err:
@@ -124,12 +140,32 @@ class Observer:
             relations_before=before,
             relations_after=after,
             seconds=seconds,
-            statements=migrations.statements(text) if text is not None else None,
+            statements=_statements(text, marked),
             ignore_pids=ignore_pids,
             lint=found.findings,
             thresholds=self.thresholds,
+            marked=marked,
         )
         self._last = mark
+        notes = list(insight.notes)
+        if text is not None and unmarkable:
+            notes.append(
+                "the base was prepared before statement marks existed: the locks of statements "
+                "that fire no event trigger (DML, TRUNCATE, LOCK TABLE, CLUSTER, REINDEX, "
+                "VACUUM FULL) are inferred or sampled, not exact; seed the base again "
+                "(`pgoverlay base seed BASE --refresh --from DSN`) for exact locks"
+            )
+        elif marked is not None and marked.reason:
+            notes.append(marked.reason)
         if found.reason:
-            insight = dataclasses.replace(insight, notes=[*insight.notes, found.reason])
-        return insight
+            notes.append(found.reason)
+        return dataclasses.replace(insight, notes=notes) if notes != insight.notes else insight
+
+
+def _statements(text: str | None, marked: marks.Marked | None) -> list[migrations.Statement] | None:
+    """The file's statements (split once: a big file takes seconds), None for a command."""
+    if text is None:
+        return None
+    if marked is not None and marked.statements is not None:
+        return list(marked.statements)
+    return migrations.statements(text)

@@ -228,6 +228,9 @@ class TraceMark(Shape):
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
     # The branch's schema against its base's: with the trace's end only.
     schema_diff: SchemaDiff | None = None
+    # The statement procedure was in place too (a base prepared before it has none): a
+    # migration file's statements may be marked (``pgoverlay.action.insight.marks``).
+    statement_marks: bool = False
 
 
 class Connection(Shape):

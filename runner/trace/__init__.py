@@ -179,6 +179,7 @@ class Trace:
             interval=self.interval,
             instrumented=instrumented,
             notes=notes,
+            statement_marks=instrumented and self.installed.statement_end is not None,
         )
 
     def _why_not_instrumented(self, now: instrument.Installed | None) -> str:

@@ -3,7 +3,10 @@ on when a trace begins and off when it ends.
 
 Two event triggers log a ``pgoverlay-trace {json}`` line for every DDL command and table
 rewrite, and two role settings make the server log every statement of the branch's login role
-with its duration, and its lock waits.
+with its duration, and its lock waits. A procedure, ``STATEMENT_END``, logs the same kind of
+line when a session calls it: the engine's SQL-folder mode appends a call to it after each
+statement of a migration file (``pgoverlay.action.insight.marks``), so every lock of every
+statement is read from ``pg_locks`` while its transaction still holds it.
 
 The rule: after the PR's code could have run in a branch, the engine's superuser runs nothing
 there that can fire code the PR can create or change. PR code reaches a superuser session in
@@ -45,7 +48,12 @@ The role cannot switch any of it off or fake it:
   can neither set nor reset, in its session or on itself;
 - the functions run as whoever runs the DDL (no SECURITY DEFINER), with ``search_path`` pinned
   to ``pg_catalog, pg_temp`` and every name qualified; and a line the role logs itself lacks
-  their CONTEXT (see ``logfile``).
+  their CONTEXT (see ``logfile``);
+- the statement procedure is the one object of the schema the role may use (``USAGE`` on the
+  schema and ``EXECUTE`` on it, to ``PUBLIC``): it runs as its caller, reads the caller's own
+  locks, settings and statistics, and writes only a log line. A call the role makes itself
+  logs what is true at that moment; the log reader accepts a mark only with the migration's
+  nonce, on the query that holds the statement it names, once (``analyze``).
 
 ``installed`` checks, at every mark, that what is in place is what ``create`` made: the same
 oids as when the trace began, owned by a superuser, not SECURITY DEFINER.
@@ -123,6 +131,48 @@ END
 
 BODIES = {"trace_ddl": _DDL_BODY, "trace_rewrite": _REWRITE_BODY}
 
+# The statement procedure: called after each statement of a migration file, in the same query
+# (so in the same transaction), with the migration's nonce and the statement's index. It logs
+# this backend's granted relation locks, what this transaction scanned of those relations, the
+# server's clock and the lock_timeout in force (milliseconds, 0 = none).
+STATEMENT_END = "statement_end"
+STATEMENT_END_ARGS = "nonce pg_catalog.text, statement pg_catalog.int4"
+_STATEMENT_BODY = """
+DECLARE
+    held pg_catalog.jsonb;
+    scans pg_catalog.jsonb;
+    vxid pg_catalog.text;
+BEGIN
+    SELECT pg_catalog.max(l.virtualxid) FILTER (
+               WHERE l.locktype OPERATOR(pg_catalog.=) 'virtualxid'),
+           COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'rel', l.relation::pg_catalog.int8, 'mode', l.mode)
+               ORDER BY l.relation, l.mode) FILTER (
+               WHERE l.locktype OPERATOR(pg_catalog.=) 'relation' AND l.granted
+                 AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                 AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid), '[]')
+      INTO vxid, held
+      FROM pg_catalog.pg_locks l
+     WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
+    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'rel', r.rel::pg_catalog.int8,
+               'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
+               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
+               ORDER BY r.rel), '[]')
+      INTO scans
+      FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
+              FROM pg_catalog.jsonb_array_elements(held) e) r;
+    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
+        'event', 'statement', 'nonce', nonce, 'statement', statement, 'vxid', vxid,
+        'at', pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()),
+        'lock_timeout_ms', pg_catalog.round(pg_catalog.date_part('epoch',
+            pg_catalog.current_setting('lock_timeout')::pg_catalog.interval)
+            OPERATOR(pg_catalog.*) 1000),
+        'locks', held, 'scans', scans);
+END
+"""
+
 
 @dataclass(frozen=True)
 class Installed:
@@ -131,6 +181,9 @@ class Installed:
     namespace: int
     triggers: frozenset[int]
     functions: frozenset[int]
+    # The statement procedure's oid; None in a base prepared before it existed (statement
+    # marks are then not used, and locks of statements no event trigger sees are sampled).
+    statement_end: int | None = None
 
 
 def create(conn: psycopg.Connection[Any]) -> None:
@@ -167,6 +220,25 @@ def create(conn: psycopg.Connection[Any]) -> None:
                 )
             )
             conn.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(trigger)))
+        procedure = sql.SQL("{}.{}").format(schema, sql.Identifier(STATEMENT_END))
+        conn.execute(
+            sql.SQL(
+                "CREATE PROCEDURE {}({}) LANGUAGE plpgsql "
+                "SET search_path = pg_catalog, pg_temp AS {}"
+            ).format(procedure, sql.SQL(STATEMENT_END_ARGS), sql.Literal(_STATEMENT_BODY))
+        )
+        # Every role may call it (a migration may SET ROLE), and nothing else of the schema.
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(schema))
+        conn.execute(
+            sql.SQL("REVOKE ALL ON PROCEDURE {}({}) FROM PUBLIC").format(
+                procedure, sql.SQL(STATEMENT_END_ARGS)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT EXECUTE ON PROCEDURE {}({}) TO PUBLIC").format(
+                procedure, sql.SQL(STATEMENT_END_ARGS)
+            )
+        )
 
 
 # Enabled event triggers other than the trace's (whose oids are the parameter), with the
@@ -288,9 +360,26 @@ SELECT n.oid, e.oid, p.oid
 """
 
 
+# The statement procedure, if it is the one ``create`` made: a superuser's plpgsql procedure of
+# the trace's schema, not SECURITY DEFINER, with search_path pinned.
+_STATEMENT_END = """
+SELECT p.oid
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  JOIN pg_catalog.pg_roles fo ON fo.oid = p.proowner
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+ WHERE n.oid = %s AND p.proname = %s AND p.prokind = 'p' AND fo.rolsuper
+   AND NOT p.prosecdef AND l.lanname = 'plpgsql'
+   AND p.proargtypes = '25 23'::pg_catalog.oidvector
+   AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']
+"""
+
+
 def installed(conn: psycopg.Connection[Any], *, enabled: bool = True) -> Installed | None:
     """The trace's objects, if both triggers are in place with superuser-owned functions in
-    ``SCHEMA``, a superuser's schema (and, with ``enabled``, switched on); None otherwise."""
+    ``SCHEMA``, a superuser's schema (and, with ``enabled``, switched on); None otherwise.
+    The statement procedure is looked for too, but a base without it is still traced (it
+    was prepared before the procedure existed)."""
     names = list(TRIGGERS)
     rows = conn.execute(
         _INSTALLED,
@@ -304,8 +393,11 @@ def installed(conn: psycopg.Connection[Any], *, enabled: bool = True) -> Install
     ).fetchall()
     if len(rows) != len(TRIGGERS):
         return None
+    namespace = int(rows[0][0])
+    procedure = conn.execute(_STATEMENT_END, (namespace, STATEMENT_END)).fetchone()
     return Installed(
-        namespace=int(rows[0][0]),
+        namespace=namespace,
         triggers=frozenset(int(r[1]) for r in rows),
         functions=frozenset(int(r[2]) for r in rows),
+        statement_end=int(procedure[0]) if procedure else None,
     )

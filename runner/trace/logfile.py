@@ -24,14 +24,15 @@ from typing import Any
 
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service.views import LogEntry
-from pgoverlay.runner.trace.instrument import PREFIX, SCHEMA, TRIGGERS
+from pgoverlay.runner.trace.instrument import PREFIX, SCHEMA, STATEMENT_END, TRIGGERS
 
 MAX_BYTES = 32 * 1024 * 1024
 _HEAD = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) UTC \[(\d+)\] (.*)")
 _LEVEL = re.compile(r"([A-Z]+):  ?(.*)", re.DOTALL)
 # The first CONTEXT line of a RAISE in one of the trace's own functions.
 _OURS = re.compile(
-    rf"PL/pgSQL function {SCHEMA}\.({'|'.join(f for _, f in TRIGGERS.values())})\(\) "
+    rf"PL/pgSQL function {SCHEMA}\."
+    rf"(({'|'.join(f for _, f in TRIGGERS.values())})\(\)|{STATEMENT_END}\(text,integer\)) "
     r"line \d+ at RAISE"
 )
 
