@@ -302,10 +302,13 @@ class Watcher(Protocol):
     """Measures what each migration did to the branch (``pgoverlay.action.insight.observe``).
 
     ``start`` is called once, when this workflow's own sessions on the branch are open and
-    before any migration runs; ``measure`` once after each migration that ran, failed ones
-    included, in order; ``ignore_pids`` are this workflow's own sessions."""
+    before any migration runs; ``starting`` just before each migration runs (``text``: its
+    SQL, None for a migrate command); ``measure`` once after each migration that ran, failed
+    ones included, in order; ``ignore_pids`` are this workflow's own sessions."""
 
     def start(self) -> None: ...
+
+    def starting(self, *, text: str | None) -> None: ...
 
     def measure(
         self,
@@ -401,6 +404,8 @@ def _apply(
         if single:
             argv.append("--single-transaction")
         argv += ["-f", name]
+        if watcher is not None:
+            watcher.starting(text=text)
         started = time.monotonic()
         try:
             done = sandbox.run(
@@ -468,6 +473,7 @@ def run_command(
     env.pop("PGAPPNAME")
     if watcher is not None:
         watcher.start()
+        watcher.starting(text=None)
     started = time.monotonic()
     try:
         done = sandbox.run(

@@ -70,6 +70,9 @@ class Watch:
         self.observer.start()
         self.start_seconds += time.monotonic() - t0
 
+    def starting(self, *, text: str | None) -> None:
+        self.observer.starting(text=text)
+
     def measure(self, **kwargs: object) -> MigrationInsight | None:
         t0 = time.monotonic()
         found = self.observer.measure(**kwargs)  # type: ignore[arg-type]

@@ -332,7 +332,7 @@ def test_bad_threshold_inputs_say_what_is_accepted(name: str, value: str, says: 
 def test_the_json_report_is_the_report_with_a_schema_version() -> None:
     r = rich(traced())
     doc = json.loads(jsonreport.dumps(r))
-    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 1 and doc["detail"] == "full"
+    assert doc["schema_version"] == jsonreport.SCHEMA_VERSION == 2 and doc["detail"] == "full"
     lock = doc["migrations"][0]["insight"]["statements"][0]["locks"][0]
     assert lock == {
         "relation": "public.orders",

@@ -367,7 +367,7 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
     # The job keeps its report (the Action's JSON report) in the queue.
     eventually(lambda: stored_reports(service), what="the job's report in the queue")
     [stored] = stored_reports(service)
-    assert stored["schema_version"] == 1 and stored["status"] == "ready"
+    assert stored["schema_version"] == 2 and stored["status"] == "ready"
     assert [m["name"] for m in stored["migrations"]] == ["db/migrations/001_widgets.sql"]
 
     again = service.send(pr_payload("opened", head1), delivery=delivery)

@@ -22,7 +22,7 @@ from pgoverlay.action.report import Report
 
 __all__ = ["DETAILS", "SCHEMA_VERSION", "Detail", "document", "dumps", "fit", "trim"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Detail = Literal["full", "no statements", "no findings", "no insight"]
 DETAILS: tuple[Detail, ...] = ("full", "no statements", "no findings", "no insight")
 

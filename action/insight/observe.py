@@ -14,7 +14,7 @@ from collections.abc import Collection
 from types import TracebackType
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import analyze, lint
+from pgoverlay.action.insight import analyze, lint, probe
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service.engine import Engine
@@ -38,6 +38,7 @@ class Observer:
         pg_major: int,
         max_seconds: float,
         interval: float = 0.05,
+        probing: probe.Options | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -52,6 +53,8 @@ class Observer:
         self._book: analyze.Book | None = None
         self._started = False
         self._opened = False  # the engine holds a trace this observer must end
+        self.probing = probing  # probe each migration's tables on live traffic
+        self._probe: probe.Probe | None = None
 
     def __enter__(self) -> Observer:
         return self
@@ -76,6 +79,7 @@ class Observer:
         err: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._stop_probe()
         opened = self._opened
         self._last = self._book = None
         self._opened = False
@@ -92,6 +96,19 @@ class Observer:
         self.problem = self.problem or why
         self._last = self._book = None
 
+    def starting(self, *, text: str | None) -> None:
+        """A migration is about to run (``text``: its SQL; None for a migrate command): probe
+        the tables it touches while it runs, if this observer probes and still measures."""
+        self._stop_probe()
+        if self.probing is None or self._last is None:
+            return
+        self._probe = probe.Probe(self.probing)
+        self._probe.start(text=text)
+
+    def _stop_probe(self) -> probe.Outcome | None:
+        found, self._probe = self._probe, None
+        return found.stop() if found is not None else None
+
     def measure(
         self,
         *,
@@ -102,8 +119,11 @@ class Observer:
     ) -> MigrationInsight | None:
         """What the migration that just ended did: ``text`` is its SQL (None for a migrate
         command, whose statements come from the server's log)."""
+        probed = self._stop_probe()  # its sessions end before the mark, which waits for them
         if self._last is None or self._book is None:
             return None
+        if probed is not None:
+            ignore_pids = {*ignore_pids, *probed.pids}
         try:
             mark = self.engine.trace_mark(self.name, repository=self.repository)
         except PgoverlayError as err:
@@ -129,4 +149,11 @@ class Observer:
         self._last = mark
         if found.reason:
             insight = dataclasses.replace(insight, notes=[*insight.notes, found.reason])
+        if probed is not None:
+            insight = dataclasses.replace(
+                insight,
+                blocking=probed.blocking,
+                long_transaction=probed.long_transaction,
+                notes=[*insight.notes, *probed.notes],
+            )
         return insight

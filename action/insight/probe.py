@@ -1,0 +1,619 @@
+"""Blocking measured on live traffic: while a migration runs, light probe queries on the
+existing tables it touches say how long reads and writes were really kept waiting.
+
+For each probed table two sessions of the branch's role (``application_name``
+``pgoverlay-probe``) run a few queries a second: a point read by ``ctid`` (a TID scan: no
+statistics counter moves, so the trace's scan analysis does not see the probe), and a write
+probe, ``LOCK TABLE ... IN ROW EXCLUSIVE MODE`` (the lock an ``UPDATE`` takes) then ``SELECT
+... FOR NO KEY UPDATE`` of one row, in one ``DO`` statement: it changes no data and fires no
+trigger, and it waits on the row lock of a migration that updates that row. A monitor session
+looks every ``MONITOR_PERIOD`` at which probe sessions wait on a lock; a probe query counts as
+blocked when the monitor saw it waiting, or when it ran out of its ``lock_timeout``.
+
+Invariants (what a hostile migration can and cannot make the probe do):
+
+- The probe runs as the branch's role, like the pull request's own SQL: it gains no privilege.
+- Every probe statement has a ``lock_timeout`` and a ``statement_timeout`` under half the
+  server's ``deadlock_timeout``: a probe never stays in a wait cycle long enough for the
+  deadlock detector to pick the migration as its victim, and a migration that waits on a probe
+  waits at most that long. A blocked probe times out and asks again at once, so a long block
+  is seen as a run of blocked probes (its length is the worst wait, ``_stretches``).
+- A statement the migration's code could make slow (a row security policy, a table turned
+  into a view) is bounded by those timeouts, and by the monitor, which cancels a probe query
+  that outlives its timeout (the code it runs could have changed the session's settings).
+- The probe's sessions resolve names in ``pg_catalog`` only (``search_path`` pinned) and
+  name tables through ``psycopg.sql.Identifier``.
+- Every session is closed in a ``finally``; ``stop`` ends them all, waiting a bounded time, and
+  never raises. A probe that cannot start or breaks says so in a note; it never fails a
+  migration.
+
+The queue simulation (``Options.long_transaction``): before the migration starts, one more
+session reads each probed table in a transaction held that long, as a long report query in
+production would. A migration that needs a lock conflicting with it waits behind it, and the
+probes' reads queue behind the migration: how long they queued is the table's
+``reads_queued``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from pgoverlay.action import markdown as md
+from pgoverlay.action.insight.model import MigrationInsight, TableBlocking
+from pgoverlay.runner.service.views import Connection
+
+log = logging.getLogger(__name__)
+
+APPLICATION = "pgoverlay-probe"
+PERIOD = 0.25  # seconds between the starts of one prober's queries: 4 a second
+MONITOR_PERIOD = 0.1  # how often the monitor looks for probe sessions waiting on a lock
+MAX_TABLES = 5  # tables probed per migration (two sessions each)
+CONNECT_TIMEOUT = 10
+# The rows a write probe may lock: the first live one of the table's first pages, found by a
+# TID scan (no sequential scan is counted against the table).
+_CANDIDATE_TIDS = [f"({block},{offset})" for block in range(4) for offset in range(1, 292)]
+_SYSTEM_SCHEMA = re.compile(r"^(pg_|information_schema$|pgoverlay_)")
+
+Kind = Literal["read", "write"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """How to probe: where (the branch, as its role), how often, and the queue simulation."""
+
+    target: Connection
+    long_transaction: float = 0.0  # seconds; 0: no queue simulation
+    period: float = PERIOD
+    max_tables: int = MAX_TABLES
+
+
+@dataclass(frozen=True)
+class Table:
+    oid: int
+    schema: str
+    name: str
+    pages: int
+    readable: bool
+    writable: bool
+
+    @property
+    def relation(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One probe query: when it ran (monotonic seconds) and whether it was kept waiting."""
+
+    start: float
+    end: float
+    blocked: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the probe of one migration saw: per table, and the sessions to leave out of the
+    trace."""
+
+    blocking: list[TableBlocking]
+    notes: list[str]
+    pids: frozenset[int]
+    long_transaction: float = 0.0
+
+
+# -- which tables (pure) --------------------------------------------------------------------
+
+_IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*)'
+_CHAIN = re.compile(rf"{_IDENT}(?:\s*\.\s*{_IDENT})*")
+_PART = re.compile(_IDENT)
+_STRING = re.compile(r"(?:[EeBbXxNn])?'(?:[^']|'')*'")
+
+
+def names_in(text: str) -> set[tuple[str | None, str]]:
+    """Every name in ``text`` that could be a table: (schema or None, name), folded as
+    Postgres folds them (unquoted to lower case). Comments and string literals are left out;
+    a name inside a function body is kept (probing one table too many costs little)."""
+    import sqlparse
+
+    bare = _STRING.sub(" ", sqlparse.format(text, strip_comments=True))
+    found: set[tuple[str | None, str]] = set()
+    for chain in _CHAIN.finditer(bare):
+        parts = [_fold(p) for p in _PART.findall(chain.group(0))]
+        if len(parts) == 1:
+            found.add((None, parts[0]))
+        else:
+            found.add((parts[-2], parts[-1]))
+    return found
+
+
+def _fold(part: str) -> str:
+    if part.startswith('"'):
+        return part[1:-1].replace('""', '"')
+    return part.lower()
+
+
+def choose(
+    tables: Sequence[Table],
+    *,
+    text: str | None,
+    search_path: Sequence[str],
+    limit: int,
+) -> list[Table]:
+    """The tables to probe, largest first, at most ``limit``. With ``text`` (a SQL file): the
+    existing tables it names, schema-qualified or found through ``search_path`` (the role's
+    schemas, in order; a file that sets ``search_path`` may reach others, so then an
+    unqualified name matches in every schema). Without (a migrate command, whose statements
+    are not known beforehand): the largest tables, where blocking costs most."""
+    candidates = [t for t in tables if t.readable and not _SYSTEM_SCHEMA.match(t.schema)]
+    if text is not None:
+        names = names_in(text)
+        anywhere = "search_path" in text.lower()
+        by_name: dict[str, list[Table]] = {}
+        for t in candidates:
+            by_name.setdefault(t.name, []).append(t)
+        chosen: dict[int, Table] = {}
+        for schema, name in names:
+            found = by_name.get(name, [])
+            if schema is not None:
+                found = [t for t in found if t.schema == schema]
+            elif not anywhere:
+                found = sorted(
+                    (t for t in found if t.schema in search_path),
+                    key=lambda t: list(search_path).index(t.schema),
+                )[:1]
+            chosen.update((t.oid, t) for t in found)
+        candidates = list(chosen.values())
+    return sorted(candidates, key=lambda t: (-t.pages, t.relation))[:limit]
+
+
+# -- what the samples say (pure) ------------------------------------------------------------
+
+
+def _stretches(samples: Sequence[Sample]) -> list[tuple[float, float]]:
+    """Runs of consecutive blocked samples, as (start of the first, end of the last): how long
+    a query that kept waiting would have waited."""
+    runs: list[tuple[float, float]] = []
+    current: tuple[float, float] | None = None
+    for s in sorted(samples, key=lambda s: s.start):
+        if s.blocked:
+            current = (current[0], s.end) if current else (s.start, s.end)
+        elif current is not None:
+            runs.append(current)
+            current = None
+    if current is not None:
+        runs.append(current)
+    return runs
+
+
+def summarise(
+    relation: str,
+    reads: Sequence[Sample],
+    writes: Sequence[Sample],
+    *,
+    window: tuple[float, float] | None = None,
+) -> TableBlocking:
+    """The table's blocking: per kind, the sum of the blocked probes' waits and the longest
+    run of them; with a long transaction's ``window``, the longest run of blocked reads that
+    overlaps it (how long reads queued behind the migration meanwhile)."""
+
+    def worst(runs: Iterable[tuple[float, float]]) -> float:
+        return round(max((end - start for start, end in runs), default=0.0), 3)
+
+    def blocked(samples: Sequence[Sample]) -> float:
+        return round(sum(s.end - s.start for s in samples if s.blocked), 3)
+
+    read_runs = _stretches(reads)
+    queued = None
+    if window is not None:
+        queued = worst(r for r in read_runs if r[0] < window[1] and r[1] > window[0])
+    return TableBlocking(
+        relation=relation,
+        reads_blocked=blocked(reads),
+        reads_worst=worst(read_runs),
+        writes_blocked=blocked(writes),
+        writes_worst=worst(_stretches(writes)),
+        reads=len(reads),
+        writes=len(writes),
+        reads_queued=queued,
+    )
+
+
+def classify(runs: Sequence[tuple[float, float, bool]], sightings: Sequence[float]) -> list[Sample]:
+    """Probe queries (start, end, ran out of lock_timeout) as samples: blocked when they timed
+    out waiting, or when the monitor saw their session waiting on a lock meanwhile."""
+    seen = sorted(sightings)
+    samples = []
+    for start, end, timed_out in runs:
+        waited = timed_out or any(start <= at <= end for at in seen)
+        samples.append(Sample(start, end, waited))
+    return samples
+
+
+# -- the comment (pure) ---------------------------------------------------------------------
+
+HEADER = "Blocked (probed)"
+
+
+def cell(insight: MigrationInsight) -> str:
+    """The comment's cell: the worst-blocked table's reads and writes, e.g. "reads 2.1 s,
+    writes 2.3 s on `public.t`"; "none" when no probe waited; "not probed" without a probe."""
+    if not insight.blocking:
+        return "not probed"
+    worst = max(insight.blocking, key=lambda b: (b.reads_worst, b.writes_worst, b.relation))
+    if not worst.reads_worst and not worst.writes_worst:
+        return "none"
+    text = (
+        f"reads {_seconds(worst.reads_worst)}, writes {_seconds(worst.writes_worst)} "
+        f"on {md.code(worst.relation, cell=True)}"
+    )
+    if worst.reads_queued:
+        text += f"; {_seconds(worst.reads_queued)} queued"
+    return text
+
+
+def lines(insight: MigrationInsight) -> list[str]:
+    """One line per probed table, for the details block: "reads on `public.t` waited 2.1 s
+    (worst 2.1 s); writes 2.3 s (worst 2.3 s); 18 and 17 probes", and the queue simulation's
+    "reads on `public.t` queue for 30.4 s behind this migration while a 30 s transaction
+    runs"."""
+    found = []
+    for b in insight.blocking:
+        found.append(
+            f"{md.code(b.relation, cell=False)}: reads waited {_seconds(b.reads_blocked)} "
+            f"(longest {_seconds(b.reads_worst)}), writes {_seconds(b.writes_blocked)} "
+            f"(longest {_seconds(b.writes_worst)}); {b.reads:,} read and {b.writes:,} write "
+            "probes"
+        )
+        if b.reads_queued is not None:
+            found.append(
+                f"reads on {md.code(b.relation, cell=False)} queue for "
+                f"{_seconds(b.reads_queued)} behind this migration while a "
+                f"{_seconds(insight.long_transaction)} transaction runs"
+            )
+    return found
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value >= 0.1 or value == 0 else f"{value * 1000:.0f} ms"
+
+
+# -- the sessions ---------------------------------------------------------------------------
+
+
+_TABLES = """
+SELECT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8,
+       pg_catalog.has_table_privilege(c.oid, 'SELECT'),
+       pg_catalog.has_table_privilege(c.oid, 'UPDATE')
+  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'r'
+"""
+_WAITING = """
+SELECT pid FROM pg_catalog.pg_stat_activity
+ WHERE pid = ANY(%s) AND wait_event_type = 'Lock'
+"""
+
+
+class _Limits:
+    """The probe statements' timeouts, from the server's deadlock_timeout (milliseconds)."""
+
+    def __init__(self, deadlock_ms: int) -> None:
+        self.lock_ms = max(1, int(deadlock_ms * 0.4))
+        self.statement_ms = max(2, int(deadlock_ms * 0.5))
+
+    def options(self) -> str:
+        return (
+            "-c search_path=pg_catalog,pg_temp -c enable_seqscan=off "
+            f"-c lock_timeout={self.lock_ms} -c statement_timeout={self.statement_ms}"
+        )
+
+
+class _Prober(threading.Thread):
+    """One session running one kind of probe query on one table until stopped."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], query: sql.Composed, *, kind: Kind, period: float,
+        table: Table, halt: threading.Event,
+    ) -> None:  # fmt: skip
+        super().__init__(name=f"probe-{kind}-{table.relation}", daemon=True)
+        self.conn, self.query, self.kind, self.period = conn, query, kind, period
+        self.table, self.halt = table, halt
+        self.pid = conn.info.backend_pid
+        self.runs: list[tuple[float, float, bool]] = []
+        self.started: float | None = None  # the query in flight, if one is
+        self.problem = ""
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                began = time.monotonic()
+                if not self._once(began):
+                    return
+                # The prober's one wait: until its next query is due, or a stop.
+                self.halt.wait(max(0.0, began + self.period - time.monotonic()))
+        finally:
+            self.conn.close()
+
+    def _once(self, began: float) -> bool:
+        self.started = began
+        timed_out = False
+        try:
+            self.conn.execute(self.query)
+        except psycopg.errors.LockNotAvailable:
+            timed_out = True
+        except psycopg.errors.QueryCanceled:
+            if self.halt.is_set():
+                return False
+            self.problem = self.problem or (
+                f"a {self.kind} probe of {self.table.relation} outlived its statement_timeout "
+                "without waiting on a lock (something the migration made runs in it)"
+            )
+        except psycopg.errors.UndefinedTable:
+            self.problem = f"{self.table.relation} was dropped or renamed: probing it stopped"
+            return False
+        except psycopg.Error as err:
+            self.problem = f"the {self.kind} probe of {self.table.relation} stopped: {_reason(err)}"
+            return False
+        finally:
+            self.started = None
+        self.runs.append((began, time.monotonic(), timed_out))
+        return True
+
+
+class _Holder(threading.Thread):
+    """The queue simulation's long transaction: reads each table, then stays open for
+    ``seconds`` (or until stopped), then rolls back."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], tables: Sequence[Table], *, seconds: float,
+        halt: threading.Event,
+    ) -> None:  # fmt: skip
+        super().__init__(name="probe-long-transaction", daemon=True)
+        self.conn, self.tables, self.seconds, self.halt = conn, tables, seconds, halt
+        self.pid = conn.info.backend_pid
+        self.window: tuple[float, float] | None = None
+        self.holding = threading.Event()
+        self.problem = ""
+
+    def run(self) -> None:
+        began = time.monotonic()
+        try:
+            with self.conn.transaction(force_rollback=True):
+                for t in self.tables:
+                    self.conn.execute(_read(t))
+                began = time.monotonic()
+                self.holding.set()
+                # The transaction's one wait: its assumed length, or a stop.
+                self.halt.wait(self.seconds)
+        except psycopg.Error as err:
+            self.problem = f"the long transaction of the queue simulation failed: {_reason(err)}"
+        finally:
+            self.window = (began, time.monotonic())
+            self.holding.set()
+            self.conn.close()
+
+
+def _read(t: Table) -> sql.Composed:
+    return sql.SQL("SELECT 1 FROM {} WHERE ctid OPERATOR(pg_catalog.=) '(0,1)'").format(
+        t.identifier()
+    )
+
+
+def _reason(err: psycopg.Error) -> str:
+    from pgoverlay.runner.postgres import sqlerror
+
+    return sqlerror.reason(err)
+
+
+class Probe:
+    """The probe of one migration: ``start`` before it runs, ``stop`` after. Never raises a
+    database error: problems become notes of the outcome."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._halt = threading.Event()
+        self._probers: list[_Prober] = []
+        self._holder: _Holder | None = None
+        self._monitor: threading.Thread | None = None
+        self._sightings: dict[int, list[float]] = {}
+        self._pids: set[int] = set()
+        self._notes: list[str] = []
+        self._limits: _Limits | None = None
+
+    def _open(self, options: str) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(
+            **self.options.target.connect_kwargs(),
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            application_name=APPLICATION,
+            options=options,
+        )
+        self._pids.add(conn.info.backend_pid)
+        return conn
+
+    def start(self, *, text: str | None) -> None:
+        """Open the sessions and start probing the tables ``text`` names (the largest, without
+        a text); with a long transaction, return once it holds its tables."""
+        try:
+            tables = self._start(text)
+        except psycopg.Error as err:
+            self._notes.append(f"the probe did not start: {_reason(err)}")
+            return
+        if tables and self.options.long_transaction > 0:
+            self._hold(tables)
+
+    def _start(self, text: str | None) -> list[Table]:
+        opened: list[psycopg.Connection[Any]] = []
+        try:
+            monitor = self._open("-c statement_timeout=5000 -c lock_timeout=2000")
+            opened.append(monitor)
+            path = monitor.execute("SELECT pg_catalog.current_schemas(false)").fetchone()
+            deadlock = monitor.execute(
+                "SELECT pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval"
+            ).fetchone()
+            monitor.execute("SET search_path = pg_catalog, pg_temp")
+            rows = monitor.execute(_TABLES).fetchall()
+            assert path is not None and deadlock is not None
+            limits = self._limits = _Limits(int(deadlock[0].total_seconds() * 1000))
+            tables = choose(
+                [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows],
+                text=text,
+                search_path=list(path[0]),
+                limit=self.options.max_tables,
+            )
+            probers = []
+            for t in tables:
+                tid = self._row_of(monitor, t)
+                queries: list[tuple[Kind, sql.Composed]] = [("read", _read_query(t, tid))]
+                if t.writable:
+                    queries.append(("write", _write_query(t, tid, monitor)))
+                for kind, query in queries:
+                    conn = self._open(limits.options())
+                    opened.append(conn)
+                    probers.append(
+                        _Prober(
+                            conn, query, kind=kind, period=self.options.period, table=t,
+                            halt=self._halt,
+                        )
+                    )  # fmt: skip
+        except BaseException:
+            for conn in opened:
+                conn.close()
+            raise
+        if not probers:
+            monitor.close()
+            return []
+        self._probers = probers
+        self._monitor = threading.Thread(
+            target=self._watch, args=(monitor,), name="probe-monitor", daemon=True
+        )
+        self._monitor.start()
+        for p in probers:
+            p.start()
+        return tables
+
+    def _hold(self, tables: Sequence[Table]) -> None:
+        """Open the queue simulation's long transaction, and wait until it holds ``tables``."""
+        assert self._limits is not None
+        idle_ms = int((self.options.long_transaction + 30) * 1000)
+        try:
+            conn = self._open(
+                f"{self._limits.options()} -c idle_in_transaction_session_timeout={idle_ms}"
+            )
+        except psycopg.Error as err:
+            self._notes.append(f"the queue simulation did not start: {_reason(err)}")
+            return
+        holder = self._holder = _Holder(
+            conn, tables, seconds=self.options.long_transaction, halt=self._halt
+        )
+        holder.start()
+        holder.holding.wait(CONNECT_TIMEOUT)
+
+    def _row_of(self, monitor: psycopg.Connection[Any], t: Table) -> str:
+        """The first live row of ``t``'s first pages ('(0,1)' when there is none), found by a
+        TID scan: no scan is counted against the table."""
+        query = sql.SQL(
+            "SELECT ctid::pg_catalog.text FROM {} WHERE ctid OPERATOR(pg_catalog.=) "
+            "ANY(%s::pg_catalog.tid[]) LIMIT 1"
+        ).format(t.identifier())
+        try:
+            with monitor.transaction():
+                monitor.execute("SET LOCAL enable_seqscan = off")
+                row = monitor.execute(query, (_CANDIDATE_TIDS,)).fetchone()
+        except psycopg.errors.InsufficientPrivilege as err:
+            self._notes.append(f"no row of {t.relation} to probe writes on: {_reason(err)}")
+            return "(0,1)"
+        return str(row[0]) if row else "(0,1)"
+
+    def _watch(self, conn: psycopg.Connection[Any]) -> None:
+        """The monitor: which probe sessions wait on a lock, every MONITOR_PERIOD; and the
+        watchdog that cancels a probe query that outlives its timeout."""
+        assert self._limits is not None
+        overdue = self._limits.statement_ms / 1000 + 1.0
+        pids = [p.pid for p in self._probers]
+        try:
+            while not self._halt.is_set():
+                sent = time.monotonic()
+                waiting = conn.execute(_WAITING, (pids,), prepare=True).fetchall()
+                at = (sent + time.monotonic()) / 2
+                for (pid,) in waiting:
+                    self._sightings.setdefault(int(pid), []).append(at)
+                for p in self._probers:
+                    started = p.started
+                    if started is not None and at - started > overdue:
+                        p.conn.cancel()
+                # The monitor's one wait: until its next look, or a stop.
+                self._halt.wait(max(0.0, sent + MONITOR_PERIOD - time.monotonic()))
+        except psycopg.Error as err:
+            self._notes.append(f"the probe's monitor stopped: {_reason(err)}")
+        finally:
+            conn.close()
+
+    def stop(self) -> Outcome:
+        """End every session (waiting at most a few seconds) and say what was seen."""
+        self._halt.set()
+        limit = (self._limits.statement_ms / 1000 if self._limits else 0) + 5.0
+        threads: list[threading.Thread] = [*self._probers]
+        threads += [t for t in (self._holder, self._monitor) if t is not None]
+        deadline = time.monotonic() + limit
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        notes = list(self._notes)
+        notes += [p.problem for p in self._probers if p.problem]
+        if self._holder is not None and self._holder.problem:
+            notes.append(self._holder.problem)
+        if stuck:
+            notes.append(f"probe sessions did not end in {limit:.0f} s: {', '.join(stuck)}")
+        window = self._holder.window if self._holder is not None else None
+        blocking = []
+        for table in _unique(p.table for p in self._probers):
+            samples: dict[Kind, list[Sample]] = {"read": [], "write": []}
+            for p in self._probers:
+                if p.table == table:
+                    samples[p.kind] = classify(p.runs, self._sightings.get(p.pid, []))
+            blocking.append(
+                summarise(table.relation, samples["read"], samples["write"], window=window)
+            )
+        return Outcome(
+            blocking=blocking,
+            notes=list(dict.fromkeys(notes)),
+            pids=frozenset(self._pids),
+            long_transaction=self.options.long_transaction if self._holder else 0.0,
+        )
+
+
+def _read_query(t: Table, tid: str) -> sql.Composed:
+    return sql.SQL("SELECT 1 FROM {} WHERE ctid OPERATOR(pg_catalog.=) {}::pg_catalog.tid").format(
+        t.identifier(), sql.Literal(tid)
+    )
+
+
+def _write_query(t: Table, tid: str, conn: psycopg.Connection[Any]) -> sql.Composed:
+    """One statement, so its locks last no longer than its statement_timeout: the lock an
+    UPDATE takes on the table, then the row lock of one row, released at its end (the block
+    commits: a row lock leaves no change behind). Its body, quoted by ``conn``, is a literal."""
+    body = sql.SQL(
+        "BEGIN LOCK TABLE {table} IN ROW EXCLUSIVE MODE; PERFORM 1 FROM {table} WHERE ctid "
+        "OPERATOR(pg_catalog.=) {tid}::pg_catalog.tid FOR NO KEY UPDATE; END"
+    ).format(table=t.identifier(), tid=sql.Literal(tid))
+    return sql.SQL("DO {}").format(sql.Literal(body.as_string(conn)))
+
+
+def _unique(tables: Iterable[Table]) -> list[Table]:
+    seen: dict[int, Table] = {}
+    for t in tables:
+        seen.setdefault(t.oid, t)
+    return list(seen.values())
