@@ -25,6 +25,7 @@ from pgoverlay.action.details import (
     verdict_cell,
     volume_cell,
 )
+from pgoverlay.action.insight import blocking
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
 
@@ -55,8 +56,9 @@ _HEADER = ["#### Migrations", "", "| File | Duration | Result |", "|---|--:|---|
 _RICH_HEADER = [
     "#### Migrations",
     "",
-    "| Migration | Duration | Result | Worst lock | Rewrites | Bytes | Verdict |",
-    "|---|--:|---|---|---|---|---|",
+    f"| Migration | Duration | Result | Worst lock | {blocking.HEADER} | Rewrites | Bytes "
+    "| Verdict |",
+    "|---|--:|---|---|---|---|---|---|",
 ]
 
 
@@ -259,8 +261,9 @@ def _rich_row(m: MigrationRun) -> str:
     """The compact row: what the migration did to production, in one line."""
     i = m.insight
     if i is None:
-        return f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | | | | |"
-    cells = [lock_cell(i.locks), rewrites_cell(i.rewrites), volume_cell(i.volume)]
+        return f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | | | | | |"
+    cells = [lock_cell(i.locks), blocking.cell(i)]
+    cells += [rewrites_cell(i.rewrites), volume_cell(i.volume)]
     cells.append(verdict_cell(i.verdict))
     return (
         f"| {md.code(m.name, cell=True)} | {m.seconds:.2f} s | {_result(m)} | {' | '.join(cells)} |"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.insight import blocking
 from pgoverlay.action.insight.locks import severity
 from pgoverlay.action.insight.model import (
     Blocks,
@@ -59,6 +60,9 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     parts.append(_statements(i.statements, cap, full=full, see=see))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
+    probed = blocking.lines(i)
+    if probed:
+        parts.append("Probed on live traffic:\n\n" + "\n".join(f"- {line}" for line in probed))
     if full:
         parts += _whole(i)
     notes = i.notes if full else i.notes[:COMMENT_NOTES]

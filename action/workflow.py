@@ -172,6 +172,7 @@ class _Migrations:
         note for the report. A fork's migrate command runs only with ``fork_commands``."""
         if not self.inputs.insight:
             return self._run(None)
+        from pgoverlay.action.insight import probe
         from pgoverlay.action.insight.observe import Observer
 
         observer = Observer(
@@ -182,6 +183,9 @@ class _Migrations:
             pg_major=self.major,
             # Long enough for every file to reach its timeout; the trace then ends itself.
             max_seconds=min(48 * 3600, self.settings.command_timeout * 10 + 600),
+            probing=probe.Options(
+                target=self.connection, long_transaction=self.inputs.long_transaction()
+            ),
         )
         with observer:
             runs, note = self._run(observer)

@@ -22,6 +22,7 @@ from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
     StatementInsight,
+    TableBlocking,
     Verdict,
     Volume,
 )
@@ -100,6 +101,7 @@ def _notes() -> MigrationInsight:
         ],
         verdict=Verdict("safe", "safe online"),
         interval=0.05,
+        blocking=[TableBlocking("public.orders", reads=1, writes=1)],
     )
 
 
@@ -135,6 +137,11 @@ def _index() -> MigrationInsight:
             "CONCURRENTLY",
         ),
         interval=0.05,
+        blocking=[
+            TableBlocking(
+                "public.orders", writes_blocked=40.9, writes_worst=40.9, reads=164, writes=109
+            )
+        ],
     )
 
 

@@ -131,12 +131,13 @@ def test_a_traced_migration_gets_a_compact_row_with_its_worst_lock_rewrites_byte
             "applied",
             # a lock that blocks writes is worse than a longer one that blocks DDL only
             "SHARE on `public.orders`: blocks writes, 2.3 s",
+            "not probed",
             "1 (2.0 MiB)",
             "12.0 MiB layer; 40.0 MiB WAL",
             "**over**: blocks writes to `public.orders` (412.0 MiB) for 2.3 s: consider CREATE "
             "INDEX CONCURRENTLY",
         ],
-        ["`db/0042.sql`", "0.01 s", "applied", "", "", "", ""],
+        ["`db/0042.sql`", "0.01 s", "applied", "", "", "", "", ""],
     ]
 
 

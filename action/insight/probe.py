@@ -15,9 +15,12 @@ Invariants (what a hostile migration can and cannot make the probe do):
 - The probe runs as the branch's role, like the pull request's own SQL: it gains no privilege.
 - Every probe statement has a ``lock_timeout`` and a ``statement_timeout`` under half the
   server's ``deadlock_timeout``: a probe never stays in a wait cycle long enough for the
-  deadlock detector to pick the migration as its victim, and a migration that waits on a probe
-  waits at most that long. A blocked probe times out and asks again at once, so a long block
-  is seen as a run of blocked probes (its length is the worst wait, ``_stretches``).
+  deadlock detector to pick the migration as its victim. A probe waits for a table lock
+  holding nothing on that table; a write probe waits for a row lock holding ROW EXCLUSIVE, so
+  that wait is cut at ``ROW_LOCK_MS``: a migration that asks for a stronger lock meanwhile
+  waits on the probe no longer than that. A blocked probe times out and asks again at once, so
+  a long block is seen as a run of blocked probes (its length is the worst wait,
+  ``blocking.summarise``).
 - A statement the migration's code could make slow (a row security policy, a table turned
   into a view) is bounded by those timeouts, and by the monitor, which cancels a probe query
   that outlives its timeout (the code it runs could have changed the session's settings).
@@ -37,18 +40,17 @@ probes' reads queue behind the migration: how long they queued is the table's
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from pgoverlay.action import markdown as md
-from pgoverlay.action.insight.model import MigrationInsight, TableBlocking
+from pgoverlay.action.insight.blocking import Kind, Sample, Table, choose, classify, summarise
+from pgoverlay.action.insight.model import TableBlocking
 from pgoverlay.runner.service.views import Connection
 
 log = logging.getLogger(__name__)
@@ -58,12 +60,10 @@ PERIOD = 0.25  # seconds between the starts of one prober's queries: 4 a second
 MONITOR_PERIOD = 0.1  # how often the monitor looks for probe sessions waiting on a lock
 MAX_TABLES = 5  # tables probed per migration (two sessions each)
 CONNECT_TIMEOUT = 10
+ROW_LOCK_MS = 50  # the longest a write probe waits for a row lock at a time
 # The rows a write probe may lock: the first live one of the table's first pages, found by a
 # TID scan (no sequential scan is counted against the table).
 _CANDIDATE_TIDS = [f"({block},{offset})" for block in range(4) for offset in range(1, 292)]
-_SYSTEM_SCHEMA = re.compile(r"^(pg_|information_schema$|pgoverlay_)")
-
-Kind = Literal["read", "write"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,32 +77,6 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Table:
-    oid: int
-    schema: str
-    name: str
-    pages: int
-    readable: bool
-    writable: bool
-
-    @property
-    def relation(self) -> str:
-        return f"{self.schema}.{self.name}"
-
-    def identifier(self) -> sql.Identifier:
-        return sql.Identifier(self.schema, self.name)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One probe query: when it ran (monotonic seconds) and whether it was kept waiting."""
-
-    start: float
-    end: float
-    blocked: bool
-
-
-@dataclass(frozen=True)
 class Outcome:
     """What the probe of one migration saw: per table, and the sessions to leave out of the
     trace."""
@@ -111,182 +85,6 @@ class Outcome:
     notes: list[str]
     pids: frozenset[int]
     long_transaction: float = 0.0
-
-
-# -- which tables (pure) --------------------------------------------------------------------
-
-_IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*)'
-_CHAIN = re.compile(rf"{_IDENT}(?:\s*\.\s*{_IDENT})*")
-_PART = re.compile(_IDENT)
-_STRING = re.compile(r"(?:[EeBbXxNn])?'(?:[^']|'')*'")
-
-
-def names_in(text: str) -> set[tuple[str | None, str]]:
-    """Every name in ``text`` that could be a table: (schema or None, name), folded as
-    Postgres folds them (unquoted to lower case). Comments and string literals are left out;
-    a name inside a function body is kept (probing one table too many costs little)."""
-    import sqlparse
-
-    bare = _STRING.sub(" ", sqlparse.format(text, strip_comments=True))
-    found: set[tuple[str | None, str]] = set()
-    for chain in _CHAIN.finditer(bare):
-        parts = [_fold(p) for p in _PART.findall(chain.group(0))]
-        if len(parts) == 1:
-            found.add((None, parts[0]))
-        else:
-            found.add((parts[-2], parts[-1]))
-    return found
-
-
-def _fold(part: str) -> str:
-    if part.startswith('"'):
-        return part[1:-1].replace('""', '"')
-    return part.lower()
-
-
-def choose(
-    tables: Sequence[Table],
-    *,
-    text: str | None,
-    search_path: Sequence[str],
-    limit: int,
-) -> list[Table]:
-    """The tables to probe, largest first, at most ``limit``. With ``text`` (a SQL file): the
-    existing tables it names, schema-qualified or found through ``search_path`` (the role's
-    schemas, in order; a file that sets ``search_path`` may reach others, so then an
-    unqualified name matches in every schema). Without (a migrate command, whose statements
-    are not known beforehand): the largest tables, where blocking costs most."""
-    candidates = [t for t in tables if t.readable and not _SYSTEM_SCHEMA.match(t.schema)]
-    if text is not None:
-        names = names_in(text)
-        anywhere = "search_path" in text.lower()
-        by_name: dict[str, list[Table]] = {}
-        for t in candidates:
-            by_name.setdefault(t.name, []).append(t)
-        chosen: dict[int, Table] = {}
-        for schema, name in names:
-            found = by_name.get(name, [])
-            if schema is not None:
-                found = [t for t in found if t.schema == schema]
-            elif not anywhere:
-                found = sorted(
-                    (t for t in found if t.schema in search_path),
-                    key=lambda t: list(search_path).index(t.schema),
-                )[:1]
-            chosen.update((t.oid, t) for t in found)
-        candidates = list(chosen.values())
-    return sorted(candidates, key=lambda t: (-t.pages, t.relation))[:limit]
-
-
-# -- what the samples say (pure) ------------------------------------------------------------
-
-
-def _stretches(samples: Sequence[Sample]) -> list[tuple[float, float]]:
-    """Runs of consecutive blocked samples, as (start of the first, end of the last): how long
-    a query that kept waiting would have waited."""
-    runs: list[tuple[float, float]] = []
-    current: tuple[float, float] | None = None
-    for s in sorted(samples, key=lambda s: s.start):
-        if s.blocked:
-            current = (current[0], s.end) if current else (s.start, s.end)
-        elif current is not None:
-            runs.append(current)
-            current = None
-    if current is not None:
-        runs.append(current)
-    return runs
-
-
-def summarise(
-    relation: str,
-    reads: Sequence[Sample],
-    writes: Sequence[Sample],
-    *,
-    window: tuple[float, float] | None = None,
-) -> TableBlocking:
-    """The table's blocking: per kind, the sum of the blocked probes' waits and the longest
-    run of them; with a long transaction's ``window``, the longest run of blocked reads that
-    overlaps it (how long reads queued behind the migration meanwhile)."""
-
-    def worst(runs: Iterable[tuple[float, float]]) -> float:
-        return round(max((end - start for start, end in runs), default=0.0), 3)
-
-    def blocked(samples: Sequence[Sample]) -> float:
-        return round(sum(s.end - s.start for s in samples if s.blocked), 3)
-
-    read_runs = _stretches(reads)
-    queued = None
-    if window is not None:
-        queued = worst(r for r in read_runs if r[0] < window[1] and r[1] > window[0])
-    return TableBlocking(
-        relation=relation,
-        reads_blocked=blocked(reads),
-        reads_worst=worst(read_runs),
-        writes_blocked=blocked(writes),
-        writes_worst=worst(_stretches(writes)),
-        reads=len(reads),
-        writes=len(writes),
-        reads_queued=queued,
-    )
-
-
-def classify(runs: Sequence[tuple[float, float, bool]], sightings: Sequence[float]) -> list[Sample]:
-    """Probe queries (start, end, ran out of lock_timeout) as samples: blocked when they timed
-    out waiting, or when the monitor saw their session waiting on a lock meanwhile."""
-    seen = sorted(sightings)
-    samples = []
-    for start, end, timed_out in runs:
-        waited = timed_out or any(start <= at <= end for at in seen)
-        samples.append(Sample(start, end, waited))
-    return samples
-
-
-# -- the comment (pure) ---------------------------------------------------------------------
-
-HEADER = "Blocked (probed)"
-
-
-def cell(insight: MigrationInsight) -> str:
-    """The comment's cell: the worst-blocked table's reads and writes, e.g. "reads 2.1 s,
-    writes 2.3 s on `public.t`"; "none" when no probe waited; "not probed" without a probe."""
-    if not insight.blocking:
-        return "not probed"
-    worst = max(insight.blocking, key=lambda b: (b.reads_worst, b.writes_worst, b.relation))
-    if not worst.reads_worst and not worst.writes_worst:
-        return "none"
-    text = (
-        f"reads {_seconds(worst.reads_worst)}, writes {_seconds(worst.writes_worst)} "
-        f"on {md.code(worst.relation, cell=True)}"
-    )
-    if worst.reads_queued:
-        text += f"; {_seconds(worst.reads_queued)} queued"
-    return text
-
-
-def lines(insight: MigrationInsight) -> list[str]:
-    """One line per probed table, for the details block: "reads on `public.t` waited 2.1 s
-    (worst 2.1 s); writes 2.3 s (worst 2.3 s); 18 and 17 probes", and the queue simulation's
-    "reads on `public.t` queue for 30.4 s behind this migration while a 30 s transaction
-    runs"."""
-    found = []
-    for b in insight.blocking:
-        found.append(
-            f"{md.code(b.relation, cell=False)}: reads waited {_seconds(b.reads_blocked)} "
-            f"(longest {_seconds(b.reads_worst)}), writes {_seconds(b.writes_blocked)} "
-            f"(longest {_seconds(b.writes_worst)}); {b.reads:,} read and {b.writes:,} write "
-            "probes"
-        )
-        if b.reads_queued is not None:
-            found.append(
-                f"reads on {md.code(b.relation, cell=False)} queue for "
-                f"{_seconds(b.reads_queued)} behind this migration while a "
-                f"{_seconds(insight.long_transaction)} transaction runs"
-            )
-    return found
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value >= 0.1 or value == 0 else f"{value * 1000:.0f} ms"
 
 
 # -- the sessions ---------------------------------------------------------------------------
@@ -311,6 +109,9 @@ class _Limits:
     def __init__(self, deadlock_ms: int) -> None:
         self.lock_ms = max(1, int(deadlock_ms * 0.4))
         self.statement_ms = max(2, int(deadlock_ms * 0.5))
+        # A write probe waits for a row lock while it holds ROW EXCLUSIVE on the table: only
+        # this long, so a migration that then asks for a stronger lock waits no longer on it.
+        self.row_lock_ms = min(ROW_LOCK_MS, self.lock_ms)
 
     def options(self) -> str:
         return (
@@ -477,7 +278,9 @@ class Probe:
                 tid = self._row_of(monitor, t)
                 queries: list[tuple[Kind, sql.Composed]] = [("read", _read_query(t, tid))]
                 if t.writable:
-                    queries.append(("write", _write_query(t, tid, monitor)))
+                    queries.append(
+                        ("write", _write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms))
+                    )
                 for kind, query in queries:
                     conn = self._open(limits.options())
                     opened.append(conn)
@@ -601,14 +404,19 @@ def _read_query(t: Table, tid: str) -> sql.Composed:
     )
 
 
-def _write_query(t: Table, tid: str, conn: psycopg.Connection[Any]) -> sql.Composed:
+def _write_query(
+    t: Table, tid: str, conn: psycopg.Connection[Any], *, row_lock_ms: int
+) -> sql.Composed:
     """One statement, so its locks last no longer than its statement_timeout: the lock an
-    UPDATE takes on the table, then the row lock of one row, released at its end (the block
-    commits: a row lock leaves no change behind). Its body, quoted by ``conn``, is a literal."""
+    UPDATE takes on the table (waited for holding nothing), then the row lock of one row
+    (waited for at most ``row_lock_ms``), both released at its end (the block commits: a row
+    lock leaves no change behind). Its body, quoted by ``conn``, is a literal."""
     body = sql.SQL(
-        "BEGIN LOCK TABLE {table} IN ROW EXCLUSIVE MODE; PERFORM 1 FROM {table} WHERE ctid "
-        "OPERATOR(pg_catalog.=) {tid}::pg_catalog.tid FOR NO KEY UPDATE; END"
-    ).format(table=t.identifier(), tid=sql.Literal(tid))
+        "BEGIN LOCK TABLE {table} IN ROW EXCLUSIVE MODE; "
+        "PERFORM pg_catalog.set_config('lock_timeout', {row}, true); "
+        "PERFORM 1 FROM {table} WHERE ctid OPERATOR(pg_catalog.=) {tid}::pg_catalog.tid "
+        "FOR NO KEY UPDATE; END"
+    ).format(table=t.identifier(), row=sql.Literal(str(row_lock_ms)), tid=sql.Literal(tid))
     return sql.SQL("DO {}").format(sql.Literal(body.as_string(conn)))
 
 
