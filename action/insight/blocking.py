@@ -213,9 +213,7 @@ def lines(insight: MigrationInsight) -> list[str]:
             ("writes", b.writes_blocked, b.writes_worst),
         ):
             if total:
-                waits.append(
-                    f"{kind} waited {_seconds(total)} in all, {_seconds(longest)} at most"
-                )
+                waits.append(f"{kind} waited {_seconds(total)} in all, {_seconds(longest)} at most")
             else:
                 waits.append(f"{kind} never waited")
         writes = f"{b.writes:,} writes" if b.writes else "no writes (the role may not update it)"

@@ -7,8 +7,9 @@ statistics counter moves, so the trace's scan analysis does not see the probe), 
 probe, ``LOCK TABLE ... IN ROW EXCLUSIVE MODE`` (the lock an ``UPDATE`` takes) then ``SELECT
 ... FOR NO KEY UPDATE`` of one row, in one ``DO`` statement: it changes no data and fires no
 trigger, and it waits on the row lock of a migration that updates that row. A monitor session
-looks every ``MONITOR_PERIOD`` at which probe sessions wait on a lock; a probe query counts as
-blocked when the monitor saw it waiting, or when it ran out of its ``lock_timeout``.
+looks every ``MONITOR_PERIOD`` at which probe queries still running wait on a lock; a probe
+query counts as blocked when the monitor saw it waiting, or when it ran out of its
+``lock_timeout``.
 
 Invariants (what a hostile migration can and cannot make the probe do):
 
@@ -44,7 +45,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
@@ -57,7 +58,8 @@ log = logging.getLogger(__name__)
 
 APPLICATION = "pgoverlay-probe"
 PERIOD = 0.25  # seconds between the starts of one prober's queries: 4 a second
-MONITOR_PERIOD = 0.1  # how often the monitor looks for probe sessions waiting on a lock
+MONITOR_PERIOD = 0.05  # how often the monitor looks for probe sessions waiting on a lock
+IN_FLIGHT = 0.02  # a probe query running this long may be waiting: the monitor asks
 MAX_TABLES = 5  # tables probed per migration (two sessions each)
 CONNECT_TIMEOUT = 10
 ROW_LOCK_MS = 50  # the longest a write probe waits for a row lock at a time
@@ -139,14 +141,17 @@ class _Prober(threading.Thread):
         try:
             while not self.halt.is_set():
                 began = time.monotonic()
-                if not self._once(began):
+                outcome = self._once(began)
+                if outcome == "stopped":
                     return
+                if outcome == "timed out":
+                    continue  # still blocked: ask again at once, so the wait is seen whole
                 # The prober's one wait: until its next query is due, or a stop.
                 self.halt.wait(max(0.0, began + self.period - time.monotonic()))
         finally:
             self.conn.close()
 
-    def _once(self, began: float) -> bool:
+    def _once(self, began: float) -> Literal["answered", "timed out", "stopped"]:
         self.started = began
         timed_out = False
         try:
@@ -155,21 +160,21 @@ class _Prober(threading.Thread):
             timed_out = True
         except psycopg.errors.QueryCanceled:
             if self.halt.is_set():
-                return False
+                return "stopped"
             self.problem = self.problem or (
                 f"a {self.kind} probe of {self.table.relation} outlived its statement_timeout "
                 "without waiting on a lock (something the migration made runs in it)"
             )
         except psycopg.errors.UndefinedTable:
             self.problem = f"{self.table.relation} was dropped or renamed: probing it stopped"
-            return False
+            return "stopped"
         except psycopg.Error as err:
             self.problem = f"the {self.kind} probe of {self.table.relation} stopped: {_reason(err)}"
-            return False
+            return "stopped"
         finally:
             self.started = None
         self.runs.append((began, time.monotonic(), timed_out))
-        return True
+        return "timed out" if timed_out else "answered"
 
 
 class _Holder(threading.Thread):
@@ -324,34 +329,55 @@ class Probe:
         holder.holding.wait(CONNECT_TIMEOUT)
 
     def _row_of(self, monitor: psycopg.Connection[Any], t: Table) -> str:
-        """The first live row of ``t``'s first pages ('(0,1)' when there is none), found by a
-        TID scan: no scan is counted against the table."""
-        query = sql.SQL(
+        """The first live row of ``t`` ('(0,1)' when it has none): looked for among the first
+        pages' tuples by a TID scan, which moves no statistics counter, then, in a table whose
+        first pages hold no live row, by a TID range scan (the table's tuples-read counter then
+        counts the one row it returns; no scan is counted)."""
+        ident = t.identifier()
+        listed = sql.SQL(
             "SELECT ctid::pg_catalog.text FROM {} WHERE ctid OPERATOR(pg_catalog.=) "
             "ANY(%s::pg_catalog.tid[]) LIMIT 1"
-        ).format(t.identifier())
+        ).format(ident)
+        ranged = sql.SQL(
+            "SELECT ctid::pg_catalog.text FROM {} WHERE ctid OPERATOR(pg_catalog.>=) "
+            "'(0,1)'::pg_catalog.tid LIMIT 1"
+        ).format(ident)
         try:
             with monitor.transaction():
                 monitor.execute("SET LOCAL enable_seqscan = off")
-                row = monitor.execute(query, (_CANDIDATE_TIDS,)).fetchone()
-        except psycopg.errors.InsufficientPrivilege as err:
+                row = monitor.execute(listed, (_CANDIDATE_TIDS,)).fetchone()
+                if row is None:
+                    row = monitor.execute(ranged).fetchone()
+        except (
+            psycopg.errors.InsufficientPrivilege,
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,
+        ) as err:
             self._notes.append(f"no row of {t.relation} to probe writes on: {_reason(err)}")
             return "(0,1)"
         return str(row[0]) if row else "(0,1)"
 
     def _watch(self, conn: psycopg.Connection[Any]) -> None:
-        """The monitor: which probe sessions wait on a lock, every MONITOR_PERIOD; and the
-        watchdog that cancels a probe query that outlives its timeout."""
+        """The monitor: every MONITOR_PERIOD, which probe queries in flight for longer than
+        IN_FLIGHT wait on a lock (the server is asked only then: a probe answered at once
+        costs no monitor query, and no line in the server's log); and the watchdog that cancels
+        a probe query that outlives its timeout."""
         assert self._limits is not None
         overdue = self._limits.statement_ms / 1000 + 1.0
-        pids = [p.pid for p in self._probers]
         try:
             while not self._halt.is_set():
                 sent = time.monotonic()
-                waiting = conn.execute(_WAITING, (pids,), prepare=True).fetchall()
-                at = (sent + time.monotonic()) / 2
-                for (pid,) in waiting:
-                    self._sightings.setdefault(int(pid), []).append(at)
+                busy = [
+                    p.pid
+                    for p in self._probers
+                    if (started := p.started) is not None and sent - started >= IN_FLIGHT
+                ]
+                if busy:
+                    waiting = conn.execute(_WAITING, (busy,), prepare=True).fetchall()
+                    at = (sent + time.monotonic()) / 2
+                    for (pid,) in waiting:
+                        self._sightings.setdefault(int(pid), []).append(at)
+                at = time.monotonic()
                 for p in self._probers:
                     started = p.started
                     if started is not None and at - started > overdue:
