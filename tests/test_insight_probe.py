@@ -375,3 +375,95 @@ def test_with_insight_off_no_probe_starts(
         engine.destroy("probe-off")
     assert seen_off == (0,)
     assert seen_on is not None and seen_on[0] >= 3  # the monitor and two probes of `t`
+
+
+# -- what a migration can make the probe do --------------------------------------------------
+
+HOSTILE = {
+    # Row locks held, then a stronger lock asked for with a short lock_timeout: the write
+    # probes wait on the row locks holding ROW EXCLUSIVE, never long enough to fail the ALTER.
+    "001_update_then_alter.sql": (
+        "UPDATE t SET v = v + 1;\n"
+        "SELECT pg_sleep(1);\n"
+        "SET LOCAL lock_timeout = '200ms';\n"
+        "ALTER TABLE t ADD COLUMN z int;\n"
+    ),
+    "002_end_the_probes.sql": (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity\n"
+        " WHERE application_name = 'pgoverlay-probe' AND pid <> pg_backend_pid();\n"
+        "UPDATE t SET v = v WHERE id = 1;\n"
+        "SELECT pg_sleep(1);\n"  # the probes ask again, and find their sessions gone
+    ),
+    # A row security policy that switches the probe's timeouts off on its first call and
+    # sleeps on every later one: the monitor cancels the stalled probe queries.
+    "003_stall_the_probes.sql": (
+        "BEGIN;\n"
+        "CREATE FUNCTION public.stall() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$\n"
+        "BEGIN\n"
+        "  IF pg_catalog.current_setting('stall.armed', true) IS NULL THEN\n"
+        "    PERFORM pg_catalog.set_config('stall.armed', 'yes', false);\n"
+        "    PERFORM pg_catalog.set_config('statement_timeout', '0', false);\n"
+        "    PERFORM pg_catalog.set_config('lock_timeout', '0', false);\n"
+        "    RETURN true;\n"
+        "  END IF;\n"
+        "  PERFORM pg_catalog.pg_sleep(600);\n"
+        "  RETURN true;\n"
+        "END $$;\n"
+        "ALTER TABLE t ENABLE ROW LEVEL SECURITY;\n"
+        "ALTER TABLE t FORCE ROW LEVEL SECURITY;\n"
+        "CREATE POLICY stall ON t USING (public.stall());\n"
+        "COMMIT;\n"
+        "SELECT pg_sleep(4);\n"
+    ),
+}
+
+
+@pytest.mark.slow
+def test_a_migration_cannot_make_the_probe_fail_it_hang_or_leave_a_session(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    runs = apply(pool, base, tmp_path, "probe-hostile", HOSTILE)
+    for file in HOSTILE:
+        assert runs[file].status == "applied", (file, runs[file].error)
+    probed(runs, "001_update_then_alter.sql")
+    ended = runs["002_end_the_probes.sql"].insight
+    assert ended is not None
+    assert [n for n in ended.notes if "probe" in n and "stopped" in n], ended.notes
+    stalled = runs["003_stall_the_probes.sql"].insight
+    assert stalled is not None
+    assert [n for n in stalled.notes if "outlived its statement_timeout" in n], stalled.notes
+    assert not [n for n in stalled.notes if "did not end" in n], stalled.notes
+
+
+@pytest.mark.slow
+def test_a_migrate_command_probes_the_largest_tables(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    psql = pgbin.for_major(base.pg_major or 15).tool("psql")
+    engine = LocalEngine(pool)
+    engine.create(CreateRequest(name="probe-command", base=base.name))
+    try:
+        target = engine.connection("probe-command")
+        with Observer(
+            engine, "probe-command", repository=None, thresholds=Thresholds(),
+            pg_major=base.pg_major or 15, max_seconds=600,
+            probing=probe.Options(target=target, max_tables=1),
+        ) as observer:  # fmt: skip
+            run = migrations.run_command(
+                target,
+                f"{psql} -X -q -v ON_ERROR_STOP=1 --single-transaction "
+                "-c 'LOCK TABLE t IN SHARE MODE' -c 'SELECT pg_sleep(2)'",
+                cwd=tmp_path,
+                timeout=300,
+                watcher=observer,
+            )
+    finally:
+        engine.destroy("probe-command")
+    assert run.status == "applied", run.error
+    assert run.insight is not None
+    (b,) = run.insight.blocking  # the largest table only: `t`, not `bystander`
+    assert b.relation == T
+    assert b.writes_blocked > 0.5 and b.reads_blocked == 0, b
+    assert not [
+        s for s in run.insight.statements if "pgoverlay-probe" in s.text or "ctid" in s.text
+    ]

@@ -216,6 +216,14 @@ def _read(t: Table) -> sql.Composed:
     )
 
 
+def _cancel(conn: psycopg.Connection[Any]) -> None:
+    """Ask the server to cancel what ``conn`` runs (its own thread then sees QueryCanceled)."""
+    try:
+        conn.cancel_safe(timeout=CONNECT_TIMEOUT)
+    except psycopg.Error as err:
+        log.warning("a probe query could not be cancelled: %s", _reason(err))
+
+
 def _reason(err: psycopg.Error) -> str:
     from pgoverlay.runner.postgres import sqlerror
 
@@ -381,7 +389,7 @@ class Probe:
                 for p in self._probers:
                     started = p.started
                     if started is not None and at - started > overdue:
-                        p.conn.cancel()
+                        _cancel(p.conn)
                 # The monitor's one wait: until its next look, or a stop.
                 self._halt.wait(max(0.0, sent + MONITOR_PERIOD - time.monotonic()))
         except psycopg.Error as err:
@@ -389,16 +397,26 @@ class Probe:
         finally:
             conn.close()
 
+    def _cancel_running(self) -> None:
+        for p in self._probers:
+            if p.started is not None and p.is_alive():
+                _cancel(p.conn)
+
     def stop(self) -> Outcome:
-        """End every session (waiting at most a few seconds) and say what was seen."""
+        """End every session (waiting at most a few seconds) and say what was seen. A probe
+        query still running is cancelled: the migration is over, and the next mark waits for
+        the role's sessions to end."""
         self._halt.set()
         limit = (self._limits.statement_ms / 1000 if self._limits else 0) + 5.0
         threads: list[threading.Thread] = [*self._probers]
         threads += [t for t in (self._holder, self._monitor) if t is not None]
         deadline = time.monotonic() + limit
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        for grace in (1.0, limit):  # cancel, wait a second, cancel what still runs, wait
+            self._cancel_running()
+            until = min(deadline, time.monotonic() + grace)
+            for thread in threads:
+                if thread.ident is not None:
+                    thread.join(max(0.0, until - time.monotonic()))
         stuck = [t.name for t in threads if t.is_alive()]
         notes = list(self._notes)
         notes += [p.problem for p in self._probers if p.problem]
