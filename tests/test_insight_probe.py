@@ -98,6 +98,15 @@ def test_a_migrate_command_probes_the_largest_tables_but_never_pgoverlays_own() 
     assert "pgoverlay_ledger.migrations" not in {t.relation for t in everything}
 
 
+def test_the_probe_leaves_connections_free_for_the_migration() -> None:
+    # a branch's default: 30 connections, 3 kept for superusers, a few in use
+    assert blocking.tables_within(free=23, role_limit=-1, role_used=2, holder=False) == 6
+    assert blocking.tables_within(free=23, role_limit=-1, role_used=2, holder=True) == 5
+    # a role production limited to 16 connections, 2 of them in use: 14 - 10 - 1 = 3 sessions
+    assert blocking.tables_within(free=23, role_limit=16, role_used=2, holder=False) == 1
+    assert blocking.tables_within(free=8, role_limit=-1, role_used=2, holder=False) == 0
+
+
 # -- what the samples say -------------------------------------------------------------------
 
 

@@ -116,6 +116,19 @@ def choose(
     return sorted(candidates, key=lambda t: (-t.pages, t.relation))[:limit]
 
 
+HEADROOM = 10  # connections the probe leaves free for the migration (its tool may pool some)
+
+
+def tables_within(*, free: int, role_limit: int, role_used: int, holder: bool) -> int:
+    """How many tables the probe may watch (two sessions each, beside its monitor and the queue
+    simulation's ``holder``) and still leave HEADROOM connections to the migration: of the
+    server's ``free`` ones, and of the role's own limit (``role_limit`` -1: none) less the
+    ``role_used`` it has."""
+    if role_limit >= 0:
+        free = min(free, role_limit - role_used)
+    return max(0, (free - HEADROOM - (2 if holder else 1)) // 2)
+
+
 # -- what the samples say (pure) ------------------------------------------------------------
 
 

@@ -50,7 +50,16 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from pgoverlay.action.insight.blocking import Kind, Sample, Table, choose, classify, summarise
+from pgoverlay.action.insight.blocking import (
+    HEADROOM,
+    Kind,
+    Sample,
+    Table,
+    choose,
+    classify,
+    summarise,
+    tables_within,
+)
 from pgoverlay.action.insight.model import TableBlocking
 from pgoverlay.runner.service.views import Connection
 
@@ -98,6 +107,17 @@ SELECT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8
        pg_catalog.has_table_privilege(c.oid, 'UPDATE')
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind = 'r'
+"""
+# Connections still free on the server (less those kept for superusers), the role's own
+# connection limit (-1: none) and how many sessions it has.
+_ROOM = """
+SELECT pg_catalog.current_setting('max_connections')::pg_catalog.int4
+       - pg_catalog.current_setting('superuser_reserved_connections')::pg_catalog.int4
+       - (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+           WHERE backend_type = 'client backend')::pg_catalog.int4,
+       (SELECT rolconnlimit FROM pg_catalog.pg_roles WHERE rolname = CURRENT_USER),
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
+         WHERE usename = CURRENT_USER)::pg_catalog.int4
 """
 _WAITING = """
 SELECT pid FROM pg_catalog.pg_stat_activity
@@ -278,14 +298,28 @@ class Probe:
             ).fetchone()
             monitor.execute("SET search_path = pg_catalog, pg_temp")
             rows = monitor.execute(_TABLES).fetchall()
-            assert path is not None and deadlock is not None
+            room = monitor.execute(_ROOM).fetchone()
+            assert path is not None and deadlock is not None and room is not None
             limits = self._limits = _Limits(int(deadlock[0].total_seconds() * 1000))
-            tables = choose(
+            wanted = choose(
                 [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows],
                 text=text,
                 search_path=list(path[0]),
                 limit=self.options.max_tables,
             )
+            budget = tables_within(
+                free=int(room[0]),
+                role_limit=int(room[1]),
+                role_used=int(room[2]),
+                holder=self.options.long_transaction > 0,
+            )
+            tables = wanted[:budget]
+            if len(tables) < len(wanted):
+                self._notes.append(
+                    f"{len(wanted) - len(tables)} of the {len(wanted)} tables to probe were "
+                    f"left out (the smallest), to leave {HEADROOM} of the branch's connections "
+                    "free for the migration"
+                )
             probers = []
             for t in tables:
                 tid = self._row_of(monitor, t)
