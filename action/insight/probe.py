@@ -156,12 +156,14 @@ class _Prober(threading.Thread):
         self.runs: list[tuple[float, float, bool]] = []
         self.started: float | None = None  # the query in flight, if one is
         self.problem = ""
+        self.ready = threading.Event()  # its first query has been answered (or it stopped)
 
     def run(self) -> None:
         try:
             while not self.halt.is_set():
                 began = time.monotonic()
                 outcome = self._once(began)
+                self.ready.set()
                 if outcome == "stopped":
                     return
                 if outcome == "timed out":
@@ -169,6 +171,7 @@ class _Prober(threading.Thread):
                 # The prober's one wait: until its next query is due, or a stop.
                 self.halt.wait(max(0.0, began + self.period - time.monotonic()))
         finally:
+            self.ready.set()
             self.conn.close()
 
     def _once(self, began: float) -> Literal["answered", "timed out", "stopped"]:
@@ -179,7 +182,8 @@ class _Prober(threading.Thread):
         except psycopg.errors.LockNotAvailable:
             timed_out = True
         except psycopg.errors.QueryCanceled:
-            if self.halt.is_set():
+            if self.halt.is_set():  # cancelled by stop: what it waited until then still counts
+                self.runs.append((began, time.monotonic(), False))
                 return "stopped"
             self.problem = self.problem or (
                 f"a {self.kind} probe of {self.table.relation} outlived its statement_timeout "
@@ -351,6 +355,11 @@ class Probe:
         self._monitor.start()
         for p in probers:
             p.start()
+        # The migration starts once every probe has run: a block from its first statement on
+        # is seen (a bounded wait; the probes' own first queries take milliseconds).
+        deadline = time.monotonic() + CONNECT_TIMEOUT
+        for p in probers:
+            p.ready.wait(max(0.0, deadline - time.monotonic()))
         return tables
 
     def _hold(self, tables: Sequence[Table]) -> None:
@@ -437,16 +446,20 @@ class Probe:
                 _cancel(p.conn)
 
     def stop(self) -> Outcome:
-        """End every session (waiting at most a few seconds) and say what was seen. A probe
-        query still running is cancelled: the migration is over, and the next mark waits for
-        the role's sessions to end."""
+        """End every session (waiting at most a few seconds) and say what was seen: the next
+        mark waits for the role's sessions to end."""
         self._halt.set()
-        limit = (self._limits.statement_ms / 1000 if self._limits else 0) + 5.0
+        statement = self._limits.statement_ms / 1000 if self._limits else 0.0
+        limit = statement + 5.0
         threads: list[threading.Thread] = [*self._probers]
         threads += [t for t in (self._holder, self._monitor) if t is not None]
         deadline = time.monotonic() + limit
-        for grace in (1.0, limit):  # cancel, wait a second, cancel what still runs, wait
-            self._cancel_running()
+        # Let the queries in flight end (the migration is over: what blocked them is gone;
+        # their statement_timeout ends the rest), then cancel what still runs (its code
+        # switched the timeout off), twice, a second apart.
+        for grace, cancel in ((statement + 0.5, False), (1.0, True), (limit, True)):
+            if cancel:
+                self._cancel_running()
             until = min(deadline, time.monotonic() + grace)
             for thread in threads:
                 if thread.ident is not None:
