@@ -217,11 +217,11 @@ class _Holder(threading.Thread):
         self.problem = ""
 
     def run(self) -> None:
-        began = time.monotonic()
+        began: float | None = None
         try:
             with self.conn.transaction(force_rollback=True):
                 for t in self.tables:
-                    self.conn.execute(_read(t))
+                    self.conn.execute(_read_query(t, "(0,1)"))  # ACCESS SHARE, held
                 began = time.monotonic()
                 self.holding.set()
                 # The transaction's one wait: its assumed length, or a stop.
@@ -229,15 +229,10 @@ class _Holder(threading.Thread):
         except psycopg.Error as err:
             self.problem = f"the long transaction of the queue simulation failed: {_reason(err)}"
         finally:
-            self.window = (began, time.monotonic())
+            if began is not None:
+                self.window = (began, time.monotonic())
             self.holding.set()
             self.conn.close()
-
-
-def _read(t: Table) -> sql.Composed:
-    return sql.SQL("SELECT 1 FROM {} WHERE ctid OPERATOR(pg_catalog.=) '(0,1)'").format(
-        t.identifier()
-    )
 
 
 def _cancel(conn: psycopg.Connection[Any]) -> None:
@@ -485,7 +480,7 @@ class Probe:
             blocking=blocking,
             notes=list(dict.fromkeys(notes)),
             pids=frozenset(self._pids),
-            long_transaction=self.options.long_transaction if self._holder else 0.0,
+            long_transaction=self.options.long_transaction if window is not None else 0.0,
         )
 
 
