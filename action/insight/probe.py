@@ -18,7 +18,7 @@ Invariants (what a hostile migration can and cannot make the probe do):
   server's ``deadlock_timeout``: a probe never stays in a wait cycle long enough for the
   deadlock detector to pick the migration as its victim. A probe waits for a table lock
   holding nothing on that table; a write probe waits for a row lock holding ROW EXCLUSIVE, so
-  that wait is cut at ``ROW_LOCK_MS``: a migration that asks for a stronger lock meanwhile
+  that wait is cut at ``probers.ROW_LOCK_MS``: a migration that asks for a stronger lock meanwhile
   waits on the probe no longer than that. A blocked probe times out and asks again at once, so
   a long block is seen as a run of blocked probes (its length is the worst wait,
   ``blocking.summarise``).
@@ -27,9 +27,9 @@ Invariants (what a hostile migration can and cannot make the probe do):
   that outlives its timeout (the code it runs could have changed the session's settings).
 - The probe's sessions resolve names in ``pg_catalog`` only (``search_path`` pinned) and
   name tables through ``psycopg.sql.Identifier``.
-- Every session is closed in a ``finally``; ``stop`` ends them all, waiting a bounded time, and
-  never raises. A probe that cannot start or breaks says so in a note; it never fails a
-  migration.
+- Every session is closed in a ``finally`` of its own thread (``probers``); ``stop`` ends them
+  all, waiting a bounded time, and never raises. A probe that cannot start or breaks says so in
+  a note, and the migration runs on as it would without it.
 
 The queue simulation (``Options.long_transaction``): before the migration starts, one more
 session reads each probed table in a transaction held that long, as a long report query in
@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -61,6 +61,15 @@ from pgoverlay.action.insight.blocking import (
     tables_within,
 )
 from pgoverlay.action.insight.model import TableBlocking
+from pgoverlay.action.insight.probers import (
+    Holder,
+    Limits,
+    Prober,
+    cancel,
+    read_query,
+    reason,
+    write_query,
+)
 from pgoverlay.runner.service.views import Connection
 
 log = logging.getLogger(__name__)
@@ -71,7 +80,6 @@ MONITOR_PERIOD = 0.05  # how often the monitor looks for probe sessions waiting 
 IN_FLIGHT = 0.02  # a probe query running this long may be waiting: the monitor asks
 MAX_TABLES = 5  # tables probed per migration (two sessions each)
 CONNECT_TIMEOUT = 10
-ROW_LOCK_MS = 50  # the longest a write probe waits for a row lock at a time
 # The rows a write probe may lock: the first live one of the table's first pages, found by a
 # TID scan (no sequential scan is counted against the table).
 _CANDIDATE_TIDS = [f"({block},{offset})" for block in range(4) for offset in range(1, 292)]
@@ -125,130 +133,6 @@ SELECT pid FROM pg_catalog.pg_stat_activity
 """
 
 
-class _Limits:
-    """The probe statements' timeouts, from the server's deadlock_timeout (milliseconds)."""
-
-    def __init__(self, deadlock_ms: int) -> None:
-        self.lock_ms = max(1, int(deadlock_ms * 0.4))
-        self.statement_ms = max(2, int(deadlock_ms * 0.5))
-        # A write probe waits for a row lock while it holds ROW EXCLUSIVE on the table: only
-        # this long, so a migration that then asks for a stronger lock waits no longer on it.
-        self.row_lock_ms = min(ROW_LOCK_MS, self.lock_ms)
-
-    def options(self) -> str:
-        return (
-            "-c search_path=pg_catalog,pg_temp -c enable_seqscan=off "
-            f"-c lock_timeout={self.lock_ms} -c statement_timeout={self.statement_ms}"
-        )
-
-
-class _Prober(threading.Thread):
-    """One session running one kind of probe query on one table until stopped."""
-
-    def __init__(
-        self, conn: psycopg.Connection[Any], query: sql.Composed, *, kind: Kind, period: float,
-        table: Table, halt: threading.Event,
-    ) -> None:  # fmt: skip
-        super().__init__(name=f"probe-{kind}-{table.relation}", daemon=True)
-        self.conn, self.query, self.kind, self.period = conn, query, kind, period
-        self.table, self.halt = table, halt
-        self.pid = conn.info.backend_pid
-        self.runs: list[tuple[float, float, bool]] = []
-        self.started: float | None = None  # the query in flight, if one is
-        self.problem = ""
-        self.ready = threading.Event()  # its first query has been answered (or it stopped)
-
-    def run(self) -> None:
-        try:
-            while not self.halt.is_set():
-                began = time.monotonic()
-                outcome = self._once(began)
-                self.ready.set()
-                if outcome == "stopped":
-                    return
-                if outcome == "timed out":
-                    continue  # still blocked: ask again at once, so the wait is seen whole
-                # The prober's one wait: until its next query is due, or a stop.
-                self.halt.wait(max(0.0, began + self.period - time.monotonic()))
-        finally:
-            self.ready.set()
-            self.conn.close()
-
-    def _once(self, began: float) -> Literal["answered", "timed out", "stopped"]:
-        self.started = began
-        timed_out = False
-        try:
-            self.conn.execute(self.query)
-        except psycopg.errors.LockNotAvailable:
-            timed_out = True
-        except psycopg.errors.QueryCanceled:
-            if self.halt.is_set():  # cancelled by stop: what it waited until then still counts
-                self.runs.append((began, time.monotonic(), False))
-                return "stopped"
-            self.problem = self.problem or (
-                f"a {self.kind} probe of {self.table.relation} outlived its statement_timeout "
-                "without waiting on a lock (something the migration made runs in it)"
-            )
-        except psycopg.errors.UndefinedTable:
-            self.problem = f"{self.table.relation} was dropped or renamed: probing it stopped"
-            return "stopped"
-        except psycopg.Error as err:
-            self.problem = f"the {self.kind} probe of {self.table.relation} stopped: {_reason(err)}"
-            return "stopped"
-        finally:
-            self.started = None
-        self.runs.append((began, time.monotonic(), timed_out))
-        return "timed out" if timed_out else "answered"
-
-
-class _Holder(threading.Thread):
-    """The queue simulation's long transaction: reads each table, then stays open for
-    ``seconds`` (or until stopped), then rolls back."""
-
-    def __init__(
-        self, conn: psycopg.Connection[Any], tables: Sequence[Table], *, seconds: float,
-        halt: threading.Event,
-    ) -> None:  # fmt: skip
-        super().__init__(name="probe-long-transaction", daemon=True)
-        self.conn, self.tables, self.seconds, self.halt = conn, tables, seconds, halt
-        self.pid = conn.info.backend_pid
-        self.window: tuple[float, float] | None = None
-        self.holding = threading.Event()
-        self.problem = ""
-
-    def run(self) -> None:
-        began: float | None = None
-        try:
-            with self.conn.transaction(force_rollback=True):
-                for t in self.tables:
-                    self.conn.execute(_read_query(t, "(0,1)"))  # ACCESS SHARE, held
-                began = time.monotonic()
-                self.holding.set()
-                # The transaction's one wait: its assumed length, or a stop.
-                self.halt.wait(self.seconds)
-        except psycopg.Error as err:
-            self.problem = f"the long transaction of the queue simulation failed: {_reason(err)}"
-        finally:
-            if began is not None:
-                self.window = (began, time.monotonic())
-            self.holding.set()
-            self.conn.close()
-
-
-def _cancel(conn: psycopg.Connection[Any]) -> None:
-    """Ask the server to cancel what ``conn`` runs (its own thread then sees QueryCanceled)."""
-    try:
-        conn.cancel_safe(timeout=CONNECT_TIMEOUT)
-    except psycopg.Error as err:
-        log.warning("a probe query could not be cancelled: %s", _reason(err))
-
-
-def _reason(err: psycopg.Error) -> str:
-    from pgoverlay.runner.postgres import sqlerror
-
-    return sqlerror.reason(err)
-
-
 class Probe:
     """The probe of one migration: ``start`` before it runs, ``stop`` after. Never raises a
     database error: problems become notes of the outcome."""
@@ -256,13 +140,13 @@ class Probe:
     def __init__(self, options: Options) -> None:
         self.options = options
         self._halt = threading.Event()
-        self._probers: list[_Prober] = []
-        self._holder: _Holder | None = None
+        self._probers: list[Prober] = []
+        self._holder: Holder | None = None
         self._monitor: threading.Thread | None = None
         self._sightings: dict[int, list[float]] = {}
         self._pids: set[int] = set()
         self._notes: list[str] = []
-        self._limits: _Limits | None = None
+        self._limits: Limits | None = None
 
     def _open(self, options: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
@@ -281,7 +165,7 @@ class Probe:
         try:
             tables = self._start(text)
         except psycopg.Error as err:
-            self._notes.append(f"the probe did not start: {_reason(err)}")
+            self._notes.append(f"the probe did not start: {reason(err)}")
             return
         if tables and self.options.long_transaction > 0:
             self._hold(tables)
@@ -299,7 +183,7 @@ class Probe:
             rows = monitor.execute(_TABLES).fetchall()
             room = monitor.execute(_ROOM).fetchone()
             assert path is not None and deadlock is not None and room is not None
-            limits = self._limits = _Limits(int(deadlock[0].total_seconds() * 1000))
+            limits = self._limits = Limits(int(deadlock[0].total_seconds() * 1000))
             wanted = choose(
                 [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows],
                 text=text,
@@ -322,16 +206,16 @@ class Probe:
             probers = []
             for t in tables:
                 tid = self._row_of(monitor, t)
-                queries: list[tuple[Kind, sql.Composed]] = [("read", _read_query(t, tid))]
+                queries: list[tuple[Kind, sql.Composed]] = [("read", read_query(t, tid))]
                 if t.writable:
                     queries.append(
-                        ("write", _write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms))
+                        ("write", write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms))
                     )
                 for kind, query in queries:
                     conn = self._open(limits.options())
                     opened.append(conn)
                     probers.append(
-                        _Prober(
+                        Prober(
                             conn, query, kind=kind, period=self.options.period, table=t,
                             halt=self._halt,
                         )
@@ -366,9 +250,9 @@ class Probe:
                 f"{self._limits.options()} -c idle_in_transaction_session_timeout={idle_ms}"
             )
         except psycopg.Error as err:
-            self._notes.append(f"the queue simulation did not start: {_reason(err)}")
+            self._notes.append(f"the queue simulation did not start: {reason(err)}")
             return
-        holder = self._holder = _Holder(
+        holder = self._holder = Holder(
             conn, tables, seconds=self.options.long_transaction, halt=self._halt
         )
         holder.start()
@@ -399,7 +283,7 @@ class Probe:
             psycopg.errors.QueryCanceled,
             psycopg.errors.LockNotAvailable,
         ) as err:
-            self._notes.append(f"no row of {t.relation} to probe writes on: {_reason(err)}")
+            self._notes.append(f"no row of {t.relation} to probe writes on: {reason(err)}")
             return "(0,1)"
         return str(row[0]) if row else "(0,1)"
 
@@ -427,18 +311,18 @@ class Probe:
                 for p in self._probers:
                     started = p.started
                     if started is not None and at - started > overdue:
-                        _cancel(p.conn)
+                        cancel(p.conn)
                 # The monitor's one wait: until its next look, or a stop.
                 self._halt.wait(max(0.0, sent + MONITOR_PERIOD - time.monotonic()))
         except psycopg.Error as err:
-            self._notes.append(f"the probe's monitor stopped: {_reason(err)}")
+            self._notes.append(f"the probe's monitor stopped: {reason(err)}")
         finally:
             conn.close()
 
     def _cancel_running(self) -> None:
         for p in self._probers:
             if p.started is not None and p.is_alive():
-                _cancel(p.conn)
+                cancel(p.conn)
 
     def stop(self) -> Outcome:
         """End every session (waiting at most a few seconds) and say what was seen: the next
@@ -452,8 +336,8 @@ class Probe:
         # Let the queries in flight end (the migration is over: what blocked them is gone;
         # their statement_timeout ends the rest), then cancel what still runs (its code
         # switched the timeout off), twice, a second apart.
-        for grace, cancel in ((statement + 0.5, False), (1.0, True), (limit, True)):
-            if cancel:
+        for grace, cancelling in ((statement + 0.5, False), (1.0, True), (limit, True)):
+            if cancelling:
                 self._cancel_running()
             until = min(deadline, time.monotonic() + grace)
             for thread in threads:
@@ -482,28 +366,6 @@ class Probe:
             pids=frozenset(self._pids),
             long_transaction=self.options.long_transaction if window is not None else 0.0,
         )
-
-
-def _read_query(t: Table, tid: str) -> sql.Composed:
-    return sql.SQL("SELECT 1 FROM {} WHERE ctid OPERATOR(pg_catalog.=) {}::pg_catalog.tid").format(
-        t.identifier(), sql.Literal(tid)
-    )
-
-
-def _write_query(
-    t: Table, tid: str, conn: psycopg.Connection[Any], *, row_lock_ms: int
-) -> sql.Composed:
-    """One statement, so its locks last no longer than its statement_timeout: the lock an
-    UPDATE takes on the table (waited for holding nothing), then the row lock of one row
-    (waited for at most ``row_lock_ms``), both released at its end (the block commits: a row
-    lock leaves no change behind). Its body, quoted by ``conn``, is a literal."""
-    body = sql.SQL(
-        "BEGIN LOCK TABLE {table} IN ROW EXCLUSIVE MODE; "
-        "PERFORM pg_catalog.set_config('lock_timeout', {row}, true); "
-        "PERFORM 1 FROM {table} WHERE ctid OPERATOR(pg_catalog.=) {tid}::pg_catalog.tid "
-        "FOR NO KEY UPDATE; END"
-    ).format(table=t.identifier(), row=sql.Literal(str(row_lock_ms)), tid=sql.Literal(tid))
-    return sql.SQL("DO {}").format(sql.Literal(body.as_string(conn)))
 
 
 def _unique(tables: Iterable[Table]) -> list[Table]:
