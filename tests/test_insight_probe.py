@@ -20,7 +20,7 @@ import pytest
 from helpers import extra_server, remove_base, source_dsn
 from pgoverlay.action import migrations
 from pgoverlay.action.event import Event
-from pgoverlay.action.insight import blocking, probe
+from pgoverlay.action.insight import blocking, jsonreport, probe
 from pgoverlay.action.insight.blocking import Sample, Table
 from pgoverlay.action.insight.model import MigrationInsight, TableBlocking, Thresholds, Verdict
 from pgoverlay.action.insight.model import Volume as VolumeModel
@@ -29,6 +29,7 @@ from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.sandbox import AS_SELF
 from pgoverlay.action.workflow import _Migrations
+from pgoverlay.errors import RequestError
 from pgoverlay.runner import seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -36,6 +37,7 @@ from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.settings import Settings
+from pgoverlay.webhook.settings import RepoSettings
 
 ROWS = 200_000
 T = "public.t"
@@ -173,6 +175,37 @@ def test_the_details_say_how_long_reads_queue_behind_the_migration() -> None:
         "reads on `public.t` queue for 30.4 s behind this migration while a 30.0 s transaction "
         "runs",
     ]
+
+
+def test_the_json_report_holds_each_tables_blocking_under_schema_version_2() -> None:
+    from test_comment import report
+
+    found = insight(
+        TableBlocking("public.t", writes_blocked=2.2, writes_worst=2.2, reads=10, writes=8,
+                      reads_queued=3.1),
+        long_transaction=3.0,
+    )  # fmt: skip
+    doc = jsonreport.document(report(migrations=[MigrationRun("db/1.sql", "applied", 2.5,
+                                                               insight=found)]))  # fmt: skip
+    assert doc["schema_version"] == 2
+    (run,) = doc["migrations"]
+    assert run["insight"]["long_transaction"] == 3.0
+    assert run["insight"]["blocking"] == [
+        {"relation": "public.t", "reads_blocked": 0.0, "reads_worst": 0.0, "writes_blocked": 2.2,
+         "writes_worst": 2.2, "reads": 10, "writes": 8, "reads_queued": 3.1}
+    ]  # fmt: skip
+
+
+def test_assume_long_transaction_reads_a_duration_and_is_off_when_empty() -> None:
+    assert PrRequest().long_transaction() == 0.0
+    assert PrRequest(assume_long_transaction="").long_transaction() == 0.0
+    assert PrRequest(assume_long_transaction="30s").long_transaction() == 30.0
+    assert PrRequest(assume_long_transaction="2m").long_transaction() == 120.0
+    with pytest.raises(RequestError, match="longer than 3600 s"):
+        PrRequest(assume_long_transaction="2h")
+    with pytest.raises(RequestError, match="cannot read duration 'soon'"):
+        PrRequest(assume_long_transaction="soon")
+    assert RepoSettings(assume_long_transaction="45s").request().long_transaction() == 45.0
 
 
 # -- on a real branch -----------------------------------------------------------------------
