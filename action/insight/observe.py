@@ -1,5 +1,7 @@
 """Measuring migrations while they run: the engine traces the branch, this module asks for a
-mark after each migration and turns the two marks around it into a ``MigrationInsight``.
+mark after each migration and turns the two marks around it into a ``MigrationInsight``; with
+``probing``, the probe (``probe``) runs on the tables each migration touches while it runs, and
+its sessions are left out of the trace.
 
 Measuring never fails a migration: when the engine cannot trace (an older service, a branch
 that stopped), the migrations run as they would without it and their runs carry no insight;
