@@ -478,7 +478,7 @@ def test_a_migration_cannot_make_the_probe_fail_it_hang_or_leave_a_session(
 
 
 @pytest.mark.slow
-def test_a_migrate_command_probes_the_largest_tables(
+def test_a_migrate_command_probes_the_largest_tables_and_those_it_locks(
     pool: Pool, base: BaseVersion, tmp_path: Path
 ) -> None:
     psql = pgbin.for_major(base.pg_major or 15).tool("psql")
@@ -489,12 +489,12 @@ def test_a_migrate_command_probes_the_largest_tables(
         with Observer(
             engine, "probe-command", repository=None, thresholds=Thresholds(),
             pg_major=base.pg_major or 15, max_seconds=600,
-            probing=probe.Options(target=target, max_tables=1),
+            probing=probe.Options(target=target, max_tables=1 + probe.DISCOVERED),
         ) as observer:  # fmt: skip
             run = migrations.run_command(
                 target,
-                f"{psql} -X -q -v ON_ERROR_STOP=1 --single-transaction "
-                "-c 'LOCK TABLE t IN SHARE MODE' -c 'SELECT pg_sleep(2)'",
+                f"{psql} -X -q -v ON_ERROR_STOP=1 --single-transaction -c 'SELECT pg_sleep(1.5)' "
+                "-c 'LOCK TABLE bystander IN SHARE MODE' -c 'SELECT pg_sleep(3)'",
                 cwd=tmp_path,
                 timeout=300,
                 watcher=observer,
@@ -503,9 +503,13 @@ def test_a_migrate_command_probes_the_largest_tables(
         engine.destroy("probe-command")
     assert run.status == "applied", run.error
     assert run.insight is not None
-    (b,) = run.insight.blocking  # the largest table only: `t`, not `bystander`
-    assert b.relation == T
-    assert b.writes_blocked > 0.5 and b.reads_blocked == 0, b
+    found = {b.relation: b for b in run.insight.blocking}
+    # `t`, the largest, from the start; `bystander` once the command locked it
+    assert set(found) == {T, "public.bystander"}, run.insight.notes
+    assert found[T].writes_blocked == 0 and found[T].reads_blocked == 0, found[T]
+    late = found["public.bystander"]
+    assert late.writes_blocked > 0.5 and late.reads_blocked == 0, late
+    assert late.reads <= found[T].reads - 3, (late, found[T])  # its probes started late
     assert not [
         s for s in run.insight.statements if "pgoverlay-probe" in s.text or "ctid" in s.text
     ]

@@ -93,7 +93,8 @@ def choose(
     existing tables it names, schema-qualified or found through ``search_path`` (the role's
     schemas, in order; a file that sets ``search_path`` may reach others, so then an
     unqualified name matches in every schema). Without (a migrate command, whose statements
-    are not known beforehand): the largest tables, where blocking costs most."""
+    are not known beforehand): the largest tables, where blocking costs most (``probe`` adds
+    those the command locks as it runs)."""
     candidates = [t for t in tables if t.readable and not _SYSTEM_SCHEMA.match(t.schema)]
     if text is not None:
         names = names_in(text)

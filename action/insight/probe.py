@@ -79,6 +79,8 @@ PERIOD = 0.25  # seconds between the starts of one prober's queries: 4 a second
 MONITOR_PERIOD = 0.05  # how often the monitor looks for probe sessions waiting on a lock
 IN_FLIGHT = 0.02  # a probe query running this long may be waiting: the monitor asks
 MAX_TABLES = 5  # tables probed per migration (two sessions each)
+DISCOVERED = 2  # of them, kept for the tables a migrate command locks as it runs
+DISCOVER_PERIOD = 0.5  # how often the monitor looks for them
 CONNECT_TIMEOUT = 10
 # The rows a write probe may lock: the first live one of the table's first pages, found by a
 # TID scan (no sequential scan is counted against the table).
@@ -127,6 +129,20 @@ SELECT pg_catalog.current_setting('max_connections')::pg_catalog.int4
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
          WHERE usename = CURRENT_USER)::pg_catalog.int4
 """
+# Tables the role's other sessions (the migration's) hold or wait for a lock on.
+_LOCKED = """
+SELECT DISTINCT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8,
+       pg_catalog.has_table_privilege(c.oid, 'SELECT'),
+       pg_catalog.has_table_privilege(c.oid, 'UPDATE')
+  FROM pg_catalog.pg_locks l
+  JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+  JOIN pg_catalog.pg_class c ON c.oid = l.relation
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE l.locktype = 'relation' AND c.relkind = 'r'
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND a.usename = CURRENT_USER AND NOT l.pid = ANY(%s)
+"""
 _WAITING = """
 SELECT pid FROM pg_catalog.pg_stat_activity
  WHERE pid = ANY(%s) AND wait_event_type = 'Lock'
@@ -147,6 +163,9 @@ class Probe:
         self._pids: set[int] = set()
         self._notes: list[str] = []
         self._limits: Limits | None = None
+        self._lock = threading.Lock()  # the monitor adds probers while they run
+        self._watched: set[int] = set()  # the tables probed (oids)
+        self._room = 0  # tables a migrate command's probe may still add as it locks them
 
     def _open(self, options: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
@@ -171,10 +190,9 @@ class Probe:
             self._hold(tables)
 
     def _start(self, text: str | None) -> list[Table]:
-        opened: list[psycopg.Connection[Any]] = []
+        monitor = self._open("-c statement_timeout=5000 -c lock_timeout=2000")
+        probers: list[Prober] = []
         try:
-            monitor = self._open("-c statement_timeout=5000 -c lock_timeout=2000")
-            opened.append(monitor)
             path = monitor.execute("SELECT pg_catalog.current_schemas(false)").fetchone()
             deadlock = monitor.execute(
                 "SELECT pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval"
@@ -183,12 +201,13 @@ class Probe:
             rows = monitor.execute(_TABLES).fetchall()
             room = monitor.execute(_ROOM).fetchone()
             assert path is not None and deadlock is not None and room is not None
-            limits = self._limits = Limits(int(deadlock[0].total_seconds() * 1000))
+            self._limits = Limits(int(deadlock[0].total_seconds() * 1000))
+            discovering = text is None
             wanted = choose(
                 [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows],
                 text=text,
                 search_path=list(path[0]),
-                limit=self.options.max_tables,
+                limit=self.options.max_tables - (DISCOVERED if discovering else 0),
             )
             budget = tables_within(
                 free=int(room[0]),
@@ -203,31 +222,20 @@ class Probe:
                     f"left out (the smallest), to leave {HEADROOM} of the branch's connections "
                     "free for the migration"
                 )
-            probers = []
+            if discovering:
+                self._room = min(self.options.max_tables, budget) - len(tables)
             for t in tables:
-                tid = self._row_of(monitor, t)
-                queries: list[tuple[Kind, sql.Composed]] = [("read", read_query(t, tid))]
-                if t.writable:
-                    queries.append(
-                        ("write", write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms))
-                    )
-                for kind, query in queries:
-                    conn = self._open(limits.options())
-                    opened.append(conn)
-                    probers.append(
-                        Prober(
-                            conn, query, kind=kind, period=self.options.period, table=t,
-                            halt=self._halt,
-                        )
-                    )  # fmt: skip
+                probers += self._probers_for(monitor, t)
         except BaseException:
-            for conn in opened:
-                conn.close()
+            monitor.close()
+            for p in probers:
+                p.conn.close()
             raise
-        if not probers:
+        if not probers and self._room <= 0:
             monitor.close()
             return []
         self._probers = probers
+        self._watched = {t.oid for t in tables}
         self._monitor = threading.Thread(
             target=self._watch, args=(monitor,), name="probe-monitor", daemon=True
         )
@@ -240,6 +248,58 @@ class Probe:
         for p in probers:
             p.ready.wait(max(0.0, deadline - time.monotonic()))
         return tables
+
+    def _probers_for(self, monitor: psycopg.Connection[Any], t: Table) -> list[Prober]:
+        """The read and the write prober of ``t``, each with a session of its own (not yet
+        started; their sessions closed if one cannot be opened)."""
+        assert self._limits is not None
+        limits = self._limits
+        tid = self._row_of(monitor, t)
+        queries: list[tuple[Kind, sql.Composed]] = [("read", read_query(t, tid))]
+        if t.writable:
+            queries.append(("write", write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms)))
+        found: list[Prober] = []
+        try:
+            for kind, query in queries:
+                conn = self._open(limits.options())
+                found.append(
+                    Prober(
+                        conn, query, kind=kind, period=self.options.period, table=t,
+                        halt=self._halt,
+                    )
+                )  # fmt: skip
+        except BaseException:
+            for p in found:
+                p.conn.close()
+            raise
+        return found
+
+    def _discover(self, monitor: psycopg.Connection[Any]) -> None:
+        """A migrate command's tables, as its sessions lock them: probe each new one while
+        there is room (its probes start late, with the lock already taken)."""
+        rows = monitor.execute(_LOCKED, (sorted(self._pids),)).fetchall()
+        found = [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows]
+        for t in choose(found, text=None, search_path=[], limit=len(found)):
+            if self._room <= 0:
+                return
+            if t.oid in self._watched:
+                continue
+            try:
+                new = self._probers_for(monitor, t)
+            except psycopg.OperationalError as err:
+                self._notes.append(f"{t.relation} was locked but not probed: {reason(err)}")
+                self._room = 0
+                return
+            with self._lock:
+                if self._halt.is_set():
+                    for p in new:
+                        p.conn.close()
+                    return
+                self._probers = [*self._probers, *new]
+            self._watched.add(t.oid)
+            self._room -= 1
+            for p in new:
+                p.start()
 
     def _hold(self, tables: Sequence[Table]) -> None:
         """Open the queue simulation's long transaction, and wait until it holds ``tables``."""
@@ -275,6 +335,7 @@ class Probe:
         try:
             with monitor.transaction():
                 monitor.execute("SET LOCAL enable_seqscan = off")
+                monitor.execute("SET LOCAL lock_timeout = 200")  # a locked table: '(0,1)'
                 row = monitor.execute(listed, (_CANDIDATE_TIDS,)).fetchone()
                 if row is None:
                     row = monitor.execute(ranged).fetchone()
@@ -294,12 +355,17 @@ class Probe:
         a probe query that outlives its timeout."""
         assert self._limits is not None
         overdue = self._limits.statement_ms / 1000 + 1.0
+        looked = 0.0
         try:
             while not self._halt.is_set():
                 sent = time.monotonic()
+                if self._room > 0 and sent - looked >= DISCOVER_PERIOD:
+                    looked = sent
+                    self._discover(conn)
+                probers = self._probers
                 busy = [
                     p.pid
-                    for p in self._probers
+                    for p in probers
                     if (started := p.started) is not None and sent - started >= IN_FLIGHT
                 ]
                 if busy:
@@ -308,7 +374,7 @@ class Probe:
                     for (pid,) in waiting:
                         self._sightings.setdefault(int(pid), []).append(at)
                 at = time.monotonic()
-                for p in self._probers:
+                for p in probers:
                     started = p.started
                     if started is not None and at - started > overdue:
                         cancel(p.conn)
@@ -327,7 +393,8 @@ class Probe:
     def stop(self) -> Outcome:
         """End every session (waiting at most a few seconds) and say what was seen: the next
         mark waits for the role's sessions to end."""
-        self._halt.set()
+        with self._lock:
+            self._halt.set()
         statement = self._limits.statement_ms / 1000 if self._limits else 0.0
         limit = statement + 5.0
         threads: list[threading.Thread] = [*self._probers]
