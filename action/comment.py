@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
 from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
-from pgoverlay.action.insight import schemadiff
+from pgoverlay.action.insight import blocking, schemadiff
 from pgoverlay.action.lead import lead
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
@@ -96,6 +96,11 @@ def _name(m: MigrationRun) -> str:
     return name_cell(m.name)
 
 
+def _blocked(m: MigrationRun) -> str:
+    """How long the probe's reads and writes waited on the worst table (live traffic)."""
+    return blocking.cell(m.insight) if m.insight is not None else ""
+
+
 # Without insight (``insight: false``); with it, the verdict first and what a migration did in
 # its block below the table.
 PLAIN: tuple[Column, ...] = (
@@ -107,6 +112,7 @@ RICH: tuple[Column, ...] = (
     Column("Verdict", "---", _verdict),
     Column("Migration", "---", _name),
     Column("Locks", "---", _locks),
+    Column(blocking.HEADER, "---", _blocked),
     Column("Time", "--:", _time),
 )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.insight import blocking
 from pgoverlay.action.insight.locks import TableLock, per_table
 from pgoverlay.action.insight.model import (
     Blocks,
@@ -45,9 +46,9 @@ FEW = 20  # rows of each table in a block cut to fit
 COMMENT_ROWS = 50  # rows of each table in the PR comment's blocks (the summary has them all)
 COMMENT_NOTES = 10
 # Characters of a file name and of a relation name in a migrations table cell: a code span's
-# longest word is the least a column can shrink to, and two such columns, the verdict and the
-# time must fit GitHub's comment width (774 px: about 108 characters of code).
-NAME = 40
+# longest word is the least a column can shrink to, and two such columns, the verdict, the
+# probe's and the time must fit GitHub's comment width (774 px: about 108 characters of code).
+NAME = 36
 RELATION = 32
 CELL_TABLES = 3  # tables listed in a migration's lock cell; the rest are counted
 _STATEMENT = 160  # characters of a statement shown in the comment
@@ -81,6 +82,9 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
     parts.append(_statements(own, cap, full=full, see=see) + _bookkeeping(i))
     if i.findings:
         parts.append(_findings(i.findings, cap, full=full, see=see))
+    probed = blocking.lines(i)
+    if probed:
+        parts.append("Probed on live traffic:\n\n" + "\n".join(f"- {line}" for line in probed))
     if full:
         parts += _whole(i)
     notes = i.notes if full else i.notes[:COMMENT_NOTES]

@@ -321,8 +321,9 @@ class Watcher(Protocol):
     """Measures what each migration did to the branch (``pgoverlay.action.insight.observe``).
 
     ``start`` is called once, when this workflow's own sessions on the branch are open and
-    before any migration runs; ``measure`` once after each migration that ran, failed ones
-    included, in order; ``ignore_pids`` are this workflow's own sessions."""
+    before any migration runs; ``starting`` just before each migration runs (``text``: its
+    SQL, None for a migrate command); ``measure`` once after each migration that ran, failed
+    ones included, in order; ``ignore_pids`` are this workflow's own sessions."""
 
     def start(self) -> None: ...
 
@@ -330,6 +331,7 @@ class Watcher(Protocol):
         """What psql is to read instead of the file ``text``, to measure it (None: the file
         as it is); the next ``measure`` is of it."""
         ...
+    def starting(self, *, text: str | None) -> None: ...
 
     def measure(
         self,
@@ -428,6 +430,8 @@ def _apply(
         # A marked file is read from standard input: its lines are the file's, so psql's
         # error lines stay right (they name <stdin> instead of the file).
         argv += ["-f", name if marked is None else "-"]
+        if watcher is not None:
+            watcher.starting(text=text)
         started = time.monotonic()
         try:
             done = sandbox.run(
@@ -504,6 +508,7 @@ def run_command(
     env.pop("PGAPPNAME")
     if watcher is not None:
         watcher.start()
+        watcher.starting(text=None)
     started = time.monotonic()
     try:
         done = sandbox.run(

@@ -120,12 +120,30 @@ def _duration(ttl: str | None) -> None:
         parse_duration(ttl)
 
 
+MAX_LONG_TRANSACTION = 3600.0  # the queue simulation holds the migration back this long at most
+
+
+def long_transaction_seconds(text: str | None) -> float:
+    """'30s', '2m' -> seconds; empty or None (the default) or '0s' -> 0, the simulation off."""
+    if not text:
+        return 0.0
+    seconds = lock_seconds(text)
+    if seconds > MAX_LONG_TRANSACTION:
+        raise ConfigError(
+            f"assume-long-transaction {text!r} is longer than {MAX_LONG_TRANSACTION:.0f} s: the "
+            "simulated transaction holds each migration back that long; give a shorter time "
+            "(e.g. 30s, 2m)"
+        )
+    return seconds
+
+
 # Each field's own check, once its value has its type: a ConfigError says what is wrong.
 _VALUE_CHECKS: dict[str, Callable[[Any], object]] = {
     "base": _base_name,
     "ttl": _duration,
     "max_blocking_lock": lock_seconds,
     "max_rewrite": parse_bytes,
+    "assume_long_transaction": long_transaction_seconds,
 }
 CHECKED_FIELDS = tuple(_VALUE_CHECKS)
 
@@ -257,6 +275,7 @@ class PrRequest:
     max_blocking_lock: str = "5s"  # longest hold of a lock that blocks reads or writes
     max_rewrite: str = "1GiB"  # largest table or index one rewrite may write
     fail_on_threshold: bool = False  # a migration over a threshold fails the step (or status)
+    assume_long_transaction: str | None = None  # queue simulation: a reader held this long
 
     def __post_init__(self) -> None:
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -279,6 +298,10 @@ class PrRequest:
             max_rewrite=parse_bytes(self.max_rewrite),
             fail=self.fail_on_threshold,
         )
+
+    def long_transaction(self) -> float:
+        """Seconds the queue simulation's transaction is held (0: no simulation)."""
+        return long_transaction_seconds(self.assume_long_transaction)
 
 
 def _say(problems: list[Problem]) -> str:

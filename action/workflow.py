@@ -174,6 +174,7 @@ class _Migrations:
         only with ``fork_commands``."""
         if not self.inputs.insight:
             return *self._run(None), None
+        from pgoverlay.action.insight import probe
         from pgoverlay.action.insight.observe import Observer
 
         observer = Observer(
@@ -184,6 +185,9 @@ class _Migrations:
             pg_major=self.major,
             # Long enough for every file to reach its timeout; the trace then ends itself.
             max_seconds=min(48 * 3600, self.settings.command_timeout * 10 + 600),
+            probing=probe.Options(
+                target=self.connection, long_transaction=self.inputs.long_transaction()
+            ),
         )
         with observer:
             runs, note = self._run(observer)

@@ -7,9 +7,12 @@ a linter's findings for the same migrations.
 Builds a throwaway source from tests/fixtures/insight/shop.sql (`orders`: --rows rows, about
 100 bytes each), seeds it into a pool of its own, then:
 
-- overhead: each of a few of the fixture migrations runs on a fresh branch, with and without
-  the trace, in turns (the order swaps every round); the table gives the medians of psql's
-  wall time, and what the marks around it cost;
+- overhead: each of a few of the fixture migrations runs on a fresh branch untraced (as with
+  `insight: false`, when no probe starts either), traced, and traced with the probe
+  (``action/insight/probe.py``) on the tables it names, in turns (the order rotates every
+  round); the table gives the medians of psql's wall time, the probe's cost on the migration
+  against the trace alone (target: 5 % or less), and what the marks and the probe's start
+  cost around it;
 - side by side: every fixture migration applied in order on one traced branch; for each, what
   squawk (PyPI squawk-cli) says and what the trace measured. eugene is not on PyPI and
   crates.io is not reachable from these machines, so it has no column.
@@ -28,11 +31,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.action import migrations
+from pgoverlay.action.insight import blocking, probe
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
@@ -64,6 +69,7 @@ class Watch:
         self.observer = observer
         self.mark_seconds: list[float] = []
         self.start_seconds = 0.0
+        self.probe_seconds: list[float] = []  # starting the probe, before each migration
 
     def start(self) -> None:
         t0 = time.monotonic()
@@ -72,6 +78,10 @@ class Watch:
 
     def marked(self, text: str, *, single_transaction: bool) -> str | None:
         return self.observer.marked(text, single_transaction=single_transaction)
+    def starting(self, *, text: str | None) -> None:
+        t0 = time.monotonic()
+        self.observer.starting(text=text)
+        self.probe_seconds.append(time.monotonic() - t0)
 
     def measure(self, **kwargs: object) -> MigrationInsight | None:
         t0 = time.monotonic()
@@ -106,20 +116,24 @@ def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows:
     return datadir
 
 
+Mode = Literal["untraced", "traced", "probed"]
+MODES: tuple[Mode, ...] = ("untraced", "traced", "probed")
+
+
 def apply(
-    engine: LocalEngine, pool: Pool, name: str, repo: Path, files: list[str], *, traced: bool
-) -> tuple[list[MigrationRun], list[float], float]:
-    """Apply ``files`` on a fresh branch ``name``; the runs, the marks' seconds and the
-    trace's begin + end seconds."""
+    engine: LocalEngine, pool: Pool, name: str, repo: Path, files: list[str], *, mode: Mode
+) -> tuple[list[MigrationRun], Watch | None, float]:
+    """Apply ``files`` on a fresh branch ``name``; the runs, the watch (marks' and the probe's
+    start seconds) and the trace's begin + end seconds."""
     engine.create(CreateRequest(name=name, base=BASE))
     install = pgbin.newest(pool.settings.pg_bindir)
     try:
         target = engine.connection(name)
-        if not traced:
+        if mode == "untraced":
             runs = migrations.apply_files(
                 target, repo, files, psql=install.tool("psql"), skip_recorded=True, timeout=3600
             )
-            return runs, [], 0.0
+            return runs, None, 0.0
         observer = Observer(
             engine,
             name,
@@ -127,6 +141,7 @@ def apply(
             thresholds=Thresholds(),
             pg_major=install.major,
             max_seconds=3600,
+            probing=probe.Options(target=target) if mode == "probed" else None,
         )
         watch = Watch(observer)
         try:
@@ -145,9 +160,15 @@ def apply(
             opened = watch.start_seconds + time.monotonic() - t0
         if observer.problem:
             raise SystemExit(f"the trace failed: {observer.problem}")
-        return runs, watch.mark_seconds, opened
+        return runs, watch, opened
     finally:
         engine.destroy(name)
+
+
+def paired(these: list[float], those: list[float]) -> str:
+    """The median of the rounds' ratios ``these[i] / those[i]``, as a difference."""
+    ratio = statistics.median(a / b for a, b in zip(these, those, strict=True))
+    return f"{(ratio - 1) * 100:+.1f} %"
 
 
 def worst_lock(insight: MigrationInsight) -> str:
@@ -186,7 +207,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2_500_000, help="rows of orders")
     parser.add_argument("--rounds", type=int, default=5, help="runs per migration and mode")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-insight", help="work dir")
+    parser.add_argument("--ports", default="56300-56399", help="the branches' ports, FIRST-LAST")
     args = parser.parse_args()
+    port_min, port_max = (int(p) for p in args.ports.split("-", 1))
     load = os.getloadavg()[0]
     work = Path(args.work)
     for path in (work, work / "tmp", work / "repo"):
@@ -195,17 +218,19 @@ def main() -> int:
     repo = work / "repo"
     shutil.rmtree(repo / "db", ignore_errors=True)
     shutil.copytree(FIXTURES / "migrations", repo / "db")
-    settings = Settings(home=work / "pool-home", port_min=56300, port_max=56399, runtime="local")
+    settings = Settings(
+        home=work / "pool-home", port_min=port_min, port_max=port_max, runtime="local"
+    )
     install = pgbin.newest(settings.pg_bindir)
     owner = proc.OsUser.lookup(settings.os_user)
     started = dt.datetime.now(dt.UTC)
     datadir = build_source(work, owner, install, args.rows)
     pool = poolmod.init(settings, size="20G")
     engine = LocalEngine(pool)
-    plain: dict[str, list[float]] = {f: [] for f in OVERHEAD}
-    traced: dict[str, list[float]] = {f: [] for f in OVERHEAD}
+    seconds: dict[Mode, dict[str, list[float]]] = {m: {f: [] for f in OVERHEAD} for m in MODES}
     marks: list[float] = []
     opened: list[float] = []
+    starts: list[float] = []
     try:
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
             dsn = make_conninfo(
@@ -215,37 +240,42 @@ def main() -> int:
         size = pool.registry.latest_base(BASE).size_bytes  # type: ignore[union-attr]
         for i in range(args.rounds):
             for file in OVERHEAD:
-                order = (False, True) if i % 2 == 0 else (True, False)
-                for with_trace in order:
-                    runs, mark_seconds, trace_seconds = apply(
-                        engine, pool, f"ov{i}", repo, [f"db/{file}"], traced=with_trace
+                for mode in MODES[i % 3 :] + MODES[: i % 3]:
+                    runs, watch, trace_seconds = apply(
+                        engine, pool, f"ov{i}", repo, [f"db/{file}"], mode=mode
                     )
                     (run,) = runs
                     if run.status != "applied":
                         raise SystemExit(f"{file} failed: {run.error}")
-                    (traced if with_trace else plain)[file].append(run.seconds)
-                    marks += mark_seconds
-                    if with_trace:
+                    seconds[mode][file].append(run.seconds)
+                    if watch is not None:
+                        marks += watch.mark_seconds
                         opened.append(trace_seconds)
+                    if watch is not None and mode == "probed":
+                        starts += watch.probe_seconds
         all_files = migrations.all_files(repo, "db")
-        side, _, _ = apply(engine, pool, "side", repo, all_files, traced=True)
+        side, _, _ = apply(engine, pool, "side", repo, all_files, mode="probed")
     finally:
         remove_pool(pool)
 
     overhead_rows = []
     for file in OVERHEAD:
-        a, b = statistics.median(plain[file]), statistics.median(traced[file])
-        overhead_rows.append(f"| `{file}` | {a:.3f} | {b:.3f} | {(b / a - 1) * 100:+.1f} % |")
+        a, b, c = (statistics.median(seconds[m][file]) for m in MODES)
+        # Each round's three runs follow each other: their ratios cancel the load of the
+        # moment, which a ratio of medians taken across rounds does not.
+        trace = paired(seconds["traced"][file], seconds["untraced"][file])
+        probed = paired(seconds["probed"][file], seconds["traced"][file])
+        overhead_rows.append(f"| `{file}` | {a:.3f} | {b:.3f} | {c:.3f} | {trace} | {probed} |")
     side_rows = []
     for run in side:
         if run.insight is None:
-            side_rows.append(f"| `{Path(run.name).name}` | {run.status} | | | | |")
+            side_rows.append(f"| `{Path(run.name).name}` | {run.status} | | | | | |")
             continue
         i = run.insight
         verdict = i.verdict.text.replace("|", "\\|")
         side_rows.append(
-            f"| `{Path(run.name).name}` | {squawk_cell(i)} | {worst_lock(i)} | {rewrites(i)} | "
-            f"{lint_cell(i)} | {verdict} |"
+            f"| `{Path(run.name).name}` | {squawk_cell(i)} | {worst_lock(i)} | "
+            f"{blocking.cell(i)} | {rewrites(i)} | {lint_cell(i)} | {verdict} |"
         )
     section = "\n".join(
         [
@@ -258,30 +288,37 @@ def main() -> int:
             "",
             "### What measuring costs",
             "",
-            "Each migration on a fresh branch, without and with the trace, in turns (the order "
-            "swaps every round); psql's wall time, median of "
+            "Each migration on a fresh branch untraced (`insight: false`: no trace, no probe), "
+            "traced, and traced with the probe on the tables it names, in turns (the order "
+            "rotates every round); psql's wall time, median of "
             f"{args.rounds} runs each. The trace samples pg_locks every 50 ms and logs every "
-            "statement of the branch's role.",
+            "statement of the branch's role; the probe runs a read and a write on each table "
+            "4 times a second. The last two columns are the median of the rounds' ratios "
+            "(each round runs the three one after the other): the trace against no "
+            "measuring, and the probe's cost on the migration against the trace alone "
+            "(target: 5 % or less).",
             "",
-            "| migration | untraced (s) | traced (s) | difference |",
-            "|---|--:|--:|--:|",
+            "| migration | untraced (s) | traced (s) | traced + probe (s) | trace | probe |",
+            "|---|--:|--:|--:|--:|--:|",
             *overhead_rows,
             "",
             f"Beyond the migration itself, a mark (snapshot, log, samples, analysis and squawk) "
-            f"took {statistics.median(marks):.3f} s median, and opening plus closing a trace "
-            f"{statistics.median(opened):.3f} s median.",
+            f"took {statistics.median(marks):.3f} s median, opening plus closing a trace "
+            f"{statistics.median(opened):.3f} s median, and starting the probe (its sessions, "
+            f"before the migration starts) {statistics.median(starts):.3f} s median.",
             "",
             "### Side by side with a linter",
             "",
-            "Every fixture migration in order on one traced branch. squawk (squawk-cli, the "
-            "rules it reports for the file); what the trace measured; each squawk warning "
+            "Every fixture migration in order on one traced and probed branch. squawk "
+            "(squawk-cli, the rules it reports for the file); what the trace and the probe "
+            "measured; each squawk warning "
             "about a lock, a scan or a rewrite, checked against the measurement. eugene "
             "(kaaveland/eugene) installs from crates.io or GitHub releases only, neither "
             "reachable here, so it has no column.",
             "",
-            "| migration | squawk reports | worst lock, held | table rewrites | "
-            "squawk, checked | verdict |",
-            "|---|---|---|---|---|---|",
+            "| migration | squawk reports | worst lock, held | blocked (probed) | "
+            "table rewrites | squawk, checked | verdict |",
+            "|---|---|---|---|---|---|---|",
             *side_rows,
             "",
             machine_line(install.major, load),

@@ -22,6 +22,7 @@ from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
     StatementInsight,
+    TableBlocking,
     Verdict,
     Volume,
 )
@@ -113,6 +114,7 @@ def _notes() -> MigrationInsight:
         ],
         verdict=Verdict("safe", "safe online"),
         interval=0.05,
+        blocking=[TableBlocking("public.orders", reads=1, writes=1)],
     )
 
 
@@ -150,6 +152,11 @@ def _index() -> MigrationInsight:
             "CONCURRENTLY",
         ),
         interval=0.05,
+        blocking=[
+            TableBlocking(
+                "public.orders", writes_blocked=40.9, writes_worst=40.9, reads=164, writes=109
+            )
+        ],
     )
 
 

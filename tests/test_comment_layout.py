@@ -237,6 +237,7 @@ def int_to_bigint(table: str = "public.t", toast: str = "pg_toast.pg_toast_16391
             "over",
             f"blocks reads and writes to `{toast}` (0 B) for 5.9 s, rewriting it "
             "(rebuilt with its table)",
+            kind="rewrite",
         ),
         interval=0.05,
         notes=["Locks were sampled every 50 ms: a shorter hold may be missed."],

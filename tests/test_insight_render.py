@@ -161,9 +161,10 @@ def test_a_traced_migration_gets_a_compact_row_with_its_worst_lock_rewrites_byte
             # one line per table, its index folded in: the mode that blocks writes, though the
             # index's ACCESS SHARE was held longer
             "SHARE on `public.orders`, its index: 2.3 s",
+            "not probed",
             "2.41\u00a0s",
         ],
-        ["applied", "`db/0042.sql`", "", "0.01\u00a0s"],
+        ["applied", "`db/0042.sql`", "", "", "0.01\u00a0s"],
     ]
     # the verdict in words leads, and what the table leaves out is in the block
     assert body.split("\n\n")[1] == (

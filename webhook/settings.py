@@ -62,6 +62,7 @@ class RepoSettings(BaseModel):
     max_blocking_lock: str = "5s"
     max_rewrite: str = "1GiB"
     fail_on_threshold: bool = False
+    assume_long_transaction: str | None = None
 
     forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
     fork_label: str = "pgoverlay:allow"

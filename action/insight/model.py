@@ -151,6 +151,22 @@ class ToolMigration:
 
 
 @dataclass(frozen=True)
+class TableBlocking:
+    """How long the probe's queries on one existing table were kept waiting while the migration
+    ran (``action/insight/probe.py``): live traffic, not a lock mode's inference."""
+
+    relation: str
+    reads_blocked: float = 0.0  # the read probes' waits, summed
+    reads_worst: float = 0.0  # the longest a reader was kept waiting (a run of blocked probes)
+    writes_blocked: float = 0.0  # the same for the write probes (table and row locks)
+    writes_worst: float = 0.0
+    reads: int = 0  # read probes run
+    writes: int = 0  # write probes run (0: the role may not update the table)
+    reads_queued: float | None = None  # with assume-long-transaction: how long reads queued
+    # behind the migration while that transaction ran; None without it
+
+
+@dataclass(frozen=True)
 class MigrationInsight:
     seconds: float  # the migration's duration on the branch
     locks: list[LockUse]  # per relation and mode, the longest hold
@@ -167,6 +183,8 @@ class MigrationInsight:
     # ledger row named one).
     bookkeeping: Bookkeeping = field(default_factory=Bookkeeping)
     parts: list[ToolMigration] = field(default_factory=list)
+    blocking: list[TableBlocking] = field(default_factory=list)  # per probed table
+    long_transaction: float = 0.0  # the queue simulation's transaction, seconds (0: none)
 
 
 @dataclass(frozen=True)

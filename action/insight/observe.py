@@ -1,5 +1,7 @@
 """Measuring migrations while they run: the engine traces the branch, this module asks for a
-mark after each migration and turns the two marks around it into a ``MigrationInsight``.
+mark after each migration and turns the two marks around it into a ``MigrationInsight``; with
+``probing``, the probe (``probe``) runs on the tables each migration touches while it runs, and
+its sessions are left out of the trace.
 
 Measuring never fails a migration: when the engine cannot trace (an older service, a branch
 that stopped), the migrations run as they would without it and their runs carry no insight;
@@ -14,7 +16,7 @@ from collections.abc import Collection
 from types import TracebackType
 
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import analyze, lint, marks, schemadiff
+from pgoverlay.action.insight import analyze, lint, marks, probe, schemadiff
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.service.engine import Engine
@@ -38,6 +40,7 @@ class Observer:
         pg_major: int,
         max_seconds: float,
         interval: float = 0.05,
+        probing: probe.Options | None = None,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -54,6 +57,8 @@ class Observer:
         self._started = False
         self._opened = False  # the engine holds a trace this observer must end
         self._marked: marks.Marked | None = None  # the migration now running, as psql read it
+        self.probing = probing  # probe each migration's tables on live traffic
+        self._probe: probe.Probe | None = None
 
     def __enter__(self) -> Observer:
         return self
@@ -78,6 +83,7 @@ class Observer:
         err: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._stop_probe()
         opened = self._opened
         self._last = self._book = None
         self._opened = False
@@ -107,6 +113,18 @@ class Observer:
         )
         self._marked = found
         return found.text if found.marked else None
+    def starting(self, *, text: str | None) -> None:
+        """A migration is about to run (``text``: its SQL; None for a migrate command): probe
+        the tables it touches while it runs, if this observer probes and still measures."""
+        self._stop_probe()
+        if self.probing is None or self._last is None:
+            return
+        self._probe = probe.Probe(self.probing)
+        self._probe.start(text=text)
+
+    def _stop_probe(self) -> probe.Outcome | None:
+        found, self._probe = self._probe, None
+        return found.stop() if found is not None else None
 
     def measure(
         self,
@@ -118,9 +136,12 @@ class Observer:
     ) -> MigrationInsight | None:
         """What the migration that just ended did: ``text`` is its SQL (None for a migrate
         command, whose statements come from the server's log)."""
+        probed = self._stop_probe()  # its sessions end before the mark, which waits for them
         marked, self._marked = self._marked, None
         if self._last is None or self._book is None:
             return None
+        if probed is not None:
+            ignore_pids = {*ignore_pids, *probed.pids}
         # A trace whose event triggers are in place but whose base has no statement procedure.
         unmarkable = self._last.instrumented and not self._last.statement_marks
         try:
@@ -159,6 +180,11 @@ class Observer:
             notes.append(marked.reason)
         if found.reason:
             notes.append(found.reason)
+        if probed is not None:
+            notes += probed.notes
+            insight = dataclasses.replace(
+                insight, blocking=probed.blocking, long_transaction=probed.long_transaction
+            )
         return dataclasses.replace(insight, notes=notes) if notes != insight.notes else insight
 
 
