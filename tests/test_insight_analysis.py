@@ -370,10 +370,15 @@ def test_lock_waits_from_the_log_and_in_command_mode_the_logged_statements_are_t
         (0, None, "LOCK TABLE orders", 1.5),
         (1, None, "UPDATE items SET n = 1", 0.001),
     ]
-    (lock,) = insight.locks
+    lock, update = insight.locks
     assert (lock.mode, lock.held_seconds, lock.waited_seconds, lock.statement) == (
         "ACCESS EXCLUSIVE", 2.0, 1.5, 0
     )  # fmt: skip
+    # the UPDATE's documented mode on its target, from its start to the COMMIT
+    assert (update.relation, update.mode, update.statement, update.source) == (
+        "public.items", "ROW EXCLUSIVE", 1, "inferred"
+    )  # fmt: skip
+    assert update.held_seconds == pytest.approx(0.301)
 
 
 def test_rewrites_come_from_filenodes_with_the_events_reasons() -> None:
@@ -700,6 +705,22 @@ def test_each_kind_is_the_first_rule_that_applies_and_never_depends_on_size_or_t
     assert [k.name for k in verdict.KINDS] == [
         "rewrite", "blocks reads and writes", "blocks writes", "row locks", "safe online"
     ]  # fmt: skip
+
+
+def test_a_concurrent_drops_last_lock_on_its_dead_index_decides_nothing() -> None:
+    """DROP INDEX CONCURRENTLY ends with ACCESS EXCLUSIVE on an index no query uses any more:
+    it is in the report, not in the verdict or the comment's lock lines."""
+    table = LockUse("public.orders", "table", "SHARE UPDATE EXCLUSIVE", "ddl", 2.0,
+                    statement=0, table="public.orders")  # fmt: skip
+    dying = LockUse("public.orders_t_idx", "index", "ACCESS EXCLUSIVE", "reads and writes", 0.0,
+                    statement=0, table="public.orders", dying=True)  # fmt: skip
+    insight = insight_with([table, dying])
+    assert verdict.decide(insight, Thresholds()) == Verdict("safe", "safe online")
+    assert [(t.table, t.mode) for t in locks.per_table(insight.locks)] == [
+        ("public.orders", "SHARE UPDATE EXCLUSIVE")
+    ]
+    alive = dataclasses.replace(dying, dying=False)
+    assert verdict.kind_of(insight_with([table, alive])) == "blocks reads and writes"
 
 
 def test_the_docs_state_every_kind_in_order_and_the_thresholds() -> None:

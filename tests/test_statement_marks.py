@@ -112,9 +112,11 @@ def test_documented_locks_of_statements_no_event_trigger_sees() -> None:
     assert modes("VACUUM (FULL false) orders") == []
     assert modes("VACUUM ANALYZE orders") == []
     assert modes("REINDEX INDEX orders_pkey") == [(ORDERS, "SHARE"), (ORDERS_IDX, ae)]
+    # a concurrent drop ends with ACCESS EXCLUSIVE on the index it removes (documented.DYING)
     assert modes("REINDEX TABLE CONCURRENTLY orders") == [
         (ORDERS, "SHARE UPDATE EXCLUSIVE"),
         (ORDERS_IDX, "SHARE UPDATE EXCLUSIVE"),
+        (ORDERS_IDX, ae),
     ]
     assert modes("REINDEX (VERBOSE) TABLE orders") == [(ORDERS, "SHARE"), (ORDERS_IDX, ae)]
     assert modes("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS o_t ON ONLY orders (t)") == [
@@ -126,7 +128,22 @@ def test_documented_locks_of_statements_no_event_trigger_sees() -> None:
     assert modes("DROP INDEX CONCURRENTLY IF EXISTS orders_pkey") == [
         (ORDERS, "SHARE UPDATE EXCLUSIVE"),
         (ORDERS_IDX, "SHARE UPDATE EXCLUSIVE"),
+        (ORDERS_IDX, ae),
     ]
+    # a data change: ROW EXCLUSIVE on its target and each of the target's indexes, read from
+    # the statement's head alone
+    rx = "ROW EXCLUSIVE"
+    assert modes("UPDATE orders SET t = 1 WHERE t = 0") == [(ORDERS, rx), (ORDERS_IDX, rx)]
+    assert modes("-- batch\nDELETE FROM public.orders WHERE t < 0") == [
+        (ORDERS, rx),
+        (ORDERS_IDX, rx),
+    ]
+    assert modes("insert into items values (1)") == [(ITEMS, rx)]
+    assert modes("MERGE INTO ONLY orders USING items ON true WHEN MATCHED THEN DELETE") == [
+        (ORDERS, rx),
+        (ORDERS_IDX, rx),
+    ]
+    assert modes("INSERT INTO missing VALUES (1)") == []
     # Names that resolve to nothing, or to another schema's table, give nothing.
     assert modes("TRUNCATE other.orders") == []
     assert modes("TRUNCATE missing") == []
@@ -241,11 +258,13 @@ def test_a_lock_one_statement_held_across_its_transactions_is_one_span() -> None
 
 def test_notes_say_where_a_lock_may_have_been_missed() -> None:
     rewritten = {**BEFORE, ITEMS: BEFORE[ITEMS].replace(filenode=99999)}
-    log = [done(T0 + 1.0, 3.0, "INSERT INTO items VALUES (1)"), done(T0 + 2.0, 3.0, "SELECT 1")]
+    # a data change no documented mode covers (an INSERT's is: ROW EXCLUSIVE on its target)
+    change = "DO $$ BEGIN INSERT INTO items VALUES (1); END $$"
+    log = [done(T0 + 1.0, 3.0, change), done(T0 + 2.0, 3.0, "SELECT 1")]
     insight = run(log, after_relations=rewritten)
     notes = " ".join(insight.notes)
     assert "1 statement whose locks were only sampled ran for less than" in notes
-    assert "`INSERT INTO items VALUES (1)`" in notes
+    assert f"`{change}`" in notes
     assert "`public.items` rewritten with no lock seen on its table" in notes
 
 

@@ -17,8 +17,9 @@ Either way a third session samples the statement's locks from inside Postgres wh
 one look can be missed. For a statement measured behind a blocker only each table's strongest
 mode is compared (``Truth.exact`` is False).
 
-The verdict kind follows the rule every branch of issue 27 shares (first that applies; only
-relations that existed before count): "rewrite" when a table's or matview's storage, or one of
+The verdict kind follows the rule docs/insight.md states (first that applies; only relations
+that existed before count, and not a concurrent drop's last lock on the index it removes, which
+is no longer live then): "rewrite" when a table's or matview's storage, or one of
 its indexes', was replaced (an index re-created with a new OID included); "blocks reads and
 writes" for any lock that conflicts with ACCESS SHARE on a table, matview, index or TOAST
 table; "blocks writes" for one that conflicts with ROW EXCLUSIVE; "row locks" when rows of an
@@ -316,8 +317,13 @@ def judge(
     changed: dict[int, int],
     *,
     exact: bool,
+    dying: Iterable[int] = (),
 ) -> Truth:
+    """What Postgres did, and the verdict kind the rule gives it. ``dying``: indexes a statement
+    dropped concurrently; their last lock decides no kind (the index is no longer live when it
+    is taken: Postgres documents these commands as blocking neither reads nor writes)."""
     held = list(held)
+    dead = set(dying)
     locks = {(before[oid].name, mode) for oid, mode in held if oid in before}
     taken = set(held) | set(passing)
     seen = {(before[oid].name, mode) for oid, mode in taken if oid in before} - locks
@@ -335,7 +341,11 @@ def judge(
         if n > 0 and oid in before and modes_on.get(oid, set()) & BLOCKS_WRITES
     }
     rows = {before[oid].name for oid, n in changed.items() if n > 0 and oid in before}
-    counted = [mode for oid, mode in taken if oid in before and before[oid].kind in COUNTED_KINDS]
+    counted = [
+        mode
+        for oid, mode in taken
+        if oid in before and before[oid].kind in COUNTED_KINDS and oid not in dead
+    ]
     if rewritten:
         kind = "rewrite"
     elif set(counted) & BLOCKS_READS:
@@ -522,4 +532,7 @@ def measure_behind_blocker(
     held = [(oid, mode) for oid, mode, _ in seen if oid]  # held, or asked for, while queued
     scans = {o: s - stats_before.get(o, (0, 0))[0] for o, (s, _) in stats_after.items()}
     changed = {o: n - stats_before.get(o, (0, 0))[1] for o, (_, n) in stats_after.items()}
-    return judge(before, after, held, watch.seen, scans, changed, exact=False)
+    # A concurrent drop (DROP INDEX CONCURRENTLY, the old index REINDEX CONCURRENTLY replaces)
+    # takes ACCESS EXCLUSIVE on an index that is dead by then: no query uses it or waits on it.
+    dying = {oid for oid, rel in before.items() if rel.kind in "iI" and oid not in after}
+    return judge(before, after, held, watch.seen, scans, changed, exact=False, dying=dying)

@@ -133,6 +133,8 @@ class _Analysis:
         self.command = command  # a migrate command's: the tool's own tables are its bookkeeping
         self.holds: dict[tuple[int | None, int, str], _Hold] = defaultdict(_Hold)
         self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
+        # Indexes a concurrent drop removed: their last lock decides nothing (``documented``).
+        self.dying: set[int] = set()
         # Each table's whole size before the migration: itself, its TOAST and their indexes.
         self.whole: dict[int, int] = defaultdict(int)
         for oid, rel in before.items():
@@ -147,9 +149,15 @@ class _Analysis:
         return rel is not None and not self.ledger(rel)
 
     def ledger(self, rel: RelationState) -> bool:
-        """Whether a relation is bookkeeping: pgoverlay's ledger, or a migration tool's."""
-        return rel.schema_name == LEDGER_SCHEMA or (
-            self.command and ledgers.is_tool_table(rel.name)
+        """Whether a relation is bookkeeping: pgoverlay's ledger, or a migration tool's (a
+        tool's table, or an index or TOAST table of one: ``alembic_version_pkc``)."""
+        if rel.schema_name == LEDGER_SCHEMA:
+            return True
+        if not self.command:
+            return False
+        table = self.state(rel.table_oid) if rel.table_oid is not None else None
+        return ledgers.is_tool_table(rel.name) or (
+            table is not None and ledgers.is_tool_table(table.name)
         )
 
     def name(self, oid: int) -> str:
@@ -196,6 +204,8 @@ def _better(a: LockSource, b: LockSource) -> LockSource:
 
 # What a full scan reads: a table or a materialized view (an index is read by an index scan).
 _SCANNED_KINDS = frozenset({KINDS["r"], KINDS["m"]})
+_INDEX_KINDS = frozenset({KINDS["i"], KINDS["I"]})
+_CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
 
 
 def _tenth_ms(seconds: float) -> float:
@@ -444,11 +454,16 @@ def _from_documented(
         if position in accepted or stmt.control:
             continue
         for oid, mode in documented.locks(stmt.text, work.before):
+            gone = work.kind(oid) in _INDEX_KINDS and oid not in work.after
+            dying = mode == documented.DYING and gone and _CONCURRENTLY.search(stmt.text)
+            if dying:  # a concurrent drop's last lock, however it was seen (an event trigger)
+                work.dying.add(oid)
             if not work.counts(oid) or _covered(windows, stmt.pid, oid, mode, stmt.start):
                 continue
-            held = stmt.transaction_end - stmt.start
+            start = stmt.transaction_end if dying else stmt.start  # at the end, an instant
+            held = stmt.transaction_end - start
             work.hold(index_of.get(position), oid, mode, held, "inferred")
-            window = _Window(stmt.pid, oid, mode, stmt.start, stmt.transaction_end)
+            window = _Window(stmt.pid, oid, mode, start, stmt.transaction_end)
             gave[position].append(window)
     return gave
 
@@ -573,6 +588,7 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
             table=work.name(work.owner(oid)),
             table_bytes=work.whole[work.owner(oid)],
             source=hold.source,
+            dying=oid in work.dying and mode == documented.DYING,
         )
         for (index, oid, mode), hold in work.holds.items()
     ]

@@ -1,5 +1,6 @@
 """The locks Postgres documents for statements whose locks the trace cannot always read: no
-event trigger fires for them (TRUNCATE, LOCK TABLE, CLUSTER, REINDEX, VACUUM FULL), or their
+event trigger fires for them (INSERT, UPDATE, DELETE and MERGE in a migrate command, TRUNCATE,
+LOCK TABLE, CLUSTER, REINDEX, VACUUM FULL), or their
 locks are gone when the statement ends (the CONCURRENTLY forms, which run outside a
 transaction block). Pure code on a statement's text and the relations before it ran.
 
@@ -53,12 +54,24 @@ _DROP_INDEX_CONCURRENTLY = re.compile(
     rf"^DROP\s+INDEX\s+CONCURRENTLY\s+(?:IF\s+EXISTS\s+)?(?P<name>{_QNAME})\s*(?:CASCADE|RESTRICT)?\s*;?\s*$",
     re.I,
 )
+# A data change's target: INSERT, UPDATE, DELETE and MERGE take ROW EXCLUSIVE on it ("Explicit
+# Locking": the lock these commands take on the target table), and on each of its indexes
+# (the planner and executor open them for the change).
+_DML = re.compile(
+    rf"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
+    rf"(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM|MERGE\s+INTO)\s+(?:ONLY\s+)?(?P<table>{_QNAME})",
+    re.IGNORECASE | re.DOTALL,
+)
 # What a statement this module knows may start with, after comments and blanks.
 _CANDIDATE = re.compile(
     r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/)*(TRUNCATE|LOCK|CLUSTER|VACUUM|REINDEX|"
     r"(CREATE|DROP)\b.*\bCONCURRENTLY)\b",
     re.IGNORECASE | re.DOTALL,
 )
+# The lock a concurrent drop takes last, on the index it removes (DROP INDEX CONCURRENTLY, and
+# REINDEX CONCURRENTLY dropping the index it replaced): by then the index is no longer live, so
+# no query uses it or waits on it; taken at the statement's end, for an instant.
+DYING = "ACCESS EXCLUSIVE"
 _TABLES = ("r", "p", "m")
 _INDEXES = ("i", "I")
 
@@ -69,6 +82,9 @@ Locks = list[tuple[int, str]]  # (relation oid, mode in capitals)
 def locks(text: str, relations: Relations) -> Locks:
     """The relations (by oid, among ``relations``) and modes Postgres takes for ``text``, if
     it is one of the statements this module knows and its names resolve; else []."""
+    dml = _DML.match(text)
+    if dml is not None:  # read from its head only: a data load's text may be megabytes
+        return _data_change(dml.group("table"), relations)
     if not _CANDIDATE.match(text):
         return []  # most statements: no need to strip their comments
     bare = sqlparse.format(text, strip_comments=True).strip()
@@ -122,6 +138,14 @@ def _each(names: Iterable[str], relations: Relations, mode: str) -> Locks:
         if oid is not None:
             found.append((oid, mode))
     return found
+
+
+def _data_change(qname: str, relations: Relations) -> Locks:
+    table = resolve(qname, relations, ("r",))  # a partitioned target's partitions: not known
+    if table is None:
+        return []
+    indexes = [r.oid for r in relations.values() if r.table_oid == table and r.kind in _INDEXES]
+    return [(table, "ROW EXCLUSIVE"), *((i, "ROW EXCLUSIVE") for i in indexes)]
 
 
 def _truncate(bare: str, relations: Relations) -> Locks | None:
@@ -192,9 +216,11 @@ def _reindex(bare: str, relations: Relations) -> Locks | None:
             return []
         indexes = [r.oid for r in relations.values() if r.table_oid == table and r.kind in _INDEXES]
     if concurrently:
+        # and, dropping each index it replaced, ACCESS EXCLUSIVE on it (``DYING``)
         return [
             (table, "SHARE UPDATE EXCLUSIVE"),
             *((i, "SHARE UPDATE EXCLUSIVE") for i in indexes),
+            *((i, DYING) for i in indexes),
         ]
     return [(table, "SHARE"), *((i, "ACCESS EXCLUSIVE") for i in indexes)]
 
@@ -214,7 +240,7 @@ def _drop_index_concurrently(bare: str, relations: Relations) -> Locks | None:
     table = relations[index].table_oid if index is not None else None
     if index is None or table is None:
         return []
-    return [(table, "SHARE UPDATE EXCLUSIVE"), (index, "SHARE UPDATE EXCLUSIVE")]
+    return [(table, "SHARE UPDATE EXCLUSIVE"), (index, "SHARE UPDATE EXCLUSIVE"), (index, DYING)]
 
 
 _READERS: tuple[Callable[[str, Relations], Locks | None], ...] = (

@@ -203,6 +203,8 @@ def per_table(uses: Sequence[LockUse]) -> list[TableLock]:
     unset), worst first: what it blocks, then how long, then the stronger mode, then the name."""
     groups: dict[str, list[LockUse]] = {}
     for use in uses:
+        if use.dying:  # a concurrent drop's instant on a dead index: nobody waits on it
+            continue
         groups.setdefault(use.table or use.relation, []).append(use)
     folded = []
     for table, group in groups.items():

@@ -43,6 +43,9 @@ class LockUse:
     # statement that ran (its mode is certain, its hold is the statement's to its commit),
     # "sampled" seen by the pg_locks sampler (it may miss a lock held less than an interval).
     source: LockSource = "sampled"
+    # A concurrent drop's last lock on the index it removes (DROP INDEX CONCURRENTLY, REINDEX
+    # CONCURRENTLY's old index): no query uses the index by then, so it decides no verdict.
+    dying: bool = False
 
 
 @dataclass(frozen=True)

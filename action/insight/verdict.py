@@ -186,7 +186,9 @@ COUNTED_KINDS = frozenset(
 
 
 def _counted_locks(insight: MigrationInsight) -> list[LockUse]:
-    return [u for u in insight.locks if u.kind in COUNTED_KINDS]
+    """The locks the rules count: on tables and what belongs to them, but a concurrent drop's
+    last lock on a dead index (``LockUse.dying``)."""
+    return [u for u in insight.locks if u.kind in COUNTED_KINDS and not u.dying]
 
 
 def _counted_rewrites(insight: MigrationInsight) -> list[Rewrite]:
