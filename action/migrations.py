@@ -84,13 +84,15 @@ class Statement:
 
 def statements(sql_text: str) -> list[Statement]:
     """Split a file like psql does, keeping each statement's first and last line (1-based)."""
-    import sqlparse
+    from sqlparse import engine
     from sqlparse import tokens as T
 
     found: list[Statement] = []
     line = 1
     offset = 0
-    for stmt in sqlparse.parse(sql_text):
+    # The lexer and the splitter only: sqlparse's grouping, which nothing here needs, refuses a
+    # statement of more than 10,000 tokens (a data migration's INSERT of a few thousand rows).
+    for stmt in engine.FilterStack().run(sql_text):  # type: ignore[no-untyped-call]
         start: int | None = None
         end = line
         semicolon: int | None = None
@@ -116,10 +118,10 @@ def cannot_run_in_transaction(statement: str) -> bool:
 
 def needs_no_transaction(sql_text: str) -> bool:
     """True if the file holds a statement that cannot run inside a transaction block."""
-    import sqlparse
+    from pgoverlay.action.insight import sqltext
 
     for stmt in statements(sql_text):
-        bare = sqlparse.format(stmt.text, strip_comments=True)
+        bare = sqltext.strip_comments(stmt.text)
         if _NO_TRANSACTION_BLOCK.match(bare) or _CONTROL.match(bare):
             return True
     return False

@@ -417,3 +417,25 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
                 continue
             at = texts.index(s)
             assert run.insight.statements[at].locks, s
+
+
+def test_a_data_migration_of_one_long_insert_is_applied_and_measured(
+    engine: LocalEngine, base: BaseVersion, tmp_path: Path
+) -> None:
+    """A seed-data file whose INSERT is more than 10,000 tokens long (sqlparse's grouping limit,
+    which splitting and reading statements must not go through) applies, marked and measured."""
+    values = ",\n".join(f"({n}, 'row {n}')" for n in range(1, 3001))
+    runs, _ = _apply(
+        engine,
+        base,
+        tmp_path,
+        {
+            "0_setup.sql": "CREATE TABLE seeded (id int PRIMARY KEY, label text);\n",
+            "1_seed.sql": f"-- the seed data\nINSERT INTO seeded VALUES\n{values};\nSELECT 1;\n",
+        },
+    )
+    insight = _insight(runs, "1_seed.sql")
+    assert ("public.seeded", "ROW EXCLUSIVE", "exact") in _locks(insight)
+    assert insight.volume.rows_inserted == 3000
+    with engine_connection(engine) as conn:
+        assert conn.execute("SELECT count(*) FROM seeded").fetchone() == (3000,)

@@ -15,10 +15,17 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-import sqlparse
-
 from pgoverlay.action import migrations
-from pgoverlay.action.insight import documented, ledgers, locks, logparse, marks, tools, verdict
+from pgoverlay.action.insight import (
+    documented,
+    ledgers,
+    locks,
+    logparse,
+    marks,
+    sqltext,
+    tools,
+    verdict,
+)
 from pgoverlay.action.insight import lint as lint_mod
 from pgoverlay.action.insight.model import (
     LockSource,
@@ -80,7 +87,7 @@ def rewrite_reasons(bits: int) -> list[str]:
 def normalise(sql: str) -> str:
     """A statement's text without comments, whitespace or a final semicolon, to match what
     psql sent with what the file holds."""
-    bare = sqlparse.format(sql, strip_comments=True)
+    bare = sqltext.strip_comments(sql)
     return re.sub(r"\s+", "", bare).rstrip(";")
 
 

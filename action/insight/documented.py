@@ -15,8 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-import sqlparse
-
+from pgoverlay.action.insight import sqltext
 from pgoverlay.runner.service.views import RelationState
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
@@ -87,7 +86,7 @@ def locks(text: str, relations: Relations) -> Locks:
         return _data_change(dml.group("table"), relations)
     if not _CANDIDATE.match(text):
         return []  # most statements: no need to strip their comments
-    bare = sqlparse.format(text, strip_comments=True).strip()
+    bare = sqltext.strip_comments(text).strip()
     for reader in _READERS:
         found = reader(bare, relations)
         if found is not None:

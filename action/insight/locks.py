@@ -11,8 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import sqlparse
-
+from pgoverlay.action.insight import sqltext
 from pgoverlay.action.insight.model import Blocks, LockUse, StatementInsight
 
 # From weakest to strongest, in the documentation's order and spelling.
@@ -316,4 +315,4 @@ def timeout_in_force(statements: Sequence[StatementInsight], index: int) -> floa
 
 
 def _strip_comments(text: str) -> str:
-    return str(sqlparse.format(text, strip_comments=True))
+    return sqltext.strip_comments(text)

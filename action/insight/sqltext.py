@@ -21,6 +21,7 @@ __all__ = [
     "name_chain",
     "relations",
     "statements",
+    "strip_comments",
     "tokenise",
     "writes",
 ]
@@ -50,6 +51,17 @@ def statements(text: str) -> list[list[Token]]:
         if kept and not (len(kept) == 1 and kept[0].value == ";"):
             found.append(kept)
     return found
+
+
+def strip_comments(text: str) -> str:
+    """``text`` with its comments blanked (as ``sqlparse.format(strip_comments=True)`` does,
+    without the grouping that refuses a statement of more than 10,000 tokens)."""
+    from sqlparse import lexer
+
+    return "".join(
+        " " if ttype in T.Comment else value
+        for ttype, value in lexer.tokenize(text)  # type: ignore[no-untyped-call]
+    )
 
 
 def tokenise(text: str) -> list[Token]:

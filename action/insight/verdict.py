@@ -19,9 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import sqlparse
-
-from pgoverlay.action.insight import locks
+from pgoverlay.action.insight import locks, sqltext
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -358,7 +356,7 @@ def _bare(insight: MigrationInsight, statement: int | None) -> str:
     """The statement's text in capitals, on one line, without comments; "" if unknown."""
     if statement is None or not 0 <= statement < len(insight.statements):
         return ""
-    bare = sqlparse.format(insight.statements[statement].text, strip_comments=True)
+    bare = sqltext.strip_comments(insight.statements[statement].text)
     return " ".join(bare.upper().split())
 
 
