@@ -96,7 +96,7 @@ def statements(sql_text: str) -> list[Statement]:
         start: int | None = None
         end = line
         semicolon: int | None = None
-        for token in stmt.flatten():  # type: ignore[no-untyped-call]
+        for token in stmt.flatten():
             skippable = token.is_whitespace or token.ttype in T.Comment.Single
             if start is None and not skippable:
                 start = line

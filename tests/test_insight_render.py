@@ -386,6 +386,7 @@ def test_the_json_report_is_the_report_with_a_schema_version() -> None:
         "table": "public.orders",
         "table_bytes": 413 * 1024**2,
         "source": "exact",
+        "dying": False,
     }
     insight = doc["migrations"][0]["insight"]
     assert insight["verdict"]["kind"] == "blocks writes"

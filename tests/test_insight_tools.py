@@ -487,7 +487,11 @@ def test_each_django_migration_gets_its_own_statements_locks_and_verdict() -> No
     assert [statements[i].text for i in first.statements] == [users[0]]
     assert [statements[i].text for i in second.statements] == [users[1]]
     assert [(u.relation, u.mode) for u in first.locks] == [("public.accounts", "ACCESS EXCLUSIVE")]
-    assert [(u.relation, u.mode) for u in second.locks] == [("public.accounts", "ROW EXCLUSIVE")]
+    # the UPDATE's documented ROW EXCLUSIVE, on its table and its index
+    assert {(u.relation, u.mode) for u in second.locks} == {
+        ("public.accounts", "ROW EXCLUSIVE"),
+        ("public.accounts_pkey", "ROW EXCLUSIVE"),
+    }
     # the ledger's rows and locks are not the migration's
     assert insight.volume.rows_inserted == 0 and insight.volume.rows_updated == 1000
     assert all("django" not in u.relation for u in insight.locks)
