@@ -98,6 +98,15 @@ def test_a_migrate_command_probes_the_largest_tables_but_never_pgoverlays_own() 
     assert [t.relation for t in chosen] == ["public.orders", "public.lines", "audit.orders"]
     everything = blocking.choose(TABLES, text=None, search_path=["public"], limit=100)
     assert "pgoverlay_ledger.migrations" not in {t.relation for t in everything}
+    # nor a migration tool's own tables, however large: they are its bookkeeping
+    ledgers = [table("public", "django_migrations", 5000), table("app", "alembic_version", 9000)]
+    chosen = blocking.choose([*TABLES, *ledgers], text=None, search_path=["public"], limit=3)
+    assert [t.relation for t in chosen] == ["public.orders", "public.lines", "audit.orders"]
+    # a SQL file that names one probes it: it is the user's table there
+    named = blocking.choose(
+        ledgers, text="UPDATE django_migrations SET x = 1", search_path=["public"], limit=5
+    )
+    assert [t.relation for t in named] == ["public.django_migrations"]
 
 
 def test_the_probe_leaves_connections_free_for_the_migration() -> None:
@@ -384,7 +393,7 @@ def migrate(
         from_fork=False, draft=False, ref_name="", action="synchronize",
     )  # fmt: skip
     inputs = PrRequest(migrations=folder, migrations_select="all", insight=insight)
-    runs, _ = _Migrations(
+    runs, _, _ = _Migrations(
         settings, engine.connection(name), 15, event, inputs, repo, lambda _: None, None,
         AS_SELF, False,
     ).apply(engine, name)  # fmt: skip

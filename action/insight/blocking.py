@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.insight import ledgers
 from pgoverlay.action.insight.model import MigrationInsight, TableBlocking
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def choose(
     schemas, in order; a file that sets ``search_path`` may reach others, so then an
     unqualified name matches in every schema). Without (a migrate command, whose statements
     are not known beforehand): the largest tables, where blocking costs most (``probe`` adds
-    those the command locks as it runs)."""
+    those the command locks as it runs), but the migration tools' own (``ledgers``)."""
     candidates = [t for t in tables if t.readable and not _SYSTEM_SCHEMA.match(t.schema)]
     if text is not None:
         names = names_in(text)
@@ -114,6 +115,8 @@ def choose(
                 )[:1]
             chosen.update((t.oid, t) for t in found)
         candidates = list(chosen.values())
+    else:  # a migration tool's own tables are its bookkeeping, not what production feels
+        candidates = [t for t in candidates if not ledgers.is_tool_table(t.name)]
     return sorted(candidates, key=lambda t: (-t.pages, t.relation))[:limit]
 
 
