@@ -130,9 +130,8 @@ def _wrote(v: Volume) -> str:
 
 
 def verdict_cell(v: Verdict) -> str:
-    """The verdict in a word or two: its level, and what it is where the insight says
-    (``Verdict.kind``, issue 27's data contract): "**over**: rewrite", "notice: blocks writes",
-    "safe online"."""
+    """The verdict in a word or two: its level and its kind (``Verdict.kind``): "**over**:
+    rewrite", "notice: blocks writes", "safe online"."""
     kind = v.kind
     if v.level == "safe":
         return "safe\u00a0online"  # a no-break space: two words, one line
