@@ -678,16 +678,7 @@ def _rewrites(
         if table is not None and table in changed:
             reasons.append(WITH_TABLE)
         found.append(
-            Rewrite(
-                relation=work.name(oid),
-                kind=work.kind(oid),
-                reasons=reasons,
-                bytes_before=old.bytes,
-                bytes_after=new.bytes,
-                statement=statement,
-                table=work.name(work.owner(oid)),
-                table_bytes=work.whole[work.owner(oid)],
-            )
+            _rewrite(work, oid, old, new, reasons, statement, table=work.owner(oid))
         )
         found += _later_rewrites(found[-1], named, with_table=WITH_TABLE in reasons)
     found += _recreated(work, uses, events, rewritten={o for o in changed})
@@ -728,16 +719,7 @@ def _recreated(
         if not toast and table in rewritten:
             reasons.append(WITH_TABLE)
         found.append(
-            Rewrite(
-                relation=work.name(oid),
-                kind=work.kind(oid),
-                reasons=reasons,
-                bytes_before=old.bytes,
-                bytes_after=new.bytes,
-                statement=statement,
-                table=work.name(table),
-                table_bytes=work.whole[table],
-            )
+            _rewrite(work, oid, old, new, reasons, statement, table=table)
         )
     return found
 
@@ -761,6 +743,29 @@ def _later_rewrites(
         )
         for index, reasons in by_statement.items()
     ]
+
+
+def _rewrite(
+    work: _Analysis,
+    oid: int,
+    old: RelationState,
+    new: RelationState,
+    reasons: list[str],
+    statement: int | None,
+    *,
+    table: int,
+) -> Rewrite:
+    """Relation ``oid`` rewritten from ``old`` to ``new`` (sizes), counted on ``table``."""
+    return Rewrite(
+        relation=work.name(oid),
+        kind=work.kind(oid),
+        reasons=reasons,
+        bytes_before=old.bytes,
+        bytes_after=new.bytes,
+        statement=statement,
+        table=work.name(table),
+        table_bytes=work.whole[table],
+    )
 
 
 def _first_per_relation(rewrites: Sequence[Rewrite]) -> list[Rewrite]:

@@ -78,6 +78,19 @@ TRIGGERS = {
 ROLE_SETTINGS = {"log_min_duration_statement": "0", "log_lock_waits": "on"}
 PREFIX = "pgoverlay-trace "
 
+# What this transaction scanned of the relations in ``held`` (the trace's functions, after
+# reading the backend's locks into ``held``): its sequential scans and the rows they returned.
+_SCANS_OF_HELD = """\
+    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'rel', r.rel::pg_catalog.int8,
+               'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
+               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
+               ORDER BY r.rel), '[]')
+      INTO scans
+      FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
+              FROM pg_catalog.jsonb_array_elements(held) e) r;
+"""
+
 # This backend's granted locks on user relations of this database, and what this transaction
 # scanned of those relations: the DDL's real lock modes and whether it read the whole table.
 _DDL_BODY = """
@@ -100,15 +113,7 @@ BEGIN
        AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
        AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid;
-    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-               'rel', r.rel::pg_catalog.int8,
-               'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
-               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
-               ORDER BY r.rel), '[]')
-      INTO scans
-      FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
-              FROM pg_catalog.jsonb_array_elements(held) e) r;
-    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
+""" + _SCANS_OF_HELD + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'ddl', 'tag', TG_TAG, 'vxid', vxid, 'locks', held, 'scans', scans);
 END
 """
@@ -155,15 +160,7 @@ BEGIN
       INTO vxid, held
       FROM pg_catalog.pg_locks l
      WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
-    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-               'rel', r.rel::pg_catalog.int8,
-               'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
-               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
-               ORDER BY r.rel), '[]')
-      INTO scans
-      FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
-              FROM pg_catalog.jsonb_array_elements(held) e) r;
-    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
+""" + _SCANS_OF_HELD + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'statement', 'nonce', nonce, 'statement', statement, 'vxid', vxid,
         'at', pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()),
         'lock_timeout_ms', pg_catalog.round(pg_catalog.date_part('epoch',
