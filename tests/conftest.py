@@ -13,6 +13,7 @@ import checkout  # first: it says when the checkout's folder hides the installed
 import psycopg
 import pytest
 
+from fakegithub import FakeGitHub
 from helpers import (
     DECOY_BASE,
     DOCKER_IMAGE,
@@ -27,6 +28,7 @@ from helpers import (
     source_dsn,
     start_service,
 )
+from pgoverlay.action.github import GitHub
 from pgoverlay.errors import BaseMissingError
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
@@ -218,3 +220,16 @@ def service(pool: Pool) -> Iterator[Path]:
     start_service(settings)
     yield serve.socket_path(settings)
     serve.stop(settings)
+
+
+@pytest.fixture()
+def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
+    """The fake GitHub with pull request acme/shop#5 and a job's token, and a client of it;
+    every request it saw must have kept to GitHub's OpenAPI description."""
+    with FakeGitHub() as fake:
+        fake.add_token("ghs_job", "github-actions[bot]", kind="installation")
+        fake.add_pull("acme/shop", 5, "a" * 40, "b" * 40)
+        client = GitHub("ghs_job", api_url=fake.url, backoff=0.01)
+        yield fake, client
+        client.close()
+        assert fake.violations == []

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -665,17 +665,6 @@ def test_a_re_run_reads_the_tool_migrations_back_from_the_pr_record() -> None:
 
 
 # -- the real tools, through the Action's workflow ---------------------------------------------
-
-
-@pytest.fixture()
-def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
-    with FakeGitHub() as fake:
-        fake.add_token("ghs_job", "github-actions[bot]", kind="installation")
-        fake.add_pull("acme/shop", 5, "a" * 40, "b" * 40)
-        client = GitHub("ghs_job", api_url=fake.url, backoff=0.01)
-        yield fake, client
-        client.close()
-        assert fake.violations == []
 
 
 def through_the_action(

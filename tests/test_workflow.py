@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,17 +188,6 @@ def test_the_request_refuses_what_its_fields_cannot_hold() -> None:
 
 
 # -- the workflow against real branches and the fake GitHub -----------------------------------
-
-
-@pytest.fixture()
-def github() -> Iterator[tuple[FakeGitHub, GitHub]]:
-    with FakeGitHub() as fake:
-        fake.add_token("ghs_job", "github-actions[bot]", kind="installation")
-        fake.add_pull("acme/shop", 5, "a" * 40, "b" * 40)
-        client = GitHub("ghs_job", api_url=fake.url, backoff=0.01)
-        yield fake, client
-        client.close()
-        assert fake.violations == []
 
 
 def pr_event(
