@@ -208,7 +208,7 @@ def cli_env(settings: Settings) -> dict[str, str]:
 
 def cli_cycle(pool: Pool, name: str) -> float:
     filled_branch(pool, name)
-    argv = [sys.executable, "-m", "pgoverlay", "branch", "destroy", name]
+    argv = [sys.executable, "-P", "-m", "pgoverlay", "branch", "destroy", name]
     t0 = now()
     done = subprocess.run(
         argv,

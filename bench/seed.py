@@ -76,7 +76,7 @@ class SeedBench(Bench):
         if not self.drop:
             return
         imports = "import pgoverlay.cli, pgoverlay.cli.base, pgoverlay.runner.seed, psycopg"
-        subprocess.run([sys.executable, "-c", imports], check=True, timeout=120)
+        subprocess.run([sys.executable, "-P", "-c", imports], check=True, timeout=120)
         subprocess.run([self.install.tool("pg_basebackup"), "--version"], check=True, timeout=60)
 
     def dsn(self, srv: cluster.Running) -> str:

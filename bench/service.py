@@ -93,11 +93,11 @@ raise SystemExit(pgoverlay.cli.main(sys.argv[4:]))
 
 def command(argv: list[str], settings: Settings, *, user: pwd.struct_passwd | None) -> str:
     if user is None:
-        full = [sys.executable, "-m", "pgoverlay", *argv]
+        full = [sys.executable, "-P", "-m", "pgoverlay", *argv]
     else:
         group = serve.group_id(settings.service_group)
         ids = [str(user.pw_uid), str(user.pw_gid), str(group)]
-        full = [sys.executable, "-c", _AS_USER, *ids, *argv]
+        full = [sys.executable, "-P", "-c", _AS_USER, *ids, *argv]
     done = subprocess.run(
         full,
         env=env_for(settings),
