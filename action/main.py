@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from pgoverlay.action import comment, event, outputs
+from pgoverlay.action.conclusion import conclude
+from pgoverlay.action.decide import fork_refusal
 from pgoverlay.action.github import GitHub
-from pgoverlay.action.report import Report, over_threshold
+from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
-from pgoverlay.action.workflow import Outcome, fork_refusal, handle
+from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
     JobFileError,
     Location,
@@ -204,19 +206,9 @@ def read_event(path: Path) -> dict[str, Any]:
     return payload
 
 
-def _not_branched(job: JobEnv, ev: event.Event, message: str, out: TextIO) -> int:
-    """A fork's pull request without `allow-forks`: say why in the summary, make nothing."""
-    report = Report(
-        repository=ev.repository,
-        pr=ev.pr,
-        branch_name="",
-        head_sha=ev.head_sha,
-        status="not branched",
-        branch=None,
-        message=message,
-        run_url=job.run_url(),
-    )
-    outputs.annotation("notice", message, out, title="No branch for a fork")
+def _not_branched(job: JobEnv, report: Report, out: TextIO) -> int:
+    """A fork's pull request without `allow-forks`: say why in the summary; nothing was made."""
+    outputs.annotation("notice", report.message, out, title="No branch for a fork")
     values = {"status": "skipped", "branch": "", **_report_file(job, report)}
     outputs.write_outputs(job.output, values)
     outputs.write_summary(job.summary, comment.render_summary(report))
@@ -238,9 +230,6 @@ def _run(
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
     outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
     outputs.check_folder(job.temp, variable="RUNNER_TEMP")
-    refusal = fork_refusal(ev, inputs)
-    if refusal:
-        return _not_branched(job, ev, refusal, out)
     github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
     handled = time.monotonic()
     # Where the step's time goes, in its log: before the work, the work's phases, the engine
@@ -253,6 +242,7 @@ def _run(
             inputs,
             settings=settings,
             fork_commands=inputs.allow_fork_commands,
+            refused=fork_refusal(ev, inputs),
             repo_dir=job.workspace.resolve(),
             github=github,
             run_url=job.run_url(),
@@ -280,6 +270,8 @@ def _finish(
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
         outputs.write_outputs(job.output, {"status": "skipped"})
         return 0
+    if report.status == "not branched":
+        return _not_branched(job, report, out)
     values = _outputs(engine, outcome, out)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
@@ -300,11 +292,13 @@ def _finish(
             )
     if report.status == "failed":
         outputs.annotation("error", report.message, out, title="Branch not ready")
-        return 1
-    if report.status == "migration failed" and inputs.fail_on_migration_error:
-        return 1
-    over = over_threshold(report)
-    for m in over:
+    end = conclude(
+        report,
+        fail_on_threshold=inputs.fail_on_threshold,
+        fail_on_migration_error=inputs.fail_on_migration_error,
+    )
+    # A run its branch or its migrations failed is not judged on thresholds too.
+    for m in end.over if end.cause in ("", "threshold") else []:
         assert m.insight is not None
         outputs.annotation(
             "error" if inputs.fail_on_threshold else "warning",
@@ -313,7 +307,7 @@ def _finish(
             file=m.file,
             title=f"Migration {m.name} is over a threshold",
         )
-    return 1 if over and inputs.fail_on_threshold else 0
+    return 0 if end.passed else 1
 
 
 def _report_file(job: JobEnv, report: Report) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """What the PR workflow keeps with a branch between runs: the head it last worked on, how that
-ended, and its report. A re-run of the same head finds its work done; the closing comment lists
-the migrations of the last run.
+ended, the fingerprint of the run options it ran with (``decide.run_options``), and its
+report. A re-run of the same head with the same options finds its work done; the closing
+comment lists the migrations of the last run.
 
 The engine keeps this as JSON text it never reads (``Engine.save_record``), owner-checked,
 size-limited and removed with its branch; this module alone knows its fields. A report whose
@@ -35,13 +36,15 @@ class PrRecord:
     head_sha: str  # the head the workflow last ran for
     status: RunStatus  # how that run ended
     report: Report  # what it found
+    # The run options' fingerprint ('' in a record an older release kept: taken as different)
+    inputs: str = ""
 
 
 def dumps(record: PrRecord, *, limit: int = MAX_RECORD_BYTES) -> str:
     """``record`` as JSON text of at most ``limit`` bytes (what the engine keeps)."""
 
     def encode(report: Report, _: jsonreport.Detail) -> str:
-        slim = PrRecord(record.head_sha, record.status, report)
+        slim = dataclasses.replace(record, report=report)
         return json.dumps(dataclasses.asdict(slim), ensure_ascii=False, separators=(",", ":"))
 
     return jsonreport.fit(record.report, encode, limit=limit)

@@ -1,9 +1,11 @@
 """The PR workflow: event -> create or reset -> migrate -> report -> comment; close -> destroy.
 
-One code path, called by the composite Action (``action/main.py``) and by the webhook listener.
-Idempotent per (repository, branch, head SHA): a re-run of the same job finds the branch ready
+One code path, called by the composite Action (``action/main.py``) and by the webhook listener;
+what it does for an event is ``decide``'s answer (``action/decide.py``). Idempotent per
+(repository, branch, head SHA, run options): a re-run of the same job finds the branch ready
 for that head and reports again without redoing work; the comment is edited only if its text
-changed.
+changed. A re-run with changed run options (another migrations folder, other thresholds, ...)
+runs again.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.action import comment, record
+from pgoverlay.action.conclusion import refusal
+from pgoverlay.action.decide import Decision, decide, run_options
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, PendingComment
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.action.request import Inputs, PrRequest
+from pgoverlay.action.request import PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import (
     BranchMissingError,
@@ -106,47 +110,6 @@ def _branch_info(
         base_masked=base.masked if base else None,
         base_mask_rules=base.mask_rules if base else "",
         base_mask_sha256=base.mask_sha256 if base else "",
-    )
-
-
-def _save(engine: Engine, report: Report) -> None:
-    """Keep the report with its branch, for re-runs and the closing comment. A branch that
-    could not be made, or that is not this caller's, keeps nothing."""
-    with contextlib.suppress(BranchMissingError, NotOwnerError):
-        engine.save_record(
-            report.branch_name,
-            RecordRequest(
-                repository=report.repository,
-                data=record.dumps(record.PrRecord(report.head_sha, report.status, report)),
-            ),
-        )
-
-
-def _owner_refusal(current: BranchView | None, repository: str) -> str:
-    """Why a branch name is not this repository's to use, or ''."""
-    if current is None or not current.repository:
-        return ""
-    if current.repository.lower() == repository.lower():
-        return ""
-    where = f"{current.repository}#{current.pr}" if current.pr else current.repository
-    return (
-        f"branch {current.name} on this runner belongs to {where}: set the `branch-name` input "
-        "to a name unique on this runner (the default, '{repo}-pr-{number}', is)"
-    )
-
-
-def fork_refusal(event: Event, inputs: Inputs) -> str:
-    """Why a pull request from a fork gets no branch, or '' when it may have one.
-
-    Closing is never refused: a branch made while forks were allowed is still destroyed.
-    """
-    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
-        return ""
-    return (
-        "this pull request comes from a fork, and this workflow does not branch forks: no "
-        "branch was made and none of the fork's migrations or commands ran. To branch pull "
-        "requests from forks, set `allow-forks: true` on the pgoverlay step (their SQL then "
-        "runs against their own branch; `migrate-command` also needs `allow-fork-commands: true`)"
     )
 
 
@@ -264,40 +227,6 @@ def _preload(modules: tuple[str, ...]) -> None:
     threading.Thread(target=load, name="pgoverlay-preload", daemon=True).start()
 
 
-def _bring_up(
-    engine: Engine, event: Event, inputs: PrRequest, current: BranchView | None, echo: Echo
-) -> tuple[BranchView, float | None]:
-    """Create the branch, or reset it for a new head; returns it and the seconds it took."""
-    name = branch_name(event, inputs.branch_name)
-    if current is None:
-        echo(f"creating branch {name}")
-        try:
-            request = CreateRequest(
-                name=name,
-                base=inputs.base,
-                ttl_seconds=inputs.ttl_seconds(),
-                runtime=None if inputs.runtime == "auto" else inputs.runtime,
-                repository=event.repository,
-                pr=event.pr,
-            )
-        except RequestError as err:
-            raise ConfigError(f"cannot ask for branch {name}: {err}") from None
-        created = engine.create(request)
-        return created, created.seconds
-    if current.state != "ready":
-        raise PgoverlayError(
-            f"branch {name} is {current.state} (an earlier run was interrupted): run "
-            "`pgoverlay gc` on the runner, then re-run this job"
-        )
-    last = record.of(current)
-    new_head = last is None or last.head_sha != event.head_sha
-    if inputs.reset_on_push and (new_head or (last and last.status != "ready")):
-        echo(f"resetting branch {name} to its base")
-        done = engine.reset(name, repository=event.repository)
-        return done, done.seconds
-    return current, None
-
-
 def handle(
     engine: Engine,
     event: Event,
@@ -311,106 +240,50 @@ def handle(
     changed: Changed | None = None,
     sandbox: Sandbox = AS_SELF,
     fork_commands: bool = False,
+    refused: str = "",
+    asked: PrRequest | None = None,
 ) -> Outcome:
-    """Do what ``event`` asks for; never raises for a failed comment.
+    """Do what ``decide`` says ``event`` asks for; never raises for a failed comment.
 
     ``repo_dir`` holds the PR's head. ``changed`` lists a folder's changed .sql files when
     there is no git history to ask (the webhook listener works from tarballs). The PR's SQL
     and commands run in ``sandbox`` (the Action's: as itself; the listener's: a uid of the
     job's own), never with the engine's privileges: the engine is reached through ``engine``
     only. A fork's ``migrate_command`` runs only with ``fork_commands`` (the Action's
-    `allow-fork-commands`; the listener never sets it).
+    `allow-fork-commands`; the listener never sets it). ``refused`` is why the front end's
+    policy does not branch this pull request: its report is returned, and the front end says
+    it (no comment is written here). ``asked`` is the request whose run options the record
+    keeps when ``inputs`` adds what the head itself fixes (the listener's repository file).
     """
     if event.kind not in WORK_KINDS:
         return Outcome(report=None, branch=None)
-    timings: dict[str, float] = {}
     name = check_name(branch_name(event, inputs.branch_name))
     current = engine.branch(name)
-    skeleton = Report(
-        repository=event.repository,
-        pr=event.pr,
-        branch_name=name,
-        head_sha=event.head_sha,
-        status="failed",
-        branch=None,
-        password_hint=password_hint(name),
+    last = record.of(current)
+    decision = decide(event, current, last, asked or inputs, refused=refused)
+    if decision.action == "skip":
+        echo(f"no branch {name} to destroy")
+        return Outcome(report=None, branch=None)
+    if decision.action == "refuse" and decision.status == "not branched":
+        report = refusal(event, inputs.branch_name, decision.why, status=decision.status)
+        return Outcome(report=dataclasses.replace(report, run_url=run_url), branch=None)
+    # Our comment is looked for now, while the branch and its migrations take their time.
+    pending = start_comment(github, event, inputs, name)
+    run = _Run(
+        engine=engine,
+        event=event,
+        inputs=inputs,
+        settings=settings,
+        repo_dir=repo_dir,
+        echo=echo,
+        changed=changed,
+        sandbox=sandbox,
+        fork_commands=fork_commands,
+        options=run_options(asked or inputs),
         run_url=run_url,
     )
-    # Our comment is looked for now, while the branch and its migrations take their time.
-    closing_nothing = event.kind == "close" and current is None
-    pending = None if closing_nothing else start_comment(github, event, inputs, name)
-    refusal = _owner_refusal(current, event.repository)
-    if refusal:
-        # Nothing of ours to record: the branch and its report belong to the other repository.
-        report = dataclasses.replace(skeleton, message=refusal)
-        with _timed(timings, "comment"):
-            result, error = post_comment(github, event, inputs, report, pending=pending)
-        return Outcome(
-            report=report, branch=None, comment=result, comment_error=error, timings=timings
-        )
-    if event.kind == "close":
-        if current is None:
-            echo(f"no branch {name} to destroy")
-            return Outcome(report=None, branch=None)
-        with _timed(timings, "branch"):
-            report = _close(engine, event, current, skeleton)
-        with _timed(timings, "comment"):
-            result, error = post_comment(github, event, inputs, report, pending=pending)
-        return Outcome(
-            report=report, branch=None, comment=result, comment_error=error, timings=timings
-        )
-    ready: BranchView | None = None
-    connection: Connection | None = None
-    reused = False
-    last = record.of(current)
-    if (
-        current is not None
-        and last is not None
-        and last.head_sha == event.head_sha
-        and last.status == "ready"
-        and current.state == "ready"
-        and current.running
-    ):
-        echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
-        report = dataclasses.replace(last.report, run_url=run_url or last.report.run_url)
-        ready, reused = current, True
-        connection = engine.connection(name)
-    else:
-        try:
-            _preload(_LATER)
-            with _timed(timings, "branch"):
-                b, seconds = _bring_up(engine, event, inputs, current, echo)
-            connection = engine.connection(name)
-            base = _base_of(engine, b)
-            with _timed(timings, "migrations"):
-                runs, note, schema_diff = _Migrations(
-                    settings,
-                    connection,
-                    base.pg_major if base and base.pg_major else 0,
-                    event,
-                    inputs,
-                    repo_dir,
-                    echo,
-                    changed,
-                    sandbox,
-                    fork_commands,
-                ).apply(engine, name)
-            failed = any(r.status == "failed" for r in runs)
-            report = dataclasses.replace(
-                skeleton,
-                status="migration failed" if failed else "ready",
-                branch=_branch_info(engine, b, base, create_seconds=seconds),
-                migrations=runs,
-                message=note,
-                schema_diff=schema_diff,
-            )
-            ready = b
-        except (PgoverlayError, OSError) as err:
-            log.warning("branch %s not ready: %s", name, err)
-            report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
-            connection = None
-        _save(engine, report)
-    with _timed(timings, "comment"):
+    report, ready, connection = run.act(decision, current, last)
+    with _timed(run.timings, "comment"):
         result, error = post_comment(github, event, inputs, report, pending=pending)
     return Outcome(
         report=report,
@@ -418,22 +291,164 @@ def handle(
         connection=connection if ready else None,
         comment=result,
         comment_error=error,
-        reused=reused,
-        timings=timings,
+        reused=decision.action == "report",
+        timings=run.timings,
     )
 
 
-def _close(engine: Engine, event: Event, current: BranchView, skeleton: Report) -> Report:
-    info = _branch_info(engine, current, _base_of(engine, current), create_seconds=None)
-    done = engine.destroy(current.name, repository=event.repository)
-    last = record.read(done.record, branch=current.name)
-    return dataclasses.replace(
-        skeleton,
-        status="destroyed",
-        branch=info,
-        merged=event.merged,
-        migrations=last.report.migrations if last else [],
-    )
+Done = tuple[Report, BranchView | None, Connection | None]  # the report, the branch left ready
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """One ``handle``: what its steps share, and its steps."""
+
+    engine: Engine
+    event: Event
+    inputs: PrRequest
+    settings: Settings
+    repo_dir: Path
+    echo: Echo
+    changed: Changed | None
+    sandbox: Sandbox
+    fork_commands: bool
+    options: str  # the run options' fingerprint, kept in the record
+    run_url: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def act(
+        self, decision: Decision, current: BranchView | None, last: record.PrRecord | None
+    ) -> Done:
+        """Do what ``decision`` asks for: its report, and the branch it leaves ready."""
+        event, name = self.event, branch_name(self.event, self.inputs.branch_name)
+        if decision.action == "refuse":
+            # Nothing of ours to record: the branch and its report belong to the other repository.
+            report = refusal(event, self.inputs.branch_name, decision.why, status="failed")
+            return dataclasses.replace(report, run_url=self.run_url), None, None
+        skeleton = Report(
+            repository=event.repository,
+            pr=event.pr,
+            branch_name=name,
+            head_sha=event.head_sha,
+            status="failed",
+            branch=None,
+            password_hint=password_hint(name),
+            run_url=self.run_url,
+        )
+        if decision.action == "destroy":
+            assert current is not None
+            with _timed(self.timings, "branch"):
+                return self.destroy(current, skeleton), None, None
+        if decision.action == "report":
+            assert current is not None and last is not None
+            self.echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
+            url = self.run_url or last.report.run_url
+            report = dataclasses.replace(last.report, run_url=url)
+            return report, current, self.engine.connection(name)
+        done = self.work(decision, current, skeleton)
+        self.save(done[0])
+        return done
+
+    def work(self, decision: Decision, current: BranchView | None, skeleton: Report) -> Done:
+        """Create or reset the branch (or keep it), then migrate it; a failed report when the
+        branch cannot be made ready."""
+        engine, name = self.engine, skeleton.branch_name
+        try:
+            _preload(_LATER)
+            with _timed(self.timings, "branch"):
+                b, seconds = self.bring_up(decision, current, name)
+            connection = engine.connection(name)
+            base = _base_of(engine, b)
+            runs, note, schema_diff = self.migrate(connection, base, name)
+        except (PgoverlayError, OSError) as err:
+            log.warning("branch %s not ready: %s", name, err)
+            report = dataclasses.replace(skeleton, message=str(err).strip().splitlines()[0])
+            return report, None, None
+        failed = any(r.status == "failed" for r in runs)
+        report = dataclasses.replace(
+            skeleton,
+            status="migration failed" if failed else "ready",
+            branch=_branch_info(engine, b, base, create_seconds=seconds),
+            migrations=runs,
+            message=note,
+            schema_diff=schema_diff,
+        )
+        return report, b, connection
+
+    def bring_up(
+        self, decision: Decision, current: BranchView | None, name: str
+    ) -> tuple[BranchView, float | None]:
+        """Create the branch, reset it, or keep it as it is, as ``decision`` says; returns it
+        and the seconds that took."""
+        event, inputs = self.event, self.inputs
+        if decision.action == "fail":
+            raise PgoverlayError(decision.why)
+        if decision.action == "create":
+            self.echo(f"creating branch {name}")
+            try:
+                request = CreateRequest(
+                    name=name,
+                    base=inputs.base,
+                    ttl_seconds=inputs.ttl_seconds(),
+                    runtime=None if inputs.runtime == "auto" else inputs.runtime,
+                    repository=event.repository,
+                    pr=event.pr,
+                )
+            except RequestError as err:
+                raise ConfigError(f"cannot ask for branch {name}: {err}") from None
+            created = self.engine.create(request)
+            return created, created.seconds
+        assert current is not None
+        if decision.action == "reset":
+            self.echo(f"resetting branch {name} to its base")
+            done = self.engine.reset(name, repository=event.repository)
+            return done, done.seconds
+        return current, None
+
+    def migrate(
+        self, connection: Connection, base: BaseView | None, name: str
+    ) -> tuple[list[MigrationRun], str, SchemaDiff | None]:
+        """Apply the PR's migrations to branch ``name``: the runs, a note, the schema's changes."""
+        engine, settings, event, inputs = self.engine, self.settings, self.event, self.inputs
+        repo_dir, echo, changed, sandbox = self.repo_dir, self.echo, self.changed, self.sandbox
+        fork_commands = self.fork_commands
+        with _timed(self.timings, "migrations"):
+            return _Migrations(
+                settings,
+                connection,
+                base.pg_major if base and base.pg_major else 0,
+                event,
+                inputs,
+                repo_dir,
+                echo,
+                changed,
+                sandbox,
+                fork_commands,
+            ).apply(engine, name)
+
+    def destroy(self, current: BranchView, skeleton: Report) -> Report:
+        engine = self.engine
+        info = _branch_info(engine, current, _base_of(engine, current), create_seconds=None)
+        done = engine.destroy(current.name, repository=self.event.repository)
+        last = record.read(done.record, branch=current.name)
+        return dataclasses.replace(
+            skeleton,
+            status="destroyed",
+            branch=info,
+            merged=self.event.merged,
+            migrations=last.report.migrations if last else [],
+        )
+
+    def save(self, report: Report) -> None:
+        """Keep the report with its branch and the run options, for re-runs and the closing
+        comment. A branch that could not be made, or that is not this caller's, keeps
+        nothing."""
+        kept = record.PrRecord(report.head_sha, report.status, report, inputs=self.options)
+        with contextlib.suppress(BranchMissingError, NotOwnerError):
+            self.engine.save_record(
+                report.branch_name,
+                RecordRequest(repository=report.repository, data=record.dumps(kept)),
+            )
 
 
 def start_comment(

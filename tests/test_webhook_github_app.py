@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from fakegithub import FakeGitHub
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.webhook.clients import GitHubClients
 from pgoverlay.webhook.settings import WebhookSettings
-from pgoverlay.webhook.worker import GitHubClients
 
 
 def private_key() -> str:

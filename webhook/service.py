@@ -19,9 +19,11 @@ from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import sandbox
+from pgoverlay.webhook.clients import GitHubClients
+from pgoverlay.webhook.jobmetrics import Metrics
 from pgoverlay.webhook.queue import NewJob, Queue
 from pgoverlay.webhook.settings import WebhookSettings
-from pgoverlay.webhook.worker import GitHubClients, Metrics, Worker, cleanup_scratch
+from pgoverlay.webhook.worker import Worker, cleanup_scratch
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from github import Auth
 
 from pgoverlay.action import event as events
 from pgoverlay.action import record
+from pgoverlay.action.conclusion import conclude, refusal
+from pgoverlay.action.decide import decide
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.migrations import changed_between
-from pgoverlay.action.report import Report, RunStatus, over_threshold
+from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.request import read as read_request
 from pgoverlay.action.workflow import handle, post_comment
@@ -45,6 +46,8 @@ from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import forks
+from pgoverlay.webhook.clients import GitHubClients
+from pgoverlay.webhook.jobmetrics import Metrics
 from pgoverlay.webhook.queue import MAX_REPORT_BYTES, Job, Queue, backoff_delay
 from pgoverlay.webhook.routing import JobEvent
 from pgoverlay.webhook.sandbox import JobSandbox, job_uid, remove_scratch
@@ -74,69 +77,6 @@ class JobLogContext(logging.Filter):
         record.delivery_id = getattr(record, "delivery_id", delivery)
         record.pr = getattr(record, "pr", pr)
         return True
-
-
-@dataclass
-class Metrics:
-    """Job runs for /metrics, counted in the queue database: the intake process, which serves
-    /metrics, then reports what the worker process did, across restarts."""
-
-    queue: Queue
-
-    def job(self, kind: str, result: str, seconds: float) -> None:
-        try:
-            self.queue.count_run(kind=kind, result=result, seconds=seconds)
-        except QueueError as err:  # a lost count must not fail the job it counts
-            log.warning("could not count a %s job run: %s", kind, err)
-
-
-class GitHubClients:
-    """One client per installation (GitHub App) or one for the token; made on first use."""
-
-    def __init__(self, settings: WebhookSettings) -> None:
-        self.settings = settings
-        self._clients: dict[int | None, GitHub] = {}
-        self._installations: dict[str, int] = {}  # repository -> installation id
-        self._lock = threading.Lock()
-
-    def remember(self, repository: str, installation: int | None) -> None:
-        """The installation a delivery of ``repository`` came through (None: not an App's)."""
-        if installation:
-            with self._lock:
-                self._installations[repository.lower()] = int(installation)
-
-    def for_repo(self, repository: str) -> GitHub:
-        with self._lock:
-            installation = (
-                self._installations.get(repository.lower())
-                if self.settings.app_id is not None
-                else None
-            )
-            if self.settings.app_id is not None and installation is None:
-                raise PgoverlayError(
-                    f"no GitHub App installation known for {repository} yet: it is learnt "
-                    "from the repository's deliveries"
-                )
-            if installation not in self._clients:
-                self._clients[installation] = GitHub(
-                    self._auth(installation), api_url=self.settings.api_url
-                )
-            return self._clients[installation]
-
-    def _auth(self, installation: int | None) -> Auth.Auth:
-        if self.settings.app_id is not None and installation is not None:
-            # PyGithub mints installation tokens and renews them before they expire.
-            return Auth.AppAuth(
-                self.settings.app_id, self.settings.app_key()
-            ).get_installation_auth(installation)
-        assert self.settings.token is not None
-        return Auth.Token(self.settings.token.get_secret_value())
-
-    def close(self) -> None:
-        with self._lock:
-            for client in self._clients.values():
-                client.close()
-            self._clients.clear()
 
 
 def _extract(tarball: Path, dest: Path) -> Path:
@@ -321,41 +261,81 @@ class Worker:
         now = self._now(github, job, delivered)
         if now is None:
             return Done("pull request not found")
-        ev = now.event
         request = repo.request()
         if job.kind == "close":
-            if now.open:
-                return Done("the pull request is open: nothing to destroy")
-            self.queue.revoke(job.repository, job.pr or 0)
-            outcome = handle(
-                engine, ev, request, settings=self.runner, repo_dir=Path("/"), github=github
-            )
-            if outcome.report is None:
-                return Done("nothing to destroy")
-            return Done(outcome.report.status, outcome.report)
+            return self._close(engine, job, now, request, github)
         if not now.open:
             return Done("the pull request is closed: nothing to do")
-        if job.kind == "label" and not ev.from_fork:
+        if job.kind == "label" and not now.event.from_fork:
             return Done("label needs no work")
-        ev = dataclasses.replace(ev, kind="open" if job.kind == "label" else ev.kind)
-        refusal = self._refusal(ev, repo)
-        if not refusal and ev.from_fork:
-            verdict = self._fork_verdict(github, job, delivered, now.labels, ev, repo.fork_label)
-            if verdict.quiet:
-                return Done(f"not branched: {verdict.reason}")
-            refusal = verdict.reason
-        if refusal:
-            self._refuse(github, ev, request, "not branched", refusal)
-            return Done("not branched")
-        if self._done_at_head(engine, ev, request):
-            # An older delivery, or a replay, of a head already branched and migrated: its
-            # status and comment stand.
+        ev = dataclasses.replace(now.event, kind="open" if job.kind == "label" else now.event.kind)
+        refused = self._admit(github, job, delivered, now.labels, ev, repo)
+        if isinstance(refused, Done):
+            return refused
+        current = engine.branch(events.branch_name(ev, request.branch_name))
+        decision = decide(ev, current, record.of(current), request, refused=refused)
+        if decision.action == "refuse":
+            report = self._refuse(github, ev, request, decision.status, decision.why)
+            return (
+                Done("not branched")
+                if decision.status == "not branched"
+                else Done("failed", report)
+            )
+        if decision.ran:
+            # An older delivery, or a replay, of a head already branched and migrated with these
+            # settings: its status and comment stand.
             return Done(f"already done at {ev.head_sha[:7]}")
+        return self._work(engine, job, ev, repo, request, github)
+
+    def _close(
+        self, engine: Engine, job: Job, now: Current, request: PrRequest, github: GitHub
+    ) -> Done:
+        if now.open:
+            return Done("the pull request is open: nothing to destroy")
+        self.queue.revoke(job.repository, job.pr or 0)
+        outcome = handle(
+            engine, now.event, request, settings=self.runner, repo_dir=Path("/"), github=github
+        )
+        if outcome.report is None:
+            return Done("nothing to destroy")
+        return Done(outcome.report.status, outcome.report)
+
+    def _admit(
+        self,
+        github: GitHub,
+        job: Job,
+        delivered: JobEvent | None,
+        labels: list[str],
+        ev: events.Event,
+        repo: RepoSettings,
+    ) -> str | Done:
+        """Why the listener's policy (forks, drafts, a maintainer's label) does not branch this
+        pull request, '' when it may; or how the job ends when a fork's verdict says nothing."""
+        refusal = self._refusal(ev, repo)
+        if refusal or not ev.from_fork:
+            return refusal
+        verdict = self._fork_verdict(github, job, delivered, labels, ev, repo.fork_label)
+        if verdict.quiet:
+            return Done(f"not branched: {verdict.reason}")
+        return verdict.reason
+
+    def _work(
+        self,
+        engine: Engine,
+        job: Job,
+        ev: events.Event,
+        repo: RepoSettings,
+        request: PrRequest,
+        github: GitHub,
+    ) -> Done:
+        """Fetch the PR's trees, run the workflow on them in the job's sandbox, and set the
+        commit status for how it ended."""
         self._status(github, ev, "pending", "creating the branch")
         sandbox = JobSandbox(
             Path(tempfile.mkdtemp(prefix="pgoverlay-pr-", dir=self.settings.state_dir)),
             job_uid(job.id),
         )
+        asked = request
         try:
             # Everything the listener reads from the trees is read before the sandbox gets
             # them (the first command hands them over): the repository file here, the
@@ -376,6 +356,9 @@ class Worker:
                 github=github,
                 changed=(lambda folder: changed_between(base, head, folder)) if base else None,
                 sandbox=sandbox,
+                # The repository file is the head's: the settings' run options and the head
+                # say what ran.
+                asked=asked,
             )
         finally:
             try:
@@ -384,33 +367,9 @@ class Worker:
                 log.warning("job %s: could not remove its scratch folder: %s", job.id, err)
         if outcome.report is None:
             return Done("nothing to do")
-        report = outcome.report
-        state = "success" if report.status == "ready" else "failure"
-        reason = report.message or report.status
-        if report.branch is not None and report.status == "ready":
-            reason = f"branch {report.branch_name} ready on port {report.branch.port}"
-        over = over_threshold(report)
-        if over and request.fail_on_threshold and state == "success":
-            first = over[0]
-            assert first.insight is not None
-            state, reason = "failure", f"{first.name}: {first.insight.verdict.text}"
-        self._status(github, ev, state, reason)
-        return Done(report.status, report)
-
-    @staticmethod
-    def _done_at_head(engine: Engine, ev: events.Event, request: PrRequest) -> bool:
-        """The PR's branch is up, and its record says this head was migrated."""
-        found = engine.branch(events.branch_name(ev, request.branch_name))
-        last = record.of(found)
-        return (
-            found is not None
-            and last is not None
-            and found.repository.lower() == ev.repository.lower()
-            and last.head_sha == ev.head_sha
-            and last.status in ("ready", "migration failed")
-            and found.state == "ready"
-            and found.running
-        )
+        end = conclude(outcome.report, fail_on_threshold=request.fail_on_threshold)
+        self._status(github, ev, "success" if end.passed else "failure", end.line)
+        return Done(outcome.report.status, outcome.report)
 
     def _now(self, github: GitHub, job: Job, delivered: JobEvent | None) -> Current | None:
         """The pull request as the API has it now (state, head and base, head repository,
@@ -472,19 +431,12 @@ class Worker:
 
     def _refuse(
         self, github: GitHub, ev: events.Event, request: PrRequest, status: RunStatus, reason: str
-    ) -> None:
-        """Say on the PR, and in its commit status, why it gets no branch."""
-        report = Report(
-            repository=ev.repository,
-            pr=ev.pr,
-            branch_name=events.branch_name(ev, request.branch_name),
-            head_sha=ev.head_sha,
-            status=status,
-            branch=None,
-            message=reason,
-        )
+    ) -> Report:
+        """Say on the PR, and in its commit status, why it gets no branch; the report said."""
+        report = refusal(ev, request.branch_name, reason, status=status)
         post_comment(github, ev, request, report)
         self._status(github, ev, "failure", f"{status}: {reason}")
+        return report
 
     @staticmethod
     def _refusal(ev: events.Event, repo: RepoSettings) -> str:

@@ -1,0 +1,65 @@
+"""How a run ends, said once for both front ends: the report of a pull request that gets no
+branch, and whether a run's report passes (the Action's exit code, the listener's commit
+status) with the one line that says why. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pgoverlay.action.event import Event, branch_name
+from pgoverlay.action.report import MigrationRun, Report, RunStatus, over_threshold
+
+
+def refusal(
+    event: Event, name: str | None, reason: str, *, status: RunStatus, run_url: str = ""
+) -> Report:
+    """The report of a pull request that gets no branch, and why. ``name`` is the request's
+    `branch-name` (None: the default): the report names the branch it would have had, so a
+    later run writes the same PR comment."""
+    return Report(
+        repository=event.repository,
+        pr=event.pr,
+        branch_name=branch_name(event, name),
+        head_sha=event.head_sha,
+        status=status,
+        branch=None,
+        message=reason,
+        run_url=run_url,
+    )
+
+
+Cause = Literal["", "branch", "migration", "threshold"]  # what failed the run ('': none)
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    cause: Cause
+    line: str  # why, in one line (the commit status's description)
+    over: list[MigrationRun] = field(default_factory=list)  # migrations over a threshold
+
+    @property
+    def passed(self) -> bool:
+        """The step exits 0; the commit status is success."""
+        return not self.cause
+
+
+def conclude(
+    report: Report, *, fail_on_threshold: bool, fail_on_migration_error: bool = True
+) -> Conclusion:
+    """Whether ``report`` passes: not when the branch could not be made, nor when a migration
+    failed (unless ``fail_on_migration_error`` is off), nor when a migration is over a
+    threshold and ``fail_on_threshold`` is on."""
+    over = over_threshold(report)
+    why = report.message or report.status
+    if report.status == "failed":
+        return Conclusion("branch", why, over)
+    if report.status == "migration failed" and fail_on_migration_error:
+        return Conclusion("migration", why, over)
+    if over and fail_on_threshold:
+        first = over[0]
+        assert first.insight is not None
+        return Conclusion("threshold", f"{first.name}: {first.insight.verdict.text}", over)
+    if report.status == "ready" and report.branch is not None:
+        why = f"branch {report.branch_name} ready on port {report.branch.port}"
+    return Conclusion("", why, over)

@@ -1,0 +1,156 @@
+"""What the PR workflow does for one event: the one decision the Action and the listener share.
+
+Pure: an event, the branch as the engine has it, the record the last run kept with it and the
+request in; a :class:`Decision` out. No I/O, so each case is a line of a table test
+(tests/test_decide.py). The front ends act on the decision: ``workflow.handle`` does the work;
+the listener also asks first, before it fetches the pull request's sources, so that a
+redelivery of a head already done costs nothing.
+
+In order:
+
+1. an event that asks for no branch work (a label, an ignored action): **skip**;
+2. a pull request the front end's own policy does not branch (the Action's `allow-forks`, the
+   listener's fork and draft rules; closing is never refused): **refuse**, "not branched";
+3. a branch name another repository's branch holds: **refuse**, "failed";
+4. a close: **destroy** the branch, or **skip** when there is none;
+5. no branch: **create** it; a branch an earlier run left half-made: **fail**, saying how to
+   clear it;
+6. the same head, run with the same run options (:func:`run_options`), ready and running:
+   **report** that run again;
+7. otherwise, with `reset-on-push`: **reset** it for a new head, changed run options, or a
+   last run that did not end ready; else **migrate** the branch as it stands.
+
+A record without run options (kept by an older release) counts as run with other options: its
+head is run again once, and from then on its record has them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pgoverlay.action.event import WORK_KINDS, Event
+
+if TYPE_CHECKING:
+    from pgoverlay.action.record import PrRecord
+    from pgoverlay.action.report import RunStatus
+    from pgoverlay.action.request import Inputs, PrRequest
+    from pgoverlay.runner.service.views import BranchView
+
+Action = Literal["skip", "refuse", "destroy", "create", "fail", "report", "reset", "migrate"]
+
+# The request's fields that change what a run does or what its report says: a change to any
+# of them makes a head already done run again. Every other field is in NOT_RUN_OPTIONS with the
+# reason it is left out (tests/test_decide.py checks that each field is in one of the two).
+RUN_OPTIONS = (
+    "migrations",
+    "migrate_command",
+    "migrations_select",
+    "working_directory",
+    "insight",
+    "max_blocking_lock",
+    "max_rewrite",
+    "fail_on_threshold",
+    "assume_long_transaction",
+    "allow_fork_commands",  # the Action's: whether a fork's migrate command runs
+)
+NOT_RUN_OPTIONS = {
+    "base": "honoured when the branch is made; a reset keeps the branch's base",
+    "runtime": "honoured when the branch is made; a reset keeps the branch's runtime",
+    "branch_name": "another name is another branch",
+    "reset_on_push": "how a branch reaches a new head, not what runs on it",
+    "ttl": "how long the branch lives",
+    "comment": "where the report goes; a run done again writes it again",
+    "fail_on_migration_error": "the step's exit code, worked out on every run",
+    "allow_forks": "whether a fork is branched, asked on every run",
+}
+
+
+def run_options(request: PrRequest) -> str:
+    """A fingerprint of ``request``'s run options (:data:`RUN_OPTIONS`): kept with the run's
+    record, never the values themselves (a migrate command may hold a secret)."""
+    values = {name: getattr(request, name, None) for name in RUN_OPTIONS}
+    text = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str = ""  # refuse, fail: the reason, for the report; skip: for the log
+    status: RunStatus = "failed"  # refuse: the report's status ("not branched": a policy)
+    # This head already ran with these options on the branch as it stands (report; or reset or
+    # migrate again when its migrations failed). The Action re-runs a failed head, as a user's
+    # "Re-run job" asks; the listener takes it as a redelivery and stops.
+    ran: bool = False
+
+
+def owner_refusal(branch: BranchView | None, repository: str) -> str:
+    """Why ``branch`` is not ``repository``'s to use, or ''."""
+    if branch is None or not branch.repository:
+        return ""
+    if branch.repository.lower() == repository.lower():
+        return ""
+    where = f"{branch.repository}#{branch.pr}" if branch.pr else branch.repository
+    return (
+        f"branch {branch.name} on this runner belongs to {where}: set the `branch-name` input "
+        "to a name unique on this runner (the default, '{repo}-pr-{number}', is)"
+    )
+
+
+def fork_refusal(event: Event, inputs: Inputs) -> str:
+    """The Action's policy: why a pull request from a fork gets no branch, or '' when it may
+    have one (the listener's policy is its own: forks and drafts settings, a maintainer's
+    label). Closing is never refused: a branch made while forks were allowed is destroyed."""
+    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
+        return ""
+    return (
+        "this pull request comes from a fork, and this workflow does not branch forks: no "
+        "branch was made and none of the fork's migrations or commands ran. To branch pull "
+        "requests from forks, set `allow-forks: true` on the pgoverlay step (their SQL then "
+        "runs against their own branch; `migrate-command` also needs `allow-fork-commands: true`)"
+    )
+
+
+def decide(
+    event: Event,
+    branch: BranchView | None,
+    record: PrRecord | None,
+    request: PrRequest,
+    *,
+    refused: str = "",
+) -> Decision:
+    """What to do for ``event``, given its ``branch`` (None: there is none), the ``record`` its
+    last run kept, and the ``request``. ``refused`` is why the front end's own policy does not
+    branch this pull request ('' when it may)."""
+    if event.kind not in WORK_KINDS:
+        return Decision("skip", why=f"a {event.action or event.kind} event needs no branch")
+    if refused and event.kind != "close":
+        return Decision("refuse", why=refused, status="not branched")
+    taken = owner_refusal(branch, event.repository)
+    if taken:
+        return Decision("refuse", why=taken, status="failed")
+    if event.kind == "close":
+        return Decision("destroy") if branch is not None else Decision("skip", why="no branch")
+    if branch is None:
+        return Decision("create")
+    if branch.state != "ready":
+        return Decision(
+            "fail",
+            why=f"branch {branch.name} is {branch.state} (an earlier run was interrupted): run "
+            "`pgoverlay gc` on the runner, then re-run this job",
+        )
+    same = (
+        record is not None
+        and record.head_sha == event.head_sha
+        and record.inputs == run_options(request)
+    )
+    done = same and record is not None and record.status == "ready"
+    if done and branch.running:
+        return Decision("report", ran=True)
+    ran = same and branch.running and record is not None and record.status == "migration failed"
+    if request.reset_on_push and not done:
+        return Decision("reset", ran=ran)
+    return Decision("migrate", ran=ran)

@@ -1,0 +1,60 @@
+"""The listener's GitHub clients: one per GitHub App installation, or one for its token."""
+
+from __future__ import annotations
+
+import threading
+
+from github import Auth
+
+from pgoverlay.action.github import GitHub
+from pgoverlay.errors import PgoverlayError
+from pgoverlay.webhook.settings import WebhookSettings
+
+
+class GitHubClients:
+    """One client per installation (GitHub App) or one for the token; made on first use."""
+
+    def __init__(self, settings: WebhookSettings) -> None:
+        self.settings = settings
+        self._clients: dict[int | None, GitHub] = {}
+        self._installations: dict[str, int] = {}  # repository -> installation id
+        self._lock = threading.Lock()
+
+    def remember(self, repository: str, installation: int | None) -> None:
+        """The installation a delivery of ``repository`` came through (None: not an App's)."""
+        if installation:
+            with self._lock:
+                self._installations[repository.lower()] = int(installation)
+
+    def for_repo(self, repository: str) -> GitHub:
+        with self._lock:
+            installation = (
+                self._installations.get(repository.lower())
+                if self.settings.app_id is not None
+                else None
+            )
+            if self.settings.app_id is not None and installation is None:
+                raise PgoverlayError(
+                    f"no GitHub App installation known for {repository} yet: it is learnt "
+                    "from the repository's deliveries"
+                )
+            if installation not in self._clients:
+                self._clients[installation] = GitHub(
+                    self._auth(installation), api_url=self.settings.api_url
+                )
+            return self._clients[installation]
+
+    def _auth(self, installation: int | None) -> Auth.Auth:
+        if self.settings.app_id is not None and installation is not None:
+            # PyGithub mints installation tokens and renews them before they expire.
+            return Auth.AppAuth(
+                self.settings.app_id, self.settings.app_key()
+            ).get_installation_auth(installation)
+        assert self.settings.token is not None
+        return Auth.Token(self.settings.token.get_secret_value())
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
