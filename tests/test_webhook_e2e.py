@@ -158,7 +158,7 @@ class Listener:
         self.state = self.top / "state"
         done = cli(["webhook", "setup", "--user", LISTENER, "--state-dir", str(self.state)], env={})
         assert done.returncode == 0, done.stderr
-        config = self.top / "webhook.yml"
+        self.config = config = self.top / "webhook.yml"
         config.write_text(
             yaml.safe_dump(
                 {
@@ -189,6 +189,12 @@ class Listener:
         }
         self.log = self.top / "listener.log"
         self.process: subprocess.Popen[bytes] | None = None
+
+    def configure(self, repository: str, **changes: str) -> None:
+        """Change ``repository``'s settings in the configuration (read when it next starts)."""
+        config = yaml.safe_load(self.config.read_text())
+        config["repositories"][repository].update(changes)
+        self.config.write_text(yaml.safe_dump(config))
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -596,6 +602,37 @@ def test_a_replayed_old_synchronize_does_not_move_the_branch_off_the_current_hea
         what="the close job to end",
     )
     assert columns(hook.pool, "shop-pr-22") == "id,name"
+
+
+def test_a_head_already_done_runs_again_once_the_repositorys_settings_change(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    service, github = listener
+    head = "5" * 40
+    github.add_pull(REPO, 12, head, BASE_SHA)
+    files = {
+        "db/migrations/000_old.sql": "SELECT 1;\n",
+        "db/migrations/001_widgets.sql": "CREATE TABLE widgets (id int PRIMARY KEY);\n",
+    }
+    github.add_tarball(REPO, head, tarball(head, files))
+    assert service.send(pr_payload("opened", head, number=12)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head), what="a success status")
+    [first] = comments(github, 12)
+    assert "001_widgets.sql" in first["body"] and "000_old" not in first["body"]
+    assert service.send(pr_payload("reopened", head, number=12)).status_code == 202
+    eventually(
+        lambda: f"already done at {head[:7]}" in service.log.read_text(),
+        what="the same head with the same settings to be left as it is",
+    )
+
+    service.stop()
+    service.configure(REPO, migrations_select="all")
+    service.start()
+    assert service.send(pr_payload("synchronize", head, number=12)).status_code == 202
+    eventually(lambda: statuses(github, head).count("success") == 2, what="the head to run again")
+    [again] = comments(github, 12)
+    assert again["id"] == first["id"] and "db/migrations/000_old.sql" in again["body"]
+    assert service.log.read_text().count(f"already done at {head[:7]}") == 1
 
 
 def test_a_fork_approved_at_one_head_runs_nothing_at_the_next_nor_on_a_replayed_label(

@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -589,3 +590,66 @@ def test_run_sh_starts_the_actions_own_entry_point_installed_next_to_pgoverlay()
         cwd="/",
     )
     assert (done.returncode, done.stderr.strip()) == (2, "usage: pgoverlay-action run|destroy")
+
+
+def test_a_rerun_of_the_same_head_with_changed_inputs_runs_again(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    for folder, table in (("one", "widgets"), ("two", "gadgets")):
+        (tmp_path / "db" / folder).mkdir(parents=True)
+        (tmp_path / "db" / folder / f"001_{table}.sql").write_text(f"CREATE TABLE {table} ();\n")
+    asked = Inputs(migrations="db/one", migrations_select="all", insight=False)
+    try:
+        first = handle(pool, pr_event(), asked, repo_dir=tmp_path, github=client)
+        assert first.report is not None and first.report.status == "ready", first.report
+        assert first.comment is not None
+        assert handle(pool, pr_event(), asked, repo_dir=tmp_path, github=client).reused
+
+        changed = dataclasses.replace(asked, migrations="db/two")
+        again = handle(pool, pr_event(), changed, repo_dir=tmp_path, github=client)
+        assert not again.reused, "another migrations folder is not the run already done"
+        assert again.report is not None and again.report.status == "ready", again.report
+        assert [m.name for m in again.report.migrations] == ["db/two/001_gadgets.sql"]
+        assert again.connection is not None
+        with psycopg.connect(**again.connection.connect_kwargs()) as conn:
+            row = conn.execute(
+                "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables "
+                "WHERE tablename IN ('widgets', 'gadgets')"
+            ).fetchone()
+        assert row == ("gadgets",), "the branch was reset before the new inputs ran"
+        assert again.comment is not None and again.comment.id == first.comment.id
+        [body] = [c["body"] for c in fake.state.comments if c["issue"] == 5]
+        assert "db/two/001_gadgets.sql" in body and "db/one" not in body
+
+        stricter = dataclasses.replace(changed, max_blocking_lock="1s")
+        assert not handle(pool, pr_event(), stricter, repo_dir=tmp_path, github=None).reused
+        assert handle(pool, pr_event(), stricter, repo_dir=tmp_path, github=None).reused
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
+def test_the_actions_step_re_run_with_a_changed_input_runs_again(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    env = job_env(
+        tmp_path, pool, payload("opened"), comment="false", migrate_command=f"touch {one}"
+    )
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def step() -> dict[str, str]:
+        (tmp_path / "output").unlink(missing_ok=True)
+        assert main.run(out=io.StringIO()) == 0
+        return read_outputs(tmp_path / "output")
+
+    try:
+        assert step()["migrations-applied"] == "1" and one.exists()
+        assert step()["migrations-applied"] == "0", "the same inputs: the run already done"
+        monkeypatch.setenv("INPUT_MIGRATE_COMMAND", f"touch {two}")
+        values = step()
+        assert values["status"] == "ready" and values["migrations-applied"] == "1"
+        assert two.exists()
+    finally:
+        branch.destroy(pool, "hello-world-pr-2")
