@@ -272,7 +272,8 @@ class Worker:
         refused = self._admit(github, job, delivered, now.labels, ev, repo)
         if isinstance(refused, Done):
             return refused
-        current = engine.branch(events.branch_name(ev, request.branch_name))
+        # A pull request the policy refuses is refused whatever its branch: the engine is not asked.
+        current = None if refused else engine.branch(events.branch_name(ev, request.branch_name))
         decision = decide(ev, current, record.of(current), request, refused=refused)
         if decision.action == "refuse":
             report = self._refuse(github, ev, request, decision.status, decision.why)
