@@ -258,7 +258,9 @@ def handle(
     if event.kind not in WORK_KINDS:
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
-    current = engine.branch(name)
+    # A pull request the front end's policy refuses is refused whatever its branch (a close is
+    # never refused): the engine is not asked.
+    current = None if refused and event.kind != "close" else engine.branch(name)
     last = record.of(current)
     decision = decide(event, current, last, asked or inputs, refused=refused)
     if decision.action == "skip":
