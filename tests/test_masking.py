@@ -132,6 +132,82 @@ def test_fakes_pick_with_the_digests_leading_bytes_on_a_real_server(
             assert [picked for picked, _ in rows] == expected
 
 
+def test_steps_run_side_by_side_end_numbered_in_the_order_they_end() -> None:
+    """Two tables masked at once: both start as step 1 of what is done, and the ends are told
+    1, 2 in the order they happen, so a log's lines count up."""
+    import threading
+
+    from pgoverlay.runner import mask
+
+    told: list[mask.Step] = []
+    steps = mask._Steps(told.append, 3)
+    first_started, second_ended = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        with steps.step("mask public.big"):
+            first_started.set()
+            assert second_ended.wait(10)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert first_started.wait(10)
+    with steps.step("mask public.small"):
+        pass
+    second_ended.set()
+    thread.join()
+    with steps.step("statistics"):
+        pass
+    ends = [(s.what, s.index, s.total) for s in told if s.seconds is not None]
+    assert ends == [("mask public.small", 1, 3), ("mask public.big", 2, 3), ("statistics", 3, 3)]
+    assert [(s.what, s.index) for s in told if s.seconds is None] == [
+        ("mask public.big", 1),
+        ("mask public.small", 1),
+        ("statistics", 3),
+    ]
+
+
+def test_tables_split_in_two_lanes_keeping_linked_tables_together(
+    source: cluster.Running,
+) -> None:
+    """The largest group goes first, the next to the lighter lane; a partitioned table with a
+    partition named on its own, and two tables a foreign key links, stay in one lane."""
+    from pgoverlay.runner import mask
+    from pgoverlay.runner.mask.schema import catalog
+
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS lanes")
+        admin.execute("CREATE DATABASE lanes")
+    try:
+        with psycopg.connect(
+            **source.conninfo(user="postgres", dbname="lanes"), autocommit=True
+        ) as conn:
+            for statement in (
+                "CREATE TABLE big (id int PRIMARY KEY, v text)",
+                "INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g",
+                "CREATE TABLE parent (id int, v text) PARTITION BY RANGE (id)",
+                "CREATE TABLE part PARTITION OF parent FOR VALUES FROM (0) TO (100000)",
+                "INSERT INTO parent SELECT g, repeat('x', 100) FROM generate_series(1, 8000) g",
+                "CREATE TABLE one (id int PRIMARY KEY, v text)",
+                "CREATE TABLE other (id int PRIMARY KEY, one_id int REFERENCES one, v text)",
+                "INSERT INTO one SELECT g, 'v' FROM generate_series(1, 9000) g",
+                "INSERT INTO other SELECT g, g, 'v' FROM generate_series(1, 9000) g",
+            ):
+                conn.execute(statement.encode())
+            names = [QualifiedName("public", n) for n in ("big", "parent", "part", "one", "other")]
+            found = catalog(conn, names)
+            sizes = mask._sizes(conn, [t.oid for t in found.values()])
+            lanes = mask._lanes(conn, found, sizes)
+        big, parent, part, one, other = names
+        assert lanes[0] == [big]
+        assert sorted(map(str, lanes[1])) == sorted(map(str, [parent, part, one, other]))
+        alone = {n: found[n] for n in (big, parent, part)}
+        with psycopg.connect(**source.conninfo(user="postgres", dbname="lanes")) as conn:
+            assert mask._lanes(conn, alone, sizes) == [[big], [parent, part]]
+    finally:
+        with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS lanes")
+
+
 # -- a real source with personal data ------------------------------------------------------------
 
 
