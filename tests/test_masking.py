@@ -8,6 +8,7 @@ import os
 import random
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,168 @@ def test_fakes_pick_with_the_digests_leading_bytes_on_a_real_server(
             ).fetchall()
             expected = [None if n is None else words[n % len(words)] for _, n in rows]
             assert [picked for picked, _ in rows] == expected
+
+
+def test_steps_run_side_by_side_end_numbered_in_the_order_they_end() -> None:
+    """Two tables masked at once: both start as step 1 of what is done, and the ends are told
+    1, 2 in the order they happen, so a log's lines count up."""
+    import threading
+
+    from pgoverlay.runner import mask
+
+    told: list[mask.Step] = []
+    steps = mask._Steps(told.append, 3)
+    first_started, second_ended = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        with steps.step("mask public.big"):
+            first_started.set()
+            assert second_ended.wait(10)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert first_started.wait(10)
+    with steps.step("mask public.small"):
+        pass
+    second_ended.set()
+    thread.join()
+    with steps.step("statistics"):
+        pass
+    ends = [(s.what, s.index, s.total) for s in told if s.seconds is not None]
+    assert ends == [("mask public.small", 1, 3), ("mask public.big", 2, 3), ("statistics", 3, 3)]
+    assert [(s.what, s.index) for s in told if s.seconds is None] == [
+        ("mask public.big", 1),
+        ("mask public.small", 1),
+        ("statistics", 3),
+    ]
+
+
+def test_tables_split_in_two_lanes_keeping_linked_tables_together(
+    source: cluster.Running,
+) -> None:
+    """The largest group goes first, the next to the lighter lane; a partitioned table with a
+    partition named on its own, and two tables a foreign key links, stay in one lane."""
+    from pgoverlay.runner import mask
+    from pgoverlay.runner.mask.schema import catalog
+
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS lanes")
+        admin.execute("CREATE DATABASE lanes")
+    try:
+        with psycopg.connect(
+            **source.conninfo(user="postgres", dbname="lanes"), autocommit=True
+        ) as conn:
+            for statement in (
+                "CREATE TABLE big (id int PRIMARY KEY, v text)",
+                "INSERT INTO big SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g",
+                "CREATE TABLE parent (id int, v text) PARTITION BY RANGE (id)",
+                "CREATE TABLE part PARTITION OF parent FOR VALUES FROM (0) TO (100000)",
+                "INSERT INTO parent SELECT g, repeat('x', 100) FROM generate_series(1, 8000) g",
+                "CREATE TABLE one (id int PRIMARY KEY, v text)",
+                "CREATE TABLE other (id int PRIMARY KEY, one_id int REFERENCES one, v text)",
+                "INSERT INTO one SELECT g, 'v' FROM generate_series(1, 9000) g",
+                "INSERT INTO other SELECT g, g, 'v' FROM generate_series(1, 9000) g",
+            ):
+                conn.execute(statement.encode())
+            names = [QualifiedName("public", n) for n in ("big", "parent", "part", "one", "other")]
+            found = catalog(conn, names)
+            sizes = mask._sizes(conn, [t.oid for t in found.values()])
+            lanes = mask._lanes(conn, found, sizes)
+        big, parent, part, one, other = names
+        assert lanes[0] == [big]
+        assert sorted(map(str, lanes[1])) == sorted(map(str, [parent, part, one, other]))
+        alone = {n: found[n] for n in (big, parent, part)}
+        with psycopg.connect(**source.conninfo(user="postgres", dbname="lanes")) as conn:
+            assert mask._lanes(conn, alone, sizes) == [[big], [parent, part]]
+    finally:
+        with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS lanes")
+
+
+def test_two_lanes_share_the_key_and_a_failure_in_either_fails_the_masking(
+    source: cluster.Running, tmp_path: Path
+) -> None:
+    """Two tables masked side by side, on two connections: the same email gives the same fake in
+    both; a rule that fails on either connection fails the masking, naming its table. The phone
+    fake keeps every character but the ASCII digits, in non-ASCII values too, and NULL."""
+    from pgoverlay.runner import mask
+
+    def connect() -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(**source.conninfo(user="postgres", dbname="lanes2"), autocommit=True)
+
+    opened: list[int] = []
+
+    def lane() -> psycopg.Connection[tuple[object, ...]]:
+        opened.append(1)
+        return connect()
+
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS lanes2")
+        admin.execute("CREATE DATABASE lanes2")
+    try:
+        with connect() as conn:
+            for statement in (
+                "CREATE TABLE a (id int PRIMARY KEY, email text, phone text, pad text)",
+                "INSERT INTO a SELECT g, 'user' || g || '@corp.example', "
+                "CASE g % 3 WHEN 0 THEN NULL WHEN 1 THEN '+1 (555) 010-' || g "
+                "ELSE '☎ Zoë ' || g || ' ext. 7' END, repeat('x', 300) "
+                "FROM generate_series(1, 3000) g",
+                "CREATE TABLE b (id int PRIMARY KEY, email text, n int)",
+                "INSERT INTO b SELECT g, 'user' || g || '@corp.example', g "
+                "FROM generate_series(1, 500) g",
+            ):
+                conn.execute(statement.encode())
+            rules = parse(
+                b"tables:\n  a: {email: {fake: email}, phone: {fake: phone}}\n"
+                b"  b: {email: {fake: email}}\n",
+                name="r",
+            ).rules
+            masked = mask.apply(
+                conn, rules, rules_name="r", statement_timeout=60, lane=lane, datadir=tmp_path
+            )
+            assert opened == [1] and masked.tables_in_one_pass == 2
+            rows = conn.execute(
+                "SELECT count(*) FILTER (WHERE a.email = b.email), "
+                "count(*) FILTER (WHERE a.email LIKE 'user%%' OR b.email LIKE 'user%%') "
+                "FROM a JOIN b USING (id)"
+            ).fetchone()
+            assert rows == (500, 0)
+            phones = conn.execute("SELECT id, phone FROM a ORDER BY id").fetchall()
+            unchanged = 0
+            for i, phone in phones:
+                if i % 3 == 0:
+                    assert phone is None
+                    continue
+                original = f"+1 (555) 010-{i}" if i % 3 == 1 else f"☎ Zoë {i} ext. 7"
+                unchanged += phone == original  # two or three digits may come out the same
+                for got, was in zip(phone, original, strict=True):
+                    assert got.isascii() and got.isdigit() if was in "0123456789" else got == was
+            assert unchanged < 20
+            failing = parse(
+                b"tables:\n  a: {email: {fake: email}}\n  b: {n: {sql: '1 / (n - n)'}}\n",
+                name="r",
+            ).rules
+        with connect() as conn, pytest.raises(MaskError, match=r"mask public\.b.*division by"):
+            mask.apply(
+                conn, failing, rules_name="r", statement_timeout=60, lane=lane, datadir=tmp_path
+            )
+        assert opened == [1, 1]
+        # The first connection's table fails: the second's statement is cancelled, not waited
+        # for (500 rows of 20 ms each would take 10 s).
+        failing = parse(
+            b"tables:\n  a: {pad: {sql: '1 / (id - id)'}}\n"
+            b"  b: {n: {sql: 'n + length(pg_sleep(0.02)::text)'}}\n",
+            name="r",
+        ).rules
+        started = time.monotonic()
+        with connect() as conn, pytest.raises(MaskError, match=r"mask public\.a.*division by"):
+            mask.apply(
+                conn, failing, rules_name="r", statement_timeout=60, lane=lane, datadir=tmp_path
+            )
+        assert opened == [1, 1, 1] and time.monotonic() - started < 9
+    finally:
+        with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS lanes2 WITH (FORCE)")
 
 
 # -- a real source with personal data ------------------------------------------------------------

@@ -38,8 +38,11 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,22 +116,32 @@ Progress = Callable[[Step], None]
 
 
 class _Steps:
+    """Steps may run two at a time (tables are masked side by side): a step starts as number
+    ``done + 1`` and ends as the next number in the order steps end, so the ends are told
+    1, 2, 3… whichever finishes first."""
+
     def __init__(self, progress: Progress | None, total: int) -> None:
-        self.progress, self.total, self.index = progress, total, 0
+        self.progress, self.total, self.done = progress, total, 0
+        self._lock = threading.Lock()
+
+    def _tell(self, step: Step) -> None:
+        if self.progress is not None:
+            self.progress(step)
 
     @contextlib.contextmanager
     def step(self, what: str, *, size_bytes: int = 0) -> Iterator[list[str]]:
         """Time one step; the caller appends how it went to the list it is given."""
-        self.index += 1
-        self.total = max(self.total, self.index)
         how: list[str] = []
-        if self.progress is not None:
-            self.progress(Step(what, self.index, self.total, size_bytes))
+        with self._lock:
+            self.total = max(self.total, self.done + 1)
+            self._tell(Step(what, self.done + 1, self.total, size_bytes))
         started = time.perf_counter()
         yield how
-        if self.progress is not None:
-            took = time.perf_counter() - started
-            self.progress(Step(what, self.index, self.total, size_bytes, took, ", ".join(how)))
+        took = time.perf_counter() - started
+        with self._lock:
+            self.done += 1
+            self.total = max(self.total, self.done)
+            self._tell(Step(what, self.done, self.total, size_bytes, took, ", ".join(how)))
 
 
 # -- applying ----------------------------------------------------------------------------------
@@ -141,27 +154,62 @@ def apply(
     rules_name: str,
     statement_timeout: float,
     progress: Progress | None = None,
+    lane: Callable[[], Connection] | None = None,
+    datadir: Path | None = None,
 ) -> Masked:
     """Mask the connected database (superuser, autocommit); see the module's docstring.
-    ``progress`` is told of each step as it starts and ends."""
+    ``progress`` is told of each step as it starts and ends. ``lane`` opens one more
+    connection to the same database: with it, tables are masked two at a time where the
+    filesystem of ``datadir`` has room for both (see :func:`_mask_tables`)."""
     if not conn.autocommit:
         raise ValueError("masking needs an autocommit connection (VACUUM cannot run in one)")
-    conn.execute(
-        "SELECT set_config('statement_timeout', %s, false)", (f"{int(statement_timeout)}s",)
-    )
+    key = secrets.token_hex(32)
+    _timeout(conn, statement_timeout)
     check(conn, rules, rules_name=rules_name, where="the base")
-    for statement in fakes.FUNCTIONS:
-        conn.execute(statement.encode())
-    # The key lives in this session's memory only; a bound parameter, never SQL text.
-    conn.execute("SELECT set_config(%s, %s, false)", (fakes.KEY_SETTING, secrets.token_hex(32)))
+    _keyed(conn, key)
     try:
-        return _apply(conn, rules, progress)
+        return _apply(
+            conn, rules, progress, _Lane(lane, key, statement_timeout, datadir) if lane else None
+        )
     finally:
         with contextlib.suppress(psycopg.Error):
             conn.execute("SELECT set_config(%s, '', false)", (fakes.KEY_SETTING,))
 
 
-def _apply(conn: Connection, rules: Rules, progress: Progress | None) -> Masked:
+def _timeout(conn: Connection, statement_timeout: float) -> None:
+    conn.execute(
+        "SELECT set_config('statement_timeout', %s, false)", (f"{int(statement_timeout)}s",)
+    )
+
+
+def _keyed(conn: Connection, key: str) -> None:
+    """Make the session able to compute the fakes: their function and the seed's key."""
+    for statement in fakes.FUNCTIONS:
+        conn.execute(statement.encode())
+    # The key lives in the sessions' memory only; a bound parameter, never SQL text.
+    conn.execute("SELECT set_config(%s, %s, false)", (fakes.KEY_SETTING, key))
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """How to open the second connection that masks tables beside the first."""
+
+    connect: Callable[[], Connection]
+    key: str
+    statement_timeout: float
+    datadir: Path | None
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Connection]:
+        """A session like the first one's; the key and the function go with it when it closes."""
+        with self.connect() as conn:
+            _timeout(conn, self.statement_timeout)
+            _keyed(conn, self.key)
+            conn.execute("SET session_replication_role = replica")
+            yield conn
+
+
+def _apply(conn: Connection, rules: Rules, progress: Progress | None, lane: _Lane | None) -> Masked:
     masked = Masked(log_directory=_setting(conn, "log_directory"))
     found = catalog(conn, [*rules.columns(), *rules.truncated()])
     truncated = [found[n].oid for n in rules.truncated()]
@@ -180,15 +228,11 @@ def _apply(conn: Connection, rules: Rules, progress: Progress | None) -> Masked:
             with steps.step(f"truncate {len(truncated)} table(s)"):
                 _run(conn, sql.SQL("TRUNCATE {}").format(_names(conn, truncated)), what="truncate")
             masked.tables_truncated = len(truncated)
-        for name, columns in rules.columns().items():
-            table = found[name]
-            with steps.step(f"mask {name}", size_bytes=sizes.get(table.oid, 0)) as how:
-                if _rewrite(conn, name, columns, table):
-                    masked.tables_in_one_pass += 1
-                    how.append("rewritten in one pass")
-                else:
-                    needs_rewrite.add(table.oid)
-                    how.append("updated (rewritten below)")
+        for name, in_one_pass in _mask_tables(conn, lane, rules, found, sizes, steps).items():
+            if in_one_pass:
+                masked.tables_in_one_pass += 1
+            else:
+                needs_rewrite.add(found[name].oid)
         masked.tables_masked = len(updated)
         if keys:
             steps.total += 1
@@ -227,6 +271,113 @@ def _apply(conn: Connection, rules: Rules, progress: Progress | None) -> Masked:
         masked.tables_rewritten,
     )
     return masked
+
+
+def _mask_tables(
+    conn: Connection,
+    lane: _Lane | None,
+    rules: Rules,
+    found: dict[QualifiedName, Table],
+    sizes: dict[int, int],
+    steps: _Steps,
+) -> dict[QualifiedName, bool]:
+    """Mask each table of the rules; return whether each was rewritten in one pass.
+
+    Masking a table runs in one backend, on one core. With a ``lane``, the tables are split in
+    two (:func:`_lanes`) and the second part is masked on the lane's connection meanwhile,
+    where the filesystem has room for the new files of both parts' largest tables at once
+    (one after the other, only the largest is ever there twice: what the seed's space check
+    counts, runner/seed/space.py). Otherwise one after the other, in the rules' order."""
+    columns = rules.columns()
+
+    def mask(c: Connection, name: QualifiedName) -> bool:
+        table = found[name]
+        with steps.step(f"mask {name}", size_bytes=sizes.get(table.oid, 0)) as how:
+            in_one_pass = _rewrite(c, name, columns[name], table)
+            how.append("rewritten in one pass" if in_one_pass else "updated (rewritten below)")
+        return in_one_pass
+
+    masked = {name: found[name] for name in columns}
+    parts = _lanes(conn, masked, sizes) if lane is not None else []
+    if lane is None or len(parts) < 2 or not _room_for_both(lane.datadir, parts, found, sizes):
+        return {name: mask(conn, name) for name in columns}
+    stop = threading.Event()
+
+    def second(c: Connection) -> dict[QualifiedName, bool]:
+        return {name: mask(c, name) for name in parts[1] if not stop.is_set()}
+
+    with lane.open() as other, ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(second, other)
+        try:
+            done = {name: mask(conn, name) for name in parts[0]}
+        except BaseException:
+            stop.set()
+            other.cancel()
+            with contextlib.suppress(Exception):
+                future.result()
+            raise
+        done.update(future.result())
+    return {name: done[name] for name in columns}
+
+
+# Tables linked by inheritance (a statement on a parent also locks its children) or by a foreign
+# key left in place: masked in the same lane, so that two lanes never wait for each other.
+_LINKS = """
+WITH RECURSIVE up(oid, above) AS (
+    SELECT o, o FROM unnest(%(oids)s::oid[]) AS o
+    UNION
+    SELECT up.oid, i.inhparent FROM up JOIN pg_inherits i ON i.inhrelid = up.above
+)
+SELECT oid, above FROM up WHERE oid <> above
+UNION
+SELECT conrelid, confrelid FROM pg_constraint
+WHERE contype = 'f' AND conrelid = ANY(%(oids)s::oid[]) AND confrelid = ANY(%(oids)s::oid[])
+"""
+
+
+def _lanes(
+    conn: Connection, found: dict[QualifiedName, Table], sizes: dict[int, int]
+) -> list[list[QualifiedName]]:
+    """The masked tables in two parts of about equal bytes, the largest linked group first;
+    linked tables (``_LINKS``) stay in one part. Fewer parts when there are fewer groups."""
+    group = {table.oid: table.oid for table in found.values()}
+
+    def root(oid: int) -> int:
+        while group.setdefault(oid, oid) != oid:
+            oid = group[oid]
+        return oid
+
+    oids = [table.oid for table in found.values()]
+    for a, b in conn.execute(_LINKS, {"oids": oids}).fetchall():
+        group[root(int(a))] = root(int(b))
+    groups: dict[int, list[QualifiedName]] = {}
+    for name, table in found.items():
+        groups.setdefault(root(table.oid), []).append(name)
+    parts: list[list[QualifiedName]] = [[], []]
+    filled = [0, 0]
+
+    def size(names: list[QualifiedName]) -> int:
+        return sum(sizes.get(found[n].oid, 0) for n in names)
+
+    for names in sorted(groups.values(), key=size, reverse=True):
+        emptier = filled.index(min(filled))
+        parts[emptier] += names
+        filled[emptier] += size(names)
+    return [part for part in parts if part]
+
+
+def _room_for_both(
+    datadir: Path | None,
+    parts: list[list[QualifiedName]],
+    found: dict[QualifiedName, Table],
+    sizes: dict[int, int],
+) -> bool:
+    """Whether the filesystem has room for what the largest table of each part may add at the
+    same time: its size twice (updated, then rewritten, where Postgres refuses the one pass)."""
+    if datadir is None:
+        return False
+    largest = [max(sizes.get(found[n].oid, 0) for n in part) for part in parts]
+    return shutil.disk_usage(datadir).free > 2 * sum(largest) + (256 << 20)
 
 
 def _rewrite(

@@ -193,6 +193,8 @@ def prepare(
                         rules_name=masking.name,
                         statement_timeout=timeout,
                         progress=mask_progress,
+                        lane=lambda: connect(database),
+                        datadir=datadir,
                     )
                     size_row = conn.execute(  # masking rewrote tables: measure again
                         "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"

@@ -5,9 +5,10 @@ What a seed occupies at its peak (measured in docs/benchmarks.md, "mask"):
 
 - the copy: every database of the source (``pg_basebackup`` copies the cluster), and the WAL it
   streams meanwhile, a small part;
-- masking, one table after the other: a table rewritten in one pass (``ALTER TABLE … USING``)
-  has its new files beside its old ones until it commits, so the largest such table is added
-  once; a table that is updated instead (a view reads a masked column) or that the free SQL
+- masking, one table after the other (two at a time only where the pool has room for both
+  beyond this estimate, runner/mask/__init__.py): a table rewritten in one pass (``ALTER TABLE
+  … USING``) has its new files beside its old ones until it commits, so the largest such table
+  is added once; a table that is updated instead (a view reads a masked column) or that the free SQL
   writes is updated (its rows twice, and WAL up to the masking server's ``max_wal_size``) and
   then rewritten by ``VACUUM FULL``: twice its size and that WAL.
 
