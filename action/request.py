@@ -18,7 +18,6 @@ author sees the messages they always saw.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import typing
 from collections.abc import Callable, Mapping
@@ -212,7 +211,6 @@ def _choice(options: tuple[str, ...], value: object) -> str:
     return str(value)
 
 
-@functools.cache
 def field_types(cls: type[PrRequest]) -> dict[str, Any]:
     """Each field's type, as Python reads its annotation."""
     return typing.get_type_hints(cls)
@@ -242,13 +240,14 @@ def read(
     field's type then its check, in the fields' order, then names ``cls`` has no field for;
     the whole request only when its fields are right. A blank value is its field's default."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    kinds = field_types(cls)
     settled: dict[str, Any] = {}
     problems: list[Problem] = []
     for name, field in fields.items():
         if name not in values or is_blank(values[name]):
             continue
         try:
-            settled[name] = _typed(field_types(cls)[name], values[name])
+            settled[name] = _typed(kinds[name], values[name])
         except _Wrong as wrong:
             problems.append(((name,), str(wrong)))
             continue
@@ -271,7 +270,9 @@ class PrRequest:
     Made with a value of the wrong type or form, it raises a RequestError naming the field."""
 
     base: str | None = option(
-        None, "Seeded base on this runner to branch from (default: the only base).", check=_base_name
+        None,
+        "Seeded base on this runner to branch from (default: the only base).",
+        check=_base_name,
     )
     migrations: str | None = option(
         None, "Folder of .sql migration files, relative to working-directory."

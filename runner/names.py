@@ -34,7 +34,9 @@ def parse_seconds(text: str, *, whole: bool = False, units: str = "") -> float:
     seconds = float(match.group(1)) * _SECONDS[match.group(2)] if match else 0.0
     if seconds <= 0 or (whole and (seconds < 1 or not seconds.is_integer())):
         offered = units or (
-            "s, m, h, d or w (e.g. 90m, 7d)" if whole else "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)"
+            "s, m, h, d or w (e.g. 90m, 7d)"
+            if whole
+            else "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)"
         )
         raise ConfigError(
             f"cannot read duration {text!r}: use a positive number and a unit {offered}"

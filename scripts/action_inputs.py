@@ -1,4 +1,4 @@
-"""Write the inputs of `action.yml` from the request's fields: `.venv/bin/python scripts/action_inputs.py`.
+"""Write the inputs of `action.yml` from the request's fields: `python scripts/action_inputs.py`.
 
 GitHub reads `action.yml` as a static file, so the inputs it declares, and the `INPUT_<NAME>`
 variables its run step passes to the entry point, are written here from the fields of
@@ -48,11 +48,20 @@ def _default(value: Any) -> str:
 def _declaration(field: dataclasses.Field[Any]) -> list[str]:
     name, text = input_name(field.name), description(field)
     line = f"    description: {_scalar(text)}"
-    said = [line] if len(line) <= WIDTH and _scalar(text) == text else [
-        "    description: >-",
-        *textwrap.wrap(text, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6),
+    said = (
+        [line]
+        if len(line) <= WIDTH and _scalar(text) == text
+        else [
+            "    description: >-",
+            *textwrap.wrap(text, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6),
+        ]
+    )
+    return [
+        f"  {name}:",
+        *said,
+        "    required: false",
+        f"    default: {_scalar(_default(field.default))}",
     ]
-    return [f"  {name}:", *said, "    required: false", f"    default: {_scalar(_default(field.default))}"]
 
 
 def _passing(field: dataclasses.Field[Any]) -> str:

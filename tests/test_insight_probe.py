@@ -263,13 +263,11 @@ def apply(
             max_seconds=600, probing=options,
         ) as observer:  # fmt: skip
             runs = migrations.apply_files(
-                target,
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
                 repo,
                 migrations.all_files(repo, "db"),
                 psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
                 skip_recorded=True,
-                timeout=300,
-                watcher=observer,
             )
         assert observer.problem == ""
     finally:
@@ -501,12 +499,10 @@ def test_a_migrate_command_probes_the_largest_tables_and_those_it_locks(
             probing=probe.Options(target=target, max_tables=1 + probe.DISCOVERED),
         ) as observer:  # fmt: skip
             run = migrations.run_command(
-                target,
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
                 f"{psql} -X -q -v ON_ERROR_STOP=1 --single-transaction -c 'SELECT pg_sleep(1.5)' "
                 "-c 'LOCK TABLE bystander IN SHARE MODE' -c 'SELECT pg_sleep(3)'",
                 cwd=tmp_path,
-                timeout=300,
-                watcher=observer,
             )
     finally:
         engine.destroy("probe-command")

@@ -8,7 +8,7 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -55,7 +55,9 @@ class _Request(BaseModel):
 
     @model_validator(mode="after")
     def _whole(self) -> _Request:
-        problem = whole_problem(getattr(self, "migrations", None), getattr(self, "migrate_command", None))
+        problem = whole_problem(
+            getattr(self, "migrations", None), getattr(self, "migrate_command", None)
+        )
         if problem:
             raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
         return self
@@ -104,9 +106,16 @@ def with_request(request: type[PrRequest]) -> Callable[[type[Model]], type[Model
             )
             for f in dataclasses.fields(request)
         }
-        fields_model = create_model(f"{request.__name__}Fields", __base__=_Request, **fields)
-        made = create_model(
-            cls.__name__, __base__=(cls, fields_model), __module__=cls.__module__, __doc__=cls.__doc__
+        # The request's fields come first (pydantic orders fields from the last base up).
+        bases: tuple[type[BaseModel], ...] = (
+            cls,
+            create_model(f"{request.__name__}Fields", __base__=_Request, **fields),
+        )
+        made = cast(
+            "type[Model]",
+            create_model(
+                cls.__name__, __base__=bases, __module__=cls.__module__, __doc__=cls.__doc__
+            ),
         )
         made.request_type = request
         return made
