@@ -124,6 +124,20 @@ def test_only_files_the_pr_adds_or_changes_are_selected_in_lexical_order(tmp_pat
         migrations.all_files(repo, "no/such/folder")
 
 
+def test_a_migration_runs_in_the_environment_its_options_make() -> None:
+    """psql gets the branch's libpq variables; the migrate command also DATABASE_URL, without
+    our application name. The password travels in these environments only."""
+    target = Target(host="127.0.0.1", port=5433, database="shop", user="u", password="p w")
+    options = migrations.RunOptions(target=target, timeout=60)
+    psql = options.child_env()
+    assert psql == target.libpq_env() and psql["PGPASSWORD"] == "p w"
+    assert "DATABASE_URL" not in psql
+    command = options.child_env(command=True)
+    assert command["DATABASE_URL"] == "postgresql://u:p%20w@127.0.0.1:5433/shop"
+    assert "PGAPPNAME" not in command
+    assert {k: v for k, v in psql.items() if k != "PGAPPNAME"}.items() <= command.items()
+
+
 def target_for(pool: Pool, name: str) -> Target:
     return branch.connection(pool, branch.get(pool, name))
 
