@@ -27,7 +27,6 @@ from pgoverlay.action.insight.model import Volume as VolumeModel
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.request import PrRequest
-from pgoverlay.action.sandbox import AS_SELF
 from pgoverlay.action.workflow import _Migrations
 from pgoverlay.errors import RequestError
 from pgoverlay.runner import seed
@@ -391,9 +390,12 @@ def migrate(
         from_fork=False, draft=False, ref_name="", action="synchronize",
     )  # fmt: skip
     inputs = PrRequest(migrations=folder, migrations_select="all", insight=insight)
+    options = migrations.RunOptions(
+        target=engine.connection(name), timeout=settings.command_timeout, request=inputs
+    )
     runs, _, _ = _Migrations(
-        settings, engine.connection(name), 15, event, inputs, repo, lambda _: None, None,
-        AS_SELF, False,
+        options=options, settings=settings, major=15, event=event, repo_dir=repo,
+        echo=lambda _: None, changed=None, fork_commands=False,
     ).apply(engine, name)  # fmt: skip
     return runs
 
