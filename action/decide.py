@@ -15,7 +15,7 @@ In order:
 4. a close: **destroy** the branch, or **skip** when there is none;
 5. no branch: **create** it; a branch an earlier run left half-made: **fail**, saying how to
    clear it;
-6. the same head, run with the same run options (:func:`run_options`), ready and running:
+6. the same head, run with the same run options (:func:`fingerprint`), ready and running:
    **report** that run again;
 7. otherwise, with `reset-on-push`: **reset** it for a new head, changed run options, or a
    last run that did not end ready; else **migrate** the branch as it stands.
@@ -26,52 +26,34 @@ head is run again once, and from then on its record has them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pgoverlay.action.event import WORK_KINDS, Event
+from pgoverlay.action.request import Inputs, reruns
 
 if TYPE_CHECKING:
     from pgoverlay.action.record import PrRecord
     from pgoverlay.action.report import RunStatus
-    from pgoverlay.action.request import Inputs, PrRequest
+    from pgoverlay.action.request import PrRequest
     from pgoverlay.runner.service.views import BranchView
 
 Action = Literal["skip", "refuse", "destroy", "create", "fail", "report", "reset", "migrate"]
 
-# The request's fields that change what a run does or what its report says: a change to any
-# of them makes a head already done run again. Every other field is in NOT_RUN_OPTIONS with the
-# reason it is left out (tests/test_decide.py checks that each field is in one of the two).
-RUN_OPTIONS = (
-    "migrations",
-    "migrate_command",
-    "migrations_select",
-    "working_directory",
-    "insight",
-    "max_blocking_lock",
-    "max_rewrite",
-    "fail_on_threshold",
-    "assume_long_transaction",
-    "allow_fork_commands",  # the Action's: whether a fork's migrate command runs
-)
-NOT_RUN_OPTIONS = {
-    "base": "honoured when the branch is made; a reset keeps the branch's base",
-    "runtime": "honoured when the branch is made; a reset keeps the branch's runtime",
-    "branch_name": "another name is another branch",
-    "reset_on_push": "how a branch reaches a new head, not what runs on it",
-    "ttl": "how long the branch lives",
-    "comment": "where the report goes; a run done again writes it again",
-    "fail_on_migration_error": "the step's exit code, worked out on every run",
-    "allow_forks": "whether a fork is branched, asked on every run",
-}
+def rerun_fields() -> tuple[str, ...]:
+    """The request's fields that change what a run does or what its report says (declared with
+    ``rerun=True``, see ``request.option``): a change to any of them makes a head already done
+    run again. Every other field says, where it is declared, why it does not."""
+    return tuple(f.name for f in dataclasses.fields(Inputs) if reruns(f))
 
 
-def run_options(request: PrRequest) -> str:
-    """A fingerprint of ``request``'s run options (:data:`RUN_OPTIONS`): kept with the run's
+def fingerprint(request: PrRequest) -> str:
+    """A fingerprint of ``request``'s run options (:func:`rerun_fields`): kept with the run's
     record, never the values themselves (a migrate command may hold a secret)."""
-    values = {name: getattr(request, name, None) for name in RUN_OPTIONS}
+    values = {name: getattr(request, name, None) for name in rerun_fields()}
     text = json.dumps(values, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
@@ -145,7 +127,7 @@ def decide(
     same = (
         record is not None
         and record.head_sha == event.head_sha
-        and record.inputs == run_options(request)
+        and record.inputs == fingerprint(request)
     )
     done = same and record is not None and record.status == "ready"
     if done and branch.running:

@@ -16,14 +16,15 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.action.request import PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
@@ -349,24 +350,45 @@ def scrub(text: str, secret: str) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How one run applies migrations to a branch, passed from the workflow down to each file or
+    command: the branch, the request (what the workflow's inputs or the listener's settings
+    ask), how long one migration may take, the sandbox the pull request's code runs in, and
+    what measures it. The environment a migration runs in is made here only."""
+
+    target: Target
+    timeout: float  # seconds one file, or the command, may take
+    request: PrRequest = field(default_factory=PrRequest)
+    sandbox: Sandbox = AS_SELF
+    watcher: Watcher | None = None
+
+    def child_env(self, *, command: bool = False) -> dict[str, str]:
+        """The environment of psql, or of the migrate command (``command``): the branch's libpq
+        variables, the password among them (it travels nowhere else). A command also gets the
+        branch as ``DATABASE_URL``, and no application name of ours: its tool may set its own."""
+        env = self.target.libpq_env()
+        if command:
+            del env["PGAPPNAME"]
+            env["DATABASE_URL"] = self.target.url
+        return env
+
+
 def apply_files(
-    target: Target,
+    options: RunOptions,
     repo: Path,
     files: list[str],
     *,
     psql: Path,
     skip_recorded: bool,
-    timeout: float,
-    sandbox: Sandbox = AS_SELF,
     max_bytes: int = MAX_FILE_BYTES,
-    watcher: Watcher | None = None,
 ) -> list[MigrationRun]:
-    r"""Apply ``files`` (paths relative to ``repo``) in order with the ``psql`` program; stop
-    at the first failure. With a ``watcher``, each file that ran is measured (its
-    ``MigrationRun.insight``).
+    r"""Apply ``files`` (paths relative to ``repo``) in order with the ``psql`` program to the
+    options' branch; stop at the first failure. With the options' ``watcher``, each file that
+    ran is measured (its ``MigrationRun.insight``).
 
-    psql runs in ``sandbox`` (as the owner of the checkout, or a job's own uid), never as
-    root: a file's ``\!`` shell escape must not gain privileges the pull request's own job
+    psql runs in the options' ``sandbox`` (as the owner of the checkout, or a job's own uid),
+    never as root: a file's ``\!`` shell escape must not gain privileges the pull request's own job
     steps do not have. This process reads every file once, before psql runs on any of them
     (psql's shell escapes could change the tree), for its checksum and to see whether it can
     run in a transaction, only if it is a regular file inside the checkout of at most
@@ -379,24 +401,29 @@ def apply_files(
             texts.append(read_migration(repo, name, limit=max_bytes))
         except UnsafeFileError as err:
             texts.append(err)
-    with _connect_ledger(target) as conn:
+    with _connect_ledger(options.target) as conn:
         return _apply(
-            target, repo, files, texts, conn, psql, skip_recorded, timeout, sandbox, watcher
+            options,
+            conn,
+            repo=repo,
+            files=files,
+            texts=texts,
+            psql=psql,
+            skip_recorded=skip_recorded,
         )
 
 
 def _apply(
-    target: Target,
+    options: RunOptions,
+    conn: psycopg.Connection[Any],
+    *,
     repo: Path,
     files: list[str],
     texts: list[str | UnsafeFileError],
-    conn: psycopg.Connection[Any],
     psql: Path,
     skip_recorded: bool,
-    timeout: float,
-    sandbox: Sandbox,
-    watcher: Watcher | None,
 ) -> list[MigrationRun]:
+    target, watcher, timeout = options.target, options.watcher, options.timeout
     recorded = _recorded(conn, target)
     mine = {conn.info.backend_pid}
     if watcher is not None:
@@ -436,10 +463,10 @@ def _apply(
             watcher.starting(text=text)
         started = time.monotonic()
         try:
-            done = sandbox.run(
+            done = options.sandbox.run(
                 [psql, *argv],
                 timeout=timeout,
-                env=target.libpq_env(),
+                env=options.child_env(),
                 cwd=repo,
                 check=False,
                 input_text=marked,
@@ -493,28 +520,28 @@ def _measure(
 
 
 def run_command(
-    target: Target,
+    options: RunOptions,
     command: str,
     *,
     cwd: Path,
-    timeout: float,
     echo: Callable[[str], None] | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    sandbox: Sandbox = AS_SELF,
-    watcher: Watcher | None = None,
 ) -> MigrationRun:
-    """Run the project's own migration command against the branch in ``sandbox`` (as the owner
-    of the checkout, or a job's own uid), never with the engine's privileges. With a
-    ``watcher``, the run is measured from the server's side (``MigrationRun.insight``)."""
-    env = {**target.libpq_env(), "DATABASE_URL": target.url, **(extra_env or {})}
-    env.pop("PGAPPNAME")
+    """Run the project's own migration command against the options' branch in their
+    ``sandbox`` (as the owner of the checkout, or a job's own uid), never with the engine's
+    privileges. With their ``watcher``, the run is measured from the server's side
+    (``MigrationRun.insight``)."""
+    target, watcher, timeout = options.target, options.watcher, options.timeout
     if watcher is not None:
         watcher.start()
         watcher.starting(text=None)
     started = time.monotonic()
     try:
-        done = sandbox.run(
-            ["/bin/sh", "-c", command], timeout=timeout, env=env, cwd=cwd, check=False
+        done = options.sandbox.run(
+            ["/bin/sh", "-c", command],
+            timeout=timeout,
+            env=options.child_env(command=True),
+            cwd=cwd,
+            check=False,
         )
     except TimeoutExpiredError:
         seconds = time.monotonic() - started

@@ -1,5 +1,5 @@
 """What the PR workflow keeps with a branch between runs: the head it last worked on, how that
-ended, the fingerprint of the run options it ran with (``decide.run_options``), and its
+ended, the fingerprint of the run options it ran with (``decide.fingerprint``), and its
 report. A re-run of the same head with the same options finds its work done; the closing
 comment lists the migrations of the last run.
 

@@ -1,13 +1,13 @@
 """What a pull request's branch is asked for: one request for the composite Action's inputs and
 the webhook listener's per-repository settings.
 
-:class:`PrRequest` holds what both front ends ask for, each rule checked once here. The Action's
-:class:`Inputs` extends it with what only a workflow decides; the listener's
-``webhook.settings.RepoSettings`` has the same fields and its own, and checks them with this
-module's ``field_problem`` and ``whole_problem``. A field is the Action input of the same name
-with ``-`` for ``_`` (``action.yml`` describes it and passes it to the entry point as
-``INPUT_<NAME>``), with the same default: ``tests/test_workflow.py`` checks that ``action.yml``
-and :class:`Inputs` agree.
+:class:`PrRequest` holds what both front ends ask for; each field is declared once here, with
+its default, its description and its check (:func:`option`). The Action's :class:`Inputs`
+extends it with what only a workflow decides. Everything else is derived from these fields: the
+inputs block of ``action.yml`` (``scripts/action_inputs.py`` writes it, and
+``tests/test_workflow.py`` checks it is current), the variables the entry point reads
+(``INPUT_<NAME>``), and the listener's ``webhook.settings.RepoSettings``, a pydantic model made
+from :class:`PrRequest`'s fields with the same checks.
 
 Plain dataclasses, not pydantic models: every step of the Action reads its inputs, and importing
 pydantic and building these models cost that step more than the rest of its start-up. They read
@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
-from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
+from pgoverlay.runner.names import NAME_RE, parse_seconds
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 
 Select = Literal["changed", "all"]
 Runtime = Literal["auto", "local", "docker"]  # auto: the runner's PGOVERLAY_RUNTIME
-
-
-def lock_seconds(text: str) -> float:
-    """'500ms', '5s', '1.5s', '2m' -> seconds: how long a lock may be held."""
-    return parse_seconds(text, units=_LOCK_UNITS)
 
 
 # What a size may be written in: the units (and the reading of the number before them) of
@@ -115,19 +111,24 @@ def _base_name(base: str | None) -> None:
         )
 
 
-def _duration(ttl: str | None) -> None:
+def _ttl(ttl: str | None) -> None:
     if ttl:
-        parse_duration(ttl)
+        parse_seconds(ttl, whole=True)
+
+
+def _lock_time(text: str) -> float:
+    """'500ms', '5s', '1.5s', '2m' -> seconds: how long a lock may be held."""
+    return parse_seconds(text, units=_LOCK_UNITS)
 
 
 MAX_LONG_TRANSACTION = 3600.0  # the queue simulation holds the migration back this long at most
 
 
 def long_transaction_seconds(text: str | None) -> float:
-    """'30s', '2m' -> seconds; empty or None (the default) or '0s' -> 0, the simulation off."""
+    """'30s', '2m' -> seconds; empty or None (the default) -> 0, the simulation off."""
     if not text:
         return 0.0
-    seconds = lock_seconds(text)
+    seconds = _lock_time(text)
     if seconds > MAX_LONG_TRANSACTION:
         raise ConfigError(
             f"assume-long-transaction {text!r} is longer than {MAX_LONG_TRANSACTION:.0f} s: the "
@@ -137,20 +138,33 @@ def long_transaction_seconds(text: str | None) -> float:
     return seconds
 
 
-# Each field's own check, once its value has its type: a ConfigError says what is wrong.
-_VALUE_CHECKS: dict[str, Callable[[Any], object]] = {
-    "base": _base_name,
-    "ttl": _duration,
-    "max_blocking_lock": lock_seconds,
-    "max_rewrite": parse_bytes,
-    "assume_long_transaction": long_transaction_seconds,
-}
-CHECKED_FIELDS = tuple(_VALUE_CHECKS)
+Check = Callable[[Any], object]  # raises a ConfigError saying what is wrong with a value
 
 
-def field_problem(name: str, value: object) -> str | None:
-    """What is wrong with the value of field ``name`` (of the right type), or None."""
-    check = _VALUE_CHECKS.get(name)
+def option(default: Any, description: str, *, rerun: bool | str, check: Check | None = None) -> Any:
+    """A field of the request, declared once: its default (an input left empty takes it), what
+    it does (``action.yml``'s description of the input, the listener's setting's), the check
+    its value must pass once it has the field's type, and ``rerun``: True when a change of it
+    makes a head already done run again (it changes what runs or what the report says), else
+    the reason it does not (see ``decide.fingerprint``)."""
+    text = " ".join(description.split())
+    meta = {"description": text, "check": check, "rerun": rerun}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def reruns(field: dataclasses.Field[Any]) -> bool:
+    """Whether a change of the field's value makes a head already done run again."""
+    return field.metadata.get("rerun") is True
+
+
+def description(field: dataclasses.Field[Any]) -> str:
+    """What the field's input does, as ``action.yml`` says it."""
+    return str(field.metadata.get("description", ""))
+
+
+def field_problem(field: dataclasses.Field[Any], value: object) -> str | None:
+    """What is wrong with ``value`` (of the field's type) for ``field``, or None."""
+    check: Check | None = field.metadata.get("check")
     if check is None:
         return None
     try:
@@ -176,10 +190,6 @@ def is_blank(value: object) -> bool:
 
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "migrations_select": get_args(Select),
-    "runtime": get_args(Runtime),
-}
 
 
 class _Wrong(Exception):
@@ -202,21 +212,32 @@ def _as_bool(value: object) -> bool:
     raise _Wrong("Input should be a valid boolean, unable to interpret input")
 
 
-def _choice(name: str, value: object) -> str:
-    options = _CHOICES[name]
+def _choice(options: tuple[str, ...], value: object) -> str:
     if value not in options:
         listed = [repr(o) for o in options]
         raise _Wrong(f"Input should be {', '.join(listed[:-1])} or {listed[-1]}")
     return str(value)
 
 
-def _typed(field: dataclasses.Field[Any], value: object) -> object:
-    """``value`` as ``field``'s type, or _Wrong with pydantic's words for why not."""
-    if field.type == "bool":
+_TYPES: dict[type[PrRequest], dict[str, Any]] = {}
+
+
+def field_types(cls: type[PrRequest]) -> dict[str, Any]:
+    """Each field's type, as Python reads its annotation (read once per class: reading them
+    costs ten times the rest of a request's checks)."""
+    if cls not in _TYPES:
+        _TYPES[cls] = typing.get_type_hints(cls)
+    return _TYPES[cls]
+
+
+def _typed(kind: Any, value: object) -> object:
+    """``value`` as type ``kind`` (a flag, one of a Literal's choices, or a text, optional or
+    not), or _Wrong with pydantic's words for why not."""
+    if kind is bool:
         return _as_bool(value)
-    if field.name in _CHOICES:
-        return _choice(field.name, value)
-    if value is None and "None" in str(field.type):
+    if get_origin(kind) is Literal:
+        return _choice(get_args(kind), value)
+    if value is None and type(None) in get_args(kind):
         return None
     if not isinstance(value, str):
         raise _Wrong("Input should be a valid string")
@@ -233,17 +254,18 @@ def read(
     field's type then its check, in the fields' order, then names ``cls`` has no field for;
     the whole request only when its fields are right. A blank value is its field's default."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    kinds = field_types(cls)
     settled: dict[str, Any] = {}
     problems: list[Problem] = []
     for name, field in fields.items():
         if name not in values or is_blank(values[name]):
             continue
         try:
-            settled[name] = _typed(field, values[name])
+            settled[name] = _typed(kinds[name], values[name])
         except _Wrong as wrong:
             problems.append(((name,), str(wrong)))
             continue
-        problem = field_problem(name, settled[name])
+        problem = field_problem(field, settled[name])
         if problem:
             problems.append(((name,), problem))
     problems += [
@@ -261,21 +283,101 @@ class PrRequest:
     """What a workflow, or the listener's settings for a repository, asks for a pull request.
     Made with a value of the wrong type or form, it raises a RequestError naming the field."""
 
-    base: str | None = None
-    migrations: str | None = None
-    migrate_command: str | None = None
-    migrations_select: Select = "changed"
-    working_directory: str = "."
-    branch_name: str | None = None  # None: {repo}-pr-{number} (see event.branch_name)
-    reset_on_push: bool = True
-    ttl: str | None = None
-    comment: bool = True
-    runtime: Runtime = "auto"
-    insight: bool = True  # trace each migration: locks, rewrites, scans, volume, lint
-    max_blocking_lock: str = "5s"  # longest hold of a lock that blocks reads or writes
-    max_rewrite: str = "1GiB"  # largest table or index one rewrite may write
-    fail_on_threshold: bool = False  # a migration over a threshold fails the step (or status)
-    assume_long_transaction: str | None = None  # queue simulation: a reader held this long
+    base: str | None = option(
+        None,
+        "Seeded base on this runner to branch from (default: the only base).",
+        check=_base_name,
+        rerun="honoured when the branch is made; a reset keeps the branch's base",
+    )
+    migrations: str | None = option(
+        None,
+        "Folder of .sql migration files, relative to working-directory.",
+        rerun=True,
+    )
+    migrate_command: str | None = option(
+        None,
+        """Command that migrates the database (e.g. `alembic upgrade head`), run with DATABASE_URL
+        and PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE pointing at the branch.""",
+        rerun=True,
+    )
+    migrations_select: Select = option(
+        "changed",
+        """`changed`: the .sql files the pull request adds or changes; `all`: every file not yet
+        recorded in the branch's ledger.""",
+        rerun=True,
+    )
+    working_directory: str = option(
+        ".",
+        "Directory the migrations path and the migrate command are relative to.",
+        rerun=True,
+    )
+    branch_name: str | None = option(  # None: {repo}-pr-{number} (see event.branch_name)
+        None,
+        """Branch name; `{number}`, `{ref}`, `{repo}` and `{owner}` are filled in (default
+        <repository name>-pr-<number>).""",
+        rerun="another name is another branch",
+    )
+    reset_on_push: bool = option(
+        True,
+        "On a new push, reset the branch to its base and apply the migrations again.",
+        rerun="how a branch reaches a new head, not what runs on it",
+    )
+    ttl: str | None = option(
+        None,
+        "Destroy the branch after this long even if the PR stays open (e.g. 7d).",
+        check=_ttl,
+        rerun="how long the branch lives",
+    )
+    comment: bool = option(
+        True,
+        "Write the sticky PR comment.",
+        rerun="where the report goes; a run done again writes it again",
+    )
+    runtime: Runtime = option(
+        "auto",
+        """Where the branch runs, local (a process of the runner) or docker (a container); auto
+        follows the runner's setting, itself Docker when its daemon answers.""",
+        rerun="honoured when the branch is made; a reset keeps the branch's runtime",
+    )
+    insight: bool = option(
+        True,
+        """Trace each migration on the branch: the locks it took and for how long, the tables it
+        rewrote, the scans it made under a lock, the rows and WAL it wrote, and squawk's findings
+        checked against what was measured. Shown in the comment, the job summary and
+        report-path.""",
+        rerun=True,
+    )
+    max_blocking_lock: str = option(
+        "5s",
+        """Longest a migration may hold a lock that blocks reads or writes before its verdict is
+        "over" (e.g. 500ms, 5s, 1.5s, 2m).""",
+        check=_lock_time,
+        rerun=True,
+    )
+    max_rewrite: str = option(
+        "1GiB",
+        """Largest table or index a migration may rewrite before its verdict is "over" (e.g.
+        512MiB, 1GiB, 10GB; KiB/MiB/GiB are powers of 1024, KB/MB/GB of 1000; a bare number is
+        bytes).""",
+        check=parse_bytes,
+        rerun=True,
+    )
+    fail_on_threshold: bool = option(
+        False,
+        """Fail the step (after commenting) when a migration's verdict is "over"
+        max-blocking-lock or max-rewrite.""",
+        rerun=True,
+    )
+    assume_long_transaction: str | None = option(
+        None,
+        """Simulate the lock queue: before each migration, a session of the branch's role reads
+        each probed table in a transaction held this long (e.g. 30s, 2m; at most 1h), and the
+        report says how long reads queued behind the migration meanwhile. Each migration waits
+        behind it, so the run takes that much longer, and a migration with a shorter
+        lock_timeout fails as it would in production. Empty: off.""",
+        check=long_transaction_seconds,
+        rerun=True,
+    )
 
     def __post_init__(self) -> None:
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -288,13 +390,13 @@ class PrRequest:
                 object.__setattr__(self, f.name, value)
 
     def ttl_seconds(self) -> int | None:
-        return parse_duration(self.ttl) if self.ttl else None
+        return int(parse_seconds(self.ttl, whole=True)) if self.ttl else None
 
     def thresholds(self) -> Thresholds:
         """What a migration may do before its verdict is "over" (and, with
         ``fail_on_threshold``, fails the step)."""
         return Thresholds(
-            max_blocking_lock=lock_seconds(self.max_blocking_lock),
+            max_blocking_lock=_lock_time(self.max_blocking_lock),
             max_rewrite=parse_bytes(self.max_rewrite),
             fail=self.fail_on_threshold,
         )
@@ -315,9 +417,23 @@ def _say(problems: list[Problem]) -> str:
 class Inputs(PrRequest):
     """The composite Action's inputs: the request, and what only a workflow decides."""
 
-    fail_on_migration_error: bool = True
-    allow_forks: bool = False
-    allow_fork_commands: bool = False
+    fail_on_migration_error: bool = option(
+        True,
+        "Fail the step when a migration fails (the branch stays up either way).",
+        rerun="the step's exit code, worked out on every run",
+    )
+    allow_forks: bool = option(
+        False,
+        """Branch pull requests from forks. Off: a fork's pull request gets no branch and runs
+        nothing, and the job summary says so.""",
+        rerun="whether a fork is branched, asked on every run",
+    )
+    allow_fork_commands: bool = option(
+        False,
+        """Also run migrate-command for pull requests from forks that allow-forks lets in (their
+        code runs on your runner, as the runner's user).""",
+        rerun=True,
+    )
 
 
 def input_name(field: str) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from pgoverlay.action import comment, record
 from pgoverlay.action.conclusion import refusal
-from pgoverlay.action.decide import Decision, decide, run_options
+from pgoverlay.action.decide import Decision, decide, fingerprint
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, PendingComment
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
@@ -116,27 +116,39 @@ def _branch_info(
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
 
 
-@dataclass(frozen=True)
-class _Migrations:
-    """What applying one PR's migrations needs; its code runs in ``sandbox``."""
+def _run_options(
+    request: PrRequest, target: Connection, *, settings: Settings, sandbox: Sandbox
+) -> migrations.RunOptions:
+    """How the request's migrations run on the branch ``target``: each within the runner's
+    ``command_timeout``, in ``sandbox``."""
+    from pgoverlay.action import migrations
 
+    return migrations.RunOptions(
+        target=target, timeout=settings.command_timeout, request=request, sandbox=sandbox
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Migrations:
+    """What applying one PR's migrations needs: how each runs (``options``: the branch, the
+    request, the sandbox its code runs in), and where the PR is."""
+
+    options: migrations.RunOptions
     settings: Settings
-    connection: Connection
     major: int
     event: Event
-    inputs: PrRequest
     repo_dir: Path
     echo: Echo
     changed: Changed | None
-    sandbox: Sandbox
     fork_commands: bool
 
     def apply(self, engine: Engine, name: str) -> tuple[list[MigrationRun], str, SchemaDiff | None]:
         """Apply them, measured unless the ``insight`` input is off; returns the runs, a note
         for the report and the schema's changes (measured only). A fork's migrate command runs
         only with ``fork_commands``."""
-        if not self.inputs.insight:
-            return *self._run(None), None
+        request = self.options.request
+        if not request.insight:
+            return *self._run(self.options), None
         from pgoverlay.action.insight import probe
         from pgoverlay.action.insight.observe import Observer
 
@@ -144,23 +156,23 @@ class _Migrations:
             engine,
             name,
             repository=self.event.repository,
-            thresholds=self.inputs.thresholds(),
+            thresholds=request.thresholds(),
             pg_major=self.major,
             # Long enough for every file to reach its timeout; the trace then ends itself.
             max_seconds=min(48 * 3600, self.settings.command_timeout * 10 + 600),
             probing=probe.Options(
-                target=self.connection, long_transaction=self.inputs.long_transaction()
+                target=self.options.target, long_transaction=request.long_transaction()
             ),
         )
         with observer:
-            runs, note = self._run(observer)
+            runs, note = self._run(dataclasses.replace(self.options, watcher=observer))
         return runs, note or observer.problem, observer.schema_diff
 
-    def _run(self, watcher: migrations.Watcher | None) -> tuple[list[MigrationRun], str]:
+    def _run(self, options: migrations.RunOptions) -> tuple[list[MigrationRun], str]:
         from pgoverlay.action import migrations
         from pgoverlay.runner.runtime import choose
 
-        inputs, event, repo_dir = self.inputs, self.event, self.repo_dir
+        inputs, event, repo_dir = options.request, self.event, self.repo_dir
         workdir = (repo_dir / inputs.working_directory).resolve()
         if inputs.migrate_command:
             if event.from_fork and not self.fork_commands:
@@ -170,13 +182,7 @@ class _Migrations:
                 )
             self.echo(f"running migrate command in {workdir}")
             run = migrations.run_command(
-                self.connection,
-                inputs.migrate_command,
-                cwd=workdir,
-                timeout=self.settings.command_timeout,
-                echo=self.echo,
-                sandbox=self.sandbox,
-                watcher=watcher,
+                options, inputs.migrate_command, cwd=workdir, echo=self.echo
             )
             return [run], ""
         if not inputs.migrations:
@@ -191,23 +197,19 @@ class _Migrations:
                     folder,
                     base_sha=event.base_sha,
                     head_sha=event.head_sha,
-                    sandbox=self.sandbox,
+                    sandbox=options.sandbox,
                 )
             )
         else:
             files = migrations.all_files(repo_dir, folder)
         self.echo(f"applying {len(files)} migration file(s) from {folder}")
-        runs = migrations.apply_files(
-            self.connection,
+        return migrations.apply_files(
+            options,
             repo_dir,
             files,
             psql=choose.tools_for("psql", settings=self.settings, major=self.major).tool("psql"),
             skip_recorded=True,
-            timeout=self.settings.command_timeout,
-            sandbox=self.sandbox,
-            watcher=watcher,
-        )
-        return runs, ""
+        ), ""
 
 
 # What applying and reporting the migrations needs, and the engine's first answers do not.
@@ -281,7 +283,7 @@ def handle(
         changed=changed,
         sandbox=sandbox,
         fork_commands=fork_commands,
-        options=run_options(asked or inputs),
+        options=fingerprint(asked or inputs),
         run_url=run_url,
     )
     report, ready, connection = run.act(decision, current, last)
@@ -416,16 +418,14 @@ class _Run:
         fork_commands = self.fork_commands
         with _timed(self.timings, "migrations"):
             return _Migrations(
-                settings,
-                connection,
-                base.pg_major if base and base.pg_major else 0,
-                event,
-                inputs,
-                repo_dir,
-                echo,
-                changed,
-                sandbox,
-                fork_commands,
+                options=_run_options(inputs, connection, settings=settings, sandbox=sandbox),
+                settings=settings,
+                major=base.pg_major if base and base.pg_major else 0,
+                event=event,
+                repo_dir=repo_dir,
+                echo=echo,
+                changed=changed,
+                fork_commands=fork_commands,
             ).apply(engine, name)
 
     def destroy(self, current: BranchView, skeleton: Report) -> Report:

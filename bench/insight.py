@@ -131,7 +131,11 @@ def apply(
         target = engine.connection(name)
         if mode == "untraced":
             runs = migrations.apply_files(
-                target, repo, files, psql=install.tool("psql"), skip_recorded=True, timeout=3600
+                migrations.RunOptions(target=target, timeout=3600),
+                repo,
+                files,
+                psql=install.tool("psql"),
+                skip_recorded=True,
             )
             return runs, None, 0.0
         observer = Observer(
@@ -146,13 +150,11 @@ def apply(
         watch = Watch(observer)
         try:
             runs = migrations.apply_files(
-                target,
+                migrations.RunOptions(target=target, timeout=3600, watcher=watch),
                 repo,
                 files,
                 psql=install.tool("psql"),
                 skip_recorded=True,
-                timeout=3600,
-                watcher=watch,
             )
         finally:
             t0 = time.monotonic()

@@ -25,26 +25,23 @@ def check_name(name: str, *, what: str = "branch") -> str:
     return name
 
 
-def parse_seconds(text: str, *, units: str = "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)") -> float:
-    """'500ms', '1.5s', '90m', '7d' -> seconds; ``units`` is what the error offers."""
+def parse_seconds(text: str, *, whole: bool = False, units: str = "") -> float:
+    """'500ms', '1.5s', '90m', '7d' -> seconds: the one reader of a duration a user writes (a
+    TTL, a lock's longest hold, the probe's transaction). ``whole``: a whole number of seconds,
+    at least one (a TTL). ``units`` is what the error offers (by default, what the reading
+    accepts)."""
     match = _DURATION_RE.match(text.strip().lower())
     seconds = float(match.group(1)) * _SECONDS[match.group(2)] if match else 0.0
-    if seconds <= 0:
+    if seconds <= 0 or (whole and (seconds < 1 or not seconds.is_integer())):
+        offered = units or (
+            "s, m, h, d or w (e.g. 90m, 7d)"
+            if whole
+            else "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)"
+        )
         raise ConfigError(
-            f"cannot read duration {text!r}: use a positive number and a unit {units}"
+            f"cannot read duration {text!r}: use a positive number and a unit {offered}"
         )
     return seconds
-
-
-def parse_duration(text: str) -> int:
-    """'7d' -> whole seconds (a TTL). Units: s, m, h, d, w."""
-    seconds = parse_seconds(text, units="s, m, h, d or w (e.g. 90m, 7d)")
-    if seconds < 1 or not float(seconds).is_integer():
-        raise ConfigError(
-            f"cannot read duration {text!r}: use a positive number and a unit s, m, h, d or w "
-            "(e.g. 90m, 7d)"
-        )
-    return int(seconds)
 
 
 _BAD_HBA_CHARACTERS = ('"', "\n", "\r", "\0")

@@ -7,7 +7,7 @@ import pytest
 
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
+from pgoverlay.runner.names import NAME_RE, parse_seconds
 
 
 def pr(repository: str, number: int) -> Event:
@@ -50,10 +50,10 @@ def test_one_duration_reader_for_ttls_and_lock_times() -> None:
     assert parse_seconds("500ms") == 0.5
     assert parse_seconds("1.5s") == 1.5
     assert parse_seconds(" 2M ") == 120
-    assert parse_duration("7d") == 7 * 86400
-    assert parse_duration("1.5h") == 5400
+    assert parse_seconds("7d", whole=True) == 7 * 86400
+    assert parse_seconds("1.5h", whole=True) == 5400
     for ttl in ("500ms", "1.5s", "0s", "forever", "7 d"):
         with pytest.raises(ConfigError, match="unit s, m, h, d or w"):
-            parse_duration(ttl)
+            parse_seconds(ttl, whole=True)
     with pytest.raises(ConfigError, match="cannot read duration '0ms'"):
         parse_seconds("0ms")

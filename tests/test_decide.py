@@ -11,12 +11,11 @@ import pytest
 from pgoverlay.action import record
 from pgoverlay.action.conclusion import conclude, refusal
 from pgoverlay.action.decide import (
-    NOT_RUN_OPTIONS,
-    RUN_OPTIONS,
     Decision,
     decide,
+    fingerprint,
     fork_refusal,
-    run_options,
+    rerun_fields,
 )
 from pgoverlay.action.event import Event, Kind
 from pgoverlay.action.insight.model import MigrationInsight, Verdict, Volume
@@ -96,7 +95,7 @@ def a_report(
 def a_record(
     status: RunStatus = "ready", *, head: str = HEAD, asked: PrRequest | None = ASKED
 ) -> record.PrRecord:
-    options = run_options(asked) if asked is not None else ""
+    options = fingerprint(asked) if asked is not None else ""
     return record.PrRecord(head, status, a_report(status), inputs=options)
 
 
@@ -288,17 +287,21 @@ def test_the_actions_fork_policy_refuses_forks_until_allowed_and_never_a_close()
 
 
 def test_every_request_field_is_a_run_option_or_says_why_not() -> None:
-    fields = {f.name for f in dataclasses.fields(Inputs)}
-    assert set(RUN_OPTIONS) | set(NOT_RUN_OPTIONS) == fields
-    assert not set(RUN_OPTIONS) & set(NOT_RUN_OPTIONS)
+    for f in dataclasses.fields(Inputs):
+        rerun = f.metadata["rerun"]
+        assert rerun is True or (isinstance(rerun, str) and len(rerun) > 10), f.name
+    assert {"migrations", "migrate_command", "insight", "allow_fork_commands"} <= set(
+        rerun_fields()
+    )
+    assert not {"ttl", "comment", "branch_name"} & set(rerun_fields())
 
 
 def test_run_options_change_with_what_runs_and_hold_no_value() -> None:
     secret = "psql postgres://app:hunter2@db/app -f up.sql"
     asked = Inputs(migrate_command=secret)
-    kept = run_options(asked)
+    kept = fingerprint(asked)
     assert kept.startswith("sha256:") and "hunter2" not in kept
-    assert kept == run_options(Inputs(migrate_command=secret, comment=False, ttl="2h"))
+    assert kept == fingerprint(Inputs(migrate_command=secret, comment=False, ttl="2h"))
     for name, value in [
         ("migrate_command", "make migrate"),
         ("insight", False),
@@ -307,16 +310,16 @@ def test_run_options_change_with_what_runs_and_hold_no_value() -> None:
         ("assume_long_transaction", "30s"),
         ("allow_fork_commands", True),
     ]:
-        assert run_options(dataclasses.replace(asked, **{name: value})) != kept, name
+        assert fingerprint(dataclasses.replace(asked, **{name: value})) != kept, name
     # The listener's request, for the same settings, is the same run
     settings = RepoSettings(migrations="db/migrations")
-    assert run_options(settings.request()) == run_options(PrRequest(migrations="db/migrations"))
+    assert fingerprint(settings.request()) == fingerprint(PrRequest(migrations="db/migrations"))
 
 
 def test_a_record_keeps_its_run_options_and_one_without_them_still_reads() -> None:
     kept = a_record()
     back = record.loads(record.dumps(kept))
-    assert back.inputs == run_options(ASKED) and back == kept
+    assert back.inputs == fingerprint(ASKED) and back == kept
     older = json.loads(record.dumps(kept))
     del older["inputs"]
     old = record.read(Record(data=json.dumps(older), updated_at=0.0), branch="shop-pr-5")

@@ -96,7 +96,11 @@ def test_a_ledger_a_migration_broke_raises_migration_error_naming_the_fix(
             # No files: applying only reads the ledger (and makes it when missing).
             return list(
                 migrations.apply_files(
-                    target, Path("/"), [], psql=Path("psql"), skip_recorded=True, timeout=60
+                    migrations.RunOptions(target=target, timeout=60),
+                    Path("/"),
+                    [],
+                    psql=Path("psql"),
+                    skip_recorded=True,
                 )
             )
 

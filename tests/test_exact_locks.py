@@ -63,13 +63,13 @@ def _apply(
         path.write_text(textwrap.dedent(text).lstrip())
     with _observer(engine, base) as observer:
         runs = migrations.apply_files(
-            engine.connection("exact-a"),
+            migrations.RunOptions(
+                target=engine.connection("exact-a"), timeout=300, watcher=observer
+            ),
             repo,
             [f"db/{name}" for name in files],
             psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
             skip_recorded=True,
-            timeout=300,
-            watcher=observer,
         )
     assert observer.problem == ""
     return {Path(r.name).name: r for r in runs}, observer
@@ -379,11 +379,11 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
     for _ in range(ROUNDS):
         with _observer(engine, base) as observer:
             run = migrations.run_command(
-                engine.connection("exact-a"),
+                migrations.RunOptions(
+                    target=engine.connection("exact-a"), timeout=120, watcher=observer
+                ),
                 command,
                 cwd=tmp_path,
-                timeout=120,
-                watcher=observer,
             )
         assert run.status == "applied", run.error
         assert run.insight is not None

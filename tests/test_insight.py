@@ -89,13 +89,13 @@ def sql_runs(
     try:
         with _observer(engine, name, shop) as observer:
             runs = migrations.apply_files(
-                engine.connection(name),
+                migrations.RunOptions(
+                    target=engine.connection(name), timeout=600, watcher=observer
+                ),
                 repo,
                 migrations.all_files(repo, "db"),
                 psql=pgbin.for_major(shop.pg_major or 15).tool("psql"),
                 skip_recorded=True,
-                timeout=600,
-                watcher=observer,
             )
         assert observer.problem == ""
     finally:
@@ -258,11 +258,11 @@ def test_alembic_as_a_migrate_command_gives_the_same_locks_and_rewrites(
     try:
         with _observer(engine, name, shop) as observer:
             run = migrations.run_command(
-                engine.connection(name),
+                migrations.RunOptions(
+                    target=engine.connection(name), timeout=600, watcher=observer
+                ),
                 f"{sys.executable} -m alembic -c alembic.ini upgrade head",
                 cwd=project,
-                timeout=600,
-                watcher=observer,
             )
     finally:
         engine.destroy(name)

@@ -27,7 +27,6 @@ from pgoverlay.action.insight.model import Volume as VolumeModel
 from pgoverlay.action.insight.observe import Observer
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.action.request import PrRequest
-from pgoverlay.action.sandbox import AS_SELF
 from pgoverlay.action.workflow import _Migrations
 from pgoverlay.errors import RequestError
 from pgoverlay.runner import seed
@@ -263,13 +262,11 @@ def apply(
             max_seconds=600, probing=options,
         ) as observer:  # fmt: skip
             runs = migrations.apply_files(
-                target,
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
                 repo,
                 migrations.all_files(repo, "db"),
                 psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
                 skip_recorded=True,
-                timeout=300,
-                watcher=observer,
             )
         assert observer.problem == ""
     finally:
@@ -393,9 +390,12 @@ def migrate(
         from_fork=False, draft=False, ref_name="", action="synchronize",
     )  # fmt: skip
     inputs = PrRequest(migrations=folder, migrations_select="all", insight=insight)
+    options = migrations.RunOptions(
+        target=engine.connection(name), timeout=settings.command_timeout, request=inputs
+    )
     runs, _, _ = _Migrations(
-        settings, engine.connection(name), 15, event, inputs, repo, lambda _: None, None,
-        AS_SELF, False,
+        options=options, settings=settings, major=15, event=event, repo_dir=repo,
+        echo=lambda _: None, changed=None, fork_commands=False,
     ).apply(engine, name)  # fmt: skip
     return runs
 
@@ -501,12 +501,10 @@ def test_a_migrate_command_probes_the_largest_tables_and_those_it_locks(
             probing=probe.Options(target=target, max_tables=1 + probe.DISCOVERED),
         ) as observer:  # fmt: skip
             run = migrations.run_command(
-                target,
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
                 f"{psql} -X -q -v ON_ERROR_STOP=1 --single-transaction -c 'SELECT pg_sleep(1.5)' "
                 "-c 'LOCK TABLE bystander IN SHARE MODE' -c 'SELECT pg_sleep(3)'",
                 cwd=tmp_path,
-                timeout=300,
-                watcher=observer,
             )
     finally:
         engine.destroy("probe-command")

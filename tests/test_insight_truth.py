@@ -129,13 +129,15 @@ class Bench:
             (self.work / "db" / name).write_text(text + ";\n")
         with self.observer() as observer:
             runs = migrations.apply_files(
-                self.engine.connection(self.name),
+                migrations.RunOptions(
+                    target=self.engine.connection(self.name),
+                    timeout=STATEMENT_TIMEOUT,
+                    watcher=observer,
+                ),
                 self.work,
                 [f"db/{name}" for name in files],
                 psql=pgbin.for_major(self.base.pg_major or 15).tool("psql"),
                 skip_recorded=True,
-                timeout=STATEMENT_TIMEOUT,
-                watcher=observer,
             )
         found: dict[str, tuple[MigrationInsight | None, str]] = {}
         for run in runs:
@@ -147,10 +149,14 @@ class Bench:
         """Run a migration tool's command against the branch as the Action does, traced."""
         target = self.engine.connection(self.name)
         if not traced:
-            return migrations.run_command(target, command, cwd=cwd, timeout=STATEMENT_TIMEOUT)
+            return migrations.run_command(
+                migrations.RunOptions(target=target, timeout=STATEMENT_TIMEOUT), command, cwd=cwd
+            )
         with self.observer() as observer:
             run = migrations.run_command(
-                target, command, cwd=cwd, timeout=STATEMENT_TIMEOUT, watcher=observer
+                migrations.RunOptions(target=target, timeout=STATEMENT_TIMEOUT, watcher=observer),
+                command,
+                cwd=cwd,
             )
         if observer.problem:
             return dataclasses.replace(run, error=run.error or observer.problem)

@@ -108,13 +108,13 @@ def runs(
             max_seconds=600,
         ) as observer:
             applied = migrations.apply_files(
-                engine.connection("verdicts"),
+                migrations.RunOptions(
+                    target=engine.connection("verdicts"), timeout=600, watcher=observer
+                ),
                 repo,
                 migrations.all_files(repo, "db"),
                 psql=pgbin.for_major(wide.pg_major or 15).tool("psql"),
                 skip_recorded=True,
-                timeout=600,
-                watcher=observer,
             )
         assert observer.problem == ""
     finally:

@@ -163,13 +163,13 @@ def test_a_hostile_file_fails_alone_after_the_good_files_are_applied(
         os.lchown(path, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
     files = migrations.all_files(checkout, folder)
     runs = migrations.apply_files(
-        hostile_branch,
+        migrations.RunOptions(
+            target=hostile_branch, timeout=30, sandbox=AsUser(OsUser.owner_of(checkout))
+        ),
         checkout,
         files,
         psql=pgbin.for_major(15).tool("psql"),
         skip_recorded=True,
-        timeout=30,
-        sandbox=AsUser(OsUser.owner_of(checkout)),
     )
     assert [(r.name.split("/")[-1], r.status) for r in runs] == [
         ("001_good.sql", "applied"),

@@ -124,6 +124,20 @@ def test_only_files_the_pr_adds_or_changes_are_selected_in_lexical_order(tmp_pat
         migrations.all_files(repo, "no/such/folder")
 
 
+def test_a_migration_runs_in_the_environment_its_options_make() -> None:
+    """psql gets the branch's libpq variables; the migrate command also DATABASE_URL, without
+    our application name. The password travels in these environments only."""
+    target = Target(host="127.0.0.1", port=5433, database="shop", user="u", password="p w")
+    options = migrations.RunOptions(target=target, timeout=60)
+    psql = options.child_env()
+    assert psql == target.libpq_env() and psql["PGPASSWORD"] == "p w"
+    assert "DATABASE_URL" not in psql
+    command = options.child_env(command=True)
+    assert command["DATABASE_URL"] == "postgresql://u:p%20w@127.0.0.1:5433/shop"
+    assert "PGAPPNAME" not in command
+    assert {k: v for k, v in psql.items() if k != "PGAPPNAME"}.items() <= command.items()
+
+
 def target_for(pool: Pool, name: str) -> Target:
     return branch.connection(pool, branch.get(pool, name))
 
@@ -145,7 +159,11 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
         target = target_for(pool, "migrating")
         psql = pgbin.for_major(15).tool("psql")
         results = migrations.apply_files(
-            target, repo, files, psql=psql, skip_recorded=True, timeout=60
+            migrations.RunOptions(target=target, timeout=60),
+            repo,
+            files,
+            psql=psql,
+            skip_recorded=True,
         )
         assert [r.status for r in results] == ["applied", "applied", "failed", "not run"]
         failed = results[2]
@@ -167,12 +185,20 @@ def test_apply_files_on_a_real_branch_stops_at_the_failure_with_its_line(
         # A second run skips what is recorded and refuses an edited, already-applied file.
         (repo / "m/003_bad.sql").write_text("SELECT 1;\n")
         again = migrations.apply_files(
-            target, repo, files, psql=psql, skip_recorded=True, timeout=60
+            migrations.RunOptions(target=target, timeout=60),
+            repo,
+            files,
+            psql=psql,
+            skip_recorded=True,
         )
         assert [r.status for r in again] == ["skipped", "skipped", "applied", "applied"]
         (repo / "m/001_ok.sql").write_text("SELECT 'edited';\n")
         edited = migrations.apply_files(
-            target, repo, files, psql=psql, skip_recorded=True, timeout=60
+            migrations.RunOptions(target=target, timeout=60),
+            repo,
+            files,
+            psql=psql,
+            skip_recorded=True,
         )
         assert edited[0].status == "failed" and "changed after it was applied" in edited[0].error
     finally:
@@ -186,15 +212,16 @@ def test_a_migrate_command_sees_the_branch_in_its_environment(
     try:
         target = target_for(pool, "by-command")
         ok = migrations.run_command(
-            target,
+            migrations.RunOptions(target=target, timeout=60),
             'psql "$DATABASE_URL" -c "CREATE TABLE made_by_tool (x int)" && '
             'psql -c "INSERT INTO made_by_tool VALUES (1)"',
             cwd=tmp_path,
-            timeout=60,
         )
         assert ok.status == "applied", ok.error
         bad = migrations.run_command(
-            target, 'echo "using $PGPASSWORD"; exit 3', cwd=tmp_path, timeout=60
+            migrations.RunOptions(target=target, timeout=60),
+            'echo "using $PGPASSWORD"; exit 3',
+            cwd=tmp_path,
         )
         assert bad.status == "failed"
         assert target.password not in bad.error and "using ***" in bad.error
@@ -225,22 +252,18 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
         branch.create(pool, "unprivileged", base_name=base.name)
         target = target_for(pool, "unprivileged")
         runs = migrations.apply_files(
-            target,
+            migrations.RunOptions(target=target, timeout=60, sandbox=AsUser(OsUser.owner_of(repo))),
             repo,
             ["m/001_escape.sql"],
             psql=pgbin.for_major(15).tool("psql"),
             skip_recorded=True,
-            timeout=60,
-            sandbox=AsUser(OsUser.owner_of(repo)),
         )
         assert [r.status for r in runs] == ["applied"], runs
         assert (repo / "whoami.txt").read_text().strip() == str(nobody.pw_uid)
         command = migrations.run_command(
-            target,
+            migrations.RunOptions(target=target, timeout=60, sandbox=AsUser(OsUser.owner_of(repo))),
             "id -u > by-command.txt",
             cwd=repo,
-            timeout=60,
-            sandbox=AsUser(OsUser.owner_of(repo)),
         )
         assert command.status == "applied", command.error
         assert (repo / "by-command.txt").read_text().strip() == str(nobody.pw_uid)

@@ -217,13 +217,11 @@ def _apply(
         (folder / file).write_text(text)
     with _observer(engine, name, base) as observer:
         runs = migrations.apply_files(
-            engine.connection(name),
+            migrations.RunOptions(target=engine.connection(name), timeout=300, watcher=observer),
             repo,
             [f"db/{file}" for file in files],
             psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
             skip_recorded=True,
-            timeout=300,
-            watcher=observer,
         )
     assert observer.problem == ""
     # a file the branch's ledger has is skipped, as on a re-run

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import io
 import json
+import re
 import subprocess
 import sys
 import typing
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -147,8 +150,8 @@ def names(cls: type[Any]) -> set[str]:
 
 
 def test_the_listeners_repository_settings_are_the_request_and_only_its_own_additions() -> None:
-    """RepoSettings (a pydantic model, as the listener's settings are) declares the request's
-    fields again: with the same types and defaults, and its request() is the PrRequest."""
+    """RepoSettings (a pydantic model, as the listener's settings are) takes the request's
+    fields: with the same types and defaults, and its request() is the PrRequest."""
     from pgoverlay.webhook.settings import RepoSettings
 
     shared = {f.name: f for f in dataclasses.fields(request.PrRequest)}
@@ -166,6 +169,94 @@ def test_the_listeners_repository_settings_are_the_request_and_only_its_own_addi
         RepoSettings.model_validate({"allow_fork_commands": True})
     made = RepoSettings.model_validate({"ttl": "7d", "comment": "no", "drafts": False})
     assert made.request() == request.PrRequest(ttl="7d", comment=False)
+
+
+def test_a_field_added_to_the_request_is_a_repository_setting_with_its_type_default_and_check() -> (
+    None
+):
+    """A new request field reaches the listener's settings by itself: its type, default,
+    description and check, with nothing written in webhook/settings.py."""
+    from pgoverlay.runner.names import parse_seconds
+    from pgoverlay.webhook import settings
+
+    def statement_time(text: str | None) -> None:
+        if text:
+            parse_seconds(text)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Wider(request.PrRequest):
+        statement_timeout: str | None = request.option(
+            None, "Longest a statement of a migration may run.", check=statement_time
+        )
+
+    @settings.with_request(Wider)
+    class WiderSettings(settings.ListenerSettings):
+        """The listener's settings for a wider request."""
+
+    info = WiderSettings.model_fields["statement_timeout"]
+    assert info.annotation == typing.get_type_hints(Wider)["statement_timeout"] == (str | None)
+    assert info.default is None
+    assert info.description == "Longest a statement of a migration may run."
+    assert set(WiderSettings.model_fields) == set(settings.RepoSettings.model_fields) | {
+        "statement_timeout"
+    }
+    assert "statement_timeout" not in settings.RepoSettings.model_fields
+    with pytest.raises(ValidationError, match="statement_timeout\n.*cannot read duration 'soon'"):
+        WiderSettings.model_validate({"statement_timeout": "soon"})
+    # the Action reads the same field with the same check and words
+    assert request.read(Wider, {"statement_timeout": "soon"})[1] == [
+        (
+            ("statement_timeout",),
+            "cannot read duration 'soon': use a positive number and a unit "
+            "ms, s, m, h, d or w (e.g. 500ms, 1.5s, 7d)",
+        )
+    ]
+    made = WiderSettings.model_validate({"statement_timeout": "30s", "ttl": "", "drafts": False})
+    assert made.request() == Wider(statement_timeout="30s")
+    assert WiderSettings.model_validate({"statement_timeout": ""}).request() == Wider()
+
+
+def _action_inputs_script() -> ModuleType:
+    path = ROOT / "scripts" / "action_inputs.py"
+    spec = importlib.util.spec_from_file_location("action_inputs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_action_yml_inputs_are_the_ones_written_from_the_request_fields() -> None:
+    """action.yml's inputs and their INPUT_ variables are what scripts/action_inputs.py writes
+    from the model: a description edited by hand, or an input left out, is written back."""
+    checked = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "action_inputs.py", "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+    script, text = _action_inputs_script(), (ROOT / "action.yml").read_text()
+    assert script.render(text) == text
+    edited = text.replace("Write the sticky PR comment.", "Write a comment.")
+    assert edited != text and script.render(edited) == text
+    dropped = text.replace("        INPUT_TTL: ${{ inputs.ttl }}\n", "")
+    assert dropped != text and script.render(dropped) == text
+
+
+def _table_keys(markdown: str, start: str, end: str) -> set[str]:
+    """The first column's `names` of the table between headings ``start`` and ``end``."""
+    part = markdown[markdown.index(start) : markdown.index(end, markdown.index(start))]
+    return set(re.findall(r"^\| `([a-z_-]+)` \|", part, re.MULTILINE))
+
+
+def test_the_docs_describe_every_input_and_every_repository_setting() -> None:
+    from pgoverlay.webhook.settings import RepoSettings
+
+    action_md = (ROOT / "docs" / "action.md").read_text()
+    inputs = {request.input_name(f) for f in names(Inputs)} | {"github-token"}
+    assert _table_keys(action_md, "\n## Inputs\n", "\n## Outputs\n") == inputs
+    webhook_md = (ROOT / "docs" / "webhook.md").read_text()
+    keys = _table_keys(webhook_md, "\n### Per repository\n", "**Forks.**")
+    assert keys == set(RepoSettings.model_fields)
 
 
 def test_the_request_refuses_what_its_fields_cannot_hold() -> None:

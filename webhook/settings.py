@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
-    field_validator,
+    create_model,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -27,11 +29,10 @@ from pydantic_settings import (
 )
 
 from pgoverlay.action.request import (
-    CHECKED_FIELDS,
     PrRequest,
-    Runtime,
-    Select,
+    description,
     field_problem,
+    field_types,
     is_blank,
     whole_problem,
 )
@@ -40,29 +41,41 @@ from pgoverlay.errors import ConfigError, config_error
 MIB = 1024 * 1024
 
 
-class RepoSettings(BaseModel):
-    """What to do for one allowed repository: the request the Action's inputs make too (the
-    fields of ``PrRequest``, with its defaults, read and checked as it checks them:
-    tests/test_workflow.py checks they agree), and how the listener treats forks, drafts and a
-    repository file. ``request()`` is the request the PR workflow is given."""
+class _Request(BaseModel):
+    """The fields of a request, read and checked as the request checks them: a value left empty
+    means its default, as an Action input left empty does; each field's own check, then the
+    whole's once its fields are right."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_unset(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not is_blank(v)}
+        return data
+
+    @model_validator(mode="after")
+    def _whole(self) -> _Request:
+        problem = whole_problem(
+            getattr(self, "migrations", None), getattr(self, "migrate_command", None)
+        )
+        if problem:
+            raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
+        return self
+
+
+def _checked(field: dataclasses.Field[Any], value: object) -> object:
+    problem = field_problem(field, value)
+    if problem:
+        raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
+    return value
+
+
+class ListenerSettings(BaseModel):
+    """What the listener alone decides for a repository: how it treats forks, drafts and a
+    repository file."""
 
     model_config = ConfigDict(extra="forbid")
-
-    base: str | None = None
-    migrations: str | None = None
-    migrate_command: str | None = None
-    migrations_select: Select = "changed"
-    working_directory: str = "."
-    branch_name: str | None = None
-    reset_on_push: bool = True
-    ttl: str | None = None
-    comment: bool = True
-    runtime: Runtime = "auto"
-    insight: bool = True
-    max_blocking_lock: str = "5s"
-    max_rewrite: str = "1GiB"
-    fail_on_threshold: bool = False
-    assume_long_transaction: str | None = None
+    request_type: ClassVar[type[PrRequest]] = PrRequest  # with_request() sets it
 
     forks: Literal["label", "deny"] = "label"  # label: a maintainer's label approves a fork PR
     fork_label: str = "pgoverlay:allow"
@@ -70,32 +83,51 @@ class RepoSettings(BaseModel):
     # May a `.pgoverlay.yml` at the PR's head change these settings? (never for forks)
     honour_repo_file: bool = False
 
-    @model_validator(mode="before")
-    @classmethod
-    def _blank_is_unset(cls, data: object) -> object:
-        """A value left empty means its default, as an Action input left empty does."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if not is_blank(v)}
-        return data
-
-    @field_validator(*CHECKED_FIELDS)
-    @classmethod
-    def _checked(cls, value: object, info: ValidationInfo) -> object:
-        problem = field_problem(info.field_name or "", value)
-        if problem:
-            raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
-        return value
-
-    @model_validator(mode="after")
-    def _one_way_to_migrate(self) -> RepoSettings:
-        problem = whole_problem(self.migrations, self.migrate_command)
-        if problem:
-            raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
-        return self
-
     def request(self) -> PrRequest:
         """What the PR workflow is asked for this repository."""
-        return PrRequest(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PrRequest)})
+        made = self.request_type
+        return made(**{f.name: getattr(self, f.name) for f in dataclasses.fields(made)})
+
+
+Model = TypeVar("Model", bound=ListenerSettings)
+
+
+def with_request(request: type[PrRequest]) -> Callable[[type[Model]], type[Model]]:
+    """Make a settings model take a request too: the class it decorates, with ``request``'s
+    fields before its own, each with the field's type, default and description and checked by
+    the field's own check. Its ``request()`` is the ``request`` they make."""
+
+    def decorate(cls: type[Model]) -> type[Model]:
+        types = field_types(request)
+        fields: dict[str, Any] = {
+            f.name: (
+                Annotated[types[f.name], AfterValidator(functools.partial(_checked, f))],
+                Field(default=f.default, description=description(f)),
+            )
+            for f in dataclasses.fields(request)
+        }
+        # The request's fields come first (pydantic orders fields from the last base up).
+        bases: tuple[type[BaseModel], ...] = (
+            cls,
+            create_model(f"{request.__name__}Fields", __base__=_Request, **fields),
+        )
+        made = cast(
+            "type[Model]",
+            create_model(
+                cls.__name__, __base__=bases, __module__=cls.__module__, __doc__=cls.__doc__
+            ),
+        )
+        made.request_type = request
+        return made
+
+    return decorate
+
+
+@with_request(PrRequest)
+class RepoSettings(ListenerSettings):
+    """What to do for one allowed repository: the request the Action's inputs make too (the
+    fields of ``PrRequest``, added by ``with_request``), and the listener's own settings.
+    ``request()`` is the request the PR workflow is given."""
 
 
 class WebhookSettings(BaseSettings):

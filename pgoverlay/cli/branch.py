@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import BranchMissingError
-from pgoverlay.runner.names import RUNTIME_CHOICES, check_name, parse_duration
+from pgoverlay.runner.names import RUNTIME_CHOICES, check_name, parse_seconds
 
 if TYPE_CHECKING:
     from pgoverlay.runner.service.views import BranchView
@@ -32,7 +32,7 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
     from pgoverlay.runner.service.models import CreateRequest
 
     engine = common.engine()
-    ttl = parse_duration(args.ttl) if args.ttl else None
+    ttl = int(parse_seconds(args.ttl, whole=True)) if args.ttl else None
     started = time.monotonic()
     b = engine.create(
         CreateRequest(

@@ -71,13 +71,15 @@ def run(
         max_seconds=pool.settings.command_timeout * 3,
     ) as observer:
         results = migrations.apply_files(
-            branches.connection(pool, branch),
+            migrations.RunOptions(
+                target=branches.connection(pool, branch),
+                timeout=pool.settings.command_timeout,
+                watcher=observer,
+            ),
             repo,
             migrations.all_files(repo, "migrations"),
             psql=pgbin.for_major(base.pg_major or 0, pool.settings.pg_bindir).tool("psql"),
             skip_recorded=True,
-            timeout=pool.settings.command_timeout,
-            watcher=observer,
         )
     timings["apply migrations"] = time.monotonic() - mark
     return DemoRun(
