@@ -186,7 +186,7 @@ def test_a_field_added_to_the_request_is_a_repository_setting_with_its_type_defa
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Wider(request.PrRequest):
         statement_timeout: str | None = request.option(
-            None, "Longest a statement of a migration may run.", check=statement_time
+            None, "Longest a statement of a migration may run.", rerun=True, check=statement_time
         )
 
     @settings.with_request(Wider)
