@@ -35,6 +35,7 @@ from pathlib import Path
 from unittest import mock
 
 import psycopg
+from common import build_source, dismantle, small_app
 from engine_report import first_field, write_report
 from psycopg.conninfo import make_conninfo
 
@@ -87,25 +88,6 @@ class Results:
 
 def now() -> float:
     return time.monotonic()
-
-
-def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall) -> Path:
-    datadir = work / "src" / "data"
-    if datadir.exists():
-        return datadir
-    datadir.parent.mkdir(parents=True)
-    os.chown(datadir.parent, owner.uid, owner.gid)
-    cluster.initdb(install, datadir, owner=owner)
-    with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
-        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
-            conn.execute("CREATE ROLE app_owner")
-            conn.execute("CREATE DATABASE app OWNER app_owner")
-        with psycopg.connect(**srv.conninfo(user="postgres", dbname="app"), autocommit=True) as c:
-            # A branch's role takes over what app_owner owns: the database, hence its schema.
-            c.execute("SET ROLE app_owner")
-            c.execute("CREATE TABLE items (id bigint PRIMARY KEY, label text NOT NULL)")
-            c.execute("INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 10000) g")
-    return datadir
 
 
 def allocated(pool: Pool) -> int:
@@ -240,27 +222,6 @@ def mount_without_discard(settings: Settings) -> Pool:
     return pool
 
 
-def dismantle(settings: Settings) -> None:
-    """Remove a bench pool completely (best effort: also after a failed run)."""
-    home = settings.home
-    root = home / "pool"
-    if poolmod.read_info(home) is not None and mounts.is_mounted(root):
-        pool = Pool.open(settings)
-        try:
-            for b in pool.registry.branches():
-                branch.teardown(pool, b)
-            for base in pool.registry.bases():
-                seed.remove_version(pool, base.name, base.version)
-        finally:
-            pool.close()
-            shutil.rmtree(pool.socket_root, ignore_errors=True)
-    for target in sorted(mounts.mounts_under(home), key=len, reverse=True):
-        mounts.unmount(Path(target))
-    if mounts.is_mounted(root):
-        mounts.unmount(root)
-    shutil.rmtree(home, ignore_errors=True)
-
-
 def span(values: list[float], unit: str = "s", digits: int = 3) -> str:
     if not values:
         return "—"
@@ -361,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     pools: dict[str, Pool] = {}
     try:
-        datadir = build_source(work, owner, install)
+        datadir = build_source(work, owner, install, small_app)
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="app"

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from discard import build_source, dismantle
+from common import build_source, dismantle, small_app
 from engine_report import first_field, write_report
 from psycopg.conninfo import make_conninfo
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[tuple[float, float]]] = {way: [] for way in WAYS}
     pool = None
     try:
-        datadir = build_source(work, owner, install)
+        datadir = build_source(work, owner, install, small_app)
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="app"
