@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.github import GitHub
+from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report, over_threshold
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, fork_refusal, handle
@@ -321,8 +322,6 @@ def _report_file(job: JobEnv, report: Report) -> dict[str, str]:
     no such folder)."""
     if job.temp is None:
         return {}
-    from pgoverlay.action.insight import jsonreport
-
     path = outputs.write_new(
         job.temp,
         jsonreport.dumps(report),
