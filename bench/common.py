@@ -1,4 +1,5 @@
-"""What several benchmarks share: their throwaway source server, and taking a bench pool down.
+"""What several benchmarks share: their start as root, their throwaway source server, taking a
+bench pool down, and the machine rows of their reports.
 
 A benchmark runs as `sudo .venv/bin/python bench/X.py`: Python puts bench/ (not the checkout's
 top, whose pgoverlay/ folder would hide the installed package) first on the path, so
@@ -8,11 +9,15 @@ top, whose pgoverlay/ folder would hide the installed package) first on the path
 from __future__ import annotations
 
 import os
+import platform
 import shutil
+import signal
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import psycopg
+from engine_report import first_field
 
 from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
@@ -20,6 +25,7 @@ from pgoverlay.runner.pool import Pool, mounts
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_bytes
 
 # A source filled in bulk: nothing of it needs to survive a crash, and a seed copies it with
 # pg_basebackup (wal_level replica).
@@ -81,3 +87,28 @@ def dismantle(settings: Settings) -> None:
     if mounts.is_mounted(root):
         mounts.unmount(root)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def start(work: str) -> tuple[Path, str]:
+    """Begin a run as root, SIGTERM ending it through its clean-up: the work folder (and its
+    tmp/) made and open to the server's user, and the load averages as the run starts."""
+    poolmod.require_root()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    folder = Path(work).resolve()
+    for path in (folder, folder / "tmp"):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o755)
+    return folder, load
+
+
+def machine_rows(ctx: Mapping[str, object]) -> str:
+    """A report's machine table, its first rows: when it ran and for how long (``started``,
+    ``minutes``), the CPU, the RAM and the kernel."""
+    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
+    return f"""| | |
+|---|---|
+| Date | {ctx["started"]:%Y-%m-%d %H:%M} UTC (the run took {ctx["minutes"]:.0f} min) |
+| CPU | {first_field("/proc/cpuinfo", "model name")}, {os.cpu_count()} cores |
+| RAM | {format_bytes(ram)} |
+| Kernel | {platform.system()} {platform.release()} |"""

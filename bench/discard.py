@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,8 +33,8 @@ from pathlib import Path
 from unittest import mock
 
 import psycopg
-from common import build_source, dismantle, small_app
-from engine_report import first_field, write_report
+from common import build_source, dismantle, machine_rows, small_app, start
+from engine_report import write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.errors import TimeoutExpiredError
@@ -264,7 +262,6 @@ def render(results: Results, **ctx: object) -> str:
             f"{size_span([s.left_after for s in samples])} | {back_cell(samples)} |"
         )
     filled = [s.filled for m in MODES for s in results.inproc[m]]
-    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
     return f"""{START}
 ## Discard: giving a destroyed branch's blocks back to the host
 
@@ -284,12 +281,7 @@ included) on a branch filled the same way, A and B in turns within the same roun
 {span(results.trim_after_neither)}.
 Cells are the median with the range over {ctx["rounds"]} rounds.
 
-| | |
-|---|---|
-| Date | {ctx["started"]:%Y-%m-%d %H:%M} UTC (the run took {ctx["minutes"]:.0f} min) |
-| CPU | {first_field("/proc/cpuinfo", "model name")}, {os.cpu_count()} cores |
-| RAM | {format_bytes(ram)} |
-| Kernel | {platform.system()} {platform.release()} |
+{machine_rows(ctx)}
 | Load average | {ctx["load"]} (1, 5, 15 min) when the run started; the machine is shared |
 | Work dir | `{ctx["work"]}` on {ctx["work_fs"]}; the pool images are sparse XFS files in it |
 | Postgres | {ctx["postgres"]} |
@@ -307,13 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", default="8G", help="sparse size of each pool image")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-discard", help="work dir")
     args = parser.parse_args(argv)
-    poolmod.require_root()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    work = Path(args.work).resolve()
-    for path in (work, work / "tmp"):
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o755)
+    work, load = start(args.work)
     settings_a = Settings(home=work / "pool-a", port_min=56300, port_max=56349, runtime="local")
     settings_b = Settings(home=work / "pool-b", port_min=56350, port_max=56399, runtime="local")
     install = pgbin.newest(settings_a.pg_bindir)
