@@ -270,13 +270,14 @@ def test_an_import_inside_a_function_loads_what_its_module_has_not_loaded() -> N
     """An import goes inside a function to put off loading a module (a library, or one of ours
     that brings one) until a command needs it; one of a module its own module has already
     loaded (with its imports at the top) puts off nothing and belongs at the top."""
-    late = {name: _late_imports(name, path) for name, path in _modules().items()}
+    modules = _modules()
+    late = {name: _late_imports(name, path) for name, path in modules.items()}
     late = {name: found for name, found in late.items() if found}
     with ThreadPoolExecutor(max_workers=4) as pool:
         asked = {name: {c for cs in found.values() for c in cs} for name, found in late.items()}
         there = dict(zip(asked, pool.map(_already_there, asked, asked.values()), strict=True))
     pointless = [
-        f"{_modules()[name].relative_to(ROOT)}:{line}: {candidates[-1]}"
+        f"{modules[name].relative_to(ROOT)}:{line}: {candidates[-1]}"
         for name, found in late.items()
         for line, candidates in sorted(found.items())
         # one candidate not loaded (``a.b`` a module, or ``a`` itself) is what the import defers
