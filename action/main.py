@@ -24,6 +24,7 @@ from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.conclusion import conclude
 from pgoverlay.action.decide import fork_refusal
 from pgoverlay.action.github import GitHub
+from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.workflow import Outcome, handle
@@ -315,8 +316,6 @@ def _report_file(job: JobEnv, report: Report) -> dict[str, str]:
     no such folder)."""
     if job.temp is None:
         return {}
-    from pgoverlay.action.insight import jsonreport
-
     path = outputs.write_new(
         job.temp,
         jsonreport.dumps(report),

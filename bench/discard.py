@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,8 @@ from pathlib import Path
 from unittest import mock
 
 import psycopg
-from engine_report import first_field, write_report
+from common import build_source, dismantle, machine_rows, small_app, start
+from engine_report import write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.errors import TimeoutExpiredError
@@ -87,25 +86,6 @@ class Results:
 
 def now() -> float:
     return time.monotonic()
-
-
-def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall) -> Path:
-    datadir = work / "src" / "data"
-    if datadir.exists():
-        return datadir
-    datadir.parent.mkdir(parents=True)
-    os.chown(datadir.parent, owner.uid, owner.gid)
-    cluster.initdb(install, datadir, owner=owner)
-    with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
-        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
-            conn.execute("CREATE ROLE app_owner")
-            conn.execute("CREATE DATABASE app OWNER app_owner")
-        with psycopg.connect(**srv.conninfo(user="postgres", dbname="app"), autocommit=True) as c:
-            # A branch's role takes over what app_owner owns: the database, hence its schema.
-            c.execute("SET ROLE app_owner")
-            c.execute("CREATE TABLE items (id bigint PRIMARY KEY, label text NOT NULL)")
-            c.execute("INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 10000) g")
-    return datadir
 
 
 def allocated(pool: Pool) -> int:
@@ -240,27 +220,6 @@ def mount_without_discard(settings: Settings) -> Pool:
     return pool
 
 
-def dismantle(settings: Settings) -> None:
-    """Remove a bench pool completely (best effort: also after a failed run)."""
-    home = settings.home
-    root = home / "pool"
-    if poolmod.read_info(home) is not None and mounts.is_mounted(root):
-        pool = Pool.open(settings)
-        try:
-            for b in pool.registry.branches():
-                branch.teardown(pool, b)
-            for base in pool.registry.bases():
-                seed.remove_version(pool, base.name, base.version)
-        finally:
-            pool.close()
-            shutil.rmtree(pool.socket_root, ignore_errors=True)
-    for target in sorted(mounts.mounts_under(home), key=len, reverse=True):
-        mounts.unmount(Path(target))
-    if mounts.is_mounted(root):
-        mounts.unmount(root)
-    shutil.rmtree(home, ignore_errors=True)
-
-
 def span(values: list[float], unit: str = "s", digits: int = 3) -> str:
     if not values:
         return "—"
@@ -303,7 +262,6 @@ def render(results: Results, **ctx: object) -> str:
             f"{size_span([s.left_after for s in samples])} | {back_cell(samples)} |"
         )
     filled = [s.filled for m in MODES for s in results.inproc[m]]
-    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
     return f"""{START}
 ## Discard: giving a destroyed branch's blocks back to the host
 
@@ -323,12 +281,7 @@ included) on a branch filled the same way, A and B in turns within the same roun
 {span(results.trim_after_neither)}.
 Cells are the median with the range over {ctx["rounds"]} rounds.
 
-| | |
-|---|---|
-| Date | {ctx["started"]:%Y-%m-%d %H:%M} UTC (the run took {ctx["minutes"]:.0f} min) |
-| CPU | {first_field("/proc/cpuinfo", "model name")}, {os.cpu_count()} cores |
-| RAM | {format_bytes(ram)} |
-| Kernel | {platform.system()} {platform.release()} |
+{machine_rows(ctx)}
 | Load average | {ctx["load"]} (1, 5, 15 min) when the run started; the machine is shared |
 | Work dir | `{ctx["work"]}` on {ctx["work_fs"]}; the pool images are sparse XFS files in it |
 | Postgres | {ctx["postgres"]} |
@@ -346,13 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", default="8G", help="sparse size of each pool image")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-discard", help="work dir")
     args = parser.parse_args(argv)
-    poolmod.require_root()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    work = Path(args.work).resolve()
-    for path in (work, work / "tmp"):
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o755)
+    work, load = start(args.work)
     settings_a = Settings(home=work / "pool-a", port_min=56300, port_max=56349, runtime="local")
     settings_b = Settings(home=work / "pool-b", port_min=56350, port_max=56399, runtime="local")
     install = pgbin.newest(settings_a.pg_bindir)
@@ -361,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     pools: dict[str, Pool] = {}
     try:
-        datadir = build_source(work, owner, install)
+        datadir = build_source(work, owner, install, small_app)
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="app"

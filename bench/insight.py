@@ -30,9 +30,11 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from common import BULK_LOAD, build_source
 from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
@@ -78,6 +80,7 @@ class Watch:
 
     def marked(self, text: str, *, single_transaction: bool) -> str | None:
         return self.observer.marked(text, single_transaction=single_transaction)
+
     def starting(self, *, text: str | None) -> None:
         t0 = time.monotonic()
         self.observer.starting(text=text)
@@ -90,17 +93,12 @@ class Watch:
         return found
 
 
-def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows: int) -> Path:
-    datadir = work / "src" / "data"
-    if datadir.exists():
-        return datadir
-    datadir.parent.mkdir(parents=True)
-    os.chown(datadir.parent, owner.uid, owner.gid)
-    cluster.initdb(install, datadir, owner=owner)
-    opts = {"fsync": "off", "wal_level": "replica", "max_wal_size": "4GB"}
-    with cluster.running(install, datadir, owner=owner, scratch=work / "tmp", options=opts) as srv:
+def shop(install: pgbin.PgInstall, rows: int) -> Callable[[cluster.Running], None]:
+    """The shop database of tests/fixtures/insight/shop.sql, ``rows`` large."""
+
+    def fill(srv: cluster.Running) -> None:
         env = {"PGHOST": os.fspath(srv.socket_dir), "PGPORT": str(srv.port), "PGUSER": "postgres"}
-        psql = [install.tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        psql: list[str | Path] = [install.tool("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
         # The application's tables belong to an owner role, as in production, not to the
         # superuser: the branch's role can then alter them.
         proc.run(
@@ -113,7 +111,8 @@ def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows:
             env={**env, "PGDATABASE": "shop"},
             timeout=3600,
         )
-    return datadir
+
+    return fill
 
 
 Mode = Literal["untraced", "traced", "probed"]
@@ -226,7 +225,7 @@ def main() -> int:
     install = pgbin.newest(settings.pg_bindir)
     owner = proc.OsUser.lookup(settings.os_user)
     started = dt.datetime.now(dt.UTC)
-    datadir = build_source(work, owner, install, args.rows)
+    datadir = build_source(work, owner, install, shop(install, args.rows), options=BULK_LOAD)
     pool = poolmod.init(settings, size="20G")
     engine = LocalEngine(pool)
     seconds: dict[Mode, dict[str, list[float]]] = {m: {f: [] for f in OVERHEAD} for m in MODES}
@@ -273,11 +272,11 @@ def main() -> int:
         if run.insight is None:
             side_rows.append(f"| `{Path(run.name).name}` | {run.status} | | | | | |")
             continue
-        i = run.insight
-        verdict = i.verdict.text.replace("|", "\\|")
+        found = run.insight
+        verdict = found.verdict.text.replace("|", "\\|")
         side_rows.append(
-            f"| `{Path(run.name).name}` | {squawk_cell(i)} | {worst_lock(i)} | "
-            f"{blocking.cell(i)} | {rewrites(i)} | {lint_cell(i)} | {verdict} |"
+            f"| `{Path(run.name).name}` | {squawk_cell(found)} | {worst_lock(found)} | "
+            f"{blocking.cell(found)} | {rewrites(found)} | {lint_cell(found)} | {verdict} |"
         )
     section = "\n".join(
         [

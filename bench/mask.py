@@ -25,9 +25,11 @@ import statistics
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import psycopg
+from common import BULK_LOAD, build_source
 from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
@@ -64,24 +66,13 @@ FILL = [
 ]
 
 
-def build_source(work: Path, owner: proc.OsUser, install: pgbin.PgInstall, rows: int) -> Path:
-    datadir = work / "src" / "data"
-    if datadir.exists():
-        return datadir
-    datadir.parent.mkdir(parents=True)
-    os.chown(datadir.parent, owner.uid, owner.gid)
-    cluster.initdb(install, datadir, owner=owner)
-    opts = {"fsync": "off", "wal_level": "replica", "max_wal_size": "4GB"}
-    with (
-        cluster.running(install, datadir, owner=owner, scratch=work / "tmp", options=opts) as srv,
-        psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn,
-    ):
+def fill(srv: cluster.Running, rows: int) -> None:
+    with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
         for statement in SCHEMA:
             conn.execute(statement.encode())
         for statement in FILL:
             conn.execute(statement.encode(), {"rows": rows})
         conn.execute("ANALYZE")
-    return datadir
 
 
 class Peak:
@@ -135,7 +126,7 @@ def main() -> int:
     install = pgbin.newest(settings.pg_bindir)
     owner = proc.OsUser.lookup(settings.os_user)
     started = dt.datetime.now(dt.UTC)
-    datadir = build_source(work, owner, install, args.rows)
+    datadir = build_source(work, owner, install, partial(fill, rows=args.rows), options=BULK_LOAD)
     pool = poolmod.init(settings, size="20G")
     rules = maskrules.load(RULES)
     bases = {"unmasked": "mask-bench-plain", "masked": "mask-bench-masked"}

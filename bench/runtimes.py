@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import signal
 import statistics
 import sys
 from pathlib import Path
 
+from common import machine_rows
 from engine import SCALE_PER_GIB, Bench, console, now
-from engine_report import SizeRun, first_field, quantile, write_report
+from engine_report import SizeRun, quantile, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.runtime import docker as docker_runtime
-from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- runtimes:start -->", "<!-- runtimes:end -->"
 RUNTIMES = ("local", "docker")
@@ -71,7 +69,6 @@ def render(results: dict[str, dict[str, list[tuple[float, float]]]], **ctx: obje
         docker_median = statistics.median(c for c, _ in by_runtime["docker"])
         ok = "met" if docker_median <= TARGET_DOCKER_CREATE_S else "**missed**"
         verdicts.append(f"{label}: {docker_median:.3f} s, {ok}")
-    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
     return f"""{START}
 ## Runtimes: local process and Docker container
 
@@ -80,12 +77,7 @@ TCP with the branch's password; the page cache is dropped before every create (c
 runtimes take turns in every round, so noise on this shared machine hits both alike. Cells are
 the median, with p90 and the range.
 
-| | |
-|---|---|
-| Date | {ctx["started"]:%Y-%m-%d %H:%M} UTC (the run took {ctx["minutes"]:.0f} min) |
-| CPU | {first_field("/proc/cpuinfo", "model name")}, {os.cpu_count()} cores |
-| RAM | {format_bytes(ram)} |
-| Kernel | {platform.system()} {platform.release()} |
+{machine_rows(ctx)}
 | Postgres | {ctx["postgres"]}; image `{ctx["image"]}` on Docker {ctx["docker"]} |
 
 | base | runtime | create until ready | destroy | n |

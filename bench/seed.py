@@ -128,7 +128,7 @@ class SeedBench(Bench):
             "PGOVERLAY_PORT_MIN": str(PORTS[0]),
             "PGOVERLAY_PORT_MAX": str(PORTS[1]),
         }
-        command = [
+        command: list[str | Path] = [
             Path(sys.executable).with_name("pgoverlay"),
             *(["-vv"] if self.process_laps else []),
             "base",
@@ -159,7 +159,7 @@ class SeedBench(Bench):
         seed.remove_version(self.pool, name, base.version)
         return took
 
-    def run_size(self, run: SizeRun, rounds: int) -> dict[str, list[float]]:
+    def seed_size(self, run: SizeRun, rounds: int) -> dict[str, list[float]]:
         self.ensure_source(run)
         times: dict[str, list[float]] = {m: [] for m in METHODS}
         self.laps, self.startup, self.proc_laps = [], [], []
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.sweep()
         for gib in gibs:
             run = SizeRun(gib=gib, scale=max(1, round(gib * SCALE_PER_GIB)))
-            times = bench.run_size(run, args.rounds)
+            times = bench.seed_size(run, args.rounds)
             results.append((run, times, bench.laps, bench.startup))
             if bench.proc_laps:
                 console.log(f"{run.label}: the process's steps (median seconds)")

@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import pwd
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psycopg
-from discard import build_source, dismantle
-from engine_report import first_field, write_report
+from common import build_source, dismantle, machine_rows, small_app, start
+from engine_report import write_report
 from psycopg.conninfo import make_conninfo
 
 from pgoverlay.runner import branch, proc, seed
@@ -47,7 +44,6 @@ from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.client import client
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.settings import Settings
-from pgoverlay.runner.units import format_bytes
 
 START, END = "<!-- service:start -->", "<!-- service:end -->"
 BASE = "service-bench"
@@ -149,7 +145,6 @@ def render(results: dict[str, list[tuple[float, float]]], **ctx: object) -> str:
         creates = [c for c, _ in results[way]]
         destroys = [d for _, d in results[way]]
         rows.append(f"| {label} | {span(creates)} | {span(destroys)} |")
-    ram = int(first_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
     return f"""{START}
 ## Engine service: what asking it costs
 
@@ -161,12 +156,7 @@ destroy it. Cells are the median with the range over {ctx["rounds"]} rounds. The
 times include the interpreter's start and imports (see issue 15's CLI overhead): compare the
 two command rows with each other, and the two in-process rows with each other.
 
-| | |
-|---|---|
-| Date | {ctx["started"]:%Y-%m-%d %H:%M} UTC (the run took {ctx["minutes"]:.0f} min) |
-| CPU | {first_field("/proc/cpuinfo", "model name")}, {os.cpu_count()} cores |
-| RAM | {format_bytes(ram)} |
-| Kernel | {platform.system()} {platform.release()} |
+{machine_rows(ctx)}
 | Load average | {ctx["load"]} (1, 5, 15 min) when the run started; the machine is shared |
 | Postgres | {ctx["postgres"]} |
 
@@ -183,13 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="create/destroy pairs per way")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-service", help="work dir")
     args = parser.parse_args(argv)
-    poolmod.require_root()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    work = Path(args.work).resolve()
-    for path in (work, work / "tmp"):
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o755)
+    work, load = start(args.work)
     settings = Settings(home=work / "pool", port_min=56400, port_max=56449, runtime="local")
     install = pgbin.newest(settings.pg_bindir)
     owner = proc.OsUser.lookup(settings.os_user)
@@ -197,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[tuple[float, float]]] = {way: [] for way in WAYS}
     pool = None
     try:
-        datadir = build_source(work, owner, install)
+        datadir = build_source(work, owner, install, small_app)
         with cluster.running(install, datadir, owner=owner, scratch=work / "tmp") as srv:
             dsn = make_conninfo(
                 host=os.fspath(srv.socket_dir), port=srv.port, user="postgres", dbname="app"

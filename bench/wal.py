@@ -312,7 +312,7 @@ class WalBench(Bench):
         return self.pgbench(os.fspath(srv.socket_dir), srv.port, "postgres", mode, "plain")
 
     # -- one size ---------------------------------------------------------------------------
-    def run_size(
+    def run_wal_size(
         self, res: SizeResults, cycles: int, rounds: int, configs: list[WalConfig]
     ) -> None:
         """Part 1 for ``configs``, then part 2, on one size."""
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = sync_rates(bench.pool.root / "bench-sync", rounds=5)
         console.log({k: round(median(v)) for k, v in rates.items()})
         for res in results:
-            bench.run_size(res, args.cycles, args.rounds, configs_for(res.run.gib, large))
+            bench.run_wal_size(res, args.cycles, args.rounds, configs_for(res.run.gib, large))
             bench.sweep()
             if not args.keep:
                 bench.remove_size(res.run)

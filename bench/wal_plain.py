@@ -60,6 +60,7 @@ from wal import SHIPPED, WalBench
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
@@ -309,7 +310,7 @@ class PlainBench(WalBench):
 
     # -- a branch ---------------------------------------------------------------------------
     @contextmanager
-    def fresh_branch(self, run: SizeRun, key: str) -> Iterator[tuple[branch.Branch, Conn]]:
+    def fresh_branch(self, run: SizeRun, key: str) -> Iterator[tuple[Branch, Conn]]:
         """A new branch of the shipped base and a superuser connection over its socket."""
         pool, name = self.pool, f"plain-{run.key}-{key}"
         assert pool is not None
@@ -364,7 +365,7 @@ class PlainBench(WalBench):
             return s
 
     # -- one size ---------------------------------------------------------------------------
-    def run_size(self, res: SizeResults, cycles: int, caches: list[str]) -> None:
+    def run_plain_size(self, res: SizeResults, cycles: int, caches: list[str]) -> None:
         run = res.run
         self.ensure_source(run)
         with self.source(run, {}) as srv:
@@ -524,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.sweep()
         bench.probe_hints()
         for res in results:
-            bench.run_size(res, args.cycles, caches)
+            bench.run_plain_size(res, args.cycles, caches)
             bench.sweep()
             if not args.keep:
                 bench.remove_size(res.run)

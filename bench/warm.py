@@ -77,13 +77,13 @@ def timed_password(steps: dict[str, float]) -> Iterator[None]:
         finally:
             steps["connect"] = now() - start
 
-    branch._claim_login = timed  # type: ignore[assignment]
-    branch._engine_connection = timed_connect  # type: ignore[assignment]
+    branch._claim_login = timed
+    branch._engine_connection = timed_connect
     try:
         yield
     finally:
-        branch._claim_login = original  # type: ignore[assignment]
-        branch._engine_connection = connect  # type: ignore[assignment]
+        branch._claim_login = original
+        branch._engine_connection = connect
 
 
 class _Inline:
@@ -116,12 +116,16 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     def flushed(*args: Any, **kwargs: Any) -> None:
         set_password(*args, **{**kwargs, "flush": True})
 
-    held.take, held.password, roles.set_password = take_none, new_password, flushed  # type: ignore[assignment]
-    pool.registry.transaction = lambda durable=True: transaction(durable=True)  # type: ignore[method-assign]
+    held.take, held.password, roles.set_password = take_none, new_password, flushed
+
+    def always_durable(durable: bool = True) -> Any:
+        return transaction(durable=True)
+
+    pool.registry.transaction = always_durable  # type: ignore[method-assign]  # for this run only
     try:
         yield
     finally:
-        held.take, held.password, roles.set_password = take, password, set_password  # type: ignore[assignment]
+        held.take, held.password, roles.set_password = take, password, set_password
         del pool.registry.transaction
 
 

@@ -268,7 +268,9 @@ class Bench:
         config.chmod(0o644)
         # The listener runs as its own user (it refuses root), made as an admin makes it.
         setup = ["webhook", "setup", "--user", LISTENER_USER, "--state-dir", str(self.state)]
-        subprocess.run([sys.executable, "-P", "-m", "pgoverlay", *setup], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-P", "-m", "pgoverlay", *setup], check=True, capture_output=True
+        )
         env = {
             **os.environ,
             "PGOVERLAY_HOME": os.fspath(self.settings.home),

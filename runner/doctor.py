@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import platform
+import pwd
 import shutil
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.pool import PLAIN_COST, PoolInfo, discard, mounts, read_info, supports_reflink
+from pgoverlay.runner import proc
+from pgoverlay.runner.pool import (
+    PLAIN_COST,
+    Pool,
+    PoolInfo,
+    discard,
+    mounts,
+    read_info,
+    supports_reflink,
+)
 from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.runtime.choose import choose, tools_for, verify
@@ -34,9 +48,6 @@ def _root() -> Check:
 
 def _interpreter(settings: Settings) -> Check:
     """Can the service group's members (the runner's user, the listener) run this command?"""
-    import platform
-    import sys
-
     from pgoverlay.runner import interpreter
 
     group = settings.service_group
@@ -116,7 +127,6 @@ def _pool(settings: Settings) -> list[Check]:
 def _warm(settings: Settings) -> list[Check]:
     """Each base's warm branches: how many are ready of how many wanted, and their memory."""
     from pgoverlay.runner.branch import warm
-    from pgoverlay.runner.pool import Pool
     from pgoverlay.runner.units import format_bytes
 
     if os.geteuid() != 0 or read_info(settings.home) is None:
@@ -249,11 +259,6 @@ def listener(
     exists): its user and group, its subordinate ids, its state folder, and the tools that map
     the ids. ``user``, ``state_dir`` and ``path`` (where to look for the tools) default to what
     `pgoverlay webhook setup` and the unit use."""
-    import grp
-    import pwd
-    import stat
-
-    from pgoverlay.runner import proc
     from pgoverlay.webhook import account
 
     user = user or account.USER

@@ -10,13 +10,15 @@ import ctypes
 import logging
 import os
 import pwd
+import selectors
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgoverlay.errors import CommandError, TimeoutExpiredError
+from pgoverlay.errors import CommandError, PostgresBinariesError, TimeoutExpiredError
 from pgoverlay.runner import safefs
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,6 @@ class OsUser:
 
     @classmethod
     def lookup(cls, name: str) -> OsUser:
-        from pgoverlay.errors import PostgresBinariesError
-
         try:
             entry = pwd.getpwnam(name)
         except KeyError:
@@ -219,9 +219,6 @@ def run_streaming(
 
     Returns the collected stderr; raises CommandError if it fails.
     """
-    import selectors
-    import time
-
     args = [os.fspath(a) for a in argv]
     log.debug("run %s", args)
     uid, gid, groups = _identity(user)

@@ -10,6 +10,7 @@ than the rest of its start-up, and a dataclass (``dataclasses`` imports ``inspec
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -272,8 +273,6 @@ class Settings:
     def fingerprint(self) -> str:
         """A digest of every field: two processes with the same one act alike on the pool (root's
         CLI has the engine service act for it only when both have the same)."""
-        import json
-
         from pgoverlay.runner.digest import sha256_hex
 
         every = {name: str(getattr(self, name)) for name in _FIELDS}

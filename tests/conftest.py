@@ -214,11 +214,11 @@ def runtime_env(env: dict[str, str], runtime: str) -> dict[str, str]:
 def service(pool: Pool) -> Iterator[Path]:
     """The engine service of the test pool, started as `pool init` starts it where there is no
     systemd (a detached root process); its socket's path."""
-    from pgoverlay.runner.service import serve
+    from pgoverlay.runner.service import client, serve
 
     settings = service_settings(pool)
     start_service(settings)
-    yield serve.socket_path(settings)
+    yield client.socket_path(settings)
     serve.stop(settings)
 
 

@@ -41,7 +41,7 @@ from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, gc, locks, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
-from pgoverlay.runner.service import serve
+from pgoverlay.runner.service import client, serve
 from pgoverlay.runner.service.address import SOCKET_ROOT
 from pgoverlay.runner.settings import Settings
 
@@ -340,7 +340,7 @@ def test_pool_rm_leaves_no_mounts_files_containers_and_follows_no_link(
         assert not home.exists(), list(home.rglob("*"))
         assert not (SOCKET_ROOT / pool_hash).exists()
         assert "stopped the engine service" in done.stdout
-        assert not serve.socket_path(settings).exists() and not serve.answering(settings)
+        assert not client.socket_path(settings).exists() and not serve.answering(settings)
         assert docker_objects_for(p, "rm-docker") == []
         assert (outside / "precious").read_text() == "keep me"
 

@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from pgoverlay.runner.branch import warm
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion
-from pgoverlay.runner.service import limits, serve
+from pgoverlay.runner.service import client, limits, serve
 from pgoverlay.runner.service.models import MAX_RECORD_BYTES
 from pgoverlay.runner.service.protocol import peer_of
 from pgoverlay.runner.settings import Settings
@@ -280,7 +281,7 @@ with ThreadPoolExecutor(len(REQUESTS)) as workers:
     result = list(workers.map(create, REQUESTS))
 """
 
-LIMITS = {
+LIMITS: dict[str, tuple[str, Callable[[int], str]]] = {
     # limit -> (its setting, the repository of create i)
     "total": ("max_branches", lambda i: f"acme/r{i}"),
     "per repository": ("max_branches_per_repository", lambda i: "acme/same"),
@@ -300,7 +301,7 @@ def test_simultaneous_creates_stop_exactly_at_the_limit(
             {"name": f"race-{i}", "base": base.name, "repository": repository(i), "pr": i + 1}
             for i in range(20)
         ]
-        path = serve.socket_path(settings)
+        path = client.socket_path(settings)
         code = f"SOCKET = {os.fspath(path)!r}\nREQUESTS = {requests!r}\n{_RACE}"
         answers = as_member(ATTACKER, code)
         assert isinstance(answers, list)
@@ -330,7 +331,7 @@ def test_simultaneous_creates_stop_exactly_at_the_limit(
                 result = engine.create(request).owner_uid
                 """,
             )
-            assert other == os_user(MEMBER).pw_uid  # type: ignore[comparison-overlap]
+            assert other == os_user(MEMBER).pw_uid
 
 
 def test_simultaneous_creates_claiming_warm_branches_stop_exactly_at_the_limit(
@@ -350,7 +351,7 @@ def test_simultaneous_creates_claiming_warm_branches_stop_exactly_at_the_limit(
                 {"name": f"race-{i}", "base": base.name, "repository": f"acme/r{i}", "pr": i + 1}
                 for i in range(20)
             ]
-            path = serve.socket_path(settings)
+            path = client.socket_path(settings)
             code = f"SOCKET = {os.fspath(path)!r}\nREQUESTS = {requests!r}\n{_RACE}"
             answers = as_member(ATTACKER, code)
         finally:
@@ -522,9 +523,9 @@ def test_oversized_and_slow_requests_leave_the_services_memory_flat_and_others_s
     with service_with(
         pool, service_connections_per_user=2000, service_request_timeout=60
     ) as settings:
-        path = serve.socket_path(settings)
+        path = client.socket_path(settings)
         pid = service_pid(path)
-        as_member_cli = {"env": env, "user": MEMBER, "groups": list(GROUPS)}
+        as_member_cli: dict[str, Any] = {"env": env, "user": MEMBER, "groups": list(GROUPS)}
         # What a create costs the service the first time (its imports) is not the flood's.
         warm = cli(
             ["branch", "create", "warm-up", "--base", base.name, "--repository", "acme/shop"],

@@ -1,13 +1,17 @@
 """Start-up stays cheap: a command imports what it runs, not the whole engine, web framework,
-Docker SDK, PyGithub or psycopg (pgoverlay/cli/common.py says why; bench/process.py measures)."""
+Docker SDK, PyGithub or psycopg (pgoverlay/cli/common.py says why; bench/process.py measures).
+An import inside a function is there for that alone (docs/architecture.md, "Where to look")."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import subprocess
 import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -195,3 +199,88 @@ def test_a_command_line_builds_only_its_groups_parser_and_groups_name_their_comm
             name for name, owner in cli.GROUPS.items() if owner == group
         }
     assert _commands(cli.build_parser(["-v", "brnch"])) == everything  # a mistake sees all
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by its installed name (pyproject.toml's package-dir)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {}
+    for package, folder in {"pgoverlay": "pgoverlay", **setuptools["package-dir"]}.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _late_imports(name: str, path: Path) -> dict[int, list[str]]:
+    """The imports inside the module's functions: by line, what each may load (for
+    ``from a import b``, ``a.b`` in case b is a module, and ``a``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[int, list[str]] = {}
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                found[node.lineno] = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([base] if base else [])])
+                found[node.lineno] = [*(f"{base}.{a.name}" for a in node.names), base]
+    return found
+
+
+# Imports the module, then says which of the candidates are modules already loaded, and which
+# are not modules at all (a name a module defines).
+_LOADED_PROBE = """
+import importlib, importlib.util, json, sys
+importlib.import_module(sys.argv[1])
+loaded = set(sys.modules)
+def is_module(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+names = sys.argv[2:]
+print(json.dumps({n: n in loaded or not is_module(n) for n in names}))
+"""
+
+
+def _already_there(name: str, candidates: set[str]) -> dict[str, bool]:
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED_PROBE, name, *sorted(candidates)],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    there: dict[str, bool] = json.loads(done.stdout)
+    return there
+
+
+def test_an_import_inside_a_function_loads_what_its_module_has_not_loaded() -> None:
+    """An import goes inside a function to put off loading a module (a library, or one of ours
+    that brings one) until a command needs it; one of a module its own module has already
+    loaded (with its imports at the top) puts off nothing and belongs at the top."""
+    modules = _modules()
+    late = {name: _late_imports(name, path) for name, path in modules.items()}
+    late = {name: found for name, found in late.items() if found}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        asked = {name: {c for cs in found.values() for c in cs} for name, found in late.items()}
+        there = dict(zip(asked, pool.map(_already_there, asked, asked.values()), strict=True))
+    pointless = [
+        f"{modules[name].relative_to(ROOT)}:{line}: {candidates[-1]}"
+        for name, found in late.items()
+        for line, candidates in sorted(found.items())
+        # one candidate not loaded (``a.b`` a module, or ``a`` itself) is what the import defers
+        if all(there[name][c] for c in candidates)
+    ]
+    assert pointless == [], "move these imports to the top of their module"

@@ -222,7 +222,7 @@ def test_a_marked_file_prints_what_the_file_prints(
     (tmp_path / "f.sql").write_text(text)
     psql = pgbin.for_major(base.pg_major or 15).tool("psql")
     env = engine.connection("exact-a").libpq_env()
-    argv = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
+    argv: list[str | Path] = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction"]
     plain = proc.run([*argv, "-f", "f.sql"], env=env, cwd=tmp_path, timeout=60)
     with engine_connection(engine) as conn:
         conn.execute("DROP TABLE o1")

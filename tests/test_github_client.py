@@ -216,7 +216,9 @@ def test_the_listeners_commit_status_is_set_after_server_errors_are_retried() ->
     GitHub("ghs_token", api_url=API, backoff=0.0).set_status(REPO, "c" * 40, "success", "ready")
     posted = [c for c in responses.calls if c.request.method == "POST"]
     assert len(posted) == 2
-    assert json.loads(posted[-1].request.body or b"{}")["context"] == "pgoverlay/branch"
+    body = posted[-1].request.body
+    assert isinstance(body, bytes | str)
+    assert json.loads(body)["context"] == "pgoverlay/branch"
 
 
 @responses.activate

@@ -199,7 +199,7 @@ def test_the_log_reads_back_as_statements_with_their_transaction_events_and_wait
         logparse.DdlEvent("CREATE INDEX", "3/25", [logparse.HeldLock(ORDERS, "ShareLock")], [])
     ]
     assert create.waits == [logparse.LockWait(ORDERS, "ShareLock", 2.0005, True)]
-    assert parsed.statements[0].ddl == parsed.statements[0].waits == []
+    assert parsed.statements[0].ddl == [] and parsed.statements[0].waits == []
 
 
 def test_the_extended_protocol_counts_execute_with_its_parse_and_bind() -> None:
@@ -636,8 +636,8 @@ def test_a_stored_generated_column_and_truncate_get_their_own_words_not_the_reas
         "stored generated column rewrites the table: add a plain column, fill it in batches"
     )
     emptied = dataclasses.replace(rewrite, reasons=[])
-    found = verdict.decide(insight_with([lock], [emptied], texts=["TRUNCATE orders"]), DEFAULTS)
-    assert (found.kind, found.text.split(":")[0]) == (
+    emptying = verdict.decide(insight_with([lock], [emptied], texts=["TRUNCATE orders"]), DEFAULTS)
+    assert (emptying.kind, emptying.text.split(":")[0]) == (
         "rewrite", "empties `public.orders` (10 B) under ACCESS EXCLUSIVE for 10 ms"
     )  # fmt: skip
 

@@ -265,6 +265,7 @@ def test_details_go_before_rows_when_the_comment_would_not_fit() -> None:
     runs[17] = traced("db/017.sql", statements=40, findings=40, level="over")
     for i, m in enumerate(runs):
         if i != 17:
+            assert m.insight is not None
             runs[i] = dataclasses.replace(
                 m, insight=dataclasses.replace(m.insight, verdict=Verdict("safe", "safe online"))
             )

@@ -19,7 +19,7 @@ import sqlparse
 
 from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
-from pgoverlay.action import comment, details, event, parts, record, workflow
+from pgoverlay.action import comment, details, event, migrations, parts, record, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import analyze, jsonreport, ledgers, logparse, tools
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, Thresholds
@@ -605,7 +605,7 @@ def test_sql_files_mode_keeps_tables_named_like_a_tools_ledger() -> None:
         relations_before=BEFORE,
         relations_after=AFTER,
         seconds=1.0,
-        statements=analyze.migrations.statements("ALTER TABLE django_migrations ADD COLUMN x int;"),
+        statements=migrations.statements("ALTER TABLE django_migrations ADD COLUMN x int;"),
         ignore_pids=set(),
         lint=[],
         thresholds=Thresholds(),

@@ -18,7 +18,7 @@ import pytest
 from pgoverlay.action import migrations
 from pgoverlay.action.comment import render_comment
 from pgoverlay.action.migrations import Target
-from pgoverlay.action.report import Report
+from pgoverlay.action.report import MigrationRun, Report
 from pgoverlay.action.sandbox import AsUser
 from pgoverlay.errors import MigrationError, UnsafeFileError
 from pgoverlay.runner import branch
@@ -134,7 +134,7 @@ def hostile_branch(pool: Pool, base: BaseVersion) -> Iterator[Target]:
         branch.destroy(pool, "hostile-files")
 
 
-def _comment(runs: list[migrations.MigrationRun]) -> str:
+def _comment(runs: list[MigrationRun]) -> str:
     return render_comment(
         Report(
             repository="o/r",

@@ -8,6 +8,7 @@ import signal
 import stat
 import sys
 from pathlib import Path
+from typing import Literal
 
 import psycopg
 import pytest
@@ -141,7 +142,7 @@ def test_kill_at_each_seed_step_then_gc_removes_the_version_and_a_reseed_works(
     pool: Pool, source: cluster.Running, env: dict[str, str], step: str
 ) -> None:
     name = f"killed-{step}"
-    via = "dump" if step == "restored" else "basebackup"
+    via: Literal["dump", "basebackup"] = "dump" if step == "restored" else "basebackup"
     dsn = source_dsn(source)
     gc.collect(pool)  # what other tests left, so the report below is this seed's alone
     before = set(pool.tmp.glob("pgo-*-*"))

@@ -24,6 +24,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.postgres.tools import Tools
+from pgoverlay.runner.runtime import choose
 from pgoverlay.runner.seed import durable, lockdown, verify
 
 
@@ -204,7 +205,7 @@ def test_a_seed_whose_copy_is_damaged_fails_and_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
     damage: Callable[[Path], None],
 ) -> None:
-    real = seed.tools_for
+    real = choose.tools_for  # the function seed looks up by this name
     monkeypatch.setattr(seed, "tools_for", lambda *a, **k: Damaging(real(*a, **k), damage))
     name = f"damaged-{os.urandom(3).hex()}"  # a seed wrongly made stays out of the other cases
     with pytest.raises(SeedError, match=r"manifest|verification"):

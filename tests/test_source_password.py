@@ -78,7 +78,11 @@ def locked(pool: Pool) -> Iterator[Locked]:
             "password_encryption": "scram-sha-256",
         },
     ) as srv:
-        local = {"host": os.fspath(srv.socket_dir), "port": port, "user": "postgres"}
+        local: dict[str, Any] = {
+            "host": os.fspath(srv.socket_dir),
+            "port": port,
+            "user": "postgres",
+        }
         with psycopg.connect(**local, autocommit=True) as conn:
             conn.execute(
                 psycopg.sql.SQL(

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,8 +48,9 @@ BRANCH = BranchView(
 )
 
 
-def _through_json(view: object) -> object:
-    return json.loads(json.dumps(as_dict(view)))
+def _through_json(view: object) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(as_dict(view)))
+    return data
 
 
 def test_every_answer_reads_back_as_it_was_sent() -> None:
@@ -82,7 +84,7 @@ def test_every_answer_reads_back_as_it_was_sent() -> None:
 
 
 def test_a_field_a_newer_service_adds_is_left_out() -> None:
-    data = {**_through_json(BRANCH), "added_later": 1}  # type: ignore[dict-item]
+    data = {**_through_json(BRANCH), "added_later": 1}
     assert decode(BranchView, data) == BRANCH
 
 
@@ -98,10 +100,10 @@ def test_a_field_a_newer_service_adds_is_left_out() -> None:
     ],
 )
 def test_what_does_not_fit_is_named_by_its_field(change: dict[str, object], problem: str) -> None:
-    data = {**_through_json(BRANCH), **change}  # type: ignore[dict-item]
+    data = {**_through_json(BRANCH), **change}
     with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         decode(BranchView, data)
-    missing = {k: v for k, v in _through_json(BRANCH).items() if k != "owner_uid"}  # type: ignore[union-attr]
+    missing = {k: v for k, v in _through_json(BRANCH).items() if k != "owner_uid"}
     with pytest.raises(ValueError, match="owner_uid: missing"):
         decode(BranchView, missing)
 

@@ -13,14 +13,14 @@ from helpers import as_engine, remove_base, source_dsn
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch import conf as branchconf
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
 MiB = 1024 * 1024
 
 
-def show(pool: Pool, made: branch.Branch, base: BaseVersion, names: list[str]) -> dict[str, str]:
+def show(pool: Pool, made: Branch, base: BaseVersion, names: list[str]) -> dict[str, str]:
     with as_engine(pool, made, base) as conn:
         return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
 

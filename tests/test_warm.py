@@ -243,8 +243,8 @@ def test_a_refreshed_base_retires_the_old_versions_warm_branches(
         branch.destroy(pool, "on-refreshed")
         _warm_up(pool, second, "local", 1)
     finally:
-        removed = bases.remove(pool, "warmed")  # warm branches go with it, unlisted
-    assert removed.branches == []
+        gone = bases.remove(pool, "warmed")  # warm branches go with it, unlisted
+    assert gone.branches == []
     assert warm.warm_branches(pool) == []
     assert [t for t in pool.registry.warm_targets() if t.base_name == "warmed"] == []
 

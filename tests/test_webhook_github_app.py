@@ -59,7 +59,7 @@ def test_an_installation_token_is_minted_once_and_comments_come_from_the_app(
 
 def test_the_listener_refuses_to_start_without_a_secret_or_credentials() -> None:
     with pytest.raises(ValidationError, match="secret"):
-        WebhookSettings(token="t")  # type: ignore[call-arg]
+        WebhookSettings(token="t")
     with pytest.raises(ValidationError, match="webhook secret is empty"):
         WebhookSettings(secret="", token="t")
     with pytest.raises(ValidationError, match="token"):

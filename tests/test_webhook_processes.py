@@ -164,6 +164,7 @@ def test_intake_keeps_acknowledging_when_the_worker_process_dies_and_healthz_say
         timeout=60,
         what="/healthz to report the dead worker process",
     )
+    assert isinstance(health, requests.Response)
     assert "worker process was killed by signal 9" in health.json()["detail"]
     head = "d" * 40
     assert service.send(pr_payload("opened", head, number=23)).status_code == 202

@@ -19,7 +19,7 @@ from contextlib import closing
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -655,7 +655,7 @@ def test_a_link_in_place_of_the_queue_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_rejected_delivery_is_recorded_with_its_reason_once(queue: Queue) -> None:
-    args = {"event": "pull_request", "action": "opened", "body_sha256": "e" * 64}
+    args: dict[str, Any] = {"event": "pull_request", "action": "opened", "body_sha256": "e" * 64}
     assert queue.reject(delivery_id="r-1", reason="pull_request.head: missing", **args)
     assert not queue.reject(delivery_id="r-2", reason="pull_request.head: missing", **args)
     assert queue.accept(delivery_id="r-3", job=new("open"), **args) == "duplicate"

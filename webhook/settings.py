@@ -217,7 +217,7 @@ class WebhookSettings(BaseSettings):
 def load() -> WebhookSettings:
     """The listener's settings, or a ConfigError naming the bad one."""
     try:
-        return WebhookSettings()  # type: ignore[call-arg]
+        return WebhookSettings()
     except ValidationError as exc:
         raise config_error(
             exc,

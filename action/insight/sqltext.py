@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlparse import engine
+from sqlparse import engine, lexer
 from sqlparse import tokens as T
 from sqlparse.sql import Token
 
@@ -56,8 +56,6 @@ def statements(text: str) -> list[list[Token]]:
 def strip_comments(text: str) -> str:
     """``text`` with its comments blanked (as ``sqlparse.format(strip_comments=True)`` does,
     without the grouping that refuses a statement of more than 10,000 tokens)."""
-    from sqlparse import lexer
-
     return "".join(
         " " if ttype in T.Comment else value
         for ttype, value in lexer.tokenize(text)  # type: ignore[no-untyped-call]

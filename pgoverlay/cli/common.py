@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time  # built in and loaded, where datetime is a module to import: a listing's ms count
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
@@ -108,8 +109,6 @@ def when(epoch: float | None) -> str:
     """A Unix time as UTC, or `-` for none."""
     if epoch is None:
         return "-"
-    import time  # built in, where datetime is a module to import: a listing's every ms counts
-
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
 
 

@@ -39,7 +39,7 @@ from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, locks, mounts, release_freed, require_root
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
-from pgoverlay.runner.postgres import cluster, sqlerror
+from pgoverlay.runner.postgres import cluster, postmaster, sqlerror
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.runtime.choose import tools_for
 from pgoverlay.runner.seed import (
@@ -609,8 +609,6 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
     """Remove every trace of one base version. Idempotent."""
     staging = pool.staging_dir(name, version)
     if staging.exists():
-        from pgoverlay.runner.postgres import postmaster
-
         postmaster.stop(staging / "postmaster.pid", timeout=pool.settings.stop_timeout)
     target = pool.base_dir(name, version)
     mounts.unmount(target)
