@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -310,9 +311,10 @@ def test_run_options_change_with_what_runs_and_hold_no_value() -> None:
         ("assume_long_transaction", "30s"),
         ("allow_fork_commands", True),
     ]:
-        assert fingerprint(dataclasses.replace(asked, **{name: value})) != kept, name
+        changed: dict[str, Any] = {name: value}
+        assert fingerprint(dataclasses.replace(asked, **changed)) != kept, name
     # The listener's request, for the same settings, is the same run
-    settings = RepoSettings(migrations="db/migrations")
+    settings = RepoSettings.model_validate({"migrations": "db/migrations"})
     assert fingerprint(settings.request()) == fingerprint(PrRequest(migrations="db/migrations"))
 
 

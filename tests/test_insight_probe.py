@@ -213,7 +213,8 @@ def test_assume_long_transaction_reads_a_duration_and_is_off_when_empty() -> Non
         PrRequest(assume_long_transaction="2h")
     with pytest.raises(RequestError, match="cannot read duration 'soon'"):
         PrRequest(assume_long_transaction="soon")
-    assert RepoSettings(assume_long_transaction="45s").request().long_transaction() == 45.0
+    repo = RepoSettings.model_validate({"assume_long_transaction": "45s"})
+    assert repo.request().long_transaction() == 45.0
 
 
 # -- on a real branch -----------------------------------------------------------------------

@@ -121,7 +121,8 @@ def test_the_webhooks_example_configuration_is_valid(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PGOVERLAY_WEBHOOK_TOKEN", "ghp_test")
     settings = WebhookSettings()
     assert settings.repositories, "the example configures at least one repository"
-    assert {r.runtime for r in settings.repositories.values()} <= {"auto", "local", "docker"}
+    runtimes = {r.request().runtime for r in settings.repositories.values()}
+    assert runtimes <= {"auto", "local", "docker"}
 
 
 @pytest.mark.parametrize(
