@@ -26,11 +26,14 @@ from typing import Any, Literal, get_args
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_duration, parse_seconds
+from pgoverlay.runner.runtime import table as runtimes
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 
 Select = Literal["changed", "all"]
-Runtime = Literal["auto", "local", "docker"]  # auto: the runner's PGOVERLAY_RUNTIME
+# "auto" (the runner's PGOVERLAY_RUNTIME) or a runtime of runner/runtime/table.py, checked
+# against the table (``_CHOICES``, and ``_runtime`` for the listener's settings)
+Runtime = str
 
 
 def lock_seconds(text: str) -> float:
@@ -115,6 +118,11 @@ def _base_name(base: str | None) -> None:
         )
 
 
+def _runtime(runtime: str) -> None:
+    if runtime not in runtimes.choices():
+        raise ConfigError(_one_of(runtimes.choices()))
+
+
 def _duration(ttl: str | None) -> None:
     if ttl:
         parse_duration(ttl)
@@ -141,6 +149,7 @@ def long_transaction_seconds(text: str | None) -> float:
 _VALUE_CHECKS: dict[str, Callable[[Any], object]] = {
     "base": _base_name,
     "ttl": _duration,
+    "runtime": _runtime,
     "max_blocking_lock": lock_seconds,
     "max_rewrite": parse_bytes,
     "assume_long_transaction": long_transaction_seconds,
@@ -176,9 +185,10 @@ def is_blank(value: object) -> bool:
 
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "migrations_select": get_args(Select),
-    "runtime": get_args(Runtime),
+# A field's values, read when a value is checked: the runtimes are the table's then.
+_CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "migrations_select": lambda: get_args(Select),
+    "runtime": runtimes.choices,
 }
 
 
@@ -202,11 +212,15 @@ def _as_bool(value: object) -> bool:
     raise _Wrong("Input should be a valid boolean, unable to interpret input")
 
 
+def _one_of(options: tuple[str, ...]) -> str:
+    listed = [repr(o) for o in options]
+    return f"Input should be {', '.join(listed[:-1])} or {listed[-1]}"
+
+
 def _choice(name: str, value: object) -> str:
-    options = _CHOICES[name]
+    options = _CHOICES[name]()
     if value not in options:
-        listed = [repr(o) for o in options]
-        raise _Wrong(f"Input should be {', '.join(listed[:-1])} or {listed[-1]}")
+        raise _Wrong(_one_of(options))
     return str(value)
 
 
