@@ -23,6 +23,7 @@ from pgoverlay.runner import branch, seed
 from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.runtime import table
 from pgoverlay.runner.seed import bases
 from pgoverlay.runner.settings import Settings
 
@@ -157,6 +158,17 @@ def postgres_processes_for(path: Path) -> list[int]:
 
 
 DOCKER_IMAGE = "pgoverlay-local/postgres:{major}"  # what scripts/docker.sh builds
+
+
+# Every runtime of the table: a test that holds for each runtime runs once per name.
+RUNTIMES = list(table.names())
+
+
+def require_runtime(name: str, major: int) -> None:
+    """A branch of Postgres ``major`` on runtime ``name`` needs what that runtime runs with
+    (Docker: the daemon and the image scripts/docker.sh builds)."""
+    if name == "docker":
+        require_docker_image(major)
 
 
 def require_docker_image(major: int) -> None:
@@ -357,8 +369,7 @@ def start_service(settings: Settings) -> None:
 @contextmanager
 def branch_of(pool: Pool, base: BaseVersion, *, name: str, runtime: str) -> Iterator[Branch]:
     """A branch of ``base`` on ``runtime``, destroyed afterwards (Docker: needs the image)."""
-    if runtime == "docker":
-        require_docker_image(base.pg_major or 0)
+    require_runtime(runtime, base.pg_major or 0)
     made = branch.create(pool, name, base_name=base.name, runtime=runtime)
     try:
         yield made
