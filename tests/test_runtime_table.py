@@ -8,6 +8,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pydantic import ValidationError
@@ -198,3 +199,36 @@ def test_gc_reports_a_runtime_it_cannot_ask_only_when_a_branch_runs_on_it(
         assert problem in gc.collect(pool).problems
     finally:
         branches.destroy(pool, "on-unreachable")
+
+
+# -- the Docker daemon's address ---------------------------------------------------------
+
+
+def test_the_docker_daemons_address_is_a_setting_that_defaults_to_docker_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    nowhere = f"unix://{tmp_path}/no-daemon-here.sock"
+    monkeypatch.delenv("PGOVERLAY_DOCKER_HOST", raising=False)
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert Settings().docker_host is None
+    monkeypatch.setenv("DOCKER_HOST", "tcp://docker.example:2375")
+    assert Settings().docker_host == "tcp://docker.example:2375"
+    monkeypatch.setenv("PGOVERLAY_DOCKER_HOST", nowhere)
+    assert Settings().docker_host == nowhere  # ours wins over the Docker client's variable
+
+    asked = choose(Settings(runtime="docker"), "branch", major=16)
+    assert (asked.name, asked.usable) == ("docker", False)
+    assert "the Docker daemon does not answer" in asked.reason
+    with pytest.raises(DockerError, match="cannot reach the Docker daemon"):
+        table.get("docker").leftovers(
+            cast(Pool, _FakePool(Settings())), known=(), may_remove=lambda kind, name: True
+        )
+    assert table.get("docker").remove_all(Settings(), "p0") == []
+
+
+class _FakePool:
+    """What the Docker runtime's leftovers read of a pool: its settings and id."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.id = "p0"
