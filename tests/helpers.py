@@ -178,7 +178,7 @@ def require_docker_image(major: int) -> None:
 
     image = DOCKER_IMAGE.replace("{major}", str(major))
     try:
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
     except DockerError as err:
         require(False, f"needs a Docker daemon (scripts/docker.sh starts one): {err}")
         return
@@ -195,7 +195,7 @@ def docker_objects_for(pool: Pool, name: str) -> list[str]:
     from pgoverlay.runner.runtime import docker as docker_runtime
 
     try:
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
     except DockerError:
         return []
     try:
@@ -214,7 +214,7 @@ def server_pid(pool: Pool, name: str) -> int:
     if b.runtime == "docker":
         from pgoverlay.runner.runtime import docker as docker_runtime
 
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
         try:
             container = client.containers.get(f"pgoverlay-{pool.id}-{name}")
             return int(container.attrs["State"]["Pid"])

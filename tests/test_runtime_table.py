@@ -53,8 +53,10 @@ class Nspawn(LocalRuntime):
         return super().seed_tools(pool, major=major, base_name=base_name, mounts=mounts)
 
     @classmethod
-    def leftovers(cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove) -> list[str]:
-        cls.asked.append("leftovers")
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
+        cls.asked.append(f"leftovers, in use: {in_use}")
         return ["machine pgoverlay-nspawn-gone"]
 
     @classmethod
@@ -176,6 +178,7 @@ def test_a_runtime_added_to_the_table_runs_branches_seeds_and_is_swept(
         assert tools.major == major and "seed tools for next" in nspawn.asked
         report = gc.collect(pool)
         assert "machine pgoverlay-nspawn-gone" in report.orphans
+        assert "leftovers, in use: True" in nspawn.asked
         assert "third-runtime" not in report.restarted
     finally:
         branches.destroy(pool, "third-runtime")
@@ -184,12 +187,19 @@ def test_a_runtime_added_to_the_table_runs_branches_seeds_and_is_swept(
 def test_gc_reports_a_runtime_it_cannot_ask_only_when_a_branch_runs_on_it(
     monkeypatch: pytest.MonkeyPatch, pool: Pool, base: BaseVersion
 ) -> None:
+    """gc tells each runtime whether a branch runs on it; one without its daemon has nothing
+    of the pool when none does, and is a problem when one does."""
+
     class Unreachable(Nspawn):
         name = "unreachable"
 
         @classmethod
-        def leftovers(cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove) -> list[str]:
-            raise DockerError("cannot reach the unreachable daemon: start it")
+        def leftovers(
+            cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+        ) -> list[str]:
+            if in_use:
+                raise DockerError("cannot reach the unreachable daemon: start it")
+            return []
 
     monkeypatch.setitem(table.RUNTIMES, "unreachable", lambda: Unreachable)
     problem = "cannot reach the unreachable daemon: start it"
@@ -221,8 +231,18 @@ def test_the_docker_daemons_address_is_a_setting_that_defaults_to_docker_host(
     assert "the Docker daemon does not answer" in asked.reason
     with pytest.raises(DockerError, match="cannot reach the Docker daemon"):
         table.get("docker").leftovers(
-            cast(Pool, _FakePool(Settings())), known=(), may_remove=lambda kind, name: True
+            cast(Pool, _FakePool(Settings())),
+            known=(),
+            may_remove=lambda kind, name: True,
+            in_use=True,
         )
+    unused = table.get("docker").leftovers(
+        cast(Pool, _FakePool(Settings())),
+        known=(),
+        may_remove=lambda kind, name: True,
+        in_use=False,
+    )
+    assert unused == []  # no daemon and no branch on it: nothing of this pool to remove
     assert table.get("docker").remove_all(Settings(), "p0") == []
 
 

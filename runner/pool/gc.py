@@ -145,18 +145,18 @@ def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
 def _runtime_leftovers(pool: Pool, report: Report) -> None:
     """What each runtime made beside the pool (Docker's containers and volumes) that no
     branch claims. A runtime that cannot be asked (no Docker daemon) is a problem only when a
-    branch runs on it: otherwise it has nothing of this pool."""
+    branch runs on it (``in_use``): otherwise it has nothing of this pool."""
     used = {b.runtime for b in pool.registry.branches(warm=True)}
-    for runtime_name, runtime in runtimes.rows():
+    for name, runtime in runtimes.rows():
         try:
             report.orphans += runtime.leftovers(
                 pool,
                 known=pool.registry.branch_keys(),
-                may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
+                may_remove=lambda kind, key: locks.is_free(pool.lock_path(kind, key)),
+                in_use=name in used,
             )
         except PgoverlayError as err:
-            if runtime_name in used:
-                report.problems.append(str(err))
+            report.problems.append(str(err))
 
 
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:

@@ -103,11 +103,13 @@ class Runtime(Protocol):
         see the pool and ``mounts``."""
 
     @classmethod
-    def leftovers(cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove) -> list[str]:
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
         """Remove what this runtime made beside the pool's files (containers, volumes) that
-        no ``known`` branch claims and ``may_remove`` allows; says what it removed. Raises a
-        ``PgoverlayError`` when it cannot look (``gc`` reports it only if a branch uses this
-        runtime)."""
+        no ``known`` branch claims and ``may_remove`` allows; says what it removed. When it
+        cannot look (its daemon does not answer) it raises a ``PgoverlayError`` if ``in_use``
+        (a branch runs on it), and otherwise has nothing of this pool to remove."""
 
     @classmethod
     def remove_all(cls, settings: Settings, pool_id: str) -> list[str]:

@@ -54,20 +54,21 @@ LABEL_BASE = "org.pgoverlay.base"
 _majors: dict[str, int] = {}  # image id -> Postgres major, for this process
 
 
-def connect(host: str | None = None, *, timeout: float = 30.0) -> DockerClient:
+def connect(host: str | None, *, timeout: float = 30.0) -> DockerClient:
     """A client of the daemon at ``host`` (``Settings.docker_host``; None: the local socket)."""
     try:
         import docker
 
-        client = docker.from_env(
-            timeout=int(timeout), environment={"DOCKER_HOST": host} if host else {}
-        )
+        # The address is given, never read from the environment by the SDK (which reads it
+        # from os.environ when given none); None is the local socket.
+        client = docker.DockerClient(base_url=host, timeout=int(timeout))
         client.ping()
     except Exception as err:  # docker raises many kinds: all mean "not reachable"
+        where = f"at {host}" if host else "on the local socket"
         raise DockerError(
-            f"cannot reach the Docker daemon ({_first_line(err)}): start it "
+            f"cannot reach the Docker daemon {where} ({_first_line(err)}): start it "
             "(`systemctl start docker`), make sure this user may use it (the `docker` group), "
-            "or set PGOVERLAY_RUNTIME=local"
+            "set PGOVERLAY_DOCKER_HOST to its address, or set PGOVERLAY_RUNTIME=local"
         ) from None
     return client
 
@@ -306,20 +307,27 @@ class DockerRuntime:
         return tools
 
     @classmethod
-    def leftovers(cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove) -> list[str]:
-        """This pool's containers and volumes that nothing claims (see ``reconcile``); a
-        ``DockerError`` when the daemon does not answer."""
-        client = connect(pool.settings.docker_host, timeout=10)
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
+        """This pool's containers and volumes that nothing claims (see ``reconcile``). Without
+        a daemon there are none to reconcile: a ``DockerError`` only when a branch runs here."""
         try:
-            return reconcile(
-                client,
-                pool_id=pool.id,
-                known=known,
-                may_remove=may_remove,
-                stop_timeout=pool.settings.stop_timeout,
-            )
-        finally:
-            client.close()
+            client = connect(pool.settings.docker_host, timeout=10)
+            try:
+                return reconcile(
+                    client,
+                    pool_id=pool.id,
+                    known=known,
+                    may_remove=may_remove,
+                    stop_timeout=pool.settings.stop_timeout,
+                )
+            finally:
+                client.close()
+        except DockerError:
+            if in_use:
+                raise
+            return []
 
     @classmethod
     def remove_all(cls, settings: Settings, pool_id: str) -> list[str]:

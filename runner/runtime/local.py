@@ -69,7 +69,9 @@ class LocalRuntime:
         return pgbin.for_major(major, pool.settings.pg_bindir)  # says what to install
 
     @classmethod
-    def leftovers(cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove) -> list[str]:
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
         return []  # its mounts and servers are in the branches' directories, which gc sweeps
 
     @classmethod
