@@ -27,11 +27,14 @@ from typing import Any, Literal, get_args, get_origin
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_seconds
+from pgoverlay.runner.runtime import table as runtimes
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 
 Select = Literal["changed", "all"]
-Runtime = Literal["auto", "local", "docker"]  # auto: the runner's PGOVERLAY_RUNTIME
+# "auto" (the runner's PGOVERLAY_RUNTIME) or a runtime of runner/runtime/table.py, checked
+# against the table by the field's check (``_runtime``)
+Runtime = str
 
 
 # What a size may be written in: the units (and the reading of the number before them) of
@@ -109,6 +112,11 @@ def _base_name(base: str | None) -> None:
             f"{base!r} is not a base name; name one of the bases seeded on this runner "
             "(`pgoverlay base list`), or leave it empty for the only one"
         )
+
+
+def _runtime(runtime: str) -> None:
+    if runtime not in runtimes.choices():
+        raise ConfigError(_one_of(runtimes.choices()))
 
 
 def _ttl(ttl: str | None) -> None:
@@ -212,10 +220,14 @@ def _as_bool(value: object) -> bool:
     raise _Wrong("Input should be a valid boolean, unable to interpret input")
 
 
+def _one_of(options: tuple[str, ...]) -> str:
+    listed = [repr(o) for o in options]
+    return f"Input should be {', '.join(listed[:-1])} or {listed[-1]}"
+
+
 def _choice(options: tuple[str, ...], value: object) -> str:
     if value not in options:
-        listed = [repr(o) for o in options]
-        raise _Wrong(f"Input should be {', '.join(listed[:-1])} or {listed[-1]}")
+        raise _Wrong(_one_of(options))
     return str(value)
 
 
@@ -337,6 +349,7 @@ class PrRequest:
         "auto",
         """Where the branch runs, local (a process of the runner) or docker (a container); auto
         follows the runner's setting, itself Docker when its daemon answers.""",
+        check=_runtime,
         rerun="honoured when the branch is made; a reset keeps the branch's runtime",
     )
     insight: bool = option(

@@ -9,9 +9,6 @@ from pgoverlay.errors import ConfigError, InvalidNameError, SeedError
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # A GitHub repository, owner/name: what a branch is for.
 REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
-# Where a branch runs; a setting or a create may also say "auto" (runtime/choose.py decides).
-RUNTIMES = ("local", "docker")
-RUNTIME_CHOICES = ("auto", *RUNTIMES)
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
 
 from pgoverlay.errors import SettingError
+from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
 
@@ -42,11 +43,17 @@ T = TypeVar("T")
 
 
 class _Bounded:
-    __slots__ = ("default", "bounds")
+    __slots__ = ("default", "bounds", "among")
 
-    def __init__(self, default: object, bounds: dict[str, float | None]) -> None:
+    def __init__(
+        self,
+        default: object,
+        bounds: dict[str, float | None],
+        among: Callable[[], tuple[str, ...]] | None = None,
+    ) -> None:
         self.default = default
         self.bounds = bounds
+        self.among = among
 
 
 def bounded(
@@ -54,6 +61,12 @@ def bounded(
 ) -> T:
     """A field's default, and the bounds a value given for it must keep."""
     return cast(T, _Bounded(default, {"ge": ge, "le": le, "gt": gt}))
+
+
+def one_of(default: str, among: Callable[[], tuple[str, ...]]) -> str:
+    """A text field's default, and where the values it may take are listed: read when a value
+    is checked, so a name added to that list is accepted at once."""
+    return cast(str, _Bounded(default, {}, among))
 
 
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
@@ -184,8 +197,12 @@ class Settings:
     ssl_key_file: Path | None = None
     # Where branches run: "local" (a process of this host), "docker" (a container of
     # docker_image, its data a Docker volume the daemon mounts), or "auto": Docker when the
-    # daemon answers, otherwise local. The choice is recorded per branch.
-    runtime: Literal["auto", "local", "docker"] = "auto"
+    # daemon answers, otherwise local. The choice is recorded per branch. The runtimes are
+    # the names in runtime/table.py.
+    runtime: str = one_of("auto", runtimes.choices)
+    # The Docker daemon's address (unix:///path or tcp://host:port); unset: DOCKER_HOST's,
+    # else the local socket.
+    docker_host: str | None = None
     # The image of a Docker branch; {major} is the base's Postgres major version. Any image
     # of that major with `postgres` on its PATH works (the official one, PostGIS, pgvector).
     docker_image: str = "postgres:{major}"
@@ -219,6 +236,8 @@ class Settings:
         if unknown:
             raise TypeError(f"Settings has no field {', '.join(unknown)}")
         values = {**from_environment(os.environ, set(_FIELDS)), **given}
+        if "docker_host" not in values:  # the variable every Docker client reads
+            values["docker_host"] = os.environ.get("DOCKER_HOST")
         for name, (default, bounds) in _FIELDS.items():
             value = _check(name, bounds, values[name]) if name in values else default
             setattr(self, name, value)
@@ -299,9 +318,14 @@ def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
         if isinstance(given, _Bounded):
             setattr(Settings, name, given.default)
             found[name] = (given.default, given.bounds)
+            if given.among is not None:
+                _AMONG[name] = given.among
         else:
             found[name] = (given, {})
     return found
+
+
+_AMONG: dict[str, Callable[[], tuple[str, ...]]] = {}  # a field's values, listed elsewhere
 
 
 _FIELDS = _fields()
@@ -314,6 +338,11 @@ def _check(name: str, bounds: dict[str, float | None], raw: object) -> object:
         value: Any = _converter(_TYPES[name])(raw)
     except ValueError as exc:
         raise SettingError(name, str(exc)) from None
+    among = _AMONG.get(name)
+    if among is not None:
+        value = value.strip().lower()
+        if value not in among():
+            raise SettingError(name, "should be one of " + ", ".join(among()))
     if value is not None and bounds:
         if bounds.get("ge") is not None and value < bounds["ge"]:
             raise SettingError(name, f"should be at least {bounds['ge']}")

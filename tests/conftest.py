@@ -17,13 +17,14 @@ from fakegithub import FakeGitHub
 from helpers import (
     DECOY_BASE,
     DOCKER_IMAGE,
+    RUNTIMES,
     SESSION_BASE,
     TEST_PORTS,
     Undo,
     dismantle,
     require,
-    require_docker_image,
     require_root,
+    require_runtime,
     service_settings,
     source_dsn,
     start_service,
@@ -188,14 +189,13 @@ def pytest_runtest_makereport(
     return report
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(scope="module", params=RUNTIMES)
 def runtime(request: pytest.FixtureRequest, pool: Pool, base: BaseVersion) -> Iterator[str]:
     """Run a module's branch tests once per runtime: new branches use ``request.param``."""
     name = str(request.param)
-    if name == "docker":
-        require_docker_image(base.pg_major or 0)
+    require_runtime(name, base.pg_major or 0)
     previous = pool.settings.runtime
-    pool.settings.runtime = name  # type: ignore[assignment]
+    pool.settings.runtime = name
     try:
         yield name
     finally:

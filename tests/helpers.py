@@ -23,6 +23,7 @@ from pgoverlay.runner import branch, seed
 from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.runtime import table
 from pgoverlay.runner.seed import bases
 from pgoverlay.runner.settings import Settings
 
@@ -159,6 +160,17 @@ def postgres_processes_for(path: Path) -> list[int]:
 DOCKER_IMAGE = "pgoverlay-local/postgres:{major}"  # what scripts/docker.sh builds
 
 
+# Every runtime of the table: a test that holds for each runtime runs once per name.
+RUNTIMES = list(table.names())
+
+
+def require_runtime(name: str, major: int) -> None:
+    """A branch of Postgres ``major`` on runtime ``name`` needs what that runtime runs with
+    (Docker: the daemon and the image scripts/docker.sh builds)."""
+    if name == "docker":
+        require_docker_image(major)
+
+
 def require_docker_image(major: int) -> None:
     """The Docker runtime's tests need the daemon and the image scripts/docker.sh builds."""
     from pgoverlay.errors import DockerError
@@ -166,7 +178,7 @@ def require_docker_image(major: int) -> None:
 
     image = DOCKER_IMAGE.replace("{major}", str(major))
     try:
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
     except DockerError as err:
         require(False, f"needs a Docker daemon (scripts/docker.sh starts one): {err}")
         return
@@ -183,7 +195,7 @@ def docker_objects_for(pool: Pool, name: str) -> list[str]:
     from pgoverlay.runner.runtime import docker as docker_runtime
 
     try:
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
     except DockerError:
         return []
     try:
@@ -202,7 +214,7 @@ def server_pid(pool: Pool, name: str) -> int:
     if b.runtime == "docker":
         from pgoverlay.runner.runtime import docker as docker_runtime
 
-        client = docker_runtime.connect(timeout=5)
+        client = docker_runtime.connect(None, timeout=5)
         try:
             container = client.containers.get(f"pgoverlay-{pool.id}-{name}")
             return int(container.attrs["State"]["Pid"])
@@ -357,8 +369,7 @@ def start_service(settings: Settings) -> None:
 @contextmanager
 def branch_of(pool: Pool, base: BaseVersion, *, name: str, runtime: str) -> Iterator[Branch]:
     """A branch of ``base`` on ``runtime``, destroyed afterwards (Docker: needs the image)."""
-    if runtime == "docker":
-        require_docker_image(base.pg_major or 0)
+    require_runtime(runtime, base.pg_major or 0)
     made = branch.create(pool, name, base_name=base.name, runtime=runtime)
     try:
         yield made

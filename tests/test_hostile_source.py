@@ -24,10 +24,11 @@ import pytest
 from psycopg import sql
 
 from helpers import (
+    RUNTIMES,
     as_engine,
     assert_no_leaks,
     postgres_processes_for,
-    require_docker_image,
+    require_runtime,
     server_pid,
     source_dsn,
 )
@@ -58,11 +59,10 @@ class Hostile:
     replica_tablespace: Path
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(scope="module", params=RUNTIMES)
 def branch_runtime(request: pytest.FixtureRequest, hostile_base: BaseVersion) -> str:
     """The runtime branches of these tests run in."""
-    if request.param == "docker":
-        require_docker_image(hostile_base.pg_major or 0)
+    require_runtime(str(request.param), hostile_base.pg_major or 0)
     return str(request.param)
 
 

@@ -1,10 +1,13 @@
-"""One place decides runtime and tools: nobody else reaches into the Docker modules, and nobody
-switches on which ``Tools`` it holds."""
+"""One place decides runtime and tools: nobody else reaches into the Docker modules, nobody
+switches on which ``Tools`` it holds, and nobody outside the runtime layer compares a value with
+a runtime's name (what a runtime does is asked of its row in ``runtime/table.py``)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from pgoverlay.runner.runtime import table
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runner", "action", "webhook", "pgoverlay")
@@ -12,6 +15,7 @@ PACKAGES = ("runner", "action", "webhook", "pgoverlay")
 RUNTIME = ROOT / "runner" / "runtime"
 DOCKER_MODULES = {"pgoverlay.runner.runtime.docker", "pgoverlay.runner.runtime.docker_tools"}
 TOOLS_CLASSES = {"Tools", "PgInstall", "DockerTools"}
+RUNTIME_NAMES = set(table.names())
 
 
 def imported_modules(tree: ast.AST) -> set[str]:
@@ -49,6 +53,24 @@ def tools_switches(tree: ast.AST) -> list[int]:
     ]
 
 
+def _constants(node: ast.expr) -> set[object]:
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {value for item in node.elts for value in _constants(item)}
+    if isinstance(node, ast.Constant):
+        return {node.value}
+    return set()
+
+
+def runtime_comparisons(tree: ast.AST) -> list[int]:
+    """Lines that compare a value with a runtime's name (``==``, ``!=``, ``in``, ...)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(_constants(side) & RUNTIME_NAMES for side in (node.left, *node.comparators))
+    ]
+
+
 def sources() -> list[Path]:
     return [path for folder in PACKAGES for path in sorted((ROOT / folder).rglob("*.py"))]
 
@@ -73,6 +95,16 @@ def test_no_module_switches_on_the_type_of_its_tools() -> None:
     assert found == []
 
 
+def test_no_module_outside_the_runtime_layer_compares_with_a_runtime_name() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sources()
+        if RUNTIME not in path.parents
+        for line in runtime_comparisons(ast.parse(path.read_text()))
+    ]
+    assert found == []
+
+
 def test_the_checks_find_what_they_look_for() -> None:
     sample = ast.parse(
         "from pgoverlay.runner.runtime import docker as d\n"
@@ -80,6 +112,11 @@ def test_the_checks_find_what_they_look_for() -> None:
         "if isinstance(install, (PgInstall, int)):\n"
         "    pass\n"
         "ok = isinstance(install, str)\n"
+        "uses = any(b.runtime == 'docker' for b in rows)\n"
+        "if runtime in ('auto', 'local'):\n"
+        "    pass\n"
+        "fine = runtime == 'auto'\n"
     )
     assert imported_modules(sample) & DOCKER_MODULES == DOCKER_MODULES
     assert tools_switches(sample) == [3]
+    assert sorted(runtime_comparisons(sample)) == [6, 7]

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers import (
+    RUNTIMES,
     as_branch_role,
     as_engine,
     branch_of,
@@ -155,7 +156,7 @@ def seeded(pool: Pool, wired: Wired) -> Iterator[tuple[BaseVersion, int]]:
     remove_base(pool, base)
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
+@pytest.fixture(scope="module", params=RUNTIMES)
 def wired_branch(
     request: pytest.FixtureRequest, pool: Pool, seeded: tuple[BaseVersion, int]
 ) -> Iterator[Branch]:

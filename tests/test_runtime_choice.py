@@ -39,8 +39,8 @@ class Daemon:
 @pytest.fixture
 def daemon(monkeypatch: pytest.MonkeyPatch) -> Daemon:
     fake = Daemon()
-    monkeypatch.setattr(docker_runtime, "available", lambda: True)
-    monkeypatch.setattr(docker_runtime, "shared", lambda: fake)
+    monkeypatch.setattr(docker_runtime, "available", lambda host: True)
+    monkeypatch.setattr(docker_runtime, "shared", lambda host: fake)
     return fake
 
 

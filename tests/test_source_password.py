@@ -151,7 +151,7 @@ def _watched_seed(
     """Run `pgoverlay` to the end while looking for ``secret`` in every process's command line
     (and Docker's view of the pool's containers); returns the result, the sightings and how
     many looks were taken."""
-    client = docker_runtime.connect() if docker else None
+    client = docker_runtime.connect(None) if docker else None
     child = subprocess.Popen(
         [sys.executable, "-m", "pgoverlay", "-vv", *args],
         env=env,

@@ -264,7 +264,7 @@ def test_the_request_refuses_what_its_fields_cannot_hold() -> None:
     with pytest.raises(RequestError, match="^ttl: cannot read duration 'soon'"):
         request.PrRequest(ttl="soon")
     with pytest.raises(RequestError, match="^runtime: Input should be 'auto', 'local' or"):
-        request.PrRequest(runtime="podman")  # type: ignore[arg-type]
+        request.PrRequest(runtime="podman")
     with pytest.raises(RequestError, match="^set either `migrations`"):
         Inputs(migrations="db", migrate_command="x")
     with pytest.raises(RequestError, match=r"^base: .* \(and 1 more\)$"):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import ConfigError
-from pgoverlay.runner.names import RUNTIME_CHOICES
+from pgoverlay.runner.runtime import table as runtimes
 
 if TYPE_CHECKING:
     from pgoverlay.runner.pool import Pool
@@ -260,7 +260,7 @@ def register(sub: Subcommands) -> None:
     )
     seed_cmd.add_argument(
         "--runtime",
-        choices=RUNTIME_CHOICES,
+        choices=runtimes.choices(),
         help="where pg_basebackup and the prepare step run: `docker` runs them in a container "
         "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
         "this host's binaries of the source's version when it has them",
@@ -296,7 +296,7 @@ def register(sub: Subcommands) -> None:
     )
     warm_cmd.add_argument(
         "--runtime",
-        choices=RUNTIME_CHOICES,
+        choices=runtimes.choices(),
         help="the runtime the warm branches run on (default: the branches' runtime)",
     )
     warm_cmd.set_defaults(func=cmd_warm)

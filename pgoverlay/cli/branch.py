@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import BranchMissingError
-from pgoverlay.runner.names import RUNTIME_CHOICES, check_name, parse_seconds
+from pgoverlay.runner.names import check_name, parse_seconds
+from pgoverlay.runner.runtime import table as runtimes
 
 if TYPE_CHECKING:
     from pgoverlay.runner.service.views import BranchView
@@ -187,7 +188,7 @@ def register(sub: Subcommands) -> None:
     create.add_argument("--ttl", help="destroy after this long (e.g. 7d, 12h); reaped by gc")
     create.add_argument(
         "--runtime",
-        choices=RUNTIME_CHOICES,
+        choices=runtimes.choices(),
         help="where the branch runs (default: PGOVERLAY_RUNTIME, itself `auto`: Docker when "
         "its daemon answers, otherwise a local process)",
     )

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgoverlay.errors import DockerError, LockBusyError, PgoverlayError
+from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, safefs, seed
 from pgoverlay.runner.branch import warm
@@ -20,7 +20,7 @@ from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool, locks, mounts
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.runtime import leftovers
+from pgoverlay.runner.runtime import table as runtimes
 from pgoverlay.runner.seed import bases as base_removal
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     _removals(pool, report)
     _branches(pool, report, now)
     _warm(pool, report)
-    _orphan_containers(pool, report)
+    _runtime_leftovers(pool, report)
     _orphan_branch_dirs(pool, report)
     _bases(pool, report)
     _scratch(pool, report)
@@ -142,21 +142,21 @@ def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
         report.restarted.append(branch.name)
 
 
-def _orphan_containers(pool: Pool, report: Report) -> None:
-    """This pool's Docker containers and volumes (found by label) that no branch claims."""
-    rows = pool.registry.branches(warm=True)
-    uses_docker = any(b.runtime == "docker" for b in rows)
-    try:
-        report.orphans += leftovers.reconcile(
-            pool.id,
-            known=pool.registry.branch_keys(),
-            may_remove=lambda kind, name: locks.is_free(pool.lock_path(kind, name)),
-            stop_timeout=pool.settings.stop_timeout,
-        )
-    except DockerError as err:
-        if uses_docker:
+def _runtime_leftovers(pool: Pool, report: Report) -> None:
+    """What each runtime made beside the pool (Docker's containers and volumes) that no
+    branch claims. A runtime that cannot be asked (no Docker daemon) is a problem only when a
+    branch runs on it (``in_use``): otherwise it has nothing of this pool."""
+    used = {b.runtime for b in pool.registry.branches(warm=True)}
+    for name, runtime in runtimes.rows():
+        try:
+            report.orphans += runtime.leftovers(
+                pool,
+                known=pool.registry.branch_keys(),
+                may_remove=lambda kind, key: locks.is_free(pool.lock_path(kind, key)),
+                in_use=name in used,
+            )
+        except PgoverlayError as err:
             report.problems.append(str(err))
-        # without a daemon there are no containers to reconcile
 
 
 def _orphan_branch_dirs(pool: Pool, report: Report) -> None:

@@ -37,7 +37,7 @@ from pgoverlay.runner.pool import (
     write_info,
 )
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.runtime import leftovers
+from pgoverlay.runner.runtime import table as runtimes
 from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.address import SOCKET_ROOT, pool_id
@@ -102,7 +102,8 @@ def remove(settings: Settings) -> list[str]:
     stopped = down(settings)
     if stopped:
         done.append(f"stopped branches: {', '.join(stopped)}")
-    done += leftovers.remove_all(pool_id(home))
+    for _, runtime in runtimes.rows():
+        done += runtime.remove_all(settings, pool_id(home))
     left = mounts.mounts_under(home)
     if left:
         raise PoolError(

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pgoverlay.errors import RegistryError, RegistryRowError
-from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE, RUNTIMES
+from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE
+from pgoverlay.runner.runtime import table as runtimes
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bases (
@@ -243,8 +244,9 @@ def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> B
         raise _bad("branch", b.name, "its base name is not a valid name")
     if b.state not in BRANCH_STATES:
         raise _bad("branch", b.name, f"unknown state {str(b.state)[:40]!r}")
-    if b.runtime not in RUNTIMES:
-        raise _bad("branch", b.name, f"unknown runtime {str(b.runtime)[:40]!r}")
+    unknown = runtimes.problem(b.runtime)
+    if unknown:
+        raise _bad("branch", b.name, unknown)
     low, high = ports or (1, 65535)
     if not isinstance(b.port, int) or isinstance(b.port, bool) or not low <= b.port <= high:
         raise _bad(
@@ -557,7 +559,7 @@ class Registry:
         rows = self._read(
             f"SELECT {_columns(WarmTarget)} FROM warm_targets ORDER BY base_name, runtime"
         )
-        return [WarmTarget(str(n), str(r), int(c)) for n, r, c in rows if r in RUNTIMES]
+        return [WarmTarget(str(n), str(r), int(c)) for n, r, c in rows if r in runtimes.names()]
 
     def set_warm_target(self, base_name: str, runtime: str, count: int) -> None:
         """Keep ``count`` warm branches of ``base_name`` on ``runtime`` (0 forgets the target)."""

@@ -15,29 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
-from pgoverlay.errors import (
-    ConfigError,
-    PgoverlayError,
-    PostgresBinariesError,
-    VersionMismatchError,
-)
-from pgoverlay.runner.names import RUNTIME_CHOICES
+from pgoverlay.errors import ConfigError, PgoverlayError, PostgresBinariesError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.postgres.tools import Tools
-from pgoverlay.runner.runtime import Runtime
+from pgoverlay.runner.runtime import Runtime, table
 from pgoverlay.runner.runtime import docker as docker_runtime
-from pgoverlay.runner.runtime.docker import DockerRuntime, Publish
-from pgoverlay.runner.runtime.docker_tools import DockerTools
-from pgoverlay.runner.runtime.local import LocalRuntime
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Purpose = Literal["branch", "seed", "psql"]
-Name = Literal["local", "docker"]
 
 # A job's migrations never get the Docker daemon, which is root on this host.
 PSQL_REASON = (
@@ -48,22 +38,20 @@ PSQL_REASON = (
 
 @dataclass(frozen=True)
 class Choice:
-    """Which runtime serves a purpose, and why, in the words ``doctor`` prints. ``usable`` is
-    False when the choice is the only one left but cannot work; ``reason`` then says the fix."""
+    """Which runtime (a name in ``table``) serves a purpose, and why, in the words ``doctor``
+    prints. ``usable`` is False when the choice is the only one left but cannot work;
+    ``reason`` then says the fix."""
 
-    name: Name
+    name: str
     reason: str
     usable: bool = True
 
 
-def _docker_version() -> str | None:
+def _docker_version(settings: Settings) -> str | None:
     """The daemon's version if it answers, else None."""
-    if not docker_runtime.available():
+    if not docker_runtime.available(settings.docker_host):
         return None
-    try:
-        return str(docker_runtime.shared().version().get("Version", "?"))
-    except Exception:  # docker raises many kinds; it answered a moment ago
-        return "?"
+    return docker_runtime.daemon_version(settings)
 
 
 def choose(
@@ -85,25 +73,20 @@ def choose(
     if purpose == "psql":
         return Choice("local", PSQL_REASON)
     wanted = requested or settings.runtime
-    if wanted not in RUNTIME_CHOICES:
-        raise ConfigError(f"unknown runtime {wanted!r}: use one of {', '.join(RUNTIME_CHOICES)}")
-    source = f"{wanted} was asked for" if requested else f"PGOVERLAY_RUNTIME={wanted}"
-    if wanted == "local":
-        return Choice("local", source)
-    if wanted == "docker":
-        version = _docker_version()
-        if version is None:
-            return Choice(
-                "docker",
-                f"{source}, but the Docker daemon does not answer: start it, or set "
-                "PGOVERLAY_RUNTIME=local",
-                usable=False,
-            )
-        return Choice("docker", f"{source}; Docker {version}")
+    unknown = table.problem(wanted, auto=True)
+    if unknown:
+        raise ConfigError(unknown)
+    if wanted != table.AUTO:
+        usable, detail = table.get(wanted).readiness(settings)
+        source = f"{wanted} was asked for" if requested else f"PGOVERLAY_RUNTIME={wanted}"
+        if not usable:
+            return Choice(wanted, f"{source}, but {detail}", usable=False)
+        return Choice(wanted, f"{source}; {detail}" if detail else source)
     local = major is not None and major in pgbin.installs(settings.pg_bindir)
     if purpose == "seed" and local:
         return Choice("local", f"auto: this host has Postgres {major} binaries")
-    version = _docker_version()
+    # auto: Docker when it can, else this host; a runtime of its own is only ever asked for.
+    version = _docker_version(settings)
     if version is None:
         if purpose == "seed" and major is not None:
             return Choice(
@@ -122,16 +105,15 @@ def choose(
             f"auto: no Postgres {major} binaries on this host; Docker {version} answers, so the "
             f"programs run from image {image}",
         )
-    if local and not docker_runtime.image_present(docker_runtime.shared(), image):
+    client = docker_runtime.shared(settings.docker_host)
+    if local and not docker_runtime.image_present(client, image):
         return Choice(
             "local",
             f"auto: Docker {version} answers but image {image} is not on this host (pull it "
             f"to run branches in Docker); this host has Postgres {major} binaries",
         )
     try:
-        found = docker_runtime.image_major(
-            docker_runtime.shared(), image, timeout=settings.command_timeout
-        )
+        found = docker_runtime.image_major(client, image, timeout=settings.command_timeout)
     except PgoverlayError as err:
         if local:
             log.warning("runtime auto: %s; using the local runtime", err)
@@ -145,48 +127,16 @@ def choose(
 def verify(settings: Settings, name: str, major: int, *, what: str) -> str:
     """Check that runtime ``name`` can run Postgres ``major`` for ``what`` (``base app``),
     before anything starts; says with which binaries or image. Raises what to fix."""
-    if name == "docker":
-        image = settings.image_for(major)
-        found = docker_runtime.image_major(
-            docker_runtime.shared(), image, timeout=settings.command_timeout
-        )
-        if found != major:
-            raise VersionMismatchError(
-                f"image {image} runs Postgres {found}, but {what} is Postgres {major}: set "
-                f"PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
-                "({major} in it stands for the base's major version)"
-            )
-        return f"image {image} runs Postgres {major}"
-    install = pgbin.for_major(major, settings.pg_bindir)
-    return f"this host's Postgres {install.version} ({install.bindir})"
+    return table.get(name).verify(settings, major, what=what)
 
 
-def runtime_for(
-    pool: Pool, base: BaseVersion, name: str = "local", *, check: bool = False
-) -> Runtime:
+def runtime_for(pool: Pool, base: BaseVersion, name: str, *, check: bool = False) -> Runtime:
     """The runtime ``name`` for branches of ``base``. With ``check``, refuse (before anything
     starts) binaries or an image whose Postgres major version is not the base's."""
-    s = pool.settings
-    major = base.pg_major or 0
+    kind = table.get(name)
     if check:
-        verify(s, name, major, what=f"base {base.name}")
-    if name == "docker":
-        return DockerRuntime(
-            docker_runtime.shared(),
-            image=s.image_for(major),
-            pool_id=pool.id,
-            owner=pool.owner,
-            publish=Publish.parse(s.listen_address),
-            shm_size=s.docker_shm_size,
-            start_timeout=s.start_timeout,
-            stop_timeout=s.stop_timeout,
-        )
-    return LocalRuntime(
-        lambda: pgbin.for_major(major, s.pg_bindir),
-        owner=pool.owner,
-        start_timeout=s.start_timeout,
-        stop_timeout=s.stop_timeout,
-    )
+        kind.verify(pool.settings, base.pg_major or 0, what=f"base {base.name}")
+    return kind.for_base(pool, base)
 
 
 @overload
@@ -226,27 +176,8 @@ def tools_for(
         assert settings is not None
         return _host_psql(settings, major)
     assert pool is not None
-    s = pool.settings
-    choice = choose(s, "seed", requested=requested, major=major)
-    if choice.name == "local":
-        return pgbin.for_major(major, s.pg_bindir)  # says what to install when it has none
-    image = s.image_for(major)
-    tools = DockerTools.for_image(
-        docker_runtime.connect(),
-        image,
-        owner=pool.owner,
-        scratch=pool.tmp,
-        mounts=[pool.root, *mounts],
-        timeout=s.command_timeout,
-        labels={docker_runtime.LABEL_POOL: pool.id, docker_runtime.LABEL_BASE: base_name},
-    )
-    if tools.major != major:
-        raise VersionMismatchError(
-            f"the source runs Postgres {major} but image {image} is Postgres {tools.major}: "
-            f"set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
-            "({major} in it stands for the source's major version)"
-        )
-    return tools
+    choice = choose(pool.settings, "seed", requested=requested, major=major)
+    return table.get(choice.name).seed_tools(pool, major=major, base_name=base_name, mounts=mounts)
 
 
 def _host_psql(settings: Settings, major: int) -> PgInstall:

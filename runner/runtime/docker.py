@@ -13,26 +13,36 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgoverlay.errors import BranchStartError, DockerError, PoolFullError, TimeoutExpiredError
+from pgoverlay.errors import (
+    BranchStartError,
+    DockerError,
+    PoolFullError,
+    TimeoutExpiredError,
+    VersionMismatchError,
+)
 from pgoverlay.runner import safefs
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool.mounts import check_option_path
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
+from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness, MayRemove
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
+
+    from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.pool.registry import BaseVersion
+    from pgoverlay.runner.runtime.docker_tools import DockerTools
+    from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +54,21 @@ LABEL_BASE = "org.pgoverlay.base"
 _majors: dict[str, int] = {}  # image id -> Postgres major, for this process
 
 
-def connect(*, timeout: float = 30.0) -> DockerClient:
-    """A client of the daemon named by DOCKER_HOST (default: the local socket)."""
+def connect(host: str | None, *, timeout: float = 30.0) -> DockerClient:
+    """A client of the daemon at ``host`` (``Settings.docker_host``; None: the local socket)."""
     try:
         import docker
 
-        client = docker.from_env(timeout=int(timeout))
+        # The address is given, never read from the environment by the SDK (which reads it
+        # from os.environ when given none); None is the local socket.
+        client = docker.DockerClient(base_url=host, timeout=int(timeout))
         client.ping()
     except Exception as err:  # docker raises many kinds: all mean "not reachable"
+        where = f"at {host}" if host else "on the local socket"
         raise DockerError(
-            f"cannot reach the Docker daemon ({_first_line(err)}): start it "
+            f"cannot reach the Docker daemon {where} ({_first_line(err)}): start it "
             "(`systemctl start docker`), make sure this user may use it (the `docker` group), "
-            "or set PGOVERLAY_RUNTIME=local"
+            "set PGOVERLAY_DOCKER_HOST to its address, or set PGOVERLAY_RUNTIME=local"
         ) from None
     return client
 
@@ -63,35 +76,36 @@ def connect(*, timeout: float = 30.0) -> DockerClient:
 _shared = threading.local()
 
 
-def shared() -> DockerClient:
-    """This thread's client, made once: a branch command asks the daemon several things."""
-    client: DockerClient | None = getattr(_shared, "client", None)
+def shared(host: str | None) -> DockerClient:
+    """This thread's client of the daemon at ``host``, made once: a branch command asks the
+    daemon several things."""
+    clients: dict[str | None, DockerClient] = _shared.__dict__.setdefault("clients", {})
+    client = clients.get(host)
     if client is None:
-        client = connect()
-        _shared.client = client
+        client = clients[host] = connect(host)
     return client
 
 
-def available() -> bool:
-    """Whether the daemon answers; asks (with a short timeout) only until it has once."""
-    if getattr(_shared, "client", None) is not None:
+def available(host: str | None) -> bool:
+    """Whether the daemon at ``host`` answers; asks (with a short timeout) only until it has
+    once."""
+    if host in _shared.__dict__.get("clients", {}):
         return True
-    if reachable() is None:
+    if reachable(host) is None:
         return False
     with contextlib.suppress(DockerError):
-        shared()
+        shared(host)
         return True
     return False
 
 
-def _local_socket_refuses() -> bool:
-    """Whether the daemon is surely not there: DOCKER_HOST names no other daemon and nothing
+def _local_socket_refuses(host: str | None) -> bool:
+    """Whether the daemon is surely not there: ``host`` names no other daemon and nothing
     listens on the local socket. Asked before importing the Docker SDK, which costs a command
     more than the rest of its start-up, on a host without Docker."""
-    host = os.environ.get("DOCKER_HOST", "")
     if host and not host.startswith("unix://"):
         return False
-    path = host.removeprefix("unix://") or "/var/run/docker.sock"
+    path = (host or "").removeprefix("unix://") or "/var/run/docker.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(3)
         try:
@@ -103,18 +117,26 @@ def _local_socket_refuses() -> bool:
     return False
 
 
-def reachable() -> str | None:
-    """The daemon's version if it answers within a few seconds, else None."""
-    if _local_socket_refuses():
+def reachable(host: str | None = None) -> str | None:
+    """The version of the daemon at ``host`` if it answers within a few seconds, else None."""
+    if _local_socket_refuses(host):
         return None
     try:
-        client = connect(timeout=3)
+        client = connect(host, timeout=3)
     except DockerError:
         return None
     try:
         return str(client.version().get("Version", "?"))
     finally:
         client.close()
+
+
+def daemon_version(settings: Settings) -> str:
+    """The version of the daemon ``settings`` name, which answered a moment ago."""
+    try:
+        return str(shared(settings.docker_host).version().get("Version", "?"))
+    except Exception:  # docker raises many kinds; it answered a moment ago
+        return "?"
 
 
 def image_present(client: DockerClient, image: str) -> bool:
@@ -223,6 +245,113 @@ class DockerRuntime:
 
     name = "docker"
 
+    # the pool's side: the daemon, the image, the containers and volumes it labels ---------
+
+    @classmethod
+    def for_base(cls, pool: Pool, base: BaseVersion) -> DockerRuntime:
+        s = pool.settings
+        return cls(
+            shared(s.docker_host),
+            image=s.image_for(base.pg_major or 0),
+            pool_id=pool.id,
+            owner=pool.owner,
+            publish=Publish.parse(s.listen_address),
+            shm_size=s.docker_shm_size,
+            start_timeout=s.start_timeout,
+            stop_timeout=s.stop_timeout,
+        )
+
+    @classmethod
+    def readiness(cls, settings: Settings) -> tuple[bool, str]:
+        if not available(settings.docker_host):
+            return False, (
+                "the Docker daemon does not answer: start it, or set PGOVERLAY_RUNTIME=local"
+            )
+        return True, f"Docker {daemon_version(settings)}"
+
+    @classmethod
+    def verify(cls, settings: Settings, major: int, *, what: str) -> str:
+        image = settings.image_for(major)
+        found = image_major(shared(settings.docker_host), image, timeout=settings.command_timeout)
+        if found != major:
+            raise VersionMismatchError(
+                f"image {image} runs Postgres {found}, but {what} is Postgres {major}: set "
+                f"PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+                "({major} in it stands for the base's major version)"
+            )
+        return f"image {image} runs Postgres {major}"
+
+    @classmethod
+    def seed_tools(
+        cls, pool: Pool, *, major: int, base_name: str, mounts: Sequence[Path]
+    ) -> DockerTools:
+        from pgoverlay.runner.runtime.docker_tools import DockerTools  # it imports this module
+
+        s = pool.settings
+        image = s.image_for(major)
+        tools = DockerTools.for_image(
+            connect(s.docker_host),
+            image,
+            owner=pool.owner,
+            scratch=pool.tmp,
+            mounts=[pool.root, *mounts],
+            timeout=s.command_timeout,
+            labels={LABEL_POOL: pool.id, LABEL_BASE: base_name},
+        )
+        if tools.major != major:
+            raise VersionMismatchError(
+                f"the source runs Postgres {major} but image {image} is Postgres {tools.major}: "
+                f"set PGOVERLAY_DOCKER_IMAGE to an image of Postgres {major} "
+                "({major} in it stands for the source's major version)"
+            )
+        return tools
+
+    @classmethod
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
+        """This pool's containers and volumes that nothing claims (see ``reconcile``). Without
+        a daemon there are none to reconcile: a ``DockerError`` only when a branch runs here."""
+        try:
+            client = connect(pool.settings.docker_host, timeout=10)
+            try:
+                return reconcile(
+                    client,
+                    pool_id=pool.id,
+                    known=known,
+                    may_remove=may_remove,
+                    stop_timeout=pool.settings.stop_timeout,
+                )
+            finally:
+                client.close()
+        except DockerError:
+            if in_use:
+                raise
+            return []
+
+    @classmethod
+    def remove_all(cls, settings: Settings, pool_id: str) -> list[str]:
+        """Every container and volume labelled with this pool, whatever made it."""
+        try:
+            client = connect(settings.docker_host, timeout=10)
+        except DockerError:
+            log.info("no Docker daemon answers: no containers or volumes of this pool to remove")
+            return []
+        removed = []
+        try:
+            containers, volumes = labelled(client, pool_id)
+            for container in containers:
+                container.remove(force=True)
+                removed.append(f"removed container {container.name}")
+            for volume in volumes:
+                remove_volume(client, volume.name)
+                removed.append(f"removed volume {volume.name}")
+        finally:
+            client.close()
+        return removed
+
+    # a branch's side ---------------------------------------------------------------------
+
     # names and labels ----------------------------------------------------------------------
 
     def object_name(self, layout: Layout) -> str:
@@ -238,8 +367,6 @@ class DockerRuntime:
             return self.client.containers.get(self.object_name(layout))
         except docker.errors.NotFound:
             return None
-
-    # the Runtime protocol ------------------------------------------------------------------
 
     def attach(self, layout: Layout, *, lower: Path) -> None:
         import docker.errors
@@ -425,7 +552,7 @@ def reconcile(
     *,
     pool_id: str,
     known: Iterable[str],
-    may_remove: Callable[[str, str], bool],
+    may_remove: MayRemove,
     stop_timeout: float,
 ) -> list[str]:
     """Remove this pool's containers and volumes that nothing claims any more.

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgoverlay.errors import BranchStartError, NotRootError, PgoverlayError, PoolFullError
 from pgoverlay.runner.pool import mounts
+from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.postgres.binaries import PgInstall
 from pgoverlay.runner.proc import OsUser
-from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness
+from pgoverlay.runner.runtime import RUNNING, STOPPED, Layout, Liveness, MayRemove
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.pool.registry import BaseVersion
+    from pgoverlay.runner.settings import Settings
 
 
 class LocalRuntime:
@@ -32,6 +39,46 @@ class LocalRuntime:
         self.owner = owner
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+
+    # the pool's side: this host's binaries, nothing beside the pool ----------------------
+
+    @classmethod
+    def for_base(cls, pool: Pool, base: BaseVersion) -> LocalRuntime:
+        s = pool.settings
+        major = base.pg_major or 0
+        return cls(
+            lambda: pgbin.for_major(major, s.pg_bindir),
+            owner=pool.owner,
+            start_timeout=s.start_timeout,
+            stop_timeout=s.stop_timeout,
+        )
+
+    @classmethod
+    def readiness(cls, settings: Settings) -> tuple[bool, str]:
+        return True, ""
+
+    @classmethod
+    def verify(cls, settings: Settings, major: int, *, what: str) -> str:
+        install = pgbin.for_major(major, settings.pg_bindir)
+        return f"this host's Postgres {install.version} ({install.bindir})"
+
+    @classmethod
+    def seed_tools(
+        cls, pool: Pool, *, major: int, base_name: str, mounts: Sequence[Path]
+    ) -> PgInstall:
+        return pgbin.for_major(major, pool.settings.pg_bindir)  # says what to install
+
+    @classmethod
+    def leftovers(
+        cls, pool: Pool, *, known: Iterable[str], may_remove: MayRemove, in_use: bool
+    ) -> list[str]:
+        return []  # its mounts and servers are in the branches' directories, which gc sweeps
+
+    @classmethod
+    def remove_all(cls, settings: Settings, pool_id: str) -> list[str]:
+        return []
+
+    # a branch's side ---------------------------------------------------------------------
 
     def attach(self, layout: Layout, *, lower: Path) -> None:
         if os.geteuid() != 0:

@@ -8,16 +8,19 @@ anything is sent. Neither pydantic models nor dataclasses: root's CLI builds a r
 every create, and importing either would cost it more than the engine's own work.
 
 Nothing here names a filesystem path, a command or a setting: a caller chooses a branch name,
-a base among the seeded ones, a runtime among two, a TTL and whose pull request it is for.
+a base among the seeded ones, a runtime among those of ``runtime.table``, a TTL and whose
+pull request it is for.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE, RUNTIMES
+from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE
+from pgoverlay.runner.runtime import table as runtimes
 from pgoverlay.runner.service.shape import Shape
 
 MAX_RECORD_BYTES = 256 * 1024
@@ -26,11 +29,16 @@ MAX_TTL_SECONDS = 366 * 86400
 
 def _documented(schema: dict[str, Any], cls: type[Any]) -> None:
     """Writes a request's checks (its ``_checks``) into its JSON schema, so the service's
-    OpenAPI document states what ``__post_init__`` enforces."""
+    OpenAPI document states what ``__post_init__`` enforces. A check may be a function: it
+    is asked when the schema is made (the runtimes are those of the table then)."""
     for field, checks in getattr(cls, "_checks", {}).items():
         prop = schema["properties"][field]
         typed = [option for option in prop.get("anyOf", [prop]) if option.get("type") != "null"]
-        typed[0].update(checks)
+        typed[0].update(checks() if callable(checks) else checks)
+
+
+def _runtimes() -> dict[str, Any]:
+    return {"enum": list(runtimes.names())}
 
 
 # pydantic's configuration of these requests' twins, where the service reads them: a field a
@@ -80,10 +88,11 @@ class CreateRequest(Shape):
     caller but root must name the ``repository``: the service's limits count it."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
-    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+    _checks: ClassVar[dict[str, dict[str, Any] | Callable[[], dict[str, Any]]]] = {
         "name": _NAME,
         "base": _NAME,
         "ttl_seconds": {"exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS},
+        "runtime": _runtimes,
         "repository": _REPOSITORY,
         "pr": {"exclusiveMinimum": 0, "maximum": 2**31 - 1},
     }
@@ -91,7 +100,7 @@ class CreateRequest(Shape):
     name: str
     base: str | None = None
     ttl_seconds: int | None = None
-    runtime: Literal["local", "docker"] | None = None
+    runtime: str | None = None  # a name in runtime.table
     repository: str | None = None
     pr: int | None = None
 
@@ -101,9 +110,9 @@ class CreateRequest(Shape):
             _name("base", self.base)
         if self.ttl_seconds is not None:
             _within("ttl_seconds", self.ttl_seconds, low=0, high=MAX_TTL_SECONDS, low_open=True)
-        if self.runtime is not None and self.runtime not in RUNTIMES:
+        if self.runtime is not None and self.runtime not in runtimes.names():
             raise RequestError(
-                f"runtime: {excerpt(self.runtime)} is not one of {', '.join(RUNTIMES)}"
+                f"runtime: {excerpt(self.runtime)} is not one of {', '.join(runtimes.names())}"
             )
         _repository(self.repository)
         if self.pr is not None:
