@@ -126,6 +126,11 @@ class ErrorBody(Shape):
 # what happened since the one before.
 
 
+# The pg_stat_all_tables counters a RelationState carries, each in a field of its name (an int
+# with a default): the trace's snapshot reads those named here (``trace/snapshot.py``).
+STAT_COUNTERS = ("seq_scan", "seq_tup_read", "n_tup_ins", "n_tup_upd", "n_tup_del")
+
+
 class RelationState(Shape):
     """One relation of the branch's own schemas (no catalogs), as a snapshot saw it."""
 
