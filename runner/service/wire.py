@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from pgoverlay.runner.service.shape import MISSING, Shape
@@ -80,39 +81,66 @@ def decode(cls: type[T], data: object, where: str = "") -> T:
     for name, (kind, optional) in fields(cls).items():
         place = f"{where}.{name}" if where else name
         if name in data:
-            given[name] = _value(data[name], kind, place)
+            given[name] = _reader(kind)(data[name], place)
         elif not optional:
             raise ValueError(f"{place}: missing")
     return cls(**given)
 
 
-def _value(value: object, kind: Any, where: str) -> Any:
+Reader = Callable[[object, str], Any]  # a value and where it is -> the value as its annotation
+_READERS: dict[Any, Reader] = {}
+
+
+def _reader(kind: Any) -> Reader:
+    """How to read a value of the annotation ``kind``, made once per annotation: a command
+    that lists many branches reads the same annotations many times."""
+    found = _READERS.get(kind)
+    if found is None:
+        found = _READERS[kind] = _make_reader(kind)
+    return found
+
+
+def _make_reader(kind: Any) -> Reader:
     origin = typing.get_origin(kind)
     if origin is types.UnionType or origin is typing.Union:
-        options = typing.get_args(kind)
-        if value is None and type(None) in options:
-            return None
-        (kind,) = (option for option in options if option is not type(None))
-        return _value(value, kind, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(kind)
-        return [_value(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is Literal:
+        options = [option for option in typing.get_args(kind) if option is not type(None)]
+        if len(options) == 1:
+            inner = _reader(options[0])
+            return lambda value, where: None if value is None else inner(value, where)
+    elif origin is list:
+        item = _reader(typing.get_args(kind)[0])
+
+        def read_list(value: object, where: str) -> list[Any]:
+            if not isinstance(value, list):
+                raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+            return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+        return read_list
+    elif origin is Literal:
         allowed = typing.get_args(kind)
-        if value not in allowed:
-            raise ValueError(
-                f"{where}: expected one of {', '.join(map(str, allowed))}, got {value!r}"
-            )
-        return value
-    if is_wire_type(kind):
-        return decode(kind, value, where)
-    if kind in (str, int, float, bool):
+
+        def read_literal(value: object, where: str) -> object:
+            if value not in allowed:
+                expected = ", ".join(map(str, allowed))
+                raise ValueError(f"{where}: expected one of {expected}, got {value!r}")
+            return value
+
+        return read_literal
+    elif is_wire_type(kind):
+        return lambda value, where: decode(kind, value, where)
+    elif kind in (str, int, float, bool):
         # JSON's numbers: a float field takes an integer; bool is an int to Python, not to
         # JSON: true is no port number
         ok = (int, float) if kind is float else kind
-        if not isinstance(value, ok) or (isinstance(value, bool) and kind is not bool):
-            raise ValueError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
-        return float(value) if kind is float else value
-    raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")
+
+        def read_scalar(value: object, where: str) -> object:
+            if not isinstance(value, ok) or (isinstance(value, bool) and kind is not bool):
+                raise ValueError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
+            return float(value) if kind is float else value
+
+        return read_scalar
+
+    def unreadable(value: object, where: str) -> object:
+        raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")
+
+    return unreadable
