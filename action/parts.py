@@ -42,14 +42,14 @@ def rows(m: MigrationRun, columns: Sequence[Column]) -> list[str]:
     """One row per tool migration with statements of its own, then the bookkeeping's, a cell
     per column of the comment's migrations table (each column's ``part``); none when no ledger
     row named one."""
-    return [_row([c.part(sub) for c in columns]) for sub in subs(m)]
+    return [_row([c.part(sub) for c in columns]) for sub in _subs(m)]
 
 
 def _row(cells: list[str]) -> str:
     return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"
 
 
-def subs(m: MigrationRun) -> list[Sub]:
+def _subs(m: MigrationRun) -> list[Sub]:
     i = m.insight
     if i is None or not i.parts:
         return []

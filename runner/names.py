@@ -13,10 +13,6 @@ REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 # Where a branch runs; a setting or a create may also say "auto" (runtime/choose.py decides).
 RUNTIMES = ("local", "docker")
 RUNTIME_CHOICES = ("auto", *RUNTIMES)
-# The migration ledger's schema, in every branch's database: made by the engine for the branch's
-# user (postgres/roles.py), written by the PR workflow (action/migrations.py), and left out of
-# what a trace and the insight report (trace/schema.py, action/insight/analyze.py).
-LEDGER_SCHEMA = "pgoverlay_ledger"
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -62,3 +58,9 @@ def check_hba_name(role: str) -> None:
             f"role {role!r} cannot be named in a branch's pg_hba.conf (it has a double quote "
             "or a line break): rename it in the source and seed again"
         )
+
+
+# The migration ledger's schema, in every branch's database: made by the engine for the branch's
+# user (postgres/roles.py), written by the PR workflow (action/migrations.py), and left out of
+# what a trace and the insight report (trace/schema.py, action/insight/analyze.py).
+LEDGER_SCHEMA = "pgoverlay_ledger"
