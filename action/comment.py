@@ -13,9 +13,10 @@ per traced migration (``details.py``). The table is short enough for GitHub's co
 locks one line per table, and the time; what else a migration did is in its block. The job
 summary holds the whole of it; the comment a bounded part.
 
-A new column is one more ``Column`` in ``RICH`` (its header, alignment and cell, from one
-definition); a new section under the table, one more part in ``_render``'s ``build``, rendered
-by a function of the module that measures it.
+A new column is one more ``Column`` in ``RICH``: its header, alignment, its cell in a migration's
+row (most read the migration's insight: ``insight_cell``) and, if it has one, in the rows of a
+migrate command's tool migrations (``parts.py``); a new section under the table, one more part
+in ``_render``'s ``build``, rendered by a function of the module that measures it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from datetime import UTC, datetime
 from pgoverlay.action import markdown as md
 from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
 from pgoverlay.action.insight import blocking, schemadiff
+from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.lead import lead
+from pgoverlay.action.parts import Sub
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.runner.units import format_bytes
@@ -41,6 +44,7 @@ __all__ = [
     "Column",
     "format_bytes",
     "has_marker",
+    "insight_cell",
     "marker",
     "render_comment",
     "render_summary",
@@ -64,17 +68,37 @@ _VERDICT: dict[RunStatus, str] = {
 }
 
 
+def _blank(_: Sub) -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class Column:
-    """A column of the migrations table: its header, its alignment, and its cell."""
+    """A column of the migrations table, declared once: its header, its alignment, its cell in
+    a migration's row, and its cell in the rows of a migrate command's tool migrations under
+    it (blank unless given)."""
 
     header: str
     align: str  # the delimiter row's cell: "---" or "--:"
     cell: Callable[[MigrationRun], str]
+    part: Callable[[Sub], str] = _blank
+
+
+def insight_cell(cell: Callable[[MigrationInsight], str]) -> Callable[[MigrationRun], str]:
+    """A cell read from a migration's insight: blank for a migration without one."""
+    return lambda m: cell(m.insight) if m.insight is not None else ""
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.2f}\u00a0s"  # a no-break space: the column is as narrow as "0.41 s"
 
 
 def _time(m: MigrationRun) -> str:
-    return f"{m.seconds:.2f}\u00a0s"  # a no-break space: the column is as narrow as "0.41 s"
+    return _seconds(m.seconds)
+
+
+def _part_time(s: Sub) -> str:
+    return _seconds(s.seconds) if s.seconds is not None else ""
 
 
 def _result(m: MigrationRun) -> str:
@@ -88,17 +112,16 @@ def _verdict(m: MigrationRun) -> str:
     return verdict_cell(m.insight.verdict)
 
 
-def _locks(m: MigrationRun) -> str:
-    return lock_cell(m.insight.locks) if m.insight is not None else ""
+def _part_verdict(s: Sub) -> str:
+    return verdict_cell(s.migration.verdict) if s.migration is not None else ""
 
 
 def _name(m: MigrationRun) -> str:
     return name_cell(m.name)
 
 
-def _blocked(m: MigrationRun) -> str:
-    """How long the probe's reads and writes waited on the worst table (live traffic)."""
-    return blocking.cell(m.insight) if m.insight is not None else ""
+def _part_locks(s: Sub) -> str:
+    return lock_cell(s.migration.locks) if s.migration is not None else ""
 
 
 # Without insight (``insight: false``); with it, the verdict first and what a migration did in
@@ -109,11 +132,12 @@ PLAIN: tuple[Column, ...] = (
     Column("Result", "---", _result),
 )
 RICH: tuple[Column, ...] = (
-    Column("Verdict", "---", _verdict),
-    Column("Migration", "---", _name),
-    Column("Locks", "---", _locks),
-    Column(blocking.HEADER, "---", _blocked),
-    Column("Time", "--:", _time),
+    Column("Verdict", "---", _verdict, part=_part_verdict),
+    Column("Migration", "---", _name, part=lambda s: s.name),
+    Column("Locks", "---", insight_cell(lambda i: lock_cell(i.locks)), part=_part_locks),
+    # how long the probe's reads and writes waited on the worst table (live traffic)
+    Column("Blocked", "---", insight_cell(blocking.cell)),
+    Column("Time", "--:", _time, part=_part_time),
 )
 
 
@@ -333,7 +357,7 @@ def _row(columns: tuple[Column, ...], m: MigrationRun) -> str:
     row = f"| {' | '.join(c.cell(m) for c in columns)} |"
     if columns is not RICH:
         return row
-    return "\n".join([row, *tool_migration_rows(m)])  # a migrate command's tool migrations under it
+    return "\n".join([row, *tool_migration_rows(m, columns)])  # a command's tool migrations
 
 
 def _error(m: MigrationRun, cap: int | None, see: str) -> str:

@@ -3,8 +3,8 @@
 SQL folder mode applies each file with ``psql`` (the tool these files are written for: meta
 commands, ``COPY FROM STDIN`` and psql's own statement splitting all work), in one transaction
 unless the file holds a statement that cannot run in one. A ledger table in the branch,
-``pgoverlay_ledger.migrations``, records what ran. Command mode runs the project's own
-migration tool with the branch in ``DATABASE_URL`` and the libpq variables.
+``migrations`` in the schema ``names.LEDGER_SCHEMA``, records what ran. Command mode runs the
+project's own migration tool with the branch in ``DATABASE_URL`` and the libpq variables.
 
 The pure parts (statement positions, error-to-line mapping, transaction needs) are plain
 functions on text.
@@ -28,17 +28,20 @@ from pgoverlay.action.request import PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
 from pgoverlay.errors import CommandError, MigrationError, TimeoutExpiredError, UnsafeFileError
 from pgoverlay.runner import proc, safefs
+from pgoverlay.runner.names import LEDGER_SCHEMA
 from pgoverlay.runner.service.views import Connection
 
 # psycopg and sqlparse are imported when migrations run: a re-run that finds its branch up to
 # date, or a close, does without them.
 if TYPE_CHECKING:
     import psycopg
+    from psycopg import sql
 
 # The schema itself is made by the engine when it creates the branch (runner/postgres/roles.py), so
-# the ledger works whoever owns the database.
+# the ledger works whoever owns the database. {ledger} is the table (``_ledger_sql``).
+LEDGER_TABLE = f"{LEDGER_SCHEMA}.migrations"  # as messages name it
 LEDGER = """
-CREATE TABLE IF NOT EXISTS pgoverlay_ledger.migrations (
+CREATE TABLE IF NOT EXISTS {ledger} (
     name text PRIMARY KEY,
     checksum text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now(),
@@ -266,9 +269,16 @@ Target = Connection
 
 
 _LEDGER_FIX = (
-    "the branch's user must be able to log in and own the schema pgoverlay_ledger (a migration "
+    f"the branch's user must be able to log in and own the schema {LEDGER_SCHEMA} (a migration "
     "that drops or alters it breaks this); reset the branch and run the job again"
 )
+
+
+def _ledger_sql(text: str) -> sql.Composed:
+    """``text`` with ``{ledger}`` made the ledger table's quoted name."""
+    from psycopg import sql
+
+    return sql.SQL(text).format(ledger=sql.Identifier(LEDGER_SCHEMA, "migrations"))
 
 
 def _ledger_error(what: str) -> AbstractContextManager[None]:
@@ -281,14 +291,14 @@ def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
     """The workflow's own connection to the branch, for the ledger: one for the whole run, so
     a trace can tell its statements from the migrations' (by its backend pid)."""
     with _ledger_error(
-        f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
+        f"cannot read the migration ledger ({LEDGER_TABLE}) of database "
         f"{target.database} on port {target.port}"
     ):
         import psycopg
 
         conn = psycopg.connect(**target.connect_kwargs(), autocommit=True, connect_timeout=15)
         try:
-            conn.execute(LEDGER)
+            conn.execute(_ledger_sql(LEDGER))
         except BaseException:
             conn.close()
             raise
@@ -297,10 +307,10 @@ def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
 
 def _recorded(conn: psycopg.Connection[Any], target: Target) -> dict[str, str]:
     with _ledger_error(
-        f"cannot read the migration ledger (pgoverlay_ledger.migrations) of database "
+        f"cannot read the migration ledger ({LEDGER_TABLE}) of database "
         f"{target.database} on port {target.port}"
     ):
-        rows = conn.execute("SELECT name, checksum FROM pgoverlay_ledger.migrations").fetchall()
+        rows = conn.execute(_ledger_sql("SELECT name, checksum FROM {ledger}")).fetchall()
         return dict(rows)
 
 
@@ -309,13 +319,14 @@ def _record(
 ) -> None:
     with _ledger_error(
         f"{name} ran, but cannot be recorded in the migration ledger "
-        f"(pgoverlay_ledger.migrations) of database {target.database} on port {target.port}"
+        f"({LEDGER_TABLE}) of database {target.database} on port {target.port}"
     ):
         conn.execute(
-            "INSERT INTO pgoverlay_ledger.migrations (name, checksum, duration_ms) "
-            "VALUES (%s, %s, %s) "
-            "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
-            "applied_at = now(), duration_ms = EXCLUDED.duration_ms",
+            _ledger_sql(
+                "INSERT INTO {ledger} (name, checksum, duration_ms) VALUES (%s, %s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, "
+                "applied_at = now(), duration_ms = EXCLUDED.duration_ms"
+            ),
             (name, checksum(text), int(seconds * 1000)),
         )
 

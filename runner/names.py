@@ -1,4 +1,5 @@
-"""Pure checks on user input: names and durations, and the role names a pg_hba.conf holds."""
+"""Pure checks on user input: names and durations, and the role names a pg_hba.conf holds; and
+the names pgoverlay itself gives in a branch's database."""
 
 from __future__ import annotations
 
@@ -51,3 +52,9 @@ def check_hba_name(role: str) -> None:
             f"role {role!r} cannot be named in a branch's pg_hba.conf (it has a double quote "
             "or a line break): rename it in the source and seed again"
         )
+
+
+# The migration ledger's schema, in every branch's database: made by the engine for the branch's
+# user (postgres/roles.py), written by the PR workflow (action/migrations.py), and left out of
+# what a trace and the insight report (trace/schema.py, action/insight/analyze.py).
+LEDGER_SCHEMA = "pgoverlay_ledger"

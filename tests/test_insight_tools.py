@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -644,10 +645,10 @@ def test_the_comment_has_one_row_per_tool_migration_and_one_bookkeeping_line() -
     quiet = dataclasses.replace(
         insight, parts=[*insight.parts, dataclasses.replace(insight.parts[0], statements=[])]
     )
-    (_, _, last) = parts.rows(dataclasses.replace(run, insight=quiet))
+    (_, _, last) = parts.rows(dataclasses.replace(run, insight=quiet), comment.RICH)
     assert "1 tool migration with no statement of its own" in last
     many = dataclasses.replace(insight, parts=[insight.parts[0]] * (parts.MAX_ROWS + 3))
-    listed = parts.rows(dataclasses.replace(run, insight=many))
+    listed = parts.rows(dataclasses.replace(run, insight=many), comment.RICH)
     assert len(listed) == parts.MAX_ROWS + 2
     assert listed[-2].startswith("| | ↳ … 3 more tool migrations (in the JSON report")
 
@@ -828,3 +829,29 @@ def test_django_migrations_are_named_and_its_bookkeeping_is_one_line_in_the_comm
         assert bool(placeholders) == (binding == "server"), placeholders[:3]
     finally:
         branch.destroy(pool, "shop-pr-5")
+
+
+def _cells(row: str) -> int:
+    """The cells of a markdown table row (an escaped ``\\|`` is text)."""
+    return len(re.findall(r"(?<!\\)\|", row)) - 1
+
+
+def test_a_columns_cells_are_in_every_row_of_the_table_tool_migrations_included() -> None:
+    """A column is declared once (``comment.Column``): the rows of a command's tool migrations
+    and its bookkeeping line have a cell for every column, blank where a column has none."""
+    run = MigrationRun("python manage.py migrate", "applied", 5.0, insight=command(django_log()))
+    report = Report(
+        repository="acme/shop", pr=5, branch_name="shop-pr-5", head_sha="a" * 40,
+        status="ready", branch=None, migrations=[run],
+    )  # fmt: skip
+    lines = comment.render_comment(report).split("#### Migrations\n\n", 1)[1].split("\n\n")[0]
+    table = lines.splitlines()
+    assert len(table) == 2 + 1 + 3, table  # header, delimiter, the command, 2 parts, bookkeeping
+    assert {_cells(row) for row in table} == {len(comment.RICH)}, table
+    added = comment.Column(
+        "Rows", "--:", comment.insight_cell(lambda i: "9 rows"), part=lambda s: "8 rows"
+    )
+    columns = (*comment.RICH[:2], added, *comment.RICH[2:])
+    rows = parts.rows(run, columns)
+    assert [row.split(" | ")[2] for row in rows] == ["8 rows"] * 3
+    assert {_cells(row) for row in rows} == {len(columns)}

@@ -21,10 +21,11 @@ from pgoverlay.runner.branch.conf import LOG_OPTIONS
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
+from pgoverlay.runner.service import wire
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import TraceRequest
-from pgoverlay.runner.service.views import LogEntry, TraceMark
+from pgoverlay.runner.service.views import STAT_COUNTERS, LogEntry, RelationState, TraceMark
 from pgoverlay.runner.trace import instrument, logfile
 from pgoverlay.runner.trace.sampler import Spans
 
@@ -527,3 +528,12 @@ def test_the_trace_ends_itself_after_max_seconds(
     mark = engine.trace_end(traced.name)
     assert not mark.instrumented
     assert any("max_seconds" in n for n in mark.notes)
+
+
+def test_each_counter_a_snapshot_reads_is_a_relation_states_field_with_a_default() -> None:
+    """A counter is named once (``views.STAT_COUNTERS``): the snapshot's SQL reads it into the
+    field of its name, which an older engine does not send."""
+    fields = wire.fields(RelationState)
+    assert {counter: fields[counter] for counter in STAT_COUNTERS} == {
+        counter: (int, True) for counter in STAT_COUNTERS
+    }

@@ -1,4 +1,4 @@
-"""The service's answers, read back by its client without pydantic (``views.decode``), and the
+"""The service's answers, read back by its client without pydantic (``wire.decode``), and the
 client's own HTTP exchange on a Unix socket."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pgoverlay.runner.service.views import (
     Layer,
     TraceMark,
     WarmView,
-    decode,
 )
+from pgoverlay.runner.service.wire import decode
 
 BRANCH = BranchView(
     name="pr-7",

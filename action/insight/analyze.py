@@ -40,9 +40,9 @@ from pgoverlay.action.insight.model import (
     Volume,
 )
 from pgoverlay.action.insight.verdict import RECREATED, REWRITE_REASONS, WITH_TABLE
+from pgoverlay.runner.names import LEDGER_SCHEMA
 from pgoverlay.runner.service.views import RelationState, TraceMark
 
-LEDGER_SCHEMA = "pgoverlay_ledger"
 KINDS = {
     "r": "table",
     "p": "partitioned table",

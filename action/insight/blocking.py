@@ -198,8 +198,6 @@ def classify(runs: Sequence[tuple[float, float, bool]], sightings: Sequence[floa
 
 # -- the comment (pure) ---------------------------------------------------------------------
 
-HEADER = "Blocked"  # how long the probe's queries were kept waiting (live traffic)
-
 
 def cell(insight: MigrationInsight) -> str:
     """The comment's cell: the table whose probes waited longest, e.g. "reads 2.1 s, writes

@@ -24,6 +24,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgoverlay.runner.names import LEDGER_SCHEMA
+
 # Predefined roles a deploy user needs (pg_checkpoint exists from Postgres 15 on).
 PREDEFINED = ["pg_read_all_data", "pg_write_all_data", "pg_checkpoint"]
 
@@ -169,8 +171,8 @@ def set_login(
         # The migration ledger's schema, owned by the branch user, whoever owns the database.
         # Not named like the user: "$user" leads search_path, and new tables would land there.
         conn.execute(
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS pgoverlay_ledger AUTHORIZATION {}").format(
-                sql.Identifier(user)
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+                sql.Identifier(LEDGER_SCHEMA), sql.Identifier(user)
             )
         )
         if superuser:

@@ -4,7 +4,7 @@ socket. Errors come back as the engine raised them (same class, message and exit
 One request per connection, written and read here rather than with ``http.client``: importing
 that (with ``ssl`` and ``email``) cost a command that only asks the service about 40 ms, more
 than the service takes to answer. The service is uvicorn on a socket only root and the
-service's group may open: its answers are HTTP/1.1 with a Content-Length, and ``views.decode``
+service's group may open: its answers are HTTP/1.1 with a Content-Length, and ``wire.decode``
 checks that each answer is what this release expects.
 """
 
@@ -30,8 +30,8 @@ from pgoverlay.runner.service.views import (
     GcReport,
     Layer,
     TraceMark,
-    decode,
 )
+from pgoverlay.runner.service.wire import decode
 
 if TYPE_CHECKING:
     from pgoverlay.runner.service.models import (

@@ -43,7 +43,7 @@ from pgoverlay.runner.service.views import (
     WarmView,
 )
 
-if TYPE_CHECKING:  # requests are pydantic models, made by whoever calls
+if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
     from pgoverlay.runner.service.models import CreateRequest, RecordRequest, TraceRequest
 
 log = logging.getLogger(__name__)

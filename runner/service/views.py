@@ -4,18 +4,17 @@ its clients.
 
 Neither pydantic models nor dataclasses: the CLI defines these classes for every read-only
 command, and importing either would cost each such command more than the rest of its
-start-up. The service's client reads what it receives with ``decode``, which checks each
-field's presence and type as these annotations state them.
+start-up. The service's client reads what it receives with ``wire.decode``, which checks each
+field's presence and type as these annotations state them; a field added after a class's first
+release has a default (an older engine does not send it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import quote
 
-from pgoverlay.runner.service.shape import MISSING, Shape, field
-
-S = TypeVar("S", bound=Shape)
+from pgoverlay.runner.service.shape import Shape, field
 
 
 class Record(Shape):
@@ -127,6 +126,11 @@ class ErrorBody(Shape):
 # what happened since the one before.
 
 
+# The pg_stat_all_tables counters a RelationState carries, each in a field of its name (an int
+# with a default): the trace's snapshot reads those named here (``trace/snapshot.py``).
+STAT_COUNTERS = ("seq_scan", "seq_tup_read", "n_tup_ins", "n_tup_upd", "n_tup_del")
+
+
 class RelationState(Shape):
     """One relation of the branch's own schemas (no catalogs), as a snapshot saw it."""
 
@@ -186,7 +190,7 @@ class SchemaChange(Shape):
 
     kind: str  # "table", "column", "index", "constraint", "trigger", "view", ...
     name: str  # quoted where Postgres would quote it: public.orders.amount
-    change: Literal["added", "dropped", "changed"]  # SchemaChangeKind (decode reads it spelt out)
+    change: SchemaChangeKind
     table: str = ""  # the table a column, index, constraint, trigger or grant belongs to
     # added/dropped: the object's attributes on its side; changed: those that differ
     attributes: list[SchemaAttribute] = field(default_factory=list)
@@ -194,7 +198,7 @@ class SchemaChange(Shape):
 
 class SchemaCount(Shape):
     kind: str
-    change: Literal["added", "dropped", "changed"]
+    change: SchemaChangeKind
     count: int
 
 
@@ -291,56 +295,3 @@ def _conninfo_value(value: str) -> str:
     if value and not any(c.isspace() or c in "'\\=" for c in value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-# -- reading an answer ----------------------------------------------------------------------
-
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-}
-
-
-def decode(cls: type[S], data: object, where: str = "") -> S:
-    """``data`` (an answer's JSON) as the view ``cls``. Each field must be there unless it has a
-    default, and hold what its annotation says (the annotations here use only the scalars,
-    ``X | None``, ``list[X]``, ``Literal[...]`` and other views); fields ``cls`` does not have
-    are left out, as a newer service may send more. A ValueError names the first field that
-    does not fit (``layer.logical_bytes``: ``where`` is the path to ``data``)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where or 'answer'}: expected an object, got {type(data).__name__}")
-    given: dict[str, Any] = {}
-    for name, (kind, default, factory, _) in cls.__shape_fields__.items():
-        place = f"{where}.{name}" if where else name
-        if name in data:
-            given[name] = _value(data[name], kind, place)
-        elif default is MISSING and factory is None:
-            raise ValueError(f"{place}: missing")
-    return cls(**given)
-
-
-def _value(value: object, kind: str, where: str) -> Any:
-    if kind.endswith(" | None"):
-        if value is None:
-            return None
-        kind = kind.removesuffix(" | None")
-    if kind.startswith("list[") and kind.endswith("]"):
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
-        return [_value(item, kind[5:-1], f"{where}[{i}]") for i, item in enumerate(value)]
-    if kind.startswith("Literal["):
-        allowed = [option.strip().strip("'\"") for option in kind[8:-1].split(",")]
-        if value not in allowed:
-            raise ValueError(f"{where}: expected one of {', '.join(allowed)}, got {value!r}")
-        return value
-    if kind in _SCALARS:
-        # bool is an int to Python, not to JSON: true is no port number
-        if not isinstance(value, _SCALARS[kind]) or (isinstance(value, bool) and kind != "bool"):
-            raise ValueError(f"{where}: expected {kind}, got {type(value).__name__}")
-        return float(value) if kind == "float" else value  # type: ignore[arg-type]
-    nested = globals().get(kind)
-    if isinstance(nested, type) and issubclass(nested, Shape):
-        return decode(nested, value, where)
-    raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")

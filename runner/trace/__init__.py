@@ -1,4 +1,4 @@
-"""Tracing a branch while migrations run on it: see ``pgoverlay.runner.service.models.TraceMark``.
+"""Tracing a branch while migrations run on it: see ``pgoverlay.runner.service.views.TraceMark``.
 
 A trace is opened (``begin``) on a running branch, asked for marks (``mark``), and closed
 (``end``). While open, its instrumentation, made in the base when it was prepared, is switched on

@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 from pgoverlay.runner import safefs
+from pgoverlay.runner.names import LEDGER_SCHEMA
 from pgoverlay.runner.service.views import (
     SchemaAttribute,
     SchemaChange,
@@ -48,7 +49,6 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.trace import instrument
 
 FORMAT = 1  # of the stored base snapshot: one of another format is not compared
-LEDGER_SCHEMA = "pgoverlay_ledger"  # the migration ledger's (action/migrations.py)
 OWN_SCHEMAS = (instrument.SCHEMA, LEDGER_SCHEMA)
 MAX_OBJECTS = 500_000  # per kind: a schema past it is not compared (the note says so)
 MAX_CHANGES = 500  # listed in a diff; past it, changes are counted only

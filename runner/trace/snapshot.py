@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgoverlay.errors import TimeoutExpiredError
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.service.views import RelationState
+from pgoverlay.runner.service.views import STAT_COUNTERS, RelationState
 
 FLUSH_WAIT = 2.0  # seconds a mark waits for the role's new backends to exit
 
 # OIDs from 16384 (FirstNormalObjectId) on: what initdb made (the catalogs' own TOAST tables
-# in pg_toast, information_schema) is older.
+# in pg_toast, information_schema) is older. {counters}: STAT_COUNTERS, each COALESCE(s.x, 0).
 RELATIONS = """
 SELECT c.oid, n.nspname, c.relname, c.relkind,
        CASE WHEN c.relkind IN ('i', 'I') THEN i.indrelid
@@ -30,8 +31,7 @@ SELECT c.oid, n.nspname, c.relname, c.relkind,
        COALESCE(pg_catalog.pg_relation_filenode(c.oid), 0),
        CASE WHEN c.relkind IN ('r', 'p', 'i', 'I', 'm', 'S', 't')
             THEN COALESCE(pg_catalog.pg_relation_size(c.oid), 0) ELSE 0 END,
-       COALESCE(s.seq_scan, 0), COALESCE(s.seq_tup_read, 0), COALESCE(s.n_tup_ins, 0),
-       COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_del, 0)
+       {counters}
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
@@ -78,6 +78,13 @@ def wait_for_exits(conn: psycopg.Connection[Any], *, user: str, since: float) ->
     return ended
 
 
+def _relations() -> sql.Composed:
+    counters = sql.SQL(", ").join(
+        sql.SQL("COALESCE({}, 0)").format(sql.Identifier("s", counter)) for counter in STAT_COUNTERS
+    )
+    return sql.SQL(RELATIONS).format(counters=counters)
+
+
 def take(conn: psycopg.Connection[Any]) -> Taken:
     """Every relation of the branch's schemas, the WAL position and the server's time."""
     with conn.transaction():
@@ -85,7 +92,7 @@ def take(conn: psycopg.Connection[Any]) -> Taken:
             "SELECT pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()), "
             "(pg_catalog.pg_current_wal_lsn() - '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8"
         ).fetchone() or (0, 0)
-        rows = conn.execute(RELATIONS).fetchall()
+        rows = conn.execute(_relations()).fetchall()
     relations = {}
     for oid, schema, name, kind, table, filenode, size, *counters in rows:
         relations[int(oid)] = RelationState(
@@ -96,11 +103,7 @@ def take(conn: psycopg.Connection[Any]) -> Taken:
             table_oid=int(table) if table is not None else None,
             filenode=int(filenode),
             bytes=int(size),
-            seq_scan=int(counters[0]),
-            seq_tup_read=int(counters[1]),
-            n_tup_ins=int(counters[2]),
-            n_tup_upd=int(counters[3]),
-            n_tup_del=int(counters[4]),
+            **{counter: int(value) for counter, value in zip(STAT_COUNTERS, counters, strict=True)},
         )
     return Taken(at=float(at), wal_lsn=int(lsn), relations=relations)
 
