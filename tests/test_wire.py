@@ -136,7 +136,7 @@ def test_each_wire_type_reads_what_an_earlier_release_wrote(path: Path) -> None:
     assert examples, path
     for name, data in examples.items():
         assert name in now, f"{name} (in {path.name}) is no wire type any more"
-        decoded = wire.decode(now[name], data)
+        decoded: object = wire.decode(now[name], data)
         assert wire.decode(now[name], _with_unknown_fields(data)) == decoded, name
 
 
