@@ -265,7 +265,6 @@ def read_migration(repo: Path, name: str, *, limit: int = MAX_FILE_BYTES) -> str
 
 
 # How to reach the branch; the password travels only in child environments.
-Target = Connection
 
 
 _LEDGER_FIX = (
@@ -287,7 +286,7 @@ def _ledger_error(what: str) -> AbstractContextManager[None]:
     return sqlerror.wrapped(MigrationError, what=what, fix=_LEDGER_FIX)
 
 
-def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
+def _connect_ledger(target: Connection) -> psycopg.Connection[Any]:
     """The workflow's own connection to the branch, for the ledger: one for the whole run, so
     a trace can tell its statements from the migrations' (by its backend pid)."""
     with _ledger_error(
@@ -305,7 +304,7 @@ def _connect_ledger(target: Target) -> psycopg.Connection[Any]:
         return conn
 
 
-def _recorded(conn: psycopg.Connection[Any], target: Target) -> dict[str, str]:
+def _recorded(conn: psycopg.Connection[Any], target: Connection) -> dict[str, str]:
     with _ledger_error(
         f"cannot read the migration ledger ({LEDGER_TABLE}) of database "
         f"{target.database} on port {target.port}"
@@ -315,7 +314,7 @@ def _recorded(conn: psycopg.Connection[Any], target: Target) -> dict[str, str]:
 
 
 def _record(
-    conn: psycopg.Connection[Any], target: Target, name: str, text: str, seconds: float
+    conn: psycopg.Connection[Any], target: Connection, name: str, text: str, seconds: float
 ) -> None:
     with _ledger_error(
         f"{name} ran, but cannot be recorded in the migration ledger "
@@ -345,6 +344,7 @@ class Watcher(Protocol):
         """What psql is to read instead of the file ``text``, to measure it (None: the file
         as it is); the next ``measure`` is of it."""
         ...
+
     def starting(self, *, text: str | None) -> None: ...
 
     def measure(
@@ -368,7 +368,7 @@ class RunOptions:
     ask), how long one migration may take, the sandbox the pull request's code runs in, and
     what measures it. The environment a migration runs in is made here only."""
 
-    target: Target
+    target: Connection
     timeout: float  # seconds one file, or the command, may take
     request: PrRequest = field(default_factory=PrRequest)
     sandbox: Sandbox = AS_SELF

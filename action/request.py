@@ -34,7 +34,7 @@ _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 Select = Literal["changed", "all"]
 # "auto" (the runner's PGOVERLAY_RUNTIME) or a runtime of runner/runtime/table.py, checked
 # against the table by the field's check (``_runtime``)
-Runtime = str
+RuntimeName = str
 
 
 # What a size may be written in: the units (and the reading of the number before them) of
@@ -345,7 +345,7 @@ class PrRequest:
         "Write the sticky PR comment.",
         rerun="where the report goes; a run done again writes it again",
     )
-    runtime: Runtime = option(
+    runtime: RuntimeName = option(
         "auto",
         """Where the branch runs, local (a process of the runner) or docker (a container); auto
         follows the runner's setting, itself Docker when its daemon answers.""",

@@ -360,7 +360,7 @@ class _Run:
         try:
             _preload(_LATER)
             with _timed(self.timings, "branch"):
-                b, seconds = self.bring_up(decision, current, name)
+                b, seconds = self.ensure_branch(decision, current, name)
             connection = engine.connection(name)
             base = _base_of(engine, b)
             runs, note, schema_diff = self.migrate(connection, base, name)
@@ -379,7 +379,7 @@ class _Run:
         )
         return report, b, connection
 
-    def bring_up(
+    def ensure_branch(
         self, decision: Decision, current: BranchView | None, name: str
     ) -> tuple[BranchView, float | None]:
         """Create the branch, reset it, or keep it as it is, as ``decision`` says; returns it

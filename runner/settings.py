@@ -20,6 +20,8 @@ from pgoverlay.errors import SettingError
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
+# Settings renamed, by their former names: the former variable is still read; the new one wins.
+RENAMED = {"lock_timeout": "lock_wait"}
 
 
 def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict[str, str]:
@@ -30,7 +32,8 @@ def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict
         if value is None or not key.upper().startswith(ENV_PREFIX):
             continue
         name = key[len(ENV_PREFIX) :].lower()
-        if name in names:
+        name = RENAMED.get(name, name)
+        if name in names and (name not in found or key.upper() == variable(name)):
             found[name] = value
     return found
 
@@ -210,7 +213,9 @@ class Settings:
     start_timeout: float = bounded(60.0, gt=0)
     stop_timeout: float = bounded(30.0, gt=0)
     command_timeout: float = bounded(3600.0, gt=0)
-    lock_timeout: float = bounded(120.0, gt=0)
+    # Seconds a seed, create, reset or destroy waits for its base's or branch's file lock (not
+    # Postgres's lock_timeout); PGOVERLAY_LOCK_TIMEOUT, its former name, is still read.
+    lock_wait: float = bounded(120.0, gt=0)
     # The engine service (`pgoverlay service`): its socket is root's and this group's (0660);
     # members of the group (the runner's user, the webhook listener's user) may ask it for
     # branches. Its limits hold for every caller but root's own CLI.

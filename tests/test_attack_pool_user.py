@@ -27,7 +27,7 @@ from pgoverlay.errors import RegistryRowError, ServiceError, UnsafePathError
 from pgoverlay.runner import branch, mask
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool, gc, locks, mounts
+from pgoverlay.runner.pool import Pool, flocks, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.seed import baseconf
@@ -134,11 +134,11 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_keeps_its_owner(
     try:
         with (
             pytest.raises(UnsafePathError, match="symbolic link"),
-            locks.hold(lock, timeout=0, what="branch lock-attack"),
+            flocks.hold(lock, timeout=0, what="branch lock-attack"),
         ):
             pass
         with pytest.raises(UnsafePathError):
-            locks.is_free(lock)
+            flocks.is_free(lock)
     finally:
         os.unlink(lock)
     victim.assert_untouched()

@@ -13,7 +13,7 @@ import pytest
 from helpers import assert_no_leaks, require_docker_image, source_dsn
 from pgoverlay.errors import VersionMismatchError
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool import Pool, flocks, gc
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
@@ -86,7 +86,7 @@ def test_gc_removes_a_killed_seeds_containers_but_not_a_running_seeds(
         network_mode="none",
     )
     try:
-        with locks.hold(pool.lock_path("seed", "busy"), timeout=0, what="a seed"):
+        with flocks.hold(pool.lock_path("seed", "busy"), timeout=0, what="a seed"):
             report = gc.collect(pool)
         assert f"container {orphan.name}" in report.orphans
         assert f"container {live.name}" not in report.orphans

@@ -17,7 +17,6 @@ import pytest
 
 from pgoverlay.action import migrations
 from pgoverlay.action.comment import render_comment
-from pgoverlay.action.migrations import Target
 from pgoverlay.action.report import MigrationRun, Report
 from pgoverlay.action.sandbox import AsUser
 from pgoverlay.errors import MigrationError, UnsafeFileError
@@ -26,6 +25,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.service.views import Connection
 
 
 @pytest.fixture
@@ -121,12 +121,12 @@ def test_changed_between_counts_an_unreadable_file_as_changed(
     assert migrations.changed_between(base, checkout, "m") == ["m/002.sql", "m/003.sql"]
 
 
-def _target(pool: Pool, name: str) -> Target:
+def _target(pool: Pool, name: str) -> Connection:
     return branch.connection(pool, branch.get(pool, name))
 
 
 @pytest.fixture(scope="module")
-def hostile_branch(pool: Pool, base: BaseVersion) -> Iterator[Target]:
+def hostile_branch(pool: Pool, base: BaseVersion) -> Iterator[Connection]:
     branch.create(pool, "hostile-files", base_name=base.name)
     try:
         yield _target(pool, "hostile-files")
@@ -151,7 +151,7 @@ def _comment(runs: list[MigrationRun]) -> str:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_hostile_file_fails_alone_after_the_good_files_are_applied(
-    pool: Pool, hostile_branch: Target, checkout: Path, outside: tuple[Path, str], kind: str
+    pool: Pool, hostile_branch: Connection, checkout: Path, outside: tuple[Path, str], kind: str
 ) -> None:
     folder = "m_" + kind.replace(" ", "_").replace("/", "_")
     (checkout / folder).mkdir()

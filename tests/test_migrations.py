@@ -9,12 +9,13 @@ import psycopg
 import pytest
 
 from pgoverlay.action import migrations
-from pgoverlay.action.migrations import Target, needs_no_transaction, parse_psql_error, statements
+from pgoverlay.action.migrations import needs_no_transaction, parse_psql_error, statements
 from pgoverlay.errors import MigrationError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.service.views import Connection
 
 FILE = """-- add a column
 ALTER TABLE accounts ADD COLUMN memo text;
@@ -127,7 +128,7 @@ def test_only_files_the_pr_adds_or_changes_are_selected_in_lexical_order(tmp_pat
 def test_a_migration_runs_in_the_environment_its_options_make() -> None:
     """psql gets the branch's libpq variables; the migrate command also DATABASE_URL, without
     our application name. The password travels in these environments only."""
-    target = Target(host="127.0.0.1", port=5433, database="shop", user="u", password="p w")
+    target = Connection(host="127.0.0.1", port=5433, database="shop", user="u", password="p w")
     options = migrations.RunOptions(target=target, timeout=60)
     psql = options.child_env()
     assert psql == target.libpq_env() and psql["PGPASSWORD"] == "p w"
@@ -138,7 +139,7 @@ def test_a_migration_runs_in_the_environment_its_options_make() -> None:
     assert {k: v for k, v in psql.items() if k != "PGAPPNAME"}.items() <= command.items()
 
 
-def target_for(pool: Pool, name: str) -> Target:
+def target_for(pool: Pool, name: str) -> Connection:
     return branch.connection(pool, branch.get(pool, name))
 
 
@@ -275,7 +276,7 @@ def test_sql_files_run_as_the_owner_of_the_checkout_not_as_root(
 def test_connection_details_never_show_their_password_in_a_repr() -> None:
     from pgoverlay.runner.seed import Source
 
-    target = Target(host="h", port=1, user="u", password="s3cret-pw", database="d")
+    target = Connection(host="h", port=1, user="u", password="s3cret-pw", database="d")
     source = Source.parse("host=db user=replicator dbname=app").using(password="s3cret-pw")
     assert "s3cret-pw" not in repr(target) + repr(source) + source.conninfo
     assert source.env == {"PGPASSWORD": "s3cret-pw"}

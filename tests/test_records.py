@@ -15,7 +15,7 @@ import pytest
 from pgoverlay.action import record
 from pgoverlay.action.report import MigrationRun, Report
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.pool.registry import Branch, Record, Registry
+from pgoverlay.runner.pool.registry import Branch, Registry, StoredRecord
 from pgoverlay.runner.service.models import MAX_RECORD_BYTES, RecordRequest
 from pgoverlay.runner.service.views import Record as RecordView
 
@@ -84,10 +84,10 @@ def test_a_record_must_be_json_and_is_bounded_in_bytes_not_characters() -> None:
 def test_a_record_lives_and_dies_with_its_branch(tmp_path: Path) -> None:
     reg = registry_with_branches(tmp_path / "registry.db", "shop-pr-5")
     try:
-        assert reg.save_record(Record("shop-pr-5", '{"a": 1}', 1.0))
-        assert reg.save_record(Record("shop-pr-5", '{"a": 2}', 2.0))  # replaced, not added
-        assert reg.record("shop-pr-5") == Record("shop-pr-5", '{"a": 2}', 2.0)
-        assert not reg.save_record(Record("gone", "{}", 1.0))  # no branch, nothing kept
+        assert reg.save_record(StoredRecord("shop-pr-5", '{"a": 1}', 1.0))
+        assert reg.save_record(StoredRecord("shop-pr-5", '{"a": 2}', 2.0))  # replaced, not added
+        assert reg.record("shop-pr-5") == StoredRecord("shop-pr-5", '{"a": 2}', 2.0)
+        assert not reg.save_record(StoredRecord("gone", "{}", 1.0))  # no branch, nothing kept
         reg.delete_branch("shop-pr-5")
         assert reg.record("shop-pr-5") is None
         with closing(sqlite3.connect(tmp_path / "registry.db")) as db:

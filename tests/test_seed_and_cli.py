@@ -25,7 +25,7 @@ from pgoverlay.errors import (
     VersionMismatchError,
 )
 from pgoverlay.runner import branch, proc, seed
-from pgoverlay.runner.pool import Pool, gc, locks, mounts
+from pgoverlay.runner.pool import Pool, flocks, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
@@ -120,7 +120,7 @@ def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
     pool: Pool, source: cluster.Running
 ) -> None:
     with (
-        locks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"),
+        flocks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"),
         pytest.raises(SeedBusyError, match="busy"),
     ):
         seed.seed(pool, "busy", source_dsn=source_dsn(source))

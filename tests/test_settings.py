@@ -173,3 +173,16 @@ def test_a_fingerprint_changes_with_any_setting_and_only_then() -> None:
     assert one.fingerprint() == Settings(home=Path("/srv/pool")).fingerprint()
     assert one.fingerprint() != one.replace(fault_point="x").fingerprint()
     assert one.fingerprint() != one.replace(port_max=60000).fingerprint()
+
+
+def test_a_renamed_setting_is_still_read_by_its_former_variable_and_the_new_one_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`lock_wait` (a file lock's wait) was `lock_timeout`, a name Postgres uses for another
+    thing: PGOVERLAY_LOCK_TIMEOUT is still read, and PGOVERLAY_LOCK_WAIT wins over it."""
+    monkeypatch.setenv("PGOVERLAY_LOCK_TIMEOUT", "7")
+    assert Settings().lock_wait == 7.0
+    monkeypatch.setenv("PGOVERLAY_LOCK_WAIT", "9")
+    assert Settings().lock_wait == 9.0
+    monkeypatch.delenv("PGOVERLAY_LOCK_TIMEOUT")
+    assert Settings().lock_wait == 9.0

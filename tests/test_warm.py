@@ -20,7 +20,7 @@ from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch import held, warm
 from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.pool import Pool, gc, locks
+from pgoverlay.runner.pool import Pool, flocks, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime.choose import runtime_for
@@ -363,7 +363,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
 def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
     """One warm branch started by this process, with no engine service starting or retiring
     any meanwhile (it would find the warm branches' lock taken)."""
-    with locks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
+    with flocks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
         pool.registry.set_warm_target(base.name, "local", 1)
         assert warm.warm_branches(pool) == []
         yield branch.start_warm(pool, base, "local")

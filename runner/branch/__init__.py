@@ -31,7 +31,7 @@ from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, fault, locks, release_freed
+from pgoverlay.runner.pool import Pool, fault, flocks, release_freed
 from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
@@ -383,7 +383,7 @@ def _give_login(
         )
 
 
-def _bring_up(
+def _mount_and_start(
     pool: Pool,
     base: BaseVersion,
     branch: Branch,
@@ -468,8 +468,8 @@ def create(
     from pgoverlay.runner.branch import held
 
     password, secret = held.password()  # being computed: a claim or a cold create sets it
-    with locks.hold(
-        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    with flocks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         now = time.time()
         asked: dict[str, Any] = {
@@ -517,7 +517,7 @@ def create(
             _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
             pool.registry.update_branch(name, durable=False, step="dirs")
             fault(pool, "create:dirs")
-            _bring_up(pool, base, branch, saga="create", secret=secret)
+            _mount_and_start(pool, base, branch, saga="create", secret=secret)
         except BaseException:
             log.warning("creating branch %s failed; undoing", name)
             teardown(pool, branch)
@@ -572,8 +572,8 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
     """Start one warm branch of ``base`` on ``runtime``: a branch like any other, named after
     its own slot, whose login role has no password until ``create`` claims it."""
     slot = WARM_PREFIX + secrets.token_hex(6)
-    with locks.hold(
-        pool.lock_path("branch", slot), timeout=pool.settings.lock_timeout, what=f"branch {slot}"
+    with flocks.hold(
+        pool.lock_path("branch", slot), timeout=pool.settings.lock_wait, what=f"branch {slot}"
     ):
         with pool.registry.transaction() as db:
             _check_free(pool, db, base, slot)
@@ -598,7 +598,7 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
         try:
             _make_dirs(pool, layout(pool, slot), user=branch.user, superuser=base.superuser)
             pool.registry.update_branch(slot, durable=False, step="dirs")
-            _bring_up(pool, base, branch, saga="warm")
+            _mount_and_start(pool, base, branch, saga="warm")
         except BaseException:
             log.warning("starting warm branch %s failed; undoing", slot)
             teardown(pool, branch)
@@ -627,8 +627,8 @@ def teardown(pool: Pool, branch: Branch) -> None:
 def destroy(pool: Pool, name: str) -> bool:
     """Destroy ``name``; False if there was nothing to destroy."""
     check_name(name)
-    with locks.hold(
-        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    with flocks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         branch = pool.registry.branch(name)
         if branch is None:
@@ -642,8 +642,8 @@ def destroy(pool: Pool, name: str) -> bool:
 def reset(pool: Pool, name: str) -> Branch:
     """Discard every change: back to the base version, same port and password."""
     check_name(name)
-    with locks.hold(
-        pool.lock_path("branch", name), timeout=pool.settings.lock_timeout, what=f"branch {name}"
+    with flocks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         branch = _get(pool, name)
         pool.registry.update_branch(name, state="resetting", step="")
@@ -669,7 +669,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     release_freed(pool)
     pool.registry.update_branch(branch.name, durable=False, step="wiped")
     fault(pool, "reset:wiped")
-    _bring_up(pool, base, branch, saga="reset")
+    _mount_and_start(pool, base, branch, saga="reset")
     pool.registry.update_branch(branch.name, state="ready", step="", ready_at=time.time())
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.pool import Pool, locks
+from pgoverlay.runner.pool import Pool, flocks
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.runtime.choose import runtime_for
@@ -81,7 +81,7 @@ def _why_retire(pool: Pool, b: Branch, wanted: dict[tuple[str, str], int]) -> st
 def retire(pool: Pool, b: Branch) -> bool:
     """Tear warm branch ``b`` down, unless a claim or another process got it first."""
     try:
-        with locks.hold(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
+        with flocks.hold(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
             if not pool.registry.unwarm(b.name):
                 return False
             branches.teardown(pool, replace(b, state="destroying"))
@@ -96,7 +96,7 @@ def replenish(pool: Pool, *, start: bool = True, wait: float = 0) -> Replenished
     ``wait`` seconds returns ``busy``, having done nothing."""
     done = Replenished()
     try:
-        with locks.hold(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
+        with flocks.hold(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
             _replenish(pool, done, start=start)
     except LockBusyError:
         done.busy = True

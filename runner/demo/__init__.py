@@ -14,7 +14,7 @@ from psycopg.conninfo import make_conninfo
 from pgoverlay.errors import SeedError
 from pgoverlay.runner import seed
 from pgoverlay.runner.demo import data as demo_data
-from pgoverlay.runner.pool import Pool, locks
+from pgoverlay.runner.pool import Pool, flocks
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, postmaster, sqlerror
@@ -105,5 +105,5 @@ def leftover_sources(pool: Pool) -> list[str]:
     return [
         p.name.removeprefix("demo-source-")
         for p in pool.tmp.glob("demo-source-*")
-        if locks.is_free(pool.lock_path("seed", p.name.removeprefix("demo-source-")))
+        if flocks.is_free(pool.lock_path("seed", p.name.removeprefix("demo-source-")))
     ]

@@ -17,7 +17,7 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, safefs, seed
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.names import NAME_RE
-from pgoverlay.runner.pool import Pool, locks, mounts
+from pgoverlay.runner.pool import Pool, flocks, mounts
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.runtime import table as runtimes
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Report:
+class Collected:
     undone: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
@@ -58,8 +58,8 @@ class Report:
         return out or ["nothing to do"]
 
 
-def collect(pool: Pool, *, now: float | None = None) -> Report:
-    report = Report()
+def collect(pool: Pool, *, now: float | None = None) -> Collected:
+    report = Collected()
     now = time.time() if now is None else now
     # A row pgoverlay could not have written names paths and ports nobody vouches for: it is
     # reported, and nothing is done with it.
@@ -74,13 +74,13 @@ def collect(pool: Pool, *, now: float | None = None) -> Report:
     return report
 
 
-def _removals(pool: Pool, report: Report) -> None:
+def _removals(pool: Pool, report: Collected) -> None:
     """Finish the base removals (`base rm`) a killed process left: their branches first."""
     for base in pool.registry.bases():
         if base.state != "removing":
             continue
         try:
-            with locks.hold(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
+            with flocks.hold(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
                 base_removal.finish(pool, base.name, base.version)
             report.bases_removed.append(f"{base.name} v{base.version} (interrupted removal)")
         except LockBusyError:
@@ -90,13 +90,13 @@ def _removals(pool: Pool, report: Report) -> None:
             log.warning("gc could not finish removing base %s: %s", base.name, err)
 
 
-def _branches(pool: Pool, report: Report, now: float) -> None:
+def _branches(pool: Pool, report: Collected, now: float) -> None:
     for row in pool.registry.branches(warm=True):
         if row.warm:
             continue  # see _warm
         lock = pool.lock_path("branch", row.name)
         try:
-            with locks.hold(lock, timeout=0, what=f"branch {row.name}"):
+            with flocks.hold(lock, timeout=0, what=f"branch {row.name}"):
                 current = pool.registry.branch(row.name)
                 if current is None:
                     continue
@@ -122,7 +122,7 @@ def _branches(pool: Pool, report: Report, now: float) -> None:
             log.warning("gc could not repair branch %s: %s", row.name, err)
 
 
-def _warm(pool: Pool, report: Report) -> None:
+def _warm(pool: Pool, report: Collected) -> None:
     """Retire the warm branches that should go and start the ones the targets ask for."""
     done = warm.replenish(pool)
     report.warmed += done.started
@@ -130,7 +130,7 @@ def _warm(pool: Pool, report: Report) -> None:
     report.problems += done.problems
 
 
-def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
+def _restart_if_down(pool: Pool, branch: Branch, report: Collected) -> None:
     """Restart a ready branch whose server is gone; one whose runtime cannot tell is left
     alone (a Docker outage is not a stopped server)."""
     alive = branches.liveness(pool, branch)
@@ -142,7 +142,7 @@ def _restart_if_down(pool: Pool, branch: Branch, report: Report) -> None:
         report.restarted.append(branch.name)
 
 
-def _runtime_leftovers(pool: Pool, report: Report) -> None:
+def _runtime_leftovers(pool: Pool, report: Collected) -> None:
     """What each runtime made beside the pool (Docker's containers and volumes) that no
     branch claims. A runtime that cannot be asked (no Docker daemon) is a problem only when a
     branch runs on it (``in_use``): otherwise it has nothing of this pool."""
@@ -152,14 +152,14 @@ def _runtime_leftovers(pool: Pool, report: Report) -> None:
             report.orphans += runtime.leftovers(
                 pool,
                 known=pool.registry.branch_keys(),
-                may_remove=lambda kind, key: locks.is_free(pool.lock_path(kind, key)),
+                may_remove=lambda kind, key: flocks.is_free(pool.lock_path(kind, key)),
                 in_use=name in used,
             )
         except PgoverlayError as err:
             report.problems.append(str(err))
 
 
-def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
+def _orphan_branch_dirs(pool: Pool, report: Collected) -> None:
     """Directories and mounts under branches/ that no registry row claims."""
     # Rows that fail validation still claim their directory: it is left for a person to judge.
     known = pool.registry.branch_keys() | pool.registry.branch_names()
@@ -187,12 +187,12 @@ def _orphan_branch_dirs(pool: Pool, report: Report) -> None:
 
 def _free(pool: Pool, name: str) -> bool:
     try:
-        return locks.is_free(pool.lock_path("branch", name))
+        return flocks.is_free(pool.lock_path("branch", name))
     except PgoverlayError:
         return False  # a lock that is not root's file: leave the branch to a person
 
 
-def _bases(pool: Pool, report: Report) -> None:
+def _bases(pool: Pool, report: Collected) -> None:
     referenced = {(b.base_name, b.base_version) for b in pool.registry.branches(warm=True)}
     by_name: dict[str, list[int]] = {}
     for base in pool.registry.bases():
@@ -204,18 +204,18 @@ def _bases(pool: Pool, report: Report) -> None:
         if base.state == "removing":
             continue  # see _removals
         if base.state != "ready":
-            if locks.is_free(lock):
+            if flocks.is_free(lock):
                 seed.remove_version(pool, base.name, base.version)
                 report.bases_removed.append(f"{base.name} v{base.version} (interrupted seed)")
             continue
         latest = max(by_name[base.name])
         if base.version < latest and key not in referenced:
-            with contextlib.suppress(PgoverlayError), locks.hold(lock, timeout=0, what="seed"):
+            with contextlib.suppress(PgoverlayError), flocks.hold(lock, timeout=0, what="seed"):
                 seed.remove_version(pool, base.name, base.version)
                 report.bases_removed.append(f"{base.name} v{base.version} (superseded)")
 
 
-def _scratch(pool: Pool, report: Report) -> None:
+def _scratch(pool: Pool, report: Collected) -> None:
     """Leftovers in tmp/: demo sources and private server directories of dead processes."""
     for name in demo.leftover_sources(pool):
         demo.cleanup_source(pool, name)

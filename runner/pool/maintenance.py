@@ -30,7 +30,7 @@ from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import (
     Pool,
     PoolInfo,
-    locks,
+    flocks,
     mounts,
     read_info,
     require_root,
@@ -142,9 +142,7 @@ def _every_lock(pool: Pool) -> Iterator[None]:
                 continue
             what = f"{'base' if kind == 'seed' else 'branch'} {name}"
             stack.enter_context(
-                locks.hold(
-                    pool.lock_path(kind, name), timeout=pool.settings.lock_timeout, what=what
-                )
+                flocks.hold(pool.lock_path(kind, name), timeout=pool.settings.lock_wait, what=what)
             )
         yield
 

@@ -188,7 +188,7 @@ class WarmTarget:
 
 
 @dataclass(frozen=True)
-class Record:
+class StoredRecord:
     """What a branch's owner last noted about it: JSON text the engine keeps and never reads
     (the PR workflow's record, ``action/record.py``). It lives and dies with its branch: a
     branch destroyed by hand or by its TTL leaves no record behind."""
@@ -627,11 +627,13 @@ class Registry:
 
     # records ------------------------------------------------------------------------------
 
-    def record(self, branch: str) -> Record | None:
-        rows = self._read(f"SELECT {_columns(Record)} FROM records WHERE branch = ?", (branch,))
-        return Record(*rows[0]) if rows else None
+    def record(self, branch: str) -> StoredRecord | None:
+        rows = self._read(
+            f"SELECT {_columns(StoredRecord)} FROM records WHERE branch = ?", (branch,)
+        )
+        return StoredRecord(*rows[0]) if rows else None
 
-    def save_record(self, record: Record) -> bool:
+    def save_record(self, record: StoredRecord) -> bool:
         """Keep ``record`` with its branch; False if the branch is gone (nothing kept)."""
         with self.transaction() as db:
             if not db.execute("SELECT 1 FROM branches WHERE name = ?", (record.branch,)).fetchone():

@@ -36,7 +36,7 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, fault, locks, mounts, release_freed, require_root
+from pgoverlay.runner.pool import Pool, fault, flocks, mounts, release_freed, require_root
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, postmaster, sqlerror
@@ -361,7 +361,7 @@ def seed(
 
         rules = maskrules.load(mask)
     with (
-        locks.hold(
+        flocks.hold(
             pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
         ),
         credentials.passfile_copy(auth, scratch=pool.tmp, owner=pool.owner) as passfile,

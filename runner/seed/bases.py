@@ -20,7 +20,7 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner import seed
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.names import check_name
-from pgoverlay.runner.pool import Pool, fault, locks, mounts, require_root
+from pgoverlay.runner.pool import Pool, fault, flocks, mounts, require_root
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def remove(
     it, unless ``destroy_branches``: they are then destroyed first."""
     check_name(name, what="base")
     require_root()  # the base is bind-mounted
-    with locks.hold(
+    with flocks.hold(
         pool.lock_path("seed", name), timeout=0, what=f"base {name}", busy=SeedBusyError
     ):
         found = pool.registry.bases(name)

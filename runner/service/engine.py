@@ -255,7 +255,7 @@ class LocalEngine:
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._mine(name, repository=request.repository)
         saved = self.pool.registry.save_record(
-            registry.Record(branch=name, data=request.data, updated_at=time.time())
+            registry.StoredRecord(branch=name, data=request.data, updated_at=time.time())
         )
         if not saved:
             raise BranchMissingError(f"branch {name} was destroyed while its report was saved")

@@ -41,7 +41,7 @@ SESSION_OPTIONS = "-c search_path=pg_catalog,pg_temp -c lock_timeout=5s -c state
 
 
 @dataclass(frozen=True)
-class Target:
+class TracedBranch:
     """What a trace needs of its branch, copied out of the pool (whose registry belongs to
     the thread that opened it)."""
 
@@ -72,7 +72,7 @@ class Target:
         )
 
 
-def target(pool: Pool, b: Branch) -> Target:
+def target(pool: Pool, b: Branch) -> TracedBranch:
     base = pool.registry.base(b.base_name, b.base_version)
     if base is None:
         raise TraceError(
@@ -84,7 +84,7 @@ def target(pool: Pool, b: Branch) -> Target:
             f"`pgoverlay gc` (as root), or reset it, then open the trace again"
         )
     lay = branches.layout(pool, b.key)
-    return Target(
+    return TracedBranch(
         key=(os.fspath(pool.home), b.name),
         name=b.name,
         base_name=b.base_name,
@@ -105,7 +105,7 @@ def target(pool: Pool, b: Branch) -> Target:
 class Trace:
     """One open trace: what it installed, where its log reading stands, the last snapshot."""
 
-    target: Target
+    target: TracedBranch
     interval: float
     max_seconds: float
     installed: instrument.Installed
