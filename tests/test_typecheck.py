@@ -90,5 +90,10 @@ def test_a_plain_mypy_run_on_a_module_of_the_package_fails_on_its_imports(
         check=False,
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    missing = 'Cannot find implementation or library stub for module named "pgoverlay.runner.'
-    assert missing in done.stdout
+    # Run from an editable install, mypy cannot find the package; from scripts/install.sh's
+    # copy, it finds it installed without type information: either way an error, not Any.
+    missing = (
+        'Cannot find implementation or library stub for module named "pgoverlay.runner.',
+        'Skipping analyzing "pgoverlay.runner',
+    )
+    assert any(m in done.stdout for m in missing), done.stdout
