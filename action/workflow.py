@@ -283,7 +283,7 @@ def handle(
         changed=changed,
         sandbox=sandbox,
         fork_commands=fork_commands,
-        options=fingerprint(asked or inputs),
+        fingerprint=fingerprint(asked or inputs),
         run_url=run_url,
     )
     report, ready, connection = run.act(decision, current, last)
@@ -316,7 +316,7 @@ class _Run:
     changed: Changed | None
     sandbox: Sandbox
     fork_commands: bool
-    options: str  # the run options' fingerprint, kept in the record
+    fingerprint: str  # the run options' fingerprint, kept in the record
     run_url: str
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -445,7 +445,7 @@ class _Run:
         """Keep the report with its branch and the run options, for re-runs and the closing
         comment. A branch that could not be made, or that is not this caller's, keeps
         nothing."""
-        kept = record.PrRecord(report.head_sha, report.status, report, inputs=self.options)
+        kept = record.PrRecord(report.head_sha, report.status, report, inputs=self.fingerprint)
         with contextlib.suppress(BranchMissingError, NotOwnerError):
             self.engine.save_record(
                 report.branch_name,

@@ -54,6 +54,12 @@ def _copy_cache(source: Path, to: Path) -> None:
             shutil.copy2(path, target)
 
 
+def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
 def test_a_type_error_in_the_package_a_test_or_a_benchmark_fails_the_check(
     tmp_path: Path,
 ) -> None:
@@ -61,14 +67,7 @@ def test_a_type_error_in_the_package_a_test_or_a_benchmark_fails_the_check(
     for name, text in WRONG.items():
         with (tmp_path / name).open("a") as file:
             file.write(text)
-    done = subprocess.run(
-        [sys.executable, "scripts/typecheck.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = _python("scripts/typecheck.py", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     for name in WRONG:
         wrong = rf"^{re.escape(name)}:\d+: error: Incompatible types in assignment "
@@ -81,14 +80,7 @@ def test_a_plain_mypy_run_on_a_module_of_the_package_fails_on_its_imports(
 ) -> None:
     """An editor's `mypy runner/pool/gc.py` names the file runner.pool.gc and cannot find the
     pgoverlay.runner it imports; that is an error, not a module taken as unknown."""
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "runner/pool/gc.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = _python("-m", "mypy", "--cache-dir", str(tmp_path), "runner/pool/gc.py", cwd=ROOT)
     assert done.returncode == 1, done.stdout + done.stderr
     # Run from an editable install, mypy cannot find the package; from scripts/install.sh's
     # copy, it finds it installed without type information: either way an error, not Any.
