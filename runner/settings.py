@@ -233,6 +233,46 @@ class Settings:
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
     service_gc_interval: float = bounded(300.0, ge=0)
+    # The front door (`pgoverlay door`): one TCP port speaking the Postgres protocol for every
+    # branch, over TLS, and the branch pages over HTTPS. Started as root, it binds its ports and
+    # reads its key, then runs as door_user and reaches the engine only through its socket.
+    door_user: str = "pgoverlay-door"
+    door_address: str = "0.0.0.0"
+    door_port: int = bounded(6543, ge=1, le=65535)
+    door_https_port: int = bounded(8443, ge=1, le=65535)
+    # The name clients connect to (what the certificate names, for sslmode=verify-full);
+    # unset: advertise_host, else this host's fully qualified name.
+    door_host: str | None = None
+    # The admin's certificate chain and key (PEM); without them a self-signed pair is made in
+    # <home>/door/ and its SHA-256 fingerprint shown by the page and `doctor`.
+    door_cert_file: Path | None = None
+    door_key_file: Path | None = None
+    # A wildcard name (branches reached as BRANCH.<door_sni_suffix>, routed by TLS SNI).
+    door_sni_suffix: str | None = None
+    # Plaintext Postgres connections from loopback (never from elsewhere).
+    door_plaintext_loopback: bool = False
+    door_max_per_branch: int = bounded(50, ge=1)
+    door_max_per_source: int = bounded(20, ge=1)
+    # Seconds a client has from connecting to its first query (TLS, startup and login).
+    door_handshake_timeout: float = bounded(10.0, gt=0)
+    # Failed logins a source may make in door_failed_window seconds before it is refused.
+    door_failed_logins: int = bounded(10, ge=1)
+    door_failed_window: float = bounded(300.0, gt=0)
+    # Personal credentials (`pgoverlay access`): their default and longest life in seconds, and
+    # whether a branch of an unmasked base (production's personal data) may have them at all.
+    access_ttl: float = bounded(8 * 3600.0, gt=0)
+    access_max_ttl: float = bounded(7 * 24 * 3600.0, gt=0)
+    access_unmasked: bool = False
+    # Sign-in on the branch pages: the GitHub (or GitHub Enterprise) web and API addresses, the
+    # OAuth client of the admin's GitHub App or OAuth App, and the file holding its secret.
+    github_web_url: str = "https://github.com"
+    github_api_url: str = "https://api.github.com"
+    oauth_client_id: str | None = None
+    oauth_client_secret_file: Path | None = None
+    # The least permission on the PR's repository that gets a read-write credential (below
+    # it, and at least read: read-only); and how long a page session lasts, in seconds.
+    access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
+    page_session_seconds: float = bounded(3600.0, gt=0)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
