@@ -63,6 +63,7 @@ BRANCH = "shop-pr-12"
 PRIVATE_BRANCH = "secret-pr-3"
 REPO = "acme/shop"
 PRIVATE_REPO = "acme/vault"
+SESSION_COOKIE_NAME = "__Host-pgoverlay"
 FINGERPRINT = "AB:CD:" + ":".join(["00"] * 30)
 
 
@@ -460,6 +461,7 @@ def test_a_writer_signs_in_sees_the_branch_and_its_report_and_gets_a_read_write_
     cells = [c.text for c in chrome.find_elements(By.CSS_SELECTOR, "table td")]
     assert "db/0041_<orders>_index.sql" in cells  # escaped, shown as written
     assert any(c.startswith("ACCESS EXCLUSIVE on public.orders: 409 ms") for c in cells)
+    assert "notice: takes ACCESS EXCLUSIVE on public.orders for 409 ms" in cells
     assert "ERROR: <b>boom</b>" in text
     assert "prod version 3" in text
 
@@ -683,6 +685,17 @@ def test_a_signed_in_reader_learns_nothing_from_a_branch_name(site: Site) -> Non
         for name in ("no-such-branch", PRIVATE_BRANCH):
             assert client.get(f"{ORIGIN}/b/{name}").status_code == 404
         assert authorizations(site.fake) == count
+
+
+def test_github_failing_during_sign_in_is_said_without_the_token(site: Site) -> None:
+    site.fake.fail_next("GET", r"^/repos/acme/shop$", 502)
+    with site.client() as client:
+        r = sign_in(site, client, "alice")
+        assert r.status_code == 502
+        assert "Sign-in failed" in r.text and "GitHub answered 502" in r.text
+        assert "gho_" not in r.text
+        assert SESSION_COOKIE_NAME not in client.cookies  # no session from a failed sign-in
+        assert sign_in(site, client, "alice").status_code == 200  # and the next one works
 
 
 def test_sign_in_goes_back_only_to_a_branch_page(site: Site) -> None:

@@ -12,6 +12,7 @@ select. The one script, under the response's CSP nonce, adds a copy button to ea
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,11 +36,11 @@ h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
 table { border-collapse: collapse; margin: .5rem 0; }
 th, td { border: 1px solid #d0d7de; padding: .3rem .6rem; text-align: left;
   vertical-align: top; }
-th { background: #f6f8fa; }
+th { background: #f6f8fa; } td.time { white-space: nowrap; }
 code, pre, input.secret { font-family: ui-monospace, monospace; font-size: .9em; }
 pre { background: #f6f8fa; padding: .6rem; overflow: auto; white-space: pre-wrap; }
 .warn { background: #fff8c5; border: 1px solid #d4a72c; padding: .6rem; }
-input.secret { width: 100%; box-sizing: border-box; padding: .3rem; }
+input.secret { width: 100%; box-sizing: border-box; padding: .4rem; line-height: 1.4; }
 .copyable { display: flex; gap: .5rem; align-items: center; margin-bottom: .6rem; }
 button { padding: .3rem .8rem; }
 """
@@ -181,12 +182,17 @@ def report_html(record: PrRecord | None) -> str:
 def _migration_row(m: MigrationRun) -> str:
     verdict = locks = "—"
     if m.insight is not None:
-        verdict = f"<strong>{e(m.insight.verdict.level)}</strong>: {e(m.insight.verdict.text)}"
+        verdict = f"<strong>{e(m.insight.verdict.level)}</strong>: {_spans(m.insight.verdict.text)}"
         locks = _locks(m.insight.locks)
     return (
         f"<tr><td><code>{e(m.name)}</code></td><td>{e(m.status)}</td>"
-        f"<td>{m.seconds:.2f} s</td><td>{verdict}</td><td>{locks}</td></tr>"
+        f'<td class="time">{m.seconds:.2f}\u00a0s</td><td>{verdict}</td><td>{locks}</td></tr>'
     )
+
+
+def _spans(text: str) -> str:
+    """``text`` escaped, its markdown code spans (a verdict's `public.orders`) as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", e(text))
 
 
 def _locks(uses: Sequence[LockUse]) -> str:
