@@ -46,6 +46,7 @@ from helpers import top_ports
 from pgoverlay.action import record as pr_record
 from pgoverlay.action.insight.model import LockUse, MigrationInsight, Verdict, Volume
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
+from pgoverlay.errors import ServiceError
 from pgoverlay.runner.door import oauth, page, render
 from pgoverlay.runner.door.sessions import Sessions
 from pgoverlay.runner.service import models
@@ -174,8 +175,11 @@ class Engine:
     branches: dict[str, BranchView] = field(default_factory=dict)
     grants: list[tuple[str, GrantRequest]] = field(default_factory=list)
     passwords: list[str] = field(default_factory=list)
+    failing: bool = False  # the engine's service does not answer
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
+        if self.failing:
+            raise ServiceError("the engine service is not running")
         return self.branches.get(name)
 
     def bases(self) -> list[BaseView]:
@@ -642,6 +646,32 @@ def test_sign_in_refuses_a_forged_a_replayed_or_another_browsers_state(site: Sit
         site.clock.now += 601
         back = httpx.get(late.headers["location"])
         assert client.get(back.headers["location"]).status_code == 400
+
+
+def test_two_sign_ins_of_one_browser_may_be_under_way_at_once(site: Site) -> None:
+    site.fake.sign_in("alice")
+    with site.client() as client:
+        callbacks = []
+        for branch in (BRANCH, PRIVATE_BRANCH):  # two tabs
+            start = client.get(f"{ORIGIN}/signin?next=%2Fb%2F{branch}")
+            callbacks.append(httpx.get(start.headers["location"]).headers["location"])
+        for branch, callback in zip((BRANCH, PRIVATE_BRANCH), callbacks, strict=True):
+            done = client.get(callback)
+            assert done.status_code == 303 and done.headers["location"] == f"/b/{branch}"
+        for branch in (BRANCH, PRIVATE_BRANCH):  # both checked, in the one session now
+            assert client.get(f"{ORIGIN}/b/{branch}").status_code == 200
+
+
+def test_an_engine_that_cannot_answer_gets_a_page_not_a_traceback(site: Site) -> None:
+    with site.client() as client:
+        assert sign_in(site, client, "alice").status_code == 200
+        site.engine.failing = True
+        try:
+            r = client.get(f"{ORIGIN}/b/{BRANCH}")
+        finally:
+            site.engine.failing = False
+        assert r.status_code == 503 and "could not answer" in r.text
+        assert r.headers["x-frame-options"] == "DENY"
 
 
 def test_a_credential_needs_the_sessions_csrf_token_and_the_pages_origin(site: Site) -> None:

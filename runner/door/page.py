@@ -41,7 +41,7 @@ from pgoverlay.action import record as pr_record
 from pgoverlay.errors import GitHubError, PgoverlayError
 from pgoverlay.runner.door import oauth, render
 from pgoverlay.runner.door.render import Credential
-from pgoverlay.runner.door.sessions import Session, Sessions
+from pgoverlay.runner.door.sessions import SIGN_IN_SECONDS, Session, Sessions
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.service import models
 from pgoverlay.runner.service.views import BaseView, BranchView
@@ -200,6 +200,17 @@ def create_page(
             return view, None, True
         return view, checked.access, False
 
+    @app.exception_handler(PgoverlayError)
+    async def _engine_error(request: Request, exc: PgoverlayError) -> Response:
+        log.error("page: %s %s: %s", request.method, request.url.path, exc)
+        return message(
+            request,
+            "Not available",
+            "The branch engine could not answer: try again in a minute, or tell the runner's "
+            "admin.",
+            503,
+        )
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
@@ -307,19 +318,21 @@ def create_page(
         name = _next_branch(next)
         if name is None:
             return message(request, "Nothing to sign in to", "Open a branch's page first.", 400)
-        current = sessions.unsign("session", request.cookies.get(SESSION_COOKIE))
-        state = sessions.begin(_branch_path(name), now=clock(), session=current)
+        browser = sessions.unsign("browser", request.cookies.get(STATE_COOKIE))
+        browser = browser or sessions.new_browser()
+        state = sessions.begin(_branch_path(name), browser=browser, now=clock())
         url = oauth.authorize_url(
             github.web_url, client_id=github.client_id, redirect_uri=callback, state=state
         )
         response = RedirectResponse(url, 303)
-        _cookie(response, STATE_COOKIE, sessions.sign("state", state), max_age=600)
+        signed = sessions.sign("browser", browser)
+        _cookie(response, STATE_COOKIE, signed, max_age=int(SIGN_IN_SECONDS))
         return response
 
     @app.get("/oauth/callback")
     async def callback_(request: Request, code: str = "", state: str = "") -> Response:
-        cookie = sessions.unsign("state", request.cookies.get(STATE_COOKIE))
-        started = sessions.finish(state, cookie=cookie, now=clock()) if state else None
+        browser = sessions.unsign("browser", request.cookies.get(STATE_COOKIE))
+        started = sessions.finish(state, browser=browser, now=clock())
         if started is None:
             return message(
                 request,
@@ -340,12 +353,15 @@ def create_page(
             log.warning("page: sign-in failed: %s", err)
             return message(request, "Sign-in failed", str(err), 502)
         session = sessions.open(
-            login, repository=key, access=access, now=clock(), previous=started.session
+            login,
+            repository=key,
+            access=access,
+            now=clock(),
+            previous=sessions.unsign("session", request.cookies.get(SESSION_COOKIE)),
         )
         log.info("page: %s signed in; %s: %s", login, key, access or "refused")
         response = RedirectResponse(started.next, 303)
         _cookie(response, SESSION_COOKIE, sessions.sign("session", session.id), max_age=lifetime)
-        response.delete_cookie(STATE_COOKIE, path="/", secure=True, httponly=True, samesite="lax")
         return response
 
     return app

@@ -7,9 +7,10 @@ Invariants:
   so a forged or altered cookie is refused before any lookup). What they stand for stays here:
   a reader's GitHub login, their access per repository, a CSRF token. GitHub's token is never
   kept: the sign-in reads the reader's access to one repository with it, and drops it.
-- A sign-in's ``state`` is random, single use (taken out when the callback comes, whatever
-  happens next), bound to the browser that started it (the same value in a cookie) and good
-  for ``SIGN_IN_SECONDS``.
+- A sign-in's ``state`` is random, single use (taken out when its browser's callback comes,
+  whatever happens next), bound to the browser that started it (a random value of that
+  browser's cookie, kept with the state; several sign-ins of one browser, in several tabs, may
+  be under way at once) and good for ``SIGN_IN_SECONDS``.
 - A session lasts ``lifetime`` seconds from its sign-in, then the reader signs in again. A new
   sign-in makes a new session (a new identifier: one planted before sign-in is useless) and
   carries over the access already checked on other repositories, each for ``lifetime`` seconds
@@ -59,7 +60,7 @@ class SignIn:
 
     next: str
     started: float
-    session: str | None  # the session the reader had, whose checked access carries over
+    browser: str  # the value of the starting browser's sign-in cookie
 
 
 class Sessions:
@@ -84,22 +85,26 @@ class Sessions:
         return value if hmac.compare_digest(self.sign(purpose, value), signed) else None
 
     # -- sign-in ----------------------------------------------------------------------------
-    def begin(self, next_path: str, *, now: float, session: str | None) -> str:
-        """A new sign-in's state, for the browser's cookie and GitHub's ``state``."""
+    @staticmethod
+    def new_browser() -> str:
+        """A value for a browser's sign-in cookie (kept while it signs in)."""
+        return _id()
+
+    def begin(self, next_path: str, *, browser: str, now: float) -> str:
+        """A new sign-in's state, for GitHub's ``state``, begun by ``browser``."""
         self._prune(now)
         state = _id()
-        self._pending[state] = SignIn(next=next_path, started=now, session=session)
+        self._pending[state] = SignIn(next=next_path, started=now, browser=browser)
         return state
 
-    def finish(self, state: str, *, cookie: str | None, now: float) -> SignIn | None:
-        """The sign-in ``state`` began, once: None when it is unknown, used, expired, or not
-        the one this browser began (``cookie``)."""
-        if not cookie or not hmac.compare_digest(state, cookie):
+    def finish(self, state: str, *, browser: str | None, now: float) -> SignIn | None:
+        """The sign-in ``state`` began, once: None when it is unknown, used, expired, or
+        another browser's (then it is left to its own browser)."""
+        found = self._pending.get(state)
+        if found is None or not browser or not hmac.compare_digest(found.browser, browser):
             return None
-        found = self._pending.pop(state, None)
-        if found is None or now - found.started > SIGN_IN_SECONDS:
-            return None
-        return found
+        del self._pending[state]
+        return found if now - found.started <= SIGN_IN_SECONDS else None
 
     # -- sessions ---------------------------------------------------------------------------
     def open(
@@ -111,7 +116,8 @@ class Sessions:
         now: float,
         previous: str | None,
     ) -> Session:
-        """A new session for ``login``, with its access to ``repository`` just checked."""
+        """A new session for ``login``, with its access to ``repository`` just checked, and
+        the access of the browser's ``previous`` session if it was ``login``'s too."""
         self._prune(now)
         carried: dict[str, Checked] = {}
         old = self._sessions.pop(previous, None) if previous else None
