@@ -42,11 +42,11 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from fakegithub import FakeGitHub
-from helpers import top_ports
+from helpers import free_tcp_port, top_ports
 from pgoverlay.action import record as pr_record
 from pgoverlay.action.insight.model import LockUse, MigrationInsight, Verdict, Volume
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.errors import ServiceError
+from pgoverlay.errors import ConfigError, GitHubError, ServiceError, UnsafeFileError
 from pgoverlay.runner.door import oauth, page, render
 from pgoverlay.runner.door.sessions import Sessions
 from pgoverlay.runner.service import models
@@ -815,3 +815,41 @@ def test_connection_strings_quote_what_a_url_cannot_hold() -> None:
         "password=p%40ss%2Fw%3Ard%3F%26&sslmode=verify-full"
     )
     assert "sslmode=require" in render.connection_strings(c, verify=False)["URL"]
+
+
+def test_the_client_secret_file_holds_the_secret_alone(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    with pytest.raises(ConfigError, match="PGOVERLAY_OAUTH_CLIENT_SECRET_FILE"):
+        oauth.read_client_secret(None)
+    for text in ("", "\n", "two words\n"):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="must hold the client secret alone"):
+            oauth.read_client_secret(path)
+    path.write_text("0123abcd\n")
+    assert oauth.read_client_secret(path) == "0123abcd"
+    with pytest.raises(UnsafeFileError, match="cannot open"):
+        oauth.read_client_secret(tmp_path / "missing")
+
+
+def test_github_unreachable_or_redirecting_is_an_error_without_the_token() -> None:
+    closed = f"http://127.0.0.1:{free_tcp_port()}"
+    github = oauth.GitHubSignIn(
+        web_url=closed, api_url=closed, client_id="c", client_secret="the-secret", timeout=5
+    )
+    with pytest.raises(GitHubError, match="cannot reach GitHub") as unreachable:
+        github.exchange("the-code", redirect_uri="https://x/cb")
+    assert "the-secret" not in str(unreachable.value) and "the-code" not in str(unreachable.value)
+    assert "the-secret" not in repr(github)
+    with FakeGitHub() as fake:
+        fake.add_repo(REPO)
+        fake.add_token("gho_moved", "alice")
+        fake.fail_next("GET", r"^/repos/", 301, headers={"Location": "https://elsewhere.example/"})
+        github = oauth.GitHubSignIn(
+            web_url=fake.url, api_url=fake.url, client_id="c", client_secret="s"
+        )
+        with pytest.raises(GitHubError, match="answered 301") as moved:
+            github.access("gho_moved", REPO, write_permission="write")
+        assert "gho_moved" not in str(moved.value)
+        assert len(fake.requests) == 1  # not followed
+    with pytest.raises(ConfigError, match="PGOVERLAY_GITHUB_API_URL"):
+        oauth.GitHubSignIn(web_url=closed, api_url="file:///etc", client_id="c", client_secret="s")
