@@ -853,3 +853,13 @@ def test_github_unreachable_or_redirecting_is_an_error_without_the_token() -> No
         assert len(fake.requests) == 1  # not followed
     with pytest.raises(ConfigError, match="PGOVERLAY_GITHUB_API_URL"):
         oauth.GitHubSignIn(web_url=closed, api_url="file:///etc", client_id="c", client_secret="s")
+
+
+def test_the_pages_origin_is_the_door_host_and_its_https_port() -> None:
+    assert page.page_origin(Settings(door_host="db.example", door_https_port=443)) == (
+        "https://db.example"
+    )
+    assert page.page_origin(Settings(door_host="::1", door_https_port=8443)) == "https://[::1]:8443"
+    assert page.page_origin(Settings(advertise_host="runner-3", door_https_port=8443)) == (
+        "https://runner-3:8443"
+    )

@@ -88,6 +88,7 @@ def page_origin(settings: Settings) -> str:
     """``https://HOST[:PORT]``: where readers reach the page (``door_host``, else
     ``advertise_host``, else this host's fully qualified name) and GitHub sends them back."""
     host = settings.door_host or settings.advertise_host or socket.getfqdn()
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
     port = settings.door_https_port
     return f"https://{host}" + ("" if port == 443 else f":{port}")
 
@@ -187,7 +188,7 @@ def create_page(
         return RedirectResponse(f"/signin?next={quote(_branch_path(name), safe='')}", 303)
 
     async def readable(
-        request: Request, name: str, session: Session
+        name: str, session: Session
     ) -> tuple[BranchView | None, oauth.Access | None, bool]:
         """The branch, the reader's access to it, and whether that access must be checked
         again (a sign-in) first."""
@@ -222,7 +223,7 @@ def create_page(
         session = session_of(request)
         if session is None:
             return to_sign_in(name)
-        view, access, recheck = await readable(request, name, session)
+        view, access, recheck = await readable(name, session)
         if recheck:
             return to_sign_in(name)
         if view is None or access is None:
@@ -269,7 +270,7 @@ def create_page(
                 "stale): open the branch's page again and ask from there.",
                 403,
             )
-        view, access, recheck = await readable(request, name, session)
+        view, access, recheck = await readable(name, session)
         if recheck:
             return message(
                 request,
