@@ -675,6 +675,7 @@ def test_an_engine_that_cannot_answer_gets_a_page_not_a_traceback(site: Site) ->
 
 
 def test_a_credential_needs_the_sessions_csrf_token_and_the_pages_origin(site: Site) -> None:
+    """(httpx runs no script: signing in and getting a credential need no JavaScript.)"""
     with site.client() as client:
         html = sign_in(site, client, "alice").text
         token = csrf_of(html)
