@@ -18,6 +18,9 @@ As a process, for a workflow run by `act`::
 
     python tests/fakegithub.py --port 0 --state state.json    # prints its URL, then serves
 
+The branch page's sign-in (GitHub's OAuth web flow) is served too, on the same address: see
+"OAuth web flow" below. `sign_in(login)` is who the fake's browser session is.
+
 It loads `state.json` if present (seed one with `FakeGitHub(state_file=...)` and the `add_*`
 methods) and rewrites it after every change, request log included. Token values are never kept:
 tokens are stored as SHA-256 digests and the log leaves out the Authorization header.
@@ -86,12 +89,39 @@ ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
     ("DELETE", _R + r"/issues/(?P<number>[^/]+)/labels/(?P<name>[^/]+)", "remove_label"),
     ("GET", _R + r"/collaborators/(?P<username>[^/]+)/permission", "get_permission"),
     ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
-    # Outside the subset, so unchecked: what PyGithub fetches on the way.
+    # users/get-authenticated and repos/get: who signed in to the branch page, and their
+    # permissions on the pull request's repository (and what PyGithub fetches on the way).
     ("GET", r"/user", "get_user"),
     ("GET", _R, "get_repo"),
+    # Outside the subset, so unchecked: what PyGithub fetches on the way.
     ("GET", _R + r"/commits/(?P<sha>[^/]+)", "get_commit"),
     ("GET", _R + r"/tarball/(?P<ref>[^/]+)", "get_tarball"),
 ]]
+
+# -- OAuth web flow (the branch page's sign-in) ----------------------------------------------
+# github.com's pages, not REST API operations, so not in the OpenAPI subset. As GitHub documents
+# them ("Authorizing OAuth apps", and "Troubleshooting OAuth app access token request errors"):
+#
+# 1. GET /login/oauth/authorize?client_id=&redirect_uri=&state=&scope= : GitHub signs the user
+#    in and asks them to authorize the app, then redirects to redirect_uri (which must be on the
+#    host and port of the app's registered callback URL) with `code` and the `state` unchanged.
+#    The code lasts ten minutes. The fake asks nothing: it redirects at once for the login of
+#    `sign_in()`, and answers 401 when nobody is signed in.
+# 2. POST /login/oauth/access_token with client_id, client_secret, code and redirect_uri (form
+#    fields or JSON): with `Accept: application/json`, {"access_token", "token_type": "bearer",
+#    "scope"}; else the same form-encoded. A failure is still a 200, with `error`:
+#    incorrect_client_credentials, redirect_uri_mismatch or bad_verification_code (a code that
+#    is wrong, expired or used: a code is good once).
+# The token is a user's token ("gho_..."): GET /user and GET /repos/{owner}/{repo} answer for it.
+WEB_FLOW = {("GET", "/login/oauth/authorize"): "_authorize",
+            ("POST", "/login/oauth/access_token"): "_access_token"}
+CODE_SECONDS = 600
+_TOKEN_ERRORS = {
+    "incorrect_client_credentials": "The client_id and/or client_secret passed are incorrect.",
+    "redirect_uri_mismatch": "The redirect_uri MUST match the registered callback URL for this "
+                             "application.",
+    "bad_verification_code": "The code passed is incorrect or expired."}
+# -- end OAuth web flow ----------------------------------------------------------------------
 
 
 def now(delta: timedelta = timedelta()) -> str:
@@ -200,6 +230,11 @@ class State:
     collaborators: dict[str, dict[str, str]] = field(default_factory=dict)
     requests: list[Json] = field(default_factory=list)
     violations: list[Json] = field(default_factory=list)
+    # -- OAuth web flow (the branch page's sign-in) ------------------------------------------
+    oauth_apps: dict[str, Json] = field(default_factory=dict)  # client id -> {secret, callback}
+    signed_in: str | None = None  # the login the fake's browser session is (None: nobody)
+    codes: dict[str, Json] = field(default_factory=dict)  # sha256(code) -> {login, client_id, ...}
+    # -- end OAuth web flow ----------------------------------------------------------------------
 
 
 class FakeGitHub:
@@ -282,9 +317,12 @@ class FakeGitHub:
             self.state.apps[str(app_id)] = slug
             self._changed()
 
-    def add_repo(self, repo: str, *, fork: bool = False) -> None:
+    def add_repo(self, repo: str, *, fork: bool = False, private: bool = False) -> None:
+        """A repository; a ``private`` one is seen only by its collaborators and installations
+        (anyone else's token gets 404, as on GitHub)."""
         with self._lock:
-            self.state.repos.setdefault(repo, {"id": self._next_id(), "fork": fork})
+            self.state.repos.setdefault(repo, {"id": self._next_id(), "fork": fork,
+                                               "private": private})
             self._changed()
 
     def add_issue(self, repo: str, number: int) -> None:
@@ -350,6 +388,73 @@ class FakeGitHub:
                                       "headers": headers or {}, "body": body})
             self._changed()
 
+    # -- OAuth web flow (the branch page's sign-in) -------------------------------------------
+    def add_oauth_app(self, client_id: str, secret: str, *, callback: str | None = None) -> None:
+        """An OAuth client (an OAuth App's, or a GitHub App's) with its secret (kept as a
+        digest) and, when given, its registered callback URL."""
+        with self._lock:
+            self.state.oauth_apps[client_id] = {"secret": digest(secret), "callback": callback}
+            self._changed()
+
+    def sign_in(self, login: str | None) -> None:
+        """Who the fake's browser session is: the login /login/oauth/authorize signs in."""
+        with self._lock:
+            if login is not None:
+                self._user_id(login)
+            self.state.signed_in = login
+            self._changed()
+
+    def _authorize(self, query: dict[str, str], headers: dict[str, str], raw: bytes) -> Reply:
+        app = self.state.oauth_apps.get(query.get("client_id", ""))
+        if app is None:
+            return Reply(404, error("Not Found"))
+        redirect = query.get("redirect_uri") or app["callback"]
+        if not redirect or (app["callback"] and urlsplit(redirect).netloc
+                            != urlsplit(app["callback"]).netloc):
+            return Reply(400, error("The redirect_uri is not associated with this application."))
+        if self.state.signed_in is None:
+            return Reply(401, error("Nobody is signed in to the fake: call sign_in(login)"))
+        code = secrets.token_hex(10)
+        self.state.codes[digest(code)] = {
+            "login": self.state.signed_in, "client_id": query["client_id"],
+            "redirect_uri": query.get("redirect_uri"),
+            "expires": (datetime.now(UTC) + timedelta(seconds=CODE_SECONDS)).timestamp()}
+        back = {"code": code} | ({"state": query["state"]} if "state" in query else {})
+        joiner = "&" if urlsplit(redirect).query else "?"
+        return Reply(302, None, {"Location": f"{redirect}{joiner}{urlencode(back)}"})
+
+    def _access_token(self, query: dict[str, str], headers: dict[str, str], raw: bytes) -> Reply:
+        kind = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+        try:
+            form = (json.loads(raw) if "json" in kind
+                    else dict(parse_qsl(raw.decode(), keep_blank_values=True)))
+        except ValueError:
+            return Reply(400, error("Problems parsing the request body"))
+        app = self.state.oauth_apps.get(str(form.get("client_id", "")))
+        found = self.state.codes.pop(digest(str(form.get("code", ""))), None)
+        problem = None
+        if app is None or app["secret"] != digest(str(form.get("client_secret", ""))):
+            problem = "incorrect_client_credentials"
+        elif (found is None or found["client_id"] != form["client_id"]
+              or found["expires"] < datetime.now(UTC).timestamp()):
+            problem = "bad_verification_code"
+        elif found["redirect_uri"] and form.get("redirect_uri") != found["redirect_uri"]:
+            problem = "redirect_uri_mismatch"
+        if problem is not None:
+            answer: Json = {"error": problem, "error_description": _TOKEN_ERRORS[problem],
+                            "error_uri": f"{DOCS}/oauth#{problem}"}
+        else:
+            assert found is not None
+            token = "gho_" + secrets.token_urlsafe(27)
+            self.state.tokens[digest(token)] = {"login": found["login"], "kind": "user"}
+            answer = {"access_token": token, "token_type": "bearer", "scope": ""}
+        accept = next((v for k, v in headers.items() if k.lower() == "accept"), "")
+        if "application/json" in accept:
+            return Reply(200, answer)
+        return Reply(200, urlencode(answer).encode(),
+                     {"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"})
+    # -- end OAuth web flow ----------------------------------------------------------------------
+
     # -- HTTP -------------------------------------------------------------------------------
     def respond(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
         """Answer one request and log it, less its Authorization header."""
@@ -361,7 +466,13 @@ class FakeGitHub:
             "login": None, "injected": False,
             "headers": {k: v for k, v in headers.items() if k.lower() != "authorization"}}
         with self._lock:
-            reply = self._answer(method, split.path, query, auth, raw, record)
+            if (method, split.path) in WEB_FLOW:
+                record["query"] = {k: v for k, v in query.items() if k != "code"}
+                flow = cast(Callable[[dict[str, str], dict[str, str], bytes], Reply],
+                            getattr(self, WEB_FLOW[method, split.path]))
+                reply = flow(query, headers, raw)
+            else:
+                reply = self._answer(method, split.path, query, auth, raw, record)
             record["status"] = reply.status
             self.state.requests.append(record)
             self._changed()
@@ -582,12 +693,33 @@ class FakeGitHub:
                            "permissions": permissions, "repository_selection": "all"})
 
     def _get_user(self, call: Call) -> Reply:
+        """The signed-in user as `public-user` (the profile a token without a scope reads)."""
         if call.caller.kind != "user":
             raise Fail(403, "Resource not accessible by integration")
-        return Reply(200, self._user(call.caller.login))
+        t = now()
+        profile = {"user_view_type": "public", "name": None, "company": None, "blog": "",
+                   "location": None, "email": None, "hireable": None, "bio": None,
+                   "public_repos": 0, "public_gists": 0, "followers": 0, "following": 0,
+                   "created_at": t, "updated_at": t}
+        return Reply(200, self._user(call.caller.login) | profile)
 
     def _get_repo(self, call: Call) -> Reply:
-        return Reply(200, self._repo_json(self._repo(call)))
+        """`full-repository`; a user's token also gets `permissions` (what GitHub adds for an
+        authenticated user): a collaborator's role, else read on a public repository. A
+        private repository the user does not collaborate on is a 404."""
+        repo = self._repo(call)
+        role = self.state.collaborators.get(repo, {}).get(call.caller.login)
+        private = bool(self.state.repos[repo].get("private"))
+        if private and call.caller.kind == "user" and role is None:
+            raise Fail(404, "Not Found")
+        out = self._repo_json(repo) | {"has_discussions": False, "network_count": 0,
+                                       "subscribers_count": 0}
+        if call.caller.kind == "user":
+            order = ["read", "triage", "write", "maintain", "admin"]
+            level = order.index(role) if role else (0 if not private else -1)
+            out["permissions"] = {flag: level >= i for i, flag in enumerate(
+                ("pull", "triage", "push", "maintain", "admin"))}
+        return Reply(200, out)
 
     def add_tarball(self, repo: str, ref: str, data: bytes) -> None:
         """What GET /repos/{repo}/tarball/{ref} answers (GitHub redirects to codeload; the
@@ -636,13 +768,15 @@ class FakeGitHub:
     def _repo_json(self, repo: str) -> Json:
         rid, api, t = self.state.repos[repo]["id"], f"{self.url}/repos/{repo}", now()
         return {"id": rid, "node_id": f"R_{rid}", "name": repo.split("/")[1], "full_name": repo,
-                "owner": self._user(repo.split("/")[0]), "private": False,
+                "owner": self._user(repo.split("/")[0]),
+                "private": bool(self.state.repos[repo].get("private")),
                 "fork": self.state.repos[repo]["fork"], "url": api, "html_url": f"{WEB}/{repo}",
                 **{f"{k}_url": f"{api}/{k}" for k in _REPO_URLS.split()},
                 "clone_url": f"{WEB}/{repo}.git", "git_url": f"git://github.com/{repo}.git",
                 "ssh_url": f"git@github.com:{repo}.git", "svn_url": f"{WEB}/{repo}",
                 "description": None, "homepage": None, "language": None, "mirror_url": None,
-                "license": None, "default_branch": "main", "visibility": "public", "size": 0,
+                "license": None, "default_branch": "main", "size": 0,
+                "visibility": "private" if self.state.repos[repo].get("private") else "public",
                 **dict.fromkeys(("forks", "forks_count", "stargazers_count", "watchers",
                                  "watchers_count", "open_issues", "open_issues_count"), 0),
                 **dict.fromkeys(("has_issues", "has_projects", "has_wiki", "has_downloads"), True),
@@ -739,7 +873,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(reply.status)
         for name, value in reply.headers.items():
             self.send_header(name, value)
-        if data:
+        if data and "Content-Type" not in reply.headers:
             self.send_header("Content-Type", "application/gzip" if raw_body
                              else "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))

@@ -321,3 +321,64 @@ def test_collaborator_permission_labels_and_label_removal_through_pygithub(
         pull.remove_from_labels("database")
     assert gone.value.status == 404
     assert gh.violations == []
+
+
+# -- OAuth web flow (the branch page's sign-in) ------------------------------------------------
+CALLBACK = "https://page.example:8443/oauth/callback"
+
+
+def authorize(gh: FakeGitHub, **query: str) -> Response:
+    params = {"client_id": "Iv1.x", "redirect_uri": CALLBACK, "state": "st", "scope": ""} | query
+    return requests.get(f"{gh.url}/login/oauth/authorize", params=params, allow_redirects=False)
+
+
+def exchange(gh: FakeGitHub, code: str, **form: str) -> dict[str, Any]:
+    fields = {"client_id": "Iv1.x", "client_secret": "sec", "code": code,
+              "redirect_uri": CALLBACK} | form
+    answer = requests.post(f"{gh.url}/login/oauth/access_token", data=fields,
+                           headers={"Accept": "application/json"})
+    assert answer.status_code == 200  # GitHub answers its errors with a 200 too
+    return dict(answer.json())
+
+
+def test_the_web_flow_signs_in_the_chosen_login_once_per_code(gh: FakeGitHub) -> None:
+    gh.add_oauth_app("Iv1.x", "sec", callback=CALLBACK)
+    assert authorize(gh).status_code == 401  # nobody signed in at the fake
+    gh.sign_in("carol")
+    back = authorize(gh)
+    assert back.status_code == 302
+    location = back.headers["Location"]
+    assert location.startswith(CALLBACK + "?code=") and location.endswith("&state=st")
+    code = location.split("code=")[1].split("&")[0]
+    assert exchange(gh, code, client_secret="wrong")["error"] == "incorrect_client_credentials"
+    # a code is taken out by its first exchange, whatever the outcome: good once
+    assert exchange(gh, code)["error"] == "bad_verification_code"
+    code = authorize(gh).headers["Location"].split("code=")[1].split("&")[0]
+    assert exchange(gh, code, redirect_uri=CALLBACK + "/x")["error"] == "redirect_uri_mismatch"
+    code = authorize(gh).headers["Location"].split("code=")[1].split("&")[0]
+    answer = exchange(gh, code)
+    assert answer["token_type"] == "bearer" and answer["access_token"].startswith("gho_")
+    assert exchange(gh, code)["error"] == "bad_verification_code"
+    me = requests.get(f"{gh.url}/user",
+                      headers={"Authorization": f"Bearer {answer['access_token']}"})
+    assert me.json()["login"] == "carol" and me.json()["user_view_type"] == "public"
+    assert authorize(gh, redirect_uri="https://elsewhere.example/cb").status_code == 400
+    assert authorize(gh, client_id="Iv1.unknown").status_code == 404
+    assert gh.violations == []
+
+
+def test_a_private_repository_is_a_404_to_a_user_who_does_not_collaborate(gh: FakeGitHub) -> None:
+    gh.add_repo("octo/vault", private=True)
+    gh.add_collaborator("octo/vault", "alice", "triage")
+
+    def get(token: str, repo: str) -> Response:
+        return requests.get(f"{gh.url}/repos/{repo}", headers={"Authorization": f"token {token}"})
+
+    assert get(BOB, "octo/vault").status_code == 404
+    mine = get(ALICE, "octo/vault").json()
+    assert mine["private"] is True and mine["visibility"] == "private"
+    assert mine["permissions"] == {"pull": True, "triage": True, "push": False,
+                                   "maintain": False, "admin": False}
+    assert get(BOB, REPO).json()["permissions"]["pull"] is True  # public: anyone reads it
+    assert "permissions" not in get(JOB, "octo/vault").json()  # an installation sees it all
+    assert gh.violations == []
