@@ -188,7 +188,8 @@ def grant(
             read_only=read_only,
             app=app,
             verifier=roles.scram_verifier(password),
-            expires_at=now + seconds,
+            # whole seconds: the role's VALID UNTIL says the same instant as the registry
+            expires_at=float(int(now + seconds)),
             granted_by=vouched_by or f"uid:{uid}",
             granted_at=now,
         )
