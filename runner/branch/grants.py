@@ -20,7 +20,10 @@ Invariants:
 - Each grant, revoke and expiry is a line of the audit log (``audit.ENGINE_LOG``): who asked,
   the login, the branch, read-only or not, the expiry. Never a password or a verifier.
 - A grant, a revoke and an expiry each hold the branch's file lock, so none of them races a
-  reset or a destroy of the same branch.
+  reset or a destroy of the same branch. A grant is recorded before its role is made and a
+  revoke forgets it after its role is dropped: a process killed in between leaves a row whose
+  role may be missing (gc forgets it at its expiry; a revoke, or a grant again, mends it at
+  once), never a role the registry does not know.
 
 The branch's pg_hba.conf admits the members of ``ACCESS_ROLE`` to the branch's database over
 TCP with SCRAM (``conf.hba``); a branch whose file predates that line gets today's file and a
@@ -48,7 +51,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch import conf
 from pgoverlay.runner.names import ACCESS_ROLE, is_github_login
-from pgoverlay.runner.pool import Pool, flocks
+from pgoverlay.runner.pool import Pool, fault, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch, StoredGrant
 
 if TYPE_CHECKING:
@@ -201,14 +204,27 @@ def grant(
             granted_by=vouched_by or f"uid:{uid}",
             granted_at=now,
         )
-        with (
-            _sql_failed(name, f"the role {role} could not be granted"),
-            branches._engine_connection(pool, b, base) as conn,
-        ):
-            _admit_members(pool, b, base, conn)
-            _apply(conn, made, branch_user=b.user)
+        # Recorded first: a role the branch may hold is one the registry knows (gc revokes it
+        # at its expiry, whatever became of this process). A grant that fails puts the row
+        # back as it was.
+        before = pool.registry.grant(name, role)
         if not pool.registry.save_grant(made):  # cannot happen under the branch's lock
             raise AccessError(f"branch {name} was destroyed while {role} was granted")
+        try:
+            fault(pool, "grant:recorded")
+            with (
+                _sql_failed(name, f"the role {role} could not be granted"),
+                branches._engine_connection(pool, b, base) as conn,
+            ):
+                _admit_members(pool, b, base, conn)
+                _apply(conn, made, branch_user=b.user)
+        except BaseException:
+            if before is None:
+                pool.registry.delete_grant(name, role)
+            else:
+                pool.registry.save_grant(before)
+            raise
+        fault(pool, "grant:applied")
     _audit(
         pool,
         "access.grant",
@@ -347,6 +363,7 @@ def revoke(
                 branches._engine_connection(pool, b, base) as conn,
             ):
                 _drop(conn, role, branch_user=b.user)
+        fault(pool, "revoke:dropped")
         pool.registry.delete_grant(name, role)
     _audit(
         pool,
