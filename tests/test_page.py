@@ -49,8 +49,8 @@ from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.errors import ConfigError, GitHubError, ServiceError, UnsafeFileError
 from pgoverlay.runner.door import oauth, page, render
 from pgoverlay.runner.door.sessions import Sessions
-from pgoverlay.runner.service import models
-from pgoverlay.runner.service.views import BaseView, BranchView, Layer, Record
+from pgoverlay.runner.service.models import GrantRequest
+from pgoverlay.runner.service.views import BaseView, BranchView, GrantView, Layer, Record
 from pgoverlay.runner.settings import Settings
 
 CHROMIUM = "/usr/bin/chromium"
@@ -66,30 +66,6 @@ REPO = "acme/shop"
 PRIVATE_REPO = "acme/vault"
 SESSION_COOKIE_NAME = "__Host-pgoverlay"
 FINGERPRINT = "AB:CD:" + ":".join(["00"] * 30)
-
-
-# -- the engine's grant, until the engine's own lands (then these are its models) ---------------
-@dataclass(frozen=True)
-class GrantRequest:
-    login: str | None
-    read_only: bool
-    ttl: float | None
-    repository: str | None
-    app: bool
-    vouched_by: str | None
-
-
-@dataclass(frozen=True)
-class GrantView:
-    branch: str
-    login: str | None
-    role: str
-    read_only: bool
-    expires_at: float
-    password: str | None
-    dsn_host: str
-    dsn_port: int
-    database: str
 
 
 def report() -> Report:
@@ -207,8 +183,8 @@ class Engine:
         self.passwords.append(password)
         return GrantView(
             branch=name,
-            login=request.login,
-            role=f"gh_{request.login}",
+            login=request.login or "",
+            role=request.login or "",
             read_only=request.read_only,
             expires_at=time.time() + 8 * 3600,
             password=password,
@@ -370,12 +346,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         assert fake.violations == []
 
 
-@pytest.fixture(autouse=True)
-def _grant_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine's GrantRequest, until it lands in models.py (the page builds one)."""
-    monkeypatch.setattr(models, "GrantRequest", GrantRequest, raising=False)
-
-
 @pytest.fixture
 def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO)
@@ -490,9 +460,9 @@ def test_a_writer_signs_in_sees_the_branch_and_its_report_and_gets_a_read_write_
         f.get_attribute("id"): f.get_attribute("value") or ""
         for f in chrome.find_elements(By.CSS_SELECTOR, "input.secret")
     }
-    assert fields["url"].startswith(f"postgresql://gh_alice:{password}@{HOST}:6543/{BRANCH}?")
+    assert fields["url"].startswith(f"postgresql://alice:{password}@{HOST}:6543/{BRANCH}?")
     assert fields["psql"] == f"psql '{fields['url']}'"
-    assert fields["jdbc"].startswith(f"jdbc:postgresql://{HOST}:6543/{BRANCH}?user=gh_alice&")
+    assert fields["jdbc"].startswith(f"jdbc:postgresql://{HOST}:6543/{BRANCH}?user=alice&")
     assert "sslmode=require" in fields["url"]  # self-signed: the fingerprint is shown
     assert chrome.find_element(By.ID, "fingerprint").text == FINGERPRINT
     assert "UTC" in chrome.find_element(By.ID, "expires").text

@@ -81,7 +81,7 @@ class PageEngine(Protocol):
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None: ...
     def bases(self) -> list[BaseView]: ...
-    def grant(self, name: str, request: Any) -> GrantAnswer: ...
+    def grant(self, name: str, request: models.GrantRequest) -> GrantAnswer: ...
 
 
 def page_origin(settings: Settings) -> str:
@@ -282,7 +282,7 @@ def create_page(
         if view is None or access is None:
             return not_found(request)
         login = session.login
-        grant = models.GrantRequest(  # type: ignore[attr-defined]  # until the engine's grants land
+        grant = models.GrantRequest(
             login=login,
             read_only=access != "read-write",
             ttl=None,
