@@ -228,6 +228,34 @@ def _psql(settings: Settings) -> Check:
     return Check("psql", "ok", f"{choice.name}, {psql} ({choice.reason})")
 
 
+def _door(settings: Settings) -> Check:
+    """Whether the front door answers, and its certificate: the admin's, or the self-signed one
+    it made, by the SHA-256 fingerprint readers check before they trust it."""
+    from pgoverlay.runner.door import serve, tls
+
+    if settings.door_cert_file is not None:
+        cert = settings.door_cert_file
+        kind = "the admin's certificate"
+    else:
+        cert = serve.door_dir(settings) / tls.CERT_NAME
+        kind = "its own self-signed certificate"
+    try:
+        print_ = tls.fingerprint(cert)
+    except PgoverlayError:
+        print_ = ""
+    where = f"port {settings.door_port}, pages on {settings.door_https_port}"
+    if not serve.answering(settings):
+        made = f"; {kind}, SHA-256 {print_}" if print_ else ""
+        return Check(
+            "front door",
+            "warn",
+            f"not answering on {where}: start it with `pgoverlay door --start`{made}",
+        )
+    if not print_:
+        return Check("front door", "warn", f"answering on {where}, but {cert} cannot be read")
+    return Check("front door", "ok", f"answering on {where}; {kind}, SHA-256 {print_}")
+
+
 def _majors(settings: Settings, needed: list[int]) -> list[Check]:
     """Can the runtime chosen for each base's major version run a server of it?"""
     checks = []
@@ -327,6 +355,7 @@ def run(settings: Settings) -> list[Check]:
         _overlay(),
         _runtime(settings),
         _psql(settings),
+        _door(settings),
         *_pool(settings),
         _binaries(settings),
         *_warm(settings),

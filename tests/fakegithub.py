@@ -240,8 +240,10 @@ class State:
 class FakeGitHub:
     """The fake API. Seed it with the `add_*` methods, `start()` it, point a client at `url`."""
 
-    def __init__(self, *, port: int = 0, state_file: Path | None = None, spec: Path = SPEC) -> None:
+    def __init__(self, *, port: int = 0, state_file: Path | None = None, spec: Path = SPEC,
+                 host: str = "127.0.0.1") -> None:
         self.port = port
+        self.host = host  # the address it listens on and names in its URL
         self.state_file = state_file
         self.state = State()
         if state_file is not None and state_file.exists() and state_file.stat().st_size:
@@ -278,7 +280,7 @@ class FakeGitHub:
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("FakeGitHub is not started: call start() or use it in a with block")
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def requests(self) -> list[Json]:
@@ -854,7 +856,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, fake: FakeGitHub) -> None:
-        super().__init__(("127.0.0.1", fake.port), _Handler)
+        super().__init__((fake.host, fake.port), _Handler)
         self.fake = fake
 
 

@@ -32,6 +32,7 @@ GROUPS = {
     "access": "access",
     "service": "service",
     "gc": "service",
+    "door": "door",
     "demo": "demo",
     "action": "action",
     "webhook": "webhook",

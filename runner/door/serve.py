@@ -1,0 +1,285 @@
+"""`pgoverlay door`: the front door's process, started as root, serving as its own user.
+
+As root (``prepare``): the door's account, the TLS certificate (the admin's, or a self-signed
+one made once in ``<home>/door/``) loaded into a context, the two listening sockets bound, the
+audit file opened, the OAuth client's secret read. Then ``privsep.drop``: from here on the
+process is the door's user with the engine service's group, and everything it does with the
+network (TLS, the Postgres startup, HTTP) happens after that. It reaches the engine through the
+service's socket (``client.RemoteEngine``), where its uid lets it look at branches and grant
+the person the page signed in, nothing more.
+
+One process, one event loop (uvloop when present): the Postgres router (``router.FrontDoor``)
+on ``door_port`` and the branch pages (``page.create_page``, under uvicorn) on
+``door_https_port``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pgoverlay.errors import BranchMissingError
+from pgoverlay.runner import audit, polling, safefs
+from pgoverlay.runner.door import privsep
+from pgoverlay.runner.pool import require_root
+from pgoverlay.runner.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from pgoverlay.runner.door import router
+    from pgoverlay.runner.service.client import RemoteEngine
+
+log = logging.getLogger(__name__)
+
+UNIT = "pgoverlay-door.service"
+# The detached door's command line; -P and cwd / as for the engine service.
+DOOR_COMMAND = [sys.executable, "-P", "-m", "pgoverlay", "door"]
+MAX_DESCRIPTORS = 65536
+
+
+@dataclass
+class Prepared:
+    """What root hands the unprivileged door: nothing it could not have been given by
+    descriptor or in memory."""
+
+    uid: int
+    gid: int
+    service_gid: int
+    postgres: socket.socket
+    https: socket.socket
+    postgres_tls: ssl.SSLContext
+    https_tls: ssl.SSLContext
+    engine: RemoteEngine
+    pages: FastAPI
+    audit: audit.AuditLog
+
+
+def door_dir(settings: Settings) -> Path:
+    return settings.home / "door"
+
+
+def host_name(settings: Settings) -> str:
+    """The name clients connect to, which the certificate must name."""
+    return settings.door_host or settings.advertise_host or socket.getfqdn()
+
+
+def bind(address: str, port: int) -> socket.socket:
+    """A listening TCP socket (IPv6 and IPv4 when the address is ``::``)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    try:
+        sock.bind((address, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            err.errno,
+            f"the front door cannot listen on {address}:{port} ({err.strerror}): free the port "
+            "or set PGOVERLAY_DOOR_PORT / PGOVERLAY_DOOR_HTTPS_PORT",
+        ) from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _more_descriptors() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def prepare(settings: Settings) -> Prepared:
+    """Everything that needs root, done before a byte is read from the network: the modules
+    the door runs are imported here too, as the interpreter's files may be root's alone."""
+    import uvicorn  # noqa: F401 - imported while root may still read it
+
+    from pgoverlay.runner.door import page, router, tls  # noqa: F401
+    from pgoverlay.runner.service.client import RemoteEngine
+
+    require_root()
+    uid, gid = privsep.account(settings.door_user)
+    service_gid = privsep.group_id(settings.service_group)
+    safefs.make_dir(door_dir(settings), uid=0, gid=0, mode=0o755, exist_ok=True)
+    if settings.door_cert_file is not None and settings.door_key_file is not None:
+        pair = tls.Pair(cert=settings.door_cert_file, key=settings.door_key_file)
+        fingerprint = None
+    else:
+        pair = tls.self_signed(door_dir(settings), host=host_name(settings), uid=0, gid=0)
+        fingerprint = tls.fingerprint(pair.cert)
+    postgres_tls = tls.server_context(pair)
+    https_tls = tls.server_context(pair)
+    https_tls.set_alpn_protocols(["http/1.1"])
+    safefs.make_dir(settings.home / "audit", uid=0, gid=0, mode=0o755, exist_ok=True)
+    _more_descriptors()
+    postgres = bind(settings.door_address, settings.door_port)
+    https = bind(settings.door_address, settings.door_https_port)
+    engine = RemoteEngine(settings)  # nothing is asked of it before the door is its own user
+    pages = page.create_page(
+        settings, engine, secret=secrets.token_bytes(32), fingerprint=fingerprint
+    )  # reads the OAuth client's secret file, root's
+    return Prepared(
+        uid=uid,
+        gid=gid,
+        service_gid=service_gid,
+        postgres=postgres,
+        https=https,
+        postgres_tls=postgres_tls,
+        https_tls=https_tls,
+        engine=engine,
+        pages=pages,
+        audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
+    )
+
+
+def serve(settings: Settings) -> None:
+    """Prepare as root, drop to the door's user, serve until SIGTERM/SIGINT."""
+    prepared = prepare(settings)
+    privsep.drop(prepared.uid, prepared.gid, groups=[prepared.service_gid])
+    log.info(
+        "front door for %s: postgres on %s:%d, pages on https://%s:%d (as %s)",
+        settings.home,
+        settings.door_address,
+        settings.door_port,
+        host_name(settings),
+        settings.door_https_port,
+        settings.door_user,
+    )
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(_serve(settings, prepared))
+    else:
+        uvloop.run(_serve(settings, prepared))
+
+
+def resolver(engine: RemoteEngine) -> router.Resolve:
+    """The router's lookup: the branch as the engine lists it (anyone may look), if it is
+    ready; asked each connection (the engine answers from its registry in about a
+    millisecond), so a destroyed branch is unreachable at once."""
+
+    from pgoverlay.runner.door import router
+
+    async def resolve(name: str) -> router.Route | None:
+        try:
+            view = await asyncio.to_thread(engine.branch, name)
+        except BranchMissingError:
+            return None
+        if view is None or view.state != "ready":
+            return None
+        return router.Route(host=view.host, port=view.port, database=view.database)
+
+    return resolve
+
+
+async def _serve(settings: Settings, prepared: Prepared) -> None:
+    import uvicorn
+
+    from pgoverlay.runner.door import page, router
+
+    door = router.FrontDoor(
+        settings,
+        ssl_context=prepared.postgres_tls,
+        resolve=resolver(prepared.engine),
+        audit=prepared.audit.write,
+    )
+    await door.start(sock=prepared.postgres)
+    page.quiet_access_log()
+    config = uvicorn.Config(
+        prepared.pages,
+        log_config=None,
+        access_log=False,  # a URL is never logged (a code or state is in the callback's)
+        lifespan="off",
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,
+    )
+    config.load()
+    config.ssl = prepared.https_tls  # the context root made; uvicorn would read the key file
+    server = uvicorn.Server(config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    pages = asyncio.create_task(server.serve(sockets=[prepared.https]))
+    stop = asyncio.create_task(stopping.wait())
+    await asyncio.wait({pages, stop}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    await door.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pages
+
+
+# -- starting it ---------------------------------------------------------------------------
+
+
+def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
+    """Whether something accepts connections on the door's Postgres port here."""
+    host = "127.0.0.1" if settings.door_address in ("0.0.0.0", "::", "*") else settings.door_address
+    try:
+        with socket.create_connection((host, settings.door_port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _systemd_runs_it() -> bool:
+    if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
+        return False
+    found = subprocess.run(
+        ["systemctl", "cat", UNIT], capture_output=True, text=True, check=False, timeout=30
+    )
+    return found.returncode == 0
+
+
+def start(settings: Settings) -> str:
+    """Make sure the front door answers; say how (its unit under systemd, else a detached
+    `pgoverlay door`, logging to ``<home>/door.log``)."""
+    from pgoverlay.runner.service.serve import settings_environ
+
+    require_root()
+    if answering(settings):
+        return f"front door answering on port {settings.door_port}"
+    if _systemd_runs_it():
+        subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
+        how = f"started {UNIT}"
+    else:
+        log_fd = safefs.open_log(settings.home / "door.log", uid=0, gid=0)
+        try:
+            subprocess.Popen(
+                DOOR_COMMAND,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+                env={**os.environ, **settings_environ(settings)},
+                close_fds=True,
+            )
+        finally:
+            os.close(log_fd)
+        how = f"started the front door (log: {settings.home / 'door.log'})"
+    polling.wait_for(
+        lambda: answering(settings),
+        timeout=settings.start_timeout,
+        what=f"the front door to answer on port {settings.door_port}",
+    )
+    return f"{how}; Postgres on port {settings.door_port}, pages on {settings.door_https_port}"
