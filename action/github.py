@@ -15,6 +15,7 @@ its ``GithubRetry``, which does the same.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -39,6 +40,7 @@ STATUS_CONTEXT = "pgoverlay/branch"
 # The permission levels that may approve a fork's pull request: GitHub reports the maintain
 # role (and custom roles built on write) as "write", and triage as "read".
 WRITERS = frozenset({"admin", "write"})
+DESCRIPTION = 140  # characters GitHub keeps of a deployment's or a status's description
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,15 @@ class CommentResult:
     id: int
     action: Literal["created", "updated", "unchanged"]
     url: str
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """One of the environment's deployments: its id, its head and its latest state."""
+
+    id: int
+    sha: str
+    state: str | None  # None: no status yet
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,13 @@ def _reason(err: GithubException) -> str:
     return f"HTTP {err.status}: {message or 'no message'}"
 
 
+def _deploy_reason(err: GithubException) -> str:
+    """GitHub's answer; for a 403, what the workflow must grant."""
+    if err.status == 403:
+        return f"{_reason(err)}: the token needs the `deployments: write` permission"
+    return _reason(err)
+
+
 class GitHub:
     def __init__(
         self,
@@ -106,6 +124,7 @@ class GitHub:
         self._retries = retries
         self._backoff = backoff
         self._client: Github | None = None
+        self._making = threading.Lock()
 
     @property
     def _auth(self) -> Auth.Auth:
@@ -116,6 +135,10 @@ class GitHub:
     @property
     def _gh(self) -> Github:
         """PyGithub's client, made (and PyGithub imported) at the first call to the API."""
+        with self._making:  # the Action's deployment thread and its main thread
+            return self._made()
+
+    def _made(self) -> Github:
         if self._client is None:
             from github import Github, GithubRetry
 
@@ -290,6 +313,75 @@ class GitHub:
         """Start looking for our comment now, in a thread, and write it later: the listing then
         overlaps the branch and its migrations, and the step waits only for the write."""
         return PendingComment(self, repository, pr, is_ours)
+
+    # -- the pull request's Deployment (both front ends) ---------------------------------------
+
+    def deployments(self, repository: str, environment: str, *, limit: int) -> list[Deployed]:
+        """The newest ``limit`` deployments to ``environment``, newest first, each with its
+        latest state (None: it has no status yet): one call, and one more per deployment."""
+        from github import GithubException
+
+        try:
+            found = self._gh.get_repo(repository).get_deployments(environment=environment)
+            out: list[Deployed] = []
+            for d in itertools.islice(found, limit):
+                latest = next(iter(d.get_statuses()), None)  # newest first
+                out.append(Deployed(d.id, d.sha, latest.state if latest else None))
+            return out
+        except GithubException as err:
+            raise GitHubError(f"could not list the deployments ({_deploy_reason(err)})") from None
+
+    def create_deployment(
+        self, repository: str, *, sha: str, environment: str, description: str
+    ) -> int:
+        """A deployment of ``sha`` to the transient ``environment``; its id. No merge of the
+        default branch into the head (``auto_merge``), no wait on commit statuses (the
+        listener's own `pgoverlay/branch` is pending then)."""
+        from github import GithubException
+
+        try:
+            made = self._gh.get_repo(repository).create_deployment(
+                ref=sha,
+                environment=environment,
+                auto_merge=False,
+                required_contexts=[],
+                transient_environment=True,
+                production_environment=False,
+                description=description[:DESCRIPTION],
+            )
+        except GithubException as err:
+            raise GitHubError(f"could not create the deployment ({_deploy_reason(err)})") from None
+        return int(made.id)
+
+    def deployment_status(
+        self,
+        repository: str,
+        deployment: int,
+        *,
+        state: str,
+        description: str,
+        environment_url: str = "",
+        log_url: str = "",
+    ) -> None:
+        """Give the deployment ``state``: ``success`` with the branch page as its
+        ``environment_url``, ``failure``, or ``inactive``. ``auto_inactive`` is asked, though
+        GitHub applies it to non-transient environments only (``deployment.py`` retires the
+        earlier ones)."""
+        from github import GithubException
+        from github.GithubObject import NotSet
+
+        try:
+            self._gh.get_repo(repository).get_deployment(deployment).create_status(
+                state,
+                target_url=log_url or NotSet,
+                description=description[:DESCRIPTION],
+                environment_url=environment_url or NotSet,
+                auto_inactive=True,
+            )
+        except GithubException as err:
+            raise GitHubError(
+                f"could not set the deployment's status ({_deploy_reason(err)})"
+            ) from None
 
     # -- used by the webhook listener -------------------------------------------------------
 

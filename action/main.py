@@ -231,7 +231,8 @@ def _run(
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
     outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
     outputs.check_folder(job.temp, variable="RUNNER_TEMP")
-    github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
+    wanted = inputs.comment or inputs.deployment
+    github = GitHub(job.token, api_url=job.api_url) if job.token and wanted else None
     handled = time.monotonic()
     # Where the step's time goes, in its log: before the work, the work's phases, the engine
     # service's other answers (the branch, its base, its record), and the report.
@@ -280,6 +281,11 @@ def _finish(
     if outcome.comment_error:
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
         summary += f"\n\n> **The PR comment could not be written:** {outcome.comment_error}\n"
+    if outcome.deployment_error:
+        outputs.annotation(
+            "warning", outcome.deployment_error, out, title="GitHub Deployment not written"
+        )
+        summary += f"\n\n> **The GitHub Deployment was not written:** {outcome.deployment_error}\n"
     outputs.write_summary(job.summary, summary)
     for m in report.migrations:
         if m.status == "failed":

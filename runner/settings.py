@@ -354,6 +354,25 @@ class Settings:
             return "127.0.0.1"
         return self.listen_address.split(",")[0].strip()
 
+    @property
+    def door_name(self) -> str:
+        """The host name the front door and the branch pages are reached by (what their
+        certificate names): door_host, else advertise_host, else this host's fully qualified
+        name."""
+        if self.door_host:
+            return self.door_host
+        if self.advertise_host:
+            return self.advertise_host
+        import socket
+
+        return socket.getfqdn()
+
+    def page_url(self, branch: str) -> str:
+        """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
+        (the port left out when it is HTTPS's own, 443)."""
+        port = "" if self.door_https_port == 443 else f":{self.door_https_port}"
+        return f"https://{self.door_name}{port}/b/{branch}"
+
 
 def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
     """Each field's default and bounds; the class keeps the defaults alone."""

@@ -1,0 +1,59 @@
+"""The way into a pull request's branch, as the PR shows it: the branch's page (behind GitHub
+sign-in, where a reader gets a credential of their own) and the front door's address. Pure
+data, and never a secret: a PR comment on a public repository is readable by anyone, so what
+it shows names the reader's own login as a placeholder, and the password is had on the page.
+
+The TLS mode a client asks for is decided here, once, for the comment and the Action's
+``database-url``: ``verify-full`` when the admin gave the front door a certificate (it names
+``door_name``: libpq checks the chain and the name), ``require`` when the door made its own
+self-signed one. A self-signed certificate fails ``verify-full`` in every client that has not
+been handed it; a person compares its fingerprint with the one the branch page shows, and a
+preview deployment, which has no copy of it, still gets an encrypted connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from pgoverlay.runner.settings import Settings
+
+YOUR_LOGIN = "<your GitHub login>"
+
+
+@dataclass(frozen=True)
+class WayIn:
+    """Where a pull request's branch is reached: its page and the front door."""
+
+    page: str  # https://<door>/b/<branch>
+    host: str  # the front door's name
+    port: int  # its Postgres port
+    database: str  # the branch's name: the front door routes by it
+    sslmode: str  # verify-full, or require with a self-signed certificate (module docstring)
+
+    def url(self, user: str, password: str | None = None) -> str:
+        """A libpq URL through the front door as ``user`` (with ``password`` for a program's
+        own credential; a person's URL has none)."""
+        who = quote(user, safe="<> ")
+        if password is not None:
+            who += ":" + quote(password, safe="")
+        return (
+            f"postgresql://{who}@{self.host}:{self.port}/{quote(self.database, safe='')}"
+            f"?sslmode={self.sslmode}"
+        )
+
+
+def sslmode(settings: Settings) -> str:
+    """``verify-full`` with the admin's certificate, ``require`` with a generated one."""
+    return "verify-full" if settings.door_cert_file is not None else "require"
+
+
+def way_in(settings: Settings, branch: str) -> WayIn:
+    """How a reader reaches ``branch``: its page and the front door's address."""
+    return WayIn(
+        page=settings.page_url(branch),
+        host=settings.door_name,
+        port=settings.door_port,
+        database=branch,
+        sslmode=sslmode(settings),
+    )

@@ -1,0 +1,332 @@
+"""The pull request's GitHub Deployment: the state a report gives it (pure), the fake GitHub's
+deployments checked against GitHub's OpenAPI, the writes against it, and the workflow on real
+branches: created on open with the branch page as its URL, inactive on close, a token without
+`deployments: write` a warning with the comment still posted, and no secret anywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from github import Auth, Github, GithubException
+
+from fakegithub import FakeGitHub
+from helpers import SESSION_BASE
+from pgoverlay.action import conclusion, event, main, workflow
+from pgoverlay.action.conclusion import DeploymentEnd
+from pgoverlay.action.deployment import PendingDeployment, environment
+from pgoverlay.action.github import GitHub
+from pgoverlay.action.report import BranchInfo, Report
+from pgoverlay.action.request import Inputs
+from pgoverlay.action.wayin import WayIn
+from pgoverlay.action.workflow import Outcome
+from pgoverlay.errors import GitHubError
+from pgoverlay.runner import branch
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.webhook.clients import GitHubClients
+
+REPO = "acme/shop"
+HEAD, NEXT = "a" * 40, "c" * 40
+PAGE = "https://db.acme.dev/b/shop-pr-5"
+RUN = "https://github.com/acme/shop/actions/runs/1"
+FORBIDDEN = {"message": "Resource not accessible by integration"}
+WEBHOOKS = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"
+
+
+def deployed(fake: FakeGitHub) -> list[dict[str, Any]]:
+    return fake.deployments(REPO)
+
+
+def latest(d: dict[str, Any]) -> str | None:
+    return d["statuses"][-1]["state"] if d["statuses"] else None
+
+
+def writes(fake: FakeGitHub) -> list[str]:
+    return [f"{r['method']} {r['path']}" for r in fake.requests if r["method"] != "GET"]
+
+
+# -- the state a report gives the Deployment (pure) --------------------------------------------
+
+INFO = BranchInfo("shop-pr-5", "127.0.0.1", 55432, "app", "pgoverlay", "app", 1, None, 0, 0)
+WAY = WayIn(page=PAGE, host="db.acme.dev", port=6543, database="shop-pr-5", sslmode="require")
+
+
+def report(**changes: Any) -> Report:
+    base = Report(REPO, 5, "shop-pr-5", HEAD, "ready", INFO, way_in=WAY)
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_report_gives_the_deployment_its_state_url_and_a_short_redacted_line() -> None:
+    assert conclusion.deployment(report()) == DeploymentEnd(
+        "success", "branch shop-pr-5 ready", PAGE
+    )
+    failed_migration = conclusion.deployment(report(status="migration failed"))
+    assert failed_migration is not None and failed_migration.state == "success"
+    assert failed_migration.url == PAGE  # the branch is up, to look into
+    leaky = "could not connect: password=hunter2 postgresql://u:s3cret@h/db " + "x" * 300
+    failed = conclusion.deployment(report(status="failed", branch=None, message=leaky))
+    assert failed is not None and (failed.state, failed.url) == ("failure", "")
+    assert "hunter2" not in failed.description and "s3cret" not in failed.description
+    assert len(failed.description) <= 140
+    gone = conclusion.deployment(report(status="destroyed"))
+    assert gone == DeploymentEnd("inactive", "branch shop-pr-5 destroyed")
+    assert conclusion.deployment(report(status="not branched", branch=None)) is None
+
+
+# -- the fake GitHub's deployments: GitHub's rules, GitHub's schema ----------------------------
+
+
+@pytest.fixture
+def gh() -> Any:
+    with FakeGitHub() as fake:
+        fake.add_token("ghs_job", "github-actions[bot]", kind="installation")
+        fake.add_pull(REPO, 5, HEAD, "b" * 40)
+        yield fake
+        assert fake.violations == []
+
+
+def test_the_fake_keeps_githubs_deployment_rules_through_pygithub(gh: FakeGitHub) -> None:
+    repo = Github(auth=Auth.Token("ghs_job"), base_url=gh.url).get_repo(REPO)
+    # auto_merge left at its default merges the base into a head behind it: no deployment
+    merged = gh.respond(
+        "POST",
+        f"/repos/{REPO}/deployments",
+        {"Authorization": "token ghs_job"},
+        json.dumps({"ref": HEAD, "required_contexts": []}).encode(),
+    )
+    assert merged.status == 202 and deployed(gh) == []
+    # required_contexts left out waits on every commit status: a pending one refuses it
+    repo.get_commit(HEAD).create_status("pending", context="pgoverlay/branch")
+    with pytest.raises(GithubException) as refused:
+        repo.create_deployment(ref=HEAD, environment="pgoverlay/x", auto_merge=False)
+    assert refused.value.status == 409
+    made = repo.create_deployment(
+        ref=HEAD, environment="pgoverlay/x", auto_merge=False, required_contexts=[]
+    )
+    made.create_status("success", environment_url=PAGE)
+    other = repo.create_deployment(
+        ref=NEXT, environment="pgoverlay/y", auto_merge=False, required_contexts=[]
+    )
+    assert [d.id for d in repo.get_deployments(environment="pgoverlay/x")] == [made.id]
+    assert [d.id for d in repo.get_deployments()] == [other.id, made.id]  # newest first
+    assert [d.id for d in repo.get_deployments(sha=NEXT)] == [other.id]
+    made.create_status("inactive")
+    assert [s.state for s in made.get_statuses()] == ["inactive", "success"]  # newest first
+    stored = deployed(gh)[0]
+    assert stored["production_environment"] is False and stored["environment"] == "pgoverlay/x"
+
+
+def client(fake: FakeGitHub) -> GitHub:
+    return GitHub("ghs_job", api_url=fake.url, backoff=0.01)
+
+
+def ready(url: str = PAGE) -> DeploymentEnd:
+    return DeploymentEnd("success", "branch shop-pr-5 ready", url)
+
+
+def test_a_deployment_is_made_for_the_head_with_the_branch_page_as_its_url(
+    gh: FakeGitHub,
+) -> None:
+    done = PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD, log_url=RUN)
+    assert done.action == "created"
+    (d,) = deployed(gh)
+    assert (d["id"], d["sha"], d["environment"]) == (done.id, HEAD, "pgoverlay/shop-pr-5")
+    assert d["transient_environment"] is True and d["production_environment"] is False
+    (status,) = d["statuses"]
+    assert (status["state"], status["environment_url"], status["log_url"]) == (
+        "success",
+        PAGE,
+        RUN,
+    )
+    asked = next(r["json"] for r in gh.requests if r["method"] == "POST")
+    assert asked["auto_merge"] is False and asked["required_contexts"] == []
+
+
+def test_a_rerun_of_a_head_writes_nothing_and_a_new_head_retires_the_old_one(
+    gh: FakeGitHub,
+) -> None:
+    first = PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD)
+    before = writes(gh)
+    again = PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD)
+    assert (again.id, again.action) == (first.id, "unchanged") and writes(gh) == before
+    gh.add_pull(REPO, 6, NEXT, "b" * 40)
+    pushed = PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=NEXT)
+    assert (pushed.action, pushed.retired) == ("created", 1)
+    assert {d["sha"]: latest(d) for d in deployed(gh)} == {HEAD: "inactive", NEXT: "success"}
+
+
+def test_a_close_retires_every_deployment_of_the_environment_and_no_other(
+    gh: FakeGitHub,
+) -> None:
+    PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD)
+    PendingDeployment(client(gh), REPO, "shop-pr-9").write(ready(), sha=HEAD)
+    end = DeploymentEnd("inactive", "branch shop-pr-5 destroyed")
+    done = PendingDeployment(client(gh), REPO, "shop-pr-5").write(end, sha=HEAD)
+    assert (done.id, done.action, done.retired) == (None, "retired", 1)
+    assert {d["environment"]: latest(d) for d in deployed(gh)} == {
+        environment("shop-pr-5"): "inactive",
+        environment("shop-pr-9"): "success",
+    }
+
+
+def test_a_token_without_deployments_write_is_a_clear_error_without_the_token(
+    gh: FakeGitHub,
+) -> None:
+    gh.fail_next("POST", r"/deployments$", 403, body=FORBIDDEN)
+    with pytest.raises(GitHubError) as refused:
+        PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD)
+    assert "HTTP 403" in str(refused.value) and "`deployments: write`" in str(refused.value)
+    assert "ghs_job" not in str(refused.value)
+    gh.fail_next("GET", r"/deployments$", 403, body=FORBIDDEN)  # the search's error, at the write
+    with pytest.raises(GitHubError, match="could not list the deployments"):
+        PendingDeployment(client(gh), REPO, "shop-pr-5").write(ready(), sha=HEAD)
+
+
+def test_the_listener_warns_once_a_repository_for_what_fails_every_job() -> None:
+    clients = GitHubClients.__new__(GitHubClients)
+    GitHubClients.__init__(clients, settings=None)  # type: ignore[arg-type]
+    assert clients.first_warning("Acme/Shop", "deployment")
+    assert not clients.first_warning("acme/shop", "deployment")
+    assert clients.first_warning("acme/other", "deployment")
+
+
+# -- the workflow on real branches -------------------------------------------------------------
+
+
+def pr(kind: event.Kind = "open", head: str = HEAD) -> event.Event:
+    return event.Event(
+        kind=kind,
+        repository=REPO,
+        pr=5,
+        head_sha=head,
+        base_sha="b" * 40,
+        merged=True if kind == "close" else None,
+        from_fork=False,
+        draft=False,
+        ref_name="feature",
+        action="closed" if kind == "close" else "opened",
+    )
+
+
+def handle(pool: Pool, ev: event.Event, github: GitHub, tmp_path: Path, **inputs: Any) -> Outcome:
+    return workflow.handle(
+        LocalEngine(pool),
+        ev,
+        Inputs(base=SESSION_BASE, **inputs),
+        settings=pool.settings,
+        repo_dir=tmp_path,
+        github=github,
+        run_url=RUN,
+    )
+
+
+def test_open_deploys_the_branch_page_and_close_retires_it_with_no_secret_sent_or_logged(
+    pool: Pool,
+    base: BaseVersion,
+    tmp_path: Path,
+    github: tuple[FakeGitHub, GitHub],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, gh = github
+    caplog.set_level(logging.DEBUG)
+    try:
+        opened = handle(pool, pr(), gh, tmp_path)
+        assert opened.report is not None and opened.report.status == "ready"
+        assert opened.deployment is not None and opened.deployment.action == "created"
+        assert opened.deployment_error == ""
+        password = LocalEngine(pool).connection("shop-pr-5").password
+        (d,) = fake.deployments(REPO)
+        page = pool.settings.page_url("shop-pr-5")
+        assert (d["environment"], d["sha"], latest(d)) == ("pgoverlay/shop-pr-5", HEAD, "success")
+        assert d["statuses"][-1]["environment_url"] == page
+        body = fake.state.comments[0]["body"]
+        assert f"]({page})" in body  # the comment links the same page
+        closed = handle(pool, pr("close"), gh, tmp_path)
+        assert closed.report is not None and closed.report.status == "destroyed"
+        assert closed.deployment is not None and closed.deployment.retired == 1
+        (d,) = fake.deployments(REPO)
+        assert latest(d) == "inactive"
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+    sent = json.dumps(fake.requests) + json.dumps(fake.deployments(REPO))
+    sent += "".join(c["body"] for c in fake.state.comments)
+    assert password not in sent and password not in caplog.text
+
+
+def test_a_token_without_deployments_write_leaves_the_comment_and_the_branch(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, gh = github
+    fake.fail_next("POST", r"/deployments$", 403, body=FORBIDDEN)
+    try:
+        outcome = handle(pool, pr(), gh, tmp_path)
+        assert outcome.report is not None and outcome.report.status == "ready"
+        assert outcome.comment is not None and outcome.comment.action == "created"
+        assert outcome.deployment is None and "`deployments: write`" in outcome.deployment_error
+        assert fake.deployments(REPO) == []
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
+def test_deployment_false_asks_github_nothing_about_deployments(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, gh = github
+    try:
+        outcome = handle(pool, pr(), gh, tmp_path, deployment=False)
+        assert outcome.deployment is None and outcome.comment is not None
+        assert not [r for r in fake.requests if "/deployments" in r["path"]]
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
+def test_the_actions_step_warns_once_and_passes_when_the_token_cannot_deploy(
+    pool: Pool,
+    base: BaseVersion,
+    service: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    github: tuple[FakeGitHub, GitHub],
+) -> None:
+    fake, _ = github
+    data = json.loads((WEBHOOKS / "pull_request.opened.json").read_text())
+    data["pull_request"]["number"] = 5
+    data["pull_request"]["head"]["sha"] = HEAD
+    data["repository"]["full_name"] = REPO
+    fake.fail_next("POST", r"/deployments$", 403, body=FORBIDDEN, times=5)
+    event_path = tmp_path / "event.json"
+    event_path.write_text(json.dumps(data))
+    for key, value in {
+        "GITHUB_EVENT_PATH": str(event_path),
+        "GITHUB_EVENT_NAME": "pull_request",
+        "GITHUB_REPOSITORY": REPO,
+        "GITHUB_WORKSPACE": str(tmp_path),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+        "GITHUB_API_URL": fake.url,
+        "INPUT_GITHUB_TOKEN": "ghs_job",
+        "INPUT_BASE": SESSION_BASE,
+        "PGOVERLAY_HOME": str(pool.home),
+        "PGOVERLAY_PORT_MIN": str(pool.settings.port_min),
+        "PGOVERLAY_PORT_MAX": str(pool.settings.port_max),
+    }.items():
+        monkeypatch.setenv(key, value)
+    out = io.StringIO()
+    try:
+        assert main.run(out=out) == 0
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+    log = out.getvalue()
+    warnings = [line for line in log.splitlines() if "Deployment" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("::warning")
+    assert "title=GitHub Deployment not written" in warnings[0]
+    assert "deployments: write" in warnings[0]
+    assert len(fake.state.comments) == 1  # the comment alone
+    assert "The GitHub Deployment was not written" in (tmp_path / "summary").read_text()
