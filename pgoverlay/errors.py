@@ -342,6 +342,26 @@ class TraceError(BranchError):
     exit_code = 37
 
 
+class AccessError(BranchError):
+    """A personal or application credential cannot be granted or revoked in a branch: a role
+    of that name exists there and is not one pgoverlay made for access (a production role is
+    never taken over), the base already has a ``pgoverlay_access`` role of its own, the branch
+    is not running, or the login was never granted."""
+
+    exit_code = 38
+
+
+class UnmaskedAccessError(AccessError):
+    """A personal credential was asked for a branch of an unmasked base (production's personal
+    data) while the admin has not allowed it (``PGOVERLAY_ACCESS_UNMASKED``)."""
+
+
+class DoorForbiddenError(NotOwnerError):
+    """The front door's own identity (``PGOVERLAY_DOOR_USER``) asked the engine for something
+    only a branch's owner or root may do: it may only look, and grant or list credentials for
+    a person it vouches for."""
+
+
 # -- pydantic's ValidationError as one of ours ---------------------------------------------
 
 

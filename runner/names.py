@@ -58,3 +58,17 @@ def check_hba_name(role: str) -> None:
 # user (postgres/roles.py), written by the PR workflow (action/migrations.py), and left out of
 # what a trace and the insight report (trace/schema.py, action/insight/analyze.py).
 LEDGER_SCHEMA = "pgoverlay_ledger"
+
+# The marker role of the credentials pgoverlay grants in a branch (runner/branch/grants.py):
+# every role made for a person or a preview app is its member, and a branch's pg_hba.conf
+# admits its members over TCP with SCRAM.
+ACCESS_ROLE = "pgoverlay_access"
+
+# A GitHub login: letters, digits and single hyphens, neither first nor last; at most
+# LOGIN_MAX characters (the length is checked apart: the service's schema has no look-ahead).
+GITHUB_LOGIN_RE = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$")
+LOGIN_MAX = 39
+
+
+def is_github_login(text: str) -> bool:
+    return len(text) <= LOGIN_MAX and GITHUB_LOGIN_RE.match(text) is not None

@@ -83,7 +83,7 @@ def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     return base
 
 
-def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
+def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str, database: str) -> None:
     """The branch's directory is root's, so the branches' user cannot swap what root mounts
     or reads there; that user owns only what its Postgres writes: upper, work, log, sockets."""
     uid, gid = pool.owner.uid, pool.owner.gid
@@ -102,7 +102,7 @@ def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
         raise
-    write_conf(pool, lay, user=user, superuser=superuser)
+    write_conf(pool, lay, user=user, superuser=superuser, database=database)
 
 
 def _make_socket_dir(pool: Pool, lay: Layout) -> None:
@@ -514,7 +514,13 @@ def create(
             pool.registry.insert_branch(db, branch)
         fault(pool, "create:registered")
         try:
-            _make_dirs(pool, layout(pool, name), user=branch.user, superuser=base.superuser)
+            _make_dirs(
+                pool,
+                layout(pool, name),
+                user=branch.user,
+                superuser=base.superuser,
+                database=branch.database,
+            )
             pool.registry.update_branch(name, durable=False, step="dirs")
             fault(pool, "create:dirs")
             _mount_and_start(pool, base, branch, saga="create", secret=secret)
@@ -596,7 +602,13 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
             pool.registry.insert_branch(db, branch)
         fault(pool, "warm:registered")
         try:
-            _make_dirs(pool, layout(pool, slot), user=branch.user, superuser=base.superuser)
+            _make_dirs(
+                pool,
+                layout(pool, slot),
+                user=branch.user,
+                superuser=base.superuser,
+                database=branch.database,
+            )
             pool.registry.update_branch(slot, durable=False, step="dirs")
             _mount_and_start(pool, base, branch, saga="warm")
         except BaseException:
@@ -620,8 +632,25 @@ def teardown(pool: Pool, branch: Branch) -> None:
         rt.detach(lay)
     fault(pool, "destroy:stopped")
     _remove_dirs(lay)
+    _forget_grants(pool, branch)
     pool.registry.delete_branch(branch.name)
     release_freed(pool)
+
+
+def _forget_grants(pool: Pool, branch: Branch) -> None:
+    """The credentials granted in ``branch`` go with it (their rows with its row, their roles
+    with its data): each is written to the audit log first. A log that cannot be written does
+    not stop a destroy; it is said in the engine's log."""
+    if not pool.registry.grants(branch.name):
+        return
+    from pgoverlay.runner.branch import grants
+
+    try:
+        grants.forget(pool, branch)
+    except (OSError, PgoverlayError) as err:
+        log.warning(
+            "branch %s: its credentials' removal is not in the audit log: %s", branch.name, err
+        )
 
 
 def destroy(pool: Pool, name: str) -> bool:
@@ -665,11 +694,15 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     safefs.make_dir(lay.upper, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
     safefs.remove_tree(lay.log_file)
     # Written again, so a branch made by an earlier release gets today's pg_hba.conf.
-    write_conf(pool, lay, user=branch.user, superuser=base.superuser)
+    write_conf(pool, lay, user=branch.user, superuser=base.superuser, database=branch.database)
     release_freed(pool)
     pool.registry.update_branch(branch.name, durable=False, step="wiped")
     fault(pool, "reset:wiped")
     _mount_and_start(pool, base, branch, saga="reset")
+    if pool.registry.grants(branch.name):
+        from pgoverlay.runner.branch import grants
+
+        grants.restore(pool, branch, base)
     pool.registry.update_branch(branch.name, state="ready", step="", ready_at=time.time())
 
 
@@ -682,7 +715,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime, check=True)
     _make_socket_dir(pool, lay)
-    write_conf(pool, lay, user=branch.user, superuser=base.superuser)
+    write_conf(pool, lay, user=branch.user, superuser=base.superuser, database=branch.database)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
     _give_login(pool, base, branch, None, fresh=False)

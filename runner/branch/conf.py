@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.runner import safefs
-from pgoverlay.runner.names import check_hba_name
+from pgoverlay.runner.names import ACCESS_ROLE, check_hba_name
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import cluster
@@ -108,10 +108,12 @@ def ssl_options(pool: Pool) -> dict[str, str]:
     }
 
 
-def hba(*, user: str, superuser: str) -> str:
-    """Who may connect: the engine as the base's bootstrap superuser on the private socket, and
-    the branch login role over TCP with its password. Nobody else, whatever the base's roles."""
-    for role in (user, superuser):
+def hba(*, user: str, superuser: str, database: str) -> str:
+    """Who may connect: the engine as the base's bootstrap superuser on the private socket, the
+    branch login role over TCP with its password, and the credentials granted in the branch
+    (members of ``ACCESS_ROLE``: a person's or a preview app's role, see ``grants``) over TCP
+    with theirs, to the branch's own database only. Nobody else, whatever the base's roles."""
+    for role in (user, superuser, database):
         check_hba_name(role)
     return (
         # The socket directory is 0700 and owned by the branch's OS user: only that user
@@ -119,17 +121,19 @@ def hba(*, user: str, superuser: str) -> str:
         f'local all "{superuser}" trust\n'
         f'host all "{user}" 0.0.0.0/0 scram-sha-256\n'
         f'host all "{user}" ::/0 scram-sha-256\n'
+        f'host "{database}" +{ACCESS_ROLE} 0.0.0.0/0 scram-sha-256\n'
+        f'host "{database}" +{ACCESS_ROLE} ::/0 scram-sha-256\n'
         "local all all reject\n"
         "host all all 0.0.0.0/0 reject\n"
         "host all all ::/0 reject\n"
     )
 
 
-def write_conf(pool: Pool, lay: Layout, *, user: str, superuser: str) -> None:
+def write_conf(pool: Pool, lay: Layout, *, user: str, superuser: str, database: str) -> None:
     files = {
         # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
         "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
-        "pg_hba.conf": hba(user=user, superuser=superuser),
+        "pg_hba.conf": hba(user=user, superuser=superuser, database=database),
         "pg_ident.conf": "",
     }
     # Root's files in root's directory: the branches' user reads them and changes nothing.

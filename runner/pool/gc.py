@@ -31,6 +31,7 @@ class Collected:
     undone: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    expired_grants: list[str] = field(default_factory=list)
     warmed: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -45,6 +46,7 @@ class Collected:
             ("undone half-created branches", self.undone),
             ("finished interrupted destroys/resets", self.finished),
             ("destroyed expired branches", self.expired),
+            ("removed expired credentials", self.expired_grants),
             ("started warm branches", self.warmed),
             ("retired warm branches", self.retired),
             ("restarted branches", self.restarted),
@@ -66,6 +68,7 @@ def collect(pool: Pool, *, now: float | None = None) -> Collected:
     report.problems += pool.registry.rejected()
     _removals(pool, report)
     _branches(pool, report, now)
+    _grants(pool, report, now)
     _warm(pool, report)
     _runtime_leftovers(pool, report)
     _orphan_branch_dirs(pool, report)
@@ -120,6 +123,16 @@ def _branches(pool: Pool, report: Collected, now: float) -> None:
         except PgoverlayError as err:
             report.problems.append(f"{row.name}: {err}")
             log.warning("gc could not repair branch %s: %s", row.name, err)
+
+
+def _grants(pool: Pool, report: Collected, now: float) -> None:
+    """Revoke the credentials past their expiry: their roles dropped in the branches that run
+    (a login already failed there, by the role's VALID UNTIL), their rows forgotten."""
+    from pgoverlay.runner.branch import grants
+
+    done, problems = grants.expire(pool, now=now)
+    report.expired_grants += done
+    report.problems += problems
 
 
 def _warm(pool: Pool, report: Collected) -> None:

@@ -14,7 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,21 @@ CREATE TABLE IF NOT EXISTS records (
     branch TEXT PRIMARY KEY REFERENCES branches (name) ON DELETE CASCADE,
     data TEXT NOT NULL,
     updated_at REAL NOT NULL
+);
+-- Credentials granted in a branch (runner/branch/grants.py): a person's login role, or the
+-- preview app's. They go with their branch. ``verifier`` is the password's SCRAM verifier
+-- (never the password), so a reset gives the role back as it was.
+CREATE TABLE IF NOT EXISTS grants (
+    branch TEXT NOT NULL REFERENCES branches (name) ON DELETE CASCADE ON UPDATE CASCADE,
+    role TEXT NOT NULL,
+    login TEXT NOT NULL,
+    read_only INTEGER NOT NULL,
+    app INTEGER NOT NULL DEFAULT 0,
+    verifier TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    granted_by TEXT NOT NULL,
+    granted_at REAL NOT NULL,
+    PRIMARY KEY (branch, role)
 );
 """
 # Tables of earlier releases that held the PR workflow's state in the workflow's own columns:
@@ -196,6 +211,23 @@ class StoredRecord:
     branch: str
     data: str
     updated_at: float
+
+
+@dataclass(frozen=True)
+class StoredGrant:
+    """A credential granted in a branch: the role made for a GitHub ``login`` (or the preview
+    app's role, whose ``login`` is its role's name), until ``expires_at``, and who asked
+    (``granted_by``: ``uid:N``, or the person the front door vouched for, ``github:LOGIN``)."""
+
+    branch: str
+    role: str
+    login: str
+    read_only: bool
+    app: bool
+    verifier: str = field(repr=False)
+    expires_at: float
+    granted_by: str
+    granted_at: float
 
 
 @dataclass(frozen=True)
@@ -643,3 +675,55 @@ class Registry:
                 (record.branch, record.data, record.updated_at),
             )
         return True
+
+    # grants -------------------------------------------------------------------------------
+
+    def grants(self, branch: str | None = None) -> list[StoredGrant]:
+        """The credentials granted in ``branch`` (in every branch when None), by role."""
+        query = f"SELECT {_columns(StoredGrant)} FROM grants"
+        args: tuple[Any, ...] = ()
+        if branch is not None:
+            query += " WHERE branch = ?"
+            args = (branch,)
+        rows = self._read(query + " ORDER BY branch, role", args)
+        return [_grant(row) for row in rows]
+
+    def grant(self, branch: str, role: str) -> StoredGrant | None:
+        rows = self._read(
+            f"SELECT {_columns(StoredGrant)} FROM grants WHERE branch = ? AND role = ?",
+            (branch, role),
+        )
+        return _grant(rows[0]) if rows else None
+
+    def save_grant(self, grant: StoredGrant) -> bool:
+        """Keep ``grant`` (replacing the role's earlier one); False if the branch is gone."""
+        with self.transaction() as db:
+            if not db.execute("SELECT 1 FROM branches WHERE name = ?", (grant.branch,)).fetchone():
+                return False
+            names = [f.name for f in fields(StoredGrant)]
+            db.execute(
+                f"INSERT OR REPLACE INTO grants ({', '.join(names)}) "
+                f"VALUES ({', '.join('?' for _ in names)})",
+                tuple(getattr(grant, n) for n in names),
+            )
+        return True
+
+    def delete_grant(self, branch: str, role: str) -> bool:
+        with self.transaction() as db:
+            done = db.execute("DELETE FROM grants WHERE branch = ? AND role = ?", (branch, role))
+            return done.rowcount == 1
+
+
+def _grant(row: tuple[Any, ...]) -> StoredGrant:
+    g = StoredGrant(*row)
+    return StoredGrant(
+        branch=str(g.branch),
+        role=str(g.role),
+        login=str(g.login),
+        read_only=bool(g.read_only),
+        app=bool(g.app),
+        verifier=str(g.verifier),
+        expires_at=float(g.expires_at),
+        granted_by=str(g.granted_by),
+        granted_at=float(g.granted_at),
+    )

@@ -27,7 +27,9 @@ from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
     EXCERPT_CHARS,
+    LOGIN_PATTERN,
     CreateRequest,
+    GrantRequest,
     OwnerRequest,
     RecordRequest,
     TraceRequest,
@@ -40,7 +42,9 @@ from pgoverlay.runner.service.views import (
     Destroyed,
     ErrorBody,
     GcReport,
+    GrantView,
     Layer,
+    Revoked,
     TraceMark,
 )
 from pgoverlay.runner.settings import Settings
@@ -49,10 +53,17 @@ log = logging.getLogger("pgoverlay.service")
 
 # A branch name in a path, checked before any route runs.
 Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
+# A credential's login in a path: a GitHub login, or the name of a preview app's role.
+Login = Annotated[
+    str,
+    StringConstraints(pattern=f"^(?:{LOGIN_PATTERN[1:-1]}|app_[a-z0-9_]{{1,59}})$", max_length=63),
+]
 
 # The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
 STATUS: list[tuple[type[PgoverlayError], int]] = [
-    (errors.NotOwnerError, 403),
+    (errors.NotOwnerError, 403),  # DoorForbiddenError too
+    (errors.UnmaskedAccessError, 403),
+    (errors.AccessError, 409),
     (errors.BranchMissingError, 404),
     (errors.BaseMissingError, 404),
     (errors.LimitReachedError, 429),
@@ -250,6 +261,20 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post(f"{API}/branches/{{name}}/trace/end")
     def trace_end(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
         return e.trace_end(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/access", status_code=201)
+    def grant(e: Caller, name: Name, body: Annotated[GrantRequest, Body()]) -> GrantView:
+        return e.grant(name, body)
+
+    @app.get(f"{API}/branches/{{name}}/access")
+    def grants(e: Caller, name: Name) -> list[GrantView]:
+        return e.grants(name)
+
+    @app.post(f"{API}/branches/{{name}}/access/{{login}}/revoke")
+    def revoke(
+        e: Caller, name: Name, login: Login, body: Annotated[OwnerRequest, Body()]
+    ) -> Revoked:
+        return e.revoke(name, login, repository=body.repository)
 
     @app.post(f"{API}/gc")
     def gc(e: Caller) -> GcReport:

@@ -28,7 +28,9 @@ from pgoverlay.runner.service.views import (
     Destroyed,
     ErrorBody,
     GcReport,
+    GrantView,
     Layer,
+    Revoked,
     TraceMark,
 )
 from pgoverlay.runner.service.wire import decode
@@ -36,13 +38,14 @@ from pgoverlay.runner.service.wire import decode
 if TYPE_CHECKING:
     from pgoverlay.runner.service.models import (
         CreateRequest,
+        GrantRequest,
         OwnerRequest,
         RecordRequest,
         TraceRequest,
     )
     from pgoverlay.runner.settings import Settings
 
-    Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest
+    Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest | GrantRequest
 
 M = TypeVar("M", bound=Shape)
 API = "/v1"
@@ -252,6 +255,16 @@ class RemoteEngine:
 
     def gc(self) -> GcReport:
         return _parse(GcReport, self._call("POST", "/gc"))
+
+    def grant(self, name: str, request: GrantRequest) -> GrantView:
+        return _parse(GrantView, self._call("POST", f"/branches/{quote(name)}/access", request))
+
+    def grants(self, name: str) -> list[GrantView]:
+        return _parse_list(GrantView, self._call("GET", f"/branches/{quote(name)}/access"))
+
+    def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked:
+        url = f"/branches/{quote(name)}/access/{quote(login, safe='')}/revoke"
+        return _parse(Revoked, self._call("POST", url, _owner(repository)))
 
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace", request))

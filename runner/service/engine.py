@@ -5,8 +5,11 @@ a caller that is not root reaches it through ``client.RemoteEngine``, so the Act
 webhook listener and an admin's CLI all see the same operations with the same errors.
 
 A ``LocalEngine`` acts for one caller (a uid). Every caller may list and look; only the uid
-that created a branch (or root) may reset it, destroy it, read its password or save its record
-(JSON the owner keeps with the branch; the engine never reads it). A create names the
+that created a branch (or root) may reset it, destroy it, read its password, save its record
+(JSON the owner keeps with the branch; the engine never reads it), or grant, list and revoke
+credentials in it. The front door's own identity (the uid of ``door_user``, as the socket's peer
+credentials say) may only look, and grant or list a credential for a person it vouches for
+(``vouched_by``): everything else is refused it, whatever it asks. A create names the
 repository and pull request it is for (a caller other than root must name the repository): a
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from pgoverlay.errors import (
     BranchMissingError,
     BranchOwnedError,
+    DoorForbiddenError,
     NotOwnerError,
     RequestError,
 )
@@ -37,14 +41,22 @@ from pgoverlay.runner.service.views import (
     Connection,
     Destroyed,
     GcReport,
+    GrantView,
     Layer,
     Record,
+    Revoked,
     TraceMark,
     WarmView,
 )
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
-    from pgoverlay.runner.service.models import CreateRequest, RecordRequest, TraceRequest
+    from pgoverlay.runner.pool.registry import StoredGrant
+    from pgoverlay.runner.service.models import (
+        CreateRequest,
+        GrantRequest,
+        RecordRequest,
+        TraceRequest,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,9 @@ class Engine(Protocol):
     def size(self, name: str) -> Layer: ...
     def save_record(self, name: str, request: RecordRequest) -> None: ...
     def gc(self) -> GcReport: ...
+    def grant(self, name: str, request: GrantRequest) -> GrantView: ...
+    def grants(self, name: str) -> list[GrantView]: ...
+    def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked: ...
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark: ...
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark: ...
@@ -96,12 +111,42 @@ def _record(pool: Pool, name: str) -> Record | None:
     return Record(data=found.data, updated_at=found.updated_at)
 
 
+def door_uid(user: str) -> int | None:
+    """The uid of the front door's user ``user``; None when there is no such user (root's is
+    never the door's: root may do anything)."""
+    import pwd
+
+    try:
+        found = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+    return found or None
+
+
 class LocalEngine:
     """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
 
     def __init__(self, pool: Pool | Callable[[], Pool], *, uid: int = 0) -> None:
         self._pool = pool
         self.uid = uid
+        self._door: bool | None = None
+
+    @property
+    def door(self) -> bool:
+        """Whether the caller is the front door's identity (its uid is ``door_user``'s)."""
+        if self._door is None:
+            self._door = self.uid != 0 and self.uid == door_uid(self.pool.settings.door_user)
+        return self._door
+
+    def _not_door(self, what: str) -> None:
+        """Refuse the front door's identity an operation that is not looking or granting."""
+        if self.door:
+            user = self.pool.settings.door_user
+            raise DoorForbiddenError(
+                f"the front door's identity ({user}, uid {self.uid}) may not {what}: it may only "
+                "look at bases and branches, and grant or list a credential for a person it "
+                "vouches for (vouched_by); its own process must not need more"
+            )
 
     @property
     def pool(self) -> Pool:
@@ -211,6 +256,7 @@ class LocalEngine:
         """Create a branch for this caller. A caller other than root must say which repository
         it is for, and is held to the pool's limits (``branch.quota``), checked in the registry
         transaction that registers the branch."""
+        self._not_door("create a branch")
         quota = None
         if self.uid != 0:
             if not request.repository:
@@ -235,6 +281,7 @@ class LocalEngine:
         return self._view(created, layer=False, seconds=time.monotonic() - started)
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
+        self._not_door("reset a branch")
         self._mine(name, repository=repository)
         _discard_trace(self.pool, name)
         started = time.monotonic()
@@ -242,6 +289,7 @@ class LocalEngine:
         return self._view(done, layer=False, seconds=time.monotonic() - started)
 
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
+        self._not_door("destroy a branch")
         if self.pool.registry.branch(name) is None:
             return Destroyed(destroyed=False)
         self._mine(name, repository=repository)
@@ -250,9 +298,11 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
+        self._not_door("read a branch's password")
         return branches.connection(self.pool, self._mine(name))
 
     def save_record(self, name: str, request: RecordRequest) -> None:
+        self._not_door("write a branch's record")
         self._mine(name, repository=request.repository)
         saved = self.pool.registry.save_record(
             registry.StoredRecord(branch=name, data=request.data, updated_at=time.time())
@@ -264,25 +314,103 @@ class LocalEngine:
 
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         """Open a trace of the branch (ending one left open); its first mark."""
+        self._not_door("trace a branch")
         b = self._mine(name, repository=request.repository)
         from pgoverlay.runner import trace
 
         return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
+        self._not_door("trace a branch")
         self._mine(name, repository=repository)
         from pgoverlay.runner import trace
 
         return trace.mark(self.pool, name)
 
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
+        self._not_door("trace a branch")
         self._mine(name, repository=repository)
         from pgoverlay.runner import trace
 
         return trace.end(self.pool, name)
 
     def gc(self) -> GcReport:
+        self._not_door("run gc")
         from pgoverlay.runner.pool import gc
 
         report = gc.collect(self.pool)
         return GcReport(lines=report.lines(), problems=len(report.problems))
+
+    # -- credentials ----------------------------------------------------------------------
+
+    def _may_grant(self, name: str, *, repository: str | None, vouched_by: str | None) -> None:
+        """Root and the branch's owner grant; the front door grants only for a person it
+        vouches for, and only it may vouch."""
+        if not self.door:
+            if vouched_by is not None:
+                raise NotOwnerError(
+                    "vouched_by: only the front door's identity may vouch for a person; ask "
+                    "without it (the grant is then recorded as this user's)"
+                )
+            self._mine(name, repository=repository)
+            return
+        if vouched_by is None:
+            self._not_door("grant a credential for nobody it vouches for (set vouched_by)")
+        b = branches.get(self.pool, name)
+        if repository and b.repository and b.repository.lower() != repository.lower():
+            raise BranchOwnedError(
+                f"branch {name} belongs to {b.repository}, not {repository}: the front door "
+                "grants in a branch for its own pull request's readers only"
+            )
+
+    def grant(self, name: str, request: GrantRequest) -> GrantView:
+        """A credential in branch ``name`` (see ``branch.grants.grant``); its password is in
+        this answer only."""
+        self._may_grant(name, repository=request.repository, vouched_by=request.vouched_by)
+        if self.door and request.app:
+            self._not_door("grant an app's credential")
+        from pgoverlay.runner.branch import grants
+
+        made = grants.grant(
+            self.pool,
+            name,
+            login=request.login,
+            read_only=request.read_only,
+            ttl=request.ttl,
+            app=request.app,
+            uid=self.uid,
+            vouched_by=request.vouched_by,
+        )
+        return self._grant_view(made.grant, password=made.password)
+
+    def grants(self, name: str) -> list[GrantView]:
+        """The credentials granted in branch ``name``, without passwords."""
+        if not self.door:
+            self._mine(name)
+        from pgoverlay.runner.branch import grants
+
+        return [self._grant_view(g) for g in grants.listed(self.pool, name)]
+
+    def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked:
+        self._not_door("revoke a credential")
+        self._mine(name, repository=repository)
+        from pgoverlay.runner.branch import grants
+
+        done = grants.revoke(self.pool, name, login, uid=self.uid)
+        return Revoked(branch=name, login=login.lower(), revoked=done)
+
+    def _grant_view(self, g: StoredGrant, *, password: str | None = None) -> GrantView:
+        s = self.pool.settings
+        return GrantView(
+            branch=g.branch,
+            login=g.login,
+            role=g.role,
+            read_only=g.read_only,
+            app=g.app,
+            expires_at=g.expires_at,
+            granted_by=g.granted_by,
+            password=password,
+            dsn_host=s.door_host or s.public_host,
+            dsn_port=s.door_port,
+            database=g.branch,
+        )

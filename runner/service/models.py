@@ -15,11 +15,18 @@ pull request it is for.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE
+from pgoverlay.runner.names import (
+    GITHUB_LOGIN_RE,
+    LOGIN_MAX,
+    NAME_RE,
+    REPOSITORY_RE,
+    is_github_login,
+)
 from pgoverlay.runner.runtime import table as runtimes
 from pgoverlay.runner.service.shape import Shape
 
@@ -178,3 +185,53 @@ class TraceRequest(Shape):
         _repository(self.repository)
         _within("interval", self.interval, low=0.01, high=0.1)
         _within("max_seconds", self.max_seconds, low=0, high=48 * 3600, low_open=True)
+
+
+# A GitHub login (1-39 letters, digits and single hyphens), as the front door vouches for one.
+LOGIN_PATTERN = GITHUB_LOGIN_RE.pattern
+_VOUCHED = re.compile("^github:" + LOGIN_PATTERN[1:])
+
+
+class GrantRequest(Shape):
+    """A credential in a branch: for the person with GitHub ``login``, or (``app``, with no
+    login) for the pull request's preview app; read-write unless ``read_only``; valid for
+    ``ttl`` seconds (the pool's default when not given; the pool caps it). With ``repository``,
+    refused when the branch is another's. ``vouched_by`` (``github:LOGIN``) is set by the front
+    door alone, once it has verified the person: for that login only."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+        "login": {"pattern": LOGIN_PATTERN, "maxLength": LOGIN_MAX},
+        "ttl": {"exclusiveMinimum": 0, "maximum": MAX_TTL_SECONDS},
+        "repository": _REPOSITORY,
+        "vouched_by": {"pattern": _VOUCHED.pattern, "maxLength": len("github:") + LOGIN_MAX},
+    }
+
+    login: str | None = None
+    read_only: bool = False
+    ttl: int | None = None
+    repository: str | None = None
+    app: bool = False
+    vouched_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.app and self.login is not None:
+            raise RequestError("login: an app credential names no login (its role is the app's)")
+        if not self.app and self.login is None:
+            raise RequestError("login: name the GitHub login to grant to (or ask for app: true)")
+        if self.login is not None and not is_github_login(self.login):
+            raise RequestError(
+                f"login: {excerpt(self.login)} is not a GitHub login: 1-39 letters, digits and "
+                "single hyphens, not first or last (e.g. octo-cat)"
+            )
+        if self.ttl is not None:
+            _within("ttl", self.ttl, low=0, high=MAX_TTL_SECONDS, low_open=True)
+        _repository(self.repository)
+        if self.vouched_by is not None:
+            if not _VOUCHED.match(self.vouched_by) or len(self.vouched_by) > 7 + LOGIN_MAX:
+                raise RequestError(f"vouched_by: {excerpt(self.vouched_by)} is not github:LOGIN")
+            if self.login is None or self.vouched_by.lower() != f"github:{self.login.lower()}":
+                raise RequestError(
+                    "vouched_by: the front door vouches for the person it grants to: "
+                    "github:LOGIN of the request's own login"
+                )

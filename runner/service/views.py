@@ -237,6 +237,44 @@ class TraceMark(Shape):
     statement_marks: bool = False
 
 
+class GrantView(Shape):
+    """A credential granted in a branch, reached through the front door (``dsn_host``,
+    ``dsn_port``; the branch's name is the database the door routes by). ``password`` is in a
+    grant's own answer only, once: None in a list."""
+
+    branch: str
+    login: str  # the GitHub login, lower-cased; for the app's credential, its role's name
+    role: str
+    read_only: bool
+    app: bool = False
+    expires_at: float
+    granted_by: str = ""  # uid:N, or github:LOGIN when the front door vouched for the person
+    password: str | None = field(default=None, repr=False)
+    dsn_host: str
+    dsn_port: int
+    database: str
+
+    @property
+    def url(self) -> str:
+        """``postgresql://role:password@host:port/branch?sslmode=verify-full`` (without the
+        password when the view has none)."""
+        who = quote(self.role, safe="")
+        if self.password is not None:
+            who += ":" + quote(self.password, safe="")
+        return (
+            f"postgresql://{who}@{self.dsn_host}:{self.dsn_port}/"
+            f"{quote(self.database, safe='')}?sslmode=verify-full"
+        )
+
+
+class Revoked(Shape):
+    """What a revoke did: False when the login had no credential in the branch."""
+
+    branch: str
+    login: str
+    revoked: bool
+
+
 class Connection(Shape):
     """How to log in to a branch: for its owner (or root) only."""
 
