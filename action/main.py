@@ -114,7 +114,7 @@ class JobEnv:
 MAX_EVENT_BYTES = 25 * 1024 * 1024  # GitHub caps a webhook payload at 25 MB
 
 
-def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
+def _outputs(engine: Engine, settings: Settings, outcome: Outcome, out: TextIO) -> dict[str, str]:
     report = outcome.report
     values = {
         "status": report.status if report else "skipped",
@@ -140,7 +140,44 @@ def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
             "migrations-applied": str(applied),
         }
     )
+    url = database_url(engine, settings, b.name, repository=report.repository, out=out)
+    if url is not None:
+        values["database-url"] = url
     return values
+
+
+def database_url(
+    engine: Engine, settings: Settings, name: str, *, repository: str, out: TextIO
+) -> str | None:
+    """The `database-url` output: branch ``name`` through the front door, as the pull
+    request's application role with a password minted for this run (the engine replaces the
+    last run's; the role goes with the branch). Its password and the URL are registered as
+    secrets with the runner (``::add-mask::``) before anything is written. None, with a
+    warning, when the engine will not grant one: the run goes on without it."""
+    from pgoverlay.action.wayin import WayIn, sslmode
+    from pgoverlay.runner.service.models import GrantRequest
+
+    try:
+        granted = engine.grant(name, GrantRequest(app=True, repository=repository))
+    except PgoverlayError as err:
+        outputs.annotation("warning", str(err), out, title="No database-url output")
+        return None
+    if granted.password is None:  # an engine answers a grant with its password
+        outputs.annotation(
+            "warning", "the engine answered without a password", out, title="No database-url output"
+        )
+        return None
+    outputs.mask(granted.password, out)
+    door = WayIn(
+        page=settings.page_url(name),
+        host=granted.dsn_host,
+        port=granted.dsn_port,
+        database=granted.database,
+        sslmode=sslmode(settings),
+    )
+    url = door.url(granted.role, granted.password)
+    outputs.mask(url, out)
+    return url
 
 
 def started_seconds(environ: Mapping[str, str], now: float) -> float | None:
@@ -257,14 +294,20 @@ def _run(
     timings.update(outcome.timings)
     timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
     try:
-        return _finish(engine, job, ev, inputs, outcome, out)
+        return _finish(engine, settings, job, ev, inputs, outcome, out)
     finally:
         timings["report"] = time.monotonic() - done
         print(timings_line(start, timings), file=out, flush=True)
 
 
 def _finish(
-    engine: Engine, job: JobEnv, ev: event.Event, inputs: Inputs, outcome: Outcome, out: TextIO
+    engine: Engine,
+    settings: Settings,
+    job: JobEnv,
+    ev: event.Event,
+    inputs: Inputs,
+    outcome: Outcome,
+    out: TextIO,
 ) -> int:
     """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
@@ -274,7 +317,7 @@ def _finish(
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out)
-    values = _outputs(engine, outcome, out)
+    values = _outputs(engine, settings, outcome, out)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)

@@ -330,3 +330,138 @@ def test_the_actions_step_warns_once_and_passes_when_the_token_cannot_deploy(
     assert "deployments: write" in warnings[0]
     assert len(fake.state.comments) == 1  # the comment alone
     assert "The GitHub Deployment was not written" in (tmp_path / "summary").read_text()
+
+
+# -- the `database-url` output: a preview app's credential, masked before it is written -------
+
+
+class Log(io.StringIO):
+    """The step's log: each mask line, when written, is checked against GITHUB_OUTPUT, which
+    must not hold the value yet (a secret is registered before it is written anywhere)."""
+
+    def __init__(self, output: Path) -> None:
+        super().__init__()
+        self.output = output
+
+    def write(self, text: str) -> int:
+        if text.startswith("::add-mask::"):
+            value = text.removeprefix("::add-mask::").rstrip("\n")
+            written = self.output.read_text() if self.output.exists() else ""
+            assert value not in written, "a secret was written before it was masked"
+        return super().write(text)
+
+
+def step_env(tmp_path: Path, pool: Pool, number: int, **inputs: str) -> dict[str, str]:
+    data = json.loads((WEBHOOKS / "pull_request.opened.json").read_text())
+    data["pull_request"]["number"] = number
+    event_path = tmp_path / "event.json"
+    event_path.write_text(json.dumps(data))
+    return {
+        "GITHUB_EVENT_PATH": str(event_path),
+        "GITHUB_EVENT_NAME": "pull_request",
+        "GITHUB_REPOSITORY": data["repository"]["full_name"],
+        "GITHUB_WORKSPACE": str(tmp_path),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+        "PGOVERLAY_HOME": str(pool.home),
+        "PGOVERLAY_PORT_MIN": str(pool.settings.port_min),
+        "PGOVERLAY_PORT_MAX": str(pool.settings.port_max),
+        "INPUT_BASE": SESSION_BASE,
+        **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
+    }
+
+
+def outputs_of(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        key, _, delimiter = lines[i].partition("<<")
+        end = lines.index(delimiter, i + 1)
+        values[key] = "\n".join(lines[i + 1 : end])
+        i = end + 1
+    return values
+
+
+def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_masked(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+    from urllib.parse import unquote, urlsplit
+
+    import psycopg
+
+    for key, value in step_env(tmp_path, pool, 7, comment="false").items():
+        monkeypatch.setenv(key, value)
+    name = "hello-world-pr-7"
+
+    def run() -> tuple[str, str]:
+        (tmp_path / "output").write_text("")
+        log = Log(tmp_path / "output")
+        assert main.run(out=log) == 0
+        return outputs_of(tmp_path / "output")["database-url"], log.getvalue()
+
+    def connects(url: str) -> str:
+        """Log in as the URL's role with its password, to the branch itself (the front door
+        routes to it by the database name; its own tests are the door's)."""
+        parts = urlsplit(url)
+        b = branch.get(pool, name)
+        with psycopg.connect(
+            host="127.0.0.1",
+            port=b.port,
+            dbname=b.database,
+            user=unquote(parts.username or ""),
+            password=unquote(parts.password or ""),
+            connect_timeout=10,
+        ) as conn:
+            return str(conn.execute("select current_user").fetchone()[0])  # type: ignore[index]
+
+    try:
+        first, log = run()
+        s = pool.settings
+        pattern = (
+            rf"postgresql://app_pr_7:(?P<password>[^@]+)@{re.escape(s.door_name)}:{s.door_port}/"
+            rf"{name}\?sslmode=require"  # the door's own certificate: not verify-full
+        )
+        found = re.fullmatch(pattern, first)
+        assert found is not None, first
+        password = unquote(found["password"])
+        assert f"::add-mask::{password}" in log and f"::add-mask::{first}" in log
+        unmasked = log.replace(f"::add-mask::{password}", "").replace(f"::add-mask::{first}", "")
+        assert password not in unmasked
+        assert password not in (tmp_path / "summary").read_text()
+        assert connects(first) == "app_pr_7"
+        again, _ = run()  # a re-run of the same head: a new password, the old one refused
+        assert again != first and connects(again) == "app_pr_7"
+        with pytest.raises(psycopg.OperationalError):
+            connects(first)
+    finally:
+        branch.destroy(pool, name)
+    closed = json.loads((WEBHOOKS / "pull_request.closed.json").read_text())
+    closed["pull_request"]["number"] = 7
+    (tmp_path / "event.json").write_text(json.dumps(closed))
+    (tmp_path / "output").write_text("")
+    assert main.run(out=io.StringIO()) == 0  # nothing left to destroy: no output to mint
+    assert "database-url" not in outputs_of(tmp_path / "output")
+
+
+def test_a_destroyed_branch_takes_its_app_role_and_leaves_no_database_url(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in step_env(tmp_path, pool, 8, comment="false").items():
+        monkeypatch.setenv(key, value)
+    try:
+        assert main.run(out=io.StringIO()) == 0
+        assert "database-url" in outputs_of(tmp_path / "output")
+        engine = LocalEngine(pool)
+        assert [g.role for g in engine.grants("hello-world-pr-8")] == ["app_pr_8"]
+        closed = json.loads((WEBHOOKS / "pull_request.closed.json").read_text())
+        closed["pull_request"]["number"] = 8
+        (tmp_path / "event.json").write_text(json.dumps(closed))
+        (tmp_path / "output").write_text("")
+        assert main.run(out=io.StringIO()) == 0
+        values = outputs_of(tmp_path / "output")
+        assert values["status"] == "destroyed" and "database-url" not in values
+        assert pool.registry.grants("hello-world-pr-8") == []
+    finally:
+        branch.destroy(pool, "hello-world-pr-8")
