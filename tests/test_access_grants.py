@@ -388,7 +388,7 @@ def test_a_branch_made_before_credentials_gets_its_pg_hba_conf_at_the_first_gran
 # -- through the engine service: owners, others, the front door ------------------------------
 
 
-def ask(socket: Path, user: str, code: str) -> dict[str, Any]:
+def ask(socket: Path, user: str, code: str) -> Any:
     """Run ``code`` (which sets ``result``) as ``user`` against the service; its JSON answer, or
     the error it raised as {"error": class name, "message": ..., "exit": ...}."""
     inner = textwrap.indent(textwrap.dedent(code).strip(), "    ")
@@ -412,8 +412,7 @@ def ask(socket: Path, user: str, code: str) -> dict[str, Any]:
     )
     done = as_user_call(user, ["pgoverlay"], body)
     assert done.returncode == 0, done.stderr
-    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return answer
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -447,7 +446,7 @@ def test_the_owner_grants_through_the_service_and_others_may_not(
     with login(b, "alice", view["password"]):
         pass
     listed = ask(service, RUNNER, 'result = engine.grants("acc-svc")')
-    assert [(g["login"], g["password"]) for g in listed] == [("alice", None)]  # type: ignore[index]
+    assert [(g["login"], g["password"]) for g in listed] == [("alice", None)]
     for call in (
         'result = engine.grant("acc-svc", GrantRequest(login="mallory"))',
         'result = engine.grants("acc-svc")',
@@ -503,7 +502,7 @@ def test_the_front_doors_identity_may_look_and_grant_for_whom_it_vouches_and_not
     ):
         conn.execute("CREATE TABLE door_made (id int)")
     listed = ask(service, DOOR, 'result = engine.grants("acc-door")')
-    assert [g["role"] for g in listed] == ["carol"]  # type: ignore[index]
+    assert [g["role"] for g in listed] == ["carol"]
     (line,) = [
         x
         for x in audit_lines(pool)

@@ -7,6 +7,7 @@ import sys
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
+from pgoverlay.errors import ConfigError
 from pgoverlay.runner.names import check_name, parse_seconds
 
 
@@ -14,8 +15,6 @@ def cmd_access_grant(args: argparse.Namespace) -> int:
     from pgoverlay.runner.service.models import GrantRequest
 
     if args.app == (args.github_login is not None):
-        from pgoverlay.errors import ConfigError
-
         raise ConfigError("name a person (--github-login LOGIN) or ask for the app's role (--app)")
     ttl = int(parse_seconds(args.ttl, whole=True)) if args.ttl else None
     g = common.engine().grant(

@@ -35,10 +35,18 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from pgoverlay.errors import AccessError, RequestError, UnmaskedAccessError
+from pgoverlay.errors import (
+    AccessError,
+    LockBusyError,
+    PgoverlayError,
+    RequestError,
+    UnmaskedAccessError,
+)
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import conf
 from pgoverlay.runner.names import ACCESS_ROLE, is_github_login
 from pgoverlay.runner.pool import Pool, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch, StoredGrant
@@ -292,8 +300,6 @@ def _apply(conn: psycopg.Connection[Any], made: StoredGrant, *, branch_user: str
 def _admit_members(pool: Pool, b: Branch, base: BaseVersion, conn: psycopg.Connection[Any]) -> None:
     """A branch made before its pg_hba.conf admitted ``ACCESS_ROLE`` gets today's file, and
     its server reloads it."""
-    from pgoverlay.runner.branch import conf
-
     lay = branches.layout(pool, b.key)
     wanted = conf.hba(user=b.user, superuser=base.superuser, database=b.database)
     try:
@@ -383,8 +389,6 @@ def listed(pool: Pool, name: str) -> list[StoredGrant]:
 def expire(pool: Pool, *, now: float | None = None) -> tuple[list[str], list[str]]:
     """Revoke every grant past its expiry (gc): ``(done, problems)``. A branch another process
     holds is left for the next gc."""
-    from pgoverlay.errors import LockBusyError, PgoverlayError
-
     now = time.time() if now is None else now
     done: list[str] = []
     problems: list[str] = []
@@ -439,8 +443,6 @@ def forget(pool: Pool, b: Branch) -> None:
 
 
 def _iso(epoch: float) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 

@@ -18,6 +18,7 @@ than root is held to the pool's limits, in total, per repository and per uid (``
 from __future__ import annotations
 
 import logging
+import pwd
 import sys
 import time
 from collections.abc import Callable
@@ -114,8 +115,6 @@ def _record(pool: Pool, name: str) -> Record | None:
 def door_uid(user: str) -> int | None:
     """The uid of the front door's user ``user``; None when there is no such user (root's is
     never the door's: root may do anything)."""
-    import pwd
-
     try:
         found = pwd.getpwnam(user).pw_uid
     except KeyError:
