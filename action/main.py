@@ -27,6 +27,7 @@ from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
+from pgoverlay.action.wayin import WayIn, sslmode
 from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
     JobFileError,
@@ -38,6 +39,7 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 
@@ -154,9 +156,6 @@ def database_url(
     last run's; the role goes with the branch). Its password and the URL are registered as
     secrets with the runner (``::add-mask::``) before anything is written. None, with a
     warning, when the engine will not grant one: the run goes on without it."""
-    from pgoverlay.action.wayin import WayIn, sslmode
-    from pgoverlay.runner.service.models import GrantRequest
-
     try:
         granted = engine.grant(name, GrantRequest(app=True, repository=repository))
     except PgoverlayError as err:
