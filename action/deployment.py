@@ -11,13 +11,13 @@ failing, is said once (the Action's warning annotation, the listener's log) and 
 stands alone.
 
 The environment's newest deployments are looked for in a daemon thread from the moment the run
-starts, as the comment is: PyGithub's import (about 0.4 s) and the listing overlap the branch
-and its migrations, and the step waits only for the writes. Each write keeps one invariant:
-the head's deployment is the environment's only one not ``inactive``. A new head's deployment
-retires the earlier ones (GitHub's ``auto_inactive`` leaves transient environments alone), a
-re-run of a head whose deployment already has its state writes nothing, and a close retires
-them all; ``SCANNED`` deployments are looked at, as the invariant leaves at most one active
-apart from a write that failed.
+starts, as the comment is: the listing overlaps the branch and its migrations, and the step
+waits only for the writes (REST calls, as the comment's: the step imports no PyGithub). Each
+write keeps one invariant: the head's deployment is the environment's only one not
+``inactive``. A new head's deployment retires the earlier ones (GitHub's ``auto_inactive``
+leaves transient environments alone), a re-run of a head whose deployment already has its
+state writes nothing, and a close retires them all; ``SCANNED`` deployments are looked at, as
+the invariant leaves at most one active apart from a write that failed.
 """
 
 from __future__ import annotations

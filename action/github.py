@@ -1,10 +1,11 @@
-"""The GitHub side of the PR workflow: the one sticky comment (the Action and the listener), and
-what the listener alone asks (commit statuses, pulls, labels, permissions, tarballs).
+"""The GitHub side of the PR workflow: the one sticky comment and the pull request's Deployment
+(the Action and the listener), and what the listener alone asks (commit statuses, pulls,
+labels, permissions, tarballs).
 
-The comment goes through the standard library's ``urllib.request``, a few REST calls
-(``_request``): PyGithub's import, with requests, jwt and cryptography, took a closing step
-about 0.4 s, more than everything else the step does (docs/benchmarks.md, "process"). The
-listener's calls go through PyGithub, imported when first used.
+The comment and the Deployment go through the standard library's ``urllib.request``, a few
+REST calls (``_request``): PyGithub's import, with requests, jwt and cryptography, took a
+closing step about 0.4 s, more than everything else the step does (docs/benchmarks.md,
+"process"). The listener's own calls go through PyGithub, imported when first used.
 
 Honours ``GITHUB_API_URL`` (GitHub Enterprise works the same way) and the usual proxy
 variables (``https_proxy``, ``no_proxy``). Server errors and rate limits are retried a bounded
@@ -15,7 +16,6 @@ its ``GithubRetry``, which does the same.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import threading
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from pgoverlay.errors import GitHubError
 
@@ -96,11 +97,11 @@ def _reason(err: GithubException) -> str:
     return f"HTTP {err.status}: {message or 'no message'}"
 
 
-def _deploy_reason(err: GithubException) -> str:
+def _deploy_reason(answer: Answer) -> str:
     """GitHub's answer; for a 403, what the workflow must grant."""
-    if err.status == 403:
-        return f"{_reason(err)}: the token needs the `deployments: write` permission"
-    return _reason(err)
+    if answer.status == 403:
+        return f"{answer.reason}: the token needs the `deployments: write` permission"
+    return answer.reason
 
 
 class GitHub:
@@ -315,21 +316,25 @@ class GitHub:
         return PendingComment(self, repository, pr, is_ours)
 
     # -- the pull request's Deployment (both front ends) ---------------------------------------
+    # REST calls, as the comment's: the Action's step imports no PyGithub (module docstring).
 
     def deployments(self, repository: str, environment: str, *, limit: int) -> list[Deployed]:
         """The newest ``limit`` deployments to ``environment``, newest first, each with its
         latest state (None: it has no status yet): one call, and one more per deployment."""
-        from github import GithubException
-
-        try:
-            found = self._gh.get_repo(repository).get_deployments(environment=environment)
-            out: list[Deployed] = []
-            for d in itertools.islice(found, limit):
-                latest = next(iter(d.get_statuses()), None)  # newest first
-                out.append(Deployed(d.id, d.sha, latest.state if latest else None))
-            return out
-        except GithubException as err:
-            raise GitHubError(f"could not list the deployments ({_deploy_reason(err)})") from None
+        what = "could not list the deployments"
+        wanted = f"environment={quote(environment, safe='')}&per_page={limit}"
+        answer = self._request("GET", f"/repos/{repository}/deployments?{wanted}", what=what)
+        if answer.status != 200 or not isinstance(answer.data, list):
+            raise GitHubError(f"{what} ({_deploy_reason(answer)})")
+        found = []
+        for d in answer.data[:limit]:
+            path = f"/repos/{repository}/deployments/{int(d['id'])}/statuses?per_page=1"
+            statuses = self._request("GET", path, what=what)
+            if statuses.status != 200 or not isinstance(statuses.data, list):
+                raise GitHubError(f"{what} ({_deploy_reason(statuses)})")
+            latest = str(statuses.data[0]["state"]) if statuses.data else None  # newest first
+            found.append(Deployed(int(d["id"]), str(d["sha"]), latest))
+        return found
 
     def create_deployment(
         self, repository: str, *, sha: str, environment: str, description: str
@@ -337,21 +342,20 @@ class GitHub:
         """A deployment of ``sha`` to the transient ``environment``; its id. No merge of the
         default branch into the head (``auto_merge``), no wait on commit statuses (the
         listener's own `pgoverlay/branch` is pending then)."""
-        from github import GithubException
-
-        try:
-            made = self._gh.get_repo(repository).create_deployment(
-                ref=sha,
-                environment=environment,
-                auto_merge=False,
-                required_contexts=[],
-                transient_environment=True,
-                production_environment=False,
-                description=description[:DESCRIPTION],
-            )
-        except GithubException as err:
-            raise GitHubError(f"could not create the deployment ({_deploy_reason(err)})") from None
-        return int(made.id)
+        what = "could not create the deployment"
+        body = {
+            "ref": sha,
+            "environment": environment,
+            "auto_merge": False,
+            "required_contexts": [],
+            "transient_environment": True,
+            "production_environment": False,
+            "description": description[:DESCRIPTION],
+        }
+        made = self._request("POST", f"/repos/{repository}/deployments", body, what=what)
+        if made.status != 201 or not isinstance(made.data, dict):
+            raise GitHubError(f"{what} ({_deploy_reason(made)})")
+        return int(made.data["id"])
 
     def deployment_status(
         self,
@@ -367,21 +371,20 @@ class GitHub:
         ``environment_url``, ``failure``, or ``inactive``. ``auto_inactive`` is asked, though
         GitHub applies it to non-transient environments only (``deployment.py`` retires the
         earlier ones)."""
-        from github import GithubException
-        from github.GithubObject import NotSet
-
-        try:
-            self._gh.get_repo(repository).get_deployment(deployment).create_status(
-                state,
-                target_url=log_url or NotSet,
-                description=description[:DESCRIPTION],
-                environment_url=environment_url or NotSet,
-                auto_inactive=True,
-            )
-        except GithubException as err:
-            raise GitHubError(
-                f"could not set the deployment's status ({_deploy_reason(err)})"
-            ) from None
+        what = "could not set the deployment's status"
+        body: dict[str, Any] = {
+            "state": state,
+            "description": description[:DESCRIPTION],
+            "auto_inactive": True,
+        }
+        if environment_url:
+            body["environment_url"] = environment_url
+        if log_url:
+            body["log_url"] = log_url
+        path = f"/repos/{repository}/deployments/{deployment}/statuses"
+        done = self._request("POST", path, body, what=what)
+        if done.status != 201:
+            raise GitHubError(f"{what} ({_deploy_reason(done)})")
 
     # -- used by the webhook listener -------------------------------------------------------
 

@@ -379,6 +379,11 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
         ("table", "public.widgets", "added")
     ]
     assert [m["name"] for m in stored["migrations"]] == ["db/migrations/001_widgets.sql"]
+    # The PR's GitHub Deployment: the branch page as its URL, for the head the job ran
+    [deployment] = github.deployments(REPO)
+    assert (deployment["environment"], deployment["sha"]) == ("pgoverlay/shop-pr-9", head1)
+    assert [s["state"] for s in deployment["statuses"]] == ["success"]
+    assert deployment["statuses"][0]["environment_url"].endswith("/b/shop-pr-9")
 
     again = service.send(pr_payload("opened", head1), delivery=delivery)
     assert again.status_code == 200 and "already received" in again.text
@@ -403,12 +408,21 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
     assert columns(pool, "shop-pr-9") == "id,name"
     [updated] = comments(github, 9)
     assert updated["id"] == first["id"] and head2[:7] in updated["body"]
+    # the new head's deployment retires the first one
+    assert {d["sha"]: d["statuses"][-1]["state"] for d in github.deployments(REPO)} == {
+        head1: "inactive",
+        head2: "success",
+    }
 
     with github.locked():
         github.pull(REPO, 9).update(state="closed", merged=True)
     assert service.send(pr_payload("closed", head2, merged=True)).status_code == 202
     eventually(lambda: pool.registry.branch("shop-pr-9") is None, what="the branch to go")
     eventually(lambda: "Destroyed" in comments(github, 9)[0]["body"], what="the final comment")
+    eventually(
+        lambda: all(d["statuses"][-1]["state"] == "inactive" for d in github.deployments(REPO)),
+        what="every deployment inactive",
+    )
     assert statuses(github, head1).count("success") == 1, "the redelivery ran nothing"
     done = 'pgoverlay_webhook_deliveries_total{event="pull_request",outcome="done"} 3.0'
     # The job ends (and its delivery's outcome is written) just after its last comment.
