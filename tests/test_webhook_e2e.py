@@ -712,3 +712,27 @@ def test_a_label_added_by_someone_without_write_permission_runs_nothing(
     assert "db-ok" not in github.pull(REPO, 24)["labels"]
     assert statuses(github, head) == ["failure"]
     assert hook.pool.registry.branch("shop-pr-24") is None
+
+
+def test_a_token_without_deployments_write_is_logged_once_and_the_jobs_go_on(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head1, head2 = "d" * 40, "e" * 40
+    github.add_pull(REPO, 31, head1, BASE_SHA)
+    for sha in (head1, head2):
+        github.add_tarball(REPO, sha, tarball(sha, {"db/migrations/001_a.sql": "SELECT 1;\n"}))
+    refused = {"message": "Resource not accessible by integration"}
+    github.fail_next("POST", r"/deployments$", 403, times=10, body=refused)
+    assert hook.send(pr_payload("opened", head1, number=31)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head1), what="the first head's status")
+    move_head(github, REPO, 31, head2)
+    assert hook.send(pr_payload("synchronize", head2, number=31)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head2), what="the second head's status")
+    [comment] = comments(github, 31)
+    assert head2[:7] in comment["body"], "the comment goes on alone"
+    said = "the GitHub Deployment was not written"
+    eventually(lambda: said in hook.log.read_text(), what="the warning in the listener's log")
+    warned = [line for line in hook.log.read_text().splitlines() if said in line and "WARN" in line]
+    assert len(warned) == 1 and "deployments: write" in warned[0], "once, not once a job"
+    assert github.deployments(REPO) == []
