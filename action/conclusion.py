@@ -88,7 +88,7 @@ def deployment(report: Report) -> DeploymentEnd | None:
     name = report.branch_name
     page = report.way_in.page if report.way_in is not None else ""
     if report.status == "destroyed":
-        return DeploymentEnd("inactive", _line(f"branch {name} destroyed"))
+        return retired(name)
     if report.status == "ready" and report.branch is not None:
         return DeploymentEnd("success", _line(f"branch {name} ready"), page)
     if report.status == "migration failed" and report.branch is not None:
@@ -96,6 +96,12 @@ def deployment(report: Report) -> DeploymentEnd | None:
     if report.status == "failed":
         return DeploymentEnd("failure", _line(report.message or f"branch {name} not ready"))
     return None
+
+
+def retired(name: str) -> DeploymentEnd:
+    """The Deployment's end once branch ``name`` is gone: on its close, or on a close that
+    finds it destroyed already (its ttl, a person)."""
+    return DeploymentEnd("inactive", _line(f"branch {name} destroyed"))
 
 
 def _line(text: str) -> str:

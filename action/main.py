@@ -313,6 +313,7 @@ def _finish(
     if report is None:
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
         outputs.write_outputs(job.output, {"status": "skipped"})
+        _say_deployment(outcome, out)
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out)
@@ -324,9 +325,7 @@ def _finish(
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
         summary += f"\n\n> **The PR comment could not be written:** {outcome.comment_error}\n"
     if outcome.deployment_error:
-        outputs.annotation(
-            "warning", outcome.deployment_error, out, title="GitHub Deployment not written"
-        )
+        _say_deployment(outcome, out)
         summary += f"\n\n> **The GitHub Deployment was not written:** {outcome.deployment_error}\n"
     outputs.write_summary(job.summary, summary)
     for m in report.migrations:
@@ -357,6 +356,14 @@ def _finish(
             title=f"Migration {m.name} is over a threshold",
         )
     return 0 if end.passed else 1
+
+
+def _say_deployment(outcome: Outcome, out: TextIO) -> None:
+    """One warning when the Deployment could not be written: the step goes on without it."""
+    if outcome.deployment_error:
+        outputs.annotation(
+            "warning", outcome.deployment_error, out, title="GitHub Deployment not written"
+        )
 
 
 def _report_file(job: JobEnv, report: Report) -> dict[str, str]:

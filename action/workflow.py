@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.action import comment, conclusion, record
-from pgoverlay.action.conclusion import refusal
+from pgoverlay.action.conclusion import DeploymentEnd, refusal
 from pgoverlay.action.decide import Decision, decide, fingerprint
 from pgoverlay.action.deployment import DeploymentResult, PendingDeployment
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
@@ -264,7 +264,13 @@ def handle(
     decision = decide(event, current, last, asked or inputs, refused=refused)
     if decision.action == "skip":
         echo(f"no branch {name} to destroy")
-        return Outcome(report=None, branch=None)
+        # One its ttl or a person destroyed may have left its Deployment active: retire it.
+        deployed, deploy_error = (
+            retire_deployments(github, event, inputs, name, conclusion.retired(name))
+            if event.kind == "close"
+            else (None, "")
+        )
+        return Outcome(report=None, branch=None, deployment=deployed, deployment_error=deploy_error)
     if decision.action == "refuse" and decision.status == "not branched":
         report = refusal(event, inputs.branch_name, decision.why, status=decision.status)
         return Outcome(report=dataclasses.replace(report, run_url=run_url), branch=None)
@@ -511,6 +517,17 @@ def start_deployment(
     return PendingDeployment(github, event.repository, name)
 
 
+def retire_deployments(
+    github: GitHub | None, event: Event, inputs: PrRequest, name: str, end: DeploymentEnd
+) -> tuple[DeploymentResult | None, str]:
+    """Mark the deployments of branch ``name`` inactive, on the close of a pull request whose
+    branch is gone already; what was done, or why it could not be."""
+    pending = start_deployment(github, event, inputs, name)
+    if pending is None:
+        return None, ""
+    return _written(lambda: pending.write(end, sha=event.head_sha))
+
+
 def post_deployment(
     pending: PendingDeployment | None, report: Report, *, run_url: str = ""
 ) -> tuple[DeploymentResult | None, str]:
@@ -521,8 +538,13 @@ def post_deployment(
     end = conclusion.deployment(report)
     if end is None:
         return None, ""
+    return _written(lambda: pending.write(end, sha=report.head_sha, log_url=run_url))
+
+
+def _written(write: Callable[[], DeploymentResult]) -> tuple[DeploymentResult | None, str]:
+    """What ``write`` did, or why it failed: a Deployment never fails the run."""
     try:
-        return pending.write(end, sha=report.head_sha, log_url=run_url), ""
+        return write(), ""
     except GitHubError as err:
         return None, str(err)
     except OSError as err:  # GitHub unreachable (requests' errors are OSErrors)

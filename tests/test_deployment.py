@@ -259,6 +259,21 @@ def test_open_deploys_the_branch_page_and_close_retires_it_with_no_secret_sent_o
     assert password not in sent and password not in caplog.text
 
 
+def test_a_close_after_the_branch_is_gone_still_retires_its_deployment(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, gh = github
+    try:
+        handle(pool, pr(), gh, tmp_path)
+    finally:
+        branch.destroy(pool, "shop-pr-5")  # its ttl, or a person: not the close
+    assert [latest(d) for d in fake.deployments(REPO)] == ["success"]
+    closed = handle(pool, pr("close"), gh, tmp_path)
+    assert closed.report is None  # no branch to destroy, no comment to write
+    assert closed.deployment is not None and closed.deployment.retired == 1
+    assert [latest(d) for d in fake.deployments(REPO)] == ["inactive"]
+
+
 def test_a_token_without_deployments_write_leaves_the_comment_and_the_branch(
     pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
 ) -> None:
