@@ -80,6 +80,16 @@ def test_a_report_gives_the_deployment_its_state_url_and_a_short_redacted_line()
     assert conclusion.deployment(report(status="not branched", branch=None)) is None
 
 
+def test_the_json_report_keeps_schema_2s_password_hint_now_pointing_at_the_page() -> None:
+    from pgoverlay.action.insight import jsonreport
+
+    doc = json.loads(jsonreport.dumps(report()))
+    assert doc["schema_version"] == 2  # no field of schema 2 removed
+    assert doc["password_hint"] == f"get your password on the branch page, {PAGE}"
+    assert doc["way_in"]["page"] == PAGE and doc["way_in"]["sslmode"] == "require"
+    assert json.loads(jsonreport.dumps(report(way_in=None)))["password_hint"] == ""
+
+
 # -- the fake GitHub's deployments: GitHub's rules, GitHub's schema ----------------------------
 
 
