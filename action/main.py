@@ -27,7 +27,7 @@ from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
-from pgoverlay.action.wayin import WayIn, sslmode
+from pgoverlay.action.wayin import WayIn
 from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
     JobFileError,
@@ -172,7 +172,7 @@ def database_url(
         host=granted.dsn_host,
         port=granted.dsn_port,
         database=granted.database,
-        sslmode=sslmode(settings),
+        sslmode=settings.door_sslmode,
     )
     url = door.url(granted.role, granted.password)
     outputs.mask(url, out)

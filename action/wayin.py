@@ -3,12 +3,10 @@ sign-in, where a reader gets a credential of their own) and the front door's add
 data, and never a secret: a PR comment on a public repository is readable by anyone, so what
 it shows names the reader's own login as a placeholder, and the password is had on the page.
 
-The TLS mode a client asks for is decided here, once, for the comment and the Action's
-``database-url``: ``verify-full`` when the admin gave the front door a certificate (it names
-``door_name``: libpq checks the chain and the name), ``require`` when the door made its own
-self-signed one. A self-signed certificate fails ``verify-full`` in every client that has not
-been handed it; a person compares its fingerprint with the one the branch page shows, and a
-preview deployment, which has no copy of it, still gets an encrypted connection.
+The TLS mode a client is told to use is the runner's settings' (``Settings.door_sslmode``), for
+the comment and the Action's ``database-url`` alike: ``verify-full`` with the admin's
+certificate, ``require`` with the door's own self-signed one, which a preview deployment has no
+copy of to verify.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ class WayIn:
     host: str  # the front door's name
     port: int  # its Postgres port
     database: str  # the branch's name: the front door routes by it
-    sslmode: str  # verify-full, or require with a self-signed certificate (module docstring)
+    sslmode: str  # verify-full, or require with the door's self-signed certificate
 
     def url(self, user: str, password: str | None = None) -> str:
         """A libpq URL through the front door as ``user`` (with ``password`` for a program's
@@ -43,11 +41,6 @@ class WayIn:
         )
 
 
-def sslmode(settings: Settings) -> str:
-    """``verify-full`` with the admin's certificate, ``require`` with a generated one."""
-    return "verify-full" if settings.door_cert_file is not None else "require"
-
-
 def way_in(settings: Settings, branch: str) -> WayIn:
     """How a reader reaches ``branch``: its page and the front door's address."""
     return WayIn(
@@ -55,5 +48,5 @@ def way_in(settings: Settings, branch: str) -> WayIn:
         host=settings.door_name,
         port=settings.door_port,
         database=branch,
-        sslmode=sslmode(settings),
+        sslmode=settings.door_sslmode,
     )

@@ -367,6 +367,15 @@ class Settings:
 
         return socket.getfqdn()
 
+    @property
+    def door_sslmode(self) -> str:
+        """The libpq ``sslmode`` a client of the front door is told to use: ``verify-full`` with
+        the admin's certificate (libpq checks its chain and that it names door_name),
+        ``require`` with the self-signed one the door makes without it, which no client has a
+        copy of: a person compares its fingerprint with the page's, a program still gets an
+        encrypted connection."""
+        return "verify-full" if self.door_cert_file is not None else "require"
+
     def page_url(self, branch: str) -> str:
         """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
         (the port left out when it is HTTPS's own, 443)."""

@@ -80,6 +80,28 @@ def test_a_report_gives_the_deployment_its_state_url_and_a_short_redacted_line()
     assert conclusion.deployment(report(status="not branched", branch=None)) is None
 
 
+def test_the_way_in_is_the_door_asking_verify_full_only_with_the_admins_certificate() -> None:
+    from pgoverlay.action.wayin import YOUR_LOGIN, way_in
+    from pgoverlay.runner.settings import Settings
+
+    own = Settings(door_host="db.acme.dev", door_port=5432, door_https_port=443)
+    w = way_in(own, "shop-pr-5")
+    assert w.page == "https://db.acme.dev/b/shop-pr-5"  # 443: no port in the address
+    assert w.url(YOUR_LOGIN) == (
+        "postgresql://<your GitHub login>@db.acme.dev:5432/shop-pr-5?sslmode=require"
+    )
+    assert w.url("app_pr_5", "p@ss/w:rd") == (
+        "postgresql://app_pr_5:p%40ss%2Fw%3Ard@db.acme.dev:5432/shop-pr-5?sslmode=require"
+    )
+    admins = own.replace(
+        door_https_port=8443, door_cert_file="/etc/door.pem", door_key_file="/etc/door.key"
+    )
+    w = way_in(admins, "shop-pr-5")
+    assert (w.page, w.sslmode) == ("https://db.acme.dev:8443/b/shop-pr-5", "verify-full")
+    fallback = Settings(advertise_host="runner-3.acme.dev")
+    assert way_in(fallback, "x").host == "runner-3.acme.dev"  # no door_host: advertise_host
+
+
 def test_the_json_report_keeps_schema_2s_password_hint_now_pointing_at_the_page() -> None:
     from pgoverlay.action.insight import jsonreport
 
