@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import textwrap
 import time
 from collections.abc import Iterator
@@ -593,3 +594,36 @@ def test_the_command_prints_the_url_once_lists_and_revokes(
     neither = cli(["access", "grant", "acc-cli"], env=env)
     assert neither.returncode == 2 and "--github-login" in neither.stderr
     assert_never_written(pool, password)
+
+
+@pytest.mark.parametrize("step", ["recorded", "applied"])
+def test_a_grant_killed_at_any_step_leaves_a_row_gc_revokes_at_its_expiry(
+    pool: Pool, masked: BaseVersion, made: list[str], env: dict[str, str], step: str
+) -> None:
+    b = _create(pool, made, f"acc-crash-{step}")
+    done = cli(
+        ["access", "grant", b.name, "--github-login", "crasher"],
+        env={**env, "PGOVERLAY_FAULT_POINT": f"grant:{step}"},
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (row,) = pool.registry.grants(b.name)
+    assert (role_row(pool, b, "crasher") is not None) == (step == "applied")
+    report = gc.collect(pool, now=row.expires_at + 1)
+    assert f"crasher in {b.name}" in report.expired_grants
+    assert pool.registry.grants(b.name) == [] and role_row(pool, b, "crasher") is None
+
+
+def test_a_revoke_killed_after_the_drop_is_finished_by_revoking_again(
+    pool: Pool, masked: BaseVersion, made: list[str], env: dict[str, str]
+) -> None:
+    b = _create(pool, made, "acc-crash-revoke")
+    grants.grant(pool, b.name, login="halfway")
+    done = cli(
+        ["access", "revoke", b.name, "halfway"],
+        env={**env, "PGOVERLAY_FAULT_POINT": "revoke:dropped"},
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert role_row(pool, b, "halfway") is None
+    assert [g.role for g in pool.registry.grants(b.name)] == ["halfway"]
+    assert grants.revoke(pool, b.name, "halfway")
+    assert pool.registry.grants(b.name) == []

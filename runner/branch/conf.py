@@ -112,7 +112,9 @@ def hba(*, user: str, superuser: str, database: str) -> str:
     """Who may connect: the engine as the base's bootstrap superuser on the private socket, the
     branch login role over TCP with its password, and the credentials granted in the branch
     (members of ``ACCESS_ROLE``: a person's or a preview app's role, see ``grants``) over TCP
-    with theirs, to the branch's own database only. Nobody else, whatever the base's roles."""
+    with theirs, to the branch's own database only. Nobody else, whatever the base's roles: a
+    base's own roles have no login or password left (``seed.lockdown``), so a role of the base
+    that happened to be a member of a role named ``ACCESS_ROLE`` still cannot log in."""
     for role in (user, superuser, database):
         check_hba_name(role)
     return (

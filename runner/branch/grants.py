@@ -20,7 +20,10 @@ Invariants:
 - Each grant, revoke and expiry is a line of the audit log (``audit.ENGINE_LOG``): who asked,
   the login, the branch, read-only or not, the expiry. Never a password or a verifier.
 - A grant, a revoke and an expiry each hold the branch's file lock, so none of them races a
-  reset or a destroy of the same branch.
+  reset or a destroy of the same branch. A grant is recorded before its role is made and a
+  revoke forgets it after its role is dropped: a process killed in between leaves a row whose
+  role may be missing (gc forgets it at its expiry; a revoke, or a grant again, mends it at
+  once), never a role the registry does not know.
 
 The branch's pg_hba.conf admits the members of ``ACCESS_ROLE`` to the branch's database over
 TCP with SCRAM (``conf.hba``); a branch whose file predates that line gets today's file and a
@@ -48,7 +51,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch import conf
 from pgoverlay.runner.names import ACCESS_ROLE, is_github_login
-from pgoverlay.runner.pool import Pool, flocks
+from pgoverlay.runner.pool import Pool, fault, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch, StoredGrant
 
 if TYPE_CHECKING:
@@ -201,14 +204,27 @@ def grant(
             granted_by=vouched_by or f"uid:{uid}",
             granted_at=now,
         )
-        with (
-            _sql_failed(name, f"the role {role} could not be granted"),
-            branches._engine_connection(pool, b, base) as conn,
-        ):
-            _admit_members(pool, b, base, conn)
-            _apply(conn, made, branch_user=b.user)
+        # Recorded first: a role the branch may hold is one the registry knows (gc revokes it
+        # at its expiry, whatever became of this process). A grant that fails puts the row
+        # back as it was.
+        before = pool.registry.grant(name, role)
         if not pool.registry.save_grant(made):  # cannot happen under the branch's lock
             raise AccessError(f"branch {name} was destroyed while {role} was granted")
+        try:
+            fault(pool, "grant:recorded")
+            with (
+                _sql_failed(name, f"the role {role} could not be granted"),
+                branches._engine_connection(pool, b, base) as conn,
+            ):
+                _admit_members(pool, b, base, conn)
+                _apply(conn, made, branch_user=b.user)
+        except BaseException:
+            if before is None:
+                pool.registry.delete_grant(name, role)
+            else:
+                pool.registry.save_grant(before)
+            raise
+        fault(pool, "grant:applied")
     _audit(
         pool,
         "access.grant",
@@ -229,8 +245,13 @@ def _marker(conn: psycopg.Connection[Any], name: str) -> None:
     """Make the marker role, or check that the one there is pgoverlay's."""
     from psycopg import sql
 
+    # Ours: made with the engine's comment, and administered by superusers alone. On Postgres
+    # 16 a branch role with CREATEROLE could make a role of that name (and would administer
+    # it, so could comment it as the engine does): it is not taken for the engine's.
     row = conn.execute(
-        "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = %s",
+        "SELECT shobj_description(g.oid, 'pg_authid'), EXISTS (SELECT 1 FROM pg_auth_members m "
+        "JOIN pg_roles r ON r.oid = m.member WHERE m.roleid = g.oid AND m.admin_option "
+        "AND NOT r.rolsuper) FROM pg_roles g WHERE g.rolname = %s",
         (ACCESS_ROLE,),
     ).fetchone()
     if row is None:
@@ -242,11 +263,11 @@ def _marker(conn: psycopg.Connection[Any], name: str) -> None:
                 sql.Identifier(ACCESS_ROLE), sql.Literal(MARKER_COMMENT)
             )
         )
-    elif row[0] != MARKER_COMMENT:
+    elif row[0] != MARKER_COMMENT or row[1]:
         raise AccessError(
-            f"branch {name}: its base has a role named {ACCESS_ROLE} that pgoverlay did not "
-            "make: no credential is granted beside a production role of that name. Rename "
-            "that role in the source and seed the base again"
+            f"branch {name} has a role named {ACCESS_ROLE} that pgoverlay did not make (the "
+            "base's, or one the branch's own code made): no credential is granted beside it. "
+            "Rename that role in the source and seed the base again, or reset the branch"
         )
 
 
@@ -342,6 +363,7 @@ def revoke(
                 branches._engine_connection(pool, b, base) as conn,
             ):
                 _drop(conn, role, branch_user=b.user)
+        fault(pool, "revoke:dropped")
         pool.registry.delete_grant(name, role)
     _audit(
         pool,
@@ -408,16 +430,35 @@ def expire(pool: Pool, *, now: float | None = None) -> tuple[list[str], list[str
 
 def restore(pool: Pool, b: Branch, base: BaseVersion) -> None:
     """Give a reset branch its credentials back (the reset's lock is held): each unexpired
-    grant's role as the registry keeps it, same verifier and expiry."""
-    kept = [g for g in pool.registry.grants(b.name) if g.expires_at > time.time()]
-    if not kept:
-        return
-    with (
-        _sql_failed(b.name, "its credentials could not be given back after the reset"),
-        branches._engine_connection(pool, b, base) as conn,
-    ):
-        for g in kept:
-            _apply(conn, g, branch_user=b.user)
+    grant's role as the registry keeps it, same verifier and expiry. One that cannot be given
+    back does not fail the reset: its grant is forgotten, said in the audit log and the
+    engine's log (grant it again)."""
+    for g in pool.registry.grants(b.name):
+        try:
+            if g.expires_at <= time.time():
+                raise AccessError("it expired")
+            with (
+                _sql_failed(b.name, f"the role {g.role} could not be given back after the reset"),
+                branches._engine_connection(pool, b, base) as conn,
+            ):
+                _apply(conn, g, branch_user=b.user)
+        except PgoverlayError as err:
+            log.warning(
+                "branch %s: credential %s not given back after its reset: %s", b.name, g.role, err
+            )
+            pool.registry.delete_grant(b.name, g.role)
+            _audit(
+                pool,
+                "access.revoke",
+                uid=0,
+                login=g.login,
+                role=g.role,
+                branch=b.name,
+                read_only=g.read_only,
+                app=g.app,
+                expires_at=_iso(g.expires_at),
+                reason=f"not given back after the branch's reset: {err}",
+            )
 
 
 def forget(pool: Pool, b: Branch) -> None:

@@ -93,8 +93,7 @@ _SCANS_OF_HELD = """\
 
 # This backend's granted locks on user relations of this database, and what this transaction
 # scanned of those relations: the DDL's real lock modes and whether it read the whole table.
-_DDL_BODY = (
-    """
+_DDL_BODY = """
 DECLARE
     held pg_catalog.jsonb;
     scans pg_catalog.jsonb;
@@ -114,13 +113,10 @@ BEGIN
        AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
        AND l.relation OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid;
-"""
-    + _SCANS_OF_HELD
-    + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
+""" + _SCANS_OF_HELD + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'ddl', 'tag', TG_TAG, 'vxid', vxid, 'locks', held, 'scans', scans);
 END
 """
-)
 
 _REWRITE_BODY = """
 DECLARE
@@ -146,8 +142,7 @@ BODIES = {"trace_ddl": _DDL_BODY, "trace_rewrite": _REWRITE_BODY}
 # server's clock and the lock_timeout in force (milliseconds, 0 = none).
 STATEMENT_END = "statement_end"
 STATEMENT_END_ARGS = "nonce pg_catalog.text, statement pg_catalog.int4"
-_STATEMENT_BODY = (
-    """
+_STATEMENT_BODY = """
 DECLARE
     held pg_catalog.jsonb;
     scans pg_catalog.jsonb;
@@ -165,9 +160,7 @@ BEGIN
       INTO vxid, held
       FROM pg_catalog.pg_locks l
      WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid();
-"""
-    + _SCANS_OF_HELD
-    + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
+""" + _SCANS_OF_HELD + """    RAISE LOG 'pgoverlay-trace %', pg_catalog.jsonb_build_object(
         'event', 'statement', 'nonce', nonce, 'statement', statement, 'vxid', vxid,
         'at', pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()),
         'lock_timeout_ms', pg_catalog.round(pg_catalog.date_part('epoch',
@@ -176,7 +169,6 @@ BEGIN
         'locks', held, 'scans', scans);
 END
 """
-)
 
 
 @dataclass(frozen=True)
