@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgoverlay.action import comment, conclusion, record
-from pgoverlay.action.conclusion import DeploymentEnd, refusal
+from pgoverlay.action.conclusion import refusal
 from pgoverlay.action.decide import Decision, decide, fingerprint
 from pgoverlay.action.deployment import DeploymentResult, PendingDeployment
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
@@ -266,9 +266,7 @@ def handle(
         echo(f"no branch {name} to destroy")
         # One its ttl or a person destroyed may have left its Deployment active: retire it.
         deployed, deploy_error = (
-            retire_deployments(github, event, inputs, name, conclusion.retired(name))
-            if event.kind == "close"
-            else (None, "")
+            retire_deployments(github, event, inputs, name) if event.kind == "close" else (None, "")
         )
         return Outcome(report=None, branch=None, deployment=deployed, deployment_error=deploy_error)
     if decision.action == "refuse" and decision.status == "not branched":
@@ -518,14 +516,14 @@ def start_deployment(
 
 
 def retire_deployments(
-    github: GitHub | None, event: Event, inputs: PrRequest, name: str, end: DeploymentEnd
+    github: GitHub | None, event: Event, inputs: PrRequest, name: str
 ) -> tuple[DeploymentResult | None, str]:
     """Mark the deployments of branch ``name`` inactive, on the close of a pull request whose
     branch is gone already; what was done, or why it could not be."""
     pending = start_deployment(github, event, inputs, name)
     if pending is None:
         return None, ""
-    return _written(lambda: pending.write(end, sha=event.head_sha))
+    return _written(lambda: pending.write(conclusion.retired(name), sha=event.head_sha))
 
 
 def post_deployment(
