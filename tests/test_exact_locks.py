@@ -408,7 +408,9 @@ def test_command_mode_infers_the_statements_no_event_trigger_sees(
             assert expected <= got, (text, statement.locks)
         # CONCURRENTLY: its lock for the whole statement, every internal transaction of it.
         cic = run.insight.statements[texts.index(statements[-2])]
-        (held,) = [u for u in cic.locks if u.relation == "public.t0"]
+        on_t0 = [u for u in cic.locks if u.relation == "public.t0"]
+        assert len(on_t0) == 1, on_t0
+        (held,) = on_t0
         assert (held.mode, held.source) == ("SHARE UPDATE EXCLUSIVE", "inferred")
         assert cic.seconds is not None
         assert held.held_seconds == pytest.approx(cic.seconds, abs=0.002)

@@ -483,15 +483,16 @@ def _covered(
     at: float,
     *,
     early: float = _CLOCK_SLACK,
+    late: float = _CLOCK_SLACK,
 ) -> bool:
     """Whether the trace read (or inferred) this lock in a window around ``at``, which may
-    precede the window's start by ``early``."""
+    precede the window's start by ``early`` or follow its end by ``late``."""
     name = locks.sql_name(mode)
     return any(
         w.pid == pid
         and w.relation == oid
         and w.mode == name
-        and w.start - early <= at <= w.end + _CLOCK_SLACK
+        and w.start - early <= at <= w.end + max(late, _CLOCK_SLACK)
         for w in windows
     )
 
@@ -542,10 +543,17 @@ def _from_samples(
         except ValueError:
             continue
         # A statement's start is its logged end less its duration, and the end is logged a
-        # moment after the statement ends (later still on a busy server): a sighting up to an
-        # interval before a window's start is the same lock.
+        # moment after the statement ends (later still on a busy server); a sample is a read
+        # of the lock table that takes time of its own: a sighting up to an interval before a
+        # window's start, or after its end, is the same lock, not the next statement's.
         if span.granted and _covered(
-            windows, span.pid, span.relation, span.mode, span.first, early=after.interval
+            windows,
+            span.pid,
+            span.relation,
+            span.mode,
+            span.first,
+            early=after.interval,
+            late=after.interval,
         ):
             continue
         used = True
