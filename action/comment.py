@@ -331,9 +331,8 @@ def _way_in(way: WayIn) -> list[tuple[str, str]]:
     """The way in, for whoever reads the comment: the branch's page, where a reader signs in
     with GitHub and gets a password of their own, and the front door's address as that reader.
     Never a password: a public repository's comments are readable by anyone."""
-    page = f"[{md.prose(way.page, md.CELL, cell=True, redact=False)}]({md.url(way.page)})"
     return [
-        ("Page", f"{page}: sign in with GitHub"),
+        ("Page", f"[Open the branch page]({md.url(way.page)}): sign in with GitHub"),
         ("URL", md.code(way.url(YOUR_LOGIN), cell=True)),
         ("Host", md.code(way.host, cell=True)),
         ("Port", md.code(str(way.port), cell=True)),

@@ -172,7 +172,7 @@ def database_url(
         host=granted.dsn_host,
         port=granted.dsn_port,
         database=granted.database,
-        sslmode=settings.door_sslmode,
+        sslmode=settings.door_app_sslmode,
     )
     url = door.url(granted.role, granted.password)
     outputs.mask(url, out)

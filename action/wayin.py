@@ -3,10 +3,9 @@ sign-in, where a reader gets a credential of their own) and the front door's add
 data, and never a secret: a PR comment on a public repository is readable by anyone, so what
 it shows names the reader's own login as a placeholder, and the password is had on the page.
 
-The TLS mode a client is told to use is the runner's settings' (``Settings.door_sslmode``), for
-the comment and the Action's ``database-url`` alike: ``verify-full`` with the admin's
-certificate, ``require`` with the door's own self-signed one, which a preview deployment has no
-copy of to verify.
+A person is told ``sslmode=verify-full`` whatever the door's certificate: with the door's own
+self-signed one, the branch page offers it and its fingerprint, for ``sslrootcert``. A program
+(the Action's ``database-url``) is told what ``Settings.door_app_sslmode`` says.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from urllib.parse import quote
 from pgoverlay.runner.settings import Settings
 
 YOUR_LOGIN = "<your GitHub login>"
+PERSON_SSLMODE = "verify-full"
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class WayIn:
     host: str  # the front door's name
     port: int  # its Postgres port
     database: str  # the branch's name: the front door routes by it
-    sslmode: str  # verify-full, or require with the door's self-signed certificate
+    sslmode: str  # verify-full for a person; for a program, Settings.door_app_sslmode
 
     def url(self, user: str, password: str | None = None) -> str:
         """A libpq URL through the front door as ``user`` (with ``password`` for a program's
@@ -42,11 +42,11 @@ class WayIn:
 
 
 def way_in(settings: Settings, branch: str) -> WayIn:
-    """How a reader reaches ``branch``: its page and the front door's address."""
+    """How a person reaches ``branch``: its page and the front door's address."""
     return WayIn(
         page=settings.page_url(branch),
         host=settings.door_name,
         port=settings.door_port,
         database=branch,
-        sslmode=settings.door_sslmode,
+        sslmode=PERSON_SSLMODE,
     )

@@ -368,12 +368,13 @@ class Settings:
         return socket.getfqdn()
 
     @property
-    def door_sslmode(self) -> str:
-        """The libpq ``sslmode`` a client of the front door is told to use: ``verify-full`` with
-        the admin's certificate (libpq checks its chain and that it names door_name),
-        ``require`` with the self-signed one the door makes without it, which no client has a
-        copy of: a person compares its fingerprint with the page's, a program still gets an
-        encrypted connection."""
+    def door_app_sslmode(self) -> str:
+        """The libpq ``sslmode`` a program is handed with its URL (the Action's
+        ``database-url``): ``verify-full`` with the admin's certificate (libpq checks its chain
+        and that it names door_name), ``require`` with the self-signed one the door makes
+        without it, of which a preview deployment has no copy to verify. A person is always
+        told ``verify-full``: the branch page offers the door's own certificate and its
+        fingerprint, for ``sslrootcert``."""
         return "verify-full" if self.door_cert_file is not None else "require"
 
     def page_url(self, branch: str) -> str:

@@ -115,8 +115,7 @@ def test_ready_comment_shows_connection_sizes_base_and_migrations() -> None:
     assert "Branch `pr-12`, head `9f1c2e7`, created in 1.84 s." in body
     assert "9f1c2e7d" not in body
     for row in (
-        "| Page | [https://db.acme.dev/b/pr-12](https://db.acme.dev/b/pr-12): sign in with "
-        "GitHub |",
+        "| Page | [Open the branch page](https://db.acme.dev/b/pr-12): sign in with GitHub |",
         "| URL | `postgresql://<your GitHub login>@db.acme.dev:6543/pr-12?sslmode=verify-full` |",
         "| Host | `db.acme.dev` |",
         "| Port | `6543` |",

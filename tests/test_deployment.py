@@ -55,7 +55,7 @@ def writes(fake: FakeGitHub) -> list[str]:
 # -- the state a report gives the Deployment (pure) --------------------------------------------
 
 INFO = BranchInfo("shop-pr-5", "127.0.0.1", 55432, "app", "pgoverlay", "app", 1, None, 0, 0)
-WAY = WayIn(page=PAGE, host="db.acme.dev", port=6543, database="shop-pr-5", sslmode="require")
+WAY = WayIn(page=PAGE, host="db.acme.dev", port=6543, database="shop-pr-5", sslmode="verify-full")
 
 
 def report(**changes: Any) -> Report:
@@ -80,24 +80,27 @@ def test_a_report_gives_the_deployment_its_state_url_and_a_short_redacted_line()
     assert conclusion.deployment(report(status="not branched", branch=None)) is None
 
 
-def test_the_way_in_is_the_door_asking_verify_full_only_with_the_admins_certificate() -> None:
+def test_a_person_is_told_verify_full_and_a_program_only_with_the_admins_certificate() -> None:
     from pgoverlay.action.wayin import YOUR_LOGIN, way_in
     from pgoverlay.runner.settings import Settings
 
     own = Settings(door_host="db.acme.dev", door_port=5432, door_https_port=443)
     w = way_in(own, "shop-pr-5")
     assert w.page == "https://db.acme.dev/b/shop-pr-5"  # 443: no port in the address
+    # the page offers the door's own certificate for sslrootcert: a person verifies
     assert w.url(YOUR_LOGIN) == (
-        "postgresql://<your GitHub login>@db.acme.dev:5432/shop-pr-5?sslmode=require"
+        "postgresql://<your GitHub login>@db.acme.dev:5432/shop-pr-5?sslmode=verify-full"
     )
-    assert w.url("app_pr_5", "p@ss/w:rd") == (
+    assert own.door_app_sslmode == "require"  # a preview app has no copy of it
+    program = dataclasses.replace(w, sslmode=own.door_app_sslmode)
+    assert program.url("app_pr_5", "p@ss/w:rd") == (
         "postgresql://app_pr_5:p%40ss%2Fw%3Ard@db.acme.dev:5432/shop-pr-5?sslmode=require"
     )
     admins = own.replace(
         door_https_port=8443, door_cert_file="/etc/door.pem", door_key_file="/etc/door.key"
     )
-    w = way_in(admins, "shop-pr-5")
-    assert (w.page, w.sslmode) == ("https://db.acme.dev:8443/b/shop-pr-5", "verify-full")
+    assert way_in(admins, "shop-pr-5").page == "https://db.acme.dev:8443/b/shop-pr-5"
+    assert admins.door_app_sslmode == "verify-full"
     fallback = Settings(advertise_host="runner-3.acme.dev")
     assert way_in(fallback, "x").host == "runner-3.acme.dev"  # no door_host: advertise_host
 
@@ -108,7 +111,7 @@ def test_the_json_report_keeps_schema_2s_password_hint_now_pointing_at_the_page(
     doc = json.loads(jsonreport.dumps(report()))
     assert doc["schema_version"] == 2  # no field of schema 2 removed
     assert doc["password_hint"] == f"get your password on the branch page, {PAGE}"
-    assert doc["way_in"]["page"] == PAGE and doc["way_in"]["sslmode"] == "require"
+    assert doc["way_in"]["page"] == PAGE and doc["way_in"]["sslmode"] == "verify-full"
     assert json.loads(jsonreport.dumps(report(way_in=None)))["password_hint"] == ""
 
 
