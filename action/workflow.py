@@ -294,6 +294,7 @@ def handle(
         result, error = post_comment(github, event, inputs, report, pending=pending)
     with _timed(run.timings, "deployment"):
         deployed, deploy_error = post_deployment(deploying, report, run_url=run_url)
+    deploy_error += _fork_hint(event) if deploy_error else ""
     return Outcome(
         report=report,
         branch=ready,
@@ -494,15 +495,17 @@ def post_comment(
             report.repository, event.pr, body, lambda text: comment.has_marker(text, mark)
         ), ""
     except GitHubError as err:
-        hint = (
-            (
-                " (pull requests from forks get a read-only token: the branch works, but "
-                "cannot be announced on the PR)"
-            )
-            if event.from_fork
-            else ""
-        )
-        return None, f"{err}{hint}"
+        return None, f"{err}{_fork_hint(event)}"
+
+
+def _fork_hint(event: Event) -> str:
+    """Why a write to the pull request fails on a fork's: GitHub's token is read-only there."""
+    if not event.from_fork:
+        return ""
+    return (
+        " (pull requests from forks get a read-only token: the branch works, but cannot be "
+        "announced on the PR)"
+    )
 
 
 def start_deployment(

@@ -324,6 +324,20 @@ def test_a_token_without_deployments_write_leaves_the_comment_and_the_branch(
         branch.destroy(pool, "shop-pr-5")
 
 
+def test_a_forks_read_only_token_is_named_as_the_reason_the_deployment_was_not_written(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, gh = github
+    fake.fail_next("POST", r"/deployments$", 403, body=FORBIDDEN)
+    fork = dataclasses.replace(pr(), from_fork=True)
+    try:
+        outcome = handle(pool, fork, gh, tmp_path, allow_forks=True)
+        assert outcome.report is not None and outcome.report.status == "ready"
+        assert "forks get a read-only token" in outcome.deployment_error
+    finally:
+        branch.destroy(pool, "shop-pr-5")
+
+
 def test_deployment_false_asks_github_nothing_about_deployments(
     pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
 ) -> None:
