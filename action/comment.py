@@ -7,8 +7,9 @@ text is escaped (``markdown.py``) so it cannot break the table, a ``<details>`` 
 fence, or hide the rest of the comment in an HTML comment.
 
 It reads top down, most important first: the status, the run's verdict in words (``lead.py``),
-the migrations table, the errors, how to connect, the branch's base, then a ``<details>`` block
-per traced migration (``details.py``). The table is short enough for GitHub's comment width
+the migrations table, the errors, the way in (the branch's page and the front door: never a
+password), the branch's base, then a ``<details>`` block per traced migration
+(``details.py``). The table is short enough for GitHub's comment width
 (tests/test_comment_layout.py checks it in Chromium): with insight, the verdict, the name, the
 locks one line per table, and the time; what else a migration did is in its block. The job
 summary holds the whole of it; the comment a bounded part.
@@ -33,6 +34,7 @@ from pgoverlay.action.lead import lead
 from pgoverlay.action.parts import Sub
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
+from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
 from pgoverlay.runner.units import format_bytes
 
 __all__ = [
@@ -314,21 +316,30 @@ def _branch(report: Report) -> list[str]:
     base = f"{md.code(b.base_name, cell=True)} version {b.base_version}"
     if b.base_seeded_at is not None:
         base += f", seeded {datetime.fromtimestamp(b.base_seeded_at, tz=UTC):%Y-%m-%d %H:%M} UTC"
-    hint = report.password_hint
-    connection = [
-        ("Host", md.code(b.host, cell=True)),
-        ("Port", md.code(str(b.port), cell=True)),
-        ("Database", md.code(b.database, cell=True)),
-        ("User", md.code(b.user, cell=True)),
-        ("Password", md.prose(hint, md.CELL, cell=True, redact=False) if hint else ""),
-    ]
     holds = [
         ("Writable layer", _layer(b)),
         ("Base", base),
         ("Data", _masking(b)),
         ("Runtime", md.code(b.runtime, cell=True)),
     ]
-    return [_pairs("Connection", connection), _pairs("Branch", holds)]
+    way = report.way_in
+    connection = [_pairs("Connection", _way_in(way))] if way is not None else []
+    return [*connection, _pairs("Branch", holds)]
+
+
+def _way_in(way: WayIn) -> list[tuple[str, str]]:
+    """The way in, for whoever reads the comment: the branch's page, where a reader signs in
+    with GitHub and gets a password of their own, and the front door's address as that reader.
+    Never a password: a public repository's comments are readable by anyone."""
+    return [
+        ("Page", f"[Open the branch page]({md.url(way.page)}): sign in with GitHub"),
+        ("URL", md.code(way.url(YOUR_LOGIN), cell=True)),
+        ("Host", md.code(way.host, cell=True)),
+        ("Port", md.code(str(way.port), cell=True)),
+        ("Database", md.code(way.database, cell=True)),
+        ("User", "your GitHub login"),
+        ("Password", "get your password on the branch page"),
+    ]
 
 
 def _pairs(title: str, rows: list[tuple[str, str]]) -> str:

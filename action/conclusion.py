@@ -1,12 +1,14 @@
 """How a run ends, said once for both front ends: the report of a pull request that gets no
-branch, and whether a run's report passes (the Action's exit code, the listener's commit
-status) with the one line that says why. Pure."""
+branch, whether a run's report passes (the Action's exit code, the listener's commit status)
+with the one line that says why, and the state it gives the pull request's GitHub Deployment.
+Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pgoverlay.action import markdown as md
 from pgoverlay.action.event import Event, branch_name
 from pgoverlay.action.report import MigrationRun, Report, RunStatus, over_threshold
 
@@ -63,3 +65,44 @@ def conclude(
     if report.status == "ready" and report.branch is not None:
         why = f"branch {report.branch_name} ready on port {report.branch.port}"
     return Conclusion("", why, over)
+
+
+DeploymentState = Literal["success", "failure", "inactive"]
+
+
+@dataclass(frozen=True)
+class DeploymentEnd:
+    """The state a run's report gives the pull request's GitHub Deployment, the line that says
+    why, and the environment's URL (the branch's page; '' but for ``success``)."""
+
+    state: DeploymentState
+    description: str
+    url: str = ""
+
+
+def deployment(report: Report) -> DeploymentEnd | None:
+    """The Deployment's state for ``report``: ``success`` while the branch is up (a failed
+    migration included: the branch is there to look into), ``failure`` when it could not be
+    made, ``inactive`` once destroyed; None for a pull request that gets no branch. The
+    description is one redacted line of at most 140 characters, GitHub's limit."""
+    name = report.branch_name
+    page = report.way_in.page if report.way_in is not None else ""
+    if report.status == "destroyed":
+        return retired(name)
+    if report.status == "ready" and report.branch is not None:
+        return DeploymentEnd("success", _line(f"branch {name} ready"), page)
+    if report.status == "migration failed" and report.branch is not None:
+        return DeploymentEnd("success", _line(f"branch {name} up; a migration failed"), page)
+    if report.status == "failed":
+        return DeploymentEnd("failure", _line(report.message or f"branch {name} not ready"))
+    return None
+
+
+def retired(name: str) -> DeploymentEnd:
+    """The Deployment's end once branch ``name`` is gone: on its close, or on a close that
+    finds it destroyed already (its ttl, a person)."""
+    return DeploymentEnd("inactive", _line(f"branch {name} destroyed"))
+
+
+def _line(text: str) -> str:
+    return md.line(text, 140)

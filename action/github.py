@@ -1,10 +1,11 @@
-"""The GitHub side of the PR workflow: the one sticky comment (the Action and the listener), and
-what the listener alone asks (commit statuses, pulls, labels, permissions, tarballs).
+"""The GitHub side of the PR workflow: the one sticky comment and the pull request's Deployment
+(the Action and the listener), and what the listener alone asks (commit statuses, pulls,
+labels, permissions, tarballs).
 
-The comment goes through the standard library's ``urllib.request``, a few REST calls
-(``_request``): PyGithub's import, with requests, jwt and cryptography, took a closing step
-about 0.4 s, more than everything else the step does (docs/benchmarks.md, "process"). The
-listener's calls go through PyGithub, imported when first used.
+The comment and the Deployment go through the standard library's ``urllib.request``, a few
+REST calls (``_request``): PyGithub's import, with requests, jwt and cryptography, took a
+closing step about 0.4 s, more than everything else the step does (docs/benchmarks.md,
+"process"). The listener's own calls go through PyGithub, imported when first used.
 
 Honours ``GITHUB_API_URL`` (GitHub Enterprise works the same way) and the usual proxy
 variables (``https_proxy``, ``no_proxy``). Server errors and rate limits are retried a bounded
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from pgoverlay.errors import GitHubError
 
@@ -39,6 +41,7 @@ STATUS_CONTEXT = "pgoverlay/branch"
 # The permission levels that may approve a fork's pull request: GitHub reports the maintain
 # role (and custom roles built on write) as "write", and triage as "read".
 WRITERS = frozenset({"admin", "write"})
+DESCRIPTION = 140  # characters GitHub keeps of a deployment's or a status's description
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,15 @@ class CommentResult:
     id: int
     action: Literal["created", "updated", "unchanged"]
     url: str
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """One of the environment's deployments: its id, its head and its latest state."""
+
+    id: int
+    sha: str
+    state: str | None  # None: no status yet
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,13 @@ def _reason(err: GithubException) -> str:
     return f"HTTP {err.status}: {message or 'no message'}"
 
 
+def _deploy_reason(answer: Answer) -> str:
+    """GitHub's answer; for a 403, what the workflow must grant."""
+    if answer.status == 403:
+        return f"{answer.reason}: the token needs the `deployments: write` permission"
+    return answer.reason
+
+
 class GitHub:
     def __init__(
         self,
@@ -106,6 +125,7 @@ class GitHub:
         self._retries = retries
         self._backoff = backoff
         self._client: Github | None = None
+        self._making = threading.Lock()
 
     @property
     def _auth(self) -> Auth.Auth:
@@ -116,6 +136,10 @@ class GitHub:
     @property
     def _gh(self) -> Github:
         """PyGithub's client, made (and PyGithub imported) at the first call to the API."""
+        with self._making:  # the Action's deployment thread and its main thread
+            return self._made()
+
+    def _made(self) -> Github:
         if self._client is None:
             from github import Github, GithubRetry
 
@@ -290,6 +314,77 @@ class GitHub:
         """Start looking for our comment now, in a thread, and write it later: the listing then
         overlaps the branch and its migrations, and the step waits only for the write."""
         return PendingComment(self, repository, pr, is_ours)
+
+    # -- the pull request's Deployment (both front ends) ---------------------------------------
+    # REST calls, as the comment's: the Action's step imports no PyGithub (module docstring).
+
+    def deployments(self, repository: str, environment: str, *, limit: int) -> list[Deployed]:
+        """The newest ``limit`` deployments to ``environment``, newest first, each with its
+        latest state (None: it has no status yet): one call, and one more per deployment."""
+        what = "could not list the deployments"
+        wanted = f"environment={quote(environment, safe='')}&per_page={limit}"
+        answer = self._request("GET", f"/repos/{repository}/deployments?{wanted}", what=what)
+        if answer.status != 200 or not isinstance(answer.data, list):
+            raise GitHubError(f"{what} ({_deploy_reason(answer)})")
+        found = []
+        for d in answer.data[:limit]:
+            path = f"/repos/{repository}/deployments/{int(d['id'])}/statuses?per_page=1"
+            statuses = self._request("GET", path, what=what)
+            if statuses.status != 200 or not isinstance(statuses.data, list):
+                raise GitHubError(f"{what} ({_deploy_reason(statuses)})")
+            latest = str(statuses.data[0]["state"]) if statuses.data else None  # newest first
+            found.append(Deployed(int(d["id"]), str(d["sha"]), latest))
+        return found
+
+    def create_deployment(
+        self, repository: str, *, sha: str, environment: str, description: str
+    ) -> int:
+        """A deployment of ``sha`` to the transient ``environment``; its id. No merge of the
+        default branch into the head (``auto_merge``), no wait on commit statuses (the
+        listener's own `pgoverlay/branch` is pending then)."""
+        what = "could not create the deployment"
+        body = {
+            "ref": sha,
+            "environment": environment,
+            "auto_merge": False,
+            "required_contexts": [],
+            "transient_environment": True,
+            "production_environment": False,
+            "description": description[:DESCRIPTION],
+        }
+        made = self._request("POST", f"/repos/{repository}/deployments", body, what=what)
+        if made.status != 201 or not isinstance(made.data, dict):
+            raise GitHubError(f"{what} ({_deploy_reason(made)})")
+        return int(made.data["id"])
+
+    def deployment_status(
+        self,
+        repository: str,
+        deployment: int,
+        *,
+        state: str,
+        description: str,
+        environment_url: str = "",
+        log_url: str = "",
+    ) -> None:
+        """Give the deployment ``state``: ``success`` with the branch page as its
+        ``environment_url``, ``failure``, or ``inactive``. ``auto_inactive`` is asked, though
+        GitHub applies it to non-transient environments only (``deployment.py`` retires the
+        earlier ones)."""
+        what = "could not set the deployment's status"
+        body: dict[str, Any] = {
+            "state": state,
+            "description": description[:DESCRIPTION],
+            "auto_inactive": True,
+        }
+        if environment_url:
+            body["environment_url"] = environment_url
+        if log_url:
+            body["log_url"] = log_url
+        path = f"/repos/{repository}/deployments/{deployment}/statuses"
+        done = self._request("POST", path, body, what=what)
+        if done.status != 201:
+            raise GitHubError(f"{what} ({_deploy_reason(done)})")
 
     # -- used by the webhook listener -------------------------------------------------------
 

@@ -27,6 +27,7 @@ from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report
 from pgoverlay.action.request import Inputs, read_inputs
+from pgoverlay.action.wayin import WayIn
 from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
     JobFileError,
@@ -38,6 +39,7 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner import safefs
 from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.settings import load as load_settings
 
@@ -114,7 +116,7 @@ class JobEnv:
 MAX_EVENT_BYTES = 25 * 1024 * 1024  # GitHub caps a webhook payload at 25 MB
 
 
-def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
+def _outputs(engine: Engine, settings: Settings, outcome: Outcome, out: TextIO) -> dict[str, str]:
     report = outcome.report
     values = {
         "status": report.status if report else "skipped",
@@ -140,7 +142,41 @@ def _outputs(engine: Engine, outcome: Outcome, out: TextIO) -> dict[str, str]:
             "migrations-applied": str(applied),
         }
     )
+    url = database_url(engine, settings, b.name, repository=report.repository, out=out)
+    if url is not None:
+        values["database-url"] = url
     return values
+
+
+def database_url(
+    engine: Engine, settings: Settings, name: str, *, repository: str, out: TextIO
+) -> str | None:
+    """The `database-url` output: branch ``name`` through the front door, as the pull
+    request's application role with a password minted for this run (the engine replaces the
+    last run's; the role goes with the branch). Its password and the URL are registered as
+    secrets with the runner (``::add-mask::``) before anything is written. None, with a
+    warning, when the engine will not grant one: the run goes on without it."""
+    try:
+        granted = engine.grant(name, GrantRequest(app=True, repository=repository))
+    except PgoverlayError as err:
+        outputs.annotation("warning", str(err), out, title="No database-url output")
+        return None
+    if granted.password is None:  # an engine answers a grant with its password
+        outputs.annotation(
+            "warning", "the engine answered without a password", out, title="No database-url output"
+        )
+        return None
+    outputs.mask(granted.password, out)
+    door = WayIn(
+        page=settings.page_url(name),
+        host=granted.dsn_host,
+        port=granted.dsn_port,
+        database=granted.database,
+        sslmode=settings.door_app_sslmode,
+    )
+    url = door.url(granted.role, granted.password)
+    outputs.mask(url, out)
+    return url
 
 
 def started_seconds(environ: Mapping[str, str], now: float) -> float | None:
@@ -231,7 +267,8 @@ def _run(
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
     outputs.check_writable(job.summary, variable="GITHUB_STEP_SUMMARY")
     outputs.check_folder(job.temp, variable="RUNNER_TEMP")
-    github = GitHub(job.token, api_url=job.api_url) if job.token and inputs.comment else None
+    wanted = inputs.comment or inputs.deployment
+    github = GitHub(job.token, api_url=job.api_url) if job.token and wanted else None
     handled = time.monotonic()
     # Where the step's time goes, in its log: before the work, the work's phases, the engine
     # service's other answers (the branch, its base, its record), and the report.
@@ -256,30 +293,40 @@ def _run(
     timings.update(outcome.timings)
     timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
     try:
-        return _finish(engine, job, ev, inputs, outcome, out)
+        return _finish(engine, settings, job, ev, inputs, outcome, out)
     finally:
         timings["report"] = time.monotonic() - done
         print(timings_line(start, timings), file=out, flush=True)
 
 
 def _finish(
-    engine: Engine, job: JobEnv, ev: event.Event, inputs: Inputs, outcome: Outcome, out: TextIO
+    engine: Engine,
+    settings: Settings,
+    job: JobEnv,
+    ev: event.Event,
+    inputs: Inputs,
+    outcome: Outcome,
+    out: TextIO,
 ) -> int:
     """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
     if report is None:
         print(f"pgoverlay: nothing to do for {job.event_name} {ev.action}", file=out)
         outputs.write_outputs(job.output, {"status": "skipped"})
+        _say_deployment(outcome, out)
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out)
-    values = _outputs(engine, outcome, out)
+    values = _outputs(engine, settings, outcome, out)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)
     if outcome.comment_error:
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
         summary += f"\n\n> **The PR comment could not be written:** {outcome.comment_error}\n"
+    if outcome.deployment_error:
+        _say_deployment(outcome, out)
+        summary += f"\n\n> **The GitHub Deployment was not written:** {outcome.deployment_error}\n"
     outputs.write_summary(job.summary, summary)
     for m in report.migrations:
         if m.status == "failed":
@@ -309,6 +356,14 @@ def _finish(
             title=f"Migration {m.name} is over a threshold",
         )
     return 0 if end.passed else 1
+
+
+def _say_deployment(outcome: Outcome, out: TextIO) -> None:
+    """One warning when the Deployment could not be written: the step goes on without it."""
+    if outcome.deployment_error:
+        outputs.annotation(
+            "warning", outcome.deployment_error, out, title="GitHub Deployment not written"
+        )
 
 
 def _report_file(job: JobEnv, report: Report) -> dict[str, str]:

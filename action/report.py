@@ -8,6 +8,7 @@ from typing import Literal
 
 from pgoverlay.action.insight.model import MigrationInsight
 from pgoverlay.action.insight.schemadiff import SchemaDiff
+from pgoverlay.action.wayin import WayIn
 
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
 RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
@@ -56,7 +57,8 @@ class Report:
     migrations: list[MigrationRun] = field(default_factory=list)
     message: str = ""  # why the run failed, in one line
     merged: bool | None = None  # on close: was the PR merged
-    password_hint: str = ""  # how to get the password; never the password itself
+    # How a reader gets in: the branch's page and the front door (never a password)
+    way_in: WayIn | None = None
     run_url: str = ""  # link to the workflow run, when known
     # The branch's schema after the migrations against its base's (None: not measured)
     schema_diff: SchemaDiff | None = None

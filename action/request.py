@@ -345,6 +345,13 @@ class PrRequest:
         "Write the sticky PR comment.",
         rerun="where the report goes; a run done again writes it again",
     )
+    deployment: bool = option(
+        True,
+        """Create a GitHub Deployment, environment `pgoverlay/<branch>` with the branch's page as
+        its URL, so the pull request shows "View deployment"; inactive once the branch is
+        destroyed. Needs `deployments: write`: without it, a warning and the comment alone.""",
+        rerun="where the report goes; a run done again writes it again",
+    )
     runtime: RuntimeName = option(
         "auto",
         """Where the branch runs, local (a process of the runner) or docker (a container); auto

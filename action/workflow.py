@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.action import comment, record
+from pgoverlay.action import comment, conclusion, record
 from pgoverlay.action.conclusion import refusal
 from pgoverlay.action.decide import Decision, decide, fingerprint
+from pgoverlay.action.deployment import DeploymentResult, PendingDeployment
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, PendingComment
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.sandbox import AS_SELF, Sandbox
+from pgoverlay.action.wayin import way_in
 from pgoverlay.errors import (
     BranchMissingError,
     ConfigError,
@@ -58,6 +60,8 @@ class Outcome:
     connection: Connection | None = None  # how to log in to it
     comment: CommentResult | None = None
     comment_error: str = ""
+    deployment: DeploymentResult | None = None
+    deployment_error: str = ""  # why the Deployment could not be written (the run goes on)
     reused: bool = False  # a re-run found the work already done
     # seconds spent in each phase that ran: branch (create, reset or destroy), migrations,
     # comment; what is left of the step's time is its own
@@ -75,13 +79,6 @@ def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
 
 
 Echo = Callable[[str], None]
-
-
-def password_hint(name: str) -> str:
-    return (
-        f"the step's `password` output (masked in logs), or `pgoverlay branch connect {name}` "
-        "on the runner, as the runner's user"
-    )
 
 
 def _base_of(engine: Engine, b: BranchView) -> BaseView | None:
@@ -267,12 +264,18 @@ def handle(
     decision = decide(event, current, last, asked or inputs, refused=refused)
     if decision.action == "skip":
         echo(f"no branch {name} to destroy")
-        return Outcome(report=None, branch=None)
+        # One its ttl or a person destroyed may have left its Deployment active: retire it.
+        deployed, deploy_error = (
+            retire_deployments(github, event, inputs, name) if event.kind == "close" else (None, "")
+        )
+        return Outcome(report=None, branch=None, deployment=deployed, deployment_error=deploy_error)
     if decision.action == "refuse" and decision.status == "not branched":
         report = refusal(event, inputs.branch_name, decision.why, status=decision.status)
         return Outcome(report=dataclasses.replace(report, run_url=run_url), branch=None)
-    # Our comment is looked for now, while the branch and its migrations take their time.
+    # Our comment and deployments are looked for now, while the branch and its migrations
+    # take their time.
     pending = start_comment(github, event, inputs, name)
+    deploying = start_deployment(github, event, inputs, name)
     run = _Run(
         engine=engine,
         event=event,
@@ -289,12 +292,17 @@ def handle(
     report, ready, connection = run.act(decision, current, last)
     with _timed(run.timings, "comment"):
         result, error = post_comment(github, event, inputs, report, pending=pending)
+    with _timed(run.timings, "deployment"):
+        deployed, deploy_error = post_deployment(deploying, report, run_url=run_url)
+    deploy_error += _fork_hint(event) if deploy_error else ""
     return Outcome(
         report=report,
         branch=ready,
         connection=connection if ready else None,
         comment=result,
         comment_error=error,
+        deployment=deployed,
+        deployment_error=deploy_error,
         reused=decision.action == "report",
         timings=run.timings,
     )
@@ -336,7 +344,7 @@ class _Run:
             head_sha=event.head_sha,
             status="failed",
             branch=None,
-            password_hint=password_hint(name),
+            way_in=way_in(self.settings, name),
             run_url=self.run_url,
         )
         if decision.action == "destroy":
@@ -347,7 +355,8 @@ class _Run:
             assert current is not None and last is not None
             self.echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
             url = self.run_url or last.report.run_url
-            report = dataclasses.replace(last.report, run_url=url)
+            # The way in as the runner's settings say it now, not as they were then.
+            report = dataclasses.replace(last.report, run_url=url, way_in=skeleton.way_in)
             return report, current, self.engine.connection(name)
         done = self.work(decision, current, skeleton)
         self.save(done[0])
@@ -486,12 +495,58 @@ def post_comment(
             report.repository, event.pr, body, lambda text: comment.has_marker(text, mark)
         ), ""
     except GitHubError as err:
-        hint = (
-            (
-                " (pull requests from forks get a read-only token: the branch works, but "
-                "cannot be announced on the PR)"
-            )
-            if event.from_fork
-            else ""
-        )
-        return None, f"{err}{hint}"
+        return None, f"{err}{_fork_hint(event)}"
+
+
+def _fork_hint(event: Event) -> str:
+    """Why a write to the pull request fails on a fork's: GitHub's token is read-only there."""
+    if not event.from_fork:
+        return ""
+    return (
+        " (pull requests from forks get a read-only token: the branch works, but cannot be "
+        "announced on the PR)"
+    )
+
+
+def start_deployment(
+    github: GitHub | None, event: Event, inputs: PrRequest, name: str
+) -> PendingDeployment | None:
+    """Start looking for the pull request's deployments of branch ``name``, when the request
+    asks for a Deployment."""
+    if github is None or not inputs.deployment or event.pr is None:
+        return None
+    return PendingDeployment(github, event.repository, name)
+
+
+def retire_deployments(
+    github: GitHub | None, event: Event, inputs: PrRequest, name: str
+) -> tuple[DeploymentResult | None, str]:
+    """Mark the deployments of branch ``name`` inactive, on the close of a pull request whose
+    branch is gone already; what was done, or why it could not be."""
+    pending = start_deployment(github, event, inputs, name)
+    if pending is None:
+        return None, ""
+    return _written(lambda: pending.write(conclusion.retired(name), sha=event.head_sha))
+
+
+def post_deployment(
+    pending: PendingDeployment | None, report: Report, *, run_url: str = ""
+) -> tuple[DeploymentResult | None, str]:
+    """Write the Deployment's state for ``report``; what was done, or why it could not be
+    (never raised: a Deployment does not fail the run)."""
+    if pending is None:
+        return None, ""
+    end = conclusion.deployment(report)
+    if end is None:
+        return None, ""
+    return _written(lambda: pending.write(end, sha=report.head_sha, log_url=run_url))
+
+
+def _written(write: Callable[[], DeploymentResult]) -> tuple[DeploymentResult | None, str]:
+    """What ``write`` did, or why it failed: a Deployment never fails the run."""
+    try:
+        return write(), ""
+    except GitHubError as err:
+        return None, str(err)
+    except OSError as err:  # GitHub unreachable (requests' errors are OSErrors)
+        return None, f"could not reach GitHub for the deployment ({type(err).__name__})"

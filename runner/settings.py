@@ -354,6 +354,35 @@ class Settings:
             return "127.0.0.1"
         return self.listen_address.split(",")[0].strip()
 
+    @property
+    def door_name(self) -> str:
+        """The host name the front door and the branch pages are reached by (what their
+        certificate names): door_host, else advertise_host, else this host's fully qualified
+        name."""
+        if self.door_host:
+            return self.door_host
+        if self.advertise_host:
+            return self.advertise_host
+        import socket
+
+        return socket.getfqdn()
+
+    @property
+    def door_app_sslmode(self) -> str:
+        """The libpq ``sslmode`` a program is handed with its URL (the Action's
+        ``database-url``): ``verify-full`` with the admin's certificate (libpq checks its chain
+        and that it names door_name), ``require`` with the self-signed one the door makes
+        without it, of which a preview deployment has no copy to verify. A person is always
+        told ``verify-full``: the branch page offers the door's own certificate and its
+        fingerprint, for ``sslrootcert``."""
+        return "verify-full" if self.door_cert_file is not None else "require"
+
+    def page_url(self, branch: str) -> str:
+        """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
+        (the port left out when it is HTTPS's own, 443)."""
+        port = "" if self.door_https_port == 443 else f":{self.door_https_port}"
+        return f"https://{self.door_name}{port}/b/{branch}"
+
 
 def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
     """Each field's default and bounds; the class keeps the defaults alone."""

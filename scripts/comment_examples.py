@@ -27,6 +27,7 @@ from pgoverlay.action.insight.model import (
     Volume,
 )
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
+from pgoverlay.action.wayin import WayIn
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "action.md"
 _BLOCK = re.compile(
@@ -56,9 +57,12 @@ _COMMON = {
     "pr": 42,
     "branch_name": "shop-pr-42",
     "head_sha": "3f9c2a1" + "0" * 33,
-    "password_hint": (
-        "the step's `password` output (masked in logs), or `pgoverlay branch connect "
-        "shop-pr-42` on the runner, as the runner's user"
+    "way_in": WayIn(
+        page="https://db.acme.dev/b/shop-pr-42",
+        host="db.acme.dev",
+        port=6543,
+        database="shop-pr-42",
+        sslmode="verify-full",
     ),
     "run_url": "https://github.com/acme/shop/actions/runs/12345678901",
 }

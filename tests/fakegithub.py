@@ -89,6 +89,12 @@ ROUTES = [(method, re.compile(pattern), name) for method, pattern, name in [
     ("DELETE", _R + r"/issues/(?P<number>[^/]+)/labels/(?P<name>[^/]+)", "remove_label"),
     ("GET", _R + r"/collaborators/(?P<username>[^/]+)/permission", "get_permission"),
     ("POST", r"/app/installations/(?P<id>[^/]+)/access_tokens", "create_token"),
+    # -- deployments: begin --
+    ("POST", _R + r"/deployments", "create_deployment"),
+    ("GET", _R + r"/deployments", "list_deployments"),
+    ("POST", _R + r"/deployments/(?P<id>[^/]+)/statuses", "create_deployment_status"),
+    ("GET", _R + r"/deployments/(?P<id>[^/]+)/statuses", "list_deployment_statuses"),
+    # -- deployments: end --
     # users/get-authenticated and repos/get: who signed in to the branch page, and their
     # permissions on the pull request's repository (and what PyGithub fetches on the way).
     ("GET", r"/user", "get_user"),
@@ -224,6 +230,10 @@ class State:
     pulls: list[Json] = field(default_factory=list)
     comments: list[Json] = field(default_factory=list)
     statuses: list[Json] = field(default_factory=list)
+    # -- deployments: begin --
+    deployments: list[Json] = field(default_factory=list)
+    deployment_statuses: list[Json] = field(default_factory=list)  # oldest first
+    # -- deployments: end --
     faults: list[Json] = field(default_factory=list)
     tarballs: dict[str, str] = field(default_factory=dict)  # "owner/name@ref" -> base64 .tar.gz
     # "owner/name" -> {login: "admin" | "maintain" | "write" | "triage" | "read"}
@@ -757,6 +767,125 @@ class FakeGitHub:
         rels += [link(1, "first")] if page > 1 else []
         chunk = items[(page - 1) * per_page : page * per_page]
         return Reply(200, [render(i) for i in chunk], {"Link": ", ".join(rels)} if rels else {})
+
+    # -- deployments: begin --------------------------------------------------------------------
+    def deployments(self, repo: str) -> list[Json]:
+        """The stored deployments of `repo`, oldest first, each with its `statuses` (oldest
+        first): what a test asserts on."""
+        with self._lock:
+            return [d | {"statuses": [s for s in self.state.deployment_statuses
+                                      if s["deployment"] == d["id"]]}
+                    for d in self.state.deployments if d["repo"] == repo]
+
+    def _deployment(self, call: Call) -> Json:
+        repo, did = self._repo(call), call.params["id"]
+        found = [d for d in self.state.deployments if str(d["id"]) == did and d["repo"] == repo]
+        if not found:
+            raise Fail(404, "Not Found")
+        return found[0]
+
+    def _create_deployment(self, call: Call) -> Reply:
+        """GitHub's rules that bite a client: `auto_merge` (default true) merges the default
+        branch into a ref behind it and creates no deployment (202); `required_contexts`
+        omitted means every commit status of the ref must be a success (else 409)."""
+        repo, b, t = self._repo(call), call.body, now()
+        ref = b["ref"]
+        pull = next((p for p in self.state.pulls if p["repo"] == repo
+                     and ref in (p["head_sha"], p["head_ref"])), None)
+        sha = pull["head_sha"] if pull else ref
+        if b.get("auto_merge", True) and pull is not None:
+            return Reply(202, {"message": f"Auto-merged {pull['base_ref']} into {ref} on "
+                                          "deployment."})
+        if "required_contexts" not in b:
+            failing = sorted({s["context"] for s in self.state.statuses
+                              if s["repo"] == repo and s["sha"] == sha and s["state"] != "success"})
+            if failing:
+                raise Fail(409, f"Conflict: Commit status checks failed for {ref}.")
+        environment = b.get("environment", "production")
+        deployment = {"id": self._next_id(), "repo": repo, "sha": sha, "ref": ref,
+                      "task": b.get("task", "deploy"), "payload": b.get("payload", {}) or {},
+                      "environment": environment, "original_environment": environment,
+                      "description": b.get("description", ""),
+                      "transient_environment": b.get("transient_environment", False),
+                      "production_environment": b.get("production_environment",
+                                                      environment == "production"),
+                      "login": call.caller.login, "created_at": t, "updated_at": t}
+        self.state.deployments.append(deployment)
+        out = self._deployment_json(deployment)
+        return Reply(201, out, {"Location": out["url"]})
+
+    def _list_deployments(self, call: Call) -> Reply:
+        repo, q = self._repo(call), call.query
+        items = [d for d in self.state.deployments if d["repo"] == repo
+                 and all(q.get(k, d[k]) == d[k] for k in ("sha", "ref", "task", "environment"))]
+        return self._page(items[::-1], call, self._deployment_json)  # newest first
+
+    def _create_deployment_status(self, call: Call) -> Reply:
+        """`log_url` sets `target_url` too; `auto_inactive` (default true) adds an `inactive`
+        status to the environment's earlier non-transient, non-production deployments whose
+        latest state is `success`, as GitHub does."""
+        deployment, b, t = self._deployment(call), call.body, now()
+        if "environment" in b:
+            deployment["environment"] = b["environment"]
+        log_url = b.get("log_url", b.get("target_url", ""))
+        status = self._new_deployment_status(deployment, b["state"], t, log_url=log_url,
+                                             description=b.get("description", ""),
+                                             environment_url=b.get("environment_url", ""),
+                                             login=call.caller.login)
+        if b.get("auto_inactive", True):
+            for d in self.state.deployments:
+                latest = self._latest_state(d)
+                if (d["repo"] == deployment["repo"] and d["id"] < deployment["id"]
+                        and d["environment"] == deployment["environment"] and latest == "success"
+                        and not d["transient_environment"] and not d["production_environment"]):
+                    self._new_deployment_status(d, "inactive", t, log_url="", description="",
+                                                environment_url="", login=call.caller.login)
+        out = self._deployment_status_json(status)
+        return Reply(201, out, {"Location": out["url"]})
+
+    def _new_deployment_status(self, d: Json, state: str, t: str, *, log_url: str,
+                               description: str, environment_url: str, login: str) -> Json:
+        status = {"id": self._next_id(), "deployment": d["id"], "repo": d["repo"], "state": state,
+                  "environment": d["environment"], "log_url": log_url,
+                  "description": description, "environment_url": environment_url,
+                  "login": login, "created_at": t, "updated_at": t}
+        self.state.deployment_statuses.append(status)
+        d["updated_at"] = t
+        return status
+
+    def _latest_state(self, d: Json) -> str | None:
+        states = [s["state"] for s in self.state.deployment_statuses if s["deployment"] == d["id"]]
+        return states[-1] if states else None
+
+    def _list_deployment_statuses(self, call: Call) -> Reply:
+        deployment = self._deployment(call)
+        items = [s for s in self.state.deployment_statuses if s["deployment"] == deployment["id"]]
+        return self._page(items[::-1], call, self._deployment_status_json)  # newest first
+
+    def _deployment_json(self, d: Json) -> Json:
+        api = f"{self.url}/repos/{d['repo']}"
+        url = f"{api}/deployments/{d['id']}"
+        return {"url": url, "id": d["id"], "node_id": f"DE_{d['id']}", "sha": d["sha"],
+                "ref": d["ref"], "task": d["task"], "payload": d["payload"],
+                "original_environment": d["original_environment"],
+                "environment": d["environment"], "description": d["description"],
+                "creator": self._user(d["login"]), "created_at": d["created_at"],
+                "updated_at": d["updated_at"], "statuses_url": f"{url}/statuses",
+                "repository_url": api, "transient_environment": d["transient_environment"],
+                "production_environment": d["production_environment"],
+                "performed_via_github_app": None}
+
+    def _deployment_status_json(self, s: Json) -> Json:
+        api = f"{self.url}/repos/{s['repo']}"
+        return {"url": f"{api}/deployments/{s['deployment']}/statuses/{s['id']}",
+                "id": s["id"], "node_id": f"DES_{s['id']}", "state": s["state"],
+                "creator": self._user(s["login"]), "description": s["description"],
+                "environment": s["environment"], "target_url": s["log_url"],
+                "log_url": s["log_url"], "environment_url": s["environment_url"],
+                "created_at": s["created_at"], "updated_at": s["updated_at"],
+                "deployment_url": f"{api}/deployments/{s['deployment']}",
+                "repository_url": api, "performed_via_github_app": None}
+    # -- deployments: end ----------------------------------------------------------------------
 
     # -- GitHub's JSON: every field the schema requires, with its type --------------------------
     def _user(self, login: str) -> Json:

@@ -69,6 +69,11 @@ jobs:
           PGPASSWORD: "${{ steps.db.outputs.password }}"
           PGDATABASE: "${{ steps.db.outputs.database }}"
           RESULT_FILE: "${{ env.RESULT_FILE }}"
+      - if: github.event.action != 'closed'
+        run: 'printf %s "$DATABASE_URL" > "$URL_FILE"'
+        env:
+          DATABASE_URL: "${{ steps.db.outputs.database-url }}"
+          URL_FILE: "${{ env.URL_FILE }}"
       - run: '{ id -u; command -v sudo || echo "no sudo"; } > "$WHO_FILE"'
         env:
           WHO_FILE: "${{ env.WHO_FILE }}"
@@ -128,6 +133,7 @@ class Scenario:
         self.pool = pool
         self.github = github
         self.result = root / "result.txt"
+        self.database_url = root / "database-url.txt"  # the step's `database-url` output
         self.who = root / "who.txt"
         self.status = root / "status.txt"  # the step's `status` output, written even on failure
         self.user = pwd.getpwnam(RUNNER)
@@ -205,6 +211,7 @@ class Scenario:
         MAX_REWRITE) fill the step's inputs, empty by default. ``in_group=False``: act's
         process lacks the `pgoverlay` group, as a runner started before its user joined it."""
         self.result.unlink(missing_ok=True)
+        self.database_url.unlink(missing_ok=True)
         self.who.unlink(missing_ok=True)
         self.status.unlink(missing_ok=True)
         event_file = self.event(action, head_sha, merged=merged)
@@ -220,6 +227,7 @@ class Scenario:
             "GITHUB_API_URL": self.github.url,
             "TEST_REPOSITORY": os.fspath(self.repo),
             "RESULT_FILE": os.fspath(self.result),
+            "URL_FILE": os.fspath(self.database_url),
             "WHO_FILE": os.fspath(self.who),
             "STATUS_FILE": os.fspath(self.status),
             "FAIL_ON_THRESHOLD": "",
@@ -281,6 +289,16 @@ class Scenario:
             if r["method"] in ("POST", "PATCH", "DELETE")
         ]
 
+    def comment_writes(self) -> list[str]:
+        return [w for w in self.writes() if "/comments" in w]
+
+    def deployments(self) -> dict[str, str | None]:
+        """Each deployment's head and latest state."""
+        return {
+            d["sha"]: d["statuses"][-1]["state"] if d["statuses"] else None
+            for d in self.github.deployments(REPO)
+        }
+
 
 @pytest.fixture(params=RUNTIMES)
 def scenario(
@@ -335,18 +353,35 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     assert s.result.read_text().strip() == "id,name", "psql with the output DSN sees the table"
     [comment] = s.comments()
     body = str(comment["body"])
-    assert f"`{b.port}`" in body and f"`{s.pool.settings.public_host}`" in body
+    settings = s.pool.settings  # the step's: the same environment, the same host
+    page = settings.page_url(BRANCH)
+    assert f"]({page})" in body and f"`{settings.door_port}`" in body
+    assert f"`postgresql://<your GitHub login>@{settings.door_name}:" in body
     assert "db/migrations/001_widgets.sql" in body and "applied" in body
     assert "000_existing.sql" not in body, "only what the PR changes is applied"
     assert "<details><summary>Schema changes: 1 table added</summary>" in body
     assert "- + table `public.widgets`: `id integer not null, name text`" in body
     assert b.password not in body and b.password not in opened.log
-    assert s.writes() == [f"POST /repos/{REPO}/issues/{PR}/comments"]
+    assert s.comment_writes() == [f"POST /repos/{REPO}/issues/{PR}/comments"]
+    # the GitHub Deployment: the head, success, the branch page as its URL
+    assert s.deployments() == {first: "success"}
+    [deployment] = s.github.deployments(REPO)
+    assert deployment["environment"] == f"pgoverlay/{BRANCH}"
+    assert deployment["statuses"][-1]["environment_url"] == page
+    # database-url: the front door as the PR's application role, its password masked
+    url = s.database_url.read_text()
+    prefix = f"postgresql://app_pr_{PR}:"
+    suffix = f"@{settings.door_name}:{settings.door_port}/{BRANCH}?sslmode=require"
+    assert url.startswith(prefix) and url.endswith(suffix), url
+    password = url.removeprefix(prefix).removesuffix(suffix)
+    assert password and password not in opened.log and url not in opened.log
 
+    written = s.writes()
     rerun = s.act("opened", first)
     assert rerun.returncode == 0, rerun.log[-4000:]
     assert "already up to date" in rerun.log
-    assert len(s.comments()) == 1 and len(s.writes()) == 1, "a re-run comments nothing new"
+    assert len(s.comments()) == 1 and s.writes() == written, "a re-run writes nothing new"
+    assert s.database_url.read_text() != url, "each run mints its own password"
 
     (s.repo / "db/migrations/001_widgets.sql").write_text(
         "CREATE TABLE widgets (id int PRIMARY KEY, name text, price numeric);\n"
@@ -361,7 +396,8 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     # reset for the new head, then diffed against the base again: still one table added
     assert "Schema changes: 1 table added</summary>" in str(updated["body"])
     assert "`id integer not null, name text, price numeric`" in str(updated["body"])
-    assert s.writes()[-1] == f"PATCH /repos/{REPO}/issues/comments/{comment['id']}"
+    assert s.comment_writes()[-1] == f"PATCH /repos/{REPO}/issues/comments/{comment['id']}"
+    assert s.deployments() == {first: "inactive", second: "success"}
     assert branch.get(s.pool, BRANCH).password == b.password
 
     closed = s.act("closed", second, merged=True)
@@ -373,6 +409,7 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     [final] = s.comments()
     assert final["id"] == comment["id"]
     assert "Destroyed" in str(final["body"]) and "merged" in str(final["body"])
+    assert s.deployments() == {first: "inactive", second: "inactive"}
 
 
 def test_a_failing_migration_fails_the_step_with_an_annotation_and_a_comment(

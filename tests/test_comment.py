@@ -26,11 +26,18 @@ from pgoverlay.action.comment import (
 )
 from pgoverlay.action.details import NAME
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
+from pgoverlay.action.wayin import WayIn
 from pgoverlay.runner import units
 
 MARK = "<!-- pgoverlay:branch acme/shop#12 pr-12 -->"
 S = "\u00a0s"  # a migration's time in the table is "0.41 s" with a no-break space
-HINT = "run `pgoverlay branch password pr-12` on the runner"
+WAY_IN = WayIn(
+    page="https://db.acme.dev/b/pr-12",
+    host="db.acme.dev",
+    port=6543,
+    database="pr-12",
+    sslmode="verify-full",
+)
 ERROR = 'ERROR:  column "email" of relation "users" already exists'
 
 
@@ -63,7 +70,7 @@ def report(**changes: object) -> Report:
             MigrationRun("db/0041_orders_index.sql", "applied", 0.4123),
             MigrationRun("db/0042_add_email.sql", "applied", 0.031),
         ],
-        password_hint=HINT,
+        way_in=WAY_IN,
         run_url="https://github.com/acme/shop/actions/runs/987",
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
@@ -108,11 +115,13 @@ def test_ready_comment_shows_connection_sizes_base_and_migrations() -> None:
     assert "Branch `pr-12`, head `9f1c2e7`, created in 1.84 s." in body
     assert "9f1c2e7d" not in body
     for row in (
-        "| Host | `runner-3.internal` |",
-        "| Port | `54012` |",
-        "| Database | `app` |",
-        "| User | `pr_12` |",
-        "| Password | run `pgoverlay branch password pr-12` on the runner |",
+        "| Page | [Open the branch page](https://db.acme.dev/b/pr-12): sign in with GitHub |",
+        "| URL | `postgresql://<your GitHub login>@db.acme.dev:6543/pr-12?sslmode=verify-full` |",
+        "| Host | `db.acme.dev` |",
+        "| Port | `6543` |",
+        "| Database | `pr-12` |",
+        "| User | your GitHub login |",
+        "| Password | get your password on the branch page |",
         "| Writable layer | 46.0 MiB logical, 3.1 MiB physical |",
         "| Base | `prod-nightly` version 3, seeded 2024-06-01 12:00 UTC |",
     ):
@@ -264,7 +273,7 @@ def test_everything_huge_still_fits_in_the_comment_and_the_summary() -> None:
         branch=branch(name=big, host=big, database=big, user=big, base_name=big, runtime=big),
         migrations=runs,
         message=big,
-        password_hint=big,
+        way_in=WayIn(page="https://x/" + big, host=big, port=1, database=big, sslmode=big),
         run_url="https://x/" + big,
     )
     body = render_comment(huge)
@@ -295,7 +304,9 @@ def test_random_nasty_text_never_breaks_the_table_or_the_limit() -> None:
             status="migration failed",
             migrations=runs,
             message=text(300),
-            password_hint=text(100),
+            way_in=WayIn(
+                page=text(100), host=text(50), port=5, database=text(50), sslmode=text(10)
+            ),
             branch=branch(host=text(50), user=text(50)),
         )
         body = render_comment(r)
@@ -337,15 +348,25 @@ def test_rendering_is_deterministic_and_dates_are_utc(monkeypatch: pytest.Monkey
         time.tzset()
 
 
-def test_report_has_no_password_field_only_the_hint() -> None:
-    names = {f.name for f in dataclasses.fields(Report)} | {
-        f.name for f in dataclasses.fields(BranchInfo)
-    }
-    assert {n for n in names if "pass" in n or "secret" in n} == {"password_hint"}
-    assert "| Password | run `pgoverlay branch password pr-12` on the runner |" in render_comment(
-        report()
-    )
-    assert "| Password |" not in render_comment(report(password_hint=""))
+def test_report_has_no_password_field_and_the_comment_shows_the_way_in_not_a_secret() -> None:
+    kinds = (Report, BranchInfo, WayIn)
+    names = {f.name for kind in kinds for f in dataclasses.fields(kind)}
+    assert not {n for n in names if "pass" in n or "secret" in n or "token" in n}
+    body = render_comment(report())
+    link = [
+        child.attrs["href"]
+        for tok in tokens(body)
+        if tok.type == "inline"
+        for child in tok.children or []
+        if child.type == "link_open"
+    ]
+    assert "https://db.acme.dev/b/pr-12" in link  # the page is a link
+    assert "| Password | get your password on the branch page |" in body
+    assert re.search(r"postgresql://[^@`]*:[^@`]*@", body) is None  # no user:password@
+    # an older record's report has no way in: no connection table, the branch table still
+    older = render_comment(report(way_in=None))
+    assert "| Connection |" not in older and "| Password |" not in older
+    assert "| Writable layer |" in older
 
 
 def test_secret_looking_values_in_error_text_are_not_shown(

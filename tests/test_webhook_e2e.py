@@ -379,6 +379,11 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
         ("table", "public.widgets", "added")
     ]
     assert [m["name"] for m in stored["migrations"]] == ["db/migrations/001_widgets.sql"]
+    # The PR's GitHub Deployment: the branch page as its URL, for the head the job ran
+    [deployment] = github.deployments(REPO)
+    assert (deployment["environment"], deployment["sha"]) == ("pgoverlay/shop-pr-9", head1)
+    assert [s["state"] for s in deployment["statuses"]] == ["success"]
+    assert deployment["statuses"][0]["environment_url"].endswith("/b/shop-pr-9")
 
     again = service.send(pr_payload("opened", head1), delivery=delivery)
     assert again.status_code == 200 and "already received" in again.text
@@ -403,12 +408,21 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
     assert columns(pool, "shop-pr-9") == "id,name"
     [updated] = comments(github, 9)
     assert updated["id"] == first["id"] and head2[:7] in updated["body"]
+    # the new head's deployment retires the first one
+    assert {d["sha"]: d["statuses"][-1]["state"] for d in github.deployments(REPO)} == {
+        head1: "inactive",
+        head2: "success",
+    }
 
     with github.locked():
         github.pull(REPO, 9).update(state="closed", merged=True)
     assert service.send(pr_payload("closed", head2, merged=True)).status_code == 202
     eventually(lambda: pool.registry.branch("shop-pr-9") is None, what="the branch to go")
     eventually(lambda: "Destroyed" in comments(github, 9)[0]["body"], what="the final comment")
+    eventually(
+        lambda: all(d["statuses"][-1]["state"] == "inactive" for d in github.deployments(REPO)),
+        what="every deployment inactive",
+    )
     assert statuses(github, head1).count("success") == 1, "the redelivery ran nothing"
     done = 'pgoverlay_webhook_deliveries_total{event="pull_request",outcome="done"} 3.0'
     # The job ends (and its delivery's outcome is written) just after its last comment.
@@ -698,3 +712,27 @@ def test_a_label_added_by_someone_without_write_permission_runs_nothing(
     assert "db-ok" not in github.pull(REPO, 24)["labels"]
     assert statuses(github, head) == ["failure"]
     assert hook.pool.registry.branch("shop-pr-24") is None
+
+
+def test_a_token_without_deployments_write_is_logged_once_and_the_jobs_go_on(
+    listener: tuple[Listener, FakeGitHub],
+) -> None:
+    hook, github = listener
+    head1, head2 = "d" * 40, "e" * 40
+    github.add_pull(REPO, 31, head1, BASE_SHA)
+    for sha in (head1, head2):
+        github.add_tarball(REPO, sha, tarball(sha, {"db/migrations/001_a.sql": "SELECT 1;\n"}))
+    refused = {"message": "Resource not accessible by integration"}
+    github.fail_next("POST", r"/deployments$", 403, times=10, body=refused)
+    assert hook.send(pr_payload("opened", head1, number=31)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head1), what="the first head's status")
+    move_head(github, REPO, 31, head2)
+    assert hook.send(pr_payload("synchronize", head2, number=31)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head2), what="the second head's status")
+    [comment] = comments(github, 31)
+    assert head2[:7] in comment["body"], "the comment goes on alone"
+    said = "the GitHub Deployment was not written"
+    eventually(lambda: said in hook.log.read_text(), what="the warning in the listener's log")
+    warned = [line for line in hook.log.read_text().splitlines() if said in line and "WARN" in line]
+    assert len(warned) == 1 and "deployments: write" in warned[0], "once, not once a job"
+    assert github.deployments(REPO) == []

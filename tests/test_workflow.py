@@ -142,7 +142,7 @@ def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model
     declared = check_inputs_agree(main_spec)
     assert declared == {request.input_name(f) for f in names(Inputs)} | {"github-token"}
     destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
-    assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment"}
+    assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment", "deployment"}
 
 
 def names(cls: type[Any]) -> set[str]:
@@ -377,7 +377,7 @@ def test_server_errors_from_github_are_retried(
     try:
         outcome = handle(pool, pr_event(), Inputs(), repo_dir=tmp_path, github=client)
         assert outcome.comment is not None and outcome.comment.action == "created"
-        posts = [r for r in fake.requests if r["method"] == "POST"]
+        posts = [r for r in fake.requests if r["method"] == "POST" and "comments" in r["path"]]
         assert [r["status"] for r in posts] == [502, 502, 201]
     finally:
         branch.destroy(pool, "shop-pr-5")
@@ -428,7 +428,10 @@ def test_the_comment_is_looked_for_while_the_branch_is_made_and_written_once(
         )
         assert again.comment is not None and again.comment.action == "updated"
         assert again.comment.id == first.comment.id
-        calls = [f"{r['method']} {r['path']}" for r in fake.requests]
+        # (the Deployment's calls, in a thread of their own, are test_deployment.py's)
+        calls = [
+            f"{r['method']} {r['path']}" for r in fake.requests if "/deployments" not in r["path"]
+        ]
         assert calls == [
             "GET /repos/acme/shop/issues/5/comments",
             "POST /repos/acme/shop/issues/5/comments",

@@ -18,6 +18,7 @@ class GitHubClients:
         self.settings = settings
         self._clients: dict[int | None, GitHub] = {}
         self._installations: dict[str, int] = {}  # repository -> installation id
+        self._warned: set[tuple[str, str]] = set()  # (repository, what) said once
         self._lock = threading.Lock()
 
     def remember(self, repository: str, installation: int | None) -> None:
@@ -25,6 +26,17 @@ class GitHubClients:
         if installation:
             with self._lock:
                 self._installations[repository.lower()] = int(installation)
+
+    def first_warning(self, repository: str, what: str) -> bool:
+        """True the first time ``what`` (e.g. "deployment") fails for ``repository`` in this
+        listener's life: a token without a permission fails every job the same way, and its
+        warning is logged once, not once a job."""
+        key = (repository.lower(), what)
+        with self._lock:
+            if key in self._warned:
+                return False
+            self._warned.add(key)
+            return True
 
     def for_repo(self, repository: str) -> GitHub:
         with self._lock:

@@ -30,7 +30,7 @@ from pgoverlay.action.migrations import changed_between
 from pgoverlay.action.report import Report, RunStatus
 from pgoverlay.action.request import PrRequest
 from pgoverlay.action.request import read as read_request
-from pgoverlay.action.workflow import handle, post_comment
+from pgoverlay.action.workflow import Outcome, handle, post_comment
 from pgoverlay.errors import (
     ConfigError,
     GitHubError,
@@ -297,6 +297,7 @@ class Worker:
         outcome = handle(
             engine, now.event, request, settings=self.runner, repo_dir=Path("/"), github=github
         )
+        self._say_deployment(job, outcome)
         if outcome.report is None:
             return Done("nothing to destroy")
         return Done(outcome.report.status, outcome.report)
@@ -366,6 +367,7 @@ class Worker:
                 sandbox.remove()
             except PgoverlayError as err:  # left for the start-up clean-up
                 log.warning("job %s: could not remove its scratch folder: %s", job.id, err)
+        self._say_deployment(job, outcome)
         if outcome.report is None:
             return Done("nothing to do")
         end = conclude(outcome.report, fail_on_threshold=request.fail_on_threshold)
@@ -438,6 +440,20 @@ class Worker:
         post_comment(github, ev, request, report)
         self._status(github, ev, "failure", f"{status}: {reason}")
         return report
+
+    def _say_deployment(self, job: Job, outcome: Outcome) -> None:
+        """Log why the pull request's Deployment was not written: a warning the first time for
+        the repository, then at debug level (the comment and the status go on either way)."""
+        if not outcome.deployment_error:
+            return
+        first = self.clients.first_warning(job.repository, "deployment")
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "job %s: the GitHub Deployment was not written, the PR comment stands alone: %s",
+            job.id,
+            outcome.deployment_error,
+            extra=job.log_extra(),
+        )
 
     @staticmethod
     def _refusal(ev: events.Event, repo: RepoSettings) -> str:

@@ -44,7 +44,15 @@ def document(report: Report, *, detail: Detail = "full") -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "detail": detail,
         **dataclasses.asdict(report),
+        # Schema 2's field, kept with its meaning (how to get the password, never the password
+        # itself) now that the report holds the way in: its page is where.
+        "password_hint": _hint(report),
     }
+
+
+def _hint(report: Report) -> str:
+    way = report.way_in
+    return f"get your password on the branch page, {way.page}" if way is not None else ""
 
 
 def dumps(report: Report, *, limit: int | None = None) -> str:

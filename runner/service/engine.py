@@ -409,7 +409,7 @@ class LocalEngine:
             expires_at=g.expires_at,
             granted_by=g.granted_by,
             password=password,
-            dsn_host=s.door_host or s.public_host,
+            dsn_host=s.door_name,  # the one answer to "which name reaches the door"
             dsn_port=s.door_port,
             database=g.branch,
         )
