@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import MigrationError
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.pool import Pool
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -52,9 +56,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for step, seconds in result.timings.items():
         out.print(f"  {step}: {seconds:.2f} s")
     out.print(f'[bold]connect[/] psql "$(pgoverlay branch connect {result.branch.name})"')
+    _way_in(p, result.branch.name, masked=bool(result.base.mask_sha256))
     out.print(f"[bold]destroy[/] pgoverlay branch destroy {result.branch.name}")
     failed = any(m.status == "failed" for m in result.migrations)
     return MigrationError.exit_code if failed else 0
+
+
+def _way_in(p: Pool, name: str, *, masked: bool) -> None:
+    """The branch through the front door, and how a person gets in."""
+    from pgoverlay.runner.demo import door
+
+    settings = p.settings
+    reached = door.connect(p, name)
+    out.print(
+        f"[bold]front door[/] {reached.started}; a preview app's credential connected as "
+        f"{reached.role} to {reached.database} over TLS ({reached.sslmode}) and saw "
+        f"{reached.tables} tables"
+    )
+    if reached.fingerprint:
+        out.print(f"  its own certificate, SHA-256 {reached.fingerprint}")
+    out.print(
+        f"[bold]way in[/] {settings.page_url(name)} (GitHub sign-in, once "
+        "PGOVERLAY_OAUTH_CLIENT_ID is set), or by hand: "
+        f"sudo pgoverlay access grant {name} --github-login YOUR-LOGIN"
+    )
+    if not masked and not settings.access_unmasked:
+        out.print(
+            "  its base is not masked: personal credentials need "
+            "PGOVERLAY_ACCESS_UNMASKED=true (the admin's choice for production's data)"
+        )
 
 
 def register(sub: Subcommands) -> None:

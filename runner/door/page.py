@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -85,9 +84,9 @@ class PageEngine(Protocol):
 
 
 def page_origin(settings: Settings) -> str:
-    """``https://HOST[:PORT]``: where readers reach the page (``door_host``, else
-    ``advertise_host``, else this host's fully qualified name) and GitHub sends them back."""
-    host = settings.door_host or settings.advertise_host or socket.getfqdn()
+    """``https://HOST[:PORT]``: where readers reach the page (``Settings.door_name``) and
+    GitHub sends them back."""
+    host = settings.door_name
     host = f"[{host}]" if ":" in host else host  # an IPv6 address
     port = settings.door_https_port
     return f"https://{host}" + ("" if port == 443 else f":{port}")

@@ -71,11 +71,6 @@ def door_dir(settings: Settings) -> Path:
     return settings.home / "door"
 
 
-def host_name(settings: Settings) -> str:
-    """The name clients connect to, which the certificate must name."""
-    return settings.door_host or settings.advertise_host or socket.getfqdn()
-
-
 def bind(address: str, port: int) -> socket.socket:
     """A listening TCP socket (IPv6 and IPv4 when the address is ``::``)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -122,7 +117,7 @@ def prepare(settings: Settings) -> Prepared:
         pair = tls.Pair(cert=settings.door_cert_file, key=settings.door_key_file)
         fingerprint = None
     else:
-        pair = tls.self_signed(door_dir(settings), host=host_name(settings), uid=0, gid=0)
+        pair = tls.self_signed(door_dir(settings), host=settings.door_name, uid=0, gid=0)
         fingerprint = tls.fingerprint(pair.cert)
     postgres_tls = tls.server_context(pair)
     https_tls = tls.server_context(pair)
@@ -158,7 +153,7 @@ def serve(settings: Settings) -> None:
         settings.home,
         settings.door_address,
         settings.door_port,
-        host_name(settings),
+        settings.door_name,
         settings.door_https_port,
         settings.door_user,
     )
