@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,11 +39,12 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from fakegithub import FakeGitHub
-from helpers import cli, free_tcp_port, require, service_settings
-from pgoverlay.runner import audit
+from helpers import cli, free_tcp_port, require, service_settings, source_dsn
+from pgoverlay.runner import audit, branch, seed
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
 
@@ -50,6 +52,7 @@ pytestmark = pytest.mark.slow
 
 DOOR_HOST = "pool.test"
 REPO = "acme/shop"
+BASE = "review"
 CLIENT_ID = "Iv1.reviewer-e2e"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -213,8 +216,36 @@ def _start_driver(
 
 
 @pytest.fixture(scope="module")
+def reviewed(
+    pool: Pool, source: cluster.Running, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BaseVersion]:
+    """A masked base (people's emails faked): what reviewers get by default."""
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS reviewdb")
+        conn.execute("CREATE DATABASE reviewdb OWNER app_owner")
+    with psycopg.connect(**source.conninfo(user="postgres", dbname="reviewdb")) as conn:
+        conn.execute("SET ROLE app_owner")
+        conn.execute("CREATE TABLE people (id int PRIMARY KEY, email text NOT NULL)")
+        conn.execute(
+            "INSERT INTO people SELECT g, 'person' || g || '@example.org' "
+            "FROM generate_series(1, 20) g"
+        )
+        conn.commit()
+    rules = tmp_path_factory.mktemp("review-rules") / "rules.yml"
+    rules.write_text("tables:\n  people:\n    email: {fake: email}\n")
+    made = seed.seed(pool, BASE, source_dsn=source_dsn(source, dbname="reviewdb"), mask=rules)
+    assert made.masked
+    yield made
+    for b in pool.registry.branches():
+        if b.base_name == BASE:
+            branch.destroy(pool, b.name)
+    for version in pool.registry.bases(BASE):
+        seed.remove_version(pool, version.name, version.version)
+
+
+@pytest.fixture(scope="module")
 def world(
-    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+    pool: Pool, reviewed: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
     require(shutil.which("ip") is not None, "needs iproute2 (ip netns)")
     require(Path(CHROMEDRIVER).exists(), "needs chromium-driver (scripts/test.sh installs it)")
@@ -223,7 +254,7 @@ def world(
     engine = LocalEngine(pool)
     names = ("shop-pr-71", "shop-pr-72")
     for number, name in zip((71, 72), names, strict=True):
-        engine.create(CreateRequest(name=name, repository=REPO, pr=number))
+        engine.create(CreateRequest(name=name, base=BASE, repository=REPO, pr=number))
     door_port, https_port = free_tcp_port(), free_tcp_port()
     with Machine() as machine, FakeGitHub(host=machine.host) as fake:
         certs = make_certs(folder, host=DOOR_HOST, address=machine.host)
@@ -251,7 +282,6 @@ def world(
             "PGOVERLAY_OAUTH_CLIENT_SECRET_FILE": os.fspath(secret_file),
             "PGOVERLAY_GITHUB_WEB_URL": fake.url,
             "PGOVERLAY_GITHUB_API_URL": fake.url,
-            "PGOVERLAY_ACCESS_UNMASKED": "true",  # the test base is not masked
         }
         log = open(folder / "door.log", "wb")  # noqa: SIM115 - closed below
         door = subprocess.Popen(
@@ -325,9 +355,14 @@ def test_a_writer_signs_in_from_another_machine_and_reads_and_writes_over_verify
     got = world.sign_in_and_get_credential("alice", branch)
     assert got["user"] == "alice"
     assert "sslmode=verify-full" in got["url"]
-    read = world.connect(branch, "alice", got["password"], "SELECT current_user, 1 + 1")
+    read = world.connect(
+        branch,
+        "alice",
+        got["password"],
+        "SELECT current_user, count(*), count(*) FILTER (WHERE email LIKE 'person%') FROM people",
+    )
     assert read.returncode == 0, read.stderr
-    assert read.stdout.strip() == "alice|2"
+    assert read.stdout.strip() == "alice|20|0"  # the masked copy: no real address left
     wrote = world.connect(
         branch,
         "alice",
@@ -344,11 +379,13 @@ def test_a_writer_signs_in_from_another_machine_and_reads_and_writes_over_verify
 def test_a_read_only_reviewer_reads_but_cannot_write(world: World) -> None:
     branch = world.branches[0]
     got = world.sign_in_and_get_credential("bob", branch)
-    read = world.connect(branch, "bob", got["password"], "SELECT 1")
+    read = world.connect(branch, "bob", got["password"], "SELECT count(*) FROM people")
     assert read.returncode == 0, read.stderr
-    wrote = world.connect(branch, "bob", got["password"], "CREATE TABLE bobs (id int)")
-    assert wrote.returncode != 0
-    assert "read-only transaction" in wrote.stderr
+    assert read.stdout.strip() == "20"
+    for sql in ("CREATE TABLE bobs (id int)", "DELETE FROM people"):
+        wrote = world.connect(branch, "bob", got["password"], sql)
+        assert wrote.returncode != 0
+        assert "read-only transaction" in wrote.stderr
 
 
 def test_a_reader_without_access_gets_nothing(world: World) -> None:
