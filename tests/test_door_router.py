@@ -57,7 +57,7 @@ class Audit:
     def __init__(self) -> None:
         self.lines: list[dict[str, object]] = []
 
-    def __call__(self, event: str, /, **fields: object) -> None:
+    def __call__(self, event: str, **fields: object) -> None:
         self.lines.append({"event": event, **fields})
 
 

@@ -51,34 +51,27 @@ Audit: one ``door.connect`` line per connection through the injected ``audit`` w
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import hmac
 import logging
-import os
-import secrets
 import socket
 import ssl
-import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pgoverlay.runner import audit as auditmod
+from pgoverlay.runner.door import login
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
 from pgoverlay.runner.door.guard import Guard, is_loopback, source_of
+from pgoverlay.runner.door.login import Record, Refused
 from pgoverlay.runner.names import NAME_RE
-from pgoverlay.runner.postgres.roles import SCRAM_ITERATIONS
 
 if TYPE_CHECKING:
     from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SASL_CAP = 8 * 1024  # a client's SCRAM message is under 200 bytes
-BACKEND_CAP = 1024 * 1024  # a branch's message during login (an ErrorResponse, a notice)
 CONNECT_TIMEOUT = 5.0  # to a branch's port on this host
 _SNI_ATTRIBUTE = "pgoverlay_door_sni"
 _TLS_RECORD = 0x16  # a TLS handshake record's first byte: a client that skipped the SSLRequest
@@ -97,29 +90,7 @@ Resolve = Callable[[str], Awaitable[Route | None]]
 
 
 class Audit(Protocol):
-    def __call__(self, event: str, /, **fields: object) -> None: ...
-
-
-class _Refused(Exception):
-    """A connection the door ends with a FATAL to the client: private control flow, caught in
-    the connection's own task."""
-
-    def __init__(self, outcome: str, sqlstate: str, message: str) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-        self.sqlstate = sqlstate
-        self.message = message
-
-
-@dataclass
-class _Record:
-    """One connection's audit line, filled in as it goes."""
-
-    source: str
-    start: str = field(default_factory=auditmod.now)
-    user: str = ""
-    branch: str = ""
-    outcome: str = "no_startup"
+    def __call__(self, event: str, **fields: object) -> None: ...
 
 
 class FrontDoor:
@@ -145,7 +116,7 @@ class FrontDoor:
             failed_window=settings.door_failed_window,
             clock=clock or self._clock,
         )
-        self._salt_key = secrets.token_bytes(32)
+        self._login_steps = login.Login(self.guard)
         self._keys: dict[tuple[int, bytes], Route] = {}
         self._channels: set[Channel] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -192,7 +163,7 @@ class FrontDoor:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, client: Channel) -> None:
-        record = _Record(source=source_of(client.info("peername")))
+        record = Record(source=source_of(client.info("peername")))
         backend: Channel | None = None
         guard = self.guard
         guard.per_source[record.source] += 1
@@ -210,7 +181,7 @@ class FrontDoor:
                 record.outcome = "timeout"
                 _say(client, proto.error_response(proto.CANNOT_CONNECT_NOW, self._late()))
                 return
-            except _Refused as refused:
+            except Refused as refused:
                 record.outcome = refused.outcome
                 _say(client, proto.error_response(refused.sqlstate, refused.message))
                 return
@@ -256,7 +227,7 @@ class FrontDoor:
             "(the front door's door_handshake_timeout): connect again"
         )
 
-    def _write_audit(self, record: _Record, client: Channel, backend: Channel | None) -> None:
+    def _write_audit(self, record: Record, client: Channel, backend: Channel | None) -> None:
         try:
             self._audit(
                 "door.connect",
@@ -278,7 +249,7 @@ class FrontDoor:
         return proto.parse_first(header + await client.read(length - 4))
 
     async def _handshake(
-        self, client: Channel, record: _Record
+        self, client: Channel, record: Record
     ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
         """Everything up to the branch's ReadyForQuery: the branch's channel (None when the
         door answered alone), the branch counted against its cap, the backend's cancel key."""
@@ -314,11 +285,11 @@ class FrontDoor:
         return await self._login(client, first, record, encrypted=encrypted)
 
     async def _login(
-        self, client: Channel, start: proto.Startup, record: _Record, *, encrypted: bool
+        self, client: Channel, start: proto.Startup, record: Record, *, encrypted: bool
     ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
         s = self.settings
         if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
-            raise _Refused(
+            raise Refused(
                 "refused:plaintext",
                 proto.INVALID_AUTHORIZATION,
                 "the front door takes only TLS connections: connect with sslmode=require "
@@ -327,13 +298,13 @@ class FrontDoor:
         if start.minor > 0 or start.protocol_options:
             client.write(proto.negotiate_protocol(start.protocol_options))
         if self.guard.banned(record.source):
-            raise _Refused(
+            raise Refused(
                 "refused:failed_logins",
                 proto.INVALID_AUTHORIZATION,
                 "too many failed logins from this address; try again later",
             )
         if self.guard.per_source[record.source] > s.door_max_per_source:
-            raise _Refused(
+            raise Refused(
                 "refused:source_cap",
                 proto.TOO_MANY_CONNECTIONS,
                 f"too many connections from this address (door_max_per_source = "
@@ -346,7 +317,7 @@ class FrontDoor:
         route = await self._resolve(name) if NAME_RE.match(name) else None
         if route is None:
             record.outcome = "unknown_branch"
-            await self._imitate(client, start.user, name, record)
+            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
             return None, "", None
         try:
             backend = await self._connect(route)
@@ -355,15 +326,17 @@ class FrontDoor:
                 "the front door cannot reach branch %s (port %s): %s", name, route.port, exc
             )
             record.outcome = "branch_unreachable"
-            await self._imitate(client, start.user, name, record)
+            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
             return None, "", None
         try:
             backend.write(start.rewritten(route.database))
-            if not await self._relay_login(client, backend, start.user, name, record, began):
+            if not await self._login_steps.relay(
+                client, backend, user=start.user, name=name, record=record, began=began
+            ):
                 backend.close()
                 return None, "", None
             if self.guard.per_branch[name] >= s.door_max_per_branch:
-                raise _Refused(
+                raise Refused(
                     "refused:branch_cap",
                     proto.TOO_MANY_CONNECTIONS,
                     f"too many connections to branch {name} through the front door "
@@ -372,7 +345,9 @@ class FrontDoor:
                 )
             self.guard.per_branch[name] += 1
             try:
-                key = await self._until_ready(client, backend, route)
+                key = await login.until_ready(client, backend)
+                if key is not None and key[1]:
+                    self._keys[key] = route
             except BaseException:
                 self.guard.per_branch[name] -= 1
                 raise
@@ -401,112 +376,7 @@ class FrontDoor:
             _, backend = await loop.create_connection(Channel, route.host, route.port)
         return backend
 
-    async def _relay_login(
-        self,
-        client: Channel,
-        backend: Channel,
-        user: str,
-        name: str,
-        record: _Record,
-        began: float,
-    ) -> bool:
-        """The branch's authentication, passed on: True at AuthenticationOk."""
-        exchanged = False
-        nonce = ""
-        step, since = "sasl", began
-        while True:
-            kind, body = await backend.read_message(cap=BACKEND_CAP)
-            if kind == b"E":
-                fields = proto.error_fields(body)
-                sqlstate = fields.get("C", "XX000")
-                if not sqlstate.startswith("28"):
-                    client.write(proto.error_response(sqlstate, fields.get("M", "")))
-                    record.outcome = "branch_error"
-                    return False
-                self.guard.failed(record.source)
-                record.outcome = "auth_failed"
-                if exchanged:
-                    self.guard.timed(step, self._clock() - since)
-                    client.write(proto.password_failed(user))
-                else:  # the branch refused the role outright: as if it had asked
-                    await self._imitate(client, user, name, record, count=False)
-                return False
-            if kind != b"R":
-                raise proto.StartupError(
-                    proto.PROTOCOL_VIOLATION,
-                    f"unexpected message {kind!r} from branch {name} during the login",
-                )
-            code = proto.auth_code(body)
-            if code == proto.AUTH_OK:
-                client.write(proto.message(kind, body))
-                return True
-            if code == proto.AUTH_SASL:
-                self.guard.timed(step, self._clock() - since)
-                client.write(proto.message(kind, body))
-                answer = await _sasl_message(client)
-                proto.sasl_initial(answer)
-                exchanged = True
-            elif code == proto.AUTH_SASL_CONTINUE:
-                self.guard.timed(step, self._clock() - since)
-                nonce = proto.server_first_nonce(body[4:])
-                client.write(proto.message(kind, body))
-                answer = await _sasl_message(client)
-                proto.client_final(answer, nonce=nonce)
-            elif code == proto.AUTH_SASL_FINAL:
-                client.write(proto.message(kind, body))
-                continue
-            else:
-                raise _Refused(
-                    "refused:auth_method",
-                    proto.INVALID_AUTHORIZATION,
-                    f"branch {name} asked for an authentication other than SCRAM-SHA-256 "
-                    f"(code {code}); the front door passes on only SCRAM, which never shows "
-                    "it a password",
-                )
-            step = "continue" if code == proto.AUTH_SASL else "final"
-            backend.write(proto.message(b"p", answer))
-            since = self._clock()
-
-    async def _until_ready(
-        self, client: Channel, backend: Channel, route: Route
-    ) -> tuple[int, bytes] | None:
-        """The branch's messages after AuthenticationOk, passed on to its ReadyForQuery: the
-        cancel key it gave (None if it ended the session with an error instead)."""
-        key: tuple[int, bytes] | None = None
-        while True:
-            kind, body = await backend.read_message(cap=BACKEND_CAP)
-            if kind == b"E":
-                fields = proto.error_fields(body)
-                client.write(proto.error_response(fields.get("C", "XX000"), fields.get("M", "")))
-                return None
-            client.write(proto.message(kind, body))
-            if kind == b"K" and len(body) >= 8:
-                (pid,) = struct.unpack("!I", body[:4])
-                key = (pid, bytes(body[4:]))
-                self._keys[key] = route
-            elif kind == b"Z":
-                return key if key is not None else (0, b"")
-
-    async def _imitate(
-        self, client: Channel, user: str, name: str, record: _Record, *, count: bool = True
-    ) -> None:
-        """A wrong password's exchange, for a name that is not a branch reachable now."""
-        if count:
-            self.guard.failed(record.source)
-        record.outcome = record.outcome if record.outcome != "login" else "unknown_branch"
-        await asyncio.sleep(self.guard.pause("sasl"))
-        client.write(proto.auth_sasl())
-        first = proto.sasl_initial(await _sasl_message(client))
-        nonce = first.nonce + base64.b64encode(os.urandom(18)).decode()
-        salt = hmac.digest(self._salt_key, f"{name}\0{user}".encode(), hashlib.sha256)[:16]
-        server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={SCRAM_ITERATIONS}"
-        await asyncio.sleep(self.guard.pause("continue"))
-        client.write(proto.auth_sasl_continue(server_first.encode()))
-        proto.client_final(await _sasl_message(client), nonce=nonce)
-        await asyncio.sleep(self.guard.pause("final"))
-        client.write(proto.password_failed(user))
-
-    async def _cancel(self, request: proto.CancelRequest, record: _Record) -> None:
+    async def _cancel(self, request: proto.CancelRequest, record: Record) -> None:
         route = self._keys.get((request.pid, request.key))
         if route is None:
             self.guard.failed(record.source)
@@ -530,15 +400,6 @@ class _ClientChannel(Channel):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._door._accepted(self)
-
-
-async def _sasl_message(client: Channel) -> bytes:
-    kind, body = await client.read_message(cap=SASL_CAP)
-    if kind != b"p":
-        raise proto.StartupError(
-            proto.PROTOCOL_VIOLATION, f"expected SASL response, got message type {kind!r}"
-        )
-    return body
 
 
 def _loop_time() -> float:
