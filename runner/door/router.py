@@ -1,0 +1,417 @@
+"""The front door: one TCP port that speaks the Postgres protocol for every branch of the pool.
+
+Per connection, within ``door_handshake_timeout`` seconds of the accept (to the branch's
+ReadyForQuery, or the door's refusal):
+
+1. The client's first packets (``startup``): GSSENCRequest is answered ``N``; SSLRequest ``S``,
+   then TLS with the door's certificate (no unencrypted byte may follow the request: the
+   CVE-2021-23214 buffer-stuffing attack). A client opening with a TLS record itself
+   (PostgreSQL 17's ``sslnegotiation=direct``) is closed at once: it cannot read a Postgres
+   error, and libpq's default negotiation works. A StartupMessage in plaintext is refused
+   (28000, "connect with sslmode=require or stronger") unless ``door_plaintext_loopback`` and
+   the peer is loopback. A CancelRequest (in plaintext, as libpq sends it, or inside TLS) is
+   forwarded only to the branch whose backend gave the door that key, else dropped without a
+   word and counted as a failed login (its 32-bit secret is a password of sorts).
+2. The source's checks: ``door_failed_logins`` failures within ``door_failed_window`` seconds
+   (28000 "too many failed logins from this address; try again later"), more than
+   ``door_max_per_source`` connections (53300; more than twice as many are closed unanswered).
+3. The branch: the TLS SNI name ``BRANCH.<door_sni_suffix>`` when the suffix is set and the
+   name ends with it, else the StartupMessage's ``database``; asked of the injected
+   ``resolve(name)`` on every connection (nothing is cached, so a destroyed branch is
+   unreachable as soon as the engine forgets it).
+4. The login, relayed message by message: the door connects to the branch (plain TCP on
+   loopback), sends the StartupMessage with ``database`` set to the branch's real database, and
+   passes on the branch's SCRAM-SHA-256 exchange. Authentication stays end to end between the
+   client and the branch; the door never sees a password, and refuses a branch that asks for a
+   method that would show it one. Behind the door a branch offers SCRAM-SHA-256 only, never
+   SCRAM-SHA-256-PLUS (the branch's connection is not TLS), so a client with
+   ``channel_binding=require`` cannot use the door.
+5. A connection over ``door_max_per_branch`` authenticated ones for its branch is refused
+   (53300) once the client has logged in: before that, a cap would tell an anonymous client
+   that the branch exists.
+6. The splice (``channel``): bytes both ways until either side closes.
+
+What an anonymous client learns: nothing about which branches exist. A name that is not a
+branch (or not a valid branch name, or a branch that cannot be reached now), and a branch's
+refusal of the role before any exchange (pg_hba.conf), get what a wrong password on a real
+branch gets: AuthenticationSASL offering SCRAM-SHA-256, a server-first with a fresh 24-character
+nonce, a salt and 4096 iterations, then FATAL 28P01 ``password authentication failed for user
+"<user>"``. The salt is an HMAC of the branch name and user under a key the door draws at start,
+so it stays the same from one attempt to the next, as a real role's does (a fresh salt per
+attempt would tell). Every error of a login, the branch's included, is written by the door
+without Postgres's source-file fields, so the two read the same byte for byte; the client's
+SCRAM messages are checked by the door in both cases, and each of the imitation's answers waits
+as long as a recent real branch took for that step (``guard``). Each such failure counts
+against the source's failed logins, as a wrong password does.
+
+Audit: one ``door.connect`` line per connection through the injected ``audit`` writer (an
+``AuditLog.write``): user, branch, source, start, end, bytes_in, bytes_out, outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from pgoverlay.runner import audit as auditmod
+from pgoverlay.runner.door import login
+from pgoverlay.runner.door import startup as proto
+from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
+from pgoverlay.runner.door.guard import Guard, is_loopback, source_of
+from pgoverlay.runner.door.login import Record, Refused
+from pgoverlay.runner.names import NAME_RE
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0  # to a branch's port on this host
+_SNI_ATTRIBUTE = "pgoverlay_door_sni"
+_TLS_RECORD = 0x16  # a TLS handshake record's first byte: a client that skipped the SSLRequest
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a branch is served: its loopback address and port, and its real database."""
+
+    host: str
+    port: int
+    database: str
+
+
+Resolve = Callable[[str], Awaitable[Route | None]]
+
+
+class Audit(Protocol):
+    def __call__(self, event: str, **fields: object) -> None: ...
+
+
+class FrontDoor:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        ssl_context: ssl.SSLContext,
+        resolve: Resolve,
+        audit: Audit,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._ssl = ssl_context
+        self._ssl.sni_callback = _remember_sni
+        self._resolve = resolve
+        self._audit = audit
+        # How long logins take is timed on the loop's clock; ``clock`` (tests) is the failed
+        # logins' window's.
+        self._clock: Callable[[], float] = _loop_time
+        self.guard = Guard(
+            failed_logins=settings.door_failed_logins,
+            failed_window=settings.door_failed_window,
+            clock=clock or self._clock,
+        )
+        self._login_steps = login.Login(self.guard)
+        self._keys: dict[tuple[int, bytes], Route] = {}
+        self._channels: set[Channel] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(
+        self, *, sock: socket.socket | None = None, host: str | None = None, port: int = 0
+    ) -> None:
+        """Serve on ``sock`` (bound by root before it dropped privileges), or bind
+        ``host``:``port`` (tests)."""
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            self._server = await loop.create_server(self._channel, sock=sock, backlog=512)
+        else:
+            self._server = await loop.create_server(self._channel, host, port, backlog=512)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop accepting, and close every connection (a session in progress included)."""
+        if self._server is not None:
+            self._server.close()
+        for channel in list(self._channels):
+            channel.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- one connection ----------------------------------------------------------------
+
+    def _channel(self) -> Channel:
+        client = _ClientChannel(self)
+        return client
+
+    def _accepted(self, client: Channel) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(client))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, client: Channel) -> None:
+        record = Record(source=source_of(client.info("peername")))
+        backend: Channel | None = None
+        guard = self.guard
+        guard.per_source[record.source] += 1
+        self._channels.add(client)
+        counted_branch = ""
+        key: tuple[int, bytes] | None = None
+        try:
+            if guard.per_source[record.source] > 2 * self.settings.door_max_per_source:
+                record.outcome = "refused:flood"
+                return
+            try:
+                async with asyncio.timeout(self.settings.door_handshake_timeout):
+                    backend, counted_branch, key = await self._handshake(client, record)
+            except TimeoutError:
+                record.outcome = "timeout"
+                _say(client, proto.error_response(proto.CANNOT_CONNECT_NOW, self._late()))
+                return
+            except Refused as refused:
+                record.outcome = refused.outcome
+                _say(client, proto.error_response(refused.sqlstate, refused.message))
+                return
+            except proto.StartupError as bad:
+                record.outcome = "refused:protocol"
+                _say(client, proto.error_response(bad.sqlstate, bad.message))
+                return
+            except (ChannelClosed, OSError) as gone:
+                if record.outcome == "tls_handshake" or isinstance(gone, ssl.SSLError):
+                    record.outcome = "refused:tls"
+                elif record.outcome == "login":
+                    record.outcome = "client_left"
+                return
+            if backend is None:
+                return
+            record.outcome = "closed"
+            self._channels.add(backend)
+            splice(client, backend)
+            await asyncio.wait([client.done, backend.done], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            record.outcome = "door_closed" if backend is not None else record.outcome
+            raise
+        finally:
+            for side in (client, backend):
+                if side is not None:
+                    side.close()
+                    self._channels.discard(side)
+            guard.per_source[record.source] -= 1
+            if guard.per_source[record.source] <= 0:
+                del guard.per_source[record.source]
+            if counted_branch:
+                guard.per_branch[counted_branch] -= 1
+                if guard.per_branch[counted_branch] <= 0:
+                    del guard.per_branch[counted_branch]
+            if key is not None:
+                self._keys.pop(key, None)
+            self._write_audit(record, client, backend)
+
+    def _late(self) -> str:
+        seconds = self.settings.door_handshake_timeout
+        return (
+            f"the connection took longer than {seconds:g} s to log in "
+            "(the front door's door_handshake_timeout): connect again"
+        )
+
+    def _write_audit(self, record: Record, client: Channel, backend: Channel | None) -> None:
+        try:
+            self._audit(
+                "door.connect",
+                user=record.user,
+                branch=record.branch,
+                source=record.source,
+                start=record.start,
+                end=auditmod.now(),
+                bytes_in=client.received,
+                bytes_out=client.sent,
+                outcome=record.outcome,
+            )
+        except (OSError, ValueError) as exc:
+            log.warning("cannot write the front door's audit line: %s", exc)
+
+    async def _first(self, client: Channel) -> proto.FirstPacket:
+        header = await client.read(4)
+        length = proto.startup_length(header)
+        return proto.parse_first(header + await client.read(length - 4))
+
+    async def _handshake(
+        self, client: Channel, record: Record
+    ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
+        """Everything up to the branch's ReadyForQuery: the branch's channel (None when the
+        door answered alone), the branch counted against its cap, the backend's cancel key."""
+        if await client.peek() == _TLS_RECORD:
+            record.outcome = "refused:direct_tls"
+            return None, "", None
+        first = await self._first(client)
+        if isinstance(first, proto.GSSEncRequest):
+            client.write(b"N")
+            first = await self._first(client)
+        encrypted = False
+        if isinstance(first, proto.SSLRequest):
+            if client.buffered:
+                raise proto.StartupError(
+                    proto.PROTOCOL_VIOLATION, "received unencrypted data after SSL request"
+                )
+            client.write(b"S")
+            record.outcome = "tls_handshake"
+            await client.start_tls(self._ssl, timeout=self.settings.door_handshake_timeout)
+            record.outcome = "no_startup"
+            encrypted = True
+            first = await self._first(client)
+        if isinstance(first, proto.SSLRequest | proto.GSSEncRequest):
+            raise proto.StartupError(
+                proto.PROTOCOL_VIOLATION, "unexpected encryption request: encryption is settled"
+            )
+        if isinstance(first, proto.CancelRequest):
+            record.outcome = "cancel"
+            await self._cancel(first, record)
+            return None, "", None
+        record.user = first.user
+        record.outcome = "login"
+        return await self._login(client, first, record, encrypted=encrypted)
+
+    async def _login(
+        self, client: Channel, start: proto.Startup, record: Record, *, encrypted: bool
+    ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
+        s = self.settings
+        if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
+            raise Refused(
+                "refused:plaintext",
+                proto.INVALID_AUTHORIZATION,
+                "the front door takes only TLS connections: connect with sslmode=require "
+                "or stronger",
+            )
+        if start.minor > 0 or start.protocol_options:
+            client.write(proto.negotiate_protocol(start.protocol_options))
+        if self.guard.banned(record.source):
+            raise Refused(
+                "refused:failed_logins",
+                proto.INVALID_AUTHORIZATION,
+                "too many failed logins from this address; try again later",
+            )
+        if self.guard.per_source[record.source] > s.door_max_per_source:
+            raise Refused(
+                "refused:source_cap",
+                proto.TOO_MANY_CONNECTIONS,
+                f"too many connections from this address (door_max_per_source = "
+                f"{s.door_max_per_source}): close some, or have the admin raise "
+                "PGOVERLAY_DOOR_MAX_PER_SOURCE",
+            )
+        name = self._branch_name(client, start)
+        record.branch = name
+        began = self._clock()
+        route = await self._resolve(name) if NAME_RE.match(name) else None
+        if route is None:
+            record.outcome = "unknown_branch"
+            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+            return None, "", None
+        try:
+            backend = await self._connect(route)
+        except OSError as exc:
+            log.warning(
+                "the front door cannot reach branch %s (port %s): %s", name, route.port, exc
+            )
+            record.outcome = "branch_unreachable"
+            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+            return None, "", None
+        try:
+            backend.write(start.rewritten(route.database))
+            if not await self._login_steps.relay(
+                client, backend, user=start.user, name=name, record=record, began=began
+            ):
+                backend.close()
+                return None, "", None
+            if self.guard.per_branch[name] >= s.door_max_per_branch:
+                raise Refused(
+                    "refused:branch_cap",
+                    proto.TOO_MANY_CONNECTIONS,
+                    f"too many connections to branch {name} through the front door "
+                    f"(door_max_per_branch = {s.door_max_per_branch}): close some, or have "
+                    "the admin raise PGOVERLAY_DOOR_MAX_PER_BRANCH",
+                )
+            self.guard.per_branch[name] += 1
+            try:
+                key = await login.until_ready(client, backend)
+                if key is not None and key[1]:
+                    self._keys[key] = route
+            except BaseException:
+                self.guard.per_branch[name] -= 1
+                raise
+            if key is None:
+                self.guard.per_branch[name] -= 1
+                backend.close()
+                record.outcome = "branch_error"
+                return None, "", None
+            return backend, name, key
+        except BaseException:
+            backend.close()
+            raise
+
+    def _branch_name(self, client: Channel, start: proto.Startup) -> str:
+        suffix = (self.settings.door_sni_suffix or "").strip(".").lower()
+        sni = getattr(client.info("ssl_object"), _SNI_ATTRIBUTE, None)
+        if suffix and isinstance(sni, str):
+            name = sni.rstrip(".").lower()
+            if name.endswith("." + suffix):
+                return name[: -len(suffix) - 1]
+        return start.database
+
+    async def _connect(self, route: Route) -> Channel:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            _, backend = await loop.create_connection(Channel, route.host, route.port)
+        return backend
+
+    async def _cancel(self, request: proto.CancelRequest, record: Record) -> None:
+        route = self._keys.get((request.pid, request.key))
+        if route is None:
+            self.guard.failed(record.source)
+            record.outcome = "cancel_unknown"
+            return
+        try:
+            backend = await self._connect(route)
+        except (OSError, TimeoutError):
+            return
+        backend.write(request.packet())
+        backend.close()
+
+
+class _ClientChannel(Channel):
+    """A client's side: the door starts its task when it connects."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        super().__init__()
+        self._door = door
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._door._accepted(self)
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _say(client: Channel, data: bytes) -> None:
+    with contextlib.suppress(ChannelClosed, ConnectionError, RuntimeError):
+        client.write(data)
+
+
+def _remember_sni(obj: object, name: str | None, context: ssl.SSLContext) -> None:
+    """The TLS server name the client asked for, kept on its SSL object for the routing."""
+    if name is not None:
+        setattr(obj, _SNI_ATTRIBUTE, name)
