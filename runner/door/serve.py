@@ -107,7 +107,7 @@ def prepare(settings: Settings) -> Prepared:
     import uvicorn  # noqa: F401 - imported while root may still read it
 
     from pgoverlay.runner.door import page, router, tls  # noqa: F401
-    from pgoverlay.runner.service.client import RemoteEngine
+    from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
     require_root()
     uid, gid = privsep.account(settings.door_user)
@@ -126,7 +126,8 @@ def prepare(settings: Settings) -> Prepared:
     _more_descriptors()
     postgres = bind(settings.door_address, settings.door_port)
     https = bind(settings.door_address, settings.door_https_port)
-    engine = RemoteEngine(settings)  # nothing is asked of it before the door is its own user
+    # nothing is asked of it before the door is its own user; a page view waits 30 s at most
+    engine = RemoteEngine(socket_path(settings), timeout=30.0)
     pages = page.create_page(
         settings, engine, secret=secrets.token_bytes(32), fingerprint=fingerprint
     )  # reads the OAuth client's secret file, root's
