@@ -121,6 +121,11 @@ def make_certs(folder: Path, *, host: str, address: str) -> Certs:
     )
 
 
+def _quoted(value: str) -> str:
+    """A value of a libpq connection string, quoted as libpq reads it."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 @dataclass
 class World:
     pool: Pool
@@ -144,7 +149,7 @@ class World:
         """psql on the reviewer's machine: the password in its environment, never an argument."""
         dsn = (
             f"host={DOOR_HOST} hostaddr={self.machine.host} port={self.door_port} "
-            f"dbname={branch} user={user} sslmode={sslmode} sslrootcert={self.certs.ca} "
+            f"dbname={_quoted(branch)} user={user} sslmode={sslmode} sslrootcert={self.certs.ca} "
             "connect_timeout=10"
         )
         return self.machine.run(
