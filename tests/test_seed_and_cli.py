@@ -13,7 +13,7 @@ from typing import Literal
 import psycopg
 import pytest
 
-from helpers import Undo, cli, postgres_processes_for, source_dsn
+from helpers import Undo, cli, free_tcp_port, postgres_processes_for, source_dsn
 from pgoverlay.errors import (
     ConfigError,
     NotRootError,
@@ -337,14 +337,21 @@ def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
 
 
 def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
-    pool: Pool, env: dict[str, str]
+    pool: Pool, env: dict[str, str], service: Path
 ) -> None:
+    from pgoverlay.runner.door import serve as door
+
+    ports = {"PGOVERLAY_DOOR_PORT": free_tcp_port(), "PGOVERLAY_DOOR_HTTPS_PORT": free_tcp_port()}
+    env = {**env, **{name: str(port) for name, port in ports.items()}}
     done = cli(["demo", "--scale", "1", "--branch", "demo-run"], env=env, timeout=600)
     try:
         assert done.returncode == 0, done.stderr
         assert "migration migrations/001_loyalty_points.sql: applied" in done.stdout
         assert "migration migrations/002_order_status_index.sql: applied" in done.stdout
         assert "pgoverlay branch destroy demo-run" in done.stdout
+        # The way in: a preview app's credential through the front door, over verified TLS.
+        assert "over TLS (verify-full)" in done.stdout
+        assert "access grant demo-run --github-login" in done.stdout
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
         with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:
@@ -356,6 +363,7 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert again.returncode == 0, again.stderr
         assert "seed demo base" not in again.stdout, "a second demo reuses the base"
     finally:
+        assert door.stop(pool.settings, wait=30), "the demo left its front door running"
         branch.destroy(pool, "demo-run")
         for version in pool.registry.bases("demo"):
             seed.remove_version(pool, "demo", version.version)

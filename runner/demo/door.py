@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from pgoverlay.runner.pool import Pool
 
 
@@ -27,8 +29,6 @@ class ThroughTheDoor:
 
 
 def connect(pool: Pool, branch: str) -> ThroughTheDoor:
-    import psycopg
-
     from pgoverlay.runner.door import serve, tls
     from pgoverlay.runner.service.engine import LocalEngine
     from pgoverlay.runner.service.models import GrantRequest

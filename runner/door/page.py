@@ -83,6 +83,42 @@ class PageEngine(Protocol):
     def grant(self, name: str, request: models.GrantRequest) -> GrantAnswer: ...
 
 
+NOT_SET_UP = (
+    "the branch page signs readers in with GitHub and needs an OAuth client: set "
+    "PGOVERLAY_OAUTH_CLIENT_ID (the GitHub App's or OAuth App's client id) and "
+    "PGOVERLAY_OAUTH_CLIENT_SECRET_FILE (see docs/access.md)"
+)
+
+
+def create_unconfigured() -> FastAPI:
+    """The pages of a door whose admin has not set up sign-in: every path answers 503 with
+    what is missing (the Postgres port works as ever; credentials come from `pgoverlay access
+    grant`). Nothing about any branch is said."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def _only(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        body = render.message_page(
+            "Sign-in is not set up",
+            "This host's branch pages need GitHub sign-in, which its admin has not set up: "
+            + NOT_SET_UP
+            + ". Until then, ask the admin for a credential (`pgoverlay access grant`).",
+            nonce=nonce,
+        )
+        response = HTMLResponse(body, status_code=503)
+        response.headers["Content-Security-Policy"] = (
+            f"default-src 'none'; style-src 'nonce-{nonce}'; frame-ancestors 'none'"
+        )
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    return app
+
+
 def page_origin(settings: Settings) -> str:
     """``https://HOST[:PORT]``: where readers reach the page (``Settings.door_name``) and
     GitHub sends them back."""
@@ -130,11 +166,7 @@ def create_page(
     ``fingerprint`` is the front door's certificate's SHA-256 when it is self-signed (shown
     with a credential); ``clock`` is for tests. Reads the OAuth client's secret now."""
     if not settings.oauth_client_id:
-        raise PgoverlayError(
-            "the branch page signs readers in with GitHub and needs an OAuth client: set "
-            "PGOVERLAY_OAUTH_CLIENT_ID (the GitHub App's or OAuth App's client id) and "
-            "PGOVERLAY_OAUTH_CLIENT_SECRET_FILE"
-        )
+        raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
         web_url=settings.github_web_url,
         api_url=settings.github_api_url,

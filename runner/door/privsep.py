@@ -16,7 +16,6 @@ that holds no password, no token but the page's OAuth client secret, and no file
 
 from __future__ import annotations
 
-import ctypes
 import grp
 import os
 import pwd
@@ -78,6 +77,8 @@ def group_id(name: str) -> int:
 
 
 def _prctl(option: int, value: int) -> None:
+    import ctypes  # only the door's own process needs it, once
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, value, 0, 0, 0) != 0:
         err = ctypes.get_errno()

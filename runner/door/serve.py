@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.errors import BranchMissingError
+from pgoverlay.errors import BranchMissingError, ConfigError, TimeoutExpiredError
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
 from pgoverlay.runner.pool import require_root
+from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:
@@ -69,6 +70,12 @@ class Prepared:
 
 def door_dir(settings: Settings) -> Path:
     return settings.home / "door"
+
+
+def _pid_file(settings: Settings) -> Path:
+    """Root's record of the running door: its pid and when it started (so a reused pid is
+    never signalled), written once its ports are bound."""
+    return door_dir(settings) / "door.pid"
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -126,11 +133,19 @@ def prepare(settings: Settings) -> Prepared:
     _more_descriptors()
     postgres = bind(settings.door_address, settings.door_port)
     https = bind(settings.door_address, settings.door_https_port)
+    started = postmaster.process_start_epoch(os.getpid())
+    with contextlib.suppress(FileNotFoundError):
+        _pid_file(settings).unlink()
+    safefs.write_new(_pid_file(settings), f"{os.getpid()} {started}\n", uid=0, gid=0, mode=0o644)
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
-    pages = page.create_page(
-        settings, engine, secret=secrets.token_bytes(32), fingerprint=fingerprint
-    )  # reads the OAuth client's secret file, root's
+    if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
+        pages = page.create_page(
+            settings, engine, secret=secrets.token_bytes(32), fingerprint=fingerprint
+        )
+    else:
+        log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
+        pages = page.create_unconfigured()
     return Prepared(
         uid=uid,
         gid=gid,
@@ -254,13 +269,15 @@ def start(settings: Settings) -> str:
     require_root()
     if answering(settings):
         return f"front door answering on port {settings.door_port}"
+    process = None
     if _systemd_runs_it():
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
         how = f"started {UNIT}"
     else:
-        log_fd = safefs.open_log(settings.home / "door.log", uid=0, gid=0)
+        log_path = settings.home / "door.log"
+        log_fd = safefs.open_log(log_path, uid=0, gid=0)
         try:
-            subprocess.Popen(
+            process = subprocess.Popen(
                 DOOR_COMMAND,
                 cwd="/",
                 stdin=subprocess.DEVNULL,
@@ -272,10 +289,49 @@ def start(settings: Settings) -> str:
             )
         finally:
             os.close(log_fd)
-        how = f"started the front door (log: {settings.home / 'door.log'})"
+        how = f"started the front door (log: {log_path})"
+
+    def up() -> bool:
+        if process is not None and process.poll() is not None:
+            tail = (safefs.read_tail(settings.home / "door.log") or "").strip().splitlines()
+            raise ConfigError(
+                f"the front door exited at start ({process.returncode}): "
+                + (tail[-1] if tail else "see its log")
+            )
+        return answering(settings)
+
     polling.wait_for(
-        lambda: answering(settings),
+        up,
         timeout=settings.start_timeout,
         what=f"the front door to answer on port {settings.door_port}",
     )
     return f"{how}; Postgres on port {settings.door_port}, pages on {settings.door_https_port}"
+
+
+def stop(settings: Settings, *, wait: float) -> bool:
+    """Stop the door this pool started, if it runs: SIGTERM, then SIGKILL after ``wait``
+    seconds. False when none was running."""
+    text = safefs.read_small(_pid_file(settings))
+    if not text:
+        return False
+    try:
+        pid_text, started_text = text.split()
+        pid, started = int(pid_text), float(started_text)
+    except ValueError:
+        return False
+    if postmaster.process_start_epoch(pid) != started:
+        return False  # gone, or the pid is another process's now
+    for signal_number in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal_number)
+        with contextlib.suppress(TimeoutExpiredError):
+            polling.wait_for(
+                lambda: postmaster.process_start_epoch(pid) != started,
+                timeout=wait,
+                what="the front door to stop",
+                max_interval=0.1,
+            )
+            break
+    with contextlib.suppress(FileNotFoundError):
+        _pid_file(settings).unlink()
+    return True

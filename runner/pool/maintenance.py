@@ -26,6 +26,7 @@ from pathlib import Path
 from pgoverlay.errors import PoolError, TimeoutExpiredError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import safefs
+from pgoverlay.runner.door import serve as door
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import (
     Pool,
@@ -61,6 +62,7 @@ def down(settings: Settings) -> list[str]:
     # The engine service first: it holds the registry open (its mount would stay busy) and
     # would start warm branches again.
     serve.stop(settings, wait=settings.stop_timeout + 5)
+    door.stop(settings, wait=settings.stop_timeout)
     write_info(home, PoolInfo(mode=info.mode, image_bytes=info.image_bytes, down=True))
     started = False  # once something is stopped, the pool stays marked down until `pool init`
     try:
@@ -99,6 +101,8 @@ def remove(settings: Settings) -> list[str]:
     done = []
     if serve.stop(settings, wait=settings.stop_timeout + 5):
         done.append("stopped the engine service")
+    if door.stop(settings, wait=settings.stop_timeout):
+        done.append("stopped the front door")
     stopped = down(settings)
     if stopped:
         done.append(f"stopped branches: {', '.join(stopped)}")
