@@ -319,7 +319,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         )
         clock = Clock()
         app = page.create_page(
-            settings, engine, secret=secrets.token_bytes(32), fingerprint=FINGERPRINT, clock=clock
+            settings,
+            engine,
+            secret=secrets.token_bytes(32),
+            fingerprint=FINGERPRINT,
+            certificate=tls.cert.read_text(),
+            clock=clock,
         )
         page.quiet_access_log()
         config = uvicorn.Config(
@@ -463,7 +468,13 @@ def test_a_writer_signs_in_sees_the_branch_and_its_report_and_gets_a_read_write_
     assert fields["url"].startswith(f"postgresql://alice:{password}@{HOST}:6543/{BRANCH}?")
     assert fields["psql"] == f"psql '{fields['url']}'"
     assert fields["jdbc"].startswith(f"jdbc:postgresql://{HOST}:6543/{BRANCH}?user=alice&")
-    assert "sslmode=require" in fields["url"]  # self-signed: the fingerprint is shown
+    # self-signed: verified against the door's own certificate, offered for download
+    assert fields["url"].endswith("?sslmode=verify-full&sslrootcert=pgoverlay-door.crt")
+    link = chrome.find_element(By.CSS_SELECTOR, 'a[download="pgoverlay-door.crt"]')
+    with site.client() as http:
+        served = http.get(str(link.get_attribute("href")))
+    assert served.status_code == 200
+    assert served.text == site.tls.cert.read_text()
     assert chrome.find_element(By.ID, "fingerprint").text == FINGERPRINT
     assert "UTC" in chrome.find_element(By.ID, "expires").text
     copies = chrome.find_elements(By.CSS_SELECTOR, "div.copyable button")
@@ -785,7 +796,9 @@ def test_connection_strings_quote_what_a_url_cannot_hold() -> None:
         "jdbc:postgresql://db.example:6543/pr-1?user=gh_al%40x&"
         "password=p%40ss%2Fw%3Ard%3F%26&sslmode=verify-full"
     )
-    assert "sslmode=require" in render.connection_strings(c, verify=False)["URL"]
+    assert render.connection_strings(c, verify=False)["URL"].endswith(
+        "?sslmode=verify-full&sslrootcert=pgoverlay-door.crt"
+    )
 
 
 def test_the_client_secret_file_holds_the_secret_alone(tmp_path: Path) -> None:

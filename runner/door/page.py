@@ -160,11 +160,13 @@ def create_page(
     *,
     secret: bytes,
     fingerprint: str | None = None,
+    certificate: str | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     """The page's ASGI app. ``secret`` (32 random bytes or more) signs its cookies;
-    ``fingerprint`` is the front door's certificate's SHA-256 when it is self-signed (shown
-    with a credential); ``clock`` is for tests. Reads the OAuth client's secret now."""
+    ``fingerprint`` and ``certificate`` (PEM) are the front door's own certificate's when it is
+    self-signed: shown with a credential, and offered for download, as the connection strings'
+    ``sslrootcert``; ``clock`` is for tests. Reads the OAuth client's secret now."""
     if not settings.oauth_client_id:
         raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
@@ -344,6 +346,13 @@ def create_page(
         )
         text = render.credential_page(shown, fingerprint=fingerprint, nonce=request.state.nonce)
         return HTMLResponse(text)
+
+    @app.get(f"/{render.CERT_DOWNLOAD}")
+    async def door_certificate(request: Request) -> Response:
+        """The door's own certificate (public): what a reader's client verifies it against."""
+        if certificate is None:
+            return not_found(request)
+        return Response(certificate, media_type="application/x-pem-file")
 
     @app.get("/signin")
     async def sign_in(request: Request, next: str = "") -> Response:

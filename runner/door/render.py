@@ -221,14 +221,20 @@ class Credential:
     database: str
 
 
+# The name a reader saves the door's own (self-signed) certificate under, next to where they
+# run their client: the connection strings name it as sslrootcert.
+CERT_DOWNLOAD = "pgoverlay-door.crt"
+
+
 def connection_strings(c: Credential, *, verify: bool) -> dict[str, str]:
-    """psql's command, the postgresql:// URL and JDBC's URL for ``c``; ``verify``: the front
-    door's certificate is one a client can check (``verify-full``), else ``require``."""
-    mode = "verify-full" if verify else "require"
+    """psql's command, the postgresql:// URL and JDBC's URL for ``c``, all ``verify-full``;
+    ``verify``: the front door's certificate is signed by an authority the client trusts,
+    else it is the door's own, which the reader saves as ``CERT_DOWNLOAD`` (sslrootcert)."""
+    options = {"sslmode": "verify-full"} | ({} if verify else {"sslrootcert": CERT_DOWNLOAD})
     host = f"[{c.host}]" if ":" in c.host else c.host
     user, password, db = (quote(x, safe="") for x in (c.role, c.password, c.database))
-    url = f"postgresql://{user}:{password}@{host}:{c.port}/{db}?sslmode={mode}"
-    jdbc_query = urlencode({"user": c.role, "password": c.password, "sslmode": mode})
+    url = f"postgresql://{user}:{password}@{host}:{c.port}/{db}?{urlencode(options)}"
+    jdbc_query = urlencode({"user": c.role, "password": c.password, **options})
     return {
         "psql": f"psql '{url}'",
         "URL": url,
@@ -249,10 +255,12 @@ def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> st
         "<p>The front door's certificate is signed by a certificate authority: "
         "<code>sslmode=verify-full</code> checks it.</p>"
         if fingerprint is None
-        else '<p class="warn">The front door\'s certificate is self-signed, so '
-        "<code>sslmode=require</code> encrypts the connection without checking whom it "
-        "reaches. Check its SHA-256 fingerprint: "
-        f'<code id="fingerprint">{e(fingerprint)}</code></p>'
+        else '<p class="warn">The front door\'s certificate is its own (self-signed). '
+        f'<a href="/{CERT_DOWNLOAD}" download="{CERT_DOWNLOAD}">Save it</a> as '
+        f"<code>{CERT_DOWNLOAD}</code> where you run your client, and check that its SHA-256 "
+        f'fingerprint is <code id="fingerprint">{e(fingerprint)}</code> (your admin publishes '
+        "it; <code>openssl x509 -noout -fingerprint -sha256 -in "
+        f"{CERT_DOWNLOAD}</code>): the strings below verify the door against it.</p>"
     )
     body = (
         f"<h1>Your credential for <code>{e(c.branch)}</code></h1>"

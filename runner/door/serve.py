@@ -141,7 +141,11 @@ def prepare(settings: Settings) -> Prepared:
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
-            settings, engine, secret=secrets.token_bytes(32), fingerprint=fingerprint
+            settings,
+            engine,
+            secret=secrets.token_bytes(32),
+            fingerprint=fingerprint,
+            certificate=pair.cert.read_text() if fingerprint else None,
         )
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
