@@ -8,8 +8,19 @@ cannot tell an unknown database from a wrong password, so probing would list the
 it cannot rate-limit failed logins per source address; it has no SNI routing; and it cannot
 hold a first connection while a suspended branch starts. The router here relays the branch's
 own SCRAM exchange message by message and then splices bytes, so it never sees a password.
-Its cost, measured side by side with a direct connection by ``bench/frontdoor.py``, is in
-docs/benchmarks.md (the front-door section).
+Its cost, measured side by side with a direct connection by ``bench/frontdoor.py`` (figures
+in docs/benchmarks.md, the front-door section; first run on the shared 2-core machine, loaded
+by other work, medians of 3 rounds): per-query latency +0.02 ms at p50 through TLS on uvloop
+(target at most 0.1 ms: met); connection set-up +4.3 ms (target at most 5 ms: met, 2 to 4 ms
+in other runs); `pgbench -S -c 4 -j 2` 0.40x of direct (target 0.9x: not met; 0.24 to 0.40x
+over runs). The door's process used 40 to 50% of one core then, so it is not the door's CPU
+alone: on two cores shared by pgbench's four clients, four backends and the door, each query
+crosses two more processes, which wait for a core; and the direct way is plaintext while the
+door's is TLS (the door without TLS: 0.36 to 0.56x). uvloop measured faster than asyncio's
+own loop (about 1.25x the pgbench throughput, lower latency), so the door runs on it. What
+would close the gap, in order: a machine with cores to spare (rerun there); several door
+processes on one port (SO_REUSEPORT), one per core; kernel TLS (kTLS) with splice(2) for the
+relayed bytes, which Python 3.11's ssl module cannot use.
 
 Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, fingerprint),
 ``guard`` (caps, failed logins, login timings), ``channel`` (one side of a connection: read
