@@ -13,14 +13,16 @@ in docs/benchmarks.md, the front-door section; first run on the shared 2-core ma
 by other work, medians of 3 rounds): per-query latency +0.02 ms at p50 through TLS on uvloop
 (target at most 0.1 ms: met); connection set-up +4.3 ms (target at most 5 ms: met, 2 to 4 ms
 in other runs); `pgbench -S -c 4 -j 2` 0.40x of direct (target 0.9x: not met; 0.24 to 0.40x
-over runs). The door's process used 40 to 50% of one core then, so it is not the door's CPU
-alone: on two cores shared by pgbench's four clients, four backends and the door, each query
-crosses two more processes, which wait for a core; and the direct way is plaintext while the
-door's is TLS (the door without TLS: 0.36 to 0.56x). uvloop measured faster than asyncio's
-own loop (about 1.25x the pgbench throughput, lower latency), so the door runs on it. What
-would close the gap, in order: a machine with cores to spare (rerun there); several door
-processes on one port (SO_REUSEPORT), one per core; kernel TLS (kTLS) with splice(2) for the
-relayed bytes, which Python 3.11's ssl module cannot use.
+over runs). Why: the door spends about 24 us of CPU per pgbench transaction with TLS (44% of
+a core at 18,600 tps; 21 us without TLS), in one process, and on two cores shared with
+pgbench's clients and four backends it gets about half a core; 0.9x of the direct 47,000 to
+79,000 tps would need more than a core for the door alone. With one client (`-c 1`, where the
+door is not short of CPU) it is 0.78x of direct, simple or prepared protocol alike. The
+direct way is also plaintext where the door's is TLS (the door without TLS: 0.36 to 0.56x).
+uvloop measured faster than asyncio's own loop (about 1.25x the pgbench throughput, lower
+latency), so the door runs on it. What would close the gap, in order: a machine with cores to
+spare (rerun there); several door processes on one port (SO_REUSEPORT), one per core; kernel
+TLS (kTLS) with splice(2) for the relayed bytes, which Python 3.11's ssl module cannot use.
 
 Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, fingerprint),
 ``guard`` (caps, failed logins, login timings), ``channel`` (one side of a connection: read
