@@ -26,6 +26,7 @@ TLS (kTLS) with splice(2) for the relayed bytes, which Python 3.11's ssl module 
 
 Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, fingerprint),
 ``guard`` (caps, failed logins, login timings), ``channel`` (one side of a connection: read
-as messages, then spliced), ``router`` (the server), ``inthread`` (a door on a thread's loop,
+as messages, then spliced), ``login`` (a branch's SCRAM relayed, or a wrong password
+imitated), ``router`` (the server), ``inthread`` (a door on a thread's loop,
 for the benchmark and tests).
 """
