@@ -146,6 +146,8 @@ def test_psql_reaches_a_branch_by_its_name_on_its_real_database(
         got = psql(
             d.port, ca, a, "SELECT current_database(), inet_server_port(), count(*) FROM accounts"
         )
+        # psql has gone; the door writes the line once it has seen the end of the session.
+        wait_for(lambda: audit.lines, timeout=10, what="the audit line")
     assert got == f"{a.database}|{a.port}|200000"
     (line,) = audit.lines
     assert line["event"] == "door.connect" and line["outcome"] == "closed"
@@ -270,6 +272,65 @@ def test_an_oversized_startup_packet_is_refused(door: Door, ca: DoorCA) -> None:
         sock.sendall(struct.pack("!II", 10_001, 3 << 16) + b"x" * 100)
         error = read_message(sock)
     assert error[:1] == b"E" and b"invalid length of startup packet: 10001" in error
+
+
+def test_gssapi_encryption_is_declined_and_tls_follows(door: Door, ca: DoorCA) -> None:
+    with door() as d, socket.create_connection(("127.0.0.1", d.port), timeout=10) as raw:
+        raw.sendall(struct.pack("!II", 8, 80877104))
+        assert raw.recv(1) == b"N"
+        raw.sendall(struct.pack("!II", 8, 80877103))
+        assert raw.recv(1) == b"S"
+        context = ssl.create_default_context(cafile=os.fspath(ca.ca_file))
+        with context.wrap_socket(raw, server_hostname="localhost") as sock:
+            assert sock.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_plaintext_sent_after_the_ssl_request_is_refused(door: Door, audit: Audit) -> None:
+    """The buffer-stuffing attack (CVE-2021-23214): bytes sent before TLS begins must not be
+    read as if they came through it."""
+    with door() as d, socket.create_connection(("127.0.0.1", d.port), timeout=10) as raw:
+        raw.sendall(struct.pack("!II", 8, 80877103) + startup(user="x", database="door-a"))
+        answer = raw.recv(1000)
+    assert answer[:1] == b"E" and b"unencrypted data after SSL request" in answer
+    assert [line["outcome"] for line in audit.lines] == ["refused:protocol"]
+
+
+def test_a_client_opening_with_tls_directly_is_closed(door: Door, audit: Audit) -> None:
+    with door() as d, socket.create_connection(("127.0.0.1", d.port), timeout=10) as raw:
+        raw.sendall(b"\x16\x03\x01\x00\x05hello")
+        assert raw.recv(1000) == b""
+    assert [line["outcome"] for line in audit.lines] == ["refused:direct_tls"]
+
+
+def test_a_newer_protocol_minor_is_negotiated_down_to_3_0(
+    door: Door, ca: DoorCA, two: tuple[Branch, Branch]
+) -> None:
+    a, _ = two
+    body = struct.pack("!I", 3 << 16 | 2) + b"".join(
+        k + b"\0" + v + b"\0"
+        for k, v in ((b"user", a.user.encode()), (b"database", a.name.encode()), (b"_pq_.x", b"1"))
+    )
+    packet = struct.pack("!I", 5 + len(body)) + body + b"\0"
+    with door() as d, tls_socket(d.port, ca.ca_file) as sock:
+        sock.sendall(packet)
+        negotiated = read_message(sock)
+        sasl = read_message(sock)
+    assert negotiated == b"v" + struct.pack("!III", 4 + 8 + 7, 3 << 16, 1) + b"_pq_.x\0"
+    assert sasl[:1] == b"R" and b"SCRAM-SHA-256" in sasl
+
+
+def test_an_unknown_cancel_key_is_dropped_and_counts_as_a_failure(
+    door: Door, ca: DoorCA, two: tuple[Branch, Branch], audit: Audit
+) -> None:
+    a, _ = two
+    with door(door_failed_logins=2) as d:
+        for _ in range(2):
+            with socket.create_connection(("127.0.0.1", d.port), timeout=10) as raw:
+                raw.sendall(struct.pack("!IIII", 16, 80877102, 1234, 5678))
+                assert raw.recv(1000) == b""
+        with pytest.raises(psycopg.OperationalError, match="too many failed logins"):
+            connect(d.port, ca, a)
+    assert [line["outcome"] for line in audit.lines][:2] == ["cancel_unknown"] * 2
 
 
 def test_old_tls_versions_are_refused(door: Door, ca: DoorCA) -> None:

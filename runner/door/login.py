@@ -83,7 +83,7 @@ class Login:
                     self.guard.timed(step, _loop_time() - since)
                     client.write(proto.password_failed(user))
                 else:  # the branch refused the role outright: as if it had asked
-                    await self.imitate(client, user=user, name=name, record=record, count=False)
+                    await self.imitate(client, user=user, name=name, record=record, refused=True)
                 return False
             if kind != b"R":
                 raise proto.StartupError(
@@ -122,13 +122,15 @@ class Login:
             since = _loop_time()
 
     async def imitate(
-        self, client: Channel, *, user: str, name: str, record: Record, count: bool = True
+        self, client: Channel, *, user: str, name: str, record: Record, refused: bool = False
     ) -> None:
-        """A wrong password's exchange, for a name that is not a branch reachable now."""
-        if count:
+        """A wrong password's exchange, for a name that is not a branch reachable now.
+        ``refused``: a branch refused the role before asking for a password (the failure is
+        counted already, and the time to the first answer was a real branch's own)."""
+        if not refused:
             self.guard.failed(record.source)
+            await asyncio.sleep(self.guard.pause("sasl"))
         record.outcome = record.outcome if record.outcome != "login" else "unknown_branch"
-        await asyncio.sleep(self.guard.pause("sasl"))
         client.write(proto.auth_sasl())
         first = proto.sasl_initial(await sasl_message(client))
         nonce = first.nonce + base64.b64encode(os.urandom(18)).decode()

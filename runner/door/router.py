@@ -195,6 +195,11 @@ class FrontDoor:
                 elif record.outcome == "login":
                     record.outcome = "client_left"
                 return
+            except Exception:  # the door's own bug: this connection ends, the door serves on
+                log.exception("the front door failed a connection from %s", record.source)
+                record.outcome = "door_error"
+                _say(client, proto.error_response("XX000", "the front door failed; try again"))
+                return
             if backend is None:
                 return
             record.outcome = "closed"
