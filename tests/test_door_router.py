@@ -147,7 +147,7 @@ def test_psql_reaches_a_branch_by_its_name_on_its_real_database(
             d.port, ca, a, "SELECT current_database(), inet_server_port(), count(*) FROM accounts"
         )
         # psql has gone; the door writes the line once it has seen the end of the session.
-        wait_for(lambda: audit.lines, timeout=10, what="the audit line")
+        wait_for(lambda: bool(audit.lines), timeout=10, what="the audit line")
     assert got == f"{a.database}|{a.port}|200000"
     (line,) = audit.lines
     assert line["event"] == "door.connect" and line["outcome"] == "closed"
