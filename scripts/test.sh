@@ -9,10 +9,12 @@ scripts/install.sh
 source scripts/prefix.sh
 # tests/test_comment_layout.py lays the PR comment out in Debian's headless Chromium, through
 # its WebDriver, in GitHub's fonts' metric twins (Liberation Sans and Mono stand for Arial and
-# GitHub's own monospace list).
-browser=(chromium chromium-driver fonts-liberation)
+# GitHub's own monospace list); the branch page is tested in it too. Another machine (a
+# reviewer's laptop) is a network namespace made with iproute2's `ip`; JDBC clients (DBeaver,
+# DataGrip) are stood for by Debian's pgJDBC, compiled against with the JDK.
+test_packages=(chromium chromium-driver fonts-liberation iproute2 default-jdk-headless libpostgresql-jdbc-java)
 missing=()
-for pkg in "${browser[@]}"; do
+for pkg in "${test_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from netns import Machine
 
 from doorkit import SNI_SUFFIX, DoorCA, failed_scram, make_ca, read_message, startup, tls_socket
 from pgoverlay.runner import branch
@@ -232,23 +233,14 @@ def test_plaintext_is_refused_unless_allowed_and_from_loopback(
     with door(door_plaintext_loopback=True) as d, connect(d.port, ca, a, sslmode="disable") as c:
         assert c.execute("SELECT inet_server_port()").fetchone() == (a.port,)
         assert c.info.pgconn.ssl_in_use is False
-    outside = _outside_address()
-    if outside is None:
-        pytest.skip("no address of this host other than loopback to connect from")
+    # An address of this host other than loopback (the host's end of a veth pair), which a
+    # connection to it comes from too.
     with (
+        Machine() as machine,
         door(door_plaintext_loopback=True, door_address="0.0.0.0") as d,
         pytest.raises(psycopg.OperationalError, match="sslmode=require"),
     ):
-        connect(d.port, ca, a, sslmode="disable", host=outside)
-
-
-def _outside_address() -> str | None:
-    for line in subprocess.run(
-        ["hostname", "-I"], capture_output=True, text=True, check=False
-    ).stdout.split():
-        if "." in line and not line.startswith("127."):
-            return line
-    return None
+        connect(d.port, ca, a, sslmode="disable", host=machine.host)
 
 
 def test_a_slow_handshake_is_cut_at_the_deadline(door: Door, ca: DoorCA, audit: Audit) -> None:
@@ -514,7 +506,10 @@ def test_pgjdbc_logs_in_through_the_door(
     door: Door, ca: DoorCA, two: tuple[Branch, Branch], tmp_path: Path
 ) -> None:
     if shutil.which("javac") is None or not JDBC_JAR.exists():
-        pytest.skip("needs javac and Debian's libpostgresql-jdbc-java")
+        pytest.fail(
+            "needs javac and Debian's pgJDBC: install default-jdk-headless and "
+            "libpostgresql-jdbc-java (scripts/test.sh does)"
+        )
     a, _ = two
     (tmp_path / "DoorCheck.java").write_text(JAVA)
     subprocess.run(["javac", "DoorCheck.java"], cwd=tmp_path, check=True, timeout=120)
