@@ -192,6 +192,25 @@ def test_granting_a_login_again_replaces_its_password_expiry_and_read_only_ness(
     assert row.read_only and row.expires_at > first.grant.expires_at + 3000
 
 
+def test_a_read_write_login_made_read_only_loses_its_open_sessions(
+    pool: Pool, masked: BaseVersion, made: list[str]
+) -> None:
+    """A session that SET ROLE to the branch role keeps that role past a revoked membership:
+    the downgrade ends it, and the next login is read-only."""
+    b = _create(pool, made, "acc-down")
+    first = grants.grant(pool, "acc-down", login="downgraded", ttl=3600)
+    with login(b, "downgraded", first.password) as open_session:
+        open_session.execute(f"SET ROLE {pool.settings.branch_user}")
+        second = grants.grant(pool, "acc-down", login="downgraded", read_only=True, ttl=3600)
+        with pytest.raises(psycopg.OperationalError):
+            open_session.execute("INSERT INTO people VALUES (1003, 'z@example.org')")
+    with (
+        login(b, "downgraded", second.password) as conn,
+        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+    ):
+        conn.execute("INSERT INTO people VALUES (1004, 'w@example.org')")
+
+
 def test_a_ttl_above_the_longest_allowed_is_refused_saying_which_setting(
     pool: Pool, masked: BaseVersion, made: list[str]
 ) -> None:

@@ -306,6 +306,9 @@ def _apply(conn: psycopg.Connection[Any], made: StoredGrant, *, branch_user: str
         conn.execute(grant_to.format(sql.Identifier(ACCESS_ROLE), role))
         branch_role = sql.Identifier(branch_user)
         reader = sql.Identifier("pg_read_all_data")
+        # A read-write login made read-only: its open sessions go too, as one of them may have
+        # SET ROLE to the branch role, which outlives the membership it was checked against.
+        downgraded = bool(ours) and made.read_only and _member(conn, made.role, branch_user)
         if made.read_only:
             conn.execute(sql.SQL("REVOKE {} FROM {}").format(branch_role, role))
             conn.execute(grant_to.format(reader, role))
@@ -316,6 +319,23 @@ def _apply(conn: psycopg.Connection[Any], made: StoredGrant, *, branch_user: str
             conn.execute(sql.SQL("REVOKE {} FROM {}").format(reader, role))
             conn.execute(grant_to.format(branch_role, role))
             conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only").format(role))
+    if downgraded:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+            "WHERE usename = %s AND pid <> pg_backend_pid()",
+            (TERMINATE_WAIT_MS, made.role),
+        )
+
+
+def _member(conn: psycopg.Connection[Any], role: str, of: str) -> bool:
+    """Whether ``role`` is a direct member of ``of``."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_auth_members m "
+        "JOIN pg_roles r ON r.oid = m.roleid JOIN pg_roles u ON u.oid = m.member "
+        "WHERE r.rolname = %s AND u.rolname = %s)",
+        (of, role),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _admit_members(pool: Pool, b: Branch, base: BaseVersion, conn: psycopg.Connection[Any]) -> None:
