@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import ipaddress
 import os
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SNI_SUFFIX = "branches.test"
 
@@ -27,11 +28,17 @@ class DoorCA:
     ca_file: Path
     cert_file: Path
     key_file: Path
+    spki_sha256: str  # the server key's, base64: Chromium's --ignore-certificate-errors-spki-list
 
 
-def make_ca(directory: Path) -> DoorCA:
-    """A CA, and a server certificate it signed for localhost, 127.0.0.1 and
-    ``*.branches.test`` (PEM files in ``directory``)."""
+def make_ca(
+    directory: Path,
+    *,
+    names: tuple[str, ...] = ("localhost", f"*.{SNI_SUFFIX}"),
+    addresses: tuple[str, ...] = ("127.0.0.1",),
+) -> DoorCA:
+    """A CA, and a server certificate it signed for ``names`` and ``addresses`` (by default
+    localhost, ``*.branches.test`` and 127.0.0.1), as PEM files in ``directory``."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pgoverlay test CA")])
@@ -63,7 +70,7 @@ def make_ca(directory: Path) -> DoorCA:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -71,20 +78,22 @@ def make_ca(directory: Path) -> DoorCA:
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(
             x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.DNSName(f"*.{SNI_SUFFIX}"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]
+                [x509.DNSName(name) for name in names]
+                + [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
             ),
             critical=False,
         )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
+    )
+    spki = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     made = DoorCA(
         ca_file=directory / "ca.pem",
         cert_file=directory / "door.crt",
         key_file=directory / "door.key",
+        spki_sha256=base64.b64encode(hashlib.sha256(spki).digest()).decode(),
     )
     made.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     made.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

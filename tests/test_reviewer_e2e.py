@@ -12,10 +12,6 @@ pair (``hostaddr``).
 
 from __future__ import annotations
 
-import base64
-import datetime
-import hashlib
-import ipaddress
 import os
 import re
 import shutil
@@ -28,16 +24,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from netns import Machine
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+from doorkit import DoorCA, make_ca
 from fakegithub import FakeGitHub
 from helpers import cli, free_tcp_port, require, service_settings, source_dsn
 from pgoverlay.runner import audit, branch, seed
@@ -59,68 +52,6 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 DRIVER_PORT = 9515  # inside the reviewer's namespace: its own port space
 
 
-@dataclass(frozen=True)
-class Certs:
-    ca: Path
-    cert: Path
-    key: Path
-    spki_sha256: str
-
-
-def make_certs(folder: Path, *, host: str, address: str) -> Certs:
-    """A test CA and the door's certificate for ``host`` (and ``address``), signed by it."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pgoverlay reviewer test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName(host), x509.IPAddress(ipaddress.ip_address(address))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    certs = Certs(folder / "ca.pem", folder / "door.pem", folder / "door.key", "")
-    certs.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    certs.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(certs.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    spki = key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return Certs(
-        certs.ca, certs.cert, certs.key, base64.b64encode(hashlib.sha256(spki).digest()).decode()
-    )
-
-
 def _quoted(value: str) -> str:
     """A value of a libpq connection string, quoted as libpq reads it."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -131,7 +62,7 @@ class World:
     pool: Pool
     machine: Machine
     fake: FakeGitHub
-    certs: Certs
+    certs: DoorCA
     env: dict[str, str]
     door_port: int
     https_port: int
@@ -149,7 +80,8 @@ class World:
         """psql on the reviewer's machine: the password in its environment, never an argument."""
         dsn = (
             f"host={DOOR_HOST} hostaddr={self.machine.host} port={self.door_port} "
-            f"dbname={_quoted(branch)} user={user} sslmode={sslmode} sslrootcert={self.certs.ca} "
+            f"dbname={_quoted(branch)} user={user} sslmode={sslmode} "
+            f"sslrootcert={self.certs.ca_file} "
             "connect_timeout=10"
         )
         return self.machine.run(
@@ -187,7 +119,7 @@ class World:
 
 
 def _start_driver(
-    machine: Machine, certs: Certs, profile: Path
+    machine: Machine, certs: DoorCA, profile: Path
 ) -> tuple[subprocess.Popen[bytes], webdriver.Remote]:
     process = machine.popen(
         [CHROMEDRIVER, f"--port={DRIVER_PORT}", f"--allowed-ips={machine.host}"],
@@ -262,7 +194,7 @@ def world(
         engine.create(CreateRequest(name=name, base=BASE, repository=REPO, pr=number))
     door_port, https_port = free_tcp_port(), free_tcp_port()
     with Machine() as machine, FakeGitHub(host=machine.host) as fake:
-        certs = make_certs(folder, host=DOOR_HOST, address=machine.host)
+        certs = make_ca(folder, names=(DOOR_HOST,), addresses=(machine.host,))
         secret_file = folder / "oauth-secret"
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, b"oauth-client-secret-of-the-test\n")
@@ -281,8 +213,8 @@ def world(
             "PGOVERLAY_DOOR_ADDRESS": machine.host,
             "PGOVERLAY_DOOR_PORT": str(door_port),
             "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
-            "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert),
-            "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key),
+            "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
+            "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
             "PGOVERLAY_OAUTH_CLIENT_ID": CLIENT_ID,
             "PGOVERLAY_OAUTH_CLIENT_SECRET_FILE": os.fspath(secret_file),
             "PGOVERLAY_GITHUB_WEB_URL": fake.url,

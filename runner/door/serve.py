@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
@@ -256,44 +255,21 @@ def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
         return False
 
 
-def _systemd_runs_it() -> bool:
-    if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
-        return False
-    found = subprocess.run(
-        ["systemctl", "cat", UNIT], capture_output=True, text=True, check=False, timeout=30
-    )
-    return found.returncode == 0
-
-
 def start(settings: Settings) -> str:
     """Make sure the front door answers; say how (its unit under systemd, else a detached
     `pgoverlay door`, logging to ``<home>/door.log``)."""
-    from pgoverlay.runner.service.serve import settings_environ
+    from pgoverlay.runner.service.serve import detach, systemd_runs
 
     require_root()
     if answering(settings):
         return f"front door answering on port {settings.door_port}"
     process = None
-    if _systemd_runs_it():
+    if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
         how = f"started {UNIT}"
     else:
-        log_path = settings.home / "door.log"
-        log_fd = safefs.open_log(log_path, uid=0, gid=0)
-        try:
-            process = subprocess.Popen(
-                DOOR_COMMAND,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                start_new_session=True,
-                env={**os.environ, **settings_environ(settings)},
-                close_fds=True,
-            )
-        finally:
-            os.close(log_fd)
-        how = f"started the front door (log: {log_path})"
+        process = detach(DOOR_COMMAND, settings, settings.home / "door.log")
+        how = f"started the front door (log: {settings.home / 'door.log'})"
 
     def up() -> bool:
         if process is not None and process.poll() is not None:

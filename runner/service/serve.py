@@ -186,13 +186,33 @@ def _more_descriptors() -> None:
 SERVICE_COMMAND = [sys.executable, "-P", "-m", "pgoverlay", "service"]
 
 
-def _systemd_runs_it() -> bool:
+def systemd_runs(unit: str) -> bool:
+    """Whether systemd runs here and knows ``unit`` (installed by the admin)."""
     if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
         return False
     found = subprocess.run(
-        ["systemctl", "cat", UNIT], capture_output=True, text=True, check=False, timeout=30
+        ["systemctl", "cat", unit], capture_output=True, text=True, check=False, timeout=30
     )
     return found.returncode == 0
+
+
+def detach(command: list[str], settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    """``command`` as a root process of its own session (it outlives the caller), from ``/``,
+    with ``settings`` in its environment and its output appended to ``log``."""
+    log_fd = safefs.open_log(log, uid=0, gid=0)
+    try:
+        return subprocess.Popen(
+            command,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            env={**os.environ, **settings_environ(settings)},
+            close_fds=True,
+        )
+    finally:
+        os.close(log_fd)
 
 
 def start(settings: Settings) -> str:
@@ -203,24 +223,11 @@ def start(settings: Settings) -> str:
     if answering(settings):
         return f"engine service answering on {socket_path(settings)}"
     ensure_group(settings.service_group)
-    if _systemd_runs_it():
+    if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
         how = f"started {UNIT}"
     else:
-        log_fd = safefs.open_log(settings.home / "service.log", uid=0, gid=0)
-        try:
-            subprocess.Popen(
-                SERVICE_COMMAND,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                start_new_session=True,
-                env={**os.environ, **settings_environ(settings)},
-                close_fds=True,
-            )
-        finally:
-            os.close(log_fd)
+        detach(SERVICE_COMMAND, settings, settings.home / "service.log")
         how = f"started the engine service (log: {settings.home / 'service.log'})"
     polling.wait_for(
         lambda: answering(settings),
