@@ -474,6 +474,18 @@ def test_an_expired_session_signs_in_again(site: Site, chrome: webdriver.Chrome)
     assert "as bob: your access is read-only" in chrome.find_element(By.TAG_NAME, "body").text
 
 
+def test_signing_out_ends_the_session_and_the_next_visit_signs_in_again(
+    site: Site, chrome: webdriver.Chrome
+) -> None:
+    open_page(chrome, site.fake, "alice", BRANCH)
+    first = authorizations(site.fake)
+    chrome.find_element(By.ID, "signout").click()
+    WebDriverWait(chrome, 10).until(EC.url_to_be(f"{ORIGIN}/signout"))
+    assert "You are signed out" in chrome.find_element(By.TAG_NAME, "body").text
+    chrome.get(f"{ORIGIN}/b/{BRANCH}")
+    assert authorizations(site.fake) == first + 1  # sent to GitHub again
+
+
 # -- over HTTP, with httpx -----------------------------------------------------------------------
 def sign_in(site: Site, client: httpx.Client, login: str, branch: str = BRANCH) -> httpx.Response:
     site.fake.sign_in(login)
@@ -584,6 +596,23 @@ def test_an_engine_that_cannot_answer_gets_a_page_not_a_traceback(site: Site) ->
             site.engine.failing = False
         assert r.status_code == 503 and "could not answer" in r.text
         assert r.headers["x-frame-options"] == "DENY"
+
+
+def test_a_sign_out_needs_the_sessions_csrf_token_and_the_pages_origin(site: Site) -> None:
+    with site.client() as client:
+        page = sign_in(site, client, "alice")
+        token = csrf_of(page.text)
+        forged = client.post(
+            f"{ORIGIN}/signout", data={"csrf": "wrong"}, headers={"origin": ORIGIN}
+        )
+        elsewhere = client.post(
+            f"{ORIGIN}/signout", data={"csrf": token}, headers={"origin": "https://evil.test"}
+        )
+        assert forged.status_code == elsewhere.status_code == 403
+        assert "<strong>alice</strong>" in client.get(f"{ORIGIN}/b/{BRANCH}").text  # still in
+        done = client.post(f"{ORIGIN}/signout", data={"csrf": token}, headers={"origin": ORIGIN})
+        assert done.status_code == 200
+        assert client.get(f"{ORIGIN}/b/{BRANCH}").status_code == 303
 
 
 def test_a_credential_needs_the_sessions_csrf_token_and_the_pages_origin(site: Site) -> None:

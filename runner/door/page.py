@@ -347,6 +347,23 @@ def create_page(
         text = render.credential_page(shown, fingerprint=fingerprint, nonce=request.state.nonce)
         return HTMLResponse(text)
 
+    @app.post("/signout")
+    async def sign_out(request: Request) -> Response:
+        """End the session (the page's own form: its origin and CSRF token), and its cookie."""
+        session = session_of(request)
+        form = await _form(request)
+        if (
+            request.headers.get("origin") != origin
+            or session is None
+            or form is None
+            or not secrets.compare_digest(form.get("csrf", ""), session.csrf)
+        ):
+            return message(request, "Refused", "Sign out from the branch page itself.", 403)
+        sessions.end(session.id)
+        response = message(request, "Signed out", "You are signed out of the branch pages.", 200)
+        response.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True)
+        return response
+
     @app.get(f"/{render.CERT_DOWNLOAD}")
     async def door_certificate(request: Request) -> Response:
         """The door's own certificate (public): what a reader's client verifies it against."""

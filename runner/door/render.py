@@ -142,9 +142,14 @@ def branch_page(
         f"<strong>{kind}</strong>.</p>"
         '<button type="submit">Get my credential</button></form>'
     )
+    sign_out = (
+        '<form method="post" action="/signout">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        '<button type="submit" id="signout">Sign out</button></form>'
+    )
     body = (
         f"<h1>Branch <code>{e(view.name)}</code></h1>{_data_line(masked)}{_pairs(facts)}"
-        f"<h2>Connect</h2>{form}<h2>Migrations</h2>{report_html(record)}"
+        f"<h2>Connect</h2>{form}<h2>Migrations</h2>{report_html(record)}{sign_out}"
     )
     return document(f"Branch {view.name}", body, nonce=nonce)
 
