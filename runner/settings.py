@@ -165,8 +165,12 @@ class Settings:
     home: Path = Path("/var/lib/pgoverlay")
     os_user: str = "postgres"
     pg_bindir: Path | None = None
-    port_min: int = bounded(55432, ge=1024, le=65535)
-    port_max: int = bounded(55631, ge=1024, le=65535)
+    # Each branch's own port, on loopback by default (listen_address): reviewers and preview
+    # apps reach every branch through the front door's one port, so these are private, and
+    # the range is wide (10,000), below Linux's ephemeral ports (32768 and up), which
+    # outgoing connections take their local ports from.
+    port_min: int = bounded(20000, ge=1024, le=65535)
+    port_max: int = bounded(29999, ge=1024, le=65535)
     listen_address: str = "127.0.0.1"
     advertise_host: str | None = None
     branch_user: str = "pgoverlay"
