@@ -33,13 +33,14 @@ class Key:
 
 class Issuer:
     """The issuer at ``url``; ``keys`` is what its key set publishes (change it to rotate),
-    ``requests`` every path asked, in order. ``issuer_named`` is the issuer its discovery
-    document names (its own address unless a test says otherwise)."""
+    ``requests`` every path asked, in order. ``issuer_named`` and ``jwks_uri_named`` are what
+    its discovery document names (its own addresses unless a test says otherwise)."""
 
     def __init__(self, keys: list[Key]) -> None:
         self.keys = list(keys)
         self.requests: list[str] = []
         self.issuer_named: str | None = None
+        self.jwks_uri_named: str | None = None
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,7 +49,7 @@ class Issuer:
                 if self.path == "/.well-known/openid-configuration":
                     body: Any = {
                         "issuer": issuer.issuer_named or issuer.url,
-                        "jwks_uri": f"{issuer.url}/.well-known/jwks",
+                        "jwks_uri": issuer.jwks_uri_named or f"{issuer.url}/.well-known/jwks",
                         "id_token_signing_alg_values_supported": ["RS256"],
                     }
                 elif self.path == "/.well-known/jwks":
@@ -69,7 +70,9 @@ class Issuer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> Issuer:
         self._thread.start()

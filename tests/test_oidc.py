@@ -271,6 +271,15 @@ def test_a_discovery_document_naming_another_issuer_is_refused(
     assert "discovery document names the issuer 'https://token.actions." in message
 
 
+def test_a_discovery_document_naming_plain_http_keys_elsewhere_is_refused(
+    issuer: Issuer, verifier: Verifier, key: Key
+) -> None:
+    issuer.jwks_uri_named = "http://keys.example.test/jwks"
+    message = refused(verifier, sign(claims(issuer.url, now=NOW), key), IssuerError)
+    assert "names keys at an address pgoverlay does not fetch" in message
+    assert issuer.requests == ["/.well-known/openid-configuration"]
+
+
 def test_the_issuer_must_be_https_except_on_this_host() -> None:
     with pytest.raises(ConfigError, match="is not an https:// address"):
         Verifier("http://token.example.test", AUDIENCE)

@@ -229,7 +229,6 @@ class Verifier:
         self._keys: _Keys | None = None
         self._jwks_uri: str | None = None
         self._last_attempt: float | None = None
-        self.fetches = 0  # key set fetches made (discovery included), for the tests and metrics
 
     def __repr__(self) -> str:
         return f"Verifier(issuer={self.issuer!r}, audience={self.audience!r})"
@@ -380,7 +379,6 @@ class Verifier:
         """Discovery (once it succeeded, kept), then the key set; the attempt counts against
         the refresh limit whether it succeeds or not."""
         self._last_attempt = now
-        self.fetches += 1
         if self._jwks_uri is None:
             discovery = self._get_json(f"{self.issuer}/.well-known/openid-configuration")
             named = discovery.get("issuer")
@@ -395,7 +393,13 @@ class Verifier:
                 raise IssuerError(
                     f"the OIDC issuer {self.issuer}'s discovery document has no jwks_uri"
                 )
-            self._jwks_uri = check_issuer_url(uri, what="the issuer's jwks_uri")
+            try:
+                self._jwks_uri = check_issuer_url(uri, what="its jwks_uri")
+            except ConfigError as err:
+                raise IssuerError(
+                    f"the OIDC issuer {self.issuer}'s discovery document names keys at an "
+                    f"address pgoverlay does not fetch: {err}"
+                ) from None
         keys = self._parse_keys(self._get_json(self._jwks_uri), fetched_at=now)
         log.info(
             "fetched %d signing keys of %s (%d unusable)",
