@@ -11,6 +11,7 @@ import json
 import logging
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -177,6 +178,45 @@ def test_a_flood_of_bogus_key_ids_fetches_the_keys_at_most_once_a_minute(
     # the first fetch at 0 s, then one at 60 s and one at 120 s
     assert issuer.jwks_fetches() == 3
     assert issuer.requests.count("/.well-known/openid-configuration") == 1
+
+
+def test_a_key_set_older_than_an_hour_is_fetched_again_and_a_withdrawn_key_is_dropped(
+    issuer: Issuer, verifier: Verifier, key: Key, other_key: Key, clock: Clock
+) -> None:
+    assert verifier.verify(sign(claims(issuer.url, now=NOW), key)).repository_id == 2002
+    issuer.keys = [other_key]  # the issuer withdraws key-1
+    clock.now = NOW + 1800  # the cached set is still used within the hour
+    assert verifier.verify(sign(claims(issuer.url, now=clock.now), key)).repository_id == 2002
+    assert issuer.jwks_fetches() == 1
+    clock.now = NOW + oidc.MAX_KEY_AGE
+    message = refused(verifier, sign(claims(issuer.url, now=clock.now), key))
+    assert "signed by an unknown key 'key-1'" in message
+    assert issuer.jwks_fetches() == 2
+
+
+def test_keys_known_stay_in_use_when_a_refresh_cannot_reach_the_issuer(
+    key: Key, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Issuer([key]) as issuer:
+        verifier = Verifier(issuer.url, AUDIENCE, clock=clock, http_timeout=2)
+        assert verifier.verify(sign(claims(issuer.url, now=NOW), key)).actor == "octocat"
+    clock.now = NOW + oidc.MAX_KEY_AGE  # stale, and the issuer is gone
+    token = sign(claims(issuer.url, now=clock.now), key)
+    assert verifier.verify(token).actor == "octocat"
+    assert any("cannot fetch the keys" in r.getMessage() for r in caplog.records)
+
+
+def test_simultaneous_tokens_of_a_new_key_make_one_fetch(
+    issuer: Issuer, verifier: Verifier, key: Key, other_key: Key, clock: Clock
+) -> None:
+    assert verifier.verify(sign(claims(issuer.url, now=NOW), key)).repository_id == 2002
+    issuer.keys = [key, other_key]
+    clock.now = NOW + 61
+    token = sign(claims(issuer.url, now=clock.now), other_key)
+    with ThreadPoolExecutor(max_workers=8) as workers:
+        found = list(workers.map(lambda _: verifier.verify(token).repository_id, range(16)))
+    assert found == [2002] * 16
+    assert issuer.jwks_fetches() == 2
 
 
 def test_alg_none_is_refused(issuer: Issuer, verifier: Verifier) -> None:
