@@ -159,6 +159,12 @@ def test_each_invalid_file_is_refused_naming_the_line_and_the_field(
     assert expected in message
 
 
+def test_an_owner_whose_login_is_digits_is_read_as_a_name() -> None:
+    digits = policy.parse(b"owners: [1234]\nrepositories: [1234/app]\n", name="p.yml")
+    assert digits.owners[0].name == "1234"
+    assert "owners.0" in load_error("owners: [true]\n")
+
+
 def test_a_policy_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsafeFileError, match="policy file"):
         policy.load(tmp_path)  # a directory

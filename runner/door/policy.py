@@ -84,6 +84,10 @@ FORK_EVENTS: dict[str, ForkTokens] = {
 Rule = Literal["owners", "repositories", "workflows", "forks"]
 
 
+def _scalar_name(item: object) -> bool:
+    return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
+
+
 def _workflow_glob(pattern: str) -> str:
     if "@" not in pattern or "/" not in pattern.partition("@")[0]:
         raise ValueError(
@@ -132,7 +136,8 @@ class Repository(BaseModel):
     @classmethod
     def _full_name(cls, name: str) -> str:
         owner, slash, repo = name.partition("/")
-        plain = all(c.isalnum() or c in "_.-" for c in repo) and 0 < len(repo) <= 100
+        plain = all(c.isascii() and (c.isalnum() or c in "_.-") for c in repo)
+        plain = plain and 0 < len(repo) <= 100
         if not slash or not is_github_login(owner) or not (repo == "*" or plain):
             raise ValueError(
                 f"{name!r} is not owner/name or owner/* (e.g. acme/shop, acme/*): the only "
@@ -186,9 +191,10 @@ class Policy(BaseModel):
     @field_validator("owners", "repositories", mode="before")
     @classmethod
     def _short_form(cls, value: Any) -> Any:
-        """``- acme`` for ``- {name: acme}``."""
+        """``- acme`` for ``- {name: acme}`` (``- 1234`` too: YAML reads a login of digits as a
+        number)."""
         if isinstance(value, list):
-            return [{"name": item} if isinstance(item, str) else item for item in value]
+            return [{"name": str(item)} if _scalar_name(item) else item for item in value]
         return value
 
     @field_validator("repositories", "workflows")
