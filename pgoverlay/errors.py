@@ -362,6 +362,23 @@ class DoorForbiddenError(NotOwnerError):
     a person it vouches for."""
 
 
+class TokenError(PgoverlayError):
+    """A caller's GitHub Actions OIDC token is refused: too large, not a JWT, not signed with
+    RS256, signed by a key its issuer does not publish, of another issuer or audience, expired,
+    not yet valid, issued in the future, or missing a claim pgoverlay needs. The message says
+    which, and never holds the token. The network API answers it 401: the caller must get a new
+    token (or the admin fix the pool's issuer or audience), not retry this one."""
+
+    exit_code = 39
+
+
+class IssuerError(TokenError):
+    """The OIDC issuer's discovery document or keys (its JWKS) cannot be fetched, or are not
+    what OpenID Connect says they must be: the token could not be checked, good or not. A
+    TokenError too (nothing is done for the caller), but one that may pass: the network API
+    answers it 503, and the message names the issuer's address and what went wrong."""
+
+
 # -- pydantic's ValidationError as one of ours ---------------------------------------------
 
 

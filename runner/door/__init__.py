@@ -38,5 +38,6 @@ Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, finger
 as messages, then spliced), ``login`` (a branch's SCRAM relayed, or a wrong password
 imitated), ``router`` (the server), ``inthread`` (a door on a thread's loop, for the
 benchmark and tests), ``privsep`` and ``serve`` (the process: root's preparation, then its
-own user), ``page``, ``oauth``, ``sessions`` and ``render`` (the branch pages).
+own user), ``page``, ``oauth``, ``sessions`` and ``render`` (the branch pages), ``oidc``
+(a GitHub Actions OIDC token verified) and ``policy`` (who may use the pool).
 """
