@@ -685,8 +685,10 @@ def through_the_action(
 
 
 def posted(fake: FakeGitHub) -> str:
-    """The comment's body as last written."""
-    writes = [r for r in fake.requests if r["method"] in ("POST", "PATCH")]
+    """The comment's body as last written (the Deployment's writes are not the comment)."""
+    writes = [
+        r for r in fake.requests if r["method"] in ("POST", "PATCH") and "/comments" in r["path"]
+    ]
     return str(writes[-1]["json"]["body"])
 
 
