@@ -51,6 +51,7 @@ class Api:
     key: Key
     certs: DoorCA
     port: int
+    door_port: int
 
     def token(self, **overrides: Any) -> str:
         return sign(claims(self.issuer.url, now=time.time(), **overrides), self.key)
@@ -145,7 +146,7 @@ def api(
         )
         try:
             _wait_https(https_port, door)
-            yield Api(pool, base, issuer, key, certs, https_port)
+            yield Api(pool, base, issuer, key, certs, https_port, door_port)
         finally:
             door.terminate()
             door.wait(timeout=30)
@@ -222,12 +223,17 @@ def test_a_valid_token_creates_reads_resets_and_destroys_its_own_branch(api: Api
     assert status == 200 and seen["name"] == "api-shop" and seen["state"] == "ready"
     status, conn, _ = api.call("GET", "/branches/api-shop/connection", token=token)
     assert status == 200 and conn["password"]
+    # Through the front door's Postgres port, over verified TLS, by the branch's name.
+    door = ("localhost", api.door_port, "api-shop")
+    assert (conn["host"], conn["port"], conn["database"]) == door
     dsn = {
         "host": conn["host"],
         "port": conn["port"],
         "user": conn["user"],
         "password": conn["password"],
         "dbname": conn["database"],
+        "sslmode": "verify-full",
+        "sslrootcert": os.fspath(api.certs.ca_file),
     }
     with psycopg.connect(**dsn, autocommit=True) as db:
         db.execute("CREATE TABLE made_by_migration (id int)")

@@ -17,8 +17,8 @@ Each request:
 
 The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
 connection, record, trace), with the same request bodies, answers, error bodies and body caps
-(``service.limits``). Every request is logged with the verified repository and the status; a
-token never is.
+(``service.limits``); a connection is answered through the front door's Postgres port. Every
+request is logged with the verified repository and the status; a token never is.
 """
 
 from __future__ import annotations
@@ -119,8 +119,17 @@ async def _caller(request: Request) -> RemoteEngine:
 Engine = Annotated[RemoteEngine, Depends(_caller)]
 
 
-def create_api(*, verifier: Verifier, policy: Policy, engine_for: EngineFor) -> FastAPI:
-    """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``)."""
+def create_api(
+    *,
+    verifier: Verifier,
+    policy: Policy,
+    engine_for: EngineFor,
+    door_host: str,
+    door_port: int,
+) -> FastAPI:
+    """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
+    ``door_host`` and ``door_port`` are the front door's Postgres address: a branch's connection
+    is answered through it (its own port is on the pool host's loopback)."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -204,7 +213,11 @@ def create_api(*, verifier: Verifier, policy: Policy, engine_for: EngineFor) -> 
 
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:
-        return e.connection(name)
+        own = e.connection(name)
+        # Through the door, which routes by the branch's name as the database (over TLS).
+        return Connection(
+            host=door_host, port=door_port, database=name, user=own.user, password=own.password
+        )
 
     @app.put(
         "/branches/{name}/record",

@@ -187,7 +187,13 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     def engine_for(vouched: vouch.Vouched) -> RemoteEngine:
         return RemoteEngine(path, timeout=settings.command_timeout, headers=vouch.headers(vouched))
 
-    served = api.create_api(verifier=verifier, policy=rules, engine_for=engine_for)
+    served = api.create_api(
+        verifier=verifier,
+        policy=rules,
+        engine_for=engine_for,
+        door_host=settings.door_name,
+        door_port=settings.door_port,
+    )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
         settings.door_name,
