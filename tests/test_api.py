@@ -24,7 +24,16 @@ import pytest
 from doorkit import DoorCA, make_ca
 from helpers import as_user_call, free_tcp_port, os_user, service_settings
 from oidckit import AUDIENCE, Issuer, Key, claims, sign
-from pgoverlay.errors import NotOwnerError
+from pgoverlay.errors import (
+    IssuerError,
+    LimitReachedError,
+    NotOwnerError,
+    PolicyError,
+    ServiceError,
+    SettingError,
+    TokenError,
+)
+from pgoverlay.runner.door.api import status as api_status
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.client import RemoteEngine
@@ -32,6 +41,7 @@ from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.service.serve import settings_environ
 from pgoverlay.runner.service.vouch import Vouched, headers
+from pgoverlay.runner.settings import Settings
 
 POLICY = """
 owners:
@@ -52,6 +62,7 @@ class Api:
     certs: DoorCA
     port: int
     door_port: int
+    log: Path
 
     def token(self, **overrides: Any) -> str:
         return sign(claims(self.issuer.url, now=time.time(), **overrides), self.key)
@@ -146,7 +157,7 @@ def api(
         )
         try:
             _wait_https(https_port, door)
-            yield Api(pool, base, issuer, key, certs, https_port, door_port)
+            yield Api(pool, base, issuer, key, certs, https_port, door_port, folder / "door.log")
         finally:
             door.terminate()
             door.wait(timeout=30)
@@ -197,6 +208,11 @@ def test_refused_tokens_are_told_why_and_create_nothing(api: Api) -> None:
         assert said[what] in body["message"], (what, body)
         assert token not in body["message"] and token.split(".")[1] not in body["message"]
         assert api.pool.registry.branch(name) is None, what
+    logged = api.log.read_text()
+    assert "api POST /api/v1/branches for an unverified caller -> 401" in logged
+    assert "for evil/shop (id 2002) -> 403" in logged
+    for token, _ in refused.values():
+        assert token.split(".")[1] not in logged and token.split(".")[2] not in logged
     for authorization, fragment in ((None, "no token"), ("Basic abc", "not `Bearer TOKEN`")):
         status, body, response = api.call(
             "POST",
@@ -328,3 +344,34 @@ def test_only_the_front_doors_uid_may_vouch_for_a_repository(api: Api, service: 
     # root, too, is not the door: its vouching is refused rather than taken
     with pytest.raises(NotOwnerError):
         RemoteEngine(service, headers=sent).reset("api-local", repository=None)
+
+
+def test_the_branch_pages_still_answer_beside_the_api(api: Api) -> None:
+    context = ssl.create_default_context(cafile=os.fspath(api.certs.ca_file))
+    conn = http.client.HTTPSConnection("localhost", api.port, context=context, timeout=60)
+    try:
+        conn.request("GET", "/b/api-nothing")
+        response = conn.getresponse()
+        page = response.read().decode()
+    finally:
+        conn.close()
+    # This door has no OAuth client: its pages say sign-in is not set up, as without the API.
+    assert response.status == 503 and "Sign-in is not set up" in page
+    status, body, _ = api.call("GET", "/no-such-route", token=None)
+    assert status == 404 and "docs/api.md" in body["message"]
+
+
+def test_an_audience_without_a_policy_file_is_refused_when_settings_are_read() -> None:
+    with pytest.raises(SettingError, match="PGOVERLAY_API_POLICY_FILE: is required with"):
+        Settings(api_audience=AUDIENCE)
+
+
+def test_refusals_map_to_their_statuses() -> None:
+    """A refused token is the caller's to fix (401); an unreachable issuer or engine may pass
+    (503); the policy's refusal and another's branch are forbidden (403)."""
+    assert api_status(TokenError("expired")) == 401
+    assert api_status(IssuerError("down")) == 503
+    assert api_status(ServiceError("down")) == 503
+    assert api_status(PolicyError("no")) == 403
+    assert api_status(NotOwnerError("not yours")) == 403
+    assert api_status(LimitReachedError("full")) == 429
