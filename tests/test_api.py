@@ -9,11 +9,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import sqlite3
 import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from pgoverlay.errors import (
 )
 from pgoverlay.runner.door.api import status as api_status
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
@@ -375,3 +377,20 @@ def test_refusals_map_to_their_statuses() -> None:
     assert api_status(PolicyError("no")) == 403
     assert api_status(NotOwnerError("not yours")) == 403
     assert api_status(LimitReachedError("full")) == 429
+
+
+def test_a_registry_of_an_earlier_release_gains_the_owner_repository_column(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "registry.db"
+    Registry(path).close()
+    with closing(sqlite3.connect(path)) as db:  # as a release before the network API left it
+        db.execute("ALTER TABLE branches DROP COLUMN owner_repository_id")
+        db.commit()
+    reopened = Registry(path)
+    try:
+        columns = {row[1] for row in reopened._read("PRAGMA table_info(branches)")}
+        assert "owner_repository_id" in columns
+        assert reopened.branches() == []
+    finally:
+        reopened.close()
