@@ -379,6 +379,14 @@ class IssuerError(TokenError):
     answers it 503, and the message names the issuer's address and what went wrong."""
 
 
+class PolicyError(PgoverlayError):
+    """A verified GitHub Actions job is not one the pool's policy admits (its owner, its
+    repository, its workflow, or a fork's pull request): the message names the policy's rule
+    and the fix. The network API answers it 403; nothing is done for the caller."""
+
+    exit_code = 40
+
+
 # -- pydantic's ValidationError as one of ours ---------------------------------------------
 
 

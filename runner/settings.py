@@ -277,6 +277,14 @@ class Settings:
     # it, and at least read: read-only); and how long a page session lasts, in seconds.
     access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
     page_session_seconds: float = bounded(3600.0, gt=0)
+    # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
+    # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API
+    # is off), admitted by the policy in api_policy_file (required with an audience), its
+    # times checked with api_leeway seconds of clock skew either way.
+    api_issuer: str = "https://token.actions.githubusercontent.com"
+    api_audience: str | None = None
+    api_policy_file: Path | None = None
+    api_leeway: float = bounded(60.0, ge=0, le=600)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
 
@@ -328,6 +336,13 @@ class Settings:
                 "",
                 f"set both {variable('ssl_cert_file')} and {variable('ssl_key_file')} for SSL, "
                 "or neither",
+            )
+        if self.api_audience is not None and self.api_policy_file is None:
+            raise SettingError(
+                "api_policy_file",
+                f"is required with {variable('api_audience')} (the network API is on): name "
+                "the policy file of the owners and repositories that may use the pool "
+                "(docs/policy.md), or unset the audience to turn the API off",
             )
 
     def changed(self) -> dict[str, object]:

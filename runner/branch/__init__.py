@@ -451,10 +451,12 @@ def create(
     repository: str = "",
     pr: int | None = None,
     owner_uid: int = 0,
+    owner_repository_id: int | None = None,
     quota: Quota | None = None,
 ) -> Branch:
     """Create branch ``name`` of a base and wait until it accepts logins. ``repository``,
-    ``pr`` and ``owner_uid`` record who asked for it (the engine service fills them in), and
+    ``pr``, ``owner_uid`` and ``owner_repository_id`` (the repository the front door vouched
+    for) record who asked for it (the engine service fills them in), and
     ``quota`` the limits it is held to, checked in the transaction that registers it.
 
     A warm branch of the base's current version on the chosen runtime is claimed when one is
@@ -480,6 +482,7 @@ def create(
             "repository": repository,
             "pr": pr,
             "owner_uid": owner_uid,
+            "owner_repository_id": owner_repository_id,
         }
         # Not durable (see Registry.transaction): after a host crash a lost claim is a warm
         # branch again, whose stopped server gets it retired; a lost "ready" leaves it

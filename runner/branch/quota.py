@@ -5,6 +5,11 @@ A check made before that transaction, then a create, lets simultaneous creates a
 each counts the branches the others have not registered yet. Counted inside the create's own
 ``BEGIN IMMEDIATE``, every create sees the ones committed before it, and the one over a limit
 is refused with nothing left behind. Root's own requests hold no quota.
+
+The front door's requests for a repository it vouches for (the network API) are all its uid's:
+for them the per-user limit is the policy's ``limits.total`` (branches of the network's callers
+in all; the pool's total when the policy sets none), and a repository's limit the lower of the
+pool's and the policy's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class Quota:
     max_branches: int
     max_per_repository: int
     max_per_user: int
+    network: bool = False  # the front door's, for a repository it vouches for
 
     @classmethod
     def of(cls, settings: Settings, *, owner_uid: int, repository: str) -> Quota:
@@ -35,6 +41,30 @@ class Quota:
             max_branches=settings.max_branches,
             max_per_repository=settings.max_branches_per_repository,
             max_per_user=settings.max_branches_per_user,
+        )
+
+    @classmethod
+    def of_network(
+        cls,
+        settings: Settings,
+        *,
+        door_uid: int,
+        repository: str,
+        branch_limit: int | None,
+        total_limit: int | None,
+    ) -> Quota:
+        """The limits of a create the front door asks for a repository it vouches for, with
+        the policy's limits for it (None: the pool's setting alone)."""
+        per_repository = settings.max_branches_per_repository
+        if branch_limit is not None:
+            per_repository = min(per_repository, branch_limit)
+        return cls(
+            owner_uid=door_uid,
+            repository=repository,
+            max_branches=settings.max_branches,
+            max_per_repository=per_repository,
+            max_per_user=total_limit if total_limit is not None else settings.max_branches,
+            network=True,
         )
 
     def check(self, usage: Usage) -> None:
@@ -49,7 +79,18 @@ class Quota:
             raise LimitReachedError(
                 f"{self.repository} already has {usage.of_repository} branches on this runner, "
                 "its limit: close pull requests or destroy their branches, or raise "
-                "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
+                + (
+                    "its limit in the pool's policy (limits.per_repository, or the "
+                    "repository's branches) and PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
+                    if self.network
+                    else "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
+                )
+            )
+        if self.network and usage.of_owner >= self.max_per_user:
+            raise LimitReachedError(
+                f"the network API's callers already have {usage.of_owner} branches on this "
+                "runner, the pool's policy's limit (limits.total): destroy branches that are "
+                "no longer needed, or raise it"
             )
         if usage.of_owner >= self.max_per_user:
             raise LimitReachedError(

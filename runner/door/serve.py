@@ -10,7 +10,8 @@ the person the page signed in, nothing more.
 
 One process, one event loop (uvloop when present): the Postgres router (``router.FrontDoor``)
 on ``door_port`` and the branch pages (``page.create_page``, under uvicorn) on
-``door_https_port``.
+``door_https_port``, with the engine's network API (``api.create_api``) under ``/api/v1`` on
+the same port when ``api_audience`` is set (its policy file read as root, here).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from starlette.types import ASGIApp
 
     from pgoverlay.runner.door import router
     from pgoverlay.runner.service.client import RemoteEngine
@@ -63,7 +64,7 @@ class Prepared:
     postgres_tls: ssl.SSLContext
     https_tls: ssl.SSLContext
     engine: RemoteEngine
-    pages: FastAPI
+    pages: ASGIApp  # the branch pages, and the network API under /api/v1 when it is on
     audit: audit.AuditLog
 
 
@@ -112,7 +113,7 @@ def prepare(settings: Settings) -> Prepared:
     the door runs are imported here too, as the interpreter's files may be root's alone."""
     import uvicorn  # noqa: F401 - imported while root may still read it
 
-    from pgoverlay.runner.door import page, router, tls  # noqa: F401
+    from pgoverlay.runner.door import api, page, router, tls  # noqa: F401
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
     require_root()
@@ -138,6 +139,7 @@ def prepare(settings: Settings) -> Prepared:
     safefs.write_new(_pid_file(settings), f"{os.getpid()} {started}\n", uid=0, gid=0, mode=0o644)
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
+    pages: ASGIApp
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
@@ -149,6 +151,8 @@ def prepare(settings: Settings) -> Prepared:
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
         pages = page.create_unconfigured()
+    if settings.api_audience is not None:
+        pages = with_api(settings, pages)
     return Prepared(
         uid=uid,
         gid=gid,
@@ -161,6 +165,44 @@ def prepare(settings: Settings) -> Prepared:
         pages=pages,
         audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
     )
+
+
+def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
+    """The pages with the network API mounted at ``api.PREFIX``: its policy file read and
+    checked now (as root: the admin's file may be root's alone), its issuer asked for keys
+    when the first token comes."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from pgoverlay.runner.door import api, oidc, policy
+    from pgoverlay.runner.service import vouch
+    from pgoverlay.runner.service.client import RemoteEngine, socket_path
+
+    if settings.api_audience is None or settings.api_policy_file is None:  # Settings checks
+        raise ConfigError("the network API needs PGOVERLAY_API_AUDIENCE and its policy file")
+    verifier = oidc.Verifier(settings.api_issuer, settings.api_audience, leeway=settings.api_leeway)
+    rules = policy.load(settings.api_policy_file)
+    path = socket_path(settings)
+
+    def engine_for(vouched: vouch.Vouched) -> RemoteEngine:
+        return RemoteEngine(path, timeout=settings.command_timeout, headers=vouch.headers(vouched))
+
+    served = api.create_api(
+        verifier=verifier,
+        policy=rules,
+        engine_for=engine_for,
+        door_host=settings.door_name,
+        door_port=settings.door_port,
+    )
+    log.info(
+        "network API on https://%s:%d%s for audience %s (issuer %s)",
+        settings.door_name,
+        settings.door_https_port,
+        api.PREFIX,
+        settings.api_audience,
+        verifier.issuer,
+    )
+    return Starlette(routes=[Mount(api.PREFIX, app=served), Mount("/", app=pages)])
 
 
 def serve(settings: Settings) -> None:

@@ -109,6 +109,9 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     # the branch's directories, sockets and containers are named after its slot, which a
     # claimed warm branch keeps while its name changes; '' (rows of earlier releases): its name
     ("branches", "slot", "TEXT NOT NULL DEFAULT ''"),
+    # the id of the repository the front door vouched for when it asked for the branch (the
+    # network API, for a verified GitHub Actions job); NULL for a branch asked for on the socket
+    ("branches", "owner_repository_id", "INTEGER"),
 ]
 # Made after ADDED_COLUMNS, which the index needs on a pool made by an older release.
 INDEXES = """
@@ -179,6 +182,8 @@ class Branch:
     pr: int | None = None
     owner_uid: int = 0  # the uid that asked for it
     slot: str = ""  # what its directories and container are named after; '' for its name
+    # the repository (by GitHub's id) the front door vouched for; None: not asked for that way
+    owner_repository_id: int | None = None
 
     @property
     def key(self) -> str:
@@ -294,6 +299,11 @@ def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> B
         raise _bad("branch", b.name, "its repository is not owner/name")
     if b.slot and (not isinstance(b.slot, str) or not NAME_RE.match(b.slot)):
         raise _bad("branch", b.name, "its slot is not a valid name")
+    repository_id = b.owner_repository_id
+    if repository_id is not None and (
+        not isinstance(repository_id, int) or isinstance(repository_id, bool) or repository_id < 1
+    ):
+        raise _bad("branch", b.name, "its owner repository id is not a positive integer")
     if b.state == "warm" and b.slot != b.name:
         raise _bad("branch", b.name, "a warm branch is named after its slot")
     return b

@@ -2,7 +2,8 @@
 through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
 
 The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
-from anything the caller sends. Every request is logged with that uid; secrets never are.
+from anything the caller sends; the repository the front door vouches for (``vouch``) is taken
+from the door's uid alone. Every request is logged with that uid; secrets never are.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.service import limits
+from pgoverlay.runner.service import limits, vouch
 from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
@@ -63,6 +64,7 @@ Login = Annotated[
 STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.NotOwnerError, 403),  # DoorForbiddenError too
     (errors.UnmaskedAccessError, 403),
+    (errors.PolicyError, 403),
     (errors.AccessError, 409),
     (errors.BranchMissingError, 404),
     (errors.BaseMissingError, 404),
@@ -111,7 +113,8 @@ async def _engine(request: Request) -> LocalEngine:
             found = pools.pool = Pool.open(settings)
         return found
 
-    return LocalEngine(pool, uid=peer.uid)
+    # A repository the front door vouches for: honoured by the engine for the door's uid only.
+    return LocalEngine(pool, uid=peer.uid, vouched=vouch.parse(request.headers))
 
 
 Caller = Annotated[LocalEngine, Depends(_engine)]

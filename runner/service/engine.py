@@ -13,6 +13,13 @@ credentials say) may only look, and grant or list a credential for a person it v
 repository and pull request it is for (a caller other than root must name the repository): a
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
+
+The front door also acts for a repository it vouches for (``vouched``: the network API, for a
+GitHub Actions job whose OIDC token it verified and whose policy admitted it): then it may
+create a branch, and reset, destroy, read the password of, record on and trace the branches
+created that way for the same repository id, nothing else. Such a branch is owned by that id
+(``owner_repository_id``): another repository, or a re-created one of the same name, is refused
+it, and the ``repository`` a request names is ignored. Only the door's uid may vouch.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from pgoverlay.runner.service.views import (
     TraceMark,
     WarmView,
 )
+from pgoverlay.runner.service.vouch import Vouched
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
     from pgoverlay.runner.pool.registry import StoredGrant
@@ -125,10 +133,13 @@ def door_uid(user: str) -> int | None:
 class LocalEngine:
     """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
 
-    def __init__(self, pool: Pool | Callable[[], Pool], *, uid: int = 0) -> None:
+    def __init__(
+        self, pool: Pool | Callable[[], Pool], *, uid: int = 0, vouched: Vouched | None = None
+    ) -> None:
         self._pool = pool
         self.uid = uid
         self._door: bool | None = None
+        self._vouched = vouched
 
     @property
     def door(self) -> bool:
@@ -137,8 +148,23 @@ class LocalEngine:
             self._door = self.uid != 0 and self.uid == door_uid(self.pool.settings.door_user)
         return self._door
 
-    def _not_door(self, what: str) -> None:
-        """Refuse the front door's identity an operation that is not looking or granting."""
+    @property
+    def vouched(self) -> Vouched | None:
+        """The repository the front door vouches for in this request; NotOwnerError when a
+        caller other than the door says it vouches for one."""
+        if self._vouched is not None and not self.door:
+            raise NotOwnerError(
+                "only the front door's identity may vouch for a repository (the "
+                "x-pgoverlay-vouched-* headers): ask without them, and name the repository in "
+                "the request"
+            )
+        return self._vouched
+
+    def _not_door(self, what: str, *, vouchable: bool = False) -> None:
+        """Refuse the front door's identity an operation that is not looking or granting, or
+        (``vouchable``) one it asks for a repository it vouches for."""
+        if self.vouched is not None and vouchable:
+            return
         if self.door:
             user = self.pool.settings.door_user
             raise DoorForbiddenError(
@@ -227,6 +253,8 @@ class LocalEngine:
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         found = self.pool.registry.branch(name)
+        if found is not None and self.vouched is not None:
+            self._vouched_owner(found, self.vouched)
         return self._view(found, layer=layer) if found else None
 
     def size(self, name: str) -> Layer:
@@ -238,6 +266,10 @@ class LocalEngine:
     def _mine(self, name: str, *, repository: str | None = None) -> Branch:
         """Branch ``name`` if this caller may act on it (for ``repository``, when given)."""
         b = branches.get(self.pool, name)
+        vouched = self.vouched
+        if vouched is not None:
+            self._vouched_owner(b, vouched)
+            return b
         if self.uid != 0 and b.owner_uid != self.uid:
             raise NotOwnerError(
                 f"branch {name} was created by another user (uid {b.owner_uid}): only that user "
@@ -251,11 +283,45 @@ class LocalEngine:
             )
         return b
 
+    def _vouched_owner(self, b: Branch, vouched: Vouched) -> None:
+        """NotOwnerError unless branch ``b`` was created for the repository the front door
+        vouches for, by its id (not its name: a re-created repository gets another id)."""
+        if b.owner_repository_id == vouched.repository_id:
+            return
+        mine = f"{vouched.repository} (id {vouched.repository_id})"
+        if b.owner_repository_id is None:
+            whose = "was created on this runner, not through the network API"
+        elif b.repository.lower() == vouched.repository.lower():
+            whose = (
+                f"belongs to another repository of that name (id {b.owner_repository_id}): "
+                f"{vouched.repository} was deleted and re-created, or renamed"
+            )
+        else:
+            whose = f"belongs to {b.repository}"
+        raise NotOwnerError(
+            f"branch {b.name} {whose}; a job's token acts for its own repository, {mine}, "
+            "only: name branches after their repository (the default, `{repo}-pr-{number}`)"
+        )
+
     def create(self, request: CreateRequest) -> BranchView:
         """Create a branch for this caller. A caller other than root must say which repository
         it is for, and is held to the pool's limits (``branch.quota``), checked in the registry
         transaction that registers the branch."""
-        self._not_door("create a branch")
+        self._not_door("create a branch", vouchable=True)
+        vouched = self.vouched
+        if vouched is not None:
+            return self._create(
+                request,
+                repository=vouched.repository,  # the token's; the request's is ignored
+                owner_repository_id=vouched.repository_id,
+                quota=Quota.of_network(
+                    self.pool.settings,
+                    door_uid=self.uid,
+                    repository=vouched.repository,
+                    branch_limit=vouched.branch_limit,
+                    total_limit=vouched.total_limit,
+                ),
+            )
         quota = None
         if self.uid != 0:
             if not request.repository:
@@ -265,6 +331,16 @@ class LocalEngine:
                     "request; `pgoverlay branch create NAME --repository OWNER/NAME`)"
                 )
             quota = Quota.of(self.pool.settings, owner_uid=self.uid, repository=request.repository)
+        return self._create(request, repository=request.repository or "", quota=quota)
+
+    def _create(
+        self,
+        request: CreateRequest,
+        *,
+        repository: str,
+        quota: Quota | None,
+        owner_repository_id: int | None = None,
+    ) -> BranchView:
         started = time.monotonic()
         created = branches.create(
             self.pool,
@@ -272,15 +348,16 @@ class LocalEngine:
             base_name=request.base,
             ttl_seconds=request.ttl_seconds,
             runtime=request.runtime,
-            repository=request.repository or "",
+            repository=repository,
             pr=request.pr,
             owner_uid=self.uid,
+            owner_repository_id=owner_repository_id,
             quota=quota,
         )
         return self._view(created, layer=False, seconds=time.monotonic() - started)
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
-        self._not_door("reset a branch")
+        self._not_door("reset a branch", vouchable=True)
         self._mine(name, repository=repository)
         _discard_trace(self.pool, name)
         started = time.monotonic()
@@ -288,7 +365,7 @@ class LocalEngine:
         return self._view(done, layer=False, seconds=time.monotonic() - started)
 
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
-        self._not_door("destroy a branch")
+        self._not_door("destroy a branch", vouchable=True)
         if self.pool.registry.branch(name) is None:
             return Destroyed(destroyed=False)
         self._mine(name, repository=repository)
@@ -297,11 +374,11 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
-        self._not_door("read a branch's password")
+        self._not_door("read a branch's password", vouchable=True)
         return branches.connection(self.pool, self._mine(name))
 
     def save_record(self, name: str, request: RecordRequest) -> None:
-        self._not_door("write a branch's record")
+        self._not_door("write a branch's record", vouchable=True)
         self._mine(name, repository=request.repository)
         saved = self.pool.registry.save_record(
             registry.StoredRecord(branch=name, data=request.data, updated_at=time.time())
@@ -313,21 +390,21 @@ class LocalEngine:
 
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         """Open a trace of the branch (ending one left open); its first mark."""
-        self._not_door("trace a branch")
+        self._not_door("trace a branch", vouchable=True)
         b = self._mine(name, repository=request.repository)
         from pgoverlay.runner import trace
 
         return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
-        self._not_door("trace a branch")
+        self._not_door("trace a branch", vouchable=True)
         self._mine(name, repository=repository)
         from pgoverlay.runner import trace
 
         return trace.mark(self.pool, name)
 
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
-        self._not_door("trace a branch")
+        self._not_door("trace a branch", vouchable=True)
         self._mine(name, repository=repository)
         from pgoverlay.runner import trace
 
@@ -345,6 +422,8 @@ class LocalEngine:
     def _may_grant(self, name: str, *, repository: str | None, vouched_by: str | None) -> None:
         """Root and the branch's owner grant; the front door grants only for a person it
         vouches for, and only it may vouch."""
+        if self.vouched is not None:
+            self._not_door("grant a credential for a repository it vouches for")
         if not self.door:
             if vouched_by is not None:
                 raise NotOwnerError(
@@ -384,6 +463,8 @@ class LocalEngine:
 
     def grants(self, name: str) -> list[GrantView]:
         """The credentials granted in branch ``name``, without passwords."""
+        if self.vouched is not None:
+            self._not_door("list a branch's credentials for a repository it vouches for")
         if not self.door:
             self._mine(name)
         from pgoverlay.runner.branch import grants

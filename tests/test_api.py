@@ -1,0 +1,396 @@
+"""The engine's API on the network (`/api/v1` on the front door's HTTPS port), authenticated by
+GitHub Actions OIDC tokens. Everything is real: the engine service (root), the front door
+(`pgoverlay door`, as its own user, reaching the engine through its socket), TLS verified
+against the test's CA, and an OIDC issuer on loopback (tests/oidckit.py) signing tokens with
+the claims GitHub puts in them."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sqlite3
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from doorkit import DoorCA, make_ca
+from helpers import as_user_call, free_tcp_port, os_user, service_settings
+from oidckit import AUDIENCE, Issuer, Key, claims, sign
+from pgoverlay.errors import (
+    IssuerError,
+    LimitReachedError,
+    NotOwnerError,
+    PolicyError,
+    ServiceError,
+    SettingError,
+    TokenError,
+)
+from pgoverlay.runner.door.api import status as api_status
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion, Registry
+from pgoverlay.runner.service.client import RemoteEngine
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import CreateRequest
+from pgoverlay.runner.service.serve import settings_environ
+from pgoverlay.runner.service.vouch import Vouched, headers
+from pgoverlay.runner.settings import Settings
+
+POLICY = """
+owners:
+  - acme
+repositories:
+  - acme/*
+  - {name: acme/tiny, branches: 1}
+"""
+SHOP_ID, WEB_ID, TINY_ID = 2002, 2003, 2004
+
+
+@dataclass
+class Api:
+    pool: Pool
+    base: BaseVersion
+    issuer: Issuer
+    key: Key
+    certs: DoorCA
+    port: int
+    door_port: int
+    log: Path
+
+    def token(self, **overrides: Any) -> str:
+        return sign(claims(self.issuer.url, now=time.time(), **overrides), self.key)
+
+    def of(self, repository: str, repository_id: int, **overrides: Any) -> str:
+        owner = repository.partition("/")[0]
+        return self.token(
+            repository=repository,
+            repository_owner=owner,
+            repository_id=str(repository_id),
+            job_workflow_ref=f"{repository}/.github/workflows/db.yml@refs/pull/42/merge",
+            sub=f"repo:{repository}:pull_request",
+            **overrides,
+        )
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None,
+        body: object = None,
+        authorization: str | None = None,
+    ) -> tuple[int, Any, http.client.HTTPResponse]:
+        context = ssl.create_default_context(cafile=os.fspath(self.certs.ca_file))
+        conn = http.client.HTTPSConnection("localhost", self.port, context=context, timeout=300)
+        sent: dict[str, str] = {}
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        if authorization is not None:
+            sent["Authorization"] = authorization
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            sent["Content-Type"] = "application/json"
+        try:
+            conn.request(method, f"/api/v1{path}", body=payload, headers=sent)
+            response = conn.getresponse()
+            raw = response.read()
+        finally:
+            conn.close()
+        return response.status, json.loads(raw) if raw else None, response
+
+
+def _wait_https(port: int, door: subprocess.Popen[bytes]) -> None:
+    import socket
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if door.poll() is not None:
+            raise AssertionError(f"the front door exited with {door.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the front door did not answer on port {port}")
+
+
+@pytest.fixture(scope="module")
+def api(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Api]:
+    folder = tmp_path_factory.mktemp("api")
+    os.chmod(folder, 0o755)
+    os_user("pgoverlay-door", groups=["pgoverlay"])
+    certs = make_ca(folder)
+    policy = folder / "policy.yml"
+    policy.write_text(POLICY)
+    key = Key.make("key-1")
+    door_port, https_port = free_tcp_port(), free_tcp_port()
+    with Issuer([key]) as issuer:
+        env = {
+            **settings_environ(service_settings(pool)),
+            "PGOVERLAY_DOOR_HOST": "localhost",
+            "PGOVERLAY_DOOR_ADDRESS": "127.0.0.1",
+            "PGOVERLAY_DOOR_PORT": str(door_port),
+            "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
+            "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
+            "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
+            "PGOVERLAY_API_ISSUER": issuer.url,
+            "PGOVERLAY_API_AUDIENCE": AUDIENCE,
+            "PGOVERLAY_API_POLICY_FILE": os.fspath(policy),
+        }
+        log = open(folder / "door.log", "wb")  # noqa: SIM115 - closed below
+        door = subprocess.Popen(
+            [sys.executable, "-P", "-m", "pgoverlay", "door"],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
+        try:
+            _wait_https(https_port, door)
+            yield Api(pool, base, issuer, key, certs, https_port, door_port, folder / "door.log")
+        finally:
+            door.terminate()
+            door.wait(timeout=30)
+            log.close()
+            engine = LocalEngine(pool)
+            for b in pool.registry.branches():
+                if b.name.startswith("api-"):
+                    engine.destroy(b.name)
+
+
+def create(api: Api, token: str, name: str, **extra: object) -> tuple[int, Any]:
+    status, body, _ = api.call(
+        "POST", "/branches", token=token, body={"name": name, "base": api.base.name, **extra}
+    )
+    return status, body
+
+
+def test_refused_tokens_are_told_why_and_create_nothing(api: Api) -> None:
+    now = time.time()
+    stranger = Key.make("key-of-nobody")
+    refused = {
+        "expired": (api.token(exp=int(now) - 600, iat=int(now) - 900, nbf=int(now) - 900), 401),
+        "not yet valid": (api.token(nbf=int(now) + 600), 401),
+        "wrong audience": (api.token(aud="https://another-pool.example.test"), 401),
+        "wrong issuer": (api.token(iss="https://token.actions.githubusercontent.com"), 401),
+        "unknown key": (sign(claims(api.issuer.url, now=now), stranger), 401),
+        "refused owner": (
+            api.token(
+                repository="evil/shop",
+                repository_owner="evil",
+                job_workflow_ref="evil/shop/.github/workflows/db.yml@refs/heads/main",
+            ),
+            403,
+        ),
+    }
+    said = {
+        "expired": "the token expired",
+        "not yet valid": "is not valid for another",
+        "wrong audience": "audience is 'https://another-pool.example.test', expected",
+        "wrong issuer": "the token's issuer is 'https://token.actions.githubusercontent.com'",
+        "unknown key": "unknown key 'key-of-nobody'",
+        "refused owner": "the owner evil is not one this pool serves",
+    }
+    for number, (what, (token, expected)) in enumerate(refused.items()):
+        name = f"api-refused-{number}"
+        status, body = create(api, token, name)
+        assert status == expected, (what, body)
+        assert said[what] in body["message"], (what, body)
+        assert token not in body["message"] and token.split(".")[1] not in body["message"]
+        assert api.pool.registry.branch(name) is None, what
+    logged = api.log.read_text()
+    assert "api POST /api/v1/branches for an unverified caller -> 401" in logged
+    assert "for evil/shop (id 2002) -> 403" in logged
+    for token, _ in refused.values():
+        assert token.split(".")[1] not in logged and token.split(".")[2] not in logged
+    for authorization, fragment in ((None, "no token"), ("Basic abc", "not `Bearer TOKEN`")):
+        status, body, response = api.call(
+            "POST",
+            "/branches",
+            token=None,
+            authorization=authorization,
+            body={"name": "api-refused-x", "base": api.base.name},
+        )
+        assert status == 401 and fragment in body["message"]
+        assert response.getheader("www-authenticate", "").startswith("Bearer")
+    assert api.pool.registry.branch("api-refused-x") is None
+
+
+def test_a_valid_token_creates_reads_resets_and_destroys_its_own_branch(api: Api) -> None:
+    token = api.of("acme/shop", SHOP_ID)
+    # The repository the caller names is not the owner: the token's is.
+    status, made = create(api, token, "api-shop", repository="acme/web", pr=42)
+    assert status == 201, made
+    assert made["repository"] == "acme/shop" and made["pr"] == 42
+    stored = api.pool.registry.branch("api-shop")
+    assert stored is not None and stored.owner_repository_id == SHOP_ID
+    assert stored.repository == "acme/shop"
+    status, seen, _ = api.call("GET", "/branches/api-shop", token=token)
+    assert status == 200 and seen["name"] == "api-shop" and seen["state"] == "ready"
+    status, conn, _ = api.call("GET", "/branches/api-shop/connection", token=token)
+    assert status == 200 and conn["password"]
+    # Through the front door's Postgres port, over verified TLS, by the branch's name.
+    door = ("localhost", api.door_port, "api-shop")
+    assert (conn["host"], conn["port"], conn["database"]) == door
+    dsn = {
+        "host": conn["host"],
+        "port": conn["port"],
+        "user": conn["user"],
+        "password": conn["password"],
+        "dbname": conn["database"],
+        "sslmode": "verify-full",
+        "sslrootcert": os.fspath(api.certs.ca_file),
+    }
+    with psycopg.connect(**dsn, autocommit=True) as db:
+        db.execute("CREATE TABLE made_by_migration (id int)")
+    record = json.dumps({"migrations": ["0001"]})
+    status, _, _ = api.call("PUT", "/branches/api-shop/record", token=token, body={"data": record})
+    assert status == 204
+    status, kept, _ = api.call("GET", "/branches/api-shop/record", token=token)
+    assert status == 200 and kept["data"] == record
+    status, reset, _ = api.call("POST", "/branches/api-shop/reset", token=token, body={})
+    assert status == 200, reset
+    with psycopg.connect(**dsn) as db:
+        found = db.execute("SELECT to_regclass('made_by_migration')").fetchone()
+    assert found == (None,)
+    status, gone, _ = api.call("POST", "/branches/api-shop/destroy", token=token, body={})
+    assert status == 200 and gone["destroyed"] is True
+    assert gone["record"]["data"] == record
+    assert api.pool.registry.branch("api-shop") is None
+
+
+def test_one_repository_cannot_read_reset_destroy_or_record_on_anothers_branch(api: Api) -> None:
+    shop = api.of("acme/shop", SHOP_ID)
+    status, made = create(api, shop, "api-owned")
+    assert status == 201, made
+    others = {
+        "another repository": api.of("acme/web", WEB_ID),
+        # acme/shop deleted and made again: the same name, another id
+        "a re-created repository": api.of("acme/shop", 9999),
+    }
+    calls: list[tuple[str, str, object]] = [
+        ("GET", "/branches/api-owned", None),
+        ("GET", "/branches/api-owned/connection", None),
+        ("GET", "/branches/api-owned/record", None),
+        ("PUT", "/branches/api-owned/record", {"data": "{}"}),
+        ("POST", "/branches/api-owned/reset", {"repository": "acme/shop"}),
+        ("POST", "/branches/api-owned/trace", {"repository": "acme/shop"}),
+        ("POST", "/branches/api-owned/destroy", {"repository": "acme/shop"}),
+    ]
+    for who, token in others.items():
+        for method, path, body in calls:
+            status, answer, _ = api.call(method, path, token=token, body=body)
+            assert status == 403, (who, method, path, answer)
+            assert answer["code"] == "not_owner", (who, path, answer)
+            assert "acts for its own repository" in answer["message"]
+            assert "password" not in answer
+    assert "another repository of that name" in answer["message"]
+    stored = api.pool.registry.branch("api-owned")
+    assert stored is not None and stored.state == "ready" and stored.owner_repository_id == SHOP_ID
+    assert api.pool.registry.record("api-owned") is None
+    status, gone, _ = api.call("POST", "/branches/api-owned/destroy", token=shop, body={})
+    assert status == 200 and gone["destroyed"] is True
+
+
+def test_a_branch_made_on_the_socket_is_not_the_networks_and_the_policys_limit_holds(
+    api: Api,
+) -> None:
+    request = CreateRequest(name="api-local", base=api.base.name, repository="acme/shop")
+    LocalEngine(api.pool).create(request)
+    shop = api.of("acme/shop", SHOP_ID)
+    status, answer, _ = api.call("POST", "/branches/api-local/destroy", token=shop, body={})
+    assert status == 403 and "not through the network API" in answer["message"]
+    assert api.pool.registry.branch("api-local") is not None
+    tiny = api.of("acme/tiny", TINY_ID)
+    status, made = create(api, tiny, "api-tiny-1")
+    assert status == 201, made
+    status, refused = create(api, tiny, "api-tiny-2")
+    assert status == 429 and "policy" in refused["message"], refused
+    assert api.pool.registry.branch("api-tiny-2") is None
+
+
+def test_only_the_front_doors_uid_may_vouch_for_a_repository(api: Api, service: Path) -> None:
+    """A member of the service's group that sends the door's headers itself is refused."""
+    os_user("pgo-runner", groups=["pgoverlay"])
+    sent = headers(Vouched(repository="acme/shop", repository_id=SHOP_ID))
+    code = "\n".join(
+        [
+            "from pathlib import Path",
+            "from pgoverlay.errors import NotOwnerError",
+            "from pgoverlay.runner.service.client import RemoteEngine",
+            "from pgoverlay.runner.service.models import CreateRequest",
+            f"engine = RemoteEngine(Path({os.fspath(service)!r}), headers={sent!r})",
+            "try:",
+            f"    engine.create(CreateRequest(name='api-forged', base={api.base.name!r}, "
+            "repository='acme/shop'))",
+            "except NotOwnerError as err:",
+            "    print('refused:', err)",
+        ]
+    )
+    done = as_user_call("pgo-runner", ["pgoverlay"], code)
+    assert done.returncode == 0, done.stderr
+    assert "refused: only the front door's identity may vouch" in done.stdout
+    assert api.pool.registry.branch("api-forged") is None
+    # root, too, is not the door: its vouching is refused rather than taken
+    with pytest.raises(NotOwnerError):
+        RemoteEngine(service, headers=sent).reset("api-local", repository=None)
+
+
+def test_the_branch_pages_still_answer_beside_the_api(api: Api) -> None:
+    context = ssl.create_default_context(cafile=os.fspath(api.certs.ca_file))
+    conn = http.client.HTTPSConnection("localhost", api.port, context=context, timeout=60)
+    try:
+        conn.request("GET", "/b/api-nothing")
+        response = conn.getresponse()
+        page = response.read().decode()
+    finally:
+        conn.close()
+    # This door has no OAuth client: its pages say sign-in is not set up, as without the API.
+    assert response.status == 503 and "Sign-in is not set up" in page
+    status, body, _ = api.call("GET", "/no-such-route", token=None)
+    assert status == 404 and "docs/api.md" in body["message"]
+
+
+def test_an_audience_without_a_policy_file_is_refused_when_settings_are_read() -> None:
+    with pytest.raises(SettingError, match="PGOVERLAY_API_POLICY_FILE: is required with"):
+        Settings(api_audience=AUDIENCE)
+
+
+def test_refusals_map_to_their_statuses() -> None:
+    """A refused token is the caller's to fix (401); an unreachable issuer or engine may pass
+    (503); the policy's refusal and another's branch are forbidden (403)."""
+    assert api_status(TokenError("expired")) == 401
+    assert api_status(IssuerError("down")) == 503
+    assert api_status(ServiceError("down")) == 503
+    assert api_status(PolicyError("no")) == 403
+    assert api_status(NotOwnerError("not yours")) == 403
+    assert api_status(LimitReachedError("full")) == 429
+
+
+def test_a_registry_of_an_earlier_release_gains_the_owner_repository_column(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "registry.db"
+    Registry(path).close()
+    with closing(sqlite3.connect(path)) as db:  # as a release before the network API left it
+        db.execute("ALTER TABLE branches DROP COLUMN owner_repository_id")
+        db.commit()
+    reopened = Registry(path)
+    try:
+        columns = {row[1] for row in reopened._read("PRAGMA table_info(branches)")}
+        assert "owner_repository_id" in columns
+        assert reopened.branches() == []
+    finally:
+        reopened.close()
