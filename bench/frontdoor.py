@@ -25,8 +25,11 @@ reviewer's session needs (SET, temporary tables, prepared statements, LISTEN liv
 the client's connection); transaction mode is measured beside it as PgBouncer's fastest mode,
 though it would break those. PgBouncer runs as the pool's OS user (it refuses root), one
 process, on a free loopback port; it must be on PATH (Debian: apt-get install pgbouncer), the
-door itself does not need it. Cells are the median over the rounds. Targets: added p50
-latency at most 0.1 ms, pgbench at least 0.9x, set-up overhead at most 5 ms. The Markdown
+door itself does not need it. Then the pinned rounds: `pgbench -S -c 4` again for direct, the
+door and PgBouncer's session mode, with the branch's server and pgbench on one CPU and the
+proxy alone on the other (taskset and sched_setaffinity). Cells are the median over the
+rounds. Targets: added p50 latency at most 0.1 ms, pgbench at least 0.9x, set-up overhead at
+most 5 ms. The Markdown
 section replaces the one between the front door's markers in docs/benchmarks.md. A
 measurement script: it asserts nothing about timings.
 """
@@ -326,20 +329,30 @@ def setup_time(conninfo: dict[str, Any], password: str, user: str) -> float:
 
 
 def pgbench(
-    conninfo: dict[str, Any], password: str, user: str, seconds: int, *, clients: int
+    conninfo: dict[str, Any],
+    password: str,
+    user: str,
+    seconds: int,
+    *,
+    clients: int,
+    cpus: set[int] | None = None,
 ) -> float:
     """``pgbench -S`` (simple protocol, which every way and pool mode takes) with ``clients``
-    clients on ``min(clients, 2)`` threads: the machine's two cores."""
+    clients on ``min(clients, 2)`` threads: the machine's two cores; with ``cpus``, on those
+    CPUs only, in one thread."""
     env = {
         "PATH": os.environ["PATH"],
         "PGPASSWORD": password,
         "PGSSLMODE": conninfo["sslmode"],
         **({"PGSSLROOTCERT": conninfo["sslrootcert"]} if "sslrootcert" in conninfo else {}),
     }
+    threads = min(clients, 2) if cpus is None else 1
     argv = [
-        "pgbench", "-S", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), "-n",
+        "pgbench", "-S", "-c", str(clients), "-j", str(threads), "-T", str(seconds), "-n",
         "-h", conninfo["host"], "-p", str(conninfo["port"]), "-U", user, conninfo["dbname"],
     ]  # fmt: skip
+    if cpus is not None:
+        argv = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *argv]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds + 120)
     found = re.search(r"tps = ([0-9.]+)", done.stdout)
     if done.returncode != 0 or found is None:
@@ -372,12 +385,64 @@ def measure(way: str, work: Path, pool: poolmod.Pool, b: Branch, seconds: int) -
             child.stop()
 
 
+# The pinned runs: the branch's server (its postmaster, so every backend it forks) and pgbench
+# on one CPU, the proxy alone on the other; direct, the same without a proxy. What a proxy
+# costs a client when it has a core of its own, as on a host with cores to spare, rather than
+# when it takes its CPU from pgbench and the backends.
+PINNED = ("direct", "door-uvloop", "bouncer-session")
+SERVER_CPU, PROXY_CPU = 0, 1
+
+
+def postmaster_pid(b: Branch) -> int:
+    """The pid of the process listening on the branch's port (its postmaster)."""
+    found = subprocess.run(
+        ["ss", "-ltnpH", f"sport = :{b.port}"], capture_output=True, text=True, check=True
+    )
+    pids = {int(p) for p in re.findall(r"pid=(\d+)", found.stdout)}
+    if len(pids) != 1:
+        raise RuntimeError(f"cannot tell the branch's postmaster from {found.stdout!r}")
+    return pids.pop()
+
+
+def measure_pinned(way: str, work: Path, pool: poolmod.Pool, b: Branch, seconds: int) -> float:
+    """``pgbench -S -c 4`` tps with the server and pgbench on one CPU, the proxy on the other."""
+    postmaster = postmaster_pid(b)
+    every = os.sched_getaffinity(postmaster)
+    os.sched_setaffinity(postmaster, {SERVER_CPU})
+    child: DoorChild | BouncerChild | None = None
+    try:
+        if way in BOUNCER_MODES:
+            child = BouncerChild(work, pool, b, way)
+        elif way != "direct":
+            child = DoorChild(work, pool.settings, b, way)
+        if child is not None:
+            os.sched_setaffinity(child.child.pid, {PROXY_CPU})
+        info = params(way, b, child.port if child else 0, work / "door" / "door.crt")
+        return pgbench(info, b.password, b.user, seconds, clients=4, cpus={SERVER_CPU})
+    finally:
+        if child is not None:
+            child.stop()
+        os.sched_setaffinity(postmaster, every)
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
-def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
+def render(
+    results: dict[str, list[dict[str, float]]], pinned: dict[str, list[float]], **ctx: Any
+) -> str:
     def med(way: str, key: str) -> float:
         return statistics.median(r[key] for r in results[way])
+
+    def pinned_ratio(way: str) -> str:
+        return f"{statistics.median(pinned[way]) / statistics.median(pinned['direct']):.2f}x"
+
+    pinned_rows = "\n".join(
+        f"| {WAYS[way]} | {statistics.median(pinned[way]):,.0f} | "
+        + ("–" if way == "direct" else pinned_ratio(way))
+        + " |"
+        for way in PINNED
+    )
 
     def ratio(way: str, key: str) -> str:
         return f"{med(way, key) / med('direct', key):.2f}x"
@@ -437,6 +502,17 @@ set-up forks one.
 
 {HEADER}
 {chr(10).join(rows)}
+
+With a core of its own. The same `pgbench -S -c 4` (in one thread), pinned: the branch's
+server (its postmaster, so every backend) and pgbench on CPU {SERVER_CPU}, the proxy alone on CPU
+{PROXY_CPU}; direct runs the same without a proxy: what a proxy costs its clients when it does
+not take its CPU from pgbench and the backends, as it does above (its hop each way, and TLS
+on the client's side, remain). Medians of {ctx["rounds"]} rounds: the door
+{pinned_ratio(door)} of direct, PgBouncer {pinned_ratio(session)}.
+
+| way | pgbench -S -c 4 tps, pinned | vs direct |
+|---|---|---|
+{pinned_rows}
 {END}
 """
 
@@ -489,8 +565,17 @@ def main(argv: list[str] | None = None) -> int:
             for way in WAYS:
                 results[way].append(measure(way, work, pool, b, args.seconds))
                 print(f"round {i}: {way}: {results[way][-1]}", flush=True)
+        pinned: dict[str, list[float]] = {way: [] for way in PINNED}
+        if len(os.sched_getaffinity(0)) >= 2:
+            for i in range(1, args.rounds + 1):
+                for way in PINNED:
+                    pinned[way].append(measure_pinned(way, work, pool, b, args.seconds))
+                    print(f"pinned round {i}: {way}: {pinned[way][-1]:,.0f} tps", flush=True)
+        else:
+            raise SystemExit("the pinned runs need two CPUs")
         section = render(
             results,
+            pinned,
             cmd=" ".join(["python bench/frontdoor.py", *argv]),
             rounds=args.rounds,
             seconds=args.seconds,
