@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner import branch, seed
@@ -475,3 +476,39 @@ class Undo:
                 gc.collect(self.pool)
                 if self.pool.registry.bases(name):
                     bases.remove(self.pool, name, destroy_branches=True)
+
+
+PEOPLE_RULES = "tables:\n  people:\n    email: {fake: email}\n"
+
+
+@contextmanager
+def masked_base(
+    pool: Pool, source: cluster.Running, *, name: str, database: str, rows: int, folder: Path
+) -> Iterator[BaseVersion]:
+    """A base ``name`` seeded from a new ``database`` of the source holding ``people`` (``rows``
+    rows, each with a real-looking email), its emails faked by the masking rules; its
+    branches and versions removed afterwards."""
+    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(database)))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER app_owner").format(sql.Identifier(database)))
+    with psycopg.connect(**source.conninfo(user="postgres", dbname=database)) as conn:
+        conn.execute("SET ROLE app_owner")
+        conn.execute("CREATE TABLE people (id int PRIMARY KEY, email text NOT NULL)")
+        conn.execute(
+            "INSERT INTO people SELECT g, 'person' || g || '@example.org' "
+            "FROM generate_series(1, %s) g",
+            (rows,),
+        )
+        conn.commit()
+    rules = folder / "rules.yml"
+    rules.write_text(PEOPLE_RULES)
+    made = seed.seed(pool, name, source_dsn=source_dsn(source, dbname=database), mask=rules)
+    assert made.masked
+    try:
+        yield made
+    finally:
+        for b in pool.registry.branches():
+            if b.base_name == name:
+                branch.destroy(pool, b.name)
+        for version in pool.registry.bases(name):
+            seed.remove_version(pool, version.name, version.version)

@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import as_engine, as_user_call, cli, os_user, source_dsn
+from helpers import as_engine, as_user_call, cli, masked_base, os_user
 from pgoverlay.errors import AccessError, NotOwnerError, RequestError, UnmaskedAccessError
-from pgoverlay.runner import audit, branch, polling, seed
+from pgoverlay.runner import audit, branch, polling
 from pgoverlay.runner.branch import grants
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
@@ -29,11 +29,6 @@ from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import GrantRequest
 
 MASKED = "grants-masked"
-RULES = b"""
-tables:
-  people:
-    email: {fake: email}
-"""
 DOOR = "pgoverlay-door"  # Settings.door_user's default: the service's door identity
 RUNNER = "pgo-runner"  # a workflow's user, in the service's group
 OTHER = "pgo-other"
@@ -44,27 +39,11 @@ def masked(
     pool: Pool, source: cluster.Running, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BaseVersion]:
     """A small base seeded with masking rules (its people's emails faked)."""
-    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS grantsdb")
-        conn.execute("CREATE DATABASE grantsdb OWNER app_owner")
-    with psycopg.connect(**source.conninfo(user="postgres", dbname="grantsdb")) as conn:
-        conn.execute("SET ROLE app_owner")
-        conn.execute("CREATE TABLE people (id int PRIMARY KEY, email text NOT NULL)")
-        conn.execute(
-            "INSERT INTO people SELECT g, 'person' || g || '@example.org' "
-            "FROM generate_series(1, 50) g"
-        )
-        conn.commit()
-    rules = tmp_path_factory.mktemp("grant-rules") / "rules.yml"
-    rules.write_bytes(RULES)
-    made = seed.seed(pool, MASKED, source_dsn=source_dsn(source, dbname="grantsdb"), mask=rules)
-    assert made.masked
-    yield made
-    for b in pool.registry.branches():
-        if b.base_name == MASKED:
-            branch.destroy(pool, b.name)
-    for version in pool.registry.bases(MASKED):
-        seed.remove_version(pool, version.name, version.version)
+    folder = tmp_path_factory.mktemp("grant-rules")
+    with masked_base(
+        pool, source, name=MASKED, database="grantsdb", rows=50, folder=folder
+    ) as made:
+        yield made
 
 
 @pytest.fixture

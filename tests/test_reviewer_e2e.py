@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 from netns import Machine
 from selenium import webdriver
@@ -32,8 +31,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from doorkit import DoorCA, make_ca
 from fakegithub import FakeGitHub
-from helpers import cli, free_tcp_port, require, service_settings, source_dsn
-from pgoverlay.runner import audit, branch, seed
+from helpers import cli, free_tcp_port, masked_base, require, service_settings
+from pgoverlay.runner import audit
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
@@ -157,27 +156,9 @@ def reviewed(
     pool: Pool, source: cluster.Running, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BaseVersion]:
     """A masked base (people's emails faked): what reviewers get by default."""
-    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS reviewdb")
-        conn.execute("CREATE DATABASE reviewdb OWNER app_owner")
-    with psycopg.connect(**source.conninfo(user="postgres", dbname="reviewdb")) as conn:
-        conn.execute("SET ROLE app_owner")
-        conn.execute("CREATE TABLE people (id int PRIMARY KEY, email text NOT NULL)")
-        conn.execute(
-            "INSERT INTO people SELECT g, 'person' || g || '@example.org' "
-            "FROM generate_series(1, 20) g"
-        )
-        conn.commit()
-    rules = tmp_path_factory.mktemp("review-rules") / "rules.yml"
-    rules.write_text("tables:\n  people:\n    email: {fake: email}\n")
-    made = seed.seed(pool, BASE, source_dsn=source_dsn(source, dbname="reviewdb"), mask=rules)
-    assert made.masked
-    yield made
-    for b in pool.registry.branches():
-        if b.base_name == BASE:
-            branch.destroy(pool, b.name)
-    for version in pool.registry.bases(BASE):
-        seed.remove_version(pool, version.name, version.version)
+    folder = tmp_path_factory.mktemp("review-rules")
+    with masked_base(pool, source, name=BASE, database="reviewdb", rows=20, folder=folder) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -385,17 +385,7 @@ def revoke(
                 _drop(conn, role, branch_user=b.user)
         fault(pool, "revoke:dropped")
         pool.registry.delete_grant(name, role)
-    _audit(
-        pool,
-        event,
-        uid=uid,
-        login=found.login,
-        role=role,
-        branch=name,
-        read_only=found.read_only,
-        app=found.app,
-        expires_at=_iso(found.expires_at),
-    )
+    _audit_gone(pool, event, found, branch=name, uid=uid)
     log.info("%s: %s in branch %s", event, role, name)
     return True
 
@@ -467,16 +457,11 @@ def restore(pool: Pool, b: Branch, base: BaseVersion) -> None:
                 "branch %s: credential %s not given back after its reset: %s", b.name, g.role, err
             )
             pool.registry.delete_grant(b.name, g.role)
-            _audit(
+            _audit_gone(
                 pool,
                 "access.revoke",
-                uid=0,
-                login=g.login,
-                role=g.role,
+                g,
                 branch=b.name,
-                read_only=g.read_only,
-                app=g.app,
-                expires_at=_iso(g.expires_at),
                 reason=f"not given back after the branch's reset: {err}",
             )
 
@@ -486,18 +471,7 @@ def forget(pool: Pool, b: Branch) -> None:
     go with its own, its roles with its data)."""
     kept = pool.registry.grants(b.name)
     for g in kept:
-        _audit(
-            pool,
-            "access.revoke",
-            uid=0,
-            login=g.login,
-            role=g.role,
-            branch=b.name,
-            read_only=g.read_only,
-            app=g.app,
-            expires_at=_iso(g.expires_at),
-            reason="branch destroyed",
-        )
+        _audit_gone(pool, "access.revoke", g, branch=b.name, reason="branch destroyed")
 
 
 # -- audit --------------------------------------------------------------------------------
@@ -505,6 +479,24 @@ def forget(pool: Pool, b: Branch) -> None:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def _audit_gone(
+    pool: Pool, event: str, g: StoredGrant, *, branch: str, uid: int = 0, **extra: object
+) -> None:
+    """The line of a credential that is gone (revoked, expired, or taken with its branch)."""
+    _audit(
+        pool,
+        event,
+        uid=uid,
+        login=g.login,
+        role=g.role,
+        branch=branch,
+        read_only=g.read_only,
+        app=g.app,
+        expires_at=_iso(g.expires_at),
+        **extra,
+    )
 
 
 def _audit(pool: Pool, event: str, **fields: object) -> None:
