@@ -145,10 +145,13 @@ class Engine:
     grants: list[tuple[str, GrantRequest]] = field(default_factory=list)
     passwords: list[str] = field(default_factory=list)
     failing: bool = False  # the engine's service does not answer
+    measured: list[str] = field(default_factory=list)  # branches whose layer was walked
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         if self.failing:
             raise ServiceError("the engine service is not running")
+        if layer:
+            self.measured.append(name)
         return self.branches.get(name)
 
     def bases(self) -> list[BaseView]:
@@ -596,6 +599,20 @@ def test_an_engine_that_cannot_answer_gets_a_page_not_a_traceback(site: Site) ->
             site.engine.failing = False
         assert r.status_code == 503 and "could not answer" in r.text
         assert r.headers["x-frame-options"] == "DENY"
+
+
+def test_only_a_reader_with_access_makes_the_engine_measure_a_layer(site: Site) -> None:
+    """Measuring a layer walks it as root: a signed-in reader without access, however often
+    they ask, makes the engine do nothing of the kind."""
+    before = len(site.engine.measured)
+    with site.client() as client:
+        for _ in range(3):
+            refused = sign_in(site, client, "mallory", PRIVATE_BRANCH)
+            assert refused.status_code == 404
+        assert site.engine.measured[before:] == []
+    with site.client() as client:
+        assert sign_in(site, client, "alice", PRIVATE_BRANCH).status_code == 200
+    assert site.engine.measured[before:] == [PRIVATE_BRANCH]
 
 
 def test_a_sign_out_needs_the_sessions_csrf_token_and_the_pages_origin(site: Site) -> None:

@@ -221,17 +221,21 @@ def create_page(
         return RedirectResponse(f"/signin?next={quote(_branch_path(name), safe='')}", 303)
 
     async def readable(
-        name: str, session: Session
+        name: str, session: Session, *, layer: bool = False
     ) -> tuple[BranchView | None, oauth.Access | None, bool]:
         """The branch, the reader's access to it, and whether that access must be checked
-        again (a sign-in) first."""
+        again (a sign-in) first. With ``layer``, its writable layer measured too, once the
+        reader is known to have access: the engine walks the layer as root, which a reader
+        without access must not be able to make it do."""
         if not NAME_RE.fullmatch(name):
             return None, None, False
-        view = await run_in_threadpool(engine.branch, name, layer=True)
+        view = await run_in_threadpool(engine.branch, name)
         key = view.repository if view is not None and view.repository else unknown_key(name)
         checked = sessions.checked(session, key, now=clock())
         if checked is None:
             return view, None, True
+        if layer and view is not None and checked.access is not None:
+            view = await run_in_threadpool(engine.branch, name, layer=True)
         return view, checked.access, False
 
     @app.exception_handler(PgoverlayError)
@@ -256,7 +260,7 @@ def create_page(
         session = session_of(request)
         if session is None:
             return to_sign_in(name)
-        view, access, recheck = await readable(name, session)
+        view, access, recheck = await readable(name, session, layer=True)
         if recheck:
             return to_sign_in(name)
         if view is None or access is None:
