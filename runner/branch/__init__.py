@@ -300,6 +300,14 @@ def _check_ready(pool: Pool, branch: Branch) -> None:
         ) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as err:
+        if "No space left on device" in str(err):
+            # The first session copies a catalog file up into the layer: on a full pool that
+            # fails here rather than while the server starts (runtime.local says the same).
+            raise PoolFullError(
+                f"the pool is full, so branch {branch.name} could not serve its first "
+                "connection: destroy branches (`pgoverlay branch list` shows their sizes) or "
+                "grow the pool"
+            ) from None
         raise BranchStartError(
             f"branch {branch.name} started but a client connection failed: {err}"
         ) from None
