@@ -14,6 +14,12 @@ repository and pull request it is for (a caller other than root must name the re
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
 
+With the pool's policy (``policy``: ``api_policy_file``, see ``admission``), a create by a
+caller other than root is also held to what the policy says of the repository it names: its
+owner and the repository must be admitted by name, and the policy's limits hold where lower
+than the pool's. Root is the admin and is held to neither; the front door's vouched requests
+were admitted by the door, and are not asked again.
+
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
 GitHub Actions job whose OIDC token it verified and whose policy admitted it): then it may
 create a branch, and reset, destroy, read the password of, record on and trace the branches
@@ -36,6 +42,7 @@ from pgoverlay.errors import (
     BranchOwnedError,
     DoorForbiddenError,
     NotOwnerError,
+    PolicyError,
     RequestError,
 )
 from pgoverlay.runner import branch as branches
@@ -59,6 +66,7 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.service.vouch import Vouched
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
+    from pgoverlay.runner.door.policy import Policy
     from pgoverlay.runner.pool.registry import StoredGrant
     from pgoverlay.runner.service.models import (
         CreateRequest,
@@ -131,15 +139,22 @@ def door_uid(user: str) -> int | None:
 
 
 class LocalEngine:
-    """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
+    """The engine itself, acting for the caller ``uid`` (0: root, who may do anything), under
+    the pool's ``policy`` when it has one (the service's, for the callers on its socket)."""
 
     def __init__(
-        self, pool: Pool | Callable[[], Pool], *, uid: int = 0, vouched: Vouched | None = None
+        self,
+        pool: Pool | Callable[[], Pool],
+        *,
+        uid: int = 0,
+        vouched: Vouched | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self._pool = pool
         self.uid = uid
         self._door: bool | None = None
         self._vouched = vouched
+        self._policy = policy
 
     @property
     def door(self) -> bool:
@@ -329,9 +344,34 @@ class LocalEngine:
                     "repository: a create by a user other than root must name the repository "
                     'the branch is for, as OWNER/NAME ("repository": "acme/shop" in the '
                     "request; `pgoverlay branch create NAME --repository OWNER/NAME`)"
+                    + (
+                        "; the pool's policy admits branches by their repository's owner and name"
+                        if self._policy is not None
+                        else ""
+                    )
                 )
-            quota = Quota.of(self.pool.settings, owner_uid=self.uid, repository=request.repository)
+            quota = self._member_quota(request.repository)
         return self._create(request, repository=request.repository or "", quota=quota)
+
+    def _member_quota(self, repository: str) -> Quota:
+        """The limits of a create by this member (not root) for ``repository``: the pool's,
+        and the policy's where it has one; PolicyError when the policy refuses the repository."""
+        settings = self.pool.settings
+        if self._policy is None:
+            return Quota.of(settings, owner_uid=self.uid, repository=repository)
+        decision = self._policy.admit_repository(repository)
+        if not decision.allowed:
+            raise PolicyError(
+                f"the pool's policy does not admit a branch for {repository} on the engine's "
+                f"socket ({decision.rule}): {decision.reason}"
+            )
+        return Quota.of(
+            settings,
+            owner_uid=self.uid,
+            repository=repository,
+            branch_limit=decision.branch_limit,
+            total_limit=decision.total_limit,
+        )
 
     def _create(
         self,
