@@ -136,6 +136,11 @@ def test_one_job_of_a_pull_request_holds_its_branch_at_a_time(api: Api) -> None:
         "first gives back",
         "second holds",
     ]
+    # Another job's hold is neither renewed nor given back by a guess of its id.
+    status, answer, _ = api.call(
+        "POST", "/branches/srv-held/hold/not-its-id/renew", token=api.of("acme/shop", SHOP_ID)
+    )
+    assert status == 409 and answer["code"] == "lock_busy"
     busy = second.hold("srv-busy", wait=0)
     with first.hold("srv-busy", wait=60), pytest.raises(LockBusyError, match="another job"):
         busy.__enter__()
