@@ -115,6 +115,21 @@ def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     )
 
 
+def for_the_tokens_pull_request(body: CreateRequest, identity: Identity) -> CreateRequest:
+    """``body`` for the pull request the token names, when it names one (a ``pull_request``
+    run's ref, ``refs/pull/N/merge``): its ``pr`` is N, and a create that names another is
+    refused. A token that names none (``pull_request_target``, a push) leaves ``pr`` as asked."""
+    number = identity.pull_request
+    if number is None:
+        return body
+    if body.pr is not None and body.pr != number:
+        raise errors.NotOwnerError(
+            f"pr: this job's token is of pull request #{number} of {identity.repository}, not "
+            f"#{body.pr}: a job makes the branch of its own pull request"
+        )
+    return body.replace(pr=number)
+
+
 async def _caller(request: Request) -> RemoteEngine:
     """The engine, for the repository of the request's verified and admitted token."""
     verifier: Verifier = request.app.state.verifier
@@ -124,6 +139,7 @@ async def _caller(request: Request) -> RemoteEngine:
     engine_for: EngineFor = request.app.state.engine_for
     vouched = vouched_for(identity, request.app.state.policy)
     request.state.vouched = vouched
+    request.state.identity = identity
     return engine_for(vouched)
 
 
@@ -303,8 +319,8 @@ def create_api(
         return e.bases()
 
     @app.post("/branches", status_code=201)
-    def create(e: Engine, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        return e.create(body)
+    def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
+        return e.create(for_the_tokens_pull_request(body, request.state.identity))
 
     @app.get("/branches/{name}")
     def branch(e: Engine, name: Name) -> BranchView:
