@@ -27,8 +27,9 @@ One untimed round first (bytecode, the issuer's keys, the door's first connectio
 ``--runs`` rounds, each side opening its pull request (create the branch, apply the migration,
 write a new comment: the PR's comments are cleared before) and closing it (destroy the branch,
 edit the comment), the two sides taking turns at going first. The Action's own log line
-(`pgoverlay: timings: ...`) splits the step into its start (the interpreter and its imports),
-branch, migrations and comment.
+(`pgoverlay: timings: ...`) splits the step into its phases: its start (the interpreter and its
+imports), prepare, branch, migrations, comment, deployment, the engine's other answers and the
+report; the table takes them as the line names them.
 
 The Markdown section replaces the one between the actionstep markers in docs/benchmarks.md.
 A measurement script: it asserts nothing about timings.
