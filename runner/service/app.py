@@ -75,6 +75,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PortsExhaustedError, 429),
     (errors.BranchExistsError, 409),  # BranchOwnedError too
     (errors.LockBusyError, 409),
+    (errors.BranchStateError, 409),
     (errors.SettingsDifferError, 409),
     (errors.TraceError, 409),
     (errors.InvalidNameError, 422),
@@ -245,6 +246,14 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
     @app.post(f"{API}/branches/{{name}}/destroy")
     def destroy(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
         return e.destroy(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/suspend")
+    def suspend(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
+        return e.suspend(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/wake")
+    def wake(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
+        return e.wake(name, repository=body.repository)
 
     @app.get(f"{API}/branches/{{name}}/connection")
     def connection(e: Caller, name: Name) -> Connection:

@@ -48,7 +48,7 @@ from pgoverlay.errors import (
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
-from pgoverlay.runner.pool.registry import Branch
+from pgoverlay.runner.pool.registry import WAKEABLE, Branch
 from pgoverlay.runner.service.views import (
     BaseDetail,
     BaseView,
@@ -85,6 +85,8 @@ class Engine(Protocol):
     def create(self, request: CreateRequest) -> BranchView: ...
     def reset(self, name: str, *, repository: str | None = None) -> BranchView: ...
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed: ...
+    def suspend(self, name: str, *, repository: str | None = None) -> BranchView: ...
+    def wake(self, name: str, *, repository: str | None = None) -> BranchView: ...
     def connection(self, name: str) -> Connection: ...
     def size(self, name: str) -> Layer: ...
     def save_record(self, name: str, request: RecordRequest) -> None: ...
@@ -407,6 +409,32 @@ class LocalEngine:
         done = branches.reset(self.pool, name)
         return self._view(done, layer=False, seconds=time.monotonic() - started)
 
+    def suspend(self, name: str, *, repository: str | None = None) -> BranchView:
+        """Stop an idle branch, keeping its layer (``branch.suspend``)."""
+        self._not_door("suspend a branch", vouchable=True)
+        self._mine(name, repository=repository)
+        _discard_trace(self.pool, name)
+        started = time.monotonic()
+        done = branches.suspend(self.pool, name)
+        return self._view(done, layer=False, seconds=time.monotonic() - started)
+
+    def wake(self, name: str, *, repository: str | None = None) -> BranchView:
+        """Start a suspended branch again (``branch.wake``); one that is up is answered as it
+        is. The front door wakes any branch a client connects to, before a password is asked:
+        its limits per source bound how often (docs/security.md)."""
+        if not self.door or self.vouched is not None:
+            self._mine(name, repository=repository)
+        started = time.monotonic()
+        done = branches.wake(self.pool, name)
+        return self._view(done, layer=False, seconds=time.monotonic() - started)
+
+    def _awake(self, b: Branch) -> Branch:
+        """``b``, woken first when it is suspended: what needs its server (a login, a grant, a
+        trace) wakes it."""
+        if b.state in WAKEABLE:
+            return branches.wake(self.pool, b.name)
+        return b
+
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
         self._not_door("destroy a branch", vouchable=True)
         if self.pool.registry.branch(name) is None:
@@ -418,7 +446,7 @@ class LocalEngine:
 
     def connection(self, name: str) -> Connection:
         self._not_door("read a branch's password", vouchable=True)
-        return branches.connection(self.pool, self._mine(name))
+        return branches.connection(self.pool, self._awake(self._mine(name)))
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)
@@ -434,7 +462,7 @@ class LocalEngine:
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         """Open a trace of the branch (ending one left open); its first mark."""
         self._not_door("trace a branch", vouchable=True)
-        b = self._mine(name, repository=request.repository)
+        b = self._awake(self._mine(name, repository=request.repository))
         from pgoverlay.runner import trace
 
         return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
@@ -499,6 +527,7 @@ class LocalEngine:
         )
         if self.door and request.app and self.vouched is None:
             self._not_door("grant an app's credential")
+        self._awake(branches.get(self.pool, name))
         from pgoverlay.runner.branch import grants
 
         made = grants.grant(
