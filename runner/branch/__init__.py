@@ -568,7 +568,14 @@ def _check_free(
             "branch keeps its first name for them): pick another name"
         )
     if quota is not None:
-        quota.check(pool.registry.usage(db, repository=quota.repository, owner_uid=quota.owner_uid))
+        quota.check(
+            pool.registry.usage(
+                db,
+                repository=quota.repository,
+                owner_uid=quota.owner_uid,
+                repository_id=quota.repository_id,
+            )
+        )
 
 
 def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch, secret: Future[str]) -> Branch:

@@ -38,6 +38,7 @@ class Quota:
     max_per_repository: int
     max_per_user: int
     network: bool = False  # the front door's, for a repository it vouches for
+    repository_id: int | None = None  # the network's: its branches are counted by this id
     # Whether the pool's policy set max_branches (max_per_repository): it was the lower.
     policy_total: bool = False
     policy_per_repository: bool = False
@@ -79,6 +80,7 @@ class Quota:
         repository: str,
         branch_limit: int | None,
         total_limit: int | None,
+        repository_id: int | None = None,
     ) -> Quota:
         """The limits of a create the front door asks for a repository it vouches for, with
         the policy's limits for it (None: the pool's setting alone)."""
@@ -92,6 +94,7 @@ class Quota:
             max_per_repository=per_repository,
             max_per_user=total_limit if total_limit is not None else settings.max_branches,
             network=True,
+            repository_id=repository_id,
         )
 
     def check(self, usage: Usage) -> None:

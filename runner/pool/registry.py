@@ -663,17 +663,27 @@ class Registry:
             tuple(getattr(branch, n) for n in names),
         )
 
-    def usage(self, db: sqlite3.Connection, *, repository: str, owner_uid: int) -> Usage:
+    def usage(
+        self,
+        db: sqlite3.Connection,
+        *,
+        repository: str,
+        owner_uid: int,
+        repository_id: int | None = None,
+    ) -> Usage:
         """In the caller's transaction: how many branch rows (warm ones aside, valid or not)
         the pool, ``repository`` (none when '') and ``owner_uid`` hold. Read in the transaction
         that registers a new branch, so a limit checked against it cannot be passed by
-        creates that run at the same time (see ``branch.quota``)."""
+        creates that run at the same time (see ``branch.quota``). With ``repository_id`` (the
+        network API's), the repository's branches are those made for that id: a renamed
+        repository keeps its count, a re-created one of the same name starts its own."""
         row = db.execute(
             "SELECT count(*), "
-            "coalesce(sum(?1 <> '' AND lower(repository) = lower(?1)), 0), "
+            "coalesce(sum(CASE WHEN ?3 IS NOT NULL THEN owner_repository_id = ?3 "
+            "ELSE ?1 <> '' AND lower(repository) = lower(?1) END), 0), "
             "coalesce(sum(owner_uid = ?2), 0) "
             "FROM branches WHERE state <> 'warm'",
-            (repository, owner_uid),
+            (repository, owner_uid, repository_id),
         ).fetchone()
         return Usage(total=int(row[0]), of_repository=int(row[1]), of_owner=int(row[2]))
 

@@ -340,6 +340,7 @@ class LocalEngine:
                     repository=vouched.repository,
                     branch_limit=vouched.branch_limit,
                     total_limit=vouched.total_limit,
+                    repository_id=vouched.repository_id,
                 ),
             )
         quota = None
