@@ -282,7 +282,8 @@ def _top(report: Report) -> list[str]:
     parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
     if report.status != "destroyed" and report.migrations:
         parts.append(lead(report.migrations))
-    if report.message:
+    gone = report.status == "destroyed"
+    if report.message and not gone:
         parts.append(md.prose(report.message, _MESSAGE, cell=False))
     facts = []
     if b is not None and report.status != "destroyed":
@@ -303,7 +304,9 @@ def _top(report: Report) -> list[str]:
             None: "whether the pull request was merged is unknown",
         }[report.merged]
         name = f"Branch {md.code(b.name)}" if b is not None else "The branch"
-        parts.append(f"{name} was destroyed: {merged}.")
+        # A branch its pull request no longer wants says why; a close, how it closed.
+        why = md.prose(report.message, _MESSAGE, cell=False) if report.message else merged
+        parts.append(f"{name} was destroyed: {why}.")
         parts.append(f"Final writable layer: {_layer(b)}.")
     return parts
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
+from pgoverlay.action import when
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_seconds
@@ -182,11 +183,13 @@ def field_problem(field: dataclasses.Field[Any], value: object) -> str | None:
     return None
 
 
-def whole_problem(migrations: str | None, migrate_command: str | None) -> str | None:
+def whole_problem(
+    migrations: str | None, migrate_command: str | None, *, branch_when: str | None = None
+) -> str | None:
     """What is wrong with the request as a whole (its fields each being right), or None."""
     if migrations and migrate_command:
         return "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
-    return None
+    return when.request_problem(branch_when, migrations, migrate_command)
 
 
 def is_blank(value: object) -> bool:
@@ -284,7 +287,11 @@ def read(
         ((name,), "Extra inputs are not permitted") for name in values if name not in fields
     ]
     if not problems:
-        whole = whole_problem(settled.get("migrations"), settled.get("migrate_command"))
+        whole = whole_problem(
+            settled.get("migrations"),
+            settled.get("migrate_command"),
+            branch_when=settled.get("branch_when"),
+        )
         if whole:
             problems.append(((), whole))
     return settled, problems
@@ -328,6 +335,16 @@ class PrRequest:
         """Branch name; `{number}`, `{ref}`, `{repo}` and `{owner}` are filled in (default
         <repository name>-pr-<number>).""",
         rerun="another name is another branch",
+    )
+    branch_when: str = option(
+        "always",
+        """When a pull request gets a branch: `always`; `migrations`, only while it adds or
+        changes a .sql file under `migrations` (the files `migrations-select: changed` would
+        apply); `label:NAME`, only while it carries the label NAME (adding the label makes the
+        branch, taking it off destroys it). A pull request that is not wanted gets no branch, runs
+        nothing and gets no comment; one whose branch exists loses it.""",
+        check=when.check,
+        rerun="whether the pull request gets a branch, asked on every run",
     )
     reset_on_push: bool = option(
         True,
