@@ -19,16 +19,84 @@ import pytest
 from test_suspend import is_down, read_rows, write_row
 from test_workflow import job_env, payload
 
-from helpers import Undo, service_settings, start_service, without_the_service
+from helpers import Undo, cli, service_settings, start_service, without_the_service
 from pgoverlay.action import main
+from pgoverlay.action.request import PrRequest
+from pgoverlay.errors import ConfigError, RequestError, SettingError
 from pgoverlay.runner import branch
 from pgoverlay.runner.branch import idle
+from pgoverlay.runner.door import render
+from pgoverlay.runner.names import parse_idle_seconds
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.client import RemoteEngine
-from pgoverlay.runner.service.models import TraceRequest
+from pgoverlay.runner.service.models import CreateRequest, TraceRequest
+from pgoverlay.runner.service.views import BranchView
+from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.units import format_duration, idle_rule
+
+# -- what is read and said (pure) --------------------------------------------------------------
+
+
+def test_an_idle_time_is_seconds_or_a_duration_and_0_is_never() -> None:
+    assert [parse_idle_seconds(t) for t in ("0", "600", "10m", "2h", "1.5s")] == [
+        0,
+        600,
+        600,
+        7200,
+        1.5,
+    ]
+    for wrong in ("soon", "-1", "0.5", "500ms", ""):
+        with pytest.raises(ConfigError, match="cannot read idle time"):
+            parse_idle_seconds(wrong)
+    assert Settings(suspend_after="10m").suspend_after == 600
+    assert Settings().suspend_after == 600  # the default
+    with pytest.raises(SettingError, match="PGOVERLAY_SUSPEND_AFTER: should be a number"):
+        Settings(suspend_after="soon")
+    assert PrRequest(suspend_after="45m").suspend_after_seconds() == 2700
+    assert PrRequest(suspend_after="0").suspend_after_seconds() == 0
+    assert PrRequest().suspend_after_seconds() is None  # the runner's
+    with pytest.raises(RequestError, match="^suspend_after: cannot read idle time 'soon'"):
+        PrRequest(suspend_after="soon")
+    with pytest.raises(RequestError, match="suspend_after_seconds: -1 is out of range"):
+        CreateRequest(name="x", suspend_after_seconds=-1)
+
+
+def test_the_page_and_the_comment_say_a_suspended_branch_wakes_on_the_next_connection() -> None:
+    assert idle_rule(0) == "never suspended"
+    assert idle_rule(600) == (
+        "suspended after 10m with no connection: wakes on the next connection"
+    )
+    assert [format_duration(s) for s in (90, 7200, 86400, 1.5)] == ["90s", "2h", "1d", "1.5s"]
+    view = BranchView(
+        name="shop-pr-1",
+        state="suspended",
+        running=False,
+        liveness="stopped",
+        base="app",
+        base_version=1,
+        runtime="local",
+        host="127.0.0.1",
+        port=20001,
+        database="app",
+        user="pgoverlay",
+        created_at=0.0,
+        ready_at=0.0,
+        expires_at=None,
+        repository="acme/shop",
+        pr=1,
+        owner_uid=0,
+        suspended_at=86400.0,
+        suspend_after=600.0,
+    )
+    page = render.branch_page(
+        view, None, masked=True, login="octocat", access="read-only", csrf="c", nonce="n"
+    )
+    assert "suspended since 1970-01-02 00:00:00 UTC: wakes on the next connection" in page
+    assert "suspended after 10m with no connection" in page
+
 
 ROUND = 1.0  # seconds between the module's service's looks
 POOL_DEFAULT = 2.0  # its suspend_after, for a branch created without its own
@@ -97,7 +165,7 @@ def test_a_branch_whose_lock_is_taken_is_left_for_a_later_round(
 
 
 def test_a_branch_nobody_connects_to_is_suspended_within_a_few_rounds(
-    pool: Pool, base: BaseVersion, idle_service: Path, undo: Undo
+    pool: Pool, base: BaseVersion, idle_service: Path, undo: Undo, env: dict[str, str]
 ) -> None:
     """With its own time, and with none (the pool's); it keeps its data and wakes."""
     own, default = "idle-own", "idle-default"
@@ -113,6 +181,14 @@ def test_a_branch_nobody_connects_to_is_suspended_within_a_few_rounds(
     views = {v.name: v for v in RemoteEngine(idle_service).branches()}
     assert (views[own].state, views[own].suspend_after) == ("suspended", 2)
     assert views[default].suspend_after == POOL_DEFAULT
+    status = cli(["branch", "status", own], env=env)
+    assert status.returncode == 0, status.stderr
+    assert "state: suspended since 20" in status.stdout
+    assert ": wakes on the next connection" in status.stdout
+    assert "suspend_after: suspended after 2s with no connection" in status.stdout
+    listed = cli(["branch", "list"], env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert any(own in line and "suspended since" in line for line in listed.stdout.splitlines())
     woken = branch.wake(pool, own)
     assert read_rows(pool, woken) == [4]
     assert (woken.port, woken.password) == (made.port, made.password)
