@@ -35,6 +35,7 @@ from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, Ti
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
 from pgoverlay.runner.pool import require_root
+from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.settings import Settings
 
@@ -241,7 +242,6 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
     logged and answered as a branch that is not there."""
 
     from pgoverlay.runner.door import router
-    from pgoverlay.runner.pool.registry import WAKEABLE
 
     waking: dict[str, asyncio.Future[BranchView]] = {}
 
