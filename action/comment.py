@@ -35,7 +35,7 @@ from pgoverlay.action.parts import Sub
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
-from pgoverlay.runner.units import format_bytes
+from pgoverlay.runner.units import format_bytes, idle_rule
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -325,6 +325,8 @@ def _branch(report: Report) -> list[str]:
         ("Data", _masking(b)),
         ("Runtime", md.code(b.runtime, cell=True)),
     ]
+    if b.suspend_after is not None:
+        holds.append(("When idle", idle_rule(b.suspend_after)))
     way = report.way_in
     connection = [_pairs("Connection", _way_in(way))] if way is not None else []
     return [*connection, _pairs("Branch", holds)]

@@ -27,7 +27,7 @@ from typing import Any, Literal, get_args, get_origin
 from pgoverlay.action import when
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
-from pgoverlay.runner.names import NAME_RE, parse_seconds
+from pgoverlay.runner.names import NAME_RE, parse_idle_seconds, parse_seconds
 from pgoverlay.runner.runtime import table as runtimes
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
@@ -123,6 +123,11 @@ def _runtime(runtime: str) -> None:
 def _ttl(ttl: str | None) -> None:
     if ttl:
         parse_seconds(ttl, whole=True)
+
+
+def _idle(text: str | None) -> None:
+    if text:
+        parse_idle_seconds(text)
 
 
 def _lock_time(text: str) -> float:
@@ -357,6 +362,14 @@ class PrRequest:
         check=_ttl,
         rerun="how long the branch lives",
     )
+    suspend_after: str | None = option(
+        None,
+        """Suspend the branch after this long with no connection (e.g. 10m, 2h; 0: never); it
+        wakes on its next connection. Empty: the runner's PGOVERLAY_SUSPEND_AFTER (10m unless
+        set).""",
+        check=_idle,
+        rerun="how long the branch may sit idle, honoured when the branch is made",
+    )
     comment: bool = option(
         True,
         "Write the sticky PR comment.",
@@ -428,6 +441,10 @@ class PrRequest:
 
     def ttl_seconds(self) -> int | None:
         return int(parse_seconds(self.ttl, whole=True)) if self.ttl else None
+
+    def suspend_after_seconds(self) -> int | None:
+        """The branch's idle seconds before it is suspended (0: never); None: the runner's."""
+        return round(parse_idle_seconds(self.suspend_after)) if self.suspend_after else None
 
     def thresholds(self) -> Thresholds:
         """What a migration may do before its verdict is "over" (and, with

@@ -107,6 +107,7 @@ def _branch_info(
         base_masked=base.masked if base else None,
         base_mask_rules=base.mask_rules if base else "",
         base_mask_sha256=base.mask_sha256 if base else "",
+        suspend_after=b.suspend_after,
     )
 
 
@@ -454,6 +455,7 @@ class _Run:
                     name=name,
                     base=inputs.base,
                     ttl_seconds=inputs.ttl_seconds(),
+                    suspend_after_seconds=inputs.suspend_after_seconds(),
                     runtime=None if inputs.runtime == "auto" else inputs.runtime,
                     repository=event.repository,
                     pr=event.pr,
