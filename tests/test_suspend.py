@@ -214,3 +214,45 @@ def test_the_first_connections_through_the_front_door_wake_a_suspended_branch_on
         print("connect-to-first-result while waking:", sorted(round(s, 3) for s, _ in results))
         seconds, _ = first_result()  # and once up, as any running branch
         print(f"connect-to-first-result when up: {seconds:.3f} s")
+
+
+def test_a_source_banned_for_failed_logins_wakes_no_branch(
+    pool: Pool,
+    base: BaseVersion,
+    service: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    undo: Undo,
+) -> None:
+    """Naming a suspended branch wakes it before any password is checked: an anonymous client
+    may do so only until its failed logins ban it, after which the branches it names stay
+    suspended."""
+    name = "susp-banned"
+    undo.branch(name)
+    made = branch.create(pool, name, base_name=base.name)
+    branch.suspend(pool, name)
+    folder = tmp_path_factory.mktemp("door-ban")
+    env = {"PGOVERLAY_DOOR_FAILED_LOGINS": "2"}
+    with running_door(pool, base, folder, policy="owners: [acme]\n", env=env) as door:
+
+        def attempt(database: str, password: str) -> str:
+            try:
+                psycopg.connect(
+                    host="localhost",
+                    port=door.door_port,
+                    dbname=database,
+                    user=made.user,
+                    password=password,
+                    sslmode="verify-full",
+                    sslrootcert=str(door.certs.ca_file),
+                    connect_timeout=30,
+                ).close()
+            except psycopg.OperationalError as err:
+                return str(err)
+            return "connected"
+
+        for guess in ("susp-nope-1", "susp-nope-2"):
+            assert "password authentication failed" in attempt(guess, "wrong")
+        refused = attempt(name, made.password)
+        assert "too many failed logins" in refused
+        assert branch.get(pool, name).state == "suspended"
+        assert f"woke branch {name}" not in door.log.read_text()
