@@ -15,6 +15,14 @@ Each request:
    branch for that repository id and refuses it every branch not created for the same id. The
    ``repository`` a request's body names is ignored there.
 
+A caller that is not a job (the webhook listener on another host) sends instead an API token
+the admin issued (``pgo_...``, ``service.tokens``) and names, in each request, the repository
+it acts for (``x-pgoverlay-repository``, ``-repository-id``, ``-owner-id``, and on a create
+``x-pgoverlay-fork``), which the listener takes from the signed delivery. The door asks the
+engine (its socket's ``/credentials/check``: the door never reads the token store) whether the
+token is good for that repository (401 if not), then the policy (``Policy.admit_listener``),
+then vouches for that repository exactly as for a job's token.
+
 The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
 connection, record, trace), with the same request bodies, answers, error bodies and body caps
 (``service.limits``); a connection is answered through the front door's Postgres port. Every
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated
 
 from fastapi import Body, Depends, FastAPI, Request, Response
@@ -36,12 +44,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.oidc import Identity, Verifier
-from pgoverlay.runner.door.policy import Policy
-from pgoverlay.runner.service import limits
+from pgoverlay.runner.door.policy import Decision, Policy
+from pgoverlay.runner.names import REPOSITORY_RE
+from pgoverlay.runner.service import limits, tokens
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
     CreateRequest,
+    CredentialCheck,
     OwnerRequest,
     RecordRequest,
     TraceRequest,
@@ -79,12 +89,13 @@ def bearer(header: str | None) -> str:
     if header is None:
         raise errors.TokenError(
             "no token: send the job's GitHub Actions OIDC token as `Authorization: Bearer "
-            "TOKEN` (permissions: id-token: write; its audience the pool's URL)"
+            "TOKEN` (permissions: id-token: write; its audience the pool's URL), or the API "
+            "token the pool's admin issued (pgo_...)"
         )
     scheme, _, token = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise errors.TokenError(
-            "the Authorization header is not `Bearer TOKEN`: send the OIDC token that way"
+            "the Authorization header is not `Bearer TOKEN`: send the token that way"
         )
     return token.strip()
 
@@ -92,7 +103,10 @@ def bearer(header: str | None) -> str:
 def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     """What the door vouches for ``identity``'s job if the policy admits it; PolicyError
     naming the rule and the fix otherwise."""
-    decision = policy.admit(identity)
+    return _vouched(identity, policy.admit(identity))
+
+
+def _vouched(identity: Identity, decision: Decision) -> Vouched:
     if not decision.allowed:
         raise errors.PolicyError(
             f"the pool's policy does not admit this job of {identity.repository} "
@@ -106,13 +120,90 @@ def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     )
 
 
+# What the listener says of the repository it acts for, with an API token.
+REPOSITORY_HEADER = "x-pgoverlay-repository"
+REPOSITORY_ID_HEADER = "x-pgoverlay-repository-id"
+OWNER_ID_HEADER = "x-pgoverlay-owner-id"
+FORK_HEADER = "x-pgoverlay-fork"
+_FORK_VALUES = {"true": True, "false": False}
+
+
+def _github_id(headers: Mapping[str, str], name: str) -> int:
+    raw = headers.get(name)
+    if raw is None:
+        raise errors.RequestError(
+            f"{name} is missing: a request with an API token names the repository it acts for "
+            f"({REPOSITORY_HEADER}, {REPOSITORY_ID_HEADER}, {OWNER_ID_HEADER}), as the webhook "
+            "delivery has them"
+        )
+    if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 18 and int(raw) > 0):
+        raise errors.RequestError(f"{name}: not a GitHub id (a positive integer)")
+    return int(raw)
+
+
+def listener_identity(headers: Mapping[str, str]) -> Identity:
+    """The repository a request with an API token names (see the module's docstring), as an
+    Identity with no workflow or event; RequestError saying which header is missing or
+    wrong."""
+    repository = headers.get(REPOSITORY_HEADER)
+    if repository is None or not REPOSITORY_RE.match(repository):
+        raise errors.RequestError(
+            f"{REPOSITORY_HEADER} is {'missing' if repository is None else 'not OWNER/NAME'}: "
+            "a request with an API token names the repository it acts for"
+        )
+    return Identity(
+        repository=repository,
+        repository_id=_github_id(headers, REPOSITORY_ID_HEADER),
+        repository_owner=repository.partition("/")[0],
+        repository_owner_id=_github_id(headers, OWNER_ID_HEADER),
+        event_name="",
+        ref="",
+        head_ref="",
+        base_ref="",
+        job_workflow_ref="",
+        runner_environment="",
+        repository_visibility="",
+        actor="",
+        sub="",
+    )
+
+
+def _fork(request: Request) -> bool | None:
+    """Whether a create is for a fork's pull request, as the listener says (None for any other
+    request: the forks rule refuses a fork its new branch, never the end of one)."""
+    if getattr(request.scope.get("route"), "name", None) != "create":
+        return None
+    raw = request.headers.get(FORK_HEADER)
+    if raw not in _FORK_VALUES:
+        raise errors.RequestError(
+            f"{FORK_HEADER} must be true or false on a create with an API token: whether the "
+            "pull request comes from a fork, as the delivery says"
+        )
+    return _FORK_VALUES[raw]
+
+
+def _listener_vouched(request: Request, token: str) -> Vouched:
+    """What the door vouches for a request with an API token: the repository it names, if the
+    engine says the token is good for it and the policy admits it."""
+    identity = listener_identity(request.headers)
+    door: RemoteEngine = request.app.state.door
+    checked = door.check_credential(CredentialCheck(secret=token, repository=identity.repository))
+    request.state.repository = (
+        f"{identity.repository} (id {identity.repository_id}) with the API token {checked.name}"
+    )
+    policy: Policy = request.app.state.policy
+    return _vouched(identity, policy.admit_listener(identity, from_fork=_fork(request)))
+
+
 async def _caller(request: Request) -> RemoteEngine:
     """The engine, for the repository of the request's verified and admitted token."""
-    verifier: Verifier = request.app.state.verifier
     token = bearer(request.headers.get("authorization"))
+    engine_for: EngineFor = request.app.state.engine_for
+    if tokens.looks_like(token):
+        return engine_for(await asyncio.to_thread(_listener_vouched, request, token))
+    verifier: Verifier = request.app.state.verifier
     identity = await asyncio.to_thread(verifier.verify, token)
     request.state.repository = f"{identity.repository} (id {identity.repository_id})"
-    engine_for: EngineFor = request.app.state.engine_for
     return engine_for(vouched_for(identity, request.app.state.policy))
 
 
@@ -124,12 +215,15 @@ def create_api(
     verifier: Verifier,
     policy: Policy,
     engine_for: EngineFor,
+    door: RemoteEngine,
     door_host: str,
     door_port: int,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
-    ``door_host`` and ``door_port`` are the front door's Postgres address: a branch's connection
-    is answered through it (its own port is on the pool host's loopback)."""
+    ``door`` is the engine as the door's own identity (no repository vouched for): it asks
+    whether an API token is good. ``door_host`` and ``door_port`` are the front door's
+    Postgres address: a branch's connection is answered through it (its own port is on the
+    pool host's loopback)."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -145,6 +239,7 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
+    app.state.door = door  # the door's own identity, which asks whether an API token is good
 
     @app.middleware("http")
     async def audit(

@@ -217,6 +217,28 @@ class Policy(BaseModel):
             or self._workflow_refusal(identity)
             or self._fork_refusal(identity, from_fork=from_fork)
         )
+        return self._decision(identity, refusal)
+
+    def admit_listener(self, identity: Identity, *, from_fork: bool | None) -> Decision:
+        """May the webhook listener, with an API token the admin issued, act for
+        ``identity``'s repository (the listener names it, and its ids, from the signed
+        delivery; ``identity`` has no workflow or event)? The owners and repositories rules
+        hold as for a job, by name and id; the workflows rule does not apply (no workflow
+        runs: the listener does the work itself); the forks rule, when ``from_fork`` is given
+        (a create: the listener tells from the delivery), refuses a fork's pull request unless
+        ``forks: true``."""
+        refusal = self._owner_refusal(identity) or self._repository_refusal(identity)
+        if refusal is None and from_fork and not self.forks:
+            refusal = (
+                "forks",
+                (
+                    f"this pull request of {identity.repository} comes from a fork, and the pool's "
+                    "policy does not branch forks (forks: false): no branch for it"
+                ),
+            )
+        return self._decision(identity, refusal)
+
+    def _decision(self, identity: Identity, refusal: tuple[Rule, str] | None) -> Decision:
         if refusal:
             rule, reason = refusal
             return Decision(allowed=False, rule=rule, reason=reason)

@@ -47,6 +47,7 @@ from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
     Connection,
+    Credential,
     Destroyed,
     GcReport,
     GrantView,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made b
     from pgoverlay.runner.pool.registry import StoredGrant
     from pgoverlay.runner.service.models import (
         CreateRequest,
+        CredentialCheck,
         GrantRequest,
         RecordRequest,
         TraceRequest,
@@ -181,6 +183,27 @@ class LocalEngine:
 
     def close(self) -> None:
         self.pool.close()
+
+    # -- API tokens -----------------------------------------------------------------------
+
+    def check_credential(self, request: CredentialCheck) -> Credential:
+        """Whether an API token the front door was sent is good for acting for the repository
+        the request names (``tokens.check``): for the door's identity (or root) alone, as the
+        door may not read the store. TokenError, and an audit line, when it is not."""
+        from pgoverlay.runner.service import tokens
+
+        if not (self.uid == 0 or (self.door and self._vouched is None)):
+            raise NotOwnerError(
+                "only the front door's identity asks whether an API token is good: the network "
+                "API does, for each request that sends one"
+            )
+        found = tokens.check(self.pool.home, request.secret, repository=request.repository)
+        return Credential(
+            name=found.name,
+            owners=list(found.owners),
+            repositories=list(found.repositories),
+            expires_at=found.expires_at,
+        )
 
     # -- looking --------------------------------------------------------------------------
 
