@@ -8,19 +8,41 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pwd
+import shutil
+import sqlite3
 import ssl
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from netns import Machine
+from test_webhook_e2e import (
+    AS_LISTENER,
+    BASE_SHA,
+    LISTENER,
+    MAINTAINER,
+    SYSTEM_PYTHON,
+    TOKEN,
+    Listener,
+    columns,
+    comments,
+    eventually,
+    pr_payload,
+    statuses,
+    system_python_fits,
+    tarball,
+)
 
 from doorkit import DoorCA, make_ca
+from fakegithub import FakeGitHub
 from helpers import cli, free_tcp_port, os_user, require, service_settings
 from oidckit import AUDIENCE, Issuer, Key
 from pgoverlay.runner import audit
@@ -255,3 +277,190 @@ def test_the_cli_lists_tokens_without_secrets_and_never_logs_or_audits_one(door:
     for path in (door.log, door.pool.home / audit.ENGINE_LOG, door.pool.home / "service.log"):
         if path.exists():
             assert secret not in path.read_text(errors="replace"), path
+
+
+# -- the listener on another host --------------------------------------------------------------
+
+
+class RemoteListener(Listener):
+    """`pgoverlay webhook serve` in the network namespace, as its own user, with no pool on its
+    host (its PGOVERLAY_HOME names a folder that does not exist): its jobs ask the door, with
+    the API token in its server_token_file."""
+
+    def __init__(self, door: Door, github: FakeGitHub, token: str) -> None:
+        super().__init__(door.pool, github, door.pool.home / "no-socket-here")
+        self.machine = door.machine
+        self.url = f"http://{door.machine.peer}:{self.port}"
+        self.token_file = self.top / "server-token"
+        self.issued = token  # the listener's own token, issued by the admin
+        self.give_token(token)
+        ca = self.top / "server-ca.pem"  # the jobs' psql verifies the door with it too
+        ca.write_bytes(door.certs.ca_file.read_bytes())
+        ca.chmod(0o644)
+        self.env.update(
+            {
+                "PGOVERLAY_HOME": os.fspath(self.top / "no-pool"),
+                "PGOVERLAY_WEBHOOK_SERVER": f"https://{door.machine.host}:{door.https_port}",
+                "PGOVERLAY_WEBHOOK_SERVER_TOKEN_FILE": os.fspath(self.token_file),
+                "PGOVERLAY_WEBHOOK_SERVER_CA": os.fspath(ca),
+            }
+        )
+
+    def give_token(self, token: str) -> None:
+        """The admin's token in the listener's file (its user's, 0600): read when it starts."""
+        self.token_file.write_text(token + "\n")
+        listener = pwd.getpwnam(LISTENER)
+        os.chown(self.token_file, listener.pw_uid, listener.pw_gid)
+        self.token_file.chmod(0o600)
+
+    def start(self) -> None:
+        self.process = self.machine.popen(
+            [
+                SYSTEM_PYTHON,
+                "-c",
+                AS_LISTENER,
+                sysconfig.get_paths()["purelib"],
+                LISTENER,
+                "webhook",
+                "serve",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(self.port),
+            ],
+            env=self.env,
+            cwd="/",
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        eventually(self._healthy, timeout=60, what="the listener to answer /healthz")
+
+
+@pytest.fixture()
+def remote(door: Door) -> Iterator[tuple[RemoteListener, FakeGitHub]]:
+    require(system_python_fits(), f"needs {SYSTEM_PYTHON} of this Python's version")
+    token = door.issue(f"listener-e2e-{os.urandom(3).hex()}", "--owner", "acme")
+    with FakeGitHub(host=door.machine.host) as github:
+        github.add_token(TOKEN, "pgoverlay-bot")
+        github.add_collaborator(SHOP, MAINTAINER, "maintain")
+        github.add_tarball(
+            SHOP, BASE_SHA, tarball(BASE_SHA, {"db/migrations/000_old.sql": "SELECT 1;\n"})
+        )
+        hook = RemoteListener(door, github, token)
+        try:
+            hook.start()
+            yield hook, github
+        finally:
+            hook.stop()
+            print(hook.log.read_text()[-6000:])  # shown when a test fails
+            print(door.log.read_text()[-3000:])
+            shutil.rmtree(hook.top, ignore_errors=True)
+        assert github.violations == []
+
+
+def _pull(github: FakeGitHub, number: int, head: str) -> None:
+    github.add_pull(SHOP, number, head, BASE_SHA)
+    github.add_tarball(
+        SHOP,
+        head,
+        tarball(
+            head,
+            {
+                "db/migrations/000_old.sql": "SELECT 1;\n",
+                "db/migrations/001_widgets.sql": "CREATE TABLE widgets (id int PRIMARY KEY);\n",
+            },
+        ),
+    )
+
+
+def _failed_jobs(hook: RemoteListener) -> list[str]:
+    path = hook.state / "queue.db"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT result FROM jobs WHERE state = 'failed' ORDER BY id").fetchall()
+    return [str(result) for (result,) in rows]
+
+
+def test_the_listener_elsewhere_makes_a_branch_through_the_door_and_close_destroys_it(
+    remote: tuple[RemoteListener, FakeGitHub], door: Door
+) -> None:
+    hook, github = remote
+    head = "3" * 40
+    _pull(github, 31, head)
+    payload = pr_payload("opened", head, number=31)
+    response = hook.send(payload)
+    assert response.status_code == 202, response.text
+    eventually(lambda: "success" in statuses(github, head), timeout=120, what="a success status")
+    made = door.pool.registry.branch("shop-pr-31")
+    # owned by the repository's id as the signed delivery has it
+    assert made is not None and made.owner_repository_id == payload["repository"]["id"]
+    assert columns(door.pool, "shop-pr-31") == "id"
+    [comment] = comments(github, 31)
+    assert "db/migrations/001_widgets.sql" in comment["body"]
+
+    with github.locked():
+        github.pull(SHOP, 31).update(state="closed", merged=True)
+    assert hook.send(pr_payload("closed", head, number=31, merged=True)).status_code == 202
+    eventually(lambda: door.pool.registry.branch("shop-pr-31") is None, what="the branch to go")
+    eventually(lambda: "Destroyed" in comments(github, 31)[0]["body"], what="the final comment")
+    _no_token_written(hook, door)
+
+
+def test_the_listener_with_another_owners_token_or_a_revoked_one_makes_nothing(
+    remote: tuple[RemoteListener, FakeGitHub], door: Door
+) -> None:
+    hook, github = remote
+    # a token of another owner: refused, nothing made
+    hook.stop()
+    other = door.issue(f"listener-other-{os.urandom(3).hex()}", "--owner", "octo-org")
+    hook.give_token(other)
+    hook.start()
+    head = "4" * 40
+    _pull(github, 41, head)
+    assert hook.send(pr_payload("opened", head, number=41)).status_code == 202
+    [why] = eventually(lambda: _failed_jobs(hook), what="the job to fail")
+    assert "may act for octo-org/*, not for acme/shop" in why
+    assert door.pool.registry.branch("shop-pr-41") is None
+    # the listener's own token, revoked: refused, nothing made
+    hook.stop()
+    hook.give_token(hook.issued)
+    hook.start()
+    name = next(
+        str(e["credential"])
+        for e in reversed(door.audit())
+        if e["event"] == "api_credential_issued" and str(e["credential"]).startswith("listener-e2e")
+    )
+    done = cli(["api", "token", "revoke", name], env=door.env)
+    assert done.returncode == 0, done.stderr
+    head = "5" * 40
+    _pull(github, 51, head)
+    assert hook.send(pr_payload("opened", head, number=51)).status_code == 202
+    eventually(lambda: len(_failed_jobs(hook)) == 2 or None, what="the second job to fail")
+    assert "not one this pool issued, or it was revoked" in _failed_jobs(hook)[1]
+    assert door.pool.registry.branch("shop-pr-51") is None
+    refused = [e for e in door.audit() if e["event"] == "api_credential_refused"]
+    assert {e["credential"] for e in refused} >= {other_name(door, other), None}
+    _no_token_written(hook, door, other)
+
+
+def other_name(door: Door, token: str) -> str:
+    """The name of a token, from the store's digest of it (the store has no token)."""
+    from pgoverlay.runner.service import tokens
+
+    digest = tokens.digest_of(token)
+    return next(t.name for t in tokens.load(door.pool.home) if t.digest == digest)
+
+
+def _no_token_written(hook: RemoteListener, door: Door, *more: str) -> None:
+    """No token reaches a log line or the audit file: the listener's log, the door's, the
+    engine service's, the engine's audit file."""
+    written = [
+        hook.log,
+        door.log,
+        door.pool.home / audit.ENGINE_LOG,
+        door.pool.home / "service.log",
+    ]
+    for token in (hook.issued, *more):
+        secret = token.removeprefix("pgo_")
+        for path in written:
+            if path.exists():
+                assert secret not in path.read_text(errors="replace"), path

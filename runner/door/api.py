@@ -17,11 +17,11 @@ Each request:
 
 A caller that is not a job (the webhook listener on another host) sends instead an API token
 the admin issued (``pgo_...``, ``service.tokens``) and names, in each request, the repository
-it acts for (``x-pgoverlay-repository``, ``-repository-id``, ``-owner-id``, and on a create
-``x-pgoverlay-fork``), which the listener takes from the signed delivery. The door asks the
-engine (its socket's ``/credentials/check``: the door never reads the token store) whether the
-token is good for that repository (401 if not), then the policy (``Policy.admit_listener``),
-then vouches for that repository exactly as for a job's token.
+it acts for (``service.acting``: the repository, its id, its owner's id, and on a create
+whether the pull request comes from a fork), which the listener takes from the signed
+delivery. The door asks the engine (its socket's ``/credentials/check``: the door never reads
+the token store) whether the token is good for that repository (401 if not), then the policy
+(``Policy.admit_listener``), then vouches for that repository exactly as for a job's token.
 
 The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
 connection, record, trace), with the same request bodies, answers, error bodies and body caps
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Body, Depends, FastAPI, Request, Response
@@ -45,8 +45,8 @@ from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Decision, Policy
-from pgoverlay.runner.names import REPOSITORY_RE
-from pgoverlay.runner.service import limits, tokens
+from pgoverlay.runner.service import acting, limits, tokens
+from pgoverlay.runner.service.acting import Acting
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
@@ -120,42 +120,14 @@ def _vouched(identity: Identity, decision: Decision) -> Vouched:
     )
 
 
-# What the listener says of the repository it acts for, with an API token.
-REPOSITORY_HEADER = "x-pgoverlay-repository"
-REPOSITORY_ID_HEADER = "x-pgoverlay-repository-id"
-OWNER_ID_HEADER = "x-pgoverlay-owner-id"
-FORK_HEADER = "x-pgoverlay-fork"
-_FORK_VALUES = {"true": True, "false": False}
-
-
-def _github_id(headers: Mapping[str, str], name: str) -> int:
-    raw = headers.get(name)
-    if raw is None:
-        raise errors.RequestError(
-            f"{name} is missing: a request with an API token names the repository it acts for "
-            f"({REPOSITORY_HEADER}, {REPOSITORY_ID_HEADER}, {OWNER_ID_HEADER}), as the webhook "
-            "delivery has them"
-        )
-    if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 18 and int(raw) > 0):
-        raise errors.RequestError(f"{name}: not a GitHub id (a positive integer)")
-    return int(raw)
-
-
-def listener_identity(headers: Mapping[str, str]) -> Identity:
-    """The repository a request with an API token names (see the module's docstring), as an
-    Identity with no workflow or event; RequestError saying which header is missing or
-    wrong."""
-    repository = headers.get(REPOSITORY_HEADER)
-    if repository is None or not REPOSITORY_RE.match(repository):
-        raise errors.RequestError(
-            f"{REPOSITORY_HEADER} is {'missing' if repository is None else 'not OWNER/NAME'}: "
-            "a request with an API token names the repository it acts for"
-        )
+def listener_identity(acting: Acting) -> Identity:
+    """The repository a request with an API token names, as an Identity with no workflow or
+    event (the policy's ``admit_listener`` reads only its repository and owner)."""
     return Identity(
-        repository=repository,
-        repository_id=_github_id(headers, REPOSITORY_ID_HEADER),
-        repository_owner=repository.partition("/")[0],
-        repository_owner_id=_github_id(headers, OWNER_ID_HEADER),
+        repository=acting.repository,
+        repository_id=acting.repository_id,
+        repository_owner=acting.owner,
+        repository_owner_id=acting.owner_id,
         event_name="",
         ref="",
         head_ref="",
@@ -168,31 +140,20 @@ def listener_identity(headers: Mapping[str, str]) -> Identity:
     )
 
 
-def _fork(request: Request) -> bool | None:
-    """Whether a create is for a fork's pull request, as the listener says (None for any other
-    request: the forks rule refuses a fork its new branch, never the end of one)."""
-    if getattr(request.scope.get("route"), "name", None) != "create":
-        return None
-    raw = request.headers.get(FORK_HEADER)
-    if raw not in _FORK_VALUES:
-        raise errors.RequestError(
-            f"{FORK_HEADER} must be true or false on a create with an API token: whether the "
-            "pull request comes from a fork, as the delivery says"
-        )
-    return _FORK_VALUES[raw]
-
-
 def _listener_vouched(request: Request, token: str) -> Vouched:
     """What the door vouches for a request with an API token: the repository it names, if the
-    engine says the token is good for it and the policy admits it."""
-    identity = listener_identity(request.headers)
+    engine says the token is good for it and the policy admits it. The forks rule is asked
+    on a create alone: it refuses a fork its new branch, never the end of one."""
+    create = getattr(request.scope.get("route"), "name", None) == "create"
+    named = acting.parse(request.headers, create=create)
     door: RemoteEngine = request.app.state.door
-    checked = door.check_credential(CredentialCheck(secret=token, repository=identity.repository))
+    checked = door.check_credential(CredentialCheck(secret=token, repository=named.repository))
     request.state.repository = (
-        f"{identity.repository} (id {identity.repository_id}) with the API token {checked.name}"
+        f"{named.repository} (id {named.repository_id}) with the API token {checked.name}"
     )
+    identity = listener_identity(named)
     policy: Policy = request.app.state.policy
-    return _vouched(identity, policy.admit_listener(identity, from_fork=_fork(request)))
+    return _vouched(identity, policy.admit_listener(identity, from_fork=named.from_fork))
 
 
 async def _caller(request: Request) -> RemoteEngine:
