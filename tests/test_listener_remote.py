@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -294,12 +295,18 @@ class RemoteListener(Listener):
         self.token_file = self.top / "server-token"
         self.issued = token  # the listener's own token, issued by the admin
         self.give_token(token)
-        ca = self.top / "server-ca.pem"  # the jobs' psql verifies the door with it too
+        # The jobs' psql verifies the door with it too: outside the folders a job gets its own
+        # of (/tmp, /var/tmp), where the admin would put it.
+        self.ca_dir = Path(tempfile.mkdtemp(prefix="pgoverlay-listener-ca-", dir="/var/lib"))
+        self.ca_dir.chmod(0o755)
+        ca = self.ca_dir / "server-ca.pem"
         ca.write_bytes(door.certs.ca_file.read_bytes())
         ca.chmod(0o644)
         self.env.update(
             {
                 "PGOVERLAY_HOME": os.fspath(self.top / "no-pool"),
+                # its own, as its unit gives it (libpq looks for a client certificate there)
+                "HOME": os.fspath(self.top),
                 "PGOVERLAY_WEBHOOK_SERVER": f"https://{door.machine.host}:{door.https_port}",
                 "PGOVERLAY_WEBHOOK_SERVER_TOKEN_FILE": os.fspath(self.token_file),
                 "PGOVERLAY_WEBHOOK_SERVER_CA": os.fspath(ca),
@@ -354,7 +361,10 @@ def remote(door: Door) -> Iterator[tuple[RemoteListener, FakeGitHub]]:
             hook.stop()
             print(hook.log.read_text()[-6000:])  # shown when a test fails
             print(door.log.read_text()[-3000:])
+            for comment in github.state.comments:  # a failed job's report says why
+                print(str(comment.get("body", ""))[:3000])
             shutil.rmtree(hook.top, ignore_errors=True)
+            shutil.rmtree(hook.ca_dir, ignore_errors=True)
         assert github.violations == []
 
 
@@ -464,3 +474,55 @@ def _no_token_written(hook: RemoteListener, door: Door, *more: str) -> None:
         for path in written:
             if path.exists():
                 assert secret not in path.read_text(errors="replace"), path
+
+
+# -- the listener's settings, and what its requests name ----------------------------------------
+
+
+def _settings(**given: object) -> Any:
+    from pgoverlay.webhook.settings import WebhookSettings
+
+    return WebhookSettings(secret="s", token="t", **given)  # type: ignore[arg-type]
+
+
+def test_the_listeners_server_needs_its_token_file_and_a_ca_its_jobs_can_see(
+    tmp_path: Path,
+) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="server needs server_token_file"):
+        _settings(server="https://pool.example.test:8443")
+    with pytest.raises(ValidationError, match="for a pool on another host: set server"):
+        _settings(server_token_file=tmp_path / "token")
+    with pytest.raises(ValidationError, match="a job sees its own /var/tmp, not this one"):
+        _settings(
+            server="https://pool.example.test:8443",
+            server_token_file=tmp_path / "token",
+            server_ca=Path("/var/tmp/ca.pem"),
+        )
+
+
+def test_a_token_file_without_a_token_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    from pgoverlay.errors import ConfigError
+    from pgoverlay.webhook.engines import read_token
+
+    path = tmp_path / "token"
+    path.write_text("ghp_notAnApiTokenButSecret\n")
+    settings = _settings(server="https://pool.example.test:8443", server_token_file=path)
+    with pytest.raises(ConfigError, match="does not hold an API token") as refused:
+        read_token(settings)
+    assert "notAnApiToken" not in str(refused.value)
+    path.write_text("pgo_" + "x" * 43 + "\n")
+    assert read_token(settings) == "pgo_" + "x" * 43
+
+
+def test_what_the_listener_names_is_what_the_door_reads() -> None:
+    from pgoverlay.errors import RequestError
+    from pgoverlay.runner.service import acting
+
+    named = acting.Acting(repository=SHOP, repository_id=SHOP_ID, owner_id=ACME_ID, from_fork=True)
+    assert acting.parse(acting.headers(named), create=True) == named
+    assert acting.parse(acting.headers(named), create=False).from_fork is None
+    sent = acting.headers(named) | {acting.REPOSITORY_ID_HEADER: "-3"}
+    with pytest.raises(RequestError, match="not a GitHub id"):
+        acting.parse(sent, create=False)

@@ -205,6 +205,20 @@ class WebhookSettings(BaseSettings):
                 "server_token_file and server_ca are for a pool on another host: set server "
                 "(its front door's https://HOST[:PORT]) too, or remove them"
             )
+        if self.server_ca is not None:
+            from pgoverlay.webhook.mounts import PRIVATE, SCRATCH_AT
+
+            hidden = next(
+                (p for p in (SCRATCH_AT, *PRIVATE) if self.server_ca.is_relative_to(p)), None
+            )
+            if hidden is not None or not self.server_ca.is_absolute():
+                raise ValueError(
+                    f"server_ca {self.server_ca}: the jobs' psql verifies the pool's door with "
+                    "this file too, and a job sees "
+                    + (f"its own {hidden}, not this one" if hidden else "no relative path")
+                    + ": give an absolute path elsewhere (e.g. /etc/pgoverlay-webhook/ca.pem), "
+                    "readable by all"
+                )
         if self.metrics_token is not None and not self.metrics_token.get_secret_value():
             raise ValueError("metrics_token is empty: set a long random string, or leave it out")
         return self
