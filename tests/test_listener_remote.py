@@ -44,7 +44,7 @@ from test_webhook_e2e import (
 
 from doorkit import DoorCA, make_ca
 from fakegithub import FakeGitHub
-from helpers import cli, free_tcp_port, os_user, require, service_settings
+from helpers import as_user_call, cli, free_tcp_port, os_user, require, service_settings
 from oidckit import AUDIENCE, Issuer, Key
 from pgoverlay.runner import audit
 from pgoverlay.runner.pool import Pool
@@ -249,6 +249,35 @@ def test_a_token_request_must_name_its_repository_and_its_ids(door: Door) -> Non
     status, body = door.create(token, "remote-forkless", fork=None)
     assert status == 422 and "x-pgoverlay-fork must be true or false" in body["message"]
     assert door.pool.registry.branch("remote-nameless") is None
+
+
+def test_only_the_front_door_may_ask_whether_a_token_is_good(service: Path) -> None:
+    """A member of the service's group cannot use the engine to try tokens: the question is the
+    door's alone (the engine answers it; the door cannot read the store). It is refused
+    before any token is looked at: a made-up one is refused as not the door's question."""
+    os_user("pgo-runner", groups=["pgoverlay"])
+    code = "\n".join(
+        [
+            "from pathlib import Path",
+            "from pgoverlay.errors import NotOwnerError",
+            "from pgoverlay.runner.service.client import RemoteEngine",
+            "from pgoverlay.runner.service.models import CredentialCheck",
+            f"engine = RemoteEngine(Path({os.fspath(service)!r}))",
+            "try:",
+            "    engine.check_credential(",
+            "        CredentialCheck(secret='pgo_' + 'A' * 43, repository='acme/shop')",
+            "    )",
+            "except NotOwnerError as err:",
+            "    print('refused:', err)",
+        ]
+    )
+    done = as_user_call(
+        "pgo-runner", ["pgoverlay"], code, preload=["pgoverlay.runner.service.models"]
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "refused: only the front door's identity asks whether an API token is good" in done.stdout
+    )
 
 
 def test_the_policy_holds_for_a_token_owner_pins_and_forks(door: Door) -> None:
