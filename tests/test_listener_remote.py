@@ -412,6 +412,23 @@ def _pull(github: FakeGitHub, number: int, head: str) -> None:
     )
 
 
+def _payload(github: FakeGitHub, action: str, head: str, **given: Any) -> dict[str, Any]:
+    """A delivery of acme/shop's pull request whose repository and owner ids are those GitHub's
+    API has (the fake's), as GitHub's deliveries and API agree."""
+    payload = pr_payload(action, head, **given)
+    with github.locked():
+        repository_id = int(github.state.repos[SHOP]["id"])
+        owner_id = github._user_id("acme")  # the id its API answers for acme
+    for repo in (
+        payload["repository"],
+        payload["pull_request"]["base"]["repo"],
+        payload["pull_request"]["head"]["repo"],
+    ):
+        repo["id"] = repository_id
+        repo["owner"]["id"] = owner_id
+    return payload
+
+
 def _failed_jobs(hook: RemoteListener) -> list[str]:
     path = hook.state / "queue.db"
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
@@ -425,7 +442,7 @@ def test_the_listener_elsewhere_makes_a_branch_through_the_door_and_close_destro
     hook, github = remote
     head = "3" * 40
     _pull(github, 31, head)
-    payload = pr_payload("opened", head, number=31)
+    payload = _payload(github, "opened", head, number=31)
     response = hook.send(payload)
     assert response.status_code == 202, response.text
     eventually(lambda: "success" in statuses(github, head), timeout=120, what="a success status")
@@ -435,13 +452,37 @@ def test_the_listener_elsewhere_makes_a_branch_through_the_door_and_close_destro
     assert columns(door.pool, "shop-pr-31") == "id"
     [comment] = comments(github, 31)
     assert "db/migrations/001_widgets.sql" in comment["body"]
+    # the way in it gives is the pool's door, as its API says, not the listener's host
+    [deployment] = github.deployments(SHOP)
+    page = f"https://{door.machine.host}:{door.https_port}/b/shop-pr-31"
+    assert deployment["statuses"][0]["environment_url"] == page
 
     with github.locked():
         github.pull(SHOP, 31).update(state="closed", merged=True)
-    assert hook.send(pr_payload("closed", head, number=31, merged=True)).status_code == 202
+    assert hook.send(_payload(github, "closed", head, number=31, merged=True)).status_code == 202
     eventually(lambda: door.pool.registry.branch("shop-pr-31") is None, what="the branch to go")
     eventually(lambda: "Destroyed" in comments(github, 31)[0]["body"], what="the final comment")
     _no_token_written(hook, door)
+
+
+def test_the_listener_elsewhere_sweeps_a_branch_whose_close_it_missed(
+    remote: tuple[RemoteListener, FakeGitHub], door: Door
+) -> None:
+    """Reconcile cannot list the pool's branches: it sweeps the pull requests whose last job in
+    its queue is not a close that ran, and the close job destroys the branch through the door."""
+    hook, github = remote
+    head = "6" * 40
+    _pull(github, 61, head)
+    assert hook.send(_payload(github, "opened", head, number=61)).status_code == 202
+    eventually(lambda: "success" in statuses(github, head), timeout=120, what="the branch")
+    assert door.pool.registry.branch("shop-pr-61") is not None
+    with github.locked():
+        github.pull(SHOP, 61)["state"] = "closed"
+    eventually(
+        lambda: door.pool.registry.branch("shop-pr-61") is None,
+        timeout=60,
+        what="reconcile to destroy the branch",
+    )
 
 
 def test_the_listener_with_another_owners_token_or_a_revoked_one_makes_nothing(
@@ -455,7 +496,7 @@ def test_the_listener_with_another_owners_token_or_a_revoked_one_makes_nothing(
     hook.start()
     head = "4" * 40
     _pull(github, 41, head)
-    assert hook.send(pr_payload("opened", head, number=41)).status_code == 202
+    assert hook.send(_payload(github, "opened", head, number=41)).status_code == 202
     [why] = eventually(lambda: _failed_jobs(hook), what="the job to fail")
     assert "may act for octo-org/*, not for acme/shop" in why
     assert door.pool.registry.branch("shop-pr-41") is None
@@ -472,7 +513,7 @@ def test_the_listener_with_another_owners_token_or_a_revoked_one_makes_nothing(
     assert done.returncode == 0, done.stderr
     head = "5" * 40
     _pull(github, 51, head)
-    assert hook.send(pr_payload("opened", head, number=51)).status_code == 202
+    assert hook.send(_payload(github, "opened", head, number=51)).status_code == 202
     eventually(lambda: len(_failed_jobs(hook)) == 2 or None, what="the second job to fail")
     assert "not one this pool issued, or it was revoked" in _failed_jobs(hook)[1]
     assert door.pool.registry.branch("shop-pr-51") is None

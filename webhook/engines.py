@@ -13,7 +13,9 @@ No pool, engine service or service group is needed on the listener's host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from pgoverlay.errors import ConfigError, UnsafeFileError
@@ -89,6 +91,31 @@ class Engines:
             timeout=self.runner.command_timeout,
             headers=acting.headers(named),
         )
+
+    def runner_for(self, engine: Engine) -> Settings:
+        """The runner's settings for a job on ``engine``: with a pool on another host, its way
+        in (the door's name and ports, as its API says), so that a report's and a
+        Deployment's links are the pool's, not this host's."""
+        from pgoverlay.runner.service.netclient import NetworkEngine
+
+        if not isinstance(engine, NetworkEngine):
+            return self.runner
+        door = engine.pool()
+        return self.runner.replace(
+            door_host=str(door["door_name"]),
+            door_port=int(door["door_port"]),
+            door_https_port=int(door["door_https_port"]),
+        )
+
+    def holding(self, engine: Engine, name: str) -> AbstractContextManager[None]:
+        """Hold branch ``name`` on a pool on another host while a job works on it, as the
+        Action's job does there: a workflow of the same pull request on another runner waits
+        (and this job for it). On this host the queue alone orders a pull request's jobs."""
+        from pgoverlay.runner.service.netclient import NetworkEngine
+
+        if not isinstance(engine, NetworkEngine):
+            return contextlib.nullcontext()
+        return engine.hold(name, wait=self.runner.command_timeout)
 
     def check(self) -> None:
         """Fail early, saying how to fix it, when the engine cannot be reached: the service on

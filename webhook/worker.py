@@ -299,7 +299,12 @@ class Worker:
             return Done("the pull request is open: nothing to destroy")
         self.queue.revoke(job.repository, job.pr or 0)
         outcome = handle(
-            engine, now.event, request, settings=self.runner, repo_dir=Path("/"), github=github
+            engine,
+            now.event,
+            request,
+            settings=self.engines.runner_for(engine),
+            repo_dir=Path("/"),
+            github=github,
         )
         self._say_deployment(job, outcome)
         if outcome.report is None:
@@ -353,19 +358,21 @@ class Worker:
                 except ConfigError as err:
                     self._refuse(github, ev, request, "failed", str(err))
                     return Done("failed: bad repository file")
-            outcome = handle(
-                engine,
-                ev,
-                request,
-                settings=self.runner,
-                repo_dir=head,
-                github=github,
-                changed=(lambda folder: changed_between(base, head, folder)) if base else None,
-                sandbox=sandbox,
-                # The repository file is the head's: the settings' run options and the head
-                # say what ran.
-                asked=asked,
-            )
+            runner = self.engines.runner_for(engine)
+            with self.engines.holding(engine, events.branch_name(ev, request.branch_name)):
+                outcome = handle(
+                    engine,
+                    ev,
+                    request,
+                    settings=runner,
+                    repo_dir=head,
+                    github=github,
+                    changed=(lambda folder: changed_between(base, head, folder)) if base else None,
+                    sandbox=sandbox,
+                    # The repository file is the head's: the settings' run options and the
+                    # head say what ran.
+                    asked=asked,
+                )
         finally:
             try:
                 sandbox.remove()
