@@ -68,8 +68,13 @@ def test_the_engine_over_the_network_makes_a_branch_reached_through_the_door(api
     assert (door["door_name"], door["door_port"]) == ("localhost", api.door_port)
     assert door["app_sslmode"] == "verify-full"  # the admin's certificate (the test CA's)
     assert [b.name for b in engine.bases()] == [api.base.name]
-    made = engine.create(CreateRequest(name="srv-one", base=api.base.name, pr=5))
-    assert made.state == "ready" and made.repository == "acme/shop"
+    # The token is of pull request #42 (its ref, refs/pull/42/merge): a create for another is
+    # refused, and one that names none is #42's.
+    with pytest.raises(NotOwnerError, match="token is of pull request #42 of acme/shop, not #5"):
+        engine.create(CreateRequest(name="srv-one", base=api.base.name, pr=5))
+    assert api.pool.registry.branch("srv-one") is None
+    made = engine.create(CreateRequest(name="srv-one", base=api.base.name))
+    assert made.state == "ready" and made.repository == "acme/shop" and made.pr == 42
     c = engine.connection("srv-one")
     # The door, verified with the CA the API was verified with.
     assert (c.host, c.port, c.database, c.sslmode) == (
@@ -136,6 +141,11 @@ def test_one_job_of_a_pull_request_holds_its_branch_at_a_time(api: Api) -> None:
         "first gives back",
         "second holds",
     ]
+    # Another job's hold is neither renewed nor given back by a guess of its id.
+    status, answer, _ = api.call(
+        "POST", "/branches/srv-held/hold/not-its-id/renew", token=api.of("acme/shop", SHOP_ID)
+    )
+    assert status == 409 and answer["code"] == "lock_busy"
     busy = second.hold("srv-busy", wait=0)
     with first.hold("srv-busy", wait=60), pytest.raises(LockBusyError, match="another job"):
         busy.__enter__()
@@ -238,9 +248,8 @@ class Job:
 def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_the_server(
     api: Api, pool: Pool
 ) -> None:
-    with JobTokens(
-        api, claims={"repository": "acme/shop", "repository_id": SHOP_ID}
-    ).serving() as tokens:
+    claims = {"repository": "acme/shop", "repository_id": SHOP_ID, "ref": "refs/pull/41/merge"}
+    with JobTokens(api, claims=claims).serving() as tokens:
         job = Job(api, tokens)
         try:
             job.migration("001_orders.sql", "CREATE TABLE remote_orders (id int PRIMARY KEY);\n")

@@ -150,7 +150,7 @@ def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model
     # The token is a credential the job's environment model reads, no part of the request.
     assert "INPUT_GITHUB_TOKEN" in main.JobEnv.VARIABLES["token"]
     declared = check_inputs_agree(main_spec)
-    assert JOB_INPUTS == {"github-token", "server", "server-ca"}
+    assert {"github-token", "server", "server-ca"} == JOB_INPUTS
     assert declared == {request.input_name(f) for f in names(Inputs)} | JOB_INPUTS
     destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
     assert check_inputs_agree(destroy) == {"branch-name", "comment", "deployment"} | JOB_INPUTS

@@ -51,7 +51,6 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Decision, Policy
 from pgoverlay.runner.service import acting, limits, tokens
-from pgoverlay.runner.service.acting import Acting
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
@@ -112,41 +111,39 @@ def bearer(header: str | None) -> str:
 def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     """What the door vouches for ``identity``'s job if the policy admits it; PolicyError
     naming the rule and the fix otherwise."""
-    return _vouched(identity, policy.admit(identity))
+    decision = policy.admit(identity)
+    return _vouched(identity.repository, identity.repository_id, decision, who="job")
 
 
-def _vouched(identity: Identity, decision: Decision) -> Vouched:
+def _vouched(repository: str, repository_id: int, decision: Decision, *, who: str) -> Vouched:
+    """What the door vouches for ``who`` of ``repository`` if ``decision`` admits it;
+    PolicyError naming the rule and the fix otherwise."""
     if not decision.allowed:
         raise errors.PolicyError(
-            f"the pool's policy does not admit this job of {identity.repository} "
+            f"the pool's policy does not admit this {who} of {repository} "
             f"({decision.rule}): {decision.reason}"
         )
     return Vouched(
-        repository=identity.repository,
-        repository_id=identity.repository_id,
+        repository=repository,
+        repository_id=repository_id,
         branch_limit=decision.branch_limit,
         total_limit=decision.total_limit,
     )
 
 
-def listener_identity(acting: Acting) -> Identity:
-    """The repository a request with an API token names, as an Identity with no workflow or
-    event (the policy's ``admit_listener`` reads only its repository and owner)."""
-    return Identity(
-        repository=acting.repository,
-        repository_id=acting.repository_id,
-        repository_owner=acting.owner,
-        repository_owner_id=acting.owner_id,
-        event_name="",
-        ref="",
-        head_ref="",
-        base_ref="",
-        job_workflow_ref="",
-        runner_environment="",
-        repository_visibility="",
-        actor="",
-        sub="",
-    )
+def for_the_tokens_pull_request(body: CreateRequest, identity: Identity) -> CreateRequest:
+    """``body`` for the pull request the token names, when it names one (a ``pull_request``
+    run's ref, ``refs/pull/N/merge``): its ``pr`` is N, and a create that names another is
+    refused. A token that names none (``pull_request_target``, a push) leaves ``pr`` as asked."""
+    number = identity.pull_request
+    if number is None:
+        return body
+    if body.pr is not None and body.pr != number:
+        raise errors.NotOwnerError(
+            f"pr: this job's token is of pull request #{number} of {identity.repository}, not "
+            f"#{body.pr}: a job makes the branch of its own pull request"
+        )
+    return body.replace(pr=number)
 
 
 def _listener_vouched(request: Request, token: str) -> Vouched:
@@ -160,9 +157,14 @@ def _listener_vouched(request: Request, token: str) -> Vouched:
     request.state.repository = (
         f"{named.repository} (id {named.repository_id}) with the API token {checked.name}"
     )
-    identity = listener_identity(named)
     policy: Policy = request.app.state.policy
-    return _vouched(identity, policy.admit_listener(identity, from_fork=named.from_fork))
+    decision = policy.admit_listener(
+        repository=named.repository,
+        repository_id=named.repository_id,
+        owner_id=named.owner_id,
+        from_fork=named.from_fork,
+    )
+    return _vouched(named.repository, named.repository_id, decision, who="the listener's request")
 
 
 async def _caller(request: Request) -> RemoteEngine:
@@ -172,12 +174,14 @@ async def _caller(request: Request) -> RemoteEngine:
     if tokens.looks_like(token):
         vouched = await asyncio.to_thread(_listener_vouched, request, token)
         request.state.vouched = vouched
+        request.state.identity = None  # no token's claims: the listener names its pull request
         return engine_for(vouched)
     verifier: Verifier = request.app.state.verifier
     identity = await asyncio.to_thread(verifier.verify, token)
     request.state.repository = f"{identity.repository} (id {identity.repository_id})"
     vouched = vouched_for(identity, request.app.state.policy)
     request.state.vouched = vouched
+    request.state.identity = identity
     return engine_for(vouched)
 
 
@@ -361,8 +365,9 @@ def create_api(
         return e.bases()
 
     @app.post("/branches", status_code=201)
-    def create(e: Engine, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        return e.create(body)
+    def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
+        identity: Identity | None = request.state.identity
+        return e.create(body if identity is None else for_the_tokens_pull_request(body, identity))
 
     @app.get("/branches/{name}")
     def branch(e: Engine, name: Name) -> BranchView:
