@@ -596,3 +596,52 @@ def test_what_the_listener_names_is_what_the_door_reads() -> None:
     sent = acting.headers(named) | {acting.REPOSITORY_ID_HEADER: "-3"}
     with pytest.raises(RequestError, match="not a GitHub id"):
         acting.parse(sent, create=False)
+
+
+def test_a_listeners_request_is_held_to_owners_and_pinned_ids_not_to_workflows() -> None:
+    from pgoverlay.runner.door.policy import Decision, parse
+
+    rules = parse(
+        b"owners:\n  - {name: acme, id: 501}\n"
+        b"repositories:\n  - {name: acme/shop, id: 2002, branches: 3}\n"
+        b"workflows:\n  - 'acme/*/.github/workflows/db.yml@*'\n",
+        name="policy.yml",
+    )
+
+    def ask(
+        *, repository_id: int = SHOP_ID, owner_id: int = ACME_ID, from_fork: bool | None = None
+    ) -> Decision:
+        return rules.admit_listener(
+            repository=SHOP, repository_id=repository_id, owner_id=owner_id, from_fork=from_fork
+        )
+
+    admitted = ask(from_fork=False)
+    # no workflow runs for the listener: the workflows rule does not refuse it
+    assert admitted.allowed and admitted.branch_limit == 3
+    impostor = ask(owner_id=999)
+    assert (impostor.allowed, impostor.rule) == (False, "owners")
+    recreated = ask(repository_id=3003)
+    assert (recreated.allowed, recreated.rule) == (False, "repositories")
+    fork = ask(from_fork=True)
+    assert (fork.allowed, fork.rule) == (False, "forks")
+    # not a create: the forks rule asks nothing, so a fork's branch can still be destroyed
+    assert ask(from_fork=None).allowed
+
+
+def test_a_damaged_token_store_refuses_every_token_and_says_so_in_the_engines_log(
+    door: Door,
+) -> None:
+    token = door.issue("listener-before-damage", "--owner", "acme")
+    store = door.pool.home / "api" / "tokens.json"
+    kept = store.read_bytes()
+    try:
+        store.write_text("{not json")
+        status, body = door.create(token, "remote-damaged")
+        assert status == 503 and "cannot check API tokens now" in body["message"], body
+        assert "tokens.json" not in body["message"]
+    finally:
+        store.write_bytes(kept)
+    assert door.pool.registry.branch("remote-damaged") is None
+    status, _ = door.create(token, "remote-mended")
+    assert status == 201
+    door.call("POST", "/branches/remote-mended/destroy", token=token, body={})

@@ -40,10 +40,12 @@ from typing import TYPE_CHECKING, Protocol
 from pgoverlay.errors import (
     BranchMissingError,
     BranchOwnedError,
+    ConfigError,
     DoorForbiddenError,
     NotOwnerError,
     PolicyError,
     RequestError,
+    ServiceError,
 )
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch.quota import Quota
@@ -214,7 +216,14 @@ class LocalEngine:
                 "only the front door's identity asks whether an API token is good: the network "
                 "API does, for each request that sends one"
             )
-        found = tokens.check(self.pool.home, request.secret, repository=request.repository)
+        try:
+            found = tokens.check(self.pool.home, request.secret, repository=request.repository)
+        except ConfigError as err:  # the store itself: the admin's to mend, not the caller's
+            log.error("API tokens cannot be checked: %s", err)
+            raise ServiceError(
+                "the pool cannot check API tokens now (its token store cannot be read): its "
+                "admin must mend it; the engine service's log says why"
+            ) from None
         return Credential(
             name=found.name,
             owners=list(found.owners),
