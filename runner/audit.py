@@ -1,11 +1,12 @@
 """The audit log: one JSON object per line, appended, for an admin to ship.
 
-Every grant and revoke of a personal credential (written by the engine, as root, to
-``<home>/audit/engine.jsonl``) and every connection through the front door (written by the
-door, as its own user, to ``<home>/audit/door.jsonl``) is a line: what happened (``event``),
-when (``at``, UTC, ISO 8601), and the event's own fields (who, branch, source address, start,
-end, bytes). A line never holds a password or a token: callers pass only the fields named
-here, and ``write`` refuses a field whose name says it is a secret.
+Every grant and revoke of a personal credential, and every issue, revoke and refused use of
+an API token (written by the engine, as root, to ``<home>/audit/engine.jsonl``), and every
+connection through the front door (written by the door, as its own user, to
+``<home>/audit/door.jsonl``) is a line: what happened (``event``), when (``at``, UTC, ISO
+8601), and the event's own fields (who, branch, source address, start, end, bytes). A line
+never holds a password or a token: callers pass only the fields named here, and ``write``
+refuses a field whose name says it is a secret.
 
 Lines are written with one ``write`` on a descriptor opened ``O_APPEND``, so two processes
 appending to one file never interleave within a line (the kernel appends a write of a regular
@@ -59,6 +60,21 @@ class AuditLog:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def engine_line(home: Path, event: str, **fields: object) -> None:
+    """One line of the engine's audit log (root's, mode 0600, in ``<home>/audit``), opened
+    for it and closed: the engine writes few (grants, revokes, API tokens)."""
+    folder = home / ENGINE_LOG.parent
+    try:
+        os.lstat(folder)
+    except FileNotFoundError:
+        safefs.make_dir(folder, uid=0, gid=0, mode=0o755, exist_ok=True)
+    entry = AuditLog(home / ENGINE_LOG, uid=0, gid=0)
+    try:
+        entry.write(event, **fields)
+    finally:
+        entry.close()
 
 
 def read(path: Path) -> list[dict[str, object]]:

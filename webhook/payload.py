@@ -61,8 +61,17 @@ class _Part(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
+class Account(_Part):
+    id: int = Field(ge=1)
+
+
 class Repository(_Part):
+    """A repository: its name, and its id and its owner's (which GitHub keeps through a rename:
+    a pool on another host owns a branch by the id)."""
+
     full_name: str = Field(pattern=_FULL_NAME, max_length=200)
+    id: int | None = Field(default=None, ge=1)
+    owner: Account | None = None
 
 
 class Label(_Part):

@@ -23,6 +23,10 @@ class JobEvent(BaseModel):
     event: events.Event
     sender: str = ""
     installation: int | None = None
+    # The repository's id and its owner's, as the delivery says (a pool on another host
+    # is told them: it owns a branch by the repository's id).
+    repository_id: int | None = None
+    owner_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ def job_event(delivery: PullRequestEvent) -> JobEvent:
         ),
         sender=delivery.sender.login if delivery.sender else "",
         installation=delivery.installation.id if delivery.installation else None,
+        repository_id=delivery.repository.id,
+        owner_id=delivery.repository.owner.id if delivery.repository.owner else None,
     )
 
 

@@ -16,12 +16,12 @@ from typing import NoReturn
 from pgoverlay.action import record
 from pgoverlay.errors import PgoverlayError, TimeoutExpiredError
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.service import client as service
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import sandbox
 from pgoverlay.webhook.clients import GitHubClients
+from pgoverlay.webhook.engines import Engines
 from pgoverlay.webhook.jobmetrics import Metrics
-from pgoverlay.webhook.queue import NewJob, Queue
+from pgoverlay.webhook.queue import Job, NewJob, Queue
 from pgoverlay.webhook.settings import WebhookSettings
 from pgoverlay.webhook.worker import Worker, cleanup_scratch
 
@@ -33,7 +33,7 @@ class Service:
         self.settings = settings
         self.runner = runner
         settings.make_state_dir()
-        self.engine = service.client(runner)
+        self.engines = Engines(settings, runner)
         self.queue_path = settings.queue_file()
         self.queue = Queue(self.queue_path, max_attempts=settings.max_attempts)
         self.metrics = Metrics(self.queue)
@@ -46,15 +46,18 @@ class Service:
 
     def start(self) -> None:
         sandbox.check()
-        # A previous process may have been killed mid-job: finish or undo its sagas first.
-        report = self.engine.gc()
-        log.info("start-up repair: %s", "; ".join(report.lines))
+        if not self.engines.remote:
+            # A previous process may have been killed mid-job: finish or undo its sagas first
+            # (a pool on another host does so itself, when its engine service starts).
+            report = self.engines.local().gc()
+            log.info("start-up repair: %s", "; ".join(report.lines))
         cleanup_scratch(self.settings.state_dir)
         for index in range(self.settings.workers):
             worker = Worker(
                 f"worker-{index}-{threading.get_native_id()}-{time.time_ns()}",
                 settings=self.settings,
                 runner=self.runner,
+                engines=self.engines,
                 queue=self.queue,
                 clients=self.clients,
                 metrics=self.metrics,
@@ -98,8 +101,8 @@ class Service:
     def reconcile(self) -> dict[str, int]:
         """Destroy branches whose PR is closed or gone; reap expired TTLs."""
         actions = {"closed": 0, "expired": 0}
-        mine = [b for b in self.engine.branches() if b.repository and b.pr is not None]
-        for repository in sorted({b.repository for b in mine}):
+        mine = self._branched()
+        for repository in sorted({repository for repository, _, _ in mine}):
             if self.settings.repo(repository) is None:
                 continue
             try:
@@ -107,20 +110,42 @@ class Service:
             except PgoverlayError as err:
                 log.warning("reconcile: cannot list pull requests of %s: %s", repository, err)
                 continue
-            for b in mine:
-                if b.repository == repository and b.pr not in open_prs:
-                    last = record.of(b)
-                    head = last.head_sha if last else ""
-                    if self._queue_close(repository, b.pr or 0, head):
-                        actions["closed"] += 1
-        actions["expired"] = sum(
-            line.startswith("destroyed expired") for line in self.engine.gc().lines
-        )
+            for of, pr, head in mine:
+                closed = of == repository and pr not in open_prs
+                if closed and self._queue_close(repository, pr, head):
+                    actions["closed"] += 1
+        if not self.engines.remote:  # a pool on another host reaps its expired branches itself
+            actions["expired"] = sum(
+                line.startswith("destroyed expired") for line in self.engines.local().gc().lines
+            )
         self.queue.prune()  # finished jobs and old deliveries (kept 30 days by default)
         self.queue.count_reconcile(actions)
         if any(actions.values()):
             log.info("reconcile: %s", actions)
         return actions
+
+    def _branched(self) -> list[tuple[str, int, str]]:
+        """The pull requests that may have a branch (repository, number, the head it was last
+        made for): the engine's branches on this host; with a pool on another host, whose
+        branches this listener cannot list, those whose last job in the queue is not a close
+        that ran."""
+        if not self.engines.remote:
+            found = []
+            for b in self.engines.local().branches():
+                if b.repository and b.pr is not None:
+                    last = record.of(b)
+                    found.append((b.repository, b.pr, last.head_sha if last else ""))
+            return found
+        latest: dict[tuple[str, int], Job] = {}
+        for job in self.queue.jobs():
+            key = (job.repository, job.pr or 0)
+            if job.pr is not None and (key not in latest or job.id > latest[key].id):
+                latest[key] = job
+        return [
+            (repository, pr, job.head_sha)
+            for (repository, pr), job in latest.items()
+            if not (job.kind == "close" and job.state == "done")
+        ]
 
     def _queue_close(self, repository: str, pr: int, head_sha: str) -> bool:
         """Queue a close (with no delivery: the worker asks the API about the pull request)

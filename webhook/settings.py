@@ -157,6 +157,14 @@ class WebhookSettings(BaseSettings):
     metrics_token: SecretStr | None = None
     # How much lower the worker process's CPU priority is than intake's (nice, 0-19).
     worker_nice: int = Field(default=10, ge=0, le=19)
+    # The pool's network API (its front door's origin, https://HOST[:PORT]) when the pool is on
+    # another host: the jobs ask it, with the API token the pool's admin issued (the one line
+    # of server_token_file, read once, never logged), instead of the engine service's socket.
+    server: str | None = None
+    server_token_file: Path | None = None
+    # The certificate (PEM) to trust for the API and the door's Postgres port; unset: the
+    # system's trust store.
+    server_ca: Path | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -189,6 +197,30 @@ class WebhookSettings(BaseSettings):
         for name in self.repositories:
             if name.count("/") != 1:
                 raise ValueError(f"repository {name!r} must be written owner/name")
+        if self.server is not None and self.server_token_file is None:
+            raise ValueError(
+                "server needs server_token_file: a file holding the API token the pool's admin "
+                "issued (`pgoverlay api token issue NAME --owner OWNER` on the pool)"
+            )
+        if self.server is None and (self.server_token_file or self.server_ca):
+            raise ValueError(
+                "server_token_file and server_ca are for a pool on another host: set server "
+                "(its front door's https://HOST[:PORT]) too, or remove them"
+            )
+        if self.server_ca is not None:
+            from pgoverlay.webhook.mounts import PRIVATE, SCRATCH_AT
+
+            hidden = next(
+                (p for p in (SCRATCH_AT, *PRIVATE) if self.server_ca.is_relative_to(p)), None
+            )
+            if hidden is not None or not self.server_ca.is_absolute():
+                raise ValueError(
+                    f"server_ca {self.server_ca}: the jobs' psql verifies the pool's door with "
+                    "this file too, and a job sees "
+                    + (f"its own {hidden}, not this one" if hidden else "no relative path")
+                    + ": give an absolute path elsewhere (e.g. /etc/pgoverlay-webhook/ca.pem), "
+                    "readable by all"
+                )
         if self.metrics_token is not None and not self.metrics_token.get_secret_value():
             raise ValueError("metrics_token is empty: set a long random string, or leave it out")
         return self

@@ -42,11 +42,12 @@ from pgoverlay.errors import (
     config_error,
 )
 from pgoverlay.runner import safefs
-from pgoverlay.runner.service import client as service
+from pgoverlay.runner.service.acting import Acting
 from pgoverlay.runner.service.engine import Engine
 from pgoverlay.runner.settings import Settings
 from pgoverlay.webhook import forks
 from pgoverlay.webhook.clients import GitHubClients
+from pgoverlay.webhook.engines import Engines
 from pgoverlay.webhook.jobmetrics import Metrics
 from pgoverlay.webhook.queue import MAX_REPORT_BYTES, Job, Queue, backoff_delay
 from pgoverlay.webhook.routing import JobEvent
@@ -130,6 +131,10 @@ class Current:
     event: events.Event  # its event, with the head, base and merged state of now
     open: bool
     labels: list[str] = dataclasses.field(default_factory=list)
+    # The base repository's id and its owner's, as the API has them (None for a pull request
+    # the API no longer knows).
+    repository_id: int | None = None
+    owner_id: int | None = None
 
 
 def _gone(job: Job, delivered: JobEvent | None) -> events.Event:
@@ -160,6 +165,7 @@ class Worker:
         *,
         settings: WebhookSettings,
         runner: Settings,
+        engines: Engines,
         queue: Queue,
         clients: GitHubClients,
         metrics: Metrics,
@@ -168,33 +174,28 @@ class Worker:
         self.name = name
         self.settings = settings
         self.runner = runner
+        self.engines = engines
         self.queue = queue
         self.clients = clients
         self.metrics = metrics
         self.stop = stop
 
     def run_forever(self) -> None:
-        engine = service.client(self.runner)
-        try:
-            while not self.stop.is_set():
-                job: Job | None = None
-                try:
-                    job = self.queue.claim(
-                        worker=self.name, lease_seconds=self.settings.lease_seconds
-                    )
-                    if job is None:
-                        self.stop.wait(0.2)
-                        continue
-                    self.run_one(engine, job)
-                except QueueError as err:
-                    # e.g. our lease ran out while the job ran: another worker owns it now
-                    extra = job.log_extra() if job is not None else None
-                    log.warning("%s: %s", self.name, err, extra=extra)
-                    self.stop.wait(1.0)
-        finally:
-            engine.close()
+        while not self.stop.is_set():
+            job: Job | None = None
+            try:
+                job = self.queue.claim(worker=self.name, lease_seconds=self.settings.lease_seconds)
+                if job is None:
+                    self.stop.wait(0.2)
+                    continue
+                self.run_one(job)
+            except QueueError as err:
+                # e.g. our lease ran out while the job ran: another worker owns it now
+                extra = job.log_extra() if job is not None else None
+                log.warning("%s: %s", self.name, err, extra=extra)
+                self.stop.wait(1.0)
 
-    def run_one(self, engine: Engine, job: Job) -> None:
+    def run_one(self, job: Job) -> None:
         extra = job.log_extra()
         CURRENT.set((extra["delivery_id"], extra["pr"]))
         started = time.monotonic()
@@ -202,7 +203,7 @@ class Worker:
         keeper = threading.Thread(target=self._keep_lease, args=(job, renewing), daemon=True)
         keeper.start()
         try:
-            done = self.process(engine, job)
+            done = self.process(job)
         except TransientError as err:
             delay = backoff_delay(
                 job.attempts, retry_after=err.retry_after, ratelimit_reset=err.ratelimit_reset
@@ -250,7 +251,7 @@ class Worker:
 
     # -- one job ----------------------------------------------------------------------------
 
-    def process(self, engine: Engine, job: Job) -> Done:
+    def process(self, job: Job) -> Done:
         repo = self.settings.repo(job.repository)
         if repo is None:
             return Done("repository no longer allowed")
@@ -261,6 +262,9 @@ class Worker:
         now = self._now(github, job, delivered)
         if now is None:
             return Done("pull request not found")
+        engine = self._engine(job, delivered, now)
+        if engine is None:
+            return Done("the repository's id is unknown: no branch can be asked of the pool")
         request = repo.request()
         if job.kind == "close":
             return self._close(engine, job, now, request, github)
@@ -307,7 +311,12 @@ class Worker:
             return Done("the pull request is open: nothing to destroy")
         self.queue.revoke(job.repository, job.pr or 0)
         outcome = handle(
-            engine, now.event, request, settings=self.runner, repo_dir=Path("/"), github=github
+            engine,
+            now.event,
+            request,
+            settings=self.engines.runner_for(engine),
+            repo_dir=Path("/"),
+            github=github,
         )
         self._say_deployment(job, outcome)
         if outcome.report is None:
@@ -366,19 +375,21 @@ class Worker:
                 except ConfigError as err:
                     self._refuse(github, ev, request, "failed", str(err))
                     return Done("failed: bad repository file")
-            outcome = handle(
-                engine,
-                ev,
-                request,
-                settings=self.runner,
-                repo_dir=head,
-                github=github,
-                changed=(lambda folder: changed_between(base, head, folder)) if base else None,
-                sandbox=sandbox,
-                # The repository file is the head's: the settings' run options and the head
-                # say what ran.
-                asked=asked,
-            )
+            runner = self.engines.runner_for(engine)
+            with self.engines.holding(engine, events.branch_name(ev, request.branch_name)):
+                outcome = handle(
+                    engine,
+                    ev,
+                    request,
+                    settings=runner,
+                    repo_dir=head,
+                    github=github,
+                    changed=(lambda folder: changed_between(base, head, folder)) if base else None,
+                    sandbox=sandbox,
+                    # The repository file is the head's: the settings' run options and the
+                    # head say what ran.
+                    asked=asked,
+                )
         finally:
             try:
                 sandbox.remove()
@@ -410,7 +421,39 @@ class Worker:
         action = delivered.event.action if delivered else "closed"
         label = delivered.event.label if delivered else ""
         ev = events.from_pull(action, pull, repository=job.repository, label=label)
-        return Current(ev, open=pull.get("state") == "open", labels=labels)
+        base = pull.get("base", {}).get("repo") or {}
+        owner = base.get("owner") or {}
+        return Current(
+            ev,
+            open=pull.get("state") == "open",
+            labels=labels,
+            repository_id=_positive(base.get("id")),
+            owner_id=_positive(owner.get("id")),
+        )
+
+    def _engine(self, job: Job, delivered: JobEvent | None, now: Current) -> Engine | None:
+        """The engine for this job: the service on this host, or the pool's network API acting
+        for the job's repository, named by the ids the signed delivery holds (for a close that
+        reconcile queued, which has none, those the API has now); None when neither has them."""
+        if not self.engines.remote:
+            return self.engines.local()
+        ids = (delivered.repository_id, delivered.owner_id) if delivered else (None, None)
+        if None in ids:
+            ids = (now.repository_id, now.owner_id)
+        repository_id, owner_id = ids
+        if repository_id is None or owner_id is None:
+            log.warning(
+                "job %s: neither the delivery nor the API names the repository's id", job.id
+            )
+            return None
+        return self.engines.acting_for(
+            Acting(
+                repository=job.repository,
+                repository_id=repository_id,
+                owner_id=owner_id,
+                from_fork=now.event.from_fork,
+            )
+        )
 
     def _fork_verdict(
         self,
@@ -536,6 +579,10 @@ class Worker:
         if problems:
             raise config_error(Problems(problems), what=f"{REPO_FILE} at the PR's head:")
         return type(request)(**settled)
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def cleanup_scratch(state_dir: Path) -> None:

@@ -1,9 +1,9 @@
 """The `pgoverlay` command: parse arguments, call one core function, format the result.
 
 One module per command group, each registering its subcommands: pool.py (pool and doctor),
-base.py, branch.py, access.py, service.py (service and gc), demo.py, action.py and webhook.py;
-common.py holds what they share; renamed.py keeps the old spellings of renamed commands working
-for a release.
+base.py, branch.py, access.py, api.py, service.py (service and gc), demo.py, action.py and
+webhook.py; common.py holds what they share; renamed.py keeps the old spellings of renamed
+commands working for a release.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ GROUPS = {
     "base": "base",
     "branch": "branch",
     "access": "access",
+    "api": "api",
     "service": "service",
     "gc": "service",
     "door": "door",

@@ -52,20 +52,21 @@ def _webhook_settings() -> WebhookSettings:
 def cmd_webhook_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from pgoverlay.runner.service.client import client as service_client
     from pgoverlay.webhook.app import create_app
+    from pgoverlay.webhook.engines import Engines
     from pgoverlay.webhook.process import KILL_WAIT, WorkerProcess
 
     settings = _webhook_settings()
     runner = common.settings()
-    engine = service_client(runner)
-    try:
-        engine.bases()  # fails early, with how to fix it, if the engine service is not there
-    finally:
-        engine.close()
+    # Fails early, with how to fix it, if the engine service is not there (or, for a pool on
+    # another host, the token file or the server's URL or certificate are not right).
+    Engines(settings, runner).check()
     settings.make_state_dir()
     worker = WorkerProcess(grace=settings.shutdown_grace + KILL_WAIT, nice=settings.worker_nice)
-    app = create_app(settings, settings.queue_file(), worker=worker, runner=runner)
+    # /healthz and /metrics ask the engine service on this host; a pool on another host is
+    # asked by each job, for its repository, and its branches are its own to count.
+    local = runner if settings.server is None else None
+    app = create_app(settings, settings.queue_file(), worker=worker, runner=local)
     uvicorn.run(
         app,
         host=args.host or settings.host,

@@ -33,7 +33,6 @@ reload at its first grant.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import time
@@ -501,15 +500,6 @@ def _audit_gone(
 
 def _audit(pool: Pool, event: str, **fields: object) -> None:
     """One line of the engine's audit log (root's, mode 0600, in ``<home>/audit``)."""
-    from pgoverlay.runner import audit, safefs
+    from pgoverlay.runner import audit
 
-    folder = pool.home / audit.ENGINE_LOG.parent
-    try:
-        os.lstat(folder)
-    except FileNotFoundError:
-        safefs.make_dir(folder, uid=0, gid=0, mode=0o755, exist_ok=True)
-    entry = audit.AuditLog(pool.home / audit.ENGINE_LOG, uid=0, gid=0)
-    try:
-        entry.write(event, **fields)
-    finally:
-        entry.close()
+    audit.engine_line(pool.home, event, **fields)

@@ -15,6 +15,14 @@ Each request:
    branch for that repository id and refuses it every branch not created for the same id. The
    ``repository`` a request's body names is ignored there.
 
+A caller that is not a job (the webhook listener on another host) sends instead an API token
+the admin issued (``pgo_...``, ``service.tokens``) and names, in each request, the repository
+it acts for (``service.acting``: the repository, its id, its owner's id, and on a create
+whether the pull request comes from a fork), which the listener takes from the signed
+delivery. The door asks the engine (its socket's ``/credentials/check``: the door never reads
+the token store) whether the token is good for that repository (401 if not), then the policy
+(``Policy.admit_listener``), then vouches for that repository exactly as for a job's token.
+
 The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
 connection, record, trace), with the same request bodies, answers, error bodies and body caps
 (``service.limits``); a connection is answered through the front door's Postgres port. Every
@@ -41,12 +49,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.oidc import Identity, Verifier
-from pgoverlay.runner.door.policy import Policy
-from pgoverlay.runner.service import limits
+from pgoverlay.runner.door.policy import Decision, Policy
+from pgoverlay.runner.service import acting, limits, tokens
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
     CreateRequest,
+    CredentialCheck,
     GrantRequest,
     OwnerRequest,
     RecordRequest,
@@ -88,12 +97,13 @@ def bearer(header: str | None) -> str:
     if header is None:
         raise errors.TokenError(
             "no token: send the job's GitHub Actions OIDC token as `Authorization: Bearer "
-            "TOKEN` (permissions: id-token: write; its audience the pool's URL)"
+            "TOKEN` (permissions: id-token: write; its audience the pool's URL), or the API "
+            "token the pool's admin issued (pgo_...)"
         )
     scheme, _, token = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise errors.TokenError(
-            "the Authorization header is not `Bearer TOKEN`: send the OIDC token that way"
+            "the Authorization header is not `Bearer TOKEN`: send the token that way"
         )
     return token.strip()
 
@@ -102,14 +112,20 @@ def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     """What the door vouches for ``identity``'s job if the policy admits it; PolicyError
     naming the rule and the fix otherwise."""
     decision = policy.admit(identity)
+    return _vouched(identity.repository, identity.repository_id, decision, who="job")
+
+
+def _vouched(repository: str, repository_id: int, decision: Decision, *, who: str) -> Vouched:
+    """What the door vouches for ``who`` of ``repository`` if ``decision`` admits it;
+    PolicyError naming the rule and the fix otherwise."""
     if not decision.allowed:
         raise errors.PolicyError(
-            f"the pool's policy does not admit this job of {identity.repository} "
+            f"the pool's policy does not admit this {who} of {repository} "
             f"({decision.rule}): {decision.reason}"
         )
     return Vouched(
-        repository=identity.repository,
-        repository_id=identity.repository_id,
+        repository=repository,
+        repository_id=repository_id,
         branch_limit=decision.branch_limit,
         total_limit=decision.total_limit,
     )
@@ -130,13 +146,39 @@ def for_the_tokens_pull_request(body: CreateRequest, identity: Identity) -> Crea
     return body.replace(pr=number)
 
 
+def _listener_vouched(request: Request, token: str) -> Vouched:
+    """What the door vouches for a request with an API token: the repository it names, if the
+    engine says the token is good for it and the policy admits it. The forks rule is asked
+    on a create alone: it refuses a fork its new branch, never the end of one."""
+    create = getattr(request.scope.get("route"), "name", None) == "create"
+    named = acting.parse(request.headers, create=create)
+    door: RemoteEngine = request.app.state.door
+    checked = door.check_credential(CredentialCheck(secret=token, repository=named.repository))
+    request.state.repository = (
+        f"{named.repository} (id {named.repository_id}) with the API token {checked.name}"
+    )
+    policy: Policy = request.app.state.policy
+    decision = policy.admit_listener(
+        repository=named.repository,
+        repository_id=named.repository_id,
+        owner_id=named.owner_id,
+        from_fork=named.from_fork,
+    )
+    return _vouched(named.repository, named.repository_id, decision, who="the listener's request")
+
+
 async def _caller(request: Request) -> RemoteEngine:
     """The engine, for the repository of the request's verified and admitted token."""
-    verifier: Verifier = request.app.state.verifier
     token = bearer(request.headers.get("authorization"))
+    engine_for: EngineFor = request.app.state.engine_for
+    if tokens.looks_like(token):
+        vouched = await asyncio.to_thread(_listener_vouched, request, token)
+        request.state.vouched = vouched
+        request.state.identity = None  # no token's claims: the listener names its pull request
+        return engine_for(vouched)
+    verifier: Verifier = request.app.state.verifier
     identity = await asyncio.to_thread(verifier.verify, token)
     request.state.repository = f"{identity.repository} (id {identity.repository_id})"
-    engine_for: EngineFor = request.app.state.engine_for
     vouched = vouched_for(identity, request.app.state.policy)
     request.state.vouched = vouched
     request.state.identity = identity
@@ -232,16 +274,19 @@ def create_api(
     verifier: Verifier,
     policy: Policy,
     engine_for: EngineFor,
+    door: RemoteEngine,
     door_host: str,
     door_port: int,
     door_https_port: int = 443,
     app_sslmode: str = "verify-full",
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
-    ``door_host`` and ``door_port`` are the front door's Postgres address: a branch's connection
-    is answered through it (its own port is on the pool host's loopback); with
-    ``door_https_port`` and ``app_sslmode`` (``Settings.door_app_sslmode``), they are the way
-    in a workflow's report tells people and programs (``GET /pool``)."""
+    ``door`` is the engine as the door's own identity (no repository vouched for): it asks
+    whether an API token is good. ``door_host`` and ``door_port`` are the front door's
+    Postgres address: a branch's connection is answered through it (its own port is on the
+    pool host's loopback); with ``door_https_port`` and ``app_sslmode``
+    (``Settings.door_app_sslmode``), they are the way in a workflow's report tells people and
+    programs (``GET /pool``)."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -257,6 +302,7 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
+    app.state.door = door  # the door's own identity, which asks whether an API token is good
     holds = Holds()
 
     @app.middleware("http")
@@ -320,7 +366,8 @@ def create_api(
 
     @app.post("/branches", status_code=201)
     def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        return e.create(for_the_tokens_pull_request(body, request.state.identity))
+        identity: Identity | None = request.state.identity
+        return e.create(body if identity is None else for_the_tokens_pull_request(body, identity))
 
     @app.get("/branches/{name}")
     def branch(e: Engine, name: Name) -> BranchView:

@@ -233,6 +233,29 @@ class Policy(BaseModel):
         refusal = self._owner_refusal(owner, None) or self._repository_refusal(repository, None)
         return self._decision(repository, refusal)
 
+    def admit_listener(
+        self, *, repository: str, repository_id: int, owner_id: int, from_fork: bool | None
+    ) -> Decision:
+        """May the webhook listener, with an API token the admin issued, act for
+        ``repository`` (which it names, with its id and its owner's, from the signed
+        delivery)? ``owners`` and ``repositories`` hold as for a job, by name and id;
+        ``workflows`` does not apply (no workflow runs: the listener does the work itself);
+        ``forks``, when ``from_fork`` is given (a create: the listener tells from the
+        delivery), refuses a fork's pull request unless ``forks: true``; the limits hold."""
+        owner = repository.partition("/")[0]
+        refusal = self._owner_refusal(owner, owner_id) or self._repository_refusal(
+            repository, repository_id
+        )
+        if refusal is None and from_fork and not self.forks:
+            refusal = (
+                "forks",
+                (
+                    f"this pull request of {repository} comes from a fork, and the pool's policy "
+                    "does not branch forks (forks: false): no branch for it"
+                ),
+            )
+        return self._decision(repository, refusal)
+
     def _decision(self, repository: str, refusal: tuple[Rule, str] | None) -> Decision:
         if refusal:
             rule, reason = refusal

@@ -194,6 +194,7 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         verifier=verifier,
         policy=rules,
         engine_for=engine_for,
+        door=RemoteEngine(path, timeout=30.0),
         door_host=settings.door_name,
         door_port=settings.door_port,
         door_https_port=settings.door_https_port,

@@ -33,6 +33,7 @@ from pgoverlay.runner.service.models import (
     EXCERPT_CHARS,
     LOGIN_PATTERN,
     CreateRequest,
+    CredentialCheck,
     GrantRequest,
     OwnerRequest,
     RecordRequest,
@@ -43,6 +44,7 @@ from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
     Connection,
+    Credential,
     Destroyed,
     ErrorBody,
     GcReport,
@@ -68,6 +70,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.NotOwnerError, 403),  # DoorForbiddenError too
     (errors.UnmaskedAccessError, 403),
     (errors.PolicyError, 403),
+    (errors.TokenError, 401),
     (errors.AccessError, 409),
     (errors.BranchMissingError, 404),
     (errors.BaseMissingError, 404),
@@ -83,7 +86,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PoolFullError, 507),
 ]
 ERROR_ANSWERS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (403, 404, 409, 413, 422, 429, 431, 500, 503, 507)
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422, 429, 431, 500, 503, 507)
 }
 DESCRIPTION = (
     f"A request's body is at most {limits.MAX_BODY_BYTES} bytes unless its operation's "
@@ -296,6 +299,10 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
         e: Caller, name: Name, login: Login, body: Annotated[OwnerRequest, Body()]
     ) -> Revoked:
         return e.revoke(name, login, repository=body.repository)
+
+    @app.post(f"{API}/credentials/check")
+    def check_credential(e: Caller, body: Annotated[CredentialCheck, Body()]) -> Credential:
+        return e.check_credential(body)
 
     @app.post(f"{API}/gc")
     def gc(e: Caller) -> GcReport:

@@ -25,6 +25,7 @@ from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
     Connection,
+    Credential,
     Destroyed,
     ErrorBody,
     GcReport,
@@ -38,6 +39,7 @@ from pgoverlay.runner.service.wire import decode
 if TYPE_CHECKING:
     from pgoverlay.runner.service.models import (
         CreateRequest,
+        CredentialCheck,
         GrantRequest,
         OwnerRequest,
         RecordRequest,
@@ -45,7 +47,9 @@ if TYPE_CHECKING:
     )
     from pgoverlay.runner.settings import Settings
 
-    Request = CreateRequest | OwnerRequest | RecordRequest | TraceRequest | GrantRequest
+    Request = (
+        CreateRequest | OwnerRequest | RecordRequest | TraceRequest | GrantRequest | CredentialCheck
+    )
 
 M = TypeVar("M", bound=Shape)
 API = "/v1"
@@ -292,6 +296,10 @@ class RemoteEngine:
 
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace", request))
+
+    def check_credential(self, request: CredentialCheck) -> Credential:
+        """Whether an API token is good for a repository (the front door's question)."""
+        return _parse(Credential, self._call("POST", "/credentials/check", request))
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
         body = _owner(repository)

@@ -40,10 +40,12 @@ from typing import TYPE_CHECKING, Protocol
 from pgoverlay.errors import (
     BranchMissingError,
     BranchOwnedError,
+    ConfigError,
     DoorForbiddenError,
     NotOwnerError,
     PolicyError,
     RequestError,
+    ServiceError,
 )
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch import idle
@@ -55,6 +57,7 @@ from pgoverlay.runner.service.views import (
     BaseView,
     BranchView,
     Connection,
+    Credential,
     Destroyed,
     GcReport,
     GrantView,
@@ -71,6 +74,7 @@ if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made b
     from pgoverlay.runner.pool.registry import StoredGrant
     from pgoverlay.runner.service.models import (
         CreateRequest,
+        CredentialCheck,
         GrantRequest,
         RecordRequest,
         TraceRequest,
@@ -199,6 +203,34 @@ class LocalEngine:
 
     def close(self) -> None:
         self.pool.close()
+
+    # -- API tokens -----------------------------------------------------------------------
+
+    def check_credential(self, request: CredentialCheck) -> Credential:
+        """Whether an API token the front door was sent is good for acting for the repository
+        the request names (``tokens.check``): for the door's identity (or root) alone, as the
+        door may not read the store. TokenError, and an audit line, when it is not."""
+        from pgoverlay.runner.service import tokens
+
+        if not (self.uid == 0 or (self.door and self._vouched is None)):
+            raise NotOwnerError(
+                "only the front door's identity asks whether an API token is good: the network "
+                "API does, for each request that sends one"
+            )
+        try:
+            found = tokens.check(self.pool.home, request.secret, repository=request.repository)
+        except ConfigError as err:  # the store itself: the admin's to mend, not the caller's
+            log.error("API tokens cannot be checked: %s", err)
+            raise ServiceError(
+                "the pool cannot check API tokens now (its token store cannot be read): its "
+                "admin must mend it; the engine service's log says why"
+            ) from None
+        return Credential(
+            name=found.name,
+            owners=list(found.owners),
+            repositories=list(found.repositories),
+            expires_at=found.expires_at,
+        )
 
     # -- looking --------------------------------------------------------------------------
 

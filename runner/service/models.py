@@ -28,6 +28,7 @@ from pgoverlay.runner.names import (
     is_github_login,
 )
 from pgoverlay.runner.runtime import table as runtimes
+from pgoverlay.runner.service import shape
 from pgoverlay.runner.service.shape import Shape
 
 MAX_RECORD_BYTES = 256 * 1024
@@ -243,3 +244,22 @@ class GrantRequest(Shape):
                     "vouched_by: the front door vouches for the person it grants to: "
                     "github:LOGIN of the request's own login"
                 )
+
+
+class CredentialCheck(Shape):
+    """The front door asks whether an API token a caller sent (``pgo_...``, see ``tokens``) is
+    good for acting for ``repository``: the door never reads the token store itself."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    _checks: ClassVar[dict[str, dict[str, Any]]] = {
+        "secret": {"maxLength": 128},
+        "repository": _REPOSITORY,
+    }
+
+    secret: str = shape.field(repr=False)
+    repository: str
+
+    def __post_init__(self) -> None:
+        if len(self.secret) > 128:
+            raise RequestError("secret: longer than an API token is")
+        _repository(self.repository)

@@ -356,3 +356,14 @@ def _conninfo_value(value: str) -> str:
     if value and not any(c.isspace() or c in "'\\=" for c in value):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class Credential(Shape):
+    """An API token the admin issued, as the engine tells the front door it is good (never the
+    token, nor its digest): its name, and the scope it was issued for (``repositories`` empty:
+    every repository of the ``owners``)."""
+
+    name: str
+    owners: list[str]
+    repositories: list[str]
+    expires_at: float
