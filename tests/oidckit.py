@@ -190,13 +190,13 @@ class TokenService:
     <the job's request token>`` answers ``{"value": "<JWT>"}``: a token of ``issuer``, signed by
     ``key``, with that job's claims (``add_job``) and the audience asked (GitHub's default, the
     owner's URL, when none is). Another request token, or none, is a 401 and no token.
-    ``issued`` lists (job, audience) for each token handed out; request tokens are kept as
-    digests only."""
+    ``issued`` lists (job, audience, monotonic time) for each token handed out; request tokens
+    are kept as digests only."""
 
     def __init__(self, issuer: Issuer, key: Key, *, host: str = "127.0.0.1") -> None:
         self.issuer = issuer
         self.key = key
-        self.issued: list[tuple[str, str]] = []
+        self.issued: list[tuple[str, str, float]] = []
         self.refused = 0
         self._jobs: dict[str, tuple[str, dict[str, Any]]] = {}  # id: (token digest, claims)
         self._lock = threading.Lock()
@@ -262,7 +262,7 @@ class TokenService:
             **{**job_claims, "aud": audience, "jti": str(uuid.uuid4())},
         )
         with self._lock:
-            self.issued.append((job, audience))
+            self.issued.append((job, audience, time.monotonic()))
         return 200, {"count": 1, "value": sign(payload, self.key)}
 
 

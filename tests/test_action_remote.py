@@ -590,7 +590,7 @@ def test_the_token_endpoint_answers_a_jobs_own_request_token_only() -> None:
             status, answer = ask(refused, "https://pool.test:8443")
             assert status == 401 and "value" not in answer, refused
         assert tokens.refused == 3
-        assert [audience for _, audience in tokens.issued] == ["https://pool.test:8443"]
+        assert [audience for _, audience, _ in tokens.issued] == ["https://pool.test:8443"]
 
 
 def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_closed(
@@ -650,9 +650,9 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert final["id"] == comment["id"] and "Destroyed" in str(final["body"])
 
     # Each job asked its own token endpoint for a token of the pool's origin, and only that.
-    asked = {job for job, _ in pool_host.tokens.issued}
+    asked = {job for job, _, _ in pool_host.tokens.issued}
     assert {job.name for job in a.jobs + b.jobs} <= asked
-    assert {audience for _, audience in pool_host.tokens.issued} == {pool_host.server}
+    assert {audience for _, audience, _ in pool_host.tokens.issued} == {pool_host.server}
     assert pool_host.tokens.refused == 0
     assert pool_host.api_requests("POST", "/branches") == ["201"]
     assert pool_host.api_requests("POST", f"/branches/{BRANCH}/destroy") == ["200"]
@@ -662,15 +662,20 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
         assert made.password not in run.log
 
 
+SLOW_MIGRATION = 4  # seconds the first job holds the branch, migrating
+
+
 def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready(
     host: tuple[PoolHost, Machine, Machine], runners: tuple[Runner, Runner], repo: Repository
 ) -> None:
     """The same pull request's jobs on two runners at the same time (a re-run beside the
     first run, a push's job beside the opening one's): the server serialises them, so one
-    creates the branch and the other finds it, rather than failing on "already exists"."""
+    creates and migrates the branch while the other waits, then finds it up to date, rather
+    than both creating (one failing on "already exists") or both migrating."""
     pool_host = host[0]
     a, b = runners
     (repo.path / "db/migrations/001_widgets.sql").write_text(
+        f"SELECT pg_sleep({SLOW_MIGRATION});\n"
         "CREATE TABLE widgets (id int PRIMARY KEY, name text);\n"
     )
     head = repo.commit("add widgets")
@@ -681,8 +686,18 @@ def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready
         assert run.returncode == 0, f"{runner.user.pw_name}: {run.log[-6000:]}"
         assert runner.status.read_text() == "ready", runner.user.pw_name
         assert runner.result.read_text().strip() == "widgets", runner.user.pw_name
+    # They did overlap: each job asks for its token as it starts, before it asks the server
+    # for anything, and whichever went first then held the branch for the slow migration.
+    first_token = {
+        job.name: min(at for name, _, at in pool_host.tokens.issued if name == job.name)
+        for job in (a.jobs[-1], b.jobs[-1])
+    }
+    started_apart = abs(first_token[a.jobs[-1].name] - first_token[b.jobs[-1].name])
+    assert started_apart < SLOW_MIGRATION / 2, f"the jobs started {started_apart:.1f} s apart"
     assert pool_host.api_requests("POST", "/branches")[creates_before:] == ["201"]
     made = pool_host.pool.registry.branch(BRANCH)
     assert made is not None and made.owner_repository_id == REPO_ID
+    # one of them applied the migration; the other found the head done
+    assert sum("already up to date" in run.log for run in runs) == 1
     [comment] = comments(pool_host.github)
     assert "Ready" in str(comment["body"])
