@@ -93,6 +93,9 @@ jobs:
         env:
           DSN: "${{ steps.db.outputs.dsn }}"
           RESULT_FILE: "${{ env.RESULT_FILE }}"
+      - run: '{ id -u; id -G; command -v sudo || echo "no-sudo"; } > "$WHO_FILE"'
+        env:
+          WHO_FILE: "${{ env.WHO_FILE }}"
       - if: always()
         run: 'printf %s "$STATUS" > "$STATUS_FILE"'
         env:
@@ -225,6 +228,7 @@ class Runner:
         self.tool_cache = Path(self.user.pw_dir) / "tool-cache"
         self.result = self.root / "result.txt"
         self.status = self.root / "status.txt"
+        self.who = self.root / "who.txt"  # the job's uid, groups, and sudo if it had one
         self.jobs: list[Job] = []
         self._own(self.root)
 
@@ -281,7 +285,7 @@ class Runner:
     def start(
         self, repo: Repository, action: str, head_sha: str, *, merged: bool = False
     ) -> Started:
-        for stale in (self.result, self.status):
+        for stale in (self.result, self.status, self.who):
             stale.unlink(missing_ok=True)
         job = self.host.tokens.add_job(
             **pull_request_job(
@@ -302,6 +306,7 @@ class Runner:
             "TEST_REPOSITORY": os.fspath(repo.path),
             "RESULT_FILE": os.fspath(self.result),
             "STATUS_FILE": os.fspath(self.status),
+            "WHO_FILE": os.fspath(self.who),
         }
         # The job's credentials reach act in files only this runner's user reads, not argv.
         (scratch / "job.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -349,6 +354,13 @@ class Runner:
             text=True,
         )
         return Started(self, process)
+
+    def ran_unprivileged(self) -> bool:
+        """The last job ran as this runner's user, outside the service's group, without sudo."""
+        uid, groups, sudo = self.who.read_text().splitlines()
+        service_group = str(grp.getgrnam("pgoverlay").gr_gid)
+        own_user = uid == str(self.user.pw_uid)
+        return own_user and service_group not in groups.split() and sudo == "no-sudo"
 
     def can_reach_the_engine_socket(self) -> bool:
         """Whether this runner's user can connect to the engine service's socket."""
@@ -608,6 +620,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert opened.returncode == 0, opened.log[-6000:]
     assert a.status.read_text() == "ready"
     assert a.result.read_text().strip() == "widgets", "psql on runner A, through the door"
+    assert a.ran_unprivileged(), a.who.read_text()
     made = registry.branch(BRANCH)
     assert made is not None and made.state == "ready"
     assert (made.repository, made.pr, made.owner_repository_id) == (REPO, PR, REPO_ID)
@@ -625,6 +638,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert pushed.returncode == 0, pushed.log[-6000:]
     assert b.status.read_text() == "ready"
     assert b.result.read_text().strip() == "gadgets,widgets", "psql on runner B, through the door"
+    assert b.ran_unprivileged(), b.who.read_text()
     kept = registry.branch(BRANCH)
     assert kept is not None and kept.state == "ready"
     # the same branch: made once, by runner A's job, reset and migrated by runner B's
