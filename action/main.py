@@ -38,6 +38,7 @@ from pgoverlay.errors import (
     config_error,
 )
 from pgoverlay.runner import safefs
+from pgoverlay.runner.names import check_name
 from pgoverlay.runner.service import client as service
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
@@ -69,6 +70,8 @@ class JobEnv:
         "summary": ("GITHUB_STEP_SUMMARY",),
         "temp": ("RUNNER_TEMP",),
         "token": ("INPUT_GITHUB_TOKEN", "GITHUB_TOKEN"),
+        "server": ("INPUT_SERVER",),
+        "server_ca": ("INPUT_SERVER_CA",),
     }
 
     event_path: Path
@@ -84,6 +87,9 @@ class JobEnv:
     summary: Path | None = None
     temp: Path | None = None
     token: str = field(default="", repr=False)
+    # The pool's API (the `server` input): empty, the engine service on this host.
+    server: str = ""
+    server_ca: str = ""  # PEM of the certificate to trust for it, or a file's path
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
@@ -116,7 +122,14 @@ class JobEnv:
 MAX_EVENT_BYTES = 25 * 1024 * 1024  # GitHub caps a webhook payload at 25 MB
 
 
-def _outputs(engine: Engine, settings: Settings, outcome: Outcome, out: TextIO) -> dict[str, str]:
+def _outputs(
+    engine: Engine,
+    settings: Settings,
+    outcome: Outcome,
+    out: TextIO,
+    *,
+    app_sslmode: str | None = None,
+) -> dict[str, str]:
     report = outcome.report
     values = {
         "status": report.status if report else "skipped",
@@ -142,20 +155,30 @@ def _outputs(engine: Engine, settings: Settings, outcome: Outcome, out: TextIO) 
             "migrations-applied": str(applied),
         }
     )
-    url = database_url(engine, settings, b.name, repository=report.repository, out=out)
+    url = database_url(
+        engine, settings, b.name, repository=report.repository, out=out, sslmode=app_sslmode
+    )
     if url is not None:
         values["database-url"] = url
     return values
 
 
 def database_url(
-    engine: Engine, settings: Settings, name: str, *, repository: str, out: TextIO
+    engine: Engine,
+    settings: Settings,
+    name: str,
+    *,
+    repository: str,
+    out: TextIO,
+    sslmode: str | None = None,
 ) -> str | None:
     """The `database-url` output: branch ``name`` through the front door, as the pull
     request's application role with a password minted for this run (the engine replaces the
     last run's; the role goes with the branch). Its password and the URL are registered as
     secrets with the runner (``::add-mask::``) before anything is written. None, with a
-    warning, when the engine will not grant one: the run goes on without it."""
+    warning, when the engine will not grant one: the run goes on without it. ``sslmode``: the
+    pool server's, when the engine is reached over the network (default: this host's
+    ``Settings.door_app_sslmode``)."""
     try:
         granted = engine.grant(name, GrantRequest(app=True, repository=repository))
     except PgoverlayError as err:
@@ -172,7 +195,7 @@ def database_url(
         host=granted.dsn_host,
         port=granted.dsn_port,
         database=granted.database,
-        sslmode=settings.door_app_sslmode,
+        sslmode=sslmode or settings.door_app_sslmode,
     )
     url = door.url(granted.role, granted.password)
     outputs.mask(url, out)
@@ -214,10 +237,78 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
             title="pgoverlay",
         )
     settings = load_settings()
+    if job.server.strip():
+        return _run_on_server(job, settings, ev, inputs, out, start=start, began=began)
     # The engine is the service's: this job (and the pull request's code in it) runs as the
     # runner's own user, never as root.
     engine = service.client(settings)
     return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
+
+
+def _run_on_server(
+    job: JobEnv,
+    settings: Settings,
+    ev: event.Event,
+    inputs: Inputs,
+    out: TextIO,
+    *,
+    start: float | None,
+    began: float,
+) -> int:
+    """The workflow against the pool at ``job.server``, through its network API and its front
+    door, as the job's OIDC token's repository: no pool, service or group on this runner. The
+    way in the report gives is the server's; the job holds its branch for its whole run, so
+    another job of the pull request on another runner waits for it."""
+    from pgoverlay.runner.service import netclient
+
+    server = job.server.strip().rstrip("/")
+    ca_file = _server_ca(job)
+    # The token is asked for at the first request: a fork's run refused here asks for none.
+    credential = netclient.OidcCredential(server, lazy=True)
+    engine = netclient.NetworkEngine(
+        server, credential=credential, ca_file=ca_file, timeout=settings.command_timeout
+    )
+    if fork_refusal(ev, inputs) or ev.kind not in event.WORK_KINDS:
+        return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
+    door = engine.pool()
+    settings = settings.replace(
+        door_host=str(door["door_name"]),
+        door_port=int(door["door_port"]),
+        door_https_port=int(door["door_https_port"]),
+    )
+    name = check_name(event.branch_name(ev, inputs.branch_name))
+    with engine.hold(name, wait=settings.command_timeout):
+        return _run(
+            engine,
+            settings,
+            job,
+            ev,
+            inputs,
+            out,
+            start=start,
+            began=began,
+            app_sslmode=str(door.get("app_sslmode") or "verify-full"),
+        )
+
+
+def _server_ca(job: JobEnv) -> Path | None:
+    """The `server-ca` input as a file: PEM text is written to RUNNER_TEMP (this user's, mode
+    0600); anything else is the path of a file. None: the system's trusted CAs."""
+    given = job.server_ca.strip()
+    if not given:
+        return None
+    if given.startswith("-----BEGIN"):
+        if job.temp is None:
+            raise JobFileError("server-ca: RUNNER_TEMP is not set, so there is nowhere to keep it")
+        return outputs.write_new(
+            job.temp,
+            given + "\n",
+            prefix="pgoverlay-server-ca-",
+            suffix=".pem",
+            variable="RUNNER_TEMP",
+        )
+    path = Path(given)
+    return path if path.is_absolute() else job.workspace / path
 
 
 def read_event(path: Path) -> dict[str, Any]:
@@ -262,6 +353,7 @@ def _run(
     *,
     start: float | None = None,
     began: float | None = None,
+    app_sslmode: str | None = None,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -293,7 +385,7 @@ def _run(
     timings.update(outcome.timings)
     timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
     try:
-        return _finish(engine, settings, job, ev, inputs, outcome, out)
+        return _finish(engine, settings, job, ev, inputs, outcome, out, app_sslmode=app_sslmode)
     finally:
         timings["report"] = time.monotonic() - done
         print(timings_line(start, timings), file=out, flush=True)
@@ -307,6 +399,8 @@ def _finish(
     inputs: Inputs,
     outcome: Outcome,
     out: TextIO,
+    *,
+    app_sslmode: str | None = None,
 ) -> int:
     """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
@@ -317,7 +411,7 @@ def _finish(
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out)
-    values = _outputs(engine, settings, outcome, out)
+    values = _outputs(engine, settings, outcome, out, app_sslmode=app_sslmode)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)

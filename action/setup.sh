@@ -12,8 +12,24 @@ trap 'code=$?; if [ "$code" != 0 ] && [ -n "${GITHUB_OUTPUT:-}" ]; then
           echo "status=failed" >> "$GITHUB_OUTPUT" || true
       fi' EXIT
 
-# The host's python3, isolated; this file uses nothing but its standard library.
-python3 -I "$source_dir/runner/service/access.py"
+if [ -z "${INPUT_SERVER:-}" ]; then
+    # The host's python3, isolated; this file uses nothing but its standard library.
+    python3 -I "$source_dir/runner/service/access.py"
+else
+    # The pool is reached over the network (the `server` input): no service, group or root
+    # here. The migrations still run with psql, as a client: a runner without one (a
+    # GitHub-hosted image has it) gets Debian's or Ubuntu's, when it may install packages.
+    if ! compgen -G '/usr/lib/postgresql/*/bin/psql' >/dev/null; then
+        if [ "$(id -u)" = 0 ]; then
+            apt-get update -q >/dev/null && apt-get install -y -q postgresql-client >/dev/null
+        elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            sudo -n apt-get update -q >/dev/null && sudo -n apt-get install -y -q postgresql-client >/dev/null
+        else
+            echo "::error::this runner has no psql (the migrations run with it) and may not install one: install postgresql-client on the runner"
+            exit 1
+        fi
+    fi
+fi
 
 cache_root=${RUNNER_TOOL_CACHE:-${HOME:-/tmp}/.cache}/pgoverlay
 # The interpreter: the host's own /usr/bin/python3 (Debian 12: 3.11.2), as scripts/install.sh

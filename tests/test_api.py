@@ -11,21 +11,18 @@ import json
 import os
 import sqlite3
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from apikit import Api, running_door
 
-from doorkit import DoorCA, make_ca
-from helpers import as_user_call, free_tcp_port, os_user, service_settings
-from oidckit import AUDIENCE, Issuer, Key, claims, sign
+from helpers import as_user_call, os_user
+from oidckit import AUDIENCE, Key, claims, sign
 from pgoverlay.errors import (
     IssuerError,
     LimitReachedError,
@@ -41,7 +38,6 @@ from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
-from pgoverlay.runner.service.serve import settings_environ
 from pgoverlay.runner.service.vouch import Vouched, headers
 from pgoverlay.runner.settings import Settings
 
@@ -55,119 +51,19 @@ repositories:
 SHOP_ID, WEB_ID, TINY_ID = 2002, 2003, 2004
 
 
-@dataclass
-class Api:
-    pool: Pool
-    base: BaseVersion
-    issuer: Issuer
-    key: Key
-    certs: DoorCA
-    port: int
-    door_port: int
-    log: Path
-
-    def token(self, **overrides: Any) -> str:
-        return sign(claims(self.issuer.url, now=time.time(), **overrides), self.key)
-
-    def of(self, repository: str, repository_id: int, **overrides: Any) -> str:
-        owner = repository.partition("/")[0]
-        return self.token(
-            repository=repository,
-            repository_owner=owner,
-            repository_id=str(repository_id),
-            job_workflow_ref=f"{repository}/.github/workflows/db.yml@refs/pull/42/merge",
-            sub=f"repo:{repository}:pull_request",
-            **overrides,
-        )
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        token: str | None,
-        body: object = None,
-        authorization: str | None = None,
-    ) -> tuple[int, Any, http.client.HTTPResponse]:
-        context = ssl.create_default_context(cafile=os.fspath(self.certs.ca_file))
-        conn = http.client.HTTPSConnection("localhost", self.port, context=context, timeout=300)
-        sent: dict[str, str] = {}
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        if authorization is not None:
-            sent["Authorization"] = authorization
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            sent["Content-Type"] = "application/json"
-        try:
-            conn.request(method, f"/api/v1{path}", body=payload, headers=sent)
-            response = conn.getresponse()
-            raw = response.read()
-        finally:
-            conn.close()
-        return response.status, json.loads(raw) if raw else None, response
-
-
-def _wait_https(port: int, door: subprocess.Popen[bytes]) -> None:
-    import socket
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if door.poll() is not None:
-            raise AssertionError(f"the front door exited with {door.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"the front door did not answer on port {port}")
-
-
 @pytest.fixture(scope="module")
 def api(
     pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Api]:
     folder = tmp_path_factory.mktemp("api")
-    os.chmod(folder, 0o755)
-    os_user("pgoverlay-door", groups=["pgoverlay"])
-    certs = make_ca(folder)
-    policy = folder / "policy.yml"
-    policy.write_text(POLICY)
-    key = Key.make("key-1")
-    door_port, https_port = free_tcp_port(), free_tcp_port()
-    with Issuer([key]) as issuer:
-        env = {
-            **settings_environ(service_settings(pool)),
-            "PGOVERLAY_DOOR_HOST": "localhost",
-            "PGOVERLAY_DOOR_ADDRESS": "127.0.0.1",
-            "PGOVERLAY_DOOR_PORT": str(door_port),
-            "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
-            "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
-            "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
-            "PGOVERLAY_API_ISSUER": issuer.url,
-            "PGOVERLAY_API_AUDIENCE": AUDIENCE,
-            "PGOVERLAY_API_POLICY_FILE": os.fspath(policy),
-        }
-        log = open(folder / "door.log", "wb")  # noqa: SIM115 - closed below
-        door = subprocess.Popen(
-            [sys.executable, "-P", "-m", "pgoverlay", "door"],
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd="/",
-        )
-        try:
-            _wait_https(https_port, door)
-            yield Api(pool, base, issuer, key, certs, https_port, door_port, folder / "door.log")
-        finally:
-            door.terminate()
-            door.wait(timeout=30)
-            log.close()
-            engine = LocalEngine(pool)
-            for b in pool.registry.branches():
-                if b.name.startswith("api-"):
-                    engine.destroy(b.name)
+    try:
+        with running_door(pool, base, folder, policy=POLICY) as door:
+            yield door
+    finally:
+        engine = LocalEngine(pool)
+        for b in pool.registry.branches():
+            if b.name.startswith("api-"):
+                engine.destroy(b.name)
 
 
 def create(api: Api, token: str, name: str, **extra: object) -> tuple[int, Any]:

@@ -103,6 +103,16 @@ def passed_inputs(spec: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in step["env"].items() if k.startswith("INPUT_")}
 
 
+# The inputs the job's environment model reads (the token, the pool's server): no part of the
+# request.
+JOB_INPUTS = {
+    variable.removeprefix("INPUT_").lower().replace("_", "-")
+    for variables in main.JobEnv.VARIABLES.values()
+    for variable in variables
+    if variable.startswith("INPUT_")
+}
+
+
 def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
     """Each input an action.yml declares is a field of the model (or the token), with the
     model's default, and is passed to the entry point as the model reads it; returns them."""
@@ -113,7 +123,7 @@ def check_inputs_agree(spec: dict[str, Any]) -> set[str]:
         assert passed_inputs(spec)[f"INPUT_{name.upper().replace('-', '_')}"] == (
             f"${{{{ inputs.{name} }}}}"
         ), name
-        if name == "github-token":
+        if name in JOB_INPUTS:
             continue
         assert name in fields, f"action.yml declares {name}, which Inputs lacks"
         info = fields[name]
@@ -140,9 +150,10 @@ def test_action_yml_declares_passes_and_defaults_exactly_the_inputs_of_the_model
     # The token is a credential the job's environment model reads, no part of the request.
     assert "INPUT_GITHUB_TOKEN" in main.JobEnv.VARIABLES["token"]
     declared = check_inputs_agree(main_spec)
-    assert declared == {request.input_name(f) for f in names(Inputs)} | {"github-token"}
+    assert {"github-token", "server", "server-ca"} == JOB_INPUTS
+    assert declared == {request.input_name(f) for f in names(Inputs)} | JOB_INPUTS
     destroy = yaml.safe_load((ROOT / "action" / "destroy" / "action.yml").read_text())
-    assert check_inputs_agree(destroy) == {"branch-name", "github-token", "comment", "deployment"}
+    assert check_inputs_agree(destroy) == {"branch-name", "comment", "deployment"} | JOB_INPUTS
 
 
 def names(cls: type[Any]) -> set[str]:

@@ -24,13 +24,18 @@ request is logged with the verified repository and the status; a token never is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Body, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
@@ -42,16 +47,20 @@ from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
     CreateRequest,
+    GrantRequest,
     OwnerRequest,
     RecordRequest,
     TraceRequest,
 )
 from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import (
+    BaseView,
     BranchView,
     Connection,
     Destroyed,
     ErrorBody,
+    GrantView,
+    Layer,
     Record,
     TraceMark,
 )
@@ -106,6 +115,21 @@ def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     )
 
 
+def for_the_tokens_pull_request(body: CreateRequest, identity: Identity) -> CreateRequest:
+    """``body`` for the pull request the token names, when it names one (a ``pull_request``
+    run's ref, ``refs/pull/N/merge``): its ``pr`` is N, and a create that names another is
+    refused. A token that names none (``pull_request_target``, a push) leaves ``pr`` as asked."""
+    number = identity.pull_request
+    if number is None:
+        return body
+    if body.pr is not None and body.pr != number:
+        raise errors.NotOwnerError(
+            f"pr: this job's token is of pull request #{number} of {identity.repository}, not "
+            f"#{body.pr}: a job makes the branch of its own pull request"
+        )
+    return body.replace(pr=number)
+
+
 async def _caller(request: Request) -> RemoteEngine:
     """The engine, for the repository of the request's verified and admitted token."""
     verifier: Verifier = request.app.state.verifier
@@ -113,10 +137,94 @@ async def _caller(request: Request) -> RemoteEngine:
     identity = await asyncio.to_thread(verifier.verify, token)
     request.state.repository = f"{identity.repository} (id {identity.repository_id})"
     engine_for: EngineFor = request.app.state.engine_for
-    return engine_for(vouched_for(identity, request.app.state.policy))
+    vouched = vouched_for(identity, request.app.state.policy)
+    request.state.vouched = vouched
+    request.state.identity = identity
+    return engine_for(vouched)
 
 
 Engine = Annotated[RemoteEngine, Depends(_caller)]
+
+
+class HoldRequest(BaseModel):
+    """Take a branch's hold for ``seconds`` (renewed by the holder), waiting at most ``wait``
+    seconds for another job's to end."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    seconds: int = Field(default=120, ge=10, le=600)
+    wait: int = Field(default=25, ge=0, le=50)
+
+
+class Held(BaseModel):
+    hold: str
+    seconds: int
+
+
+@dataclass
+class _Hold:
+    id: str
+    until: float  # time.monotonic()
+
+
+@dataclass
+class Holds:
+    """Which job holds each branch, by repository id and branch name: one job of a pull request
+    at a time, whichever runner it landed on (the Action takes its branch's hold for its whole
+    run). Kept in the door's memory: a door that restarts forgets them, and a job holding one
+    renews it or loses it when it lapses. A repository may hold at most ``most`` at once."""
+
+    most: int = 64
+    _held: dict[tuple[int, str], _Hold] = field(default_factory=dict)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def _lapse(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, h in self._held.items() if h.until <= now]:
+            del self._held[key]
+
+    async def take(self, key: tuple[int, str], *, seconds: int, wait: float) -> str:
+        deadline = time.monotonic() + wait
+        async with self._changed:
+            while True:
+                self._lapse()
+                held = self._held.get(key)
+                if held is None:
+                    if sum(k[0] == key[0] for k in self._held) >= self.most:
+                        raise errors.LimitReachedError(
+                            f"this repository's jobs hold {self.most} branches at once, the "
+                            "most the pool allows: let some finish, then try again"
+                        )
+                    made = _Hold(secrets.token_urlsafe(16), time.monotonic() + seconds)
+                    self._held[key] = made
+                    return made.id
+                now = time.monotonic()
+                if now >= deadline:
+                    raise errors.LockBusyError(
+                        f"another job of this repository holds branch {key[1]} (for "
+                        f"{held.until - now:.0f} s more unless it renews it): try again"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait(), timeout=min(deadline, held.until) - now
+                    )
+
+    async def renew(self, key: tuple[int, str], hold: str, *, seconds: int) -> None:
+        async with self._changed:
+            self._lapse()
+            held = self._held.get(key)
+            if held is None or not secrets.compare_digest(held.id, hold):
+                raise errors.LockBusyError(
+                    f"this job's hold on branch {key[1]} lapsed (another job may hold it now): "
+                    "re-run the job"
+                )
+            held.until = time.monotonic() + seconds
+
+    async def give_back(self, key: tuple[int, str], hold: str) -> None:
+        async with self._changed:
+            held = self._held.get(key)
+            if held is not None and secrets.compare_digest(held.id, hold):
+                del self._held[key]
+                self._changed.notify_all()
 
 
 def create_api(
@@ -126,10 +234,14 @@ def create_api(
     engine_for: EngineFor,
     door_host: str,
     door_port: int,
+    door_https_port: int = 443,
+    app_sslmode: str = "verify-full",
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
     ``door_host`` and ``door_port`` are the front door's Postgres address: a branch's connection
-    is answered through it (its own port is on the pool host's loopback)."""
+    is answered through it (its own port is on the pool host's loopback); with
+    ``door_https_port`` and ``app_sslmode`` (``Settings.door_app_sslmode``), they are the way
+    in a workflow's report tells people and programs (``GET /pool``)."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -145,6 +257,7 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
+    holds = Holds()
 
     @app.middleware("http")
     async def audit(
@@ -192,9 +305,22 @@ def create_api(
         log.error("api request failed: %s", type(err).__name__, exc_info=err)
         return answer(500, "internal", "the front door failed: its log has the details")
 
+    @app.get("/pool")
+    def pool(e: Engine) -> dict[str, object]:
+        return {
+            "door_name": door_host,
+            "door_port": door_port,
+            "door_https_port": door_https_port,
+            "app_sslmode": app_sslmode,
+        }
+
+    @app.get("/bases")
+    def bases(e: Engine) -> list[BaseView]:
+        return e.bases()
+
     @app.post("/branches", status_code=201)
-    def create(e: Engine, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        return e.create(body)
+    def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
+        return e.create(for_the_tokens_pull_request(body, request.state.identity))
 
     @app.get("/branches/{name}")
     def branch(e: Engine, name: Name) -> BranchView:
@@ -211,12 +337,48 @@ def create_api(
     def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
         return e.destroy(name)
 
+    @app.get("/branches/{name}/size")
+    def size(e: Engine, name: Name) -> Layer:
+        return e.size(name)
+
+    @app.post("/branches/{name}/access")
+    def grant(e: Engine, name: Name, body: Annotated[GrantRequest, Body()]) -> GrantView:
+        if not body.app or body.vouched_by is not None:
+            raise errors.NotOwnerError(
+                'a workflow may ask only for its pull request\'s app credential (`{"app": '
+                "true}`): a person gets theirs on the branch's page"
+            )
+        return e.grant(name, body)
+
+    @app.post("/branches/{name}/hold")
+    async def hold(
+        e: Engine, request: Request, name: Name, body: Annotated[HoldRequest, Body()]
+    ) -> Held:
+        key = (request.state.vouched.repository_id, name)
+        made = await holds.take(key, seconds=body.seconds, wait=body.wait)
+        return Held(hold=made, seconds=body.seconds)
+
+    @app.post("/branches/{name}/hold/{hold}/renew")
+    async def renew(e: Engine, request: Request, name: Name, hold: str) -> Held:
+        key = (request.state.vouched.repository_id, name)
+        await holds.renew(key, hold, seconds=120)
+        return Held(hold=hold, seconds=120)
+
+    @app.delete("/branches/{name}/hold/{hold}", status_code=204)
+    async def give_back(e: Engine, request: Request, name: Name, hold: str) -> None:
+        await holds.give_back((request.state.vouched.repository_id, name), hold)
+
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:
         own = e.connection(name)
         # Through the door, which routes by the branch's name as the database (over TLS).
         return Connection(
-            host=door_host, port=door_port, database=name, user=own.user, password=own.password
+            host=door_host,
+            port=door_port,
+            database=name,
+            user=own.user,
+            password=own.password,
+            sslmode="verify-full",
         )
 
     @app.put(

@@ -193,6 +193,8 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         engine_for=engine_for,
         door_host=settings.door_name,
         door_port=settings.door_port,
+        door_https_port=settings.door_https_port,
+        app_sslmode=settings.door_app_sslmode,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",

@@ -172,27 +172,30 @@ class RemoteEngine:
     def close(self) -> None:
         pass
 
-    def _call(self, method: str, url: str, body: Request | None = None) -> Any:
-        payload = json.dumps(as_dict(body)).encode() if body is not None else None
+    def _call(
+        self, method: str, url: str, body: Request | None = None, *, raw: bytes | None = None
+    ) -> Any:
+        """The decoded answer to a request with ``body`` (or the JSON ``raw``); the engine's
+        error, as its class, for an error answer."""
+        payload = json.dumps(as_dict(body)).encode() if body is not None else raw
         question = method == "GET"
         wait = min(self.timeout, ROOT_QUESTION_WAIT) if self.for_root and question else self.timeout
         try:
-            status, data = exchange(self.path, method, API + url, payload, self.headers, wait)
+            status, data = self._send(method, url, payload, wait)
         except OSError as err:
             if self.for_root and (isinstance(err, Unreached) or question):
                 raise Declined(f"the engine service did not answer ({err})") from None
             raise self._unreachable(err) from None
         except ValueError as err:
             raise ServiceError(
-                f"the engine service at {self.path} answered with something that is not "
-                f"its protocol ({err}): is another program listening on that socket?"
+                f"{self.where} answered with something that is not its protocol ({err}): "
+                f"{self.imposter}"
             ) from None
         try:
             decoded = json.loads(data) if data else None
         except ValueError:
             raise ServiceError(
-                f"the engine service at {self.path} answered {status} with something "
-                "that is not JSON: is another program listening on that socket?"
+                f"{self.where} answered {status} with something that is not JSON: {self.imposter}"
             ) from None
         if status >= 400:
             error = self._error(status, decoded)
@@ -200,6 +203,19 @@ class RemoteEngine:
                 raise Declined(str(error))
             raise error
         return decoded
+
+    @property
+    def where(self) -> str:
+        """The service, as an error message names it."""
+        return f"the engine service at {self.path}"
+
+    # What an answer that is not the service's protocol suggests.
+    imposter = "is another program listening on that socket?"
+
+    def _send(self, method: str, url: str, payload: bytes | None, wait: float) -> tuple[int, bytes]:
+        """One request, ``url`` relative to the API's root: the answer's status and body.
+        OSError when the service cannot be reached; ValueError when the answer is not HTTP."""
+        return exchange(self.path, method, API + url, payload, self.headers, wait)
 
     def _unreachable(self, err: OSError) -> ServiceError:
         return ServiceError(access.explain(self.path, err))

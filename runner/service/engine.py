@@ -258,7 +258,10 @@ class LocalEngine:
         return self._view(found, layer=layer) if found else None
 
     def size(self, name: str) -> Layer:
-        size = branches.layer_size(self.pool, branches.get(self.pool, name))
+        b = branches.get(self.pool, name)
+        if self.vouched is not None:  # measuring walks the layer as root: its owner's only
+            self._vouched_owner(b, self.vouched)
+        size = branches.layer_size(self.pool, b)
         return Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
 
     # -- acting ---------------------------------------------------------------------------
@@ -419,11 +422,18 @@ class LocalEngine:
 
     # -- credentials ----------------------------------------------------------------------
 
-    def _may_grant(self, name: str, *, repository: str | None, vouched_by: str | None) -> None:
+    def _may_grant(
+        self, name: str, *, repository: str | None, vouched_by: str | None, app: bool = False
+    ) -> None:
         """Root and the branch's owner grant; the front door grants only for a person it
-        vouches for, and only it may vouch."""
+        vouches for, and only it may vouch. For a repository it vouches for (a workflow on the
+        network API), the door may grant the pull request's app credential (the `database-url`
+        output) in that repository's own branch, and nothing else."""
         if self.vouched is not None:
-            self._not_door("grant a credential for a repository it vouches for")
+            if not app or vouched_by is not None:
+                self._not_door("grant a person's credential for a repository it vouches for")
+            self._mine(name)
+            return
         if not self.door:
             if vouched_by is not None:
                 raise NotOwnerError(
@@ -444,8 +454,10 @@ class LocalEngine:
     def grant(self, name: str, request: GrantRequest) -> GrantView:
         """A credential in branch ``name`` (see ``branch.grants.grant``); its password is in
         this answer only."""
-        self._may_grant(name, repository=request.repository, vouched_by=request.vouched_by)
-        if self.door and request.app:
+        self._may_grant(
+            name, repository=request.repository, vouched_by=request.vouched_by, app=request.app
+        )
+        if self.door and request.app and self.vouched is None:
             self._not_door("grant an app's credential")
         from pgoverlay.runner.branch import grants
 

@@ -276,19 +276,34 @@ class Revoked(Shape):
 
 
 class Connection(Shape):
-    """How to log in to a branch: for its owner (or root) only."""
+    """How to log in to a branch: for its owner (or root) only.
+
+    ``sslmode`` is set when the branch is reached through the front door (the network API's
+    answer: ``verify-full`` with a certificate a CA signed, ``require`` with the door's own);
+    empty, the branch's own loopback port, where libpq's default applies. ``sslrootcert`` is a
+    file on the caller's machine holding the certificate to verify the door with: the network
+    client sets it (no server sends one); empty, libpq's own default."""
 
     host: str
     port: int
     database: str
     user: str
     password: str = field(repr=False)
+    sslmode: str = ""
+    sslrootcert: str = ""
+
+    def _tls(self) -> dict[str, str]:
+        tls = {"sslmode": self.sslmode} if self.sslmode else {}
+        if self.sslrootcert:
+            tls["sslrootcert"] = self.sslrootcert
+        return tls
 
     @property
     def url(self) -> str:
+        tls = "&".join(f"{key}={quote(value, safe='/')}" for key, value in self._tls().items())
         return (
             f"postgresql://{quote(self.user, safe='')}:{quote(self.password, safe='')}@"
-            f"{self.host}:{self.port}/{quote(self.database, safe='')}"
+            f"{self.host}:{self.port}/{quote(self.database, safe='')}" + (f"?{tls}" if tls else "")
         )
 
     def connect_kwargs(self) -> dict[str, Any]:
@@ -299,6 +314,7 @@ class Connection(Shape):
             "user": self.user,
             "password": self.password,
             "dbname": self.database,
+            **self._tls(),
         }
 
     def libpq_env(self) -> dict[str, str]:
@@ -311,6 +327,7 @@ class Connection(Shape):
             "PGDATABASE": self.database,
             "PGAPPNAME": "pgoverlay-migrate",
             "PGCONNECT_TIMEOUT": "15",
+            **{f"PG{key.upper()}": value for key, value in self._tls().items()},
         }
 
     @property
@@ -324,6 +341,7 @@ class Connection(Shape):
             "dbname": self.database,
             "user": self.user,
             "password": self.password,
+            **self._tls(),
         }
         return " ".join(f"{key}={_conninfo_value(value)}" for key, value in pairs.items())
 
