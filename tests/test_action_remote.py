@@ -628,11 +628,17 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert pool_host.api_requests("POST", f"/branches/{BRANCH}/destroy") == ["200"]
     # The runners' users never reached the engine's socket: they could not.
     assert not a.can_reach_the_engine_socket() and not b.can_reach_the_engine_socket()
+    # No secret reached a job's log or the door's: the branch's password, a job's request
+    # token, an OIDC token (a JWT's encoded header starts `eyJ`).
+    door_log = pool_host.api.log.read_text()
     for run in (opened, pushed, closed):
         assert made.password not in run.log
+        assert "eyJ" not in run.log and "eyJ" not in door_log
+        for job in a.jobs + b.jobs:
+            assert job.request_token not in run.log and job.request_token not in door_log
 
 
-SLOW_MIGRATION = 4  # seconds the first job holds the branch, migrating
+SLOW_MIGRATION = 5  # seconds the first job holds the branch, migrating
 
 
 def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready(
