@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -638,38 +639,48 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
             assert job.request_token not in run.log and job.request_token not in door_log
 
 
-SLOW_MIGRATION = 5  # seconds the first job holds the branch, migrating
-
-
 def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready(
     host: tuple[PoolHost, Machine, Machine], runners: tuple[Runner, Runner], repo: Repository
 ) -> None:
     """The same pull request's jobs on two runners at the same time (a re-run beside the
     first run, a push's job beside the opening one's): the server serialises them, so one
-    creates and migrates the branch while the other waits, then finds it up to date, rather
-    than both creating (one failing on "already exists") or both migrating."""
+    creates and migrates the branch while the other waits, then finds its head done, rather
+    than both creating (one failing on "already exists") or both migrating.
+
+    Both are under way at once for certain: a third job of the pull request (the test, with a
+    token of the repository) holds the branch until both have asked the pool for its way in,
+    the request each job makes just before it asks for the hold."""
     pool_host = host[0]
+    api = pool_host.api
     a, b = runners
     (repo.path / "db/migrations/001_widgets.sql").write_text(
-        f"SELECT pg_sleep({SLOW_MIGRATION});\n"
         "CREATE TABLE widgets (id int PRIMARY KEY, name text);\n"
     )
     head = repo.commit("add widgets")
     creates_before = len(pool_host.api_requests("POST", "/branches"))
+    asked_before = len(pool_host.api_requests("GET", "/pool"))
+    third = api.of(REPO, REPO_ID)
+    status, held, _ = api.call(
+        "POST", f"/branches/{BRANCH}/hold", token=third, body={"seconds": 120, "wait": 0}
+    )
+    assert status == 200, held
     started = [a.start(repo, "opened", head), b.start(repo, "opened", head)]
+    try:
+        deadline = time.monotonic() + 120
+        while len(pool_host.api_requests("GET", "/pool")) - asked_before < 2:
+            running = [job.process.poll() is None for job in started]
+            assert all(running) and time.monotonic() < deadline, "both jobs ask for the pool"
+            time.sleep(0.1)
+    finally:
+        status, _, _ = api.call(
+            "DELETE", f"/branches/{BRANCH}/hold/{held['hold']}", token=third, body=None
+        )
+    assert status == 204
     runs = [job.finish() for job in started]
     for runner, run in zip((a, b), runs, strict=True):
         assert run.returncode == 0, f"{runner.user.pw_name}: {run.log[-6000:]}"
         assert runner.status.read_text() == "ready", runner.user.pw_name
         assert runner.result.read_text().strip() == "widgets", runner.user.pw_name
-    # They did overlap: each job asks for its token as it starts, before it asks the server
-    # for anything, and whichever went first then held the branch for the slow migration.
-    first_token = {
-        job.name: min(at for name, _, at in pool_host.tokens.issued if name == job.name)
-        for job in (a.jobs[-1], b.jobs[-1])
-    }
-    started_apart = abs(first_token[a.jobs[-1].name] - first_token[b.jobs[-1].name])
-    assert started_apart < SLOW_MIGRATION / 2, f"the jobs started {started_apart:.1f} s apart"
     assert pool_host.api_requests("POST", "/branches")[creates_before:] == ["201"]
     made = pool_host.pool.registry.branch(BRANCH)
     assert made is not None and made.owner_repository_id == REPO_ID
