@@ -87,10 +87,15 @@ jobs:
           server: "${{ vars.POOL_SERVER }}"
           server-ca: "${{ vars.POOL_CA }}"
       - if: github.event.action != 'closed'
-        run: psql "$DSN" -X -P pager=off -At -f check.sql > "$RESULT_FILE"
+        run: |
+          psql "$DSN" -X -P pager=off -At -f check.sql > "$RESULT_FILE"
+          printf '%s\\n' "$HOST" "$PORT" "$(grep -o 'sslmode=[a-z-]*' <<< "$DSN")" > "$WAY_FILE"
         env:
           DSN: "${{ steps.db.outputs.dsn }}"
+          HOST: "${{ steps.db.outputs.host }}"
+          PORT: "${{ steps.db.outputs.port }}"
           RESULT_FILE: "${{ env.RESULT_FILE }}"
+          WAY_FILE: "${{ env.WAY_FILE }}"
       - run: '{ id -u; id -G; command -v sudo || echo "no-sudo"; } > "$WHO_FILE"'
         env:
           WHO_FILE: "${{ env.WHO_FILE }}"
@@ -240,6 +245,7 @@ class Runner:
         self.result = self.root / "result.txt"
         self.status = self.root / "status.txt"
         self.who = self.root / "who.txt"  # the job's uid, groups, and sudo if it had one
+        self.way = self.root / "way.txt"  # the outputs' host and port, the dsn's sslmode
         self.jobs: list[Job] = []
         self._own(self.root)
 
@@ -293,7 +299,7 @@ class Runner:
     def start(
         self, repo: Repository, action: str, head_sha: str, *, merged: bool = False
     ) -> Started:
-        for stale in (self.result, self.status, self.who):
+        for stale in (self.result, self.status, self.who, self.way):
             stale.unlink(missing_ok=True)
         job = self.host.tokens.add_job(
             **pull_request_job(
@@ -315,6 +321,7 @@ class Runner:
             "RESULT_FILE": os.fspath(self.result),
             "STATUS_FILE": os.fspath(self.status),
             "WHO_FILE": os.fspath(self.who),
+            "WAY_FILE": os.fspath(self.way),
         }
         # The job's credentials reach act in files only this runner's user reads, not argv.
         (scratch / "job.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -578,6 +585,8 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert a.status.read_text() == "ready"
     assert a.result.read_text().strip() == "widgets", "psql on runner A, through the door"
     assert a.ran_unprivileged(), a.who.read_text()
+    door = [pool_host.api.host, str(pool_host.api.door_port), "sslmode=verify-full"]
+    assert a.way.read_text().split() == door, "the outputs lead through the door, verified"
     made = registry.branch(BRANCH)
     assert made is not None and made.state == "ready"
     assert (made.repository, made.pr, made.owner_repository_id) == (REPO, PR, REPO_ID)
@@ -596,6 +605,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert b.status.read_text() == "ready"
     assert b.result.read_text().strip() == "gadgets,widgets", "psql on runner B, through the door"
     assert b.ran_unprivileged(), b.who.read_text()
+    assert b.way.read_text().split() == door
     kept = registry.branch(BRANCH)
     assert kept is not None and kept.state == "ready"
     # the same branch: made once, by runner A's job, reset and migrated by runner B's
