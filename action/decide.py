@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 Action = Literal["skip", "refuse", "destroy", "create", "fail", "report", "reset", "migrate"]
 
+
 def rerun_fields() -> tuple[str, ...]:
     """The request's fields that change what a run does or what its report says (declared with
     ``rerun=True``, see ``request.option``): a change to any of them makes a head already done
@@ -118,7 +119,7 @@ def decide(
         return Decision("destroy") if branch is not None else Decision("skip", why="no branch")
     if branch is None:
         return Decision("create")
-    if branch.state != "ready":
+    if branch.state not in ("ready", "suspended"):  # a suspended one wakes when it is asked
         return Decision(
             "fail",
             why=f"branch {branch.name} is {branch.state} (an earlier run was interrupted): run "

@@ -387,6 +387,13 @@ class PolicyError(PgoverlayError):
     exit_code = 40
 
 
+class BranchStateError(BranchError):
+    """A branch is not in a state the operation works from (suspending a branch that is
+    being reset, say): the message names its state and what to do."""
+
+    exit_code = 41
+
+
 # -- pydantic's ValidationError as one of ours ---------------------------------------------
 
 

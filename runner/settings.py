@@ -280,7 +280,8 @@ class Settings:
     # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
     # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API
     # is off), admitted by the policy in api_policy_file (required with an audience), its
-    # times checked with api_leeway seconds of clock skew either way.
+    # times checked with api_leeway seconds of clock skew either way. The engine service holds
+    # its socket's callers to that policy too, where a repository's name can be held to it.
     api_issuer: str = "https://token.actions.githubusercontent.com"
     api_audience: str | None = None
     api_policy_file: Path | None = None

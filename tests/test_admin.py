@@ -211,6 +211,37 @@ def nothing_runs_or_is_mounted(settings: Settings, ports: list[int]) -> None:
         assert port_free(port), f"port {port} still bound"
 
 
+def test_a_suspended_branch_stays_suspended_over_a_reboot_and_wakes_with_its_data(
+    own_pool: tuple[Settings, dict[str, str]],
+) -> None:
+    """`pool down` then `pool init` (what a reboot asks of the admin): a suspended branch is
+    not started by init, and wakes afterwards with its port, password and data."""
+    settings, env = own_pool
+    p = Pool.open(settings)
+    made = branch.create(p, "asleep-over-maintenance")
+    with psycopg.connect(**branch.connection(p, made).connect_kwargs(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (x int)")
+        conn.execute("INSERT INTO kept VALUES (42)")
+    branch.suspend(p, made.name)
+    p.close()
+    done = cli(["pool", "down"], env=env)
+    assert done.returncode == 0, done.stderr
+    nothing_runs_or_is_mounted(settings, [made.port])
+    done = cli(["pool", "init"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert "asleep-over-maintenance" not in done.stdout
+    p = Pool.open(settings)
+    try:
+        after = branch.get(p, made.name)
+        assert (after.state, after.port, after.password) == ("suspended", made.port, made.password)
+        woken = branch.wake(p, made.name)
+        with psycopg.connect(**branch.connection(p, woken).connect_kwargs(), autocommit=True) as c:
+            assert c.execute("SELECT x FROM kept").fetchone() == (42,)
+        branch.destroy(p, made.name)
+    finally:
+        p.close()
+
+
 @pytest.mark.parametrize("runtime", ["local", "docker"])
 def test_pool_down_then_init_gives_back_working_branches_with_their_ports_and_passwords(
     own_pool: tuple[Settings, dict[str, str]], runtime: str

@@ -215,6 +215,9 @@ def test_a_branch_made_on_the_socket_is_not_the_networks_and_the_policys_limit_h
     status, refused = create(api, tiny, "api-tiny-2")
     assert status == 429 and "policy" in refused["message"], refused
     assert api.pool.registry.branch("api-tiny-2") is None
+    # A repository is counted by its id: acme/tiny deleted and made again starts its own count.
+    status, made = create(api, api.of("acme/tiny", TINY_ID + 9000), "api-tiny-3")
+    assert status == 201, made
 
 
 def test_only_the_front_doors_uid_may_vouch_for_a_repository(api: Api, service: Path) -> None:

@@ -305,3 +305,23 @@ def test_the_owner_rule_is_asked_before_the_others(pool_policy: policy.Policy) -
         job_workflow_ref="mallory/shop/.github/workflows/x.yml@refs/heads/main",
     )
     assert pool_policy.admit(stranger, from_fork=True).rule == "owners"
+
+
+# -- a name alone, as a caller on the engine's socket gives it --------------------------------
+
+
+def test_a_repository_named_on_the_socket_is_asked_its_owner_and_name_only(
+    pool_policy: policy.Policy,
+) -> None:
+    """No id comes with the name, so a pinned entry admits its name; no workflow or event
+    either, so neither rule is asked (the policy's `workflows` would refuse every name)."""
+    pinned = pool_policy.admit_repository("Octo-Org/Shop")
+    assert pinned.allowed and pinned.branch_limit == 3 and pinned.total_limit == 40
+    wildcard = pool_policy.admit_repository("acme/anything")
+    assert wildcard.allowed and wildcard.branch_limit == 5
+    owner = pool_policy.admit_repository("mallory/shop")
+    assert owner.rule == "owners" and "add it to owners" in owner.reason
+    repository = pool_policy.admit_repository("octo-org/other")
+    assert repository.rule == "repositories"
+    assert "add it (or octo-org/*) to repositories" in repository.reason
+    assert "(id" not in owner.reason + repository.reason

@@ -75,6 +75,24 @@ def cmd_branch_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_branch_suspend(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    b = common.engine().suspend(check_name(args.name))
+    out.line(
+        f"branch {b.name} suspended in {time.monotonic() - started:.2f} s: its layer, port, "
+        "password and credentials are kept; the next connection through the front door, or "
+        f"`pgoverlay branch resume {b.name}`, starts it again"
+    )
+    return 0
+
+
+def cmd_branch_resume(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    b = common.engine().wake(check_name(args.name))
+    out.line(f"branch {b.name} is {b.state} ({time.monotonic() - started:.2f} s)")
+    return 0
+
+
 def cmd_branch_list(args: argparse.Namespace) -> int:
     from pgoverlay.runner.units import format_bytes
 
@@ -204,6 +222,8 @@ def register(sub: Subcommands) -> None:
     for verb, func, text in (
         ("destroy", cmd_branch_destroy, "destroy a branch (idempotent)"),
         ("reset", cmd_branch_reset, "discard every change of a branch"),
+        ("suspend", cmd_branch_suspend, "stop an idle branch, keeping its layer"),
+        ("resume", cmd_branch_resume, "start a suspended branch again"),
     ):
         p = br.add_parser(verb, help=text)
         p.add_argument("name")

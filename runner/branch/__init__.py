@@ -23,6 +23,7 @@ from pgoverlay.errors import (
     BranchExistsError,
     BranchMissingError,
     BranchStartError,
+    BranchStateError,
     PgoverlayError,
     PoolFullError,
     PortsExhaustedError,
@@ -32,7 +33,7 @@ from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, flocks, release_freed
-from pgoverlay.runner.pool.registry import WARM_PREFIX, BaseVersion, Branch
+from pgoverlay.runner.pool.registry import WAKEABLE, WARM_PREFIX, BaseVersion, Branch
 from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import choose, runtime_for
 from pgoverlay.runner.service.views import Connection
@@ -567,7 +568,14 @@ def _check_free(
             "branch keeps its first name for them): pick another name"
         )
     if quota is not None:
-        quota.check(pool.registry.usage(db, repository=quota.repository, owner_uid=quota.owner_uid))
+        quota.check(
+            pool.registry.usage(
+                db,
+                repository=quota.repository,
+                owner_uid=quota.owner_uid,
+                repository_id=quota.repository_id,
+            )
+        )
 
 
 def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch, secret: Future[str]) -> Branch:
@@ -714,7 +722,9 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
         from pgoverlay.runner.branch import grants
 
         grants.restore(pool, branch, base)
-    pool.registry.update_branch(branch.name, state="ready", step="", ready_at=time.time())
+    pool.registry.update_branch(
+        branch.name, state="ready", step="", ready_at=time.time(), suspended_at=None
+    )
 
 
 def restart(pool: Pool, branch: Branch) -> None:
@@ -731,6 +741,83 @@ def restart(pool: Pool, branch: Branch) -> None:
     rt.start(lay, options=server_options(pool, lay, branch))
     _give_login(pool, base, branch, None, fresh=False)
     _check_ready(pool, branch)
+
+
+# -- suspend and wake ----------------------------------------------------------------------
+
+SUSPENDABLE = ("ready",)
+
+
+def suspend(pool: Pool, name: str) -> Branch:
+    """Stop branch ``name``'s server cleanly (a fast shutdown: a checkpoint, then exit) and
+    unmount its data: what is left is its writable layer, with its port, password, credentials
+    and record, and it costs no memory and no process. State ``suspended``; a branch already
+    suspended is left as it is. A kill at any point leaves ``suspending``, which gc finishes."""
+    check_name(name)
+    with flocks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
+    ):
+        branch = _get(pool, name)
+        if branch.state == "suspended":
+            return branch
+        if branch.state not in (*SUSPENDABLE, "suspending"):
+            raise BranchStateError(
+                f"branch {name} is {branch.state}, not ready: it can be suspended once it is "
+                "(`pgoverlay gc` finishes what an interrupted command left)"
+            )
+        pool.registry.update_branch(name, state="suspending", step="")
+        fault(pool, "suspend:marked")
+        finish_suspend(pool, branch)
+    return _get(pool, name)
+
+
+def finish_suspend(pool: Pool, branch: Branch) -> None:
+    """Stop and unmount ``branch`` (marked ``suspending``), then mark it ``suspended``."""
+    from pgoverlay.runner.branch import held
+
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is None:
+        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+    lay = layout(pool, branch.key)
+    held.drop(os.fspath(lay.socket_dir))
+    rt = runtime_for(pool, base, branch.runtime)
+    rt.stop(lay)  # not discard: the layer is kept, so its shutdown checkpoint is worth writing
+    fault(pool, "suspend:stopped")
+    rt.detach(lay)
+    pool.registry.update_branch(branch.name, state="suspended", step="", suspended_at=time.time())
+
+
+def wake(pool: Pool, name: str) -> Branch:
+    """Start suspended branch ``name`` again (mount, start, its password set again) and mark it
+    ``ready``; a branch that is not suspended is returned as it is. Concurrent wakes start it
+    once: the branch's lock makes the others wait, and they find it ready. A kill leaves
+    ``waking``, which the next wake, or gc, finishes."""
+    check_name(name)
+    branch = _get(pool, name)
+    if branch.state not in WAKEABLE:
+        return branch
+    with flocks.hold(
+        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
+    ):
+        branch = _get(pool, name)
+        if branch.state not in WAKEABLE:
+            return branch
+        if branch.state == "suspending":  # a suspend was killed: finish it, then wake
+            finish_suspend(pool, branch)
+        pool.registry.update_branch(name, state="waking", step="")
+        fault(pool, "wake:marked")
+        finish_wake(pool, branch)
+    return _get(pool, name)
+
+
+def finish_wake(pool: Pool, branch: Branch) -> None:
+    """Start ``branch`` (marked ``waking``) and mark it ``ready``."""
+    base = pool.registry.base(branch.base_name, branch.base_version)
+    if base is not None:  # a killed wake may have left its server up: it starts anew
+        runtime_for(pool, base, branch.runtime).stop(layout(pool, branch.key))
+    restart(pool, branch)
+    fault(pool, "wake:started")
+    pool.registry.update_branch(branch.name, state="ready", step="", suspended_at=None)
 
 
 # -- views --------------------------------------------------------------------------------

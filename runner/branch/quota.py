@@ -10,6 +10,12 @@ The front door's requests for a repository it vouches for (the network API) are 
 for them the per-user limit is the policy's ``limits.total`` (branches of the network's callers
 in all; the pool's total when the policy sets none), and a repository's limit the lower of the
 pool's and the policy's.
+
+A member's request on the socket, when the pool has a policy (``api_policy_file``), is held to
+the lower of the pool's and the policy's limits: ``limits.total`` against every branch of the
+pool, as ``PGOVERLAY_MAX_BRANCHES`` counts, and a repository's against that repository's
+branches (the network's of the same name included). A refusal names the limit that held: the
+policy's where it is the lower one, else the setting.
 """
 
 from __future__ import annotations
@@ -32,15 +38,37 @@ class Quota:
     max_per_repository: int
     max_per_user: int
     network: bool = False  # the front door's, for a repository it vouches for
+    repository_id: int | None = None  # the network's: its branches are counted by this id
+    # Whether the pool's policy set max_branches (max_per_repository): it was the lower.
+    policy_total: bool = False
+    policy_per_repository: bool = False
 
     @classmethod
-    def of(cls, settings: Settings, *, owner_uid: int, repository: str) -> Quota:
+    def of(
+        cls,
+        settings: Settings,
+        *,
+        owner_uid: int,
+        repository: str,
+        branch_limit: int | None = None,
+        total_limit: int | None = None,
+    ) -> Quota:
+        """The limits of a member's create on the socket: the pool's settings, or the policy's
+        limits for ``repository`` (``branch_limit``, ``total_limit``; None: none) where they
+        are lower."""
+        total, per_repository = settings.max_branches, settings.max_branches_per_repository
+        if total_limit is not None:
+            total = min(total, total_limit)
+        if branch_limit is not None:
+            per_repository = min(per_repository, branch_limit)
         return cls(
             owner_uid=owner_uid,
             repository=repository,
-            max_branches=settings.max_branches,
-            max_per_repository=settings.max_branches_per_repository,
+            max_branches=total,
+            max_per_repository=per_repository,
             max_per_user=settings.max_branches_per_user,
+            policy_total=total < settings.max_branches,
+            policy_per_repository=per_repository < settings.max_branches_per_repository,
         )
 
     @classmethod
@@ -52,6 +80,7 @@ class Quota:
         repository: str,
         branch_limit: int | None,
         total_limit: int | None,
+        repository_id: int | None = None,
     ) -> Quota:
         """The limits of a create the front door asks for a repository it vouches for, with
         the policy's limits for it (None: the pool's setting alone)."""
@@ -65,6 +94,7 @@ class Quota:
             max_per_repository=per_repository,
             max_per_user=total_limit if total_limit is not None else settings.max_branches,
             network=True,
+            repository_id=repository_id,
         )
 
     def check(self, usage: Usage) -> None:
@@ -73,7 +103,13 @@ class Quota:
         if usage.total >= self.max_branches:
             raise LimitReachedError(
                 f"this pool already has {usage.total} branches, its limit: destroy branches "
-                "that are no longer needed, or raise PGOVERLAY_MAX_BRANCHES"
+                "that are no longer needed, or raise "
+                + (
+                    "limits.total in the pool's policy (it holds on the engine's socket "
+                    "where it is lower than PGOVERLAY_MAX_BRANCHES)"
+                    if self.policy_total
+                    else "PGOVERLAY_MAX_BRANCHES"
+                )
             )
         if self.repository and usage.of_repository >= self.max_per_repository:
             raise LimitReachedError(
@@ -83,6 +119,9 @@ class Quota:
                     "its limit in the pool's policy (limits.per_repository, or the "
                     "repository's branches) and PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
                     if self.network
+                    else "its limit in the pool's policy (limits.per_repository, or the "
+                    "repository's branches; PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY is higher)"
+                    if self.policy_per_repository
                     else "PGOVERLAY_MAX_BRANCHES_PER_REPOSITORY"
                 )
             )

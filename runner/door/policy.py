@@ -41,6 +41,10 @@ GitHub hands tokens out:
 
 A caller that knows (the pull request's ``head.repo.id`` from GitHub's API against
 ``repository_id``) passes ``from_fork`` and the guesses above are not made.
+
+**On the engine's socket** a caller names a repository and proves nothing:
+:meth:`Policy.admit_repository` asks only what a name can answer (owners and repositories by
+name, and the limits; see docs/policy.md).
 """
 
 from __future__ import annotations
@@ -212,15 +216,28 @@ class Policy(BaseModel):
         """May ``identity``'s job use the pool? ``from_fork``: whether its pull request comes
         from a fork, when the caller found out (None: the token is all there is)."""
         refusal = (
-            self._owner_refusal(identity)
-            or self._repository_refusal(identity)
+            self._owner_refusal(identity.repository_owner, identity.repository_owner_id)
+            or self._repository_refusal(identity.repository, identity.repository_id)
             or self._workflow_refusal(identity)
             or self._fork_refusal(identity, from_fork=from_fork)
         )
+        return self._decision(identity.repository, refusal)
+
+    def admit_repository(self, repository: str) -> Decision:
+        """May a caller on the engine's socket have a branch for ``repository`` (owner/name,
+        as the caller says: a member of the service's group proves no repository)? Only the
+        rules a name can be held to: ``owners`` and ``repositories`` by name (an entry's
+        ``id`` pins nothing here: no id comes with the name), and the limits. ``workflows``
+        and ``forks`` need a token's claims and are not asked."""
+        owner = repository.partition("/")[0]
+        refusal = self._owner_refusal(owner, None) or self._repository_refusal(repository, None)
+        return self._decision(repository, refusal)
+
+    def _decision(self, repository: str, refusal: tuple[Rule, str] | None) -> Decision:
         if refusal:
             rule, reason = refusal
             return Decision(allowed=False, rule=rule, reason=reason)
-        entry = self._repository_entry(identity)
+        entry = self._repository_entry(repository)
         own = entry.branches if entry is not None else None
         return Decision(
             allowed=True,
@@ -228,19 +245,20 @@ class Policy(BaseModel):
             total_limit=self.limits.total,
         )
 
-    def _owner_refusal(self, identity: Identity) -> tuple[Rule, str] | None:
-        name, number = identity.repository_owner, identity.repository_owner_id
+    def _owner_refusal(self, name: str, number: int | None) -> tuple[Rule, str] | None:
+        """Why the owner ``name`` (of id ``number``; None: unknown, the name alone is
+        asked) is refused, or None."""
         for owner in self.owners:
             if owner.name.lower() != name.lower():
                 continue
-            if owner.id is not None and owner.id != number:
+            if owner.id is not None and number is not None and owner.id != number:
                 return "owners", (
                     f"the owner {name} has id {number}, but the policy pins {owner.name} to id "
                     f"{owner.id}: that account was renamed or deleted and another took its "
                     "name; if this is the account you mean, write its id in owners"
                 )
             return None
-        renamed = next((o for o in self.owners if o.id == number), None)
+        renamed = next((o for o in self.owners if number is not None and o.id == number), None)
         if renamed is not None:
             return "owners", (
                 f"the owner {name} (id {number}) is not in the policy's owners, which list "
@@ -252,21 +270,22 @@ class Policy(BaseModel):
             "owners in the pool's policy to let its repositories in"
         )
 
-    def _repository_entry(self, identity: Identity) -> Repository | None:
-        """The entry that admits ``identity``'s repository by name: its own, else its owner's
-        wildcard (None without one, or without ``repositories``)."""
-        wanted = identity.repository.lower()
-        owner = identity.repository_owner.lower()
+    def _repository_entry(self, repository: str) -> Repository | None:
+        """The entry that admits ``repository`` (owner/name) by name: its own, else its
+        owner's wildcard (None without one, or without ``repositories``)."""
+        wanted = repository.lower()
+        owner = wanted.partition("/")[0]
         entries = self.repositories or []
         exact = next((r for r in entries if r.name.lower() == wanted), None)
         return exact or next((r for r in entries if r.wildcard and r.owner.lower() == owner), None)
 
-    def _repository_refusal(self, identity: Identity) -> tuple[Rule, str] | None:
+    def _repository_refusal(self, name: str, number: int | None) -> tuple[Rule, str] | None:
+        """Why the repository ``name`` (of id ``number``; None: unknown, the name alone is
+        asked) is refused, or None."""
         if self.repositories is None:
             return None
-        name, number = identity.repository, identity.repository_id
-        entry = self._repository_entry(identity)
-        if entry is not None and entry.id is not None and entry.id != number:
+        entry = self._repository_entry(name)
+        if entry is not None and number is not None and entry.id not in (None, number):
             return "repositories", (
                 f"the repository {name} has id {number}, but the policy pins {entry.name} to "
                 f"id {entry.id}: it was deleted and re-created (or another took its name); if "
@@ -274,16 +293,19 @@ class Policy(BaseModel):
             )
         if entry is not None:
             return None
-        renamed = next((r for r in self.repositories if r.id == number), None)
+        renamed = next(
+            (r for r in self.repositories if number is not None and r.id == number), None
+        )
         if renamed is not None:
             return "repositories", (
                 f"the repository {name} (id {number}) is not in the policy's repositories, "
                 f"which list that id as {renamed.name}: it was renamed or transferred; write "
                 "its new name there"
             )
+        owner = name.partition("/")[0]
         return "repositories", (
             f"the repository {name} is not one this pool serves: add it (or "
-            f"{identity.repository_owner}/*) to repositories in the pool's policy"
+            f"{owner}/*) to repositories in the pool's policy"
         )
 
     def _workflow_refusal(self, identity: Identity) -> tuple[Rule, str] | None:

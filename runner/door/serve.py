@@ -26,14 +26,16 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.errors import BranchMissingError, ConfigError, TimeoutExpiredError
+from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, TimeoutExpiredError
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
 from pgoverlay.runner.pool import require_root
+from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.settings import Settings
 
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
     from pgoverlay.runner.door import router
     from pgoverlay.runner.service.client import RemoteEngine
+    from pgoverlay.runner.service.views import BranchView
 
 log = logging.getLogger(__name__)
 
@@ -231,14 +234,40 @@ def serve(settings: Settings) -> None:
 def resolver(engine: RemoteEngine) -> router.Resolve:
     """The router's lookup: the branch as the engine lists it (anyone may look), if it is
     ready; asked each connection (the engine answers from its registry in about a
-    millisecond), so a destroyed branch is unreachable at once."""
+    millisecond), so a destroyed branch is unreachable at once.
+
+    A suspended branch is woken first, and the client's connection waits meanwhile: the
+    connections that arrive while it wakes share one wake (and the engine's lock on the branch
+    makes a wake from elsewhere, a command or the Action, the same one). A wake that fails is
+    logged and answered as a branch that is not there."""
 
     from pgoverlay.runner.door import router
+
+    waking: dict[str, asyncio.Future[BranchView]] = {}
+
+    async def woken(name: str) -> BranchView:
+        started = time.monotonic()
+        view = await asyncio.to_thread(engine.wake, name)
+        log.info("woke branch %s in %.3f s", name, time.monotonic() - started)
+        return view
+
+    async def wake(name: str) -> BranchView:
+        pending = waking.get(name)
+        if pending is None:
+            pending = asyncio.ensure_future(woken(name))
+            waking[name] = pending
+            pending.add_done_callback(lambda _: waking.pop(name, None))
+        return await asyncio.shield(pending)
 
     async def resolve(name: str) -> router.Route | None:
         try:
             view = await asyncio.to_thread(engine.branch, name)
+            if view is not None and view.state in WAKEABLE:
+                view = await wake(name)
         except BranchMissingError:
+            return None
+        except PgoverlayError as err:
+            log.warning("the front door could not wake branch %s: %s", name, err)
             return None
         if view is None or view.state != "ready":
             return None

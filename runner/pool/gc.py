@@ -112,12 +112,19 @@ def _branches(pool: Pool, report: Collected, now: float) -> None:
                 elif current.state == "resetting":
                     branches.finish_reset(pool, current)
                     report.finished.append(current.name)
+                elif current.state == "suspending":
+                    branches.finish_suspend(pool, current)
+                    report.finished.append(current.name)
+                elif current.state == "waking":
+                    branches.finish_wake(pool, current)
+                    report.finished.append(current.name)
                 elif current.expires_at is not None and current.expires_at <= now:
                     pool.registry.update_branch(current.name, state="destroying")
                     branches.teardown(pool, current)
                     report.expired.append(current.name)
-                else:
+                elif current.state == "ready":
                     _restart_if_down(pool, current, report)
+                # suspended: nothing runs, and nothing should
         except LockBusyError:
             continue  # a live process is working on it
         except PgoverlayError as err:

@@ -112,6 +112,10 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     # the id of the repository the front door vouched for when it asked for the branch (the
     # network API, for a verified GitHub Actions job); NULL for a branch asked for on the socket
     ("branches", "owner_repository_id", "INTEGER"),
+    # when the branch was last suspended (NULL: never, or woken since), and how long it may be
+    # idle before it is (NULL: the pool's suspend_after; 0: never)
+    ("branches", "suspended_at", "REAL"),
+    ("branches", "suspend_after", "REAL"),
 ]
 # Made after ADDED_COLUMNS, which the index needs on a pool made by an older release.
 INDEXES = """
@@ -184,6 +188,8 @@ class Branch:
     slot: str = ""  # what its directories and container are named after; '' for its name
     # the repository (by GitHub's id) the front door vouched for; None: not asked for that way
     owner_repository_id: int | None = None
+    suspended_at: float | None = None  # when it was suspended; None while it is not
+    suspend_after: float | None = None  # idle seconds before it is; None: the pool's setting
 
     @property
     def key(self) -> str:
@@ -252,7 +258,23 @@ def _columns(cls: type) -> str:
 # What pgoverlay itself writes into a row. Root builds paths, ports and commands from rows, so a
 # row that says anything else (``../../x``, a port outside the pool's range) is refused on read.
 # "warm": started, unclaimed, no password; "claiming": bound to a name, its password being set
-BRANCH_STATES = frozenset({"creating", "ready", "resetting", "destroying", "warm", "claiming"})
+BRANCH_STATES = frozenset(
+    {
+        "creating",
+        "ready",
+        "resetting",
+        "destroying",
+        "warm",
+        "claiming",
+        # an idle branch stopped and unmounted, its writable layer kept (``branch.suspend``),
+        # and the two steps between it and ready
+        "suspending",
+        "suspended",
+        "waking",
+    }
+)
+# A suspended branch, and one a killed suspend or wake left: a wake finishes either.
+WAKEABLE = frozenset({"suspended", "suspending", "waking"})
 WARM_PREFIX = "warm-"
 # "removing": `base rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})
@@ -304,6 +326,13 @@ def branch_from_row(row: tuple[Any, ...], *, ports: tuple[int, int] | None) -> B
         not isinstance(repository_id, int) or isinstance(repository_id, bool) or repository_id < 1
     ):
         raise _bad("branch", b.name, "its owner repository id is not a positive integer")
+    for what, seconds in (("suspended_at", b.suspended_at), ("suspend_after", b.suspend_after)):
+        if seconds is not None and (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not 0 <= seconds < 1e12
+        ):
+            raise _bad("branch", b.name, f"its {what} is not a number of seconds")
     if b.state == "warm" and b.slot != b.name:
         raise _bad("branch", b.name, "a warm branch is named after its slot")
     return b
@@ -634,17 +663,27 @@ class Registry:
             tuple(getattr(branch, n) for n in names),
         )
 
-    def usage(self, db: sqlite3.Connection, *, repository: str, owner_uid: int) -> Usage:
+    def usage(
+        self,
+        db: sqlite3.Connection,
+        *,
+        repository: str,
+        owner_uid: int,
+        repository_id: int | None = None,
+    ) -> Usage:
         """In the caller's transaction: how many branch rows (warm ones aside, valid or not)
         the pool, ``repository`` (none when '') and ``owner_uid`` hold. Read in the transaction
         that registers a new branch, so a limit checked against it cannot be passed by
-        creates that run at the same time (see ``branch.quota``)."""
+        creates that run at the same time (see ``branch.quota``). With ``repository_id`` (the
+        network API's), the repository's branches are those made for that id: a renamed
+        repository keeps its count, a re-created one of the same name starts its own."""
         row = db.execute(
             "SELECT count(*), "
-            "coalesce(sum(?1 <> '' AND lower(repository) = lower(?1)), 0), "
+            "coalesce(sum(CASE WHEN ?3 IS NOT NULL THEN owner_repository_id = ?3 "
+            "ELSE ?1 <> '' AND lower(repository) = lower(?1) END), 0), "
             "coalesce(sum(owner_uid = ?2), 0) "
             "FROM branches WHERE state <> 'warm'",
-            (repository, owner_uid),
+            (repository, owner_uid, repository_id),
         ).fetchone()
         return Usage(total=int(row[0]), of_repository=int(row[1]), of_owner=int(row[2]))
 

@@ -3,7 +3,9 @@ through a ``LocalEngine`` for the calling uid, and answers a model or an ``Error
 
 The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
 from anything the caller sends; the repository the front door vouches for (``vouch``) is taken
-from the door's uid alone. Every request is logged with that uid; secrets never are.
+from the door's uid alone; the pool's policy (``admission``), when the service holds one, is
+handed to each request's engine as it stands then. Every request is logged with that uid;
+secrets never are.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service import limits, vouch
+from pgoverlay.runner.service.admission import SocketPolicy
 from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import (
@@ -72,6 +75,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.PortsExhaustedError, 429),
     (errors.BranchExistsError, 409),  # BranchOwnedError too
     (errors.LockBusyError, 409),
+    (errors.BranchStateError, 409),
     (errors.SettingsDifferError, 409),
     (errors.TraceError, 409),
     (errors.InvalidNameError, 422),
@@ -113,8 +117,11 @@ async def _engine(request: Request) -> LocalEngine:
             found = pools.pool = Pool.open(settings)
         return found
 
+    held: SocketPolicy = request.app.state.policy
     # A repository the front door vouches for: honoured by the engine for the door's uid only.
-    return LocalEngine(pool, uid=peer.uid, vouched=vouch.parse(request.headers))
+    return LocalEngine(
+        pool, uid=peer.uid, vouched=vouch.parse(request.headers), policy=held.current
+    )
 
 
 Caller = Annotated[LocalEngine, Depends(_engine)]
@@ -134,7 +141,9 @@ async def _same_settings(request: Request) -> None:
         )
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> FastAPI:
+    """The service's app for ``settings``, its socket's callers held to ``policy`` (None: the
+    pool's settings alone; the service passes the policy of ``api_policy_file``)."""
     app = FastAPI(
         title="pgoverlay engine service",
         summary="Branches of seeded bases for the workflows of this runner",
@@ -148,6 +157,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.fingerprint = settings.fingerprint()
     app.state.pools = threading.local()
+    app.state.policy = policy if policy is not None else SocketPolicy(None)
     # Inside the audit below, which logs what the caller got, a 413 too.
     app.add_middleware(
         limits.RequestCap, cap_of=lambda scope: limits.route_cap(app.router.routes, scope)
@@ -236,6 +246,14 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post(f"{API}/branches/{{name}}/destroy")
     def destroy(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
         return e.destroy(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/suspend")
+    def suspend(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
+        return e.suspend(name, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/wake")
+    def wake(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
+        return e.wake(name, repository=body.repository)
 
     @app.get(f"{API}/branches/{{name}}/connection")
     def connection(e: Caller, name: Name) -> Connection:

@@ -260,6 +260,14 @@ class RemoteEngine:
         body = _owner(repository)
         return _parse(Destroyed, self._call("POST", f"/branches/{quote(name)}/destroy", body))
 
+    def suspend(self, name: str, *, repository: str | None = None) -> BranchView:
+        body = _owner(repository)
+        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/suspend", body))
+
+    def wake(self, name: str, *, repository: str | None = None) -> BranchView:
+        body = _owner(repository)
+        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/wake", body))
+
     def connection(self, name: str) -> Connection:
         return self._get(f"/branches/{quote(name)}/connection", Connection)
 

@@ -14,6 +14,12 @@ repository and pull request it is for (a caller other than root must name the re
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
 
+With the pool's policy (``policy``: ``api_policy_file``, see ``admission``), a create by a
+caller other than root is also held to what the policy says of the repository it names: its
+owner and the repository must be admitted by name, and the policy's limits hold where lower
+than the pool's. Root is the admin and is held to neither; the front door's vouched requests
+were admitted by the door, and are not asked again.
+
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
 GitHub Actions job whose OIDC token it verified and whose policy admitted it): then it may
 create a branch, and reset, destroy, read the password of, record on and trace the branches
@@ -36,12 +42,13 @@ from pgoverlay.errors import (
     BranchOwnedError,
     DoorForbiddenError,
     NotOwnerError,
+    PolicyError,
     RequestError,
 )
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
-from pgoverlay.runner.pool.registry import Branch
+from pgoverlay.runner.pool.registry import WAKEABLE, Branch
 from pgoverlay.runner.service.views import (
     BaseDetail,
     BaseView,
@@ -59,6 +66,7 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.service.vouch import Vouched
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
+    from pgoverlay.runner.door.policy import Policy
     from pgoverlay.runner.pool.registry import StoredGrant
     from pgoverlay.runner.service.models import (
         CreateRequest,
@@ -77,6 +85,8 @@ class Engine(Protocol):
     def create(self, request: CreateRequest) -> BranchView: ...
     def reset(self, name: str, *, repository: str | None = None) -> BranchView: ...
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed: ...
+    def suspend(self, name: str, *, repository: str | None = None) -> BranchView: ...
+    def wake(self, name: str, *, repository: str | None = None) -> BranchView: ...
     def connection(self, name: str) -> Connection: ...
     def size(self, name: str) -> Layer: ...
     def save_record(self, name: str, request: RecordRequest) -> None: ...
@@ -131,15 +141,22 @@ def door_uid(user: str) -> int | None:
 
 
 class LocalEngine:
-    """The engine itself, acting for the caller ``uid`` (0: root, who may do anything)."""
+    """The engine itself, acting for the caller ``uid`` (0: root, who may do anything), under
+    the pool's ``policy`` when it has one (the service's, for the callers on its socket)."""
 
     def __init__(
-        self, pool: Pool | Callable[[], Pool], *, uid: int = 0, vouched: Vouched | None = None
+        self,
+        pool: Pool | Callable[[], Pool],
+        *,
+        uid: int = 0,
+        vouched: Vouched | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self._pool = pool
         self.uid = uid
         self._door: bool | None = None
         self._vouched = vouched
+        self._policy = policy
 
     @property
     def door(self) -> bool:
@@ -323,6 +340,7 @@ class LocalEngine:
                     repository=vouched.repository,
                     branch_limit=vouched.branch_limit,
                     total_limit=vouched.total_limit,
+                    repository_id=vouched.repository_id,
                 ),
             )
         quota = None
@@ -332,9 +350,34 @@ class LocalEngine:
                     "repository: a create by a user other than root must name the repository "
                     'the branch is for, as OWNER/NAME ("repository": "acme/shop" in the '
                     "request; `pgoverlay branch create NAME --repository OWNER/NAME`)"
+                    + (
+                        "; the pool's policy admits branches by their repository's owner and name"
+                        if self._policy is not None
+                        else ""
+                    )
                 )
-            quota = Quota.of(self.pool.settings, owner_uid=self.uid, repository=request.repository)
+            quota = self._member_quota(request.repository)
         return self._create(request, repository=request.repository or "", quota=quota)
+
+    def _member_quota(self, repository: str) -> Quota:
+        """The limits of a create by this member (not root) for ``repository``: the pool's,
+        and the policy's where it has one; PolicyError when the policy refuses the repository."""
+        settings = self.pool.settings
+        if self._policy is None:
+            return Quota.of(settings, owner_uid=self.uid, repository=repository)
+        decision = self._policy.admit_repository(repository)
+        if not decision.allowed:
+            raise PolicyError(
+                f"the pool's policy does not admit a branch for {repository} on the engine's "
+                f"socket ({decision.rule}): {decision.reason}"
+            )
+        return Quota.of(
+            settings,
+            owner_uid=self.uid,
+            repository=repository,
+            branch_limit=decision.branch_limit,
+            total_limit=decision.total_limit,
+        )
 
     def _create(
         self,
@@ -367,6 +410,32 @@ class LocalEngine:
         done = branches.reset(self.pool, name)
         return self._view(done, layer=False, seconds=time.monotonic() - started)
 
+    def suspend(self, name: str, *, repository: str | None = None) -> BranchView:
+        """Stop an idle branch, keeping its layer (``branch.suspend``)."""
+        self._not_door("suspend a branch", vouchable=True)
+        self._mine(name, repository=repository)
+        _discard_trace(self.pool, name)
+        started = time.monotonic()
+        done = branches.suspend(self.pool, name)
+        return self._view(done, layer=False, seconds=time.monotonic() - started)
+
+    def wake(self, name: str, *, repository: str | None = None) -> BranchView:
+        """Start a suspended branch again (``branch.wake``); one that is up is answered as it
+        is. The front door wakes any branch a client connects to, before a password is asked:
+        its limits per source bound how often (docs/security.md)."""
+        if not self.door or self.vouched is not None:
+            self._mine(name, repository=repository)
+        started = time.monotonic()
+        done = branches.wake(self.pool, name)
+        return self._view(done, layer=False, seconds=time.monotonic() - started)
+
+    def _awake(self, b: Branch) -> Branch:
+        """``b``, woken first when it is suspended: what needs its server (a login, a grant, a
+        trace) wakes it."""
+        if b.state in WAKEABLE:
+            return branches.wake(self.pool, b.name)
+        return b
+
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
         self._not_door("destroy a branch", vouchable=True)
         if self.pool.registry.branch(name) is None:
@@ -378,7 +447,7 @@ class LocalEngine:
 
     def connection(self, name: str) -> Connection:
         self._not_door("read a branch's password", vouchable=True)
-        return branches.connection(self.pool, self._mine(name))
+        return branches.connection(self.pool, self._awake(self._mine(name)))
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)
@@ -394,7 +463,7 @@ class LocalEngine:
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
         """Open a trace of the branch (ending one left open); its first mark."""
         self._not_door("trace a branch", vouchable=True)
-        b = self._mine(name, repository=request.repository)
+        b = self._awake(self._mine(name, repository=request.repository))
         from pgoverlay.runner import trace
 
         return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
@@ -459,6 +528,7 @@ class LocalEngine:
         )
         if self.door and request.app and self.vouched is None:
             self._not_door("grant an app's credential")
+        self._awake(branches.get(self.pool, name))
         from pgoverlay.runner.branch import grants
 
         made = grants.grant(

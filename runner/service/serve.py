@@ -2,7 +2,9 @@
 service's group may open (root:pgoverlay, 0660), and start it where systemd does not.
 
 Who is calling, and what one caller may hold of it, is the protocol's (``protocol``); what one
-request may carry is ``limits``'.
+request may carry is ``limits``'. The pool's policy for the socket's callers (``admission``) is
+read before the socket is made, so a policy with a problem stops the service at its start, and
+again on SIGHUP.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pgoverlay.runner import polling, safefs
 from pgoverlay.runner.branch import warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
+from pgoverlay.runner.service.admission import SocketPolicy
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
 from pgoverlay.runner.service.limits import MAX_HEAD_BYTES
@@ -100,6 +103,7 @@ def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, or until the pool or the socket is removed."""
     require_root()
     path = socket_path(settings)
+    policy = SocketPolicy(settings.api_policy_file)  # as root: the admin's file may be root's
     with contextlib.closing(Pool.open(settings)) as pool:
         report = gc.collect(pool)  # a previous run may have been killed mid-operation
         log.info("start-up repair: %s", "; ".join(report.lines()))
@@ -111,7 +115,7 @@ def serve(settings: Settings) -> None:
         request_timeout=settings.service_request_timeout,
     )
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, policy=policy),
         http=PeerCredProtocol.for_caps(caps),
         log_config=None,
         access_log=False,
@@ -160,6 +164,11 @@ def serve(settings: Settings) -> None:
 
     keeper = threading.Thread(target=housekeeping, name="pgoverlay-housekeeping", daemon=True)
     keeper.start()
+    # `systemctl reload pgoverlay` (or `kill -HUP`): the policy file read again; uvicorn
+    # handles SIGINT and SIGTERM only, and SIGHUP's default would end the service.
+    signal.signal(signal.SIGHUP, lambda *_: policy.reload())
+    if policy.current is not None:
+        log.info("the socket's callers are held to the policy in %s", policy.path)
     log.info("engine service for %s listening on %s", settings.home, path)
     try:
         server.run(sockets=[sock])
@@ -222,6 +231,9 @@ def start(settings: Settings) -> str:
     require_root()
     if answering(settings):
         return f"engine service answering on {socket_path(settings)}"
+    # The service would stop at its start on a policy with a problem, said only in its log:
+    # said here, to the admin who starts it.
+    SocketPolicy(settings.api_policy_file)
     ensure_group(settings.service_group)
     if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
