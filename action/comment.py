@@ -35,7 +35,7 @@ from pgoverlay.action.parts import Sub
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
-from pgoverlay.runner.units import format_bytes
+from pgoverlay.runner.units import format_bytes, idle_rule
 
 __all__ = [
     "ERROR_COLUMNS",
@@ -282,7 +282,8 @@ def _top(report: Report) -> list[str]:
     parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
     if report.status != "destroyed" and report.migrations:
         parts.append(lead(report.migrations))
-    if report.message:
+    gone = report.status == "destroyed"
+    if report.message and not gone:
         parts.append(md.prose(report.message, _MESSAGE, cell=False))
     facts = []
     if b is not None and report.status != "destroyed":
@@ -303,7 +304,9 @@ def _top(report: Report) -> list[str]:
             None: "whether the pull request was merged is unknown",
         }[report.merged]
         name = f"Branch {md.code(b.name)}" if b is not None else "The branch"
-        parts.append(f"{name} was destroyed: {merged}.")
+        # A branch its pull request no longer wants says why; a close, how it closed.
+        why = md.prose(report.message, _MESSAGE, cell=False) if report.message else merged
+        parts.append(f"{name} was destroyed: {why}.")
         parts.append(f"Final writable layer: {_layer(b)}.")
     return parts
 
@@ -322,6 +325,8 @@ def _branch(report: Report) -> list[str]:
         ("Data", _masking(b)),
         ("Runtime", md.code(b.runtime, cell=True)),
     ]
+    if b.suspend_after is not None:
+        holds.append(("When idle", idle_rule(b.suspend_after)))
     way = report.way_in
     connection = [_pairs("Connection", _way_in(way))] if way is not None else []
     return [*connection, _pairs("Branch", holds)]

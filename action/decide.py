@@ -8,16 +8,20 @@ redelivery of a head already done costs nothing.
 
 In order:
 
-1. an event that asks for no branch work (a label, an ignored action): **skip**;
-2. a pull request the front end's own policy does not branch (the Action's `allow-forks`, the
+1. an event that asks for no branch work (a label `branch-when` does not name, an ignored
+   action): **skip**;
+2. a pull request `branch-when` does not want (``when.unwanted``) and that has no branch of its
+   own: **unwanted**, "not branched", and nothing is written on the pull request;
+3. a pull request the front end's own policy does not branch (the Action's `allow-forks`, the
    listener's fork and draft rules; closing is never refused): **refuse**, "not branched";
-3. a branch name another repository's branch holds: **refuse**, "failed";
-4. a close: **destroy** the branch, or **skip** when there is none;
-5. no branch: **create** it; a branch an earlier run left half-made: **fail**, saying how to
+4. a branch name another repository's branch holds: **refuse**, "failed";
+5. a close, or a pull request no longer wanted: **destroy** the branch, or **skip** when there is
+   none;
+6. no branch: **create** it; a branch an earlier run left half-made: **fail**, saying how to
    clear it;
-6. the same head, run with the same run options (:func:`fingerprint`), ready and running:
+7. the same head, run with the same run options (:func:`fingerprint`), ready and running:
    **report** that run again;
-7. otherwise, with `reset-on-push`: **reset** it for a new head, changed run options, or a
+8. otherwise, with `reset-on-push`: **reset** it for a new head, changed run options, or a
    last run that did not end ready; else **migrate** the branch as it stands.
 
 A record without run options (kept by an older release) counts as run with other options: its
@@ -32,6 +36,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pgoverlay.action import when
 from pgoverlay.action.event import WORK_KINDS, Event
 from pgoverlay.action.request import Inputs, reruns
 
@@ -41,7 +46,10 @@ if TYPE_CHECKING:
     from pgoverlay.action.request import PrRequest
     from pgoverlay.runner.service.views import BranchView
 
-Action = Literal["skip", "refuse", "destroy", "create", "fail", "report", "reset", "migrate"]
+Action = Literal[
+    "skip", "unwanted", "refuse", "destroy", "create", "fail", "report", "reset", "migrate"
+]
+
 
 
 def rerun_fields() -> tuple[str, ...]:
@@ -62,8 +70,11 @@ def fingerprint(request: PrRequest) -> str:
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    why: str = ""  # refuse, fail: the reason, for the report; skip: for the log
-    status: RunStatus = "failed"  # refuse: the report's status ("not branched": a policy)
+    # unwanted, refuse, fail, destroy of a branch no longer wanted: the reason, for the report;
+    # skip: for the log
+    why: str = ""
+    # unwanted, refuse: the report's status ("not branched": `branch-when` or a policy)
+    status: RunStatus = "failed"
     # This head already ran with these options on the branch as it stands (report; or reset or
     # migrate again when its migrations failed). The Action re-runs a failed head, as a user's
     # "Re-run job" asks; the listener takes it as a redelivery and stops.
@@ -83,11 +94,26 @@ def owner_refusal(branch: BranchView | None, repository: str) -> str:
     )
 
 
+def as_work(event: Event, request: PrRequest) -> Event:
+    """``event`` as the work it asks for under the request's `branch-when`: adding the label
+    that `branch-when: label:NAME` names is an open (it makes the branch), taking it off a push
+    of a pull request without it (it is no longer wanted: its branch is destroyed). The labels
+    are the event's with that change made, whatever a stale payload said. Every other event is
+    itself."""
+    if event.kind not in ("label", "unlabel") or not when.labelled(event, request):
+        return event
+    others = tuple(x for x in event.labels if x != event.label)
+    if event.kind == "label":
+        return dataclasses.replace(event, kind="open", labels=(*others, event.label))
+    return dataclasses.replace(event, kind="sync", labels=others)
+
+
 def fork_refusal(event: Event, inputs: Inputs) -> str:
     """The Action's policy: why a pull request from a fork gets no branch, or '' when it may
     have one (the listener's policy is its own: forks and drafts settings, a maintainer's
     label). Closing is never refused: a branch made while forks were allowed is destroyed."""
-    if not event.from_fork or inputs.allow_forks or event.kind not in ("open", "sync"):
+    kind = as_work(event, inputs).kind
+    if not event.from_fork or inputs.allow_forks or kind not in ("open", "sync"):
         return ""
     return (
         "this pull request comes from a fork, and this workflow does not branch forks: no "
@@ -104,17 +130,27 @@ def decide(
     request: PrRequest,
     *,
     refused: str = "",
+    changes: bool | None = None,
 ) -> Decision:
     """What to do for ``event``, given its ``branch`` (None: there is none), the ``record`` its
     last run kept, and the ``request``. ``refused`` is why the front end's own policy does not
-    branch this pull request ('' when it may)."""
+    branch this pull request ('' when it may). ``changes``: whether the pull request adds or
+    changes a migration file, for `branch-when: migrations` (None: not known, taken as yes; the
+    listener asks before it has the sources, and ``workflow.handle`` asks again with them)."""
+    event = as_work(event, request)
     if event.kind not in WORK_KINDS:
         return Decision("skip", why=f"a {event.action or event.kind} event needs no branch")
-    if refused and event.kind != "close":
-        return Decision("refuse", why=refused, status="not branched")
+    unwanted = "" if event.kind == "close" else when.unwanted(request, event, changes=changes)
     taken = owner_refusal(branch, event.repository)
+    if unwanted and (branch is None or taken):
+        # Nothing of this pull request's to destroy; another repository's branch is not ours.
+        return Decision("unwanted", why=f"no branch: {unwanted}", status="not branched")
+    if refused and event.kind != "close" and not unwanted:
+        return Decision("refuse", why=refused, status="not branched")
     if taken:
         return Decision("refuse", why=taken, status="failed")
+    if unwanted:
+        return Decision("destroy", why=unwanted)
     if event.kind == "close":
         return Decision("destroy") if branch is not None else Decision("skip", why="no branch")
     if branch is None:

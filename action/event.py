@@ -9,11 +9,13 @@ from typing import Any, Literal
 
 from pgoverlay.errors import ConfigError
 
-Kind = Literal["open", "sync", "close", "label", "ref", "ignore"]
+Kind = Literal["open", "sync", "close", "label", "unlabel", "ref", "ignore"]
 
 # What each `pull_request` action asks for: the one table the Action's event reading, the
 # listener's routing and its metrics share. Other actions are `ignore`. `label` is the listener's
-# fork approval (a maintainer's label); the Action does nothing for it.
+# fork approval (a maintainer's label); `label` and `unlabel` of the label a `branch-when:
+# label:NAME` request names make and destroy the branch (``decide.work_kind``); any other label
+# asks for nothing.
 PR_KINDS: dict[str, Kind] = {
     "opened": "open",
     "reopened": "open",
@@ -21,10 +23,11 @@ PR_KINDS: dict[str, Kind] = {
     "synchronize": "sync",
     "closed": "close",
     "labeled": "label",
+    "unlabeled": "unlabel",
 }
 # The kinds of the table, each once, in order: the listener's job kinds.
 JOB_KINDS: tuple[Kind, ...] = tuple(dict.fromkeys(PR_KINDS.values()))
-# What the PR workflow acts on: a pull request's kinds but `label`, and other events' refs.
+# What the PR workflow acts on: a pull request's kinds but the labels', and other events' refs.
 WORK_KINDS: frozenset[Kind] = frozenset({"open", "sync", "close", "ref"})
 
 
@@ -45,6 +48,8 @@ class Event:
     draft: bool
     ref_name: str  # the branch or tag, for events that are not about a pull request
     action: str
+    labels: tuple[str, ...] = ()  # the pull request's labels (as its event or the API says)
+    label: str = ""  # the label a `labeled` or `unlabeled` event added or took off
 
 
 def _repo_name(repo: Any) -> str | None:
@@ -77,6 +82,7 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
             str(payload.get("action", "")),
             pull,
             repository=_repo_name(payload.get("repository")) or repository,
+            label=_label_name(payload.get("label")),
         )
     short = re.sub(r"^refs/(heads|tags)/", "", ref)
     return Event(
@@ -93,9 +99,15 @@ def parse(name: str, payload: dict[str, Any], *, repository: str, sha: str, ref:
     )
 
 
-def from_pull(action: str, pull: dict[str, Any], *, repository: str) -> Event:
+def _label_name(label: Any) -> str:
+    return str(label.get("name") or "") if isinstance(label, dict) else ""
+
+
+def from_pull(action: str, pull: dict[str, Any], *, repository: str, label: str = "") -> Event:
     """The event of a `pull_request` ``action`` on ``pull`` (a pull request object, as a
-    delivery or the API has it) in ``repository``."""
+    delivery or the API has it) in ``repository``; ``label`` is the label a `labeled` or
+    `unlabeled` action added or took off."""
+    labels = pull.get("labels")
     return Event(
         kind=kind_of(action),
         repository=repository,
@@ -107,6 +119,10 @@ def from_pull(action: str, pull: dict[str, Any], *, repository: str) -> Event:
         draft=bool(pull.get("draft")),
         ref_name=str(pull["head"].get("ref", "")),
         action=action,
+        labels=tuple(_label_name(x) for x in labels if _label_name(x))
+        if isinstance(labels, list)
+        else (),
+        label=label,
     )
 
 

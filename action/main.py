@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from pgoverlay.action import comment, event, outputs
 from pgoverlay.action.conclusion import conclude
-from pgoverlay.action.decide import fork_refusal
+from pgoverlay.action.decide import as_work, fork_refusal
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.report import Report
@@ -268,7 +268,7 @@ def _run_on_server(
     engine = netclient.NetworkEngine(
         server, credential=credential, ca_file=ca_file, timeout=settings.command_timeout
     )
-    if fork_refusal(ev, inputs) or ev.kind not in event.WORK_KINDS:
+    if fork_refusal(ev, inputs) or as_work(ev, inputs).kind not in event.WORK_KINDS:
         return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
     door = engine.pool()
     settings = settings.replace(
@@ -334,9 +334,11 @@ def read_event(path: Path) -> dict[str, Any]:
     return payload
 
 
-def _not_branched(job: JobEnv, report: Report, out: TextIO) -> int:
-    """A fork's pull request without `allow-forks`: say why in the summary; nothing was made."""
-    outputs.annotation("notice", report.message, out, title="No branch for a fork")
+def _not_branched(job: JobEnv, report: Report, out: TextIO, *, fork: bool) -> int:
+    """A pull request that gets no branch (a ``fork``'s without `allow-forks`, or one
+    `branch-when` does not want): say why in the summary; nothing was made."""
+    title = "No branch for a fork" if fork else "No branch for this pull request"
+    outputs.annotation("notice", report.message, out, title=title)
     values = {"status": "skipped", "branch": "", **_report_file(job, report)}
     outputs.write_outputs(job.output, values)
     outputs.write_summary(job.summary, comment.render_summary(report))
@@ -410,7 +412,7 @@ def _finish(
         _say_deployment(outcome, out)
         return 0
     if report.status == "not branched":
-        return _not_branched(job, report, out)
+        return _not_branched(job, report, out, fork=bool(fork_refusal(ev, inputs)))
     values = _outputs(engine, settings, outcome, out, app_sslmode=app_sslmode)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)

@@ -44,6 +44,8 @@ class BranchInfo:
     base_masked: bool | None = None  # None: unknown (a report saved by an older release)
     base_mask_rules: str = ""  # rules file name, when masked
     base_mask_sha256: str = ""  # its SHA-256
+    # idle seconds before the engine suspends it (0: never; None: not said by the engine)
+    suspend_after: float | None = None
 
 
 @dataclass(frozen=True)

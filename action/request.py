@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
+from pgoverlay.action import when
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
-from pgoverlay.runner.names import NAME_RE, parse_seconds
+from pgoverlay.runner.names import NAME_RE, parse_idle_seconds, parse_seconds
 from pgoverlay.runner.runtime import table as runtimes
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
@@ -124,6 +125,11 @@ def _ttl(ttl: str | None) -> None:
         parse_seconds(ttl, whole=True)
 
 
+def _idle(text: str | None) -> None:
+    if text:
+        parse_idle_seconds(text)
+
+
 def _lock_time(text: str) -> float:
     """'500ms', '5s', '1.5s', '2m' -> seconds: how long a lock may be held."""
     return parse_seconds(text, units=_LOCK_UNITS)
@@ -182,11 +188,13 @@ def field_problem(field: dataclasses.Field[Any], value: object) -> str | None:
     return None
 
 
-def whole_problem(migrations: str | None, migrate_command: str | None) -> str | None:
+def whole_problem(
+    migrations: str | None, migrate_command: str | None, *, branch_when: str | None = None
+) -> str | None:
     """What is wrong with the request as a whole (its fields each being right), or None."""
     if migrations and migrate_command:
         return "set either `migrations` (a folder of .sql files) or `migrate-command`, not both"
-    return None
+    return when.request_problem(branch_when, migrations, migrate_command)
 
 
 def is_blank(value: object) -> bool:
@@ -284,7 +292,11 @@ def read(
         ((name,), "Extra inputs are not permitted") for name in values if name not in fields
     ]
     if not problems:
-        whole = whole_problem(settled.get("migrations"), settled.get("migrate_command"))
+        whole = whole_problem(
+            settled.get("migrations"),
+            settled.get("migrate_command"),
+            branch_when=settled.get("branch_when"),
+        )
         if whole:
             problems.append(((), whole))
     return settled, problems
@@ -329,6 +341,16 @@ class PrRequest:
         <repository name>-pr-<number>).""",
         rerun="another name is another branch",
     )
+    branch_when: str = option(
+        "always",
+        """When a pull request gets a branch: `always`; `migrations`, only while it adds or
+        changes a .sql file under `migrations` (the files `migrations-select: changed` would
+        apply); `label:NAME`, only while it carries the label NAME (adding the label makes the
+        branch, taking it off destroys it). A pull request that is not wanted gets no branch, runs
+        nothing and gets no comment; one whose branch exists loses it.""",
+        check=when.check,
+        rerun="whether the pull request gets a branch, asked on every run",
+    )
     reset_on_push: bool = option(
         True,
         "On a new push, reset the branch to its base and apply the migrations again.",
@@ -339,6 +361,14 @@ class PrRequest:
         "Destroy the branch after this long even if the PR stays open (e.g. 7d).",
         check=_ttl,
         rerun="how long the branch lives",
+    )
+    suspend_after: str | None = option(
+        None,
+        """Suspend the branch after this long with no connection (e.g. 10m, 2h; 0: never); it
+        wakes on its next connection. Empty: the runner's PGOVERLAY_SUSPEND_AFTER (10m unless
+        set).""",
+        check=_idle,
+        rerun="how long the branch may sit idle, honoured when the branch is made",
     )
     comment: bool = option(
         True,
@@ -411,6 +441,10 @@ class PrRequest:
 
     def ttl_seconds(self) -> int | None:
         return int(parse_seconds(self.ttl, whole=True)) if self.ttl else None
+
+    def suspend_after_seconds(self) -> int | None:
+        """The branch's idle seconds before it is suspended (0: never); None: the runner's."""
+        return round(parse_idle_seconds(self.suspend_after)) if self.suspend_after else None
 
     def thresholds(self) -> Thresholds:
         """What a migration may do before its verdict is "over" (and, with

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.action import comment, conclusion, record
+from pgoverlay.action import comment, conclusion, record, when
 from pgoverlay.action.conclusion import refusal
-from pgoverlay.action.decide import Decision, decide, fingerprint
+from pgoverlay.action.decide import Decision, as_work, decide, fingerprint
 from pgoverlay.action.deployment import DeploymentResult, PendingDeployment
 from pgoverlay.action.event import WORK_KINDS, Event, branch_name
 from pgoverlay.action.github import CommentResult, GitHub, PendingComment
@@ -107,10 +107,58 @@ def _branch_info(
         base_masked=base.masked if base else None,
         base_mask_rules=base.mask_rules if base else "",
         base_mask_sha256=base.mask_sha256 if base else "",
+        suspend_after=b.suspend_after,
     )
 
 
 Changed = Callable[[str], list[str]]  # folder -> the .sql files the PR adds or changes
+
+
+def _folder(request: PrRequest, repo_dir: Path) -> str:
+    """The request's migrations folder, relative to the checkout ``repo_dir``."""
+    workdir = (repo_dir / request.working_directory).resolve()
+    return os.path.relpath(workdir / (request.migrations or ""), repo_dir)
+
+
+def _listing(changed: Changed | None, *, repo_dir: Path, event: Event, sandbox: Sandbox) -> Changed:
+    """``changed`` (the listener's tarballs), else git's diff of the checkout ``repo_dir``
+    between the pull request's base and head, asked once per folder: the decision (does the
+    pull request change migrations?) and the run (which files does it apply?) ask alike."""
+    known: dict[str, list[str]] = {}
+
+    def listed(folder: str) -> list[str]:
+        if folder not in known:
+            if changed is not None:
+                known[folder] = changed(folder)
+            else:
+                from pgoverlay.action import migrations
+
+                known[folder] = migrations.changed_files(
+                    repo_dir,
+                    folder,
+                    base_sha=event.base_sha or "",
+                    head_sha=event.head_sha,
+                    sandbox=sandbox,
+                )
+        return list(known[folder])
+
+    return listed
+
+
+def changes_migrations(
+    request: PrRequest, event: Event, *, repo_dir: Path, listed: Changed
+) -> bool | None:
+    """Whether the pull request adds or changes a .sql file under the request's migrations
+    folder (what `branch-when: migrations` asks); None when the request does not ask, or when
+    the files cannot be listed: the run then lists them again and its report says why."""
+    asked = when.needs_changes(request, event) and event.kind in ("open", "sync")
+    if not asked or not request.migrations or not event.base_sha:
+        return None
+    try:
+        return bool(listed(_folder(request, repo_dir)))
+    except (PgoverlayError, OSError) as err:
+        log.warning("cannot tell whether the pull request changes migrations: %s", err)
+        return None
 
 
 def _run_options(
@@ -184,18 +232,10 @@ class _Migrations:
             return [run], ""
         if not inputs.migrations:
             return [], ""
-        folder = os.path.relpath(workdir / inputs.migrations, repo_dir)
+        folder = _folder(inputs, repo_dir)
         if inputs.migrations_select == "changed" and event.pr is not None and event.base_sha:
-            files = (
-                self.changed(folder)
-                if self.changed is not None
-                else migrations.changed_files(
-                    repo_dir,
-                    folder,
-                    base_sha=event.base_sha,
-                    head_sha=event.head_sha,
-                    sandbox=options.sandbox,
-                )
+            files = _listing(self.changed, repo_dir=repo_dir, event=event, sandbox=options.sandbox)(
+                folder
             )
         else:
             files = migrations.all_files(repo_dir, folder)
@@ -251,9 +291,12 @@ def handle(
     only. A fork's ``migrate_command`` runs only with ``fork_commands`` (the Action's
     `allow-fork-commands`; the listener never sets it). ``refused`` is why the front end's
     policy does not branch this pull request: its report is returned, and the front end says
-    it (no comment is written here). ``asked`` is the request whose run options the record
-    keeps when ``inputs`` adds what the head itself fixes (the listener's repository file).
+    it (no comment is written here). A pull request `branch-when` does not want gets the same,
+    and loses its branch if it has one (that is said in its comment). ``asked`` is the request
+    whose run options the record keeps when ``inputs`` adds what the head itself fixes (the
+    listener's repository file).
     """
+    event = as_work(event, inputs)  # a `branch-when` label added or taken off: an open, a sync
     if event.kind not in WORK_KINDS:
         return Outcome(report=None, branch=None)
     name = check_name(branch_name(event, inputs.branch_name))
@@ -261,7 +304,12 @@ def handle(
     # never refused): the engine is not asked.
     current = None if refused and event.kind != "close" else engine.branch(name)
     last = record.of(current)
-    decision = decide(event, current, last, asked or inputs, refused=refused)
+    # Listed once, for the decision and then the run
+    changed = _listing(changed, repo_dir=repo_dir, event=event, sandbox=sandbox)
+    changes = (
+        None if refused else changes_migrations(inputs, event, repo_dir=repo_dir, listed=changed)
+    )
+    decision = decide(event, current, last, asked or inputs, refused=refused, changes=changes)
     if decision.action == "skip":
         echo(f"no branch {name} to destroy")
         # One its ttl or a person destroyed may have left its Deployment active: retire it.
@@ -269,7 +317,9 @@ def handle(
             retire_deployments(github, event, inputs, name) if event.kind == "close" else (None, "")
         )
         return Outcome(report=None, branch=None, deployment=deployed, deployment_error=deploy_error)
-    if decision.action == "refuse" and decision.status == "not branched":
+    if decision.action == "unwanted" or (
+        decision.action == "refuse" and decision.status == "not branched"
+    ):
         report = refusal(event, inputs.branch_name, decision.why, status=decision.status)
         return Outcome(report=dataclasses.replace(report, run_url=run_url), branch=None)
     # Our comment and deployments are looked for now, while the branch and its migrations
@@ -350,7 +400,9 @@ class _Run:
         if decision.action == "destroy":
             assert current is not None
             with _timed(self.timings, "branch"):
-                return self.destroy(current, skeleton), None, None
+                # why: the pull request no longer wants a branch ('' for a close)
+                gone = dataclasses.replace(skeleton, message=decision.why)
+                return self.destroy(current, gone), None, None
         if decision.action == "report":
             assert current is not None and last is not None
             self.echo(f"branch {name} is already up to date with {event.head_sha[:7]}")
@@ -403,6 +455,7 @@ class _Run:
                     name=name,
                     base=inputs.base,
                     ttl_seconds=inputs.ttl_seconds(),
+                    suspend_after_seconds=inputs.suspend_after_seconds(),
                     runtime=None if inputs.runtime == "auto" else inputs.runtime,
                     repository=event.repository,
                     pr=event.pr,

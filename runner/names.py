@@ -42,6 +42,26 @@ def parse_seconds(text: str, *, whole: bool = False, units: str = "") -> float:
     return seconds
 
 
+_BARE_SECONDS_RE = re.compile(r"^\d+(?:\.\d+)?$")
+
+
+def parse_idle_seconds(text: str) -> float:
+    """'10m', '2h', '600', '0' -> seconds: how long a branch may sit with no connection before
+    it is suspended (a bare number is seconds; 0: never; otherwise at least a second, as the
+    engine looks for idle branches every few seconds). Durations are ``parse_seconds``'."""
+    bare = text.strip()
+    try:
+        seconds = float(bare) if _BARE_SECONDS_RE.match(bare) else parse_seconds(bare)
+    except ConfigError:
+        seconds = -1.0
+    if seconds < 0 or 0 < seconds < 1:
+        raise ConfigError(
+            f"cannot read idle time {text!r}: use 0 (never), a number of seconds of at least 1, "
+            "or a number and a unit s, m, h, d or w (e.g. 10m, 2h)"
+        )
+    return seconds
+
+
 _BAD_HBA_CHARACTERS = ('"', "\n", "\r", "\0")
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
 
-from pgoverlay.errors import SettingError
+from pgoverlay.errors import ConfigError, SettingError
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
@@ -46,17 +46,19 @@ T = TypeVar("T")
 
 
 class _Bounded:
-    __slots__ = ("default", "bounds", "among")
+    __slots__ = ("default", "bounds", "among", "convert")
 
     def __init__(
         self,
         default: object,
         bounds: dict[str, float | None],
         among: Callable[[], tuple[str, ...]] | None = None,
+        convert: Callable[[object], Any] | None = None,
     ) -> None:
         self.default = default
         self.bounds = bounds
         self.among = among
+        self.convert = convert
 
 
 def bounded(
@@ -70,6 +72,12 @@ def one_of(default: str, among: Callable[[], tuple[str, ...]]) -> str:
     """A text field's default, and where the values it may take are listed: read when a value
     is checked, so a name added to that list is accepted at once."""
     return cast(str, _Bounded(default, {}, among))
+
+
+def idle_seconds(default: float) -> float:
+    """A field of seconds that may also be written as a duration ("10m", "2h"; 0: never), as
+    the Action's ``suspend-after`` input is."""
+    return cast(float, _Bounded(default, {"ge": 0}, convert=_to_idle_seconds))
 
 
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
@@ -103,6 +111,19 @@ def _to_float(value: object) -> float:
         return float(str(value).strip())
     except ValueError:
         raise ValueError("should be a number (seconds)") from None
+
+
+def _to_idle_seconds(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    from pgoverlay.runner.names import parse_idle_seconds
+
+    try:
+        return parse_idle_seconds(str(value))
+    except ConfigError:
+        raise ValueError(
+            "should be a number of seconds (0: never) or a duration (e.g. 10m, 2h)"
+        ) from None
 
 
 def _to_path(value: object) -> Path:
@@ -237,6 +258,13 @@ class Settings:
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
     service_gc_interval: float = bounded(300.0, ge=0)
+    # A ready branch with no connection for this long is suspended by the service (its server
+    # stopped, its layer kept; the next connection through the front door wakes it): seconds,
+    # or a duration (10m, 2h); 0: never. A branch created with its own (the Action's
+    # `suspend-after`) keeps that. The service looks for idle branches every
+    # service_idle_interval seconds (0: it never looks, and no branch is suspended on its own).
+    suspend_after: float = idle_seconds(600.0)
+    service_idle_interval: float = bounded(20.0, ge=0)
     # The front door (`pgoverlay door`): one TCP port speaking the Postgres protocol for every
     # branch, over TLS, and the branch pages over HTTPS. Started as root, it binds its ports and
     # reads its key, then runs as door_user and reaches the engine only through its socket.
@@ -414,12 +442,15 @@ def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
             found[name] = (given.default, given.bounds)
             if given.among is not None:
                 _AMONG[name] = given.among
+            if given.convert is not None:
+                _OWN_CONVERT[name] = given.convert
         else:
             found[name] = (given, {})
     return found
 
 
 _AMONG: dict[str, Callable[[], tuple[str, ...]]] = {}  # a field's values, listed elsewhere
+_OWN_CONVERT: dict[str, Callable[[object], Any]] = {}  # a field read otherwise than its type
 
 
 _FIELDS = _fields()
@@ -429,7 +460,7 @@ _TYPES = get_type_hints(Settings)
 def _check(name: str, bounds: dict[str, float | None], raw: object) -> object:
     """``raw`` as field ``name``'s type, within its bounds; a SettingError says why not."""
     try:
-        value: Any = _converter(_TYPES[name])(raw)
+        value: Any = _OWN_CONVERT.get(name, _converter(_TYPES[name]))(raw)
     except ValueError as exc:
         raise SettingError(name, str(exc)) from None
     among = _AMONG.get(name)

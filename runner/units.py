@@ -1,6 +1,6 @@
-"""Sizes as people read them, and as Postgres's memory settings write them. Its own module,
-free of the engine's imports: the CLI, the Action's comment and the reports format sizes, and a
-branch reads its settings, without importing the branch or seed packages."""
+"""Sizes and durations as people read them, and sizes as Postgres's memory settings write them.
+Its own module, free of the engine's imports: the CLI, the Action's comment and the reports
+format sizes, and a branch reads its settings, without importing the branch or seed packages."""
 
 from __future__ import annotations
 
@@ -22,6 +22,29 @@ def format_bytes(n: int) -> str:
         value /= 1024
         index += 1
     return f"{value:.{1 if index < 2 else 2}f} {_UNITS[index]}"
+
+
+_DURATION_UNITS = (("d", 86400), ("h", 3600), ("m", 60))
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest unit that counts them whole, as a duration is written in the
+    inputs and settings ("10m", "2h", "7d", "90s", "1.5s"): what `runner.names` reads back."""
+    for unit, size in _DURATION_UNITS:
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def idle_rule(seconds: float) -> str:
+    """What happens to a branch nobody uses, after ``seconds`` of it (0: never): the words the
+    CLI, the branch page and the PR comment say it in."""
+    if seconds <= 0:
+        return "never suspended"
+    return (
+        f"suspended after {format_duration(seconds)} with no connection: wakes on the next "
+        "connection"
+    )
 
 
 _SETTING_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}

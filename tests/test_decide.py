@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from pgoverlay.action import record
 from pgoverlay.action.conclusion import conclude, refusal
@@ -22,6 +24,7 @@ from pgoverlay.action.event import Event, Kind
 from pgoverlay.action.insight.model import MigrationInsight, Verdict, Volume
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.action.request import Inputs, PrRequest
+from pgoverlay.errors import RequestError
 from pgoverlay.runner.service.views import BranchView, Record
 from pgoverlay.webhook.settings import RepoSettings
 
@@ -407,3 +410,305 @@ def test_a_report_passes_unless_its_branch_migrations_or_thresholds_fail(
         fail_on_migration_error=fail_on_migration_error,
     )
     assert (end.cause, end.line, end.passed) == (cause, line, not cause)
+
+
+# -- branch-when: which pull requests get a branch ---------------------------------------------
+
+BY_LABEL = Inputs(migrations="db/migrations", branch_when="label:db")
+BY_MIGRATIONS = Inputs(migrations="db/migrations", branch_when="migrations")
+NO_LABEL = "this pull request does not carry the label `db` (branch-when: label:db)"
+NO_MIGRATIONS = (
+    "this pull request adds or changes no .sql file under db/migrations (branch-when: migrations)"
+)
+
+
+def labelled(
+    kind: Kind = "sync", *, labels: tuple[str, ...] = (), label: str = "", fork: bool = False
+) -> Event:
+    """``an_event`` with the pull request's ``labels``; ``label``: the one a `labeled`
+    (``kind`` label) or `unlabeled` (``unlabel``) event added or took off."""
+    action = {"label": "labeled", "unlabel": "unlabeled"}.get(kind)
+    ev = an_event(kind, fork=fork)
+    return dataclasses.replace(ev, labels=labels, label=label, action=action or ev.action)
+
+
+def not_wanted(why: str) -> Decision:
+    return Decision("unwanted", why=f"no branch: {why}", status="not branched")
+
+
+# (what happens, the event, its branch, its record, the request, the policy's refusal, whether
+# the pull request changes migrations) -> what the workflow does
+WHEN_CASES = [
+    (
+        "always, no migration changed",
+        an_event("open"),
+        None,
+        None,
+        ASKED,
+        "",
+        False,
+        Decision("create"),
+    ),
+    ("label: opened without it", labelled("open"), None, None, BY_LABEL, "", None, NO_LABEL),
+    (
+        "label: opened with it",
+        labelled("open", labels=("db", "ui")),
+        None,
+        None,
+        BY_LABEL,
+        "",
+        None,
+        Decision("create"),
+    ),
+    (
+        "label: added (a payload listing it or not)",
+        labelled("label", label="db"),
+        None,
+        None,
+        BY_LABEL,
+        "",
+        None,
+        Decision("create"),
+    ),
+    (
+        "label: added again to a head already done",
+        labelled("label", labels=("db",), label="db"),
+        a_branch(),
+        a_record(asked=BY_LABEL),
+        BY_LABEL,
+        "",
+        None,
+        Decision("report", ran=True),
+    ),
+    (
+        "label: another label added",
+        labelled("label", labels=("ui",), label="ui"),
+        None,
+        None,
+        BY_LABEL,
+        "",
+        None,
+        Decision("skip", why="a labeled event needs no branch"),
+    ),
+    (
+        "label: taken off its branch (a payload still listing it or not)",
+        labelled("unlabel", labels=("db", "ui"), label="db"),
+        a_branch(),
+        a_record(asked=BY_LABEL),
+        BY_LABEL,
+        "",
+        None,
+        Decision("destroy", why=NO_LABEL),
+    ),
+    (
+        "label: taken off, no branch",
+        labelled("unlabel", label="db"),
+        None,
+        None,
+        BY_LABEL,
+        "",
+        None,
+        NO_LABEL,
+    ),
+    (
+        "label: another label taken off",
+        labelled("unlabel", labels=("db",), label="ui"),
+        a_branch(),
+        a_record(asked=BY_LABEL),
+        BY_LABEL,
+        "",
+        None,
+        Decision("skip", why="a unlabeled event needs no branch"),
+    ),
+    (
+        "label: pushed without it, branch made before",
+        labelled(),
+        a_branch(),
+        a_record(asked=BY_LABEL),
+        BY_LABEL,
+        "",
+        None,
+        Decision("destroy", why=NO_LABEL),
+    ),
+    (
+        "label: pushed with it, at another head",
+        labelled(labels=("db",)),
+        a_branch(),
+        a_record(head=OTHER, asked=BY_LABEL),
+        BY_LABEL,
+        "",
+        None,
+        Decision("reset"),
+    ),
+    (
+        "label: closed without it",
+        labelled("close"),
+        a_branch(),
+        a_record(),
+        BY_LABEL,
+        "",
+        None,
+        Decision("destroy"),
+    ),
+    (
+        "label: taken off, the name another repository's",
+        labelled("unlabel", label="db"),
+        a_branch(repository="other/blog"),
+        None,
+        BY_LABEL,
+        "",
+        None,
+        NO_LABEL,
+    ),
+    (
+        "label: a fork without it, refused",
+        labelled("open", fork=True),
+        None,
+        None,
+        BY_LABEL,
+        FORK_REFUSED,
+        None,
+        NO_LABEL,
+    ),
+    (
+        "label: a fork with it, refused",
+        labelled("label", label="db", fork=True),
+        None,
+        None,
+        BY_LABEL,
+        FORK_REFUSED,
+        None,
+        Decision("refuse", why=FORK_REFUSED, status="not branched"),
+    ),
+    (
+        "migrations: none changed",
+        an_event("open"),
+        None,
+        None,
+        BY_MIGRATIONS,
+        "",
+        False,
+        NO_MIGRATIONS,
+    ),
+    (
+        "migrations: one changed",
+        an_event("open"),
+        None,
+        None,
+        BY_MIGRATIONS,
+        "",
+        True,
+        Decision("create"),
+    ),
+    (
+        "migrations: not known yet",
+        an_event("open"),
+        None,
+        None,
+        BY_MIGRATIONS,
+        "",
+        None,
+        Decision("create"),
+    ),
+    (
+        "migrations: a push took them back out",
+        an_event(head=OTHER),
+        a_branch(),
+        a_record(asked=BY_MIGRATIONS),
+        BY_MIGRATIONS,
+        "",
+        False,
+        Decision("destroy", why=NO_MIGRATIONS),
+    ),
+    (
+        "migrations: a push changes more",
+        an_event(head=OTHER),
+        a_branch(),
+        a_record(asked=BY_MIGRATIONS),
+        BY_MIGRATIONS,
+        "",
+        True,
+        Decision("reset"),
+    ),
+    (
+        "migrations: closed",
+        an_event("close"),
+        a_branch(),
+        a_record(),
+        BY_MIGRATIONS,
+        "",
+        False,
+        Decision("destroy"),
+    ),
+    (
+        "migrations: under a working directory",
+        an_event("open"),
+        None,
+        None,
+        dataclasses.replace(BY_MIGRATIONS, working_directory="./app"),
+        "",
+        False,
+        NO_MIGRATIONS.replace("db/migrations", "app/db/migrations"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("event", "branch", "last", "asked", "refused", "changes", "expected"),
+    [case[1:] for case in WHEN_CASES],
+    ids=[case[0] for case in WHEN_CASES],
+)
+def test_branch_when_decides_which_pull_requests_have_a_branch(
+    event: Event,
+    branch: BranchView | None,
+    last: record.PrRecord | None,
+    asked: PrRequest,
+    refused: str,
+    changes: bool | None,
+    expected: Decision | str,
+) -> None:
+    want = expected if isinstance(expected, Decision) else not_wanted(expected)
+    assert decide(event, branch, last, asked, refused=refused, changes=changes) == want
+
+
+def test_a_push_outside_a_pull_request_is_branched_whatever_branch_when_says() -> None:
+    push = dataclasses.replace(an_event(), kind="ref", pr=None, base_sha=None, action="push")
+    for asked in (BY_LABEL, BY_MIGRATIONS):
+        assert decide(push, None, None, asked, changes=False) == Decision("create")
+
+
+def test_the_actions_fork_policy_asks_about_a_label_that_makes_a_branch() -> None:
+    """Adding the `branch-when` label to a fork's pull request is an open: `allow-forks`
+    still decides; other labels ask nothing of it."""
+    label = labelled("label", label="db", fork=True)
+    assert "`allow-forks: true`" in fork_refusal(label, BY_LABEL)
+    assert fork_refusal(label, ASKED) == ""
+    assert fork_refusal(labelled("label", label="ui", fork=True), BY_LABEL) == ""
+
+
+@pytest.mark.parametrize(
+    ("written", "problem"),
+    [
+        ("sometimes", "branch_when: branch-when 'sometimes' is not one of `always`"),
+        ("label:", "branch_when: branch-when 'label:' is not one of"),
+        ("migrations:db", "branch_when: branch-when 'migrations:db' is not one of"),
+        ("label", "branch_when: branch-when 'label' is not one of"),
+    ],
+)
+def test_branch_when_refuses_what_it_cannot_read(written: str, problem: str) -> None:
+    with pytest.raises(RequestError, match=f"^{re.escape(problem)}"):
+        Inputs(branch_when=written)
+    with pytest.raises(ValidationError, match=re.escape(problem.partition(": ")[2])):
+        RepoSettings.model_validate({"branch_when": written})
+
+
+def test_branch_when_migrations_needs_a_migrations_folder() -> None:
+    with pytest.raises(RequestError, match=r"^`branch-when: migrations` needs `migrations` \("):
+        Inputs(migrate_command="alembic upgrade head", branch_when="migrations")
+    with pytest.raises(RequestError, match="needs `migrations`, the folder of .sql files"):
+        Inputs(branch_when="migrations")
+    with pytest.raises(ValidationError, match="cannot tell which files are migrations"):
+        RepoSettings.model_validate({"migrate_command": "make", "branch_when": "migrations"})
+    assert Inputs(branch_when=" label: db ").branch_when == " label: db "
+    assert decide(labelled("open", labels=("db",)), None, None, Inputs(branch_when=" label: db "))
+    assert RepoSettings.model_validate({}).request().branch_when == "always"

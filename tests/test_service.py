@@ -319,7 +319,12 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
         return log.read_text()[since:]
 
     # What the test service runs with (the suite's environment turns autostart off).
-    same = {**env, "PGOVERLAY_SERVICE_GC_INTERVAL": "0", "PGOVERLAY_SERVICE_AUTOSTART": "true"}
+    same = {
+        **env,
+        "PGOVERLAY_SERVICE_GC_INTERVAL": "0",
+        "PGOVERLAY_SUSPEND_AFTER": "0",
+        "PGOVERLAY_SERVICE_AUTOSTART": "true",
+    }
     start = len(log.read_text())
     made = cli(["branch", "create", "root-svc", "--json", "--base", base.name], env=same)
     assert made.returncode == 0, made.stderr

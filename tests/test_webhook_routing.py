@@ -89,3 +89,27 @@ def test_a_repository_file_is_validated_and_limited_to_safe_keys(tmp_path: Path)
     (tmp_path / ".pgoverlay.yml").write_text("migrations-select: everything\n")
     with pytest.raises(ConfigError, match="migrations_select"):
         Worker._repo_file(tmp_path, Inputs())
+
+
+def test_the_branch_when_label_added_or_taken_off_makes_a_job_and_no_other_label_does() -> None:
+    settings = WebhookSettings(
+        secret="s",
+        token="t",
+        repositories={"Codertocat/Hello-World": {"fork_label": "db-ok", "branch_when": "label:db"}},
+    )
+    labeled = load("pull_request.labeled")
+    for action, name, kind in (
+        ("labeled", "db", "label"),
+        ("unlabeled", "db", "unlabel"),
+        ("labeled", "db-ok", "label"),
+    ):
+        payload = {**labeled, "action": action, "label": {"name": name}}
+        routed = route(delivery(payload), settings)
+        assert isinstance(routed, Routed) and routed.kind == kind, (action, name)
+        assert routed.event.event.label == name
+    for action, name in (("unlabeled", "db-ok"), ("labeled", "bug"), ("unlabeled", "bug")):
+        payload = {**labeled, "action": action, "label": {"name": name}}
+        assert isinstance(route(delivery(payload), settings), str), (action, name)
+    # Without `branch-when: label:...`, taking a label off is no job
+    unlabeled = {**labeled, "action": "unlabeled", "label": {"name": "db-ok"}}
+    assert isinstance(route(delivery(unlabeled), SETTINGS), str)

@@ -57,8 +57,12 @@ def test_pull_request_actions_map_to_what_the_workflow_does() -> None:
     assert parse(payload("synchronize")).kind == "sync"
     closed = parse(payload("closed"))
     assert (closed.kind, closed.merged) == ("close", False)
-    assert parse(payload("labeled")).kind == "label"  # the listener's fork approval
-    assert "label" not in event.WORK_KINDS  # the Action does nothing for it
+    labeled = parse(payload("labeled"))
+    assert labeled.kind == "label"  # the listener's fork approval, or a `branch-when` label
+    assert labeled.label == "bug" and labeled.labels == ("bug",)
+    unlabeled = parse({**payload("labeled"), "action": "unlabeled"})
+    assert (unlabeled.kind, unlabeled.label) == ("unlabel", "bug")
+    assert {"label", "unlabel"}.isdisjoint(event.WORK_KINDS)  # unless `branch-when` names it
     edited = {**payload("opened"), "action": "edited"}
     assert parse(edited).kind == "ignore"
 
@@ -263,7 +267,10 @@ def test_the_docs_describe_every_input_and_every_repository_setting() -> None:
     from pgoverlay.webhook.settings import RepoSettings
 
     action_md = (ROOT / "docs" / "action.md").read_text()
-    inputs = {request.input_name(f) for f in names(Inputs)} | {"github-token"}
+    # the request's fields, and the inputs the job's variables carry (github-token, server, ...)
+    job = {v for names in main.JobEnv.VARIABLES.values() for v in names if v.startswith("INPUT_")}
+    inputs = {request.input_name(f) for f in names(Inputs)}
+    inputs |= {v.removeprefix("INPUT_").lower().replace("_", "-") for v in job}
     assert _table_keys(action_md, "\n## Inputs\n", "\n## Outputs\n") == inputs
     webhook_md = (ROOT / "docs" / "webhook.md").read_text()
     keys = _table_keys(webhook_md, "\n### Per repository\n", "**Forks.**")
@@ -758,3 +765,145 @@ def test_the_actions_step_re_run_with_a_changed_input_runs_again(
         assert two.exists()
     finally:
         branch.destroy(pool, "hello-world-pr-2")
+
+
+# -- branch-when: a branch only when the pull request wants one ---------------------------------
+
+
+def labelled(kind: event.Kind, label: str = "", *labels: str) -> event.Event:
+    action = {"open": "opened", "sync": "synchronize", "label": "labeled", "unlabel": "unlabeled"}
+    ev = dataclasses.replace(pr_event(kind=kind), action=action[kind])
+    return dataclasses.replace(ev, label=label, labels=labels)
+
+
+def test_a_pull_request_has_a_branch_while_it_carries_the_branch_when_label(
+    pool: Pool, base: BaseVersion, tmp_path: Path, github: tuple[FakeGitHub, GitHub]
+) -> None:
+    fake, client = github
+    asked = Inputs(branch_when="label:needs-db", insight=False, deployment=False)
+    engine = LocalEngine(pool)
+    try:
+        opened = handle(pool, labelled("open"), asked, repo_dir=tmp_path, github=client)
+        assert opened.report is not None and opened.report.status == "not branched"
+        assert opened.report.message == (
+            "no branch: this pull request does not carry the label `needs-db` (branch-when: "
+            "label:needs-db)"
+        )
+        assert engine.branch("shop-pr-5") is None
+        assert fake.requests == [], "nothing is written on a pull request never branched"
+
+        other = handle(pool, labelled("label", "ui", "ui"), asked, repo_dir=tmp_path, github=client)
+        assert other.report is None and engine.branch("shop-pr-5") is None
+
+        added = handle(
+            pool, labelled("label", "needs-db", "needs-db"), asked, repo_dir=tmp_path, github=client
+        )
+        assert added.report is not None and added.report.status == "ready", added.report
+        assert engine.branch("shop-pr-5") is not None
+        assert added.comment is not None and added.comment.action == "created"
+
+        removed = handle(
+            pool, labelled("unlabel", "needs-db"), asked, repo_dir=tmp_path, github=client
+        )
+        assert removed.report is not None and removed.report.status == "destroyed"
+        assert engine.branch("shop-pr-5") is None
+        [body] = [c["body"] for c in fake.state.comments if c["issue"] == 5]
+        assert (
+            "was destroyed: this pull request does not carry the label `needs-db` "
+            "(branch-when: label:needs-db)." in body.replace("\\", "")
+        ), body
+        writes = len([r for r in fake.requests if r["method"] != "GET"])
+
+        pushed = handle(pool, labelled("sync"), asked, repo_dir=tmp_path, github=client)
+        assert pushed.report is not None and pushed.report.status == "not branched"
+        assert len([r for r in fake.requests if r["method"] != "GET"]) == writes
+    finally:
+        if engine.branch("shop-pr-5") is not None:
+            branch.destroy(pool, "shop-pr-5")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.com",
+            "PATH": "/usr/bin:/bin",
+        },
+    ).stdout.strip()
+
+
+def test_the_step_branches_only_a_pull_request_that_changes_migrations(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`branch-when: migrations`: the checkout's diff against the base says; a pull request
+    that changes none gets a summary saying why and `status: skipped`; one that does is
+    branched; a push that takes its migrations back out destroys its branch."""
+    work = tmp_path / "work"
+    (work / "db" / "migrations").mkdir(parents=True)
+    git(work, "init", "-q", "-b", "main")
+    (work / "db/migrations/001_base.sql").write_text("CREATE TABLE t_base ();\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "base")
+    first = git(work, "rev-parse", "HEAD")
+    (work / "README.md").write_text("docs only\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "docs")
+    data = payload("synchronize")
+    data["pull_request"]["base"]["sha"] = first
+
+    def step(head: str) -> tuple[int, dict[str, str], str, str]:
+        data["pull_request"]["head"]["sha"] = head
+        env = job_env(
+            tmp_path,
+            pool,
+            data,
+            comment="false",
+            deployment="false",
+            insight="false",
+            migrations="db/migrations",
+            branch_when="migrations",
+        )
+        for key, value in {**env, "GITHUB_WORKSPACE": str(work)}.items():
+            monkeypatch.setenv(key, value)
+        (tmp_path / "output").unlink(missing_ok=True)
+        (tmp_path / "summary").unlink(missing_ok=True)
+        out = io.StringIO()
+        code = main.run(out=out)
+        summary = (tmp_path / "summary").read_text()
+        return code, read_outputs(tmp_path / "output"), summary, out.getvalue()
+
+    why = (
+        "this pull request adds or changes no .sql file under db/migrations "
+        "(branch-when: migrations)"
+    )
+    try:
+        code, values, summary, log = step(git(work, "rev-parse", "HEAD"))
+        assert code == 0 and values["status"] == "skipped" and values["branch"] == ""
+        assert "**Not branched**" in summary and f"no branch: {why}" in summary
+        assert f"::notice title=No branch for this pull request::no branch: {why}" in log
+        assert pool.registry.branches() == []
+
+        (work / "db/migrations/002_new.sql").write_text("CREATE TABLE t_new ();\n")
+        git(work, "add", "-A")
+        git(work, "commit", "-qm", "a migration")
+        code, values, summary, log = step(git(work, "rev-parse", "HEAD"))
+        assert code == 0 and values["status"] == "ready", summary
+        assert values["branch"] == "hello-world-pr-2" and values["migrations-applied"] == "1"
+
+        (work / "db/migrations/002_new.sql").unlink()
+        git(work, "add", "-A")
+        git(work, "commit", "-qm", "not yet")
+        code, values, summary, log = step(git(work, "rev-parse", "HEAD"))
+        assert code == 0 and values["status"] == "destroyed"
+        assert f"was destroyed: {why}." in summary.replace("\\", ""), summary
+        assert pool.registry.branches() == []
+    finally:
+        if any(b.name == "hello-world-pr-2" for b in pool.registry.branches()):
+            branch.destroy(pool, "hello-world-pr-2")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from pgoverlay.action import event as events
+from pgoverlay.action import when
 from pgoverlay.webhook.payload import PullRequestEvent
 from pgoverlay.webhook.settings import WebhookSettings
 
@@ -40,6 +41,7 @@ def job_event(delivery: PullRequestEvent) -> JobEvent:
             delivery.action,
             delivery.pull_request.model_dump(),
             repository=delivery.repository.full_name,
+            label=delivery.label.name if delivery.label else "",
         ),
         sender=delivery.sender.login if delivery.sender else "",
         installation=delivery.installation.id if delivery.installation else None,
@@ -55,12 +57,16 @@ def route(delivery: PullRequestEvent, settings: WebhookSettings) -> Routed | str
     repo = settings.repo(repository)
     if repo is None:
         return f"repository {repository} is not in the allow-list"
-    if kind == "label" and (delivery.label is None or delivery.label.name != repo.fork_label):
-        return "a label other than the fork approval label"
+    job = job_event(delivery)
+    if kind in ("label", "unlabel"):
+        # Adding the fork approval label, or adding or taking off the `branch-when` label
+        approves = kind == "label" and job.event.label == repo.fork_label
+        if not approves and not when.labelled(job.event, repo.request()):
+            return "a label other than the fork approval label or the branch-when label"
     return Routed(
         repository=repository,
         pr=delivery.number,
         kind=kind,
         head_sha=delivery.pull_request.head.sha,
-        event=job_event(delivery),
+        event=job,
     )

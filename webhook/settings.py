@@ -56,7 +56,9 @@ class _Request(BaseModel):
     @model_validator(mode="after")
     def _whole(self) -> _Request:
         problem = whole_problem(
-            getattr(self, "migrations", None), getattr(self, "migrate_command", None)
+            getattr(self, "migrations", None),
+            getattr(self, "migrate_command", None),
+            branch_when=getattr(self, "branch_when", None),
         )
         if problem:
             raise PydanticCustomError("invalid_request", "{message}", {"message": problem})

@@ -23,7 +23,7 @@ import yaml
 from pgoverlay.action import event as events
 from pgoverlay.action import record
 from pgoverlay.action.conclusion import conclude, refusal
-from pgoverlay.action.decide import decide
+from pgoverlay.action.decide import as_work, decide
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.migrations import changed_between
@@ -266,15 +266,27 @@ class Worker:
             return self._close(engine, job, now, request, github)
         if not now.open:
             return Done("the pull request is closed: nothing to do")
-        if job.kind == "label" and not now.event.from_fork:
+        # A fork's approval: its label added (a job queued before labels were kept names none)
+        approving = job.kind == "label" and now.event.label in ("", repo.fork_label)
+        approving = approving and now.event.from_fork
+        ev = dataclasses.replace(now.event, labels=tuple(now.labels))
+        ev = dataclasses.replace(ev, kind="open") if approving else as_work(ev, request)
+        if ev.kind not in events.WORK_KINDS:
             return Done("label needs no work")
-        ev = dataclasses.replace(now.event, kind="open" if job.kind == "label" else now.event.kind)
-        refused = self._admit(github, job, delivered, now.labels, ev, repo)
+        refused = self._admit(github, job, delivered, now.labels, ev, repo, approving=approving)
         if isinstance(refused, Done):
             return refused
         # A pull request the policy refuses is refused whatever its branch: the engine is not asked.
         current = None if refused else engine.branch(events.branch_name(ev, request.branch_name))
         decision = decide(ev, current, record.of(current), request, refused=refused)
+        if decision.action in ("unwanted", "destroy"):
+            # `branch-when` does not want it (a label it lacks: migrations are known only once
+            # the sources are fetched, and handle() asks then)
+            outcome = handle(
+                engine, ev, request, settings=self.runner, repo_dir=Path("/"), github=github
+            )
+            self._say_deployment(job, outcome)
+            return self._end(github, ev, request, outcome)
         if decision.action == "refuse":
             report = self._refuse(github, ev, request, decision.status, decision.why)
             return (
@@ -310,13 +322,18 @@ class Worker:
         labels: list[str],
         ev: events.Event,
         repo: RepoSettings,
+        *,
+        approving: bool,
     ) -> str | Done:
         """Why the listener's policy (forks, drafts, a maintainer's label) does not branch this
-        pull request, '' when it may; or how the job ends when a fork's verdict says nothing."""
+        pull request, '' when it may; or how the job ends when a fork's verdict says nothing.
+        ``approving``: the job is the fork label's."""
         refusal = self._refusal(ev, repo)
         if refusal or not ev.from_fork:
             return refusal
-        verdict = self._fork_verdict(github, job, delivered, labels, ev, repo.fork_label)
+        verdict = self._fork_verdict(
+            github, job, delivered, labels, ev, repo.fork_label, approving=approving
+        )
         if verdict.quiet:
             return Done(f"not branched: {verdict.reason}")
         return verdict.reason
@@ -368,6 +385,11 @@ class Worker:
             except PgoverlayError as err:  # left for the start-up clean-up
                 log.warning("job %s: could not remove its scratch folder: %s", job.id, err)
         self._say_deployment(job, outcome)
+        return self._end(github, ev, request, outcome)
+
+    def _end(self, github: GitHub, ev: events.Event, request: PrRequest, outcome: Outcome) -> Done:
+        """The commit status for how the run ended (a pull request `branch-when` does not want:
+        success, saying why it has no branch), and the job's result."""
         if outcome.report is None:
             return Done("nothing to do")
         end = conclude(outcome.report, fail_on_threshold=request.fail_on_threshold)
@@ -386,7 +408,8 @@ class Worker:
         except GitHubError as err:
             raise TransientError(str(err)) from None
         action = delivered.event.action if delivered else "closed"
-        ev = events.from_pull(action, pull, repository=job.repository)
+        label = delivered.event.label if delivered else ""
+        ev = events.from_pull(action, pull, repository=job.repository, label=label)
         return Current(ev, open=pull.get("state") == "open", labels=labels)
 
     def _fork_verdict(
@@ -397,9 +420,13 @@ class Worker:
         labels: list[str],
         ev: events.Event,
         label: str,
+        *,
+        approving: bool,
     ) -> forks.Verdict:
         """Whether this fork's head may run (see ``forks.decide``), and its side effects: an
-        approval recorded, or the label taken off. ``labels`` are the PR's labels now."""
+        approval recorded, or the label taken off. ``labels`` are the PR's labels now;
+        ``approving``: the job is ``label``'s (any other job asks about its head)."""
+        kind = "label" if approving else ev.kind
         sender = delivered.sender if delivered else ""
         labelled_sha = job.head_sha  # the head the delivery (for a label job, the label) saw
         pending = any(
@@ -408,10 +435,10 @@ class Worker:
         )
         try:
             can_write = (
-                job.kind == "label" and label in labels and github.can_write(ev.repository, sender)
+                kind == "label" and label in labels and github.can_write(ev.repository, sender)
             )
             verdict = forks.decide(
-                kind=job.kind,
+                kind=kind,
                 label=label,
                 labels=labels,
                 head_sha=ev.head_sha,

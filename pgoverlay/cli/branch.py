@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
 from pgoverlay.errors import BranchMissingError
-from pgoverlay.runner.names import check_name, parse_seconds
+from pgoverlay.runner.names import check_name, parse_idle_seconds, parse_seconds
 from pgoverlay.runner.runtime import table as runtimes
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
 
     engine = common.engine()
     ttl = int(parse_seconds(args.ttl, whole=True)) if args.ttl else None
+    idle = round(parse_idle_seconds(args.suspend_after)) if args.suspend_after else None
     started = time.monotonic()
     b = engine.create(
         CreateRequest(
@@ -43,6 +44,7 @@ def cmd_branch_create(args: argparse.Namespace) -> int:
             runtime=None if args.runtime in (None, "auto") else args.runtime,
             repository=args.repository,
             pr=args.pr,
+            suspend_after_seconds=idle,
         )
     )
     elapsed = time.monotonic() - started
@@ -121,7 +123,7 @@ def cmd_branch_list(args: argparse.Namespace) -> int:
         cells.append(
             (
                 b.name,
-                b.state,
+                _state(b),
                 {"running": "yes", "stopped": "no"}.get(b.liveness, b.liveness),
                 f"{b.base} v{b.base_version}",
                 str(b.port),
@@ -169,8 +171,27 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
             value = format_bytes(int(value))
         elif key.endswith("_at"):
             value = common.when(value)
+        elif key == "suspend_after":
+            value = _idle(found.suspend_after)
+        elif key == "state":
+            value = _state(found, how_it_wakes=True)
         out.line(f"{key}: {value}")
     return 0
+
+
+def _state(b: BranchView, *, how_it_wakes: bool = False) -> str:
+    """A branch's state as a person reads it: a suspended one says since when (and, with
+    ``how_it_wakes``, that its next connection wakes it)."""
+    if b.state != "suspended":
+        return b.state
+    since = f"suspended since {common.when(b.suspended_at)}"
+    return f"{since}: wakes on the next connection" if how_it_wakes else since
+
+
+def _idle(seconds: float | None) -> str:
+    from pgoverlay.runner.units import idle_rule
+
+    return "-" if seconds is None else idle_rule(seconds)
 
 
 def cmd_branch_connect(args: argparse.Namespace) -> int:
@@ -217,6 +238,11 @@ def register(sub: Subcommands) -> None:
         "service's limits count it)",
     )
     create.add_argument("--pr", type=int, help="the pull request the branch is for")
+    create.add_argument(
+        "--suspend-after",
+        help="suspend it after this long with no connection (e.g. 10m, 2h; 0: never; default "
+        "PGOVERLAY_SUSPEND_AFTER); its next connection wakes it",
+    )
     create.add_argument("--json", action="store_true")
     create.set_defaults(func=cmd_branch_create, lean=True)
     for verb, func, text in (

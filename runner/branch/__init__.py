@@ -41,6 +41,7 @@ from pgoverlay.runner.service.views import Connection
 # psycopg, and the login role's SQL (postgres/roles.py), are imported where a server is
 # talked to: `branch list` and the other views start without them.
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from concurrent.futures import Future
 
     import psycopg
@@ -462,11 +463,14 @@ def create(
     owner_uid: int = 0,
     owner_repository_id: int | None = None,
     quota: Quota | None = None,
+    suspend_after: float | None = None,
 ) -> Branch:
     """Create branch ``name`` of a base and wait until it accepts logins. ``repository``,
     ``pr``, ``owner_uid`` and ``owner_repository_id`` (the repository the front door vouched
-    for) record who asked for it (the engine service fills them in), and
-    ``quota`` the limits it is held to, checked in the transaction that registers it.
+    for) record who asked for it (the engine service fills them in), ``quota`` the limits it
+    is held to, checked in the transaction that registers it, and ``suspend_after`` the
+    seconds it may sit with no connection before the engine service suspends it (0: never;
+    None: the pool's ``suspend_after``, read when it is idle).
 
     A warm branch of the base's current version on the chosen runtime is claimed when one is
     ready: its name, password and owner are bound to it in one registry transaction, then its
@@ -492,6 +496,7 @@ def create(
             "pr": pr,
             "owner_uid": owner_uid,
             "owner_repository_id": owner_repository_id,
+            "suspend_after": suspend_after,
         }
         # Not durable (see Registry.transaction): after a host crash a lost claim is a warm
         # branch again, whose stopped server gets it retired; a lost "ready" leaves it
@@ -748,15 +753,26 @@ def restart(pool: Pool, branch: Branch) -> None:
 SUSPENDABLE = ("ready",)
 
 
-def suspend(pool: Pool, name: str) -> Branch:
+def suspend(
+    pool: Pool,
+    name: str,
+    *,
+    lock_wait: float | None = None,
+    unless: Callable[[Branch], bool] | None = None,
+) -> Branch:
     """Stop branch ``name``'s server cleanly (a fast shutdown: a checkpoint, then exit) and
     unmount its data: what is left is its writable layer, with its port, password, credentials
     and record, and it costs no memory and no process. State ``suspended``; a branch already
-    suspended is left as it is. A kill at any point leaves ``suspending``, which gc finishes."""
+    suspended is left as it is. A kill at any point leaves ``suspending``, which gc finishes.
+
+    ``lock_wait``: the seconds to wait for the branch's lock (default the pool's; 0: a busy
+    branch raises LockBusyError at once). ``unless`` is asked once the branch is marked
+    ``suspending``, under its lock: when it says the branch is in use, the branch is marked
+    ``ready`` again and left up (the idle watcher's last look; a front door connection that
+    arrives meanwhile sees ``suspending`` and waits on the lock, to find the branch up)."""
     check_name(name)
-    with flocks.hold(
-        pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
-    ):
+    wait = pool.settings.lock_wait if lock_wait is None else lock_wait
+    with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
         branch = _get(pool, name)
         if branch.state == "suspended":
             return branch
@@ -767,6 +783,9 @@ def suspend(pool: Pool, name: str) -> Branch:
             )
         pool.registry.update_branch(name, state="suspending", step="")
         fault(pool, "suspend:marked")
+        if unless is not None and branch.state == "ready" and unless(branch):
+            pool.registry.update_branch(name, state="ready", step="")
+            return _get(pool, name)
         finish_suspend(pool, branch)
     return _get(pool, name)
 
@@ -817,7 +836,10 @@ def finish_wake(pool: Pool, branch: Branch) -> None:
         runtime_for(pool, base, branch.runtime).stop(layout(pool, branch.key))
     restart(pool, branch)
     fault(pool, "wake:started")
-    pool.registry.update_branch(branch.name, state="ready", step="", suspended_at=None)
+    # ready since now: the idle watcher counts a woken branch's idle time from its wake
+    pool.registry.update_branch(
+        branch.name, state="ready", step="", suspended_at=None, ready_at=time.time()
+    )
 
 
 # -- views --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pgoverlay.action.record import PrRecord
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner.door.oauth import Access
 from pgoverlay.runner.service.views import BranchView
-from pgoverlay.runner.units import format_bytes
+from pgoverlay.runner.units import format_bytes, idle_rule
 
 LOCK_TABLES = 5  # tables listed per migration; the rest are counted
 ERROR_CHARS = 4000  # characters of a migration's error shown
@@ -115,7 +115,12 @@ def branch_page(
     nonce: str,
 ) -> str:
     """The branch: what it is, a form for a credential, and the last run's report."""
-    state = view.state if view.liveness == "running" else f"{view.state} ({view.liveness})"
+    if view.state == "suspended":
+        state = f"suspended since {_when(view.suspended_at)}: wakes on the next connection"
+    elif view.liveness == "running":
+        state = view.state
+    else:
+        state = f"{view.state} ({view.liveness})"
     layer = (
         f"{e(format_bytes(view.layer.physical_bytes))} on disk "
         f"({e(format_bytes(view.layer.logical_bytes))} logical)"
@@ -134,6 +139,8 @@ def branch_page(
         ("Created", e(_when(view.created_at))),
         ("Expires", e(_when(view.expires_at))),
     ]
+    if view.suspend_after is not None:
+        facts.append(("When idle", e(idle_rule(view.suspend_after))))
     kind = "read-write" if access == "read-write" else "read-only"
     form = (
         f'<form method="post" action="/b/{e(quote(view.name))}/credential">'

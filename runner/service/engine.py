@@ -46,6 +46,7 @@ from pgoverlay.errors import (
     RequestError,
 )
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import idle
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import WAKEABLE, Branch
@@ -255,6 +256,8 @@ class LocalEngine:
             created_at=b.created_at,
             ready_at=b.ready_at,
             expires_at=b.expires_at,
+            suspended_at=b.suspended_at,
+            suspend_after=idle.suspend_after(self.pool.settings, b),
             repository=b.repository,
             pr=b.pr,
             owner_uid=b.owner_uid,
@@ -399,6 +402,7 @@ class LocalEngine:
             owner_uid=self.uid,
             owner_repository_id=owner_repository_id,
             quota=quota,
+            suspend_after=request.suspend_after_seconds,
         )
         return self._view(created, layer=False, seconds=time.monotonic() - started)
 

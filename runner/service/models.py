@@ -91,8 +91,10 @@ def _within(field: str, value: float, *, low: float, high: float, low_open: bool
 
 class CreateRequest(Shape):
     """Create a branch ``name`` of ``base`` (the only base when not given), destroyed by gc
-    after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``. Every
-    caller but root must name the ``repository``: the service's limits count it."""
+    after ``ttl_seconds`` (at most 366 days), for ``repository``'s pull request ``pr``, and
+    suspended after ``suspend_after_seconds`` with no connection (0: never; not given: the
+    pool's ``suspend_after``). Every caller but root must name the ``repository``: the
+    service's limits count it."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     _checks: ClassVar[dict[str, dict[str, Any] | Callable[[], dict[str, Any]]]] = {
@@ -102,6 +104,7 @@ class CreateRequest(Shape):
         "runtime": _runtimes,
         "repository": _REPOSITORY,
         "pr": {"exclusiveMinimum": 0, "maximum": 2**31 - 1},
+        "suspend_after_seconds": {"minimum": 0, "maximum": MAX_TTL_SECONDS},
     }
 
     name: str
@@ -110,6 +113,7 @@ class CreateRequest(Shape):
     runtime: str | None = None  # a name in runtime.table
     repository: str | None = None
     pr: int | None = None
+    suspend_after_seconds: int | None = None
 
     def __post_init__(self) -> None:
         _name("name", self.name)
@@ -124,6 +128,10 @@ class CreateRequest(Shape):
         _repository(self.repository)
         if self.pr is not None:
             _within("pr", self.pr, low=0, high=2**31 - 1, low_open=True)
+        if self.suspend_after_seconds is not None:
+            _within(
+                "suspend_after_seconds", self.suspend_after_seconds, low=0, high=MAX_TTL_SECONDS
+            )
 
 
 class OwnerRequest(Shape):

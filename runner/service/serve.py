@@ -27,7 +27,7 @@ import uvicorn
 
 from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import polling, safefs
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import idle, warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.admission import SocketPolicy
@@ -44,6 +44,8 @@ SOCKET_MODE = 0o660
 # An idle connection between two requests is closed after this (uvicorn's own default).
 KEEP_ALIVE_SECONDS = 5
 MAX_DESCRIPTORS = 65536
+# Seconds between two top-ups of the warm branches (a claimed one is replaced within that).
+WARM_INTERVAL = 2.0
 
 
 def answering(settings: Settings) -> bool:
@@ -127,14 +129,19 @@ def serve(settings: Settings) -> None:
     server = uvicorn.Server(config)
     stop = threading.Event()
 
+    watcher = idle.Watcher()
+
     def housekeeping() -> None:
         """Warm branches topped up every 2 s (a claim is replaced within that); gc (TTLs,
-        crashed servers) every ``service_gc_interval`` s; stop when the pool or the socket is
-        gone."""
+        crashed servers) every ``service_gc_interval`` s; idle branches suspended, looked for
+        every ``service_idle_interval`` s; stop when the pool or the socket is gone."""
         gc_interval = settings.service_gc_interval
-        waited = 0.0
-        while not stop.wait(2.0):
-            waited += 2.0
+        idle_interval = settings.service_idle_interval
+        tick = min(WARM_INTERVAL, idle_interval) if idle_interval else WARM_INTERVAL
+        waited = {"warm": 0.0, "gc": 0.0, "idle": 0.0}
+        while not stop.wait(tick):
+            for job in waited:
+                waited[job] += tick
             try:
                 still_ours = os.stat(path).st_ino == inode
             except FileNotFoundError:
@@ -143,17 +150,28 @@ def serve(settings: Settings) -> None:
                 log.info("the pool or the service's socket is gone: stopping")
                 server.should_exit = True
                 return
-            try:
-                with contextlib.closing(Pool.open(settings)) as pool:
-                    done = warm.replenish(pool)
-                for made in done.started:
-                    log.info("started warm branch %s", made)
-                for gone in done.retired:
-                    log.info("retired warm branch %s", gone)
-            except Exception:  # the edge of a loop: log, try again next time
-                log.exception("starting warm branches failed")
-            if gc_interval and waited >= gc_interval:
-                waited = 0.0
+            if waited["warm"] >= WARM_INTERVAL:
+                waited["warm"] = 0.0
+                try:
+                    with contextlib.closing(Pool.open(settings)) as pool:
+                        done = warm.replenish(pool)
+                    for made in done.started:
+                        log.info("started warm branch %s", made)
+                    for gone in done.retired:
+                        log.info("retired warm branch %s", gone)
+                except Exception:  # the edge of a loop: log, try again next time
+                    log.exception("starting warm branches failed")
+            if idle_interval and waited["idle"] >= idle_interval:
+                waited["idle"] = 0.0
+                try:
+                    with contextlib.closing(Pool.open(settings)) as pool:
+                        lines = watcher.round(pool).lines()
+                    if lines:
+                        log.info("idle branches: %s", "; ".join(lines))
+                except Exception:  # the edge of a loop: log, try again next round
+                    log.exception("looking for idle branches failed")
+            if gc_interval and waited["gc"] >= gc_interval:
+                waited["gc"] = 0.0
                 try:
                     with contextlib.closing(Pool.open(settings)) as pool:
                         lines = gc.collect(pool).lines()

@@ -54,6 +54,11 @@ class BranchView(Shape):
     layer: Layer | None = None  # asked for by `list` and `status`; measuring it walks the layer
     record: Record | None = None
     seconds: float | None = None  # how long a create or reset took
+    # when it was suspended (state suspended: it wakes on its next connection), and the idle
+    # seconds after which the engine service suspends it (its own, else the pool's; 0: never;
+    # None: not said, by an engine older than suspending)
+    suspended_at: float | None = None
+    suspend_after: float | None = None
 
 
 class WarmView(Shape):

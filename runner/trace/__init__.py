@@ -353,6 +353,13 @@ def end(pool: Pool, name: str) -> TraceMark:
     return last
 
 
+def is_open(pool: Pool, name: str) -> bool:
+    """Whether this process holds an open trace of branch ``name`` (the insight observer is
+    watching it: the branch is in use, whether or not a client is connected)."""
+    with _REGISTRY_LOCK:
+        return (os.fspath(pool.home), name) in _TRACES
+
+
 def discard(pool: Pool, name: str) -> None:
     """Forget branch ``name``'s trace, if it has one, without a mark or removing anything (the
     branch is being reset or destroyed, or a new trace replaces it)."""
