@@ -59,6 +59,12 @@ class Machine:
         _ip("netns", "del", self.name, check=False)
         _ip("link", "del", self._host_if, check=False)  # the pair's deletion is asynchronous
 
+    def route_to(self, address: str) -> None:
+        """Reach ``address``, another of the host's own addresses (another machine's ``host``),
+        through this machine's pair: the host answers for any of its addresses on any link. The
+        route is for that one address: the machine still reaches nothing else."""
+        _ip("netns", "exec", self.name, "ip", "route", "add", f"{address}/32", "dev", self._peer_if)
+
     def command(self, argv: Sequence[str], *, user: str | None = None) -> list[str]:
         """``argv`` run inside the namespace (as ``user`` when given, through runuser)."""
         as_user = ["runuser", "-u", user, "--"] if user else []
