@@ -293,3 +293,22 @@ def test_a_registry_of_an_earlier_release_gains_the_owner_repository_column(
         assert reopened.branches() == []
     finally:
         reopened.close()
+
+
+def test_a_source_whose_tokens_are_refused_too_often_is_refused_before_any_is_looked_at(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Guessing tokens (or filling the engine's audit log with refused API tokens) goes no
+    faster than guessing passwords on the Postgres port: after `door_failed_logins` refused
+    tokens, the source gets 429 without its token being verified, a good one included."""
+    folder = tmp_path_factory.mktemp("api-ban")
+    env = {"PGOVERLAY_DOOR_FAILED_LOGINS": "3"}
+    with running_door(pool, base, folder, policy=POLICY, env=env) as door:
+        forged = sign(claims(door.issuer.url, now=time.time()), Key.make("key-of-nobody"))
+        for _ in range(3):
+            status, body, _ = door.call("GET", "/bases", token=forged)
+            assert status == 401, body
+        fetched = door.issuer.jwks_fetches
+        status, body, _ = door.call("GET", "/bases", token=door.of("acme/shop", SHOP_ID))
+        assert status == 429 and "too many refused tokens" in body["message"]
+        assert door.issuer.jwks_fetches == fetched  # nothing was verified for it

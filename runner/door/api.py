@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.door.guard import Guard
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Decision, Policy
 from pgoverlay.runner.service import acting, limits, tokens
@@ -168,7 +169,23 @@ def _listener_vouched(request: Request, token: str) -> Vouched:
 
 
 async def _caller(request: Request) -> RemoteEngine:
-    """The engine, for the repository of the request's verified and admitted token."""
+    """The engine, for the repository of the request's verified and admitted token. A source
+    whose tokens were refused ``door_failed_logins`` times within ``door_failed_window`` is
+    refused (429) before its next token is looked at, as the Postgres port refuses one that
+    failed as many logins: guessing API tokens, or filling the engine's audit log with refused
+    ones, goes no faster than guessing passwords."""
+    guard: Guard = request.app.state.guard
+    source = request.client.host if request.client else "unknown"
+    if guard.banned(source):
+        raise errors.LimitReachedError("too many refused tokens from this address: try again later")
+    try:
+        return await _verified(request)
+    except errors.TokenError:
+        guard.failed(source)
+        raise
+
+
+async def _verified(request: Request) -> RemoteEngine:
     token = bearer(request.headers.get("authorization"))
     engine_for: EngineFor = request.app.state.engine_for
     if tokens.looks_like(token):
@@ -279,6 +296,8 @@ def create_api(
     door_port: int,
     door_https_port: int = 443,
     app_sslmode: str = "verify-full",
+    failed_logins: int = 10,
+    failed_window: float = 300.0,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
     ``door`` is the engine as the door's own identity (no repository vouched for): it asks
@@ -302,6 +321,9 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
+    app.state.guard = Guard(
+        failed_logins=failed_logins, failed_window=failed_window, clock=time.monotonic
+    )
     app.state.door = door  # the door's own identity, which asks whether an API token is good
     holds = Holds()
 

@@ -199,6 +199,8 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         door_port=settings.door_port,
         door_https_port=settings.door_https_port,
         app_sslmode=settings.door_app_sslmode,
+        failed_logins=settings.door_failed_logins,
+        failed_window=settings.door_failed_window,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
