@@ -206,8 +206,9 @@ def read_outputs(path: Path) -> dict[str, str]:
 def front_door(bench: Bench, work: Path) -> Iterator[tuple[Any, Any]]:
     """The pool's door with the network API on, and the runner's token service for the server
     side's pull request; (the door, the token service)."""
-    from apikit import JobTokens, running_door
+    from apikit import running_door
 
+    from oidckit import TokenService, pull_request_job
     from pgoverlay.runner.pool import Pool
     from pgoverlay.runner.settings import Settings
 
@@ -219,13 +220,15 @@ def front_door(bench: Bench, work: Path) -> Iterator[tuple[Any, Any]]:
         folder = work / "door"
         folder.mkdir(parents=True, exist_ok=True)
         with running_door(pool, base, folder, policy=POLICY, audience="url") as api:
-            claims = {
-                "repository": REPO,
-                "repository_id": REPO_ID,
-                "ref": f"refs/pull/{SIDES['server']}/merge",
-            }
-            with JobTokens(api, claims=claims).serving() as tokens:
-                yield api, tokens
+            claims = pull_request_job(
+                repository=REPO,
+                repository_id=REPO_ID,
+                number=SIDES["server"],
+                head_ref="bench",
+                runner_environment="github-hosted",
+            )
+            with TokenService(api.issuer, api.key) as tokens:
+                yield api, tokens.add_job(**claims)
     finally:
         pool.close()
 
@@ -256,7 +259,7 @@ def measure(bench: Bench, work: Path, runs: int) -> dict[str, dict[str, list[flo
                 {
                     "INPUT_SERVER": api.server,
                     "INPUT_SERVER_CA": api.certs.ca_file.read_text(),
-                    **tokens.environ(),
+                    **tokens.env(),
                 },
             ),
         }

@@ -1,7 +1,6 @@
 """The front door with the engine's network API on, for tests: the real `pgoverlay door`
 (root prepares, then it runs as its own user), a test CA's certificate, a local OIDC issuer
-(oidckit) and a policy file; and ``JobTokens``, the runner's token service a job asks for its
-OIDC token (``ACTIONS_ID_TOKEN_REQUEST_URL``), minting them with that issuer."""
+(oidckit) and a policy file. A job's token endpoint is oidckit's ``TokenService``."""
 
 from __future__ import annotations
 
@@ -13,13 +12,10 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,69 +168,3 @@ def running_door(
             door.terminate()
             door.wait(timeout=30)
             log.close()
-
-
-@dataclass
-class JobTokens:
-    """The runner's OIDC token service: ``GET <url>&audience=X`` with ``Authorization: bearer
-    <request_token>`` answers ``{"value": <JWT>}``, the job's claims (``claims``, set by the
-    test per job) signed by ``api``'s issuer for audience X; another request token gets 401.
-    ``asked`` counts the tokens handed out."""
-
-    api: Api
-    address: str = "127.0.0.1"
-    request_token: str = "job-request-token-0123456789"
-    claims: dict[str, Any] = field(default_factory=dict)
-    asked: int = 0
-
-    @contextmanager
-    def serving(self) -> Iterator[JobTokens]:
-        tokens = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                if self.headers.get("Authorization") != f"bearer {tokens.request_token}":
-                    self._answer(401, {"message": "Bad credentials"})
-                    return
-                audience = query.get("audience", [""])[0]
-                repository = str(tokens.claims.get("repository", "acme/shop"))
-                repository_id = int(tokens.claims.get("repository_id", 2002))
-                extra = {
-                    k: v
-                    for k, v in tokens.claims.items()
-                    if k not in ("repository", "repository_id")
-                }
-                value = tokens.api.of(repository, repository_id, aud=audience, **extra)
-                tokens.asked += 1
-                self._answer(200, {"count": 1, "value": value})
-
-            def _answer(self, status: int, body: dict[str, Any]) -> None:
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer((self.address, 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        self.url = f"http://{self.address}:{server.server_address[1]}/_apis/token?api-version=2.0"
-        try:
-            yield self
-        finally:
-            server.shutdown()
-            server.server_close()
-
-    url: str = ""
-
-    def environ(self) -> dict[str, str]:
-        """What the runner sets for a job with `permissions: id-token: write`."""
-        return {
-            "ACTIONS_ID_TOKEN_REQUEST_URL": self.url,
-            "ACTIONS_ID_TOKEN_REQUEST_TOKEN": self.request_token,
-        }

@@ -20,9 +20,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from apikit import Api, JobTokens, running_door
+from apikit import Api, running_door
 
 from helpers import os_user
+from oidckit import TokenService, pull_request_job
 from pgoverlay.errors import ConfigError, LockBusyError, NotOwnerError, ServiceError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -183,8 +184,8 @@ def read_outputs(path: Path) -> dict[str, str]:
 class Job:
     """One job's files on the hosted runner, owned by its user."""
 
-    def __init__(self, api: Api, tokens: JobTokens) -> None:
-        self.api, self.tokens = api, tokens
+    def __init__(self, api: Api, token_env: dict[str, str]) -> None:
+        self.api, self.token_env = api, token_env
         self.user = os_user(HOSTED)
         self.dir = Path(tempfile.mkdtemp(prefix="pgo-hosted-"))
         self.workspace = self.dir / "workspace"
@@ -223,7 +224,7 @@ class Job:
             "INPUT_MIGRATIONS_SELECT": "all",
             "INPUT_COMMENT": "false",
             "INPUT_DEPLOYMENT": "false",
-            **self.tokens.environ(),
+            **self.token_env,
             **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
         }
         done = subprocess.run(
@@ -248,9 +249,15 @@ class Job:
 def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_the_server(
     api: Api, pool: Pool
 ) -> None:
-    claims = {"repository": "acme/shop", "repository_id": SHOP_ID, "ref": "refs/pull/41/merge"}
-    with JobTokens(api, claims=claims).serving() as tokens:
-        job = Job(api, tokens)
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=41,
+        head_ref="orders",
+        runner_environment="github-hosted",
+    )
+    with TokenService(api.issuer, api.key) as tokens:
+        job = Job(api, tokens.add_job(**claims).env())
         try:
             job.migration("001_orders.sql", "CREATE TABLE remote_orders (id int PRIMARY KEY);\n")
             code, log, out = job.run("opened", 41, "a" * 40)
@@ -267,7 +274,7 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             assert stored.owner_uid != job.user.pw_uid  # made by the door, for the repository
             # The password and URLs are masked before they are written; no token is logged.
             assert f"::add-mask::{out['password']}" in log
-            assert tokens.asked >= 1 and "eyJ" not in log
+            assert tokens.issued and "eyJ" not in log
             summary = (job.dir / "summary").read_text()
             assert "**Ready**" in summary and out["password"] not in summary
             ca = os.fspath(api.certs.ca_file)
@@ -293,13 +300,12 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
 
 
 def test_a_job_without_an_oidc_token_is_told_to_ask_for_one(api: Api, pool: Pool) -> None:
-    with JobTokens(api).serving() as tokens:
-        job = Job(api, tokens)
-        try:
-            tokens.url = ""
-            code, log, out = job.run("opened", 43, "c" * 40)
-        finally:
-            job.close()
+    # A job without `id-token: write`: the runner sets neither variable.
+    job = Job(api, {})
+    try:
+        code, log, out = job.run("opened", 43, "c" * 40)
+    finally:
+        job.close()
     assert code != 0 and "permissions: id-token: write" in log
     assert out["status"] == "failed"
     assert pool.registry.branch("shop-pr-43") is None
