@@ -312,3 +312,37 @@ def test_a_source_whose_tokens_are_refused_too_often_is_refused_before_any_is_lo
         status, body, _ = door.call("GET", "/bases", token=door.of("acme/shop", SHOP_ID))
         assert status == 429 and "too many refused tokens" in body["message"]
         assert door.issuer.jwks_fetches == fetched  # nothing was verified for it
+
+
+def test_a_job_that_may_be_a_forks_is_refused_with_forks_off_and_nothing_is_created(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A private repository whose owner lets forks' runs have tokens: a `pull_request` run's
+    token cannot say whether its pull request is a fork's, nor can a `pull_request_target`
+    run's; with forks off, both are refused (403, the `forks` rule) and nothing is made."""
+    folder = tmp_path_factory.mktemp("api-forks")
+    strict = "owners: [acme]\nforks: false\nfork_write_tokens: true\n"
+    with running_door(pool, base, folder, policy=strict) as door:
+        runs = {
+            "pull_request": door.of("acme/shop", SHOP_ID, repository_visibility="private"),
+            "pull_request_target": door.of(
+                "acme/shop",
+                SHOP_ID,
+                repository_visibility="private",
+                event_name="pull_request_target",
+                ref="refs/heads/main",
+            ),
+        }
+        for number, (event, token) in enumerate(runs.items()):
+            name = f"api-fork-{number}"
+            status, body = create(door, token, name)
+            assert status == 403 and body["code"] == "policy", (event, body)
+            assert "(forks)" in body["message"] and "fork" in body["message"], body
+            assert pool.registry.branch(name) is None
+        # A push of the same repository is no pull request: admitted.
+        push = door.of("acme/shop", SHOP_ID, event_name="push", ref="refs/heads/main")
+        status, made = create(door, push, "api-fork-push")
+        try:
+            assert status == 201, made
+        finally:
+            LocalEngine(pool).destroy("api-fork-push")
