@@ -309,3 +309,44 @@ def test_a_job_without_an_oidc_token_is_told_to_ask_for_one(api: Api, pool: Pool
     assert code != 0 and "permissions: id-token: write" in log
     assert out["status"] == "failed"
     assert pool.registry.branch("shop-pr-43") is None
+
+
+def test_a_runner_without_psql_that_may_not_install_one_is_told_what_to_install(
+    api: Api,
+) -> None:
+    """With `server`, setup.sh needs psql as a client only, and installs it when the runner may:
+    a runner that has none (here, a mount namespace hiding the host's Postgres installs) and
+    no sudo is told which package to install, before anything is built."""
+    user = os_user(HOSTED)
+    tmp_path = Path(tempfile.mkdtemp(prefix="pgo-hosted-"))  # the runner's user reaches it
+    tmp_path.chmod(0o755)
+    output = tmp_path / "output"
+    output.write_text("")
+    os.chown(output, user.pw_uid, user.pw_gid)
+    script = (
+        "mount -t tmpfs none /usr/lib/postgresql && "
+        f"exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
+        f"{ROOT / 'action' / 'setup.sh'}"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": user.pw_dir,
+            "ACTION_PATH": os.fspath(ROOT),
+            "INPUT_SERVER": api.server,
+            "GITHUB_OUTPUT": os.fspath(output),
+            "RUNNER_TOOL_CACHE": os.fspath(tmp_path / "cache"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    try:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "this runner has no psql" in done.stdout and "postgresql-client" in done.stdout
+        assert "status=failed" in output.read_text()
+        assert not (tmp_path / "cache").exists()  # refused before anything was built
+    finally:
+        shutil.rmtree(tmp_path)
