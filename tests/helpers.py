@@ -403,6 +403,20 @@ def os_user(name: str, *, groups: Sequence[str] = ()) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
+def read_outputs(path: Path) -> dict[str, str]:
+    """A step's outputs as the Action writes them to GITHUB_OUTPUT (``key<<DELIMITER``
+    blocks), by name."""
+    values: dict[str, str] = {}
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        key, _, delimiter = lines[i].partition("<<")
+        end = lines.index(delimiter, i + 1)
+        values[key] = "\n".join(lines[i + 1 : end])
+        i = end + 1
+    return values
+
+
 def as_user_call(
     user: str, groups: Sequence[str], code: str, *, preload: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from apikit import Api, running_door
 
-from helpers import os_user
+from helpers import os_user, read_outputs
 from oidckit import TokenService, pull_request_job
 from pgoverlay.errors import ConfigError, LockBusyError, NotOwnerError, ServiceError
 from pgoverlay.runner.pool import Pool
@@ -167,18 +167,6 @@ def pr_payload(action: str, number: int, head_sha: str) -> dict[str, Any]:
         repo.update(full_name="acme/shop", name="shop", id=SHOP_ID)
         repo["owner"]["login"] = "acme"
     return data
-
-
-def read_outputs(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    lines = path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        key, _, delimiter = lines[i].partition("<<")
-        end = lines.index(delimiter, i + 1)
-        values[key] = "\n".join(lines[i + 1 : end])
-        i = end + 1
-    return values
 
 
 class Job:

@@ -16,7 +16,7 @@ import pytest
 from github import Auth, Github, GithubException
 
 from fakegithub import FakeGitHub
-from helpers import SESSION_BASE
+from helpers import SESSION_BASE, read_outputs
 from pgoverlay.action import conclusion, event, main, workflow
 from pgoverlay.action.conclusion import DeploymentEnd
 from pgoverlay.action.deployment import PendingDeployment, environment
@@ -434,18 +434,6 @@ def step_env(tmp_path: Path, pool: Pool, number: int, **inputs: str) -> dict[str
     }
 
 
-def outputs_of(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    lines = path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        key, _, delimiter = lines[i].partition("<<")
-        end = lines.index(delimiter, i + 1)
-        values[key] = "\n".join(lines[i + 1 : end])
-        i = end + 1
-    return values
-
-
 def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_masked(
     pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -462,7 +450,7 @@ def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_m
         (tmp_path / "output").write_text("")
         log = Log(tmp_path / "output")
         assert main.run(out=log) == 0
-        return outputs_of(tmp_path / "output")["database-url"], log.getvalue()
+        return read_outputs(tmp_path / "output")["database-url"], log.getvalue()
 
     def connects(url: str) -> str:
         """Log in as the URL's role with its password, to the branch itself (the front door
@@ -505,7 +493,7 @@ def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_m
     (tmp_path / "event.json").write_text(json.dumps(closed))
     (tmp_path / "output").write_text("")
     assert main.run(out=io.StringIO()) == 0  # nothing left to destroy: no output to mint
-    assert "database-url" not in outputs_of(tmp_path / "output")
+    assert "database-url" not in read_outputs(tmp_path / "output")
 
 
 def test_a_destroyed_branch_takes_its_app_role_and_leaves_no_database_url(
@@ -515,7 +503,7 @@ def test_a_destroyed_branch_takes_its_app_role_and_leaves_no_database_url(
         monkeypatch.setenv(key, value)
     try:
         assert main.run(out=io.StringIO()) == 0
-        assert "database-url" in outputs_of(tmp_path / "output")
+        assert "database-url" in read_outputs(tmp_path / "output")
         engine = LocalEngine(pool)
         assert [g.role for g in engine.grants("hello-world-pr-8")] == ["app_pr_8"]
         closed = json.loads((WEBHOOKS / "pull_request.closed.json").read_text())
@@ -523,7 +511,7 @@ def test_a_destroyed_branch_takes_its_app_role_and_leaves_no_database_url(
         (tmp_path / "event.json").write_text(json.dumps(closed))
         (tmp_path / "output").write_text("")
         assert main.run(out=io.StringIO()) == 0
-        values = outputs_of(tmp_path / "output")
+        values = read_outputs(tmp_path / "output")
         assert values["status"] == "destroyed" and "database-url" not in values
         assert pool.registry.grants("hello-world-pr-8") == []
     finally:

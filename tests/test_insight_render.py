@@ -468,7 +468,7 @@ def run_action(
     )
     out = io.StringIO()
     code = main._run(cast(Any, None), cast(Settings, None), job, ev, read_inputs(environ), out)
-    from test_workflow import read_outputs
+    from helpers import read_outputs
 
     return code, out.getvalue(), read_outputs(tmp_path / "output")
 

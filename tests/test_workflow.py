@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from fakegithub import FakeGitHub
-from helpers import SESSION_BASE, cli
+from helpers import SESSION_BASE, cli, read_outputs
 from pgoverlay.action import event, main, request, workflow
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.request import Inputs, read_inputs
@@ -557,18 +557,6 @@ def job_env(tmp_path: Path, pool: Pool, data: dict[str, Any], **inputs: str) -> 
         "PGOVERLAY_PORT_MAX": str(pool.settings.port_max),
         **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
     }
-
-
-def read_outputs(path: Path) -> dict[str, str]:
-    values: dict[str, str] = {}
-    lines = path.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        key, _, delimiter = lines[i].partition("<<")
-        end = lines.index(delimiter, i + 1)
-        values[key] = "\n".join(lines[i + 1 : end])
-        i = end + 1
-    return values
 
 
 def test_the_entry_point_masks_secrets_before_writing_outputs(
