@@ -219,7 +219,8 @@ def compare(
             extra = f" (and in passing {_show(truth.passing)})" if truth.passing else ""
             wrong.append(f"locks: measured {_show(truth.locks)}{extra}, reported {_show(pairs)}")
     else:
-        strongest = truthtable.strongest_per_table(pairs, truth.names)
+        live = {(relation, mode) for relation, mode in pairs if relation not in truth.dying}
+        strongest = truthtable.strongest_per_table(live, truth.names)
         if strongest != truth.strongest():
             wrong.append(f"locks: measured {truth.strongest()}, reported {strongest}")
     measured: dict[str, object] = {

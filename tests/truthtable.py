@@ -293,10 +293,15 @@ class Truth:
     kind: str
     exact: bool  # False: measured behind a blocker (the locks held when it queued)
     names: dict[str, str]  # every relation's name before and after -> its table's name
+    # indexes it dropped concurrently: their last lock, an instant on a dead index, decides
+    # nothing and is seen or not by sampling's luck
+    dying: frozenset[str] = frozenset()
 
     def strongest(self) -> dict[str, str]:
-        """Each table's strongest mode, its indexes' and TOAST table's folded onto it."""
-        return strongest_per_table(self.locks | self.passing, self.names)
+        """Each table's strongest mode, its indexes' and TOAST table's folded onto it (a
+        dying index's last lock aside)."""
+        live = {(r, m) for r, m in self.locks | self.passing if r not in self.dying}
+        return strongest_per_table(live, self.names)
 
 
 def strongest_per_table(locks: Iterable[tuple[str, str]], names: dict[str, str]) -> dict[str, str]:
@@ -362,6 +367,7 @@ def judge(
     return Truth(
         frozenset(locks), frozenset(seen), frozenset(rewritten), frozenset(scanned),
         frozenset(rows), kind, exact, names,
+        frozenset(before[oid].name for oid in dead if oid in before),
     )  # fmt: skip
 
 

@@ -458,14 +458,16 @@ def _from_documented(
     each (samples inside one add nothing)."""
     gave: dict[int, list[_Window]] = defaultdict(list)
     for position, stmt in enumerate(logged):
-        if position in accepted or stmt.control:
+        if stmt.control:
             continue
         for oid, mode in documented.locks(stmt.text, work.before):
             gone = work.kind(oid) in _INDEX_KINDS and oid not in work.after
             dying = mode == documented.DYING and gone and _CONCURRENTLY.search(stmt.text)
-            if dying:  # a concurrent drop's last lock, however it was seen (an event trigger)
+            if dying:  # a concurrent drop's last lock, however it was seen (a mark included)
                 work.dying.add(oid)
-            if not work.counts(oid) or _covered(windows, stmt.pid, oid, mode, stmt.start):
+            if position in accepted or not work.counts(oid):
+                continue
+            if _covered(windows, stmt.pid, oid, mode, stmt.start):
                 continue
             start = stmt.transaction_end if dying else stmt.start  # at the end, an instant
             held = stmt.transaction_end - start
