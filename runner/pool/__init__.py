@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -121,9 +122,10 @@ class Pool:
     def close(self) -> None:
         self.registry.close()
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """A short id of this pool, for socket paths and Docker labels."""
+        """A short id of this pool, for socket paths and Docker labels (every branch's socket
+        path asks: worked out once, as its home does not move while the pool is open)."""
         return pool_id(self.home)
 
     @property
