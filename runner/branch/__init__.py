@@ -59,6 +59,12 @@ def layout(pool: Pool, key: str) -> Layout:
     return Layout(root=pool.branch_dir(key), socket_dir=pool.socket_root / key)
 
 
+def layouts(pool: Pool, keys: list[str]) -> dict[str, Layout]:
+    """``layout`` of each key, the pool's folders checked once for all of them."""
+    dirs = pool.branch_dirs(keys)
+    return {key: Layout(root=dirs[key], socket_dir=pool.socket_root / key) for key in keys}
+
+
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     if name is None:
         names = sorted({b.name for b in pool.registry.bases() if b.state == "ready"})

@@ -169,6 +169,17 @@ class Pool:
         check_name(name)
         return self._inside(self.root / "branches" / name)
 
+    def branch_dirs(self, names: list[str]) -> dict[str, Path]:
+        """``branch_dir`` of each name, the pool's folders resolved once for all of them: every
+        checked name is one entry of the same folder, so one check of that folder covers them
+        (a list of a thousand branches would otherwise resolve it a thousand times)."""
+        folder = self.root / "branches"
+        for name in names:
+            check_name(name)
+        if names:
+            self._inside(folder / names[0])
+        return {name: folder / name for name in names}
+
     @property
     def tmp(self) -> Path:
         return self.root / "tmp"

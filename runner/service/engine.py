@@ -43,6 +43,7 @@ from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import WAKEABLE, Branch
+from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.service.views import (
     BaseDetail,
     BaseView,
@@ -122,6 +123,7 @@ class _Known:
 
     bases: dict[tuple[str, int], registry.BaseVersion]
     records: dict[str, registry.StoredRecord]
+    layouts: dict[str, Layout]
 
 
 def _record(pool: Pool, name: str) -> Record | None:
@@ -238,7 +240,7 @@ class LocalEngine:
         seconds: float | None = None,
         known: _Known | None = None,
     ) -> BranchView:
-        lay = branches.layout(self.pool, b.key)
+        lay = known.layouts[b.key] if known else branches.layout(self.pool, b.key)
         size = branches.layer_size(self.pool, b, lay=lay) if layer else None
         if known is None:
             alive = branches.liveness(self.pool, b)
@@ -275,11 +277,16 @@ class LocalEngine:
         )
 
     def branches(self, *, layer: bool = False) -> list[BranchView]:
-        """Every branch: the bases and the records read once for all of them, not once per
-        branch (a pool may hold a thousand)."""
+        """Every branch: the bases, the records and the pool's folders read once for all of
+        them, not once per branch (a pool may hold a thousand)."""
         kept = self.pool.registry
-        known = _Known(bases={(v.name, v.version): v for v in kept.bases()}, records=kept.records())
-        return [self._view(b, layer=layer, known=known) for b in kept.branches()]
+        rows = kept.branches()
+        known = _Known(
+            bases={(v.name, v.version): v for v in kept.bases()},
+            records=kept.records(),
+            layouts=branches.layouts(self.pool, [b.key for b in rows]),
+        )
+        return [self._view(b, layer=layer, known=known) for b in rows]
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         found = self.pool.registry.branch(name)
