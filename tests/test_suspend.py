@@ -18,10 +18,12 @@ from apikit import running_door
 from helpers import Undo, assert_no_leaks, cli
 from pgoverlay.errors import BranchStateError
 from pgoverlay.runner import branch
+from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import RecordRequest
 
 KILLED = -signal.SIGKILL
 
@@ -168,6 +170,48 @@ def test_gc_leaves_a_suspended_branch_suspended(pool: Pool, base: BaseVersion, u
     report = gc.collect(pool)
     assert "susp-gc" not in report.restarted
     assert branch.get(pool, "susp-gc").state == "suspended"
+
+
+def test_a_suspended_layer_is_walked_once_per_suspension_and_a_list_shows_what_status_does(
+    pool: Pool, base: BaseVersion, undo: Undo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list of a thousand branches cannot walk every layer: a suspended one, which nothing
+    writes, is measured once until it wakes; a running one each time."""
+    name = "susp-size"
+    undo.branch(name)
+    made = branch.create(pool, name, base_name=base.name)
+    write_row(pool, made, 1)
+    upper = branch.layout(pool, made.key).upper
+    real = sizes.layer_size
+    walks: list[object] = []
+
+    def counted(root: Any) -> sizes.LayerSize:
+        walks.append(root)
+        return real(root)
+
+    monkeypatch.setattr(sizes, "layer_size", counted)
+    suspended = branch.suspend(pool, name)
+    first = branch.layer_size(pool, suspended)
+    assert first == real(upper) and first.logical_bytes > 0
+    assert branch.layer_size(pool, name) == first and len(walks) == 1  # not walked again
+    woken = branch.wake(pool, name)
+    branch.layer_size(pool, woken)
+    branch.layer_size(pool, woken)
+    assert len(walks) == 3  # a running branch's layer changes: walked each time
+    with psycopg.connect(**branch.connection(pool, woken).connect_kwargs(), autocommit=True) as db:
+        db.execute("CREATE TABLE grown AS SELECT g AS x FROM generate_series(1, 50000) g")
+    again = branch.suspend(pool, name)
+    grown = branch.layer_size(pool, again)
+    assert len(walks) == 4 and grown.logical_bytes > first.logical_bytes  # a new suspension
+
+    engine = LocalEngine(pool)
+    engine.save_record(name, RecordRequest(data='{"pr": 7}'))
+    listed = [v for v in engine.branches(layer=True) if v.name == name]
+    assert listed == [engine.branch(name, layer=True)]
+    view = listed[0]
+    assert view.state == "suspended" and view.liveness == "stopped" and not view.running
+    assert view.layer is not None and view.layer.logical_bytes == grown.logical_bytes
+    assert view.record is not None and view.record.data == '{"pr": 7}'
 
 
 # -- waking through the front door -------------------------------------------------------------

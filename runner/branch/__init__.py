@@ -60,6 +60,12 @@ def layout(pool: Pool, key: str) -> Layout:
     return Layout(root=pool.branch_dir(key), socket_dir=pool.socket_root / key)
 
 
+def layouts(pool: Pool, keys: list[str]) -> dict[str, Layout]:
+    """``layout`` of each key, the pool's folders checked once for all of them."""
+    dirs = pool.branch_dirs(keys)
+    return {key: Layout(root=dirs[key], socket_dir=pool.socket_root / key) for key in keys}
+
+
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
     if name is None:
         names = sorted({b.name for b in pool.registry.bases() if b.state == "ready"})
@@ -871,26 +877,56 @@ class Status:
         return self.liveness.running
 
 
-def layer_size(pool: Pool, branch: Branch | str) -> sizes.LayerSize:
-    """The writable layer's size of ``branch`` (or of the branch of that name)."""
+# A suspended branch's layer, measured once: (its upper's path, when it was suspended) -> size.
+# Nothing writes a suspended layer (no server runs on it and it is mounted nowhere), and the
+# wake that ends the suspension changes both the state and ``suspended_at``, so the size stays
+# right for as long as the key matches. Bounded: a pool holds a few thousand branches at most.
+_SUSPENDED_SIZES: dict[tuple[str, float], sizes.LayerSize] = {}
+_SUSPENDED_SIZES_MAX = 8192
+
+
+def layer_size(pool: Pool, branch: Branch | str, *, lay: Layout | None = None) -> sizes.LayerSize:
+    """The writable layer's size of ``branch`` (or of the branch of that name), at ``lay`` when
+    the caller has its layout already. Walking a layer costs about a millisecond (each file's
+    extents are asked for), which a list of a thousand branches cannot pay: a suspended
+    branch's is measured once per suspension."""
     found = _get(pool, branch) if isinstance(branch, str) else branch
-    upper = layout(pool, found.key).upper
+    upper = (lay or layout(pool, found.key)).upper
+    key = None
+    if found.state == "suspended" and found.suspended_at is not None:
+        key = (os.fspath(upper), found.suspended_at)
+        known = _SUSPENDED_SIZES.get(key)
+        if known is not None:
+            return known
     if not upper.is_dir():
         return sizes.LayerSize(logical_bytes=0, physical_bytes=0)
-    return sizes.layer_size(upper)
+    size = sizes.layer_size(upper)
+    if key is not None:
+        if len(_SUSPENDED_SIZES) >= _SUSPENDED_SIZES_MAX:
+            _SUSPENDED_SIZES.clear()  # of branches long woken or destroyed, mostly
+        _SUSPENDED_SIZES[key] = size
+    return size
 
 
 def liveness(pool: Pool, branch: Branch) -> Liveness:
     """Whether the branch's server runs, without measuring its layer (see ``status``):
     ``unknown``, with the reason, when its runtime cannot be asked."""
-    base = pool.registry.base(branch.base_name, branch.base_version)
+    return liveness_on(pool, branch, pool.registry.base(branch.base_name, branch.base_version))
+
+
+def liveness_on(
+    pool: Pool, branch: Branch, base: BaseVersion | None, *, lay: Layout | None = None
+) -> Liveness:
+    """``liveness`` with the branch's base version read already (None: it is gone), as a list
+    of every branch reads them once for all, and its layout when the caller has it (each one
+    resolves the pool's folders to check the path stays inside)."""
     if base is None:
         return Liveness("stopped", f"base {branch.base_name} v{branch.base_version} is gone")
     try:
         rt = runtime_for(pool, base, branch.runtime)
     except PgoverlayError as err:
         return Liveness("unknown", str(err))
-    return rt.liveness(layout(pool, branch.key))
+    return rt.liveness(lay or layout(pool, branch.key))
 
 
 def is_running(pool: Pool, branch: Branch) -> bool:

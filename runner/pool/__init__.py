@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -121,9 +122,10 @@ class Pool:
     def close(self) -> None:
         self.registry.close()
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """A short id of this pool, for socket paths and Docker labels."""
+        """A short id of this pool, for socket paths and Docker labels (every branch's socket
+        path asks: worked out once, as its home does not move while the pool is open)."""
         return pool_id(self.home)
 
     @property
@@ -166,6 +168,17 @@ class Pool:
     def branch_dir(self, name: str) -> Path:
         check_name(name)
         return self._inside(self.root / "branches" / name)
+
+    def branch_dirs(self, names: list[str]) -> dict[str, Path]:
+        """``branch_dir`` of each name, the pool's folders resolved once for all of them: every
+        checked name is one entry of the same folder, so one check of that folder covers them
+        (a list of a thousand branches would otherwise resolve it a thousand times)."""
+        folder = self.root / "branches"
+        for name in names:
+            check_name(name)
+        if names:
+            self._inside(folder / names[0])
+        return {name: folder / name for name in names}
 
     @property
     def tmp(self) -> Path:

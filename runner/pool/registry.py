@@ -714,6 +714,11 @@ class Registry:
         )
         return StoredRecord(*rows[0]) if rows else None
 
+    def records(self) -> dict[str, StoredRecord]:
+        """Every branch's record, by branch: one query for a list of all of them."""
+        rows = self._read(f"SELECT {_columns(StoredRecord)} FROM records")
+        return {str(row[0]): StoredRecord(*row) for row in rows}
+
     def save_record(self, record: StoredRecord) -> bool:
         """Keep ``record`` with its branch; False if the branch is gone (nothing kept)."""
         with self.transaction() as db:

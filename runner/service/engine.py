@@ -35,6 +35,7 @@ import pwd
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pgoverlay.errors import (
@@ -52,6 +53,7 @@ from pgoverlay.runner.branch import idle
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import WAKEABLE, Branch
+from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.service.views import (
     BaseDetail,
     BaseView,
@@ -126,6 +128,15 @@ def _detail(b: registry.BaseVersion) -> BaseDetail:
         tablespaces=b.tablespaces,
         neutralised=b.neutralised_notes if b.locked_down else None,
     )
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What a view of every branch reads once: the base versions and the records."""
+
+    bases: dict[tuple[str, int], registry.BaseVersion]
+    records: dict[str, registry.StoredRecord]
+    layouts: dict[str, Layout]
 
 
 def _record(pool: Pool, name: str) -> Record | None:
@@ -269,9 +280,24 @@ class LocalEngine:
             for b in self.pool.registry.bases()
         ]
 
-    def _view(self, b: Branch, *, layer: bool, seconds: float | None = None) -> BranchView:
-        size = branches.layer_size(self.pool, b) if layer else None
-        alive = branches.liveness(self.pool, b)
+    def _view(
+        self,
+        b: Branch,
+        *,
+        layer: bool,
+        seconds: float | None = None,
+        known: _Known | None = None,
+    ) -> BranchView:
+        lay = known.layouts[b.key] if known else branches.layout(self.pool, b.key)
+        size = branches.layer_size(self.pool, b, lay=lay) if layer else None
+        if known is None:
+            alive = branches.liveness(self.pool, b)
+            record = _record(self.pool, b.name)
+        else:
+            base = known.bases.get((b.base_name, b.base_version))
+            alive = branches.liveness_on(self.pool, b, base, lay=lay)
+            stored = known.records.get(b.name)
+            record = Record(data=stored.data, updated_at=stored.updated_at) if stored else None
         return BranchView(
             name=b.name,
             state=b.state,
@@ -296,12 +322,21 @@ class LocalEngine:
             layer=Layer(logical_bytes=size.logical_bytes, physical_bytes=size.physical_bytes)
             if size
             else None,
-            record=_record(self.pool, b.name),
+            record=record,
             seconds=round(seconds, 3) if seconds is not None else None,
         )
 
     def branches(self, *, layer: bool = False) -> list[BranchView]:
-        return [self._view(b, layer=layer) for b in self.pool.registry.branches()]
+        """Every branch: the bases, the records and the pool's folders read once for all of
+        them, not once per branch (a pool may hold a thousand)."""
+        kept = self.pool.registry
+        rows = kept.branches()
+        known = _Known(
+            bases={(v.name, v.version): v for v in kept.bases()},
+            records=kept.records(),
+            layouts=branches.layouts(self.pool, [b.key for b in rows]),
+        )
+        return [self._view(b, layer=layer, known=known) for b in rows]
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         found = self.pool.registry.branch(name)
