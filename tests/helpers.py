@@ -25,6 +25,7 @@ from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.runtime import table
+from pgoverlay.runner.runtime.choose import runtime_for
 from pgoverlay.runner.seed import bases
 from pgoverlay.runner.settings import Settings
 
@@ -401,6 +402,28 @@ def os_user(name: str, *, groups: Sequence[str] = ()) -> pwd.struct_passwd:
     for group in groups:
         subprocess.run(["usermod", "-aG", group, name], check=True, capture_output=True)
     return pwd.getpwnam(name)
+
+
+def write_row(pool: Pool, b: Branch, value: int) -> None:
+    """Add ``value`` to the table ``kept`` of branch ``b`` (made if missing), as its role."""
+    with psycopg.connect(**branch.connection(pool, b).connect_kwargs(), autocommit=True) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS kept (x int)")
+        db.execute("INSERT INTO kept VALUES (%s)", (value,))
+
+
+def read_rows(pool: Pool, b: Branch) -> list[int]:
+    """What ``write_row`` put in branch ``b``, in order."""
+    with psycopg.connect(**branch.connection(pool, b).connect_kwargs(), autocommit=True) as db:
+        return [row[0] for row in db.execute("SELECT x FROM kept ORDER BY x").fetchall()]
+
+
+def is_down(pool: Pool, b: Branch) -> bool:
+    """No server of ``b`` runs, and (the local runtime) its data is not mounted."""
+    base = pool.registry.base(b.base_name, b.base_version)
+    assert base is not None
+    lay = branch.layout(pool, b.key)
+    stopped = runtime_for(pool, base, b.runtime).liveness(lay).state == "stopped"
+    return stopped and (b.runtime != "local" or not mounts.is_mounted(lay.data))
 
 
 def read_outputs(path: Path) -> dict[str, str]:

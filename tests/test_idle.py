@@ -16,10 +16,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_suspend import is_down, read_rows, write_row
 from test_workflow import job_env, payload
 
-from helpers import Undo, cli, service_settings, start_service, without_the_service
+from helpers import (
+    Undo,
+    cli,
+    is_down,
+    read_rows,
+    service_settings,
+    start_service,
+    without_the_service,
+    write_row,
+)
 from pgoverlay.action import main
 from pgoverlay.action.request import PrRequest
 from pgoverlay.errors import ConfigError, RequestError, SettingError
