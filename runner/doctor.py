@@ -348,6 +348,31 @@ def listener(
     return checks
 
 
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ports(settings: Settings, *, ephemeral: Path = EPHEMERAL) -> Check:
+    """Whether the branches' ports stay out of the kernel's ephemeral range: a port there may
+    be taken by any outgoing connection while its branch is suspended (nothing listens on it),
+    and the branch then cannot wake until that connection ends."""
+    low, high = settings.port_min, settings.port_max
+    where = f"PGOVERLAY_PORT_MIN/MAX {low}-{high}"
+    try:
+        first, last = (int(part) for part in ephemeral.read_text().split()[:2])
+    except (OSError, ValueError):
+        return Check("ports", "ok", f"{where} (the kernel's ephemeral range could not be read)")
+    if low <= last and first <= high:
+        return Check(
+            "ports",
+            "warn",
+            f"{where} overlaps the kernel's ephemeral ports {first}-{last} "
+            f"(net.ipv4.ip_local_port_range): an outgoing connection may take a suspended "
+            f"branch's port, and it cannot wake until that connection ends; choose a range "
+            f"below {first} (the default is 20000-29999)",
+        )
+    return Check("ports", "ok", f"{where}, outside the kernel's ephemeral ports {first}-{last}")
+
+
 def run(settings: Settings) -> list[Check]:
     return [
         _root(),
@@ -356,6 +381,7 @@ def run(settings: Settings) -> list[Check]:
         _runtime(settings),
         _psql(settings),
         _door(settings),
+        _ports(settings),
         *_pool(settings),
         _binaries(settings),
         *_warm(settings),

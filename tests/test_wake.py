@@ -196,3 +196,20 @@ def test_a_source_banned_for_failed_logins_wakes_no_branch(
         assert "too many failed logins" in refused
         assert branch.get(pool, name).state == "suspended"
         assert f"woke branch {name}" not in door.log.read_text()
+
+
+def test_doctor_warns_when_the_branches_ports_overlap_the_kernels_ephemeral_ones(
+    tmp_path: Path,
+) -> None:
+    """A suspended branch listens on nothing: an outgoing connection may take its port from the
+    kernel's ephemeral range, and it cannot wake. doctor says so, and what to choose."""
+    from pgoverlay.runner import doctor
+    from pgoverlay.runner.settings import Settings
+
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text("32768\t60999\n")
+    inside = doctor._ports(Settings(port_min=50000, port_max=51199), ephemeral=ephemeral)
+    assert inside.verdict == "warn" and "choose a range below 32768" in inside.detail
+    below = doctor._ports(Settings(port_min=20000, port_max=29999), ephemeral=ephemeral)
+    assert below.verdict == "ok" and "outside the kernel's ephemeral ports" in below.detail
+    assert doctor._ports(Settings(), ephemeral=tmp_path / "absent").verdict == "ok"
