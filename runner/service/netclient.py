@@ -27,6 +27,7 @@ import base64
 import contextlib
 import http.client
 import json
+import logging
 import os
 import ssl
 import threading
@@ -39,9 +40,11 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from pgoverlay.errors import ConfigError, LockBusyError, ServiceError
+from pgoverlay.errors import ConfigError, LockBusyError, PgoverlayError, ServiceError
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.views import Connection
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 # A token is asked for again this long before the expiry it states.
@@ -265,9 +268,8 @@ class NetworkEngine(RemoteEngine):
     def connection(self, name: str) -> Connection:
         """Branch ``name``'s login, through the front door, verified as the API was."""
         given = super().connection(name)
-        return given.replace(
-            sslmode=given.sslmode or "verify-full", sslrootcert=trust_file(self.ca_file)
-        )
+        # Whatever the answer says: the door is verified as the API was, never less.
+        return given.replace(sslmode="verify-full", sslrootcert=trust_file(self.ca_file))
 
     def pool(self) -> dict[str, Any]:
         """The pool's way in for people and programs (``GET /pool``): ``door_name``,
@@ -304,8 +306,10 @@ class NetworkEngine(RemoteEngine):
 
         def renew() -> None:
             while not stop.wait(HOLD_SECONDS / 3):
-                with contextlib.suppress(Exception):
+                try:
                     self._call("POST", f"{target}/{quote(hold_id)}/renew", raw=b"{}")
+                except PgoverlayError as err:  # the job goes on; another may now hold it
+                    log.warning("the hold on branch %s was not renewed: %s", name, err)
 
         renewer = threading.Thread(target=renew, name="pgoverlay-hold", daemon=True)
         renewer.start()
