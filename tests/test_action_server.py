@@ -68,7 +68,7 @@ def test_the_engine_over_the_network_makes_a_branch_reached_through_the_door(api
     door = engine.pool()
     assert (door["door_name"], door["door_port"]) == ("localhost", api.door_port)
     assert door["app_sslmode"] == "verify-full"  # the admin's certificate (the test CA's)
-    assert [b.name for b in engine.bases()] == [api.base.name]
+    assert api.base.name in [b.name for b in engine.bases()]
     # The token is of pull request #42 (its ref, refs/pull/42/merge): a create for another is
     # refused, and one that names none is #42's.
     with pytest.raises(NotOwnerError, match="token is of pull request #42 of acme/shop, not #5"):
