@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_webhook_payload import MALFORMED, nested
 
 from helpers import free_tcp_port
+from pgoverlay.action.event import JOB_KINDS
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.webhook.app import create_app
 from pgoverlay.webhook.payload import MAX_DEPTH, pull_request_event
@@ -244,7 +245,7 @@ def test_metrics_come_from_the_queue_with_every_kind_and_state(intake: Intake) -
     after = time.time()
     jobs = samples["pgoverlay_webhook_queue_jobs"]
     assert jobs[(("kind", "open"), ("state", "queued"))] == 1
-    assert len(jobs) == 4 * 6 and sum(jobs.values()) == 1
+    assert len(jobs) == len(JOB_KINDS) * 6 and sum(jobs.values()) == 1
     assert samples["pgoverlay_webhook_queue_depth"][()] == 1
     # The job's age when the scrape read it: between the clock before and after the scrape.
     age = samples["pgoverlay_webhook_oldest_queued_seconds"][()]
