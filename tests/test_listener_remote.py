@@ -500,6 +500,11 @@ def test_the_listener_with_another_owners_token_or_a_revoked_one_makes_nothing(
     [why] = eventually(lambda: _failed_jobs(hook), what="the job to fail")
     assert "may act for octo-org/*, not for acme/shop" in why
     assert door.pool.registry.branch("shop-pr-41") is None
+    # ... and the pull request is told, in its commit status and its comment
+    said = [s for s in github.state.statuses if s.get("sha") == head]
+    assert [s["state"] for s in said] == ["failure"], said
+    assert "the pool refused this job" in str(said[0]["description"])
+    assert any("the pool refused this job" in str(c["body"]) for c in github.state.comments)
     # the listener's own token, revoked: refused, nothing made
     hook.stop()
     hook.give_token(hook.issued)

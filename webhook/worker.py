@@ -35,8 +35,10 @@ from pgoverlay.errors import (
     ConfigError,
     GitHubError,
     PgoverlayError,
+    PolicyError,
     Problems,
     QueueError,
+    TokenError,
     TransientError,
     UnsafeFileError,
     config_error,
@@ -281,7 +283,15 @@ class Worker:
         if isinstance(refused, Done):
             return refused
         # A pull request the policy refuses is refused whatever its branch: the engine is not asked.
-        current = None if refused else engine.branch(events.branch_name(ev, request.branch_name))
+        try:
+            current = (
+                None if refused else engine.branch(events.branch_name(ev, request.branch_name))
+            )
+        except (TokenError, PolicyError) as err:
+            # The pool on another host refused the listener's credential or this repository:
+            # said on the pull request too, not only in the queue, then the job fails.
+            self._refuse(github, ev, request, "failed", f"the pool refused this job: {err}")
+            raise
         decision = decide(ev, current, record.of(current), request, refused=refused)
         if decision.action in ("unwanted", "destroy"):
             # `branch-when` does not want it (a label it lacks: migrations are known only once
