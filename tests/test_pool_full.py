@@ -10,11 +10,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import dismantle, require_root, source_dsn, top_ports
+from helpers import Undo, dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import PoolFullError
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.settings import Settings
 
@@ -93,3 +94,23 @@ def test_a_branch_filling_the_pool_fails_alone(small_pool: Pool) -> None:
     ) as conn:
         conn.execute("CREATE TABLE after_full (x int)")
         conn.execute("INSERT INTO after_full VALUES (1)")
+
+
+def test_a_full_pool_met_by_the_engines_first_session_is_pool_full(
+    pool: Pool, base: BaseVersion, undo: Undo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's session that gives a branch its password is the branch's first: on a full
+    pool its catalog's copy-up fails there, and that is "the pool is full", as a client's first
+    session says, not a start failure."""
+    undo.branch("full-first-session")
+    made = branch.create(pool, "full-first-session", base_name=base.name)
+
+    def full(*_: object, **__: object) -> None:
+        raise psycopg.OperationalError(
+            'connection failed: FATAL:  could not open file "base/16385/1259": No space left '
+            "on device"
+        )
+
+    monkeypatch.setattr(branch, "_engine_connection", full)
+    with pytest.raises(PoolFullError, match="the pool is full, so branch full-first-session"):
+        branch._role_password(pool, base, made, None, what="its password", fix="none")

@@ -199,25 +199,36 @@ def _role_password(
     from pgoverlay.runner.postgres import sqlerror
 
     key = os.fspath(layout(pool, branch.key).socket_dir)
-    with sqlerror.wrapped(BranchStartError, what=what, fix=fix):
-        kept = held.take(key)
-        if kept is not None:
+    try:
+        with sqlerror.wrapped(BranchStartError, what=what, fix=fix):
+            kept = held.take(key)
+            if kept is not None:
+                try:
+                    with kept:
+                        _alter_role(pool, kept, branch, secret, flush=flush)
+                    return
+                except psycopg.Error:
+                    pass  # its server restarted or ended the session: a new one tries again
+            conn = _engine_connection(pool, branch, base)
             try:
-                with kept:
-                    _alter_role(pool, kept, branch, secret, flush=flush)
-                return
-            except psycopg.Error:
-                pass  # its server restarted or ended the session: a new connection tries again
-        conn = _engine_connection(pool, branch, base)
-        try:
-            _alter_role(pool, conn, branch, secret, flush=flush)
-        except BaseException:
-            conn.close()
-            raise
-        if keep:
-            held.keep(key, conn)
-        else:
-            conn.close()
+                _alter_role(pool, conn, branch, secret, flush=flush)
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                held.keep(key, conn)
+            else:
+                conn.close()
+    except BranchStartError as err:
+        if "No space left on device" in str(err):
+            # The engine's session is the branch's first: it copies a catalog file up into the
+            # layer, which a full pool refuses (as _check_ready says for a client's session).
+            raise PoolFullError(
+                f"the pool is full, so branch {branch.name} could not serve its first "
+                "connection: destroy branches (`pgoverlay branch list` shows their sizes) or "
+                "grow the pool"
+            ) from None
+        raise
 
 
 def _alter_role(
