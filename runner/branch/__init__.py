@@ -722,10 +722,18 @@ def reset(pool: Pool, name: str) -> Branch:
     return _get(pool, name)
 
 
-def finish_reset(pool: Pool, branch: Branch) -> None:
+def base_of(pool: Pool, branch: Branch) -> BaseVersion:
+    """The base version ``branch`` was made from; BaseMissingError if it is gone."""
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None:
-        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+        raise BaseMissingError(
+            f"base {branch.base_name} v{branch.base_version} of branch {branch.name} is gone"
+        )
+    return base
+
+
+def finish_reset(pool: Pool, branch: Branch) -> None:
+    base = base_of(pool, branch)
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay, discard=True)
@@ -752,9 +760,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
 def restart(pool: Pool, branch: Branch) -> None:
     """Bring a ready branch whose server is gone (a reboot, a crash) back up, with its password
     set again: a claim's did not wait for the WAL flush (see ``_claim_login``)."""
-    base = pool.registry.base(branch.base_name, branch.base_version)
-    if base is None:
-        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+    base = base_of(pool, branch)
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime, check=True)
     _make_socket_dir(pool, lay)
@@ -811,9 +817,7 @@ def finish_suspend(pool: Pool, branch: Branch) -> None:
     """Stop and unmount ``branch`` (marked ``suspending``), then mark it ``suspended``."""
     from pgoverlay.runner.branch import held
 
-    base = pool.registry.base(branch.base_name, branch.base_version)
-    if base is None:
-        raise BaseMissingError(f"base {branch.base_name} v{branch.base_version} is gone")
+    base = base_of(pool, branch)
     lay = layout(pool, branch.key)
     held.drop(os.fspath(lay.socket_dir))
     rt = runtime_for(pool, base, branch.runtime)

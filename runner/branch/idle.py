@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pgoverlay.errors import BaseMissingError, LockBusyError, PgoverlayError
+from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
 
 if TYPE_CHECKING:
@@ -67,10 +67,7 @@ def asking(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
     """The engine's connection to branch ``b``, to ask it how many others it has: one for
     both of a round's looks at a branch (a second connection would find the first one's
     backend, closed a moment before, still on its way out, and count it)."""
-    base = pool.registry.base(b.base_name, b.base_version)
-    if base is None:
-        raise BaseMissingError(f"base {b.base_name} v{b.base_version} of branch {b.name} is gone")
-    return branches._engine_connection(pool, b, base)
+    return branches._engine_connection(pool, b, branches.base_of(pool, b))
 
 
 def connections(conn: psycopg.Connection[Any]) -> int:
