@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class Api:
     log: Path
     host: str = "localhost"
     audience: str = AUDIENCE
+    env: dict[str, str] = field(default_factory=dict)  # the door's PGOVERLAY_* settings
 
     def token(self, **overrides: Any) -> str:
         return sign(claims(self.issuer.url, now=time.time(), **overrides), self.key)
@@ -67,10 +68,13 @@ class Api:
         token: str | None,
         body: object = None,
         authorization: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any, http.client.HTTPResponse]:
+        """A request to the API; ``headers`` beside the token's (a listener's names its
+        repository)."""
         context = ssl.create_default_context(cafile=os.fspath(self.certs.ca_file))
         conn = http.client.HTTPSConnection(self.host, self.port, context=context, timeout=300)
-        sent: dict[str, str] = {}
+        sent: dict[str, str] = dict(headers or {})
         if token is not None:
             sent["Authorization"] = f"Bearer {token}"
         if authorization is not None:
@@ -163,6 +167,7 @@ def running_door(
                 folder / "door.log",
                 host=host,
                 audience=audience or AUDIENCE,
+                env=environ,
             )
         finally:
             door.terminate()

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
@@ -41,7 +41,47 @@ class Key:
         return {**public, "kid": self.kid, "use": "sig", "alg": "RS256", **self.extra}
 
 
-class Issuer:
+class _JsonServer:
+    """A JSON service on ``host`` for a test, started by ``with``: each GET is answered with what
+    ``_answer(path, authorization)`` gives, a status and a JSON body."""
+
+    def __init__(self, *, host: str = "127.0.0.1") -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = server._answer(self.path, self.headers.get("Authorization"))
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://{host}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    def _answer(self, target: str, authorization: str | None) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+class Issuer(_JsonServer):
     """The issuer at ``url``; ``keys`` is what its key set publishes (change it to rotate),
     ``requests`` every path asked, in order. ``issuer_named`` and ``jwks_uri_named`` are what
     its discovery document names (its own addresses unless a test says otherwise)."""
@@ -51,47 +91,19 @@ class Issuer:
         self.requests: list[str] = []
         self.issuer_named: str | None = None
         self.jwks_uri_named: str | None = None
-        issuer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                issuer.requests.append(self.path)
-                if self.path == "/.well-known/openid-configuration":
-                    body: Any = {
-                        "issuer": issuer.issuer_named or issuer.url,
-                        "jwks_uri": issuer.jwks_uri_named or f"{issuer.url}/.well-known/jwks",
-                        "id_token_signing_alg_values_supported": ["RS256"],
-                    }
-                elif self.path == "/.well-known/jwks":
-                    body = {"keys": [key.jwk() for key in issuer.keys]}
-                else:
-                    self.send_error(404)
-                    return
-                raw = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> Issuer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+    def _answer(self, target: str, authorization: str | None) -> tuple[int, Any]:
+        self.requests.append(target)
+        if target == "/.well-known/openid-configuration":
+            return 200, {
+                "issuer": self.issuer_named or self.url,
+                "jwks_uri": self.jwks_uri_named or f"{self.url}/.well-known/jwks",
+                "id_token_signing_alg_values_supported": ["RS256"],
+            }
+        if target == "/.well-known/jwks":
+            return 200, {"keys": [key.jwk() for key in self.keys]}
+        return 404, {"message": f"no {target}"}
 
     def jwks_fetches(self) -> int:
         return self.requests.count("/.well-known/jwks")
@@ -183,7 +195,7 @@ class Job:
         }
 
 
-class TokenService:
+class TokenService(_JsonServer):
     """The endpoint a job asks for its OIDC token, on ``host`` (an address the runner reaches).
 
     ``GET /_apis/idtoken/<job>?api-version=2.0&audience=<aud>`` with ``Authorization: bearer
@@ -200,36 +212,7 @@ class TokenService:
         self.refused = 0
         self._jobs: dict[str, tuple[str, dict[str, Any]]] = {}  # id: (token digest, claims)
         self._lock = threading.Lock()
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body = service._answer(self.path, self.headers.get("Authorization"))
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://{host}:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> TokenService:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        super().__init__(host=host)
 
     def add_job(self, **job_claims: Any) -> Job:
         """A job whose tokens carry ``job_claims`` over ``claims``'s defaults

@@ -5,15 +5,12 @@ the host's end of a network namespace (tests/netns.py), which stands for the lis
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import pwd
 import shutil
 import sqlite3
-import ssl
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import time
@@ -24,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apikit import Api, running_door
 from netns import Machine
 from test_webhook_e2e import (
     AS_LISTENER,
@@ -42,15 +40,13 @@ from test_webhook_e2e import (
     tarball,
 )
 
-from doorkit import DoorCA, make_ca
+from doorkit import DoorCA
 from fakegithub import FakeGitHub
-from helpers import as_user_call, cli, free_tcp_port, os_user, require, service_settings
-from oidckit import AUDIENCE, Issuer, Key
+from helpers import as_user_call, cli, os_user, require
 from pgoverlay.runner import audit
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
-from pgoverlay.runner.service.serve import settings_environ
 
 POLICY = """
 owners:
@@ -66,11 +62,27 @@ class Door:
     pool: Pool
     base: BaseVersion
     machine: Machine
-    certs: DoorCA
-    https_port: int
-    door_port: int
-    log: Path
-    env: dict[str, str]
+    api: Api  # the door, on the host's end of the namespace
+
+    @property
+    def certs(self) -> DoorCA:
+        return self.api.certs
+
+    @property
+    def https_port(self) -> int:
+        return self.api.port
+
+    @property
+    def door_port(self) -> int:
+        return self.api.door_port
+
+    @property
+    def log(self) -> Path:
+        return self.api.log
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.api.env
 
     def issue(self, name: str, *args: str) -> str:
         """A token issued by the CLI, as the admin does: the last line it prints."""
@@ -92,30 +104,15 @@ class Door:
     ) -> tuple[int, Any]:
         """A request to the API, as the listener makes it (from the host: the door's address
         is the host's end of the namespace)."""
-        context = ssl.create_default_context(cafile=os.fspath(self.certs.ca_file))
-        conn = http.client.HTTPSConnection(
-            self.machine.host, self.https_port, context=context, timeout=300
-        )
         sent: dict[str, str] = {}
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
         if repository is not None:
             sent["x-pgoverlay-repository"] = repository
             sent["x-pgoverlay-repository-id"] = str(repository_id)
             sent["x-pgoverlay-owner-id"] = str(owner_id)
         if fork is not None:
             sent["x-pgoverlay-fork"] = fork
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            sent["Content-Type"] = "application/json"
-        try:
-            conn.request(method, f"/api/v1{path}", body=payload, headers=sent)
-            response = conn.getresponse()
-            raw = response.read()
-        finally:
-            conn.close()
-        return response.status, json.loads(raw) if raw else None
+        status, answer, _ = self.api.call(method, path, token=token, body=body, headers=sent)
+        return status, answer
 
     def create(self, token: str, name: str, **headers: Any) -> tuple[int, Any]:
         return self.call(
@@ -126,61 +123,19 @@ class Door:
         return audit.read(self.pool.home / audit.ENGINE_LOG)
 
 
-def _wait_port(host: str, port: int, door: subprocess.Popen[bytes]) -> None:
-    import socket
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if door.poll() is not None:
-            raise AssertionError(f"the front door exited with {door.returncode}")
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"the front door did not answer on {host}:{port}")
-
-
 @pytest.fixture(scope="module")
 def door(
     pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Door]:
     require(subprocess.run(["which", "ip"], capture_output=True).returncode == 0, "needs iproute2")
     folder = tmp_path_factory.mktemp("listener-remote")
-    os.chmod(folder, 0o755)
-    os_user("pgoverlay-door", groups=["pgoverlay"])
-    policy = folder / "policy.yml"
-    policy.write_text(POLICY)
-    door_port, https_port = free_tcp_port(), free_tcp_port()
-    with Machine() as machine, Issuer([Key.make("key-1")]) as issuer:
-        certs = make_ca(folder, names=("localhost",), addresses=(machine.host,))
-        env = {
-            **settings_environ(service_settings(pool)),
-            "PGOVERLAY_DOOR_HOST": machine.host,
-            "PGOVERLAY_DOOR_ADDRESS": machine.host,
-            "PGOVERLAY_DOOR_PORT": str(door_port),
-            "PGOVERLAY_DOOR_HTTPS_PORT": str(https_port),
-            "PGOVERLAY_DOOR_CERT_FILE": os.fspath(certs.cert_file),
-            "PGOVERLAY_DOOR_KEY_FILE": os.fspath(certs.key_file),
-            "PGOVERLAY_API_ISSUER": issuer.url,
-            "PGOVERLAY_API_AUDIENCE": AUDIENCE,
-            "PGOVERLAY_API_POLICY_FILE": os.fspath(policy),
-        }
-        log = open(folder / "door.log", "wb")  # noqa: SIM115 - closed below
-        process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "pgoverlay", "door"],
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd="/",
-        )
+    with Machine() as machine:
         try:
-            _wait_port(machine.host, https_port, process)
-            yield Door(pool, base, machine, certs, https_port, door_port, folder / "door.log", env)
+            with running_door(
+                pool, base, folder, policy=POLICY, host=machine.host, address=machine.host
+            ) as api:
+                yield Door(pool, base, machine, api)
         finally:
-            process.terminate()
-            process.wait(timeout=30)
-            log.close()
             engine = LocalEngine(pool)
             for b in pool.registry.branches():
                 if b.name.startswith(("remote-", "shop-pr-")):
