@@ -55,7 +55,8 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,7 +64,7 @@ from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner.door import login
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
-from pgoverlay.runner.door.guard import Guard, is_loopback, source_of
+from pgoverlay.runner.door.guard import Guard, client_of, is_loopback, source_of
 from pgoverlay.runner.door.login import Record, Refused
 from pgoverlay.runner.names import NAME_RE
 
@@ -79,14 +80,34 @@ _TLS_RECORD = 0x16  # a TLS handshake record's first byte: a client that skipped
 
 @dataclass(frozen=True)
 class Route:
-    """Where a branch is served: its loopback address and port, and its real database."""
+    """Where a branch is served: its loopback address and port, and its real database.
+    ``logins``: the roles that may log in through the door, each until its expiry (epoch
+    seconds): the credentials the engine minted. None: any role the branch lets in (a route
+    fixed by a test or a bench)."""
 
     host: str
     port: int
     database: str
+    logins: Mapping[str, float] | None = None
+
+    def admits(self, user: str, *, now: float) -> bool:
+        if self.logins is None:
+            return True
+        until = self.logins.get(user)
+        return until is not None and now < until
 
 
-Resolve = Callable[[str], Awaitable[Route | None]]
+class WakeFailed(Exception):
+    """The branch is suspended and could not be woken (its port taken, its disk full): raised
+    by ``resolve``; the client is told so (57P03), and it is no failed login."""
+
+
+class Resolve(Protocol):
+    """The branch named ``name``, as the engine knows it now (None: no such branch, or none
+    that can be reached). A suspended branch is woken only if ``may_wake()`` says so, called
+    once before the wake starts (it counts the wake against the client)."""
+
+    def __call__(self, name: str, *, may_wake: Callable[[], bool]) -> Awaitable[Route | None]: ...
 
 
 class Audit(Protocol):
@@ -163,15 +184,18 @@ class FrontDoor:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, client: Channel) -> None:
-        record = Record(source=source_of(client.info("peername")))
+        source = source_of(client.info("peername"))
+        record = Record(
+            source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
+        )
         backend: Channel | None = None
         guard = self.guard
-        guard.per_source[record.source] += 1
+        guard.per_source[record.client] += 1
         self._channels.add(client)
         counted_branch = ""
         key: tuple[int, bytes] | None = None
         try:
-            if guard.per_source[record.source] > 2 * self.settings.door_max_per_source:
+            if guard.per_source[record.client] > 2 * self.settings.door_max_per_source:
                 record.outcome = "refused:flood"
                 return
             try:
@@ -186,8 +210,9 @@ class FrontDoor:
                 _say(client, proto.error_response(refused.sqlstate, refused.message))
                 return
             except proto.StartupError as bad:
-                record.outcome = "refused:protocol"
-                _say(client, proto.error_response(bad.sqlstate, bad.message))
+                if record.outcome != "refused:scram":  # a SCRAM message's, counted as failed
+                    record.outcome = "refused:protocol"
+                _say(client, bad.response())
                 return
             except (ChannelClosed, OSError) as gone:
                 if record.outcome == "tls_handshake" or isinstance(gone, ssl.SSLError):
@@ -214,9 +239,9 @@ class FrontDoor:
                 if side is not None:
                     side.close()
                     self._channels.discard(side)
-            guard.per_source[record.source] -= 1
-            if guard.per_source[record.source] <= 0:
-                del guard.per_source[record.source]
+            guard.per_source[record.client] -= 1
+            if guard.per_source[record.client] <= 0:
+                del guard.per_source[record.client]
             if counted_branch:
                 guard.per_branch[counted_branch] -= 1
                 if guard.per_branch[counted_branch] <= 0:
@@ -302,13 +327,13 @@ class FrontDoor:
             )
         if start.minor > 0 or start.protocol_options:
             client.write(proto.negotiate_protocol(start.protocol_options))
-        if self.guard.banned(record.source):
+        if self.guard.banned(record.client):
             raise Refused(
                 "refused:failed_logins",
                 proto.INVALID_AUTHORIZATION,
                 "too many failed logins from this address; try again later",
             )
-        if self.guard.per_source[record.source] > s.door_max_per_source:
+        if self.guard.per_source[record.client] > s.door_max_per_source:
             raise Refused(
                 "refused:source_cap",
                 proto.TOO_MANY_CONNECTIONS,
@@ -319,10 +344,14 @@ class FrontDoor:
         name = self._branch_name(client, start)
         record.branch = name
         began = self._clock()
-        route = await self._resolve(name) if NAME_RE.match(name) else None
-        if route is None:
-            record.outcome = "unknown_branch"
-            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+        route = await self._route(name, record)
+        if route is None or not route.admits(start.user, now=time.time()):
+            # No branch, or a role the engine minted no current credential for (the branch's
+            # own, one PR SQL made, an expired grant): the same wrong password either way.
+            record.outcome = "unknown_branch" if route is None else "refused:role"
+            await self._login_steps.imitate(
+                client, user=start.user, name=name, record=record, began=began
+            )
             return None, "", None
         try:
             backend = await self._connect(route)
@@ -331,7 +360,9 @@ class FrontDoor:
                 "the front door cannot reach branch %s (port %s): %s", name, route.port, exc
             )
             record.outcome = "branch_unreachable"
-            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+            await self._login_steps.imitate(
+                client, user=start.user, name=name, record=record, began=began
+            )
             return None, "", None
         try:
             backend.write(start.rewritten(route.database))
@@ -340,6 +371,9 @@ class FrontDoor:
             ):
                 backend.close()
                 return None, "", None
+            if record.wake_counted:  # the wake it caused was worth a good login
+                record.wake_counted = False
+                self.guard.forgive(record.client)
             if self.guard.per_branch[name] >= s.door_max_per_branch:
                 raise Refused(
                     "refused:branch_cap",
@@ -366,6 +400,34 @@ class FrontDoor:
             backend.close()
             raise
 
+    async def _route(self, name: str, record: Record) -> Route | None:
+        """The engine's answer for ``name``. A wake counts against the client as a failed
+        login until a login through it succeeds (a client that hangs up after the first reply
+        keeps it counted), so a client wakes at most its failed logins' worth of branches; a
+        wake that fails is told to the client and counted as nothing."""
+
+        def may_wake() -> bool:
+            if self.guard.banned(record.client):
+                return False
+            self.guard.failed(record.client)
+            record.wake_counted = True
+            return True
+
+        if not NAME_RE.match(name):
+            return None
+        try:
+            return await self._resolve(name, may_wake=may_wake)
+        except WakeFailed:
+            if record.wake_counted:
+                record.wake_counted = False
+                self.guard.forgive(record.client)
+            raise Refused(
+                "wake_failed",
+                proto.CANNOT_CONNECT_NOW,
+                f"branch {name} is suspended and could not be woken: ask the pool's admin, who "
+                "finds why in the front door's log and repairs it with `pgoverlay gc`",
+            ) from None
+
     def _branch_name(self, client: Channel, start: proto.Startup) -> str:
         suffix = (self.settings.door_sni_suffix or "").strip(".").lower()
         sni = getattr(client.info("ssl_object"), _SNI_ATTRIBUTE, None)
@@ -384,7 +446,8 @@ class FrontDoor:
     async def _cancel(self, request: proto.CancelRequest, record: Record) -> None:
         route = self._keys.get((request.pid, request.key))
         if route is None:
-            self.guard.failed(record.source)
+            if not self.guard.banned(record.client):  # a banned one's cancels cost nothing
+                self.guard.failed(record.client)
             record.outcome = "cancel_unknown"
             return
         try:
