@@ -420,14 +420,14 @@ def test_only_credentials_the_engine_minted_log_in_through_the_door(
     assert [x["outcome"] for x in lines].count("refused:role") == 2
 
 
-def first_reply(door_port: int, ca_file: Path, name: str) -> bytes:
+def first_reply(door_port: int, ca_file: Path, name: str, user: str) -> bytes:
     """Name branch ``name`` and hang up after the door's first answer."""
     raw = socket.create_connection(("127.0.0.1", door_port), timeout=120)
     raw.sendall(struct.pack("!II", 8, 80877103))
     assert raw.recv(1) == b"S"
     context = ssl.create_default_context(cafile=os.fspath(ca_file))
     with context.wrap_socket(raw, server_hostname="localhost") as sock:
-        sock.sendall(startup(user="anyone", database=name))
+        sock.sendall(startup(user=user, database=name))
         return read_message(sock)
 
 
@@ -441,12 +441,12 @@ def test_a_client_hanging_up_after_the_first_reply_wakes_no_more_than_its_failed
     names = [f"atk-wake-{n}" for n in range(3)]
     undo.branch(*names)
     for name in names:
-        branch.create(pool, name, base_name=base.name)
+        user = branch.create(pool, name, base_name=base.name).user  # guessable: pgoverlay
         branch.suspend(pool, name)
     folder = tmp_path_factory.mktemp("door-wakes")
     env = {"PGOVERLAY_DOOR_FAILED_LOGINS": "2", "PGOVERLAY_DOOR_HANDSHAKE_TIMEOUT": "60"}
     with running_door(pool, base, folder, policy="owners: [acme]\n", env=env) as door:
-        replies = [first_reply(door.door_port, door.certs.ca_file, name) for name in names]
+        replies = [first_reply(door.door_port, door.certs.ca_file, n, user) for n in names]
     assert [r[:1] for r in replies] == [b"R", b"R", b"E"]
     assert b"too many failed logins" in replies[2]
     states = [branch.get(pool, name).state for name in names]

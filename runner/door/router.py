@@ -12,13 +12,20 @@ ReadyForQuery, or the door's refusal):
    the peer is loopback. A CancelRequest (in plaintext, as libpq sends it, or inside TLS) is
    forwarded only to the branch whose backend gave the door that key, else dropped without a
    word and counted as a failed login (its 32-bit secret is a password of sorts).
-2. The source's checks: ``door_failed_logins`` failures within ``door_failed_window`` seconds
-   (28000 "too many failed logins from this address; try again later"), more than
-   ``door_max_per_source`` connections (53300; more than twice as many are closed unanswered).
+2. The client's checks (a client is an IPv4 address, or an IPv6 network of
+   ``door_ipv6_prefix`` bits, see ``guard``): ``door_failed_logins`` failures within
+   ``door_failed_window`` seconds (28000 "too many failed logins from this address; try again
+   later"), more than ``door_max_per_source`` connections (53300; more than twice as many are
+   closed unanswered).
 3. The branch: the TLS SNI name ``BRANCH.<door_sni_suffix>`` when the suffix is set and the
    name ends with it, else the StartupMessage's ``database``; asked of the injected
-   ``resolve(name)`` on every connection (nothing is cached, so a destroyed branch is
-   unreachable as soon as the engine forgets it).
+   ``resolve(name, may_wake=...)`` on every connection (nothing is cached, so a destroyed branch
+   is unreachable, and a revoked or expired grant refused, as soon as the engine forgets it).
+   The answer names the roles that may log in (the credentials the engine minted, until their
+   expiry); any other role (the branch's own, one PR SQL made) gets the unknown name's answer.
+   A suspended branch is woken only if ``may_wake`` allows it, and the wake counts as a failed
+   login until a login through it succeeds; a wake that fails is told to the client (57P03,
+   "ask the pool's admin") and counts as nothing.
 4. The login, relayed message by message: the door connects to the branch (plain TCP on
    loopback), sends the StartupMessage with ``database`` set to the branch's real database, and
    passes on the branch's SCRAM-SHA-256 exchange. Authentication stays end to end between the
@@ -39,10 +46,13 @@ nonce, a salt and 4096 iterations, then FATAL 28P01 ``password authentication fa
 "<user>"``. The salt is an HMAC of the branch name and user under a key the door draws at start,
 so it stays the same from one attempt to the next, as a real role's does (a fresh salt per
 attempt would tell). Every error of a login, the branch's included, is written by the door
-without Postgres's source-file fields, so the two read the same byte for byte; the client's
-SCRAM messages are checked by the door in both cases, and each of the imitation's answers waits
-as long as a recent real branch took for that step (``guard``). Each such failure counts
-against the source's failed logins, as a wrong password does.
+without Postgres's source-file fields, so the two read the same byte for byte. The client's
+SCRAM messages are checked by the door in both cases before a branch sees them, as Postgres 15
+checks them (``startup``: its SQLSTATE, message and detail for each malformed message), and a
+refusal counts as a failed login. The imitation's three answers wait as long as a recent real
+wrong password's did, counted from the same instants (the first from before the engine's
+lookup, so the lookup is not paid twice; ``guard``). Each such failure counts against the
+client's failed logins, as a wrong password does.
 
 Audit: one ``door.connect`` line per connection through the injected ``audit`` writer (an
 ``AuditLog.write``): user, branch, source, start, end, bytes_in, bytes_out, outcome.
