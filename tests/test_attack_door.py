@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from apikit import running_door
 
-from doorkit import DoorCA, failed_scram, make_ca, message, read_message, startup
+from doorkit import DoorCA, Exchange, failed_scram, make_ca, message, read_message, startup
 from helpers import Undo
 from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner import branch
@@ -240,20 +240,27 @@ def test_a_wrong_password_takes_as_long_on_an_unknown_name_as_on_a_branch(
 ) -> None:
     """Printed, not asserted (timing is the bench's): the time of each answer, medians of 20."""
     with door(door_failed_logins=1000) as d:
-        for _ in range(5):  # real logins first: the imitation waits as they took
+        for _ in range(30):  # real logins first: the imitation waits as they took
             failed_scram(d.port, ca.ca_file, database=real.name, user=real.user)
         rounds: dict[str, list[tuple[float, float, float]]] = {"branch": [], "unknown": []}
+        shapes: dict[str, list[Exchange]] = {"branch": [], "unknown": []}
         for _ in range(20):
             for label, database in (("branch", real.name), ("unknown", "atk-no-such")):
                 done = failed_scram(d.port, ca.ca_file, database=database, user=real.user)
                 rounds[label].append(done.waits)
+                shapes[label].append(done)
+    print_waits("in-thread door", rounds)
+    assert {x.shape for x in shapes["branch"]} == {x.shape for x in shapes["unknown"]}
+
+
+def print_waits(where: str, rounds: dict[str, list[tuple[float, float, float]]]) -> None:
     for label, waits in rounds.items():
         medians = [statistics.median(w[i] for w in waits) for i in range(3)]
         total = statistics.median(sum(w) for w in waits)
         print(
-            f"wrong password, {label}: median per answer "
+            f"{where}, wrong password, {label}: median per answer "
             + ", ".join(f"{m * 1000:.2f}" for m in medians)
-            + f" ms; whole login {total * 1000:.2f} ms"
+            + f" ms; whole login {total * 1000:.2f} ms (of {len(waits)})"
         )
 
 
@@ -418,6 +425,38 @@ def test_only_credentials_the_engine_minted_log_in_through_the_door(
         assert "too many failed logins" in refused
     lines = [x for x in auditmod.read(pool.home / auditmod.DOOR_LOG) if x.get("branch") == name]
     assert [x["outcome"] for x in lines].count("refused:role") == 2
+
+
+def test_a_wrong_password_through_the_shipping_door_takes_as_long_on_an_unknown_name(
+    pool: Pool,
+    base: BaseVersion,
+    service: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    undo: Undo,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`pgoverlay door`, asking the engine about each name: a granted role's wrong password on
+    a real branch against the same on a name that is none. Printed, not asserted."""
+    monkeypatch.setattr(pool.settings, "access_unmasked", True)
+    name = "atk-timing"
+    undo.branch(name)
+    branch.create(pool, name, base_name=base.name)
+    role = grants.grant(pool, name, login="octo-cat", ttl=3600).grant.role
+    folder = tmp_path_factory.mktemp("door-timing")
+    env = {"PGOVERLAY_DOOR_FAILED_LOGINS": "1000"}
+    with running_door(pool, base, folder, policy="owners: [acme]\n", env=env) as door:
+        ca_file = door.certs.ca_file
+        for _ in range(30):  # real wrong passwords first: the imitation copies their waits
+            failed_scram(door.door_port, ca_file, database=name, user=role)
+        rounds: dict[str, list[tuple[float, float, float]]] = {"branch": [], "unknown": []}
+        verdicts = set()
+        for _ in range(20):
+            for label, database in (("branch", name), ("unknown", "atk-none")):
+                done = failed_scram(door.door_port, ca_file, database=database, user=role)
+                rounds[label].append(done.waits)
+                verdicts.add(done.verdict)
+    print_waits("pgoverlay door", rounds)
+    assert len(verdicts) == 1  # the same 28P01, byte for byte
 
 
 def first_reply(door_port: int, ca_file: Path, name: str, user: str) -> bytes:

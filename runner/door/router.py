@@ -115,7 +115,8 @@ class WakeFailed(Exception):
 class Resolve(Protocol):
     """The branch named ``name``, as the engine knows it now (None: no such branch, or none
     that can be reached). A suspended branch is woken only if ``may_wake()`` says so, called
-    once before the wake starts (it counts the wake against the client)."""
+    before a wake starts (it counts the wake against the client); a connection that joins a
+    wake under way need not ask."""
 
     def __call__(self, name: str, *, may_wake: Callable[[], bool]) -> Awaitable[Route | None]: ...
 

@@ -249,7 +249,8 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
     engine answers from its registry in about a millisecond, both questions at once), so a
     destroyed branch is unreachable, and a revoked or expired grant refused, at once.
 
-    A suspended branch is woken first if the router's ``may_wake`` allows it, and the
+    A suspended branch is woken first if the router's ``may_wake`` allows it (asked by the
+    connection that starts a wake: one that joins a wake under way adds no cost), and the
     client's connection waits meanwhile: the connections that arrive while it wakes share one
     wake (and the engine's lock on the branch makes a wake from elsewhere, a command or the
     Action, the same one). A wake that fails is logged with why, and raised as
@@ -284,7 +285,7 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
             log.warning("the front door could not look up branch %s: %s", name, err)
             return None
         if view is not None and view.state in WAKEABLE:
-            if not may_wake():
+            if name not in waking and not may_wake():  # joining a wake under way costs nothing
                 return None
             try:
                 view = await wake(name)
