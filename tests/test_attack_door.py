@@ -209,8 +209,25 @@ def test_malformed_scram_messages_get_postgres_own_answer_from_a_branch_and_an_u
             # Postgres's own SQLSTATE, message and detail (the door drops its source-file fields)
             assert {k: fields.get(k) for k in "CMD"} == {k: postgres.get(k) for k in "CMD"}, what
             assert fields["C"] != "28P01", what
+        # a message that is no SASL response at all
+        query = message(b"Q", b"SELECT 1\0")
+        said = []
+        for database in (real.name, "atk-no-such"):
+            with tls_to(d.port, ca) as sock:
+                sock.sendall(startup(user=real.user, database=database))
+                assert read_message(sock)[:1] == b"R"
+                sock.sendall(query)
+                said.append(read_message(sock))
+        with socket.create_connection(("127.0.0.1", real.port), timeout=20) as sock:
+            sock.sendall(startup(user=real.user, database=real.database))
+            assert read_message(sock)[:1] == b"R"
+            sock.sendall(query)
+            postgres = proto.error_fields(read_message(sock)[5:])
+    assert said[0] == said[1]
+    fields = proto.error_fields(said[0][5:])
+    assert {k: fields.get(k) for k in "CMD"} == {k: postgres.get(k) for k in "CMD"}
     refused = audit.outcomes().count("refused:scram")
-    assert refused == 2 * len(MALFORMED), audit.outcomes()
+    assert refused == 2 * len(MALFORMED) + 2, audit.outcomes()
 
 
 def test_every_malformed_scram_message_counts_as_a_failed_login(

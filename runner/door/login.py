@@ -111,7 +111,7 @@ class Login:
                 waits.append(_loop_time() - since)
                 self.guard.timed(step, waits[-1])
                 client.write(proto.message(kind, body))
-                answer = await sasl_message(client)
+                answer = await self._answer(client, record)
                 first = self._client_first(record, answer)
                 exchanged = True
             elif code == proto.AUTH_SASL_CONTINUE:
@@ -119,7 +119,7 @@ class Login:
                 self.guard.timed(step, waits[-1])
                 nonce = proto.server_first_nonce(body[4:])
                 client.write(proto.message(kind, body))
-                answer = await sasl_message(client)
+                answer = await self._answer(client, record)
                 self._client_final(record, answer, nonce=nonce, flag=first.flag)
             elif code == proto.AUTH_SASL_FINAL:
                 client.write(proto.message(kind, body))
@@ -145,6 +145,14 @@ class Login:
 
     # A client's SCRAM messages, checked as Postgres checks them: a refusal is a failed login,
     # on a real branch and an imitated one alike.
+
+    async def _answer(self, client: Channel, record: Record) -> bytes:
+        """The client's next SASL message (a message of another type, or too long, refused)."""
+        try:
+            return await sasl_message(client)
+        except proto.StartupError:
+            self._refused(record)
+            raise
 
     def _client_first(self, record: Record, answer: bytes) -> proto.ClientFirst:
         try:
@@ -182,7 +190,7 @@ class Login:
         sasl_wait, continue_wait, final_wait = self.guard.pauses()
         await _until(began + sasl_wait)
         client.write(proto.auth_sasl())
-        answer = await sasl_message(client)
+        answer = await self._answer(client, record)
         since = _loop_time()
         first = self._client_first(record, answer)
         nonce = first.nonce + base64.b64encode(os.urandom(18)).decode()
@@ -190,7 +198,7 @@ class Login:
         server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={SCRAM_ITERATIONS}"
         await _until(since + continue_wait)
         client.write(proto.auth_sasl_continue(server_first.encode()))
-        answer = await sasl_message(client)
+        answer = await self._answer(client, record)
         since = _loop_time()
         self._client_final(record, answer, nonce=nonce, flag=first.flag)
         await _until(since + final_wait)
