@@ -246,7 +246,7 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
     ready, and the roles that may log in through the door: the credentials the engine granted
     (people's and the preview app's), each until its expiry, and the branch's own role only
     while a verified job may use it (``jobs``, see ``joblogins``). Asked each connection (the
-    engine answers from its registry in about a millisecond, both questions at once), so a
+    engine answers from its registry in about a millisecond, the logins with the branch), so a
     destroyed branch is unreachable, and a revoked or expired grant refused, at once.
 
     A suspended branch is woken first if the router's ``may_wake`` allows it (asked by the
@@ -276,14 +276,13 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
 
     async def resolve(name: str, *, may_wake: Callable[[], bool]) -> router.Route | None:
         try:
-            view, granted = await asyncio.gather(
-                asyncio.to_thread(engine.branch, name), asyncio.to_thread(engine.grants, name)
-            )
+            view = await asyncio.to_thread(engine.branch, name)
         except BranchMissingError:
             return None
         except PgoverlayError as err:
             log.warning("the front door could not look up branch %s: %s", name, err)
             return None
+        minted = (view.logins or []) if view is not None else []  # the wake's view has none
         if view is not None and view.state in WAKEABLE:
             if name not in waking and not may_wake():  # joining a wake under way costs nothing
                 return None
@@ -296,7 +295,7 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
                 raise router.WakeFailed(str(err)) from None
         if view is None or view.state != "ready":
             return None
-        logins = {g.role: g.expires_at for g in granted}
+        logins = {g.role: g.expires_at for g in minted}
         if jobs is not None and jobs.allowed(name):
             logins[view.user] = math.inf
         return router.Route(host=view.host, port=view.port, database=view.database, logins=logins)
