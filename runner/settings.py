@@ -290,6 +290,8 @@ class Settings:
     # Failed logins a source may make in door_failed_window seconds before it is refused.
     door_failed_logins: int = bounded(10, ge=1)
     door_failed_window: float = bounded(300.0, gt=0)
+    # The door's limits count an IPv6 client by its prefix of this many bits (IPv4: per address).
+    door_ipv6_prefix: int = bounded(64, ge=8, le=128)
     # Personal credentials (`pgoverlay access`): their default and longest life in seconds, and
     # whether a branch of an unmasked base (production's personal data) may have them at all.
     access_ttl: float = bounded(8 * 3600.0, gt=0)

@@ -78,7 +78,7 @@ def door(pool: Pool, ca: DoorCA, audit: Audit) -> Door:
             **{"door_sni_suffix": SNI_SUFFIX, "door_handshake_timeout": 10.0, **changes}
         )
 
-        async def resolve(name: str) -> Route | None:
+        async def resolve(name: str, *, may_wake: Callable[[], bool]) -> Route | None:
             # Opened and closed here, on the door's thread (SQLite's objects stay on theirs;
             # one left open would keep the pool from unmounting).
             registry = Registry(pool.registry.path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
@@ -27,6 +28,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, TimeoutExpiredError
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
+from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.pool import require_root
 from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
@@ -69,6 +72,7 @@ class Prepared:
     engine: RemoteEngine
     pages: ASGIApp  # the branch pages, and the network API under /api/v1 when it is on
     audit: audit.AuditLog
+    jobs: JobLogins  # the branches whose own role a verified job logs in with (the API tells)
 
 
 def door_dir(settings: Settings) -> Path:
@@ -143,6 +147,7 @@ def prepare(settings: Settings) -> Prepared:
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
     pages: ASGIApp
+    jobs = JobLogins()
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
@@ -155,7 +160,7 @@ def prepare(settings: Settings) -> Prepared:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
         pages = page.create_unconfigured()
     if settings.api_audience is not None:
-        pages = with_api(settings, pages)
+        pages = with_api(settings, pages, jobs=jobs)
     return Prepared(
         uid=uid,
         gid=gid,
@@ -167,10 +172,11 @@ def prepare(settings: Settings) -> Prepared:
         engine=engine,
         pages=pages,
         audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
+        jobs=jobs,
     )
 
 
-def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
+def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = None) -> ASGIApp:
     """The pages with the network API mounted at ``api.PREFIX``: its policy file read and
     checked now (as root: the admin's file may be root's alone), its issuer asked for keys
     when the first token comes."""
@@ -201,6 +207,7 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         app_sslmode=settings.door_app_sslmode,
         failed_logins=settings.door_failed_logins,
         failed_window=settings.door_failed_window,
+        job_logins=jobs,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
@@ -234,15 +241,20 @@ def serve(settings: Settings) -> None:
         uvloop.run(_serve(settings, prepared))
 
 
-def resolver(engine: RemoteEngine) -> router.Resolve:
+def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Resolve:
     """The router's lookup: the branch as the engine lists it (anyone may look), if it is
-    ready; asked each connection (the engine answers from its registry in about a
-    millisecond), so a destroyed branch is unreachable at once.
+    ready, and the roles that may log in through the door: the credentials the engine granted
+    (people's and the preview app's), each until its expiry, and the branch's own role only
+    while a verified job may use it (``jobs``, see ``joblogins``). Asked each connection (the
+    engine answers from its registry in about a millisecond, the logins with the branch), so a
+    destroyed branch is unreachable, and a revoked or expired grant refused, at once.
 
-    A suspended branch is woken first, and the client's connection waits meanwhile: the
-    connections that arrive while it wakes share one wake (and the engine's lock on the branch
-    makes a wake from elsewhere, a command or the Action, the same one). A wake that fails is
-    logged and answered as a branch that is not there."""
+    A suspended branch is woken first if the router's ``may_wake`` allows it (asked by the
+    connection that starts a wake: one that joins a wake under way adds no cost), and the
+    client's connection waits meanwhile: the connections that arrive while it wakes share one
+    wake (and the engine's lock on the branch makes a wake from elsewhere, a command or the
+    Action, the same one). A wake that fails is logged with why, and raised as
+    ``router.WakeFailed``."""
 
     from pgoverlay.runner.door import router
 
@@ -262,19 +274,31 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
             pending.add_done_callback(lambda _: waking.pop(name, None))
         return await asyncio.shield(pending)
 
-    async def resolve(name: str) -> router.Route | None:
+    async def resolve(name: str, *, may_wake: Callable[[], bool]) -> router.Route | None:
         try:
             view = await asyncio.to_thread(engine.branch, name)
-            if view is not None and view.state in WAKEABLE:
-                view = await wake(name)
         except BranchMissingError:
             return None
         except PgoverlayError as err:
-            log.warning("the front door could not wake branch %s: %s", name, err)
+            log.warning("the front door could not look up branch %s: %s", name, err)
             return None
+        minted = (view.logins or []) if view is not None else []  # the wake's view has none
+        if view is not None and view.state in WAKEABLE:
+            if name not in waking and not may_wake():  # joining a wake under way costs nothing
+                return None
+            try:
+                view = await wake(name)
+            except BranchMissingError:
+                return None
+            except PgoverlayError as err:
+                log.error("the front door could not wake branch %s: %s", name, err)
+                raise router.WakeFailed(str(err)) from None
         if view is None or view.state != "ready":
             return None
-        return router.Route(host=view.host, port=view.port, database=view.database)
+        logins = {g.role: g.expires_at for g in minted}
+        if jobs is not None and jobs.allowed(name):
+            logins[view.user] = math.inf
+        return router.Route(host=view.host, port=view.port, database=view.database, logins=logins)
 
     return resolve
 
@@ -287,7 +311,7 @@ async def _serve(settings: Settings, prepared: Prepared) -> None:
     door = router.FrontDoor(
         settings,
         ssl_context=prepared.postgres_tls,
-        resolve=resolver(prepared.engine),
+        resolve=resolver(prepared.engine, prepared.jobs),
         audit=prepared.audit.write,
     )
     await door.start(sock=prepared.postgres)

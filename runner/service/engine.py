@@ -64,6 +64,7 @@ from pgoverlay.runner.service.views import (
     GcReport,
     GrantView,
     Layer,
+    Login,
     Record,
     Revoked,
     TraceMark,
@@ -342,7 +343,13 @@ class LocalEngine:
         found = self.pool.registry.branch(name)
         if found is not None and self.vouched is not None:
             self._vouched_owner(found, self.vouched)
-        return self._view(found, layer=layer) if found else None
+        view = self._view(found, layer=layer) if found else None
+        if view is not None and self.door and self.vouched is None:  # its router's one lookup
+            granted = self.pool.registry.grants(name)
+            view = view.replace(
+                logins=[Login(role=g.role, expires_at=g.expires_at) for g in granted]
+            )
+        return view
 
     def size(self, name: str) -> Layer:
         b = branches.get(self.pool, name)
