@@ -301,9 +301,12 @@ class Settings:
     github_api_url: str = "https://api.github.com"
     oauth_client_id: str | None = None
     oauth_client_secret_file: Path | None = None
-    # The least permission on the PR's repository that gets a read-write credential (below
-    # it, and at least read: read-only); and how long a page session lasts, in seconds.
+    # The least permission on the PR's repository that gets a read-write credential, and the
+    # least that gets a read-only one (on a public or internal repository, where GitHub gives
+    # every account read, never less than triage); and how long a page session lasts, in
+    # seconds.
     access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
+    access_read_permission: Literal["read", "triage", "write", "maintain", "admin"] = "read"
     page_session_seconds: float = bounded(3600.0, gt=0)
     # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
     # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API

@@ -7,8 +7,9 @@ What a request may learn:
 
 - Nothing before sign-in: every ``/b/...`` sends an anonymous reader to GitHub, whether the
   branch exists or not.
-- After sign-in, a reader GitHub shows the branch's repository to gets the page (read-only
-  below ``access_write_permission``, read-write at or above it). A branch that does not exist
+- After sign-in, a reader whose role on the branch's repository counts (``oauth.access``: on a
+  public repository, read is anyone's and does not) gets the page (read-only below
+  ``access_write_permission``, read-write at or above it). A branch that does not exist
   and a repository the reader may not see get the same 404 page, byte for byte.
 - A credential only from a POST carrying the session's CSRF token (a synchronizer token) from
   this page's own origin (``Origin``); its password is in that response's body alone
@@ -452,7 +453,12 @@ def _check(
     view = engine.branch(name)
     if view is None or not view.repository:
         return login, unknown_key(name), None
-    level = github.access(token, view.repository, write_permission=settings.access_write_permission)
+    level = github.access(
+        token,
+        view.repository,
+        write_permission=settings.access_write_permission,
+        read_permission=settings.access_read_permission,
+    )
     return login, view.repository, level
 
 
