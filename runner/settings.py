@@ -22,6 +22,9 @@ from pgoverlay.runner.runtime import table as runtimes
 ENV_PREFIX = "PGOVERLAY_"
 # Settings renamed, by their former names: the former variable is still read; the new one wins.
 RENAMED = {"lock_timeout": "lock_wait"}
+# A branch's connections kept for superusers (the engine's own): the rest is shared by the
+# door's clients and the engine's and job's own connections (``Settings.door_branch_cap``).
+SUPERUSER_RESERVED = 3
 
 
 def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict[str, str]:
@@ -200,7 +203,11 @@ class Settings:
     # it creates). Never on 15 or older, where CREATEROLE may grant itself a shell.
     branch_createrole: bool = False
     shared_buffers: str = "32MB"
-    max_connections: int = bounded(30, ge=5)
+    # A branch's connections: superuser_reserved_connections (3) for the engine's superuser,
+    # branch_engine_connections for the engine and the job's own (the migration, its probe),
+    # the rest for the front door (door_max_per_branch). The defaults give the door 50.
+    max_connections: int = bounded(63, ge=5)
+    branch_engine_connections: int = bounded(10, ge=1)
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
     # WAL kept for recycling after a checkpoint (with wal_recycle on); a branch gets at least
@@ -283,7 +290,9 @@ class Settings:
     door_sni_suffix: str | None = None
     # Plaintext Postgres connections from loopback (never from elsewhere).
     door_plaintext_loopback: bool = False
-    door_max_per_branch: int = bounded(50, ge=1)
+    # Connections to one branch through the door; 0: all that a branch leaves the door
+    # (door_branch_cap). More than that is refused at start: the branch itself would refuse them.
+    door_max_per_branch: int = bounded(0, ge=0)
     door_max_per_source: int = bounded(20, ge=1)
     # Seconds a client has from connecting to its first query (TLS, startup and login).
     door_handshake_timeout: float = bounded(10.0, gt=0)
@@ -369,6 +378,20 @@ class Settings:
                 f"set both {variable('ssl_cert_file')} and {variable('ssl_key_file')} for SSL, "
                 "or neither",
             )
+        left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
+        if left < 1 or self.door_max_per_branch > left:
+            door = variable("door_max_per_branch")
+            wanted = max(self.door_max_per_branch, 1) + SUPERUSER_RESERVED
+            wanted += self.branch_engine_connections
+            fewer = f", fewer than {door}={self.door_max_per_branch}" if left >= 1 else ""
+            raise SettingError(
+                "",
+                f"a branch's {variable('max_connections')}={self.max_connections} leaves "
+                f"{max(left, 0)} connections for the front door ({SUPERUSER_RESERVED} are the "
+                f"engine's superuser's, {variable('branch_engine_connections')}="
+                f"{self.branch_engine_connections} the engine's and the job's own){fewer}: "
+                f"raise {variable('max_connections')} to {wanted}, or lower {door}",
+            )
         if self.api_audience is not None and self.api_policy_file is None:
             raise SettingError(
                 "api_policy_file",
@@ -427,6 +450,14 @@ class Settings:
         told ``verify-full``: the branch page offers the door's own certificate and its
         fingerprint, for ``sslrootcert``."""
         return "verify-full" if self.door_cert_file is not None else "require"
+
+    @property
+    def door_branch_cap(self) -> int:
+        """How many connections one branch takes through the front door: door_max_per_branch,
+        else all a branch's max_connections leaves once the engine's superuser and
+        branch_engine_connections have theirs (checked at load to be at least one)."""
+        left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
+        return self.door_max_per_branch or left
 
     def page_url(self, branch: str) -> str:
         """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
