@@ -22,8 +22,14 @@ from doorkit import make_ca
 from fakegithub import FakeGitHub
 from pgoverlay.action import record as pr_record
 from pgoverlay.action.insight.model import LockUse, MigrationInsight, Verdict, Volume
+from pgoverlay.action.insight.schemadiff import (
+    SchemaAttribute,
+    SchemaChange,
+    SchemaCount,
+    SchemaDiff,
+)
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
-from pgoverlay.errors import ServiceError
+from pgoverlay.errors import ServiceError, UnmaskedAccessError
 from pgoverlay.runner.door import page
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.service.views import BaseView, BranchView, GrantView, Layer, Record
@@ -81,6 +87,26 @@ def report(branch: str, repository: str) -> Report:
             MigrationRun("db/0041_<orders>_index.sql", "applied", 0.46, insight=insight),
             MigrationRun("db/0042_email.sql", "failed", 0.03, error="ERROR: <b>boom</b>", line=3),
         ],
+        schema_diff=SchemaDiff(
+            base_taken_at=1.0,
+            changes=[
+                SchemaChange(
+                    "index",
+                    "public.orders_amount_idx",
+                    "added",
+                    table="public.orders",
+                    attributes=[SchemaAttribute("definition", after="... USING btree (amount)")],
+                ),
+                SchemaChange(
+                    "column",
+                    "public.orders.note<i>",
+                    "changed",
+                    table="public.orders",
+                    attributes=[SchemaAttribute("type", "integer", "bigint")],
+                ),
+            ],
+            counts=[SchemaCount("index", "added", 1), SchemaCount("column", "changed", 1)],
+        ),
     )
 
 
@@ -123,6 +149,7 @@ class Engine:
     failing: bool = False  # the engine's service does not answer
     measured: list[str] = field(default_factory=list)  # branches whose layer was walked
     masked: bool = False  # the base's data
+    refuse_unmasked: bool = False  # as the engine does when the admin does not allow it
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         if self.failing:
@@ -151,6 +178,11 @@ class Engine:
         ]
 
     def grant(self, name: str, request: GrantRequest) -> GrantView:
+        if self.refuse_unmasked and not self.masked and not request.app:
+            raise UnmaskedAccessError(
+                f"branch {name} is of base prod v3, which is not masked: ... allow them with "
+                "PGOVERLAY_ACCESS_UNMASKED=true"
+            )
         password = secrets.token_urlsafe(18)
         self.grants.append((name, request))
         self.passwords.append(password)
@@ -197,18 +229,33 @@ class Site:
     clock: Clock
     tls: Tls
     origin: str
+    audit: list[dict[str, object]]  # the lines the page wrote to its audit log
 
     def client(self) -> httpx.Client:
         return httpx.Client(verify=ssl.create_default_context(cafile=str(self.tls.ca)), timeout=10)
 
 
 @contextmanager
-def running_page(folder: Path, engine: Engine, *, port: int, **settings: Any) -> Iterator[Site]:
+def running_page(
+    folder: Path,
+    engine: Engine,
+    *,
+    port: int,
+    tls: Tls | None = None,
+    **settings: Any,
+) -> Iterator[Site]:
     """The page for ``engine`` on ``port`` of 127.0.0.1 (``https://localhost:PORT``), signing
     readers in at a fake GitHub that knows its OAuth client (add repositories and their people
-    to ``site.fake``); ``settings`` are the page's others. Its certificate is the door's own
-    (``FINGERPRINT``). The fake's violations of GitHub's API description fail the test."""
-    tls = make_tls(folder)
+    to ``site.fake``); ``settings`` are the page's others. Its certificate is ``tls`` (made in
+    ``folder`` when not given), shown as the door's own (``FINGERPRINT``); its audit lines are kept
+    in ``site.audit``. The fake's violations of GitHub's API description fail the test."""
+    tls = tls or make_tls(folder)
+
+    audit: list[dict[str, object]] = []
+
+    def write(event: str, **fields: object) -> None:
+        audit.append({"event": event, **fields})
+
     origin = f"https://{HOST}:{port}"
     secret_file = folder / "client-secret"
     secret_file.write_text(CLIENT_SECRET + "\n")
@@ -231,6 +278,7 @@ def running_page(folder: Path, engine: Engine, *, port: int, **settings: Any) ->
             fingerprint=FINGERPRINT,
             certificate=tls.cert.read_text(),
             clock=clock,
+            audit=write,
         )
         page.quiet_access_log()
         config = uvicorn.Config(
@@ -250,7 +298,7 @@ def running_page(folder: Path, engine: Engine, *, port: int, **settings: Any) ->
             while not server.started:  # uvicorn says when it listens
                 assert thread.is_alive() and time.monotonic() < deadline, "the page did not start"
                 time.sleep(0.02)
-            yield Site(fake, engine, clock, tls, origin)
+            yield Site(fake, engine, clock, tls, origin, audit)
         finally:
             server.should_exit = True
             thread.join(timeout=10)

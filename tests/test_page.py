@@ -28,6 +28,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
+import pagekit
 from fakegithub import FakeGitHub
 from helpers import free_tcp_port, top_ports
 from pagekit import CLIENT_ID, FINGERPRINT, HOST, SESSION_SECONDS, Engine, Site, running_page, view
@@ -46,6 +47,9 @@ PRIVATE_BRANCH = "secret-pr-3"
 REPO = "acme/shop"
 PRIVATE_REPO = "acme/vault"
 SESSION_COOKIE_NAME = "__Host-pgoverlay"
+# What differs between two answers for one reason only: the response's nonce, the session's
+# CSRF token (each sign-in opens a new session).
+PER_SESSION = re.compile(r"nonce-[^'\"]+|nonce=\"[^\"]+\"|name=\"csrf\" value=\"[^\"]+\"")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     engine = Engine(
         {BRANCH: view(BRANCH, REPO), PRIVATE_BRANCH: view(PRIVATE_BRANCH, PRIVATE_REPO)}
     )
-    with running_page(tmp_path_factory.mktemp("page"), engine, port=PORT) as made:
+    folder = tmp_path_factory.mktemp("page")
+    # The admin allows personal credentials on unmasked bases here; the test of a host that
+    # does not runs a page of its own.
+    with running_page(folder, engine, port=PORT, access_unmasked=True) as made:
         made.fake.add_repo(REPO, private=True)
         made.fake.add_repo(PRIVATE_REPO, private=True)
         made.fake.add_collaborator(REPO, "alice", "write")
@@ -155,7 +162,7 @@ def test_a_writer_signs_in_sees_the_branch_and_its_report_and_gets_a_read_write_
     assert "ERROR: <b>boom</b>" in text
     assert "prod version 3" in text
 
-    chrome.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    chrome.find_element(By.ID, "get-credential").click()
     WebDriverWait(chrome, 10).until(EC.url_to_be(f"{ORIGIN}/b/{BRANCH}/credential"))
     WebDriverWait(chrome, 10).until(EC.presence_of_element_located((By.ID, "expires")))
     assert site.engine.grants[before:] == [
@@ -206,7 +213,7 @@ def test_a_reader_with_read_permission_gets_a_read_only_credential(
 ) -> None:
     open_page(chrome, site.fake, "bob", BRANCH)
     assert "your access is read-only" in chrome.find_element(By.TAG_NAME, "body").text
-    chrome.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    chrome.find_element(By.ID, "get-credential").click()
     WebDriverWait(chrome, 10).until(EC.presence_of_element_located((By.ID, "expires")))
     assert site.engine.grants[-1] == (
         BRANCH,
@@ -227,11 +234,11 @@ def test_a_reader_without_access_is_refused_with_the_page_of_a_branch_that_does_
 ) -> None:
     before = len(site.engine.grants)
     open_page(chrome, site.fake, "mallory", PRIVATE_BRANCH)  # acme/vault is private to alice
-    refused = chrome.page_source
+    refused = PER_SESSION.sub("", chrome.page_source)
     assert chrome.find_element(By.TAG_NAME, "h1").text == "Not found"
     assert PRIVATE_BRANCH not in chrome.find_element(By.TAG_NAME, "body").text
-    chrome.get(f"{ORIGIN}/b/no-such-branch")
-    assert chrome.page_source == refused
+    chrome.get(f"{ORIGIN}/b/no-such-branch")  # a sign-in of its own: a new session
+    assert PER_SESSION.sub("", chrome.page_source) == refused
     assert len(site.engine.grants) == before
     # alice, an admin of the private repository, gets in
     chrome.execute_cdp_cmd("Network.clearBrowserCookies", {})
@@ -266,10 +273,96 @@ def test_signing_out_ends_the_session_and_the_next_visit_signs_in_again(
     assert authorizations(site.fake) == first + 1  # sent to GitHub again
 
 
+def test_the_not_found_page_says_who_is_signed_in_and_signs_out(
+    site: Site, chrome: webdriver.Chrome
+) -> None:
+    open_page(chrome, site.fake, "mallory", PRIVATE_BRANCH)
+    assert chrome.find_element(By.TAG_NAME, "h1").text == "Not found"
+    assert chrome.find_element(By.ID, "login").text == "mallory"
+    first = authorizations(site.fake)
+    chrome.find_element(By.ID, "signout").click()
+    WebDriverWait(chrome, 10).until(EC.url_to_be(f"{ORIGIN}/signout"))
+    assert "You are signed out" in chrome.find_element(By.TAG_NAME, "body").text
+    site.fake.sign_in("alice")  # now as another GitHub user
+    chrome.get(f"{ORIGIN}/b/{PRIVATE_BRANCH}")
+    assert authorizations(site.fake) == first + 1
+    assert chrome.find_element(By.ID, "login").text == "alice"
+    assert "your access is read-write" in chrome.find_element(By.TAG_NAME, "body").text
+
+
+def test_the_branch_page_links_its_pull_request_and_shows_the_schema_changes(
+    site: Site, chrome: webdriver.Chrome
+) -> None:
+    open_page(chrome, site.fake, "alice", BRANCH)
+    link = chrome.find_element(By.ID, "pull")
+    assert link.get_attribute("href") == f"{site.fake.url}/{REPO}/pull/12"
+    assert link.text == f"{REPO}#12"
+    assert chrome.find_element(By.ID, "schema").text == "Schema changes"
+    items = [li.text for li in chrome.find_elements(By.CSS_SELECTOR, "#schema ~ ul li")]
+    assert items == [
+        "+ index public.orders_amount_idx on public.orders: btree (amount)",
+        "~ column public.orders.note<i>: type integer → bigint",  # escaped, shown as written
+    ]
+    assert "1 index added, 1 column changed" in chrome.find_element(By.TAG_NAME, "body").text
+
+
+def test_sign_ins_and_refused_ones_are_lines_of_the_audit_log(
+    site: Site, chrome: webdriver.Chrome
+) -> None:
+    before = len(site.audit)
+    open_page(chrome, site.fake, "alice", BRANCH)
+    chrome.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    open_page(chrome, site.fake, "mallory", PRIVATE_BRANCH)
+    open_page(chrome, site.fake, "mallory", "no-such-branch")
+    with site.client() as client:  # a callback this browser did not start
+        assert client.get(f"{ORIGIN}/oauth/callback?code=x&state=forged").status_code == 400
+    lines = site.audit[before:]
+    assert [(x["event"], x.get("login"), x.get("branch"), x["outcome"]) for x in lines] == [
+        ("page_sign_in", "alice", BRANCH, "ok"),
+        ("page_sign_in", "mallory", PRIVATE_BRANCH, "refused:access"),
+        ("page_sign_in", "mallory", "no-such-branch", "refused:access"),
+        ("page_sign_in", None, None, "refused:state"),
+    ]
+    assert lines[0]["access"] == "read-write" and lines[0]["repository"] == REPO
+    assert lines[2]["repository"] is None  # a branch that does not exist names nothing
+    assert all(x["source"] == "127.0.0.1" for x in lines)
+    assert_no_secret([json.dumps(x) for x in lines], ["s3cret-of-the-oauth-client"])
+
+
+def test_an_unmasked_branch_offers_no_credential_where_the_admin_gives_none(
+    site: Site, chrome: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """On a host whose admin gives no personal credential on production data, the page of
+    such a branch offers none, and a credential asked for anyway is refused in words for a
+    reviewer, naming no setting of the admin's."""
+    engine = Engine({BRANCH: view(BRANCH, REPO)}, masked=False, refuse_unmasked=True)
+    port = top_ports(92, 1)[0]
+    with running_page(tmp_path, engine, port=port, tls=site.tls) as strict:
+        strict.fake.add_repo(REPO, private=True)
+        strict.fake.add_collaborator(REPO, "alice", "write")
+        open_page(chrome, strict.fake, "alice", BRANCH)
+        chrome.get(f"{strict.origin}/b/{BRANCH}")
+        WebDriverWait(chrome, 10).until(EC.url_to_be(f"{strict.origin}/b/{BRANCH}"))
+        body = chrome.find_element(By.TAG_NAME, "body").text
+        assert "This branch holds production data" in body
+        assert "No personal credential is given on this branch" in body
+        assert not chrome.find_elements(By.ID, "get-credential")
+        assert "PGOVERLAY_" not in body
+        with strict.client() as client:  # the form of a page from before, posted anyway
+            token = csrf_of(sign_in(strict, client, "alice").text)
+            r = client.post(
+                f"{strict.origin}/b/{BRANCH}/credential",
+                headers={"Origin": strict.origin},
+                data={"csrf": token},
+            )
+        assert r.status_code == 409
+        assert "ask the runner&#x27;s admin" in r.text and "PGOVERLAY_" not in r.text
+        assert engine.passwords == []
+
+
 # -- over HTTP, with httpx -----------------------------------------------------------------------
 def sign_in(site: Site, client: httpx.Client, login: str, branch: str = BRANCH) -> httpx.Response:
-    site.fake.sign_in(login)
-    return client.get(f"{ORIGIN}/b/{branch}", follow_redirects=True)
+    return pagekit.sign_in(site, client, login, branch)
 
 
 def csrf_of(html: str) -> str:
@@ -445,8 +538,7 @@ def test_a_signed_in_reader_learns_nothing_from_a_branch_name(site: Site) -> Non
         unknown = sign_in(site, client, "mallory", "no-such-branch")
         refused = sign_in(site, client, "mallory", PRIVATE_BRANCH)
         assert unknown.status_code == refused.status_code == 404
-        strip = re.compile(r"nonce-[^'\"]+|nonce=\"[^\"]+\"")
-        assert strip.sub("", unknown.text) == strip.sub("", refused.text)
+        assert PER_SESSION.sub("", unknown.text) == PER_SESSION.sub("", refused.text)
         count = authorizations(site.fake)
         for name in ("no-such-branch", PRIVATE_BRANCH):
             assert client.get(f"{ORIGIN}/b/{name}").status_code == 404

@@ -38,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay.action import record as pr_record
-from pgoverlay.errors import GitHubError, PgoverlayError
+from pgoverlay.errors import GitHubError, PgoverlayError, UnmaskedAccessError
 from pgoverlay.runner.door import oauth, render
 from pgoverlay.runner.door.render import Credential
 from pgoverlay.runner.door.sessions import SIGN_IN_SECONDS, Session, Sessions
@@ -163,11 +163,14 @@ def create_page(
     fingerprint: str | None = None,
     certificate: str | None = None,
     clock: Callable[[], float] = time.time,
+    audit: Callable[..., None] | None = None,
 ) -> FastAPI:
     """The page's ASGI app. ``secret`` (32 random bytes or more) signs its cookies;
     ``fingerprint`` and ``certificate`` (PEM) are the front door's own certificate's when it is
     self-signed: shown with a credential, and offered for download, as the connection strings'
-    ``sslrootcert``; ``clock`` is for tests. Reads the OAuth client's secret now."""
+    ``sslrootcert``; ``clock`` is for tests; ``audit`` writes a line of the door's audit log
+    (``AuditLog.write``) for every sign-in, refused ones too. Reads the OAuth client's secret
+    now."""
     if not settings.oauth_client_id:
         raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
@@ -205,18 +208,30 @@ def create_page(
         return HTMLResponse(body, status_code=status)
 
     def not_found(request: Request) -> HTMLResponse:
-        """The one answer for a branch that does not exist and one the reader may not see."""
-        return message(
+        """The one answer for a branch that does not exist and one the reader may not see
+        (with who is signed in, and a way out: the same for both)."""
+        session = session_of(request)
+        answer = message(
             request,
             "Not found",
             "There is no branch by this name that you can see. If you expected one, check the "
-            "link, or ask for access to its repository on GitHub.",
+            "link, or ask for access to its repository on GitHub"
+            + (" (or sign out, and in as another GitHub user)." if session else "."),
             404,
+            who=(session.login, session.csrf) if session else None,
         )
+        if session is not None:  # its sign-out form's POST must carry an Origin (below)
+            answer.headers["Referrer-Policy"] = "same-origin"
+        return answer
 
     def session_of(request: Request) -> Session | None:
         sid = sessions.unsign("session", request.cookies.get(SESSION_COOKIE))
         return sessions.get(sid, now=clock())
+
+    def audited(request: Request, event: str, **fields: object) -> None:
+        if audit is not None:
+            source = request.client.host if request.client else ""
+            audit(event, source=source, **fields)
 
     def to_sign_in(name: str) -> RedirectResponse:
         return RedirectResponse(f"/signin?next={quote(_branch_path(name), safe='')}", 303)
@@ -275,6 +290,8 @@ def create_page(
             access=access,
             csrf=session.csrf,
             nonce=request.state.nonce,
+            credentials=masked is not False or settings.access_unmasked,
+            pull_url=_pull_url(settings, view),
         )
         # Its form's POST must carry an Origin: under no-referrer a browser sends "null"
         # instead. same-origin still sends nothing to any other site.
@@ -330,6 +347,16 @@ def create_page(
         )
         try:
             answer = await run_in_threadpool(engine.grant, name, grant)
+        except UnmaskedAccessError as err:  # the engine's answer names the admin's setting
+            log.warning("page: no credential for %s on branch %s: %s", login, name, err)
+            return message(
+                request,
+                "No credential",
+                "This branch holds production data, and this host gives no personal "
+                "credential on such branches: ask the runner's admin.",
+                409,
+                link=(_branch_path(name), "Back"),
+            )
         except PgoverlayError as err:
             log.warning("page: no credential for %s on branch %s: %s", login, name, err)
             return message(
@@ -397,6 +424,7 @@ def create_page(
         browser = sessions.unsign("browser", request.cookies.get(STATE_COOKIE))
         started = sessions.finish(state, browser=browser, now=clock())
         if started is None:
+            audited(request, "page_sign_in", outcome="refused:state")
             return message(
                 request,
                 "Sign-in refused",
@@ -404,16 +432,18 @@ def create_page(
                 "long. Open the branch's page again to sign in.",
                 400,
             )
-        if not code:  # the reader declined on GitHub, or GitHub sent an error
-            return message(request, "Not signed in", "GitHub did not sign you in.", 401)
         name = _next_branch(started.next)
         assert name is not None  # begin() stored only checked paths
+        if not code:  # the reader declined on GitHub, or GitHub sent an error
+            audited(request, "page_sign_in", branch=name, outcome="refused:github")
+            return message(request, "Not signed in", "GitHub did not sign you in.", 401)
         try:
             login, key, access = await run_in_threadpool(
                 _check, github, engine, code, callback, name, settings
             )
         except GitHubError as err:
             log.warning("page: sign-in failed: %s", err)
+            audited(request, "page_sign_in", branch=name, outcome="failed:github")
             return message(request, "Sign-in failed", str(err), 502)
         session = sessions.open(
             login,
@@ -423,6 +453,15 @@ def create_page(
             previous=sessions.unsign("session", request.cookies.get(SESSION_COOKIE)),
         )
         log.info("page: %s signed in; %s: %s", login, key, access or "refused")
+        audited(
+            request,
+            "page_sign_in",
+            login=login,
+            branch=name,
+            repository=key if key != unknown_key(name) else None,
+            outcome="ok" if access else "refused:access",
+            access=access,
+        )
         response = RedirectResponse(started.next, 303)
         _cookie(response, SESSION_COOKIE, sessions.sign("session", session.id), max_age=lifetime)
         return response
@@ -460,6 +499,14 @@ def _check(
         read_permission=settings.access_read_permission,
     )
     return login, view.repository, level
+
+
+def _pull_url(settings: Settings, view: BranchView) -> str | None:
+    """The branch's pull request on GitHub (None: it names none)."""
+    if not view.repository or not view.pr:
+        return None
+    owner, _, name = view.repository.partition("/")
+    return f"{settings.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
 
 
 def _masked(engine: PageEngine, view: BranchView) -> bool | None:

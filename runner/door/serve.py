@@ -171,6 +171,7 @@ def prepare(settings: Settings) -> Prepared:
     )
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
+    audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
@@ -179,6 +180,7 @@ def prepare(settings: Settings) -> Prepared:
             secret=secrets.token_bytes(32),
             fingerprint=fingerprint,
             certificate=pair.cert.read_text() if fingerprint else None,
+            audit=audit_log.write,
         )
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
@@ -195,7 +197,7 @@ def prepare(settings: Settings) -> Prepared:
         https_tls=https_tls,
         engine=engine,
         pages=pages,
-        audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
+        audit=audit_log,
     )
 
 
