@@ -286,6 +286,10 @@ class Settings:
     # <home>/door/ and its SHA-256 fingerprint shown by the page and `doctor`.
     door_cert_file: Path | None = None
     door_key_file: Path | None = None
+    # Whether clients verify the door against its own self-signed certificate (the file the
+    # pages offer) rather than an authority they trust; unset: when door_cert_file is unset.
+    # The Action sets it from the pool's answer when it reaches a pool over the network.
+    door_self_signed: bool | None = None
     # A wildcard name (branches reached as BRANCH.<door_sni_suffix>, routed by TLS SNI).
     door_sni_suffix: str | None = None
     # Plaintext Postgres connections from loopback (never from elsewhere).
@@ -459,11 +463,27 @@ class Settings:
         left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
         return self.door_max_per_branch or left
 
-    def page_url(self, branch: str) -> str:
-        """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
-        (the port left out when it is HTTPS's own, 443)."""
+    @property
+    def door_rootcert(self) -> str:
+        """What a person's connection strings through the door name as ``sslrootcert``
+        (``door.dsn``): the door's own certificate's file name, or the system's store."""
+        from pgoverlay.runner.door import dsn
+
+        own = self.door_self_signed
+        return dsn.rootcert(self_signed=self.door_cert_file is None if own is None else own)
+
+    @property
+    def page_origin(self) -> str:
+        """``https://<door_name>[:port]``: where readers reach the branch pages (the port left
+        out when it is HTTPS's own, 443; an IPv6 address in brackets)."""
+        host = self.door_name
+        host = f"[{host}]" if ":" in host else host
         port = "" if self.door_https_port == 443 else f":{self.door_https_port}"
-        return f"https://{self.door_name}{port}/b/{branch}"
+        return f"https://{host}{port}"
+
+    def page_url(self, branch: str) -> str:
+        """The branch's page, behind GitHub sign-in: ``<page_origin>/b/<branch>``."""
+        return f"{self.page_origin}/b/{branch}"
 
 
 def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:

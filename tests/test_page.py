@@ -636,11 +636,13 @@ def test_connection_strings_quote_what_a_url_cannot_hold() -> None:
     )
     strings = render.connection_strings(c, verify=True)
     assert strings["URL"] == (
-        "postgresql://gh_al%40x:p%40ss%2Fw%3Ard%3F%26@db.example:6543/pr-1?sslmode=verify-full"
+        "postgresql://gh_al%40x:p%40ss%2Fw%3Ard%3F%26@db.example:6543/pr-1"
+        "?sslmode=verify-full&sslrootcert=system"
     )
     assert strings["JDBC"] == (
         "jdbc:postgresql://db.example:6543/pr-1?user=gh_al%40x&"
         "password=p%40ss%2Fw%3Ard%3F%26&sslmode=verify-full"
+        "&sslfactory=org.postgresql.ssl.DefaultJavaSSLFactory"
     )
     assert render.connection_strings(c, verify=False)["URL"].endswith(
         "?sslmode=verify-full&sslrootcert=pgoverlay-door.crt"

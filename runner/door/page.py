@@ -91,16 +91,19 @@ NOT_SET_UP = (
 )
 
 
-def create_unconfigured() -> FastAPI:
+def create_unconfigured(*, certificate: str | None = None) -> FastAPI:
     """The pages of a door whose admin has not set up sign-in: every path answers 503 with
     what is missing (the Postgres port works as ever; credentials come from `pgoverlay access
-    grant`). Nothing about any branch is said."""
+    grant`), but the door's own certificate (``certificate``, PEM: self-signed), which the
+    strings `access grant` prints verify the door against. Nothing about any branch is said."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
     async def _only(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        if certificate is not None and request.url.path == f"/{render.CERT_DOWNLOAD}":
+            return Response(certificate, media_type="application/x-pem-file")
         nonce = secrets.token_urlsafe(16)
         body = render.message_page(
             "Sign-in is not set up",
@@ -123,10 +126,7 @@ def create_unconfigured() -> FastAPI:
 def page_origin(settings: Settings) -> str:
     """``https://HOST[:PORT]``: where readers reach the page (``Settings.door_name``) and
     GitHub sends them back."""
-    host = settings.door_name
-    host = f"[{host}]" if ":" in host else host  # an IPv6 address
-    port = settings.door_https_port
-    return f"https://{host}" + ("" if port == 443 else f":{port}")
+    return settings.page_origin
 
 
 def quiet_access_log() -> None:

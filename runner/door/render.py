@@ -16,13 +16,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.insight.locks import per_table
 from pgoverlay.action.insight.model import LockUse
 from pgoverlay.action.record import PrRecord
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner.door import dsn
 from pgoverlay.runner.door.oauth import Access
 from pgoverlay.runner.service.views import BranchView
 from pgoverlay.runner.units import format_bytes, idle_rule
@@ -281,23 +282,31 @@ class Credential:
 
 # The name a reader saves the door's own (self-signed) certificate under, next to where they
 # run their client: the connection strings name it as sslrootcert.
-CERT_DOWNLOAD = "pgoverlay-door.crt"
+CERT_DOWNLOAD = dsn.CERT_DOWNLOAD
 
 
 def connection_strings(c: Credential, *, verify: bool) -> dict[str, str]:
-    """psql's command, the postgresql:// URL and JDBC's URL for ``c``, all ``verify-full``;
-    ``verify``: the front door's certificate is signed by an authority the client trusts,
-    else it is the door's own, which the reader saves as ``CERT_DOWNLOAD`` (sslrootcert)."""
-    options = {"sslmode": "verify-full"} | ({} if verify else {"sslrootcert": CERT_DOWNLOAD})
-    host = f"[{c.host}]" if ":" in c.host else c.host
-    user, password, db = (quote(x, safe="") for x in (c.role, c.password, c.database))
-    url = f"postgresql://{user}:{password}@{host}:{c.port}/{db}?{urlencode(options)}"
-    jdbc_query = urlencode({"user": c.role, "password": c.password, **options})
-    return {
-        "psql": f"psql '{url}'",
-        "URL": url,
-        "JDBC": f"jdbc:postgresql://{host}:{c.port}/{db}?{jdbc_query}",
-    }
+    """psql's command, the postgresql:// URL and JDBC's URL for ``c``, in the one form of
+    ``dsn``; ``verify``: the front door's certificate is signed by an authority the client
+    trusts, else it is the door's own, which the reader saves as ``CERT_DOWNLOAD``."""
+    rootcert = dsn.rootcert(self_signed=not verify)
+    url = dsn.url(
+        user=c.role,
+        password=c.password,
+        host=c.host,
+        port=c.port,
+        database=c.database,
+        sslrootcert=rootcert,
+    )
+    jdbc = dsn.jdbc(
+        user=c.role,
+        password=c.password,
+        host=c.host,
+        port=c.port,
+        database=c.database,
+        sslrootcert=rootcert,
+    )
+    return {"psql": f"psql '{url}'", "URL": url, "JDBC": jdbc}
 
 
 def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> str:
@@ -311,7 +320,10 @@ def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> st
     access = "read-only" if c.read_only else "read-write"
     tls = (
         "<p>The front door's certificate is signed by a certificate authority: "
-        "<code>sslmode=verify-full</code> checks it.</p>"
+        "<code>sslmode=verify-full</code> checks it against your system's trusted ones "
+        "(<code>sslrootcert=system</code>: libpq 16 or later; with an older one, name your "
+        "system's CA file instead, <code>/etc/ssl/certs/ca-certificates.crt</code> on Debian "
+        "and Ubuntu).</p>"
         if fingerprint is None
         else '<p class="warn">The front door\'s certificate is its own (self-signed). '
         f'<a href="/{CERT_DOWNLOAD}" download="{CERT_DOWNLOAD}">Save it</a> as '
@@ -326,7 +338,7 @@ def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> st
         f'</strong>, valid until <strong id="expires">{e(_when(c.expires_at))}</strong>. '
         "This page shows the password once: it is kept nowhere else, so copy it now (ask "
         "again for a new one).</p>"
-        f'{fields}{tls}<p><a href="/b/{e(quote(c.branch))}">Back to the branch</a></p>'
+        f'{tls}{fields}<p><a href="/b/{e(quote(c.branch))}">Back to the branch</a></p>'
     )
     return document(f"Credential for {c.branch}", body, nonce=nonce, script=True)
 

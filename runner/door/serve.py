@@ -184,7 +184,9 @@ def prepare(settings: Settings) -> Prepared:
         )
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
-        pages = page.create_unconfigured()
+        pages = page.create_unconfigured(
+            certificate=pair.cert.read_text() if fingerprint else None
+        )
     if settings.api_audience is not None:
         pages = with_api(settings, pages)
     return Prepared(
