@@ -447,12 +447,10 @@ class Settings:
 
     @property
     def door_app_sslmode(self) -> str:
-        """The libpq ``sslmode`` a program is handed with its URL (the Action's
-        ``database-url``): ``verify-full`` with the admin's certificate (libpq checks its chain
-        and that it names door_name), ``require`` with the self-signed one the door makes
-        without it, of which a preview deployment has no copy to verify. A person is always
-        told ``verify-full``: the branch page offers the door's own certificate and its
-        fingerprint, for ``sslrootcert``."""
+        """What the network API's ``/pool`` answers as ``app_sslmode`` (a field of its wire
+        since before ``door.dsn``): ``verify-full`` with the admin's certificate, ``require``
+        with the door's own. The Action reads it only to tell which (``door_self_signed``):
+        every string it prints, ``database-url`` included, is ``verify-full`` either way."""
         return "verify-full" if self.door_cert_file is not None else "require"
 
     @property
