@@ -375,7 +375,7 @@ def start(settings: Settings) -> str:
     replaced = ""
     if found is not None:
         stop_door(settings)
-        replaced = "it ran with other settings than these, so it was stopped and "
+        replaced = "the front door ran with other settings than these: stopped it; "
     elif answering(settings):
         raise ConfigError(
             f"something that is not this pool's front door answers on port "
@@ -390,7 +390,7 @@ def start(settings: Settings) -> str:
             f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
         )
     return (
-        f"front door: {replaced}{how}; Postgres on port {settings.door_port}, pages on "
+        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
         f"{settings.door_https_port}"
     )
 
@@ -424,7 +424,7 @@ def _launch(settings: Settings) -> str:
         how = f"started {UNIT}"
     else:
         process = detach(DOOR_COMMAND, settings, settings.home / "door.log")
-        how = f"started (log: {settings.home / 'door.log'})"
+        how = f"started the front door (log: {settings.home / 'door.log'})"
 
     def up() -> bool:
         if process is not None and process.poll() is not None:
