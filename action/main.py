@@ -128,7 +128,7 @@ def _outputs(
     outcome: Outcome,
     out: TextIO,
     *,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> dict[str, str]:
     report = outcome.report
     values = {
@@ -156,7 +156,7 @@ def _outputs(
         }
     )
     url = database_url(
-        engine, settings, b.name, repository=report.repository, out=out, sslmode=app_sslmode
+        engine, settings, b.name, repository=report.repository, out=out, sslrootcert=app_rootcert
     )
     if url is not None:
         values["database-url"] = url
@@ -170,15 +170,16 @@ def database_url(
     *,
     repository: str,
     out: TextIO,
-    sslmode: str | None = None,
+    sslrootcert: str | None = None,
 ) -> str | None:
     """The `database-url` output: branch ``name`` through the front door, as the pull
     request's application role with a password minted for this run (the engine replaces the
     last run's; the role goes with the branch). Its password and the URL are registered as
     secrets with the runner (``::add-mask::``) before anything is written. None, with a
-    warning, when the engine will not grant one: the run goes on without it. ``sslmode``: the
-    pool server's, when the engine is reached over the network (default: this host's
-    ``Settings.door_app_sslmode``)."""
+    warning, when the engine will not grant one: the run goes on without it. It verifies the
+    door (``door.dsn``) against ``sslrootcert``, a file on this runner the job's next steps can
+    read (a pool reached over the network: its `server-ca`, or this runner's trusted bundle);
+    by default the system's store, or the path of the door's own certificate on this host."""
     try:
         granted = engine.grant(name, GrantRequest(app=True, repository=repository))
     except PgoverlayError as err:
@@ -195,11 +196,22 @@ def database_url(
         host=granted.dsn_host,
         port=granted.dsn_port,
         database=granted.database,
-        sslmode=sslmode or settings.door_app_sslmode,
+        sslmode="verify-full",
+        sslrootcert=sslrootcert or _local_rootcert(settings),
     )
     url = door.url(granted.role, granted.password)
     outputs.mask(url, out)
     return url
+
+
+def _local_rootcert(settings: Settings) -> str:
+    """What a program on this host verifies the door with: the system's store, or the door's
+    own certificate where the door keeps it (root's, readable by all)."""
+    from pgoverlay.runner.door import dsn, tls
+
+    if settings.door_rootcert != dsn.CERT_DOWNLOAD:
+        return settings.door_rootcert
+    return os.fspath(settings.home / "door" / tls.CERT_NAME)
 
 
 def started_seconds(environ: Mapping[str, str], now: float) -> float | None:
@@ -275,6 +287,7 @@ def _run_on_server(
         door_host=str(door["door_name"]),
         door_port=int(door["door_port"]),
         door_https_port=int(door["door_https_port"]),
+        door_self_signed=door.get("app_sslmode") == "require",  # the pool's own certificate
     )
     name = check_name(event.branch_name(ev, inputs.branch_name))
     with engine.hold(name, wait=settings.command_timeout):
@@ -287,7 +300,7 @@ def _run_on_server(
             out,
             start=start,
             began=began,
-            app_sslmode=str(door.get("app_sslmode") or "verify-full"),
+            app_rootcert=netclient.trust_file(ca_file),
         )
 
 
@@ -355,7 +368,7 @@ def _run(
     *,
     start: float | None = None,
     began: float | None = None,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -387,7 +400,7 @@ def _run(
     timings.update(outcome.timings)
     timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
     try:
-        return _finish(engine, settings, job, ev, inputs, outcome, out, app_sslmode=app_sslmode)
+        return _finish(engine, settings, job, ev, inputs, outcome, out, app_rootcert=app_rootcert)
     finally:
         timings["report"] = time.monotonic() - done
         print(timings_line(start, timings), file=out, flush=True)
@@ -402,7 +415,7 @@ def _finish(
     outcome: Outcome,
     out: TextIO,
     *,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> int:
     """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
@@ -413,7 +426,7 @@ def _finish(
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out, fork=bool(fork_refusal(ev, inputs)))
-    values = _outputs(engine, settings, outcome, out, app_sslmode=app_sslmode)
+    values = _outputs(engine, settings, outcome, out, app_rootcert=app_rootcert)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)

@@ -572,9 +572,11 @@ def test_the_command_prints_the_url_once_lists_and_revokes(
     b = _create(pool, made, "acc-cli")
     done = cli(["access", "grant", "acc-cli", "--github-login", "Frank", "--ttl", "2h"], env=env)
     assert done.returncode == 0, done.stderr
-    url = done.stdout.strip().splitlines()[-1]
+    url = next(line for line in done.stdout.splitlines() if line.startswith("postgresql://"))
     found = re.match(
-        r"^postgresql://frank:([A-Za-z0-9_-]+)@([^:]+):(\d+)/acc-cli\?sslmode=verify-full$", url
+        r"^postgresql://frank:([A-Za-z0-9_-]+)@([^:]+):(\d+)/acc-cli"
+        r"\?sslmode=verify-full&sslrootcert=pgoverlay-door.crt$",
+        url,
     )
     assert found, url
     password = found.group(1)

@@ -371,7 +371,10 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     # database-url: the front door as the PR's application role, its password masked
     url = s.database_url.read_text()
     prefix = f"postgresql://app_pr_{PR}:"
-    suffix = f"@{settings.door_name}:{settings.door_port}/{BRANCH}?sslmode=require"
+    suffix = (
+        f"@{settings.door_name}:{settings.door_port}/{BRANCH}"
+        f"?sslmode=verify-full&sslrootcert={settings.home}/door/door.crt"
+    )
     assert url.startswith(prefix) and url.endswith(suffix), url
     password = url.removeprefix(prefix).removesuffix(suffix)
     assert password and password not in opened.log and url not in opened.log

@@ -106,7 +106,7 @@ class World:
         self.fake.sign_in(login)
         self.driver.get(f"{self.page}/b/{branch}")
         WebDriverWait(self.driver, 30).until(EC.url_to_be(f"{self.page}/b/{branch}"))
-        self.driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        self.driver.find_element(By.ID, "get-credential").click()
         WebDriverWait(self.driver, 30).until(EC.presence_of_element_located((By.ID, "expires")))
         fields = {
             str(f.get_attribute("id")): f.get_attribute("value") or ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -349,9 +350,20 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert "migration migrations/001_loyalty_points.sql: applied" in done.stdout
         assert "migration migrations/002_order_status_index.sql: applied" in done.stdout
         assert "pgoverlay branch destroy demo-run" in done.stdout
-        # The way in: a preview app's credential through the front door, over verified TLS.
+        # The way in: a preview app's credential through the front door, over verified TLS,
+        # and a reviewer's: the base is masked by the demo's rules, so a person may have one.
         assert "over TLS (verify-full)" in done.stdout
-        assert "access grant demo-run --github-login" in done.stdout
+        assert "masked by masking-rules.yml" in done.stdout
+        customers = re.search(
+            r"reviewer a read-only credential for GitHub user demo-reviewer connected the same "
+            r"way and read ([\d,]+) customers, ([\d,]+) of their emails made up",
+            done.stdout,
+        )
+        assert customers is not None, done.stdout
+        assert customers[1] == customers[2] and customers[1] != "0"
+        assert "access grant demo-run --github-login YOUR-LOGIN --read-only" in done.stdout
+        assert "sudo" not in done.stdout and "PGOVERLAY_ACCESS_UNMASKED" not in done.stdout
+        assert pool.registry.latest_base("demo").masked  # type: ignore[union-attr]
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
         with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:

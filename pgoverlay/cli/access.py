@@ -27,15 +27,37 @@ def cmd_access_grant(args: argparse.Namespace) -> int:
             app=args.app,
         ),
     )
+    from pgoverlay.runner.door import dsn, tls
+
+    settings = common.settings()
     kind = "read-only" if g.read_only else "read-write"
     who = "the app" if g.app else g.login
     out.line(
         f"{kind} credential for {who} in branch {g.branch}, valid until "
         f"{common.when(g.expires_at)}; its password is shown once, here:",
     )
+    rootcert = settings.door_rootcert
     # The one place a credential's password is printed: the admin asked for it, on their own
     # terminal, to hand it on. It is in no log.
-    sys.stdout.write(g.url + "\n")
+    sys.stdout.write(
+        dsn.url(
+            user=g.role,
+            password=g.password,
+            host=g.dsn_host,
+            port=g.dsn_port,
+            database=g.database,
+            sslrootcert=rootcert,
+        )
+        + "\n"
+    )
+    if rootcert == dsn.CERT_DOWNLOAD:
+        out.line(
+            f"It verifies the front door against the door's own certificate: save it as "
+            f"{dsn.CERT_DOWNLOAD} where the client runs (from "
+            f"{dsn.certificate_url(settings.page_origin)}, or this host's "
+            f"{settings.home / 'door' / tls.CERT_NAME}; `pgoverlay doctor` shows its "
+            "fingerprint)."
+        )
     return 0
 
 

@@ -33,7 +33,7 @@ ReadyForQuery, or the door's refusal):
    method that would show it one. Behind the door a branch offers SCRAM-SHA-256 only, never
    SCRAM-SHA-256-PLUS (the branch's connection is not TLS), so a client with
    ``channel_binding=require`` cannot use the door.
-5. A connection over ``door_max_per_branch`` authenticated ones for its branch is refused
+5. A connection over ``door_branch_cap`` authenticated ones for its branch is refused
    (53300) once the client has logged in: before that, a cap would tell an anonymous client
    that the branch exists.
 6. The splice (``channel``): bytes both ways until either side closes.
@@ -385,13 +385,14 @@ class FrontDoor:
             if record.wake_counted:  # the wake it caused was worth a good login
                 record.wake_counted = False
                 self.guard.forgive(record.client)
-            if self.guard.per_branch[name] >= s.door_max_per_branch:
+            if self.guard.per_branch[name] >= s.door_branch_cap:
                 raise Refused(
                     "refused:branch_cap",
                     proto.TOO_MANY_CONNECTIONS,
-                    f"too many connections to branch {name} through the front door "
-                    f"(door_max_per_branch = {s.door_max_per_branch}): close some, or have "
-                    "the admin raise PGOVERLAY_DOOR_MAX_PER_BRANCH",
+                    f"too many connections to branch {name} through the front door: it takes "
+                    f"{s.door_branch_cap} (door_max_per_branch = {s.door_branch_cap}), all in "
+                    "use; close some (a preview app's pool shares them with its reviewers), "
+                    "or have the admin raise PGOVERLAY_MAX_CONNECTIONS",
                 )
             self.guard.per_branch[name] += 1
             try:

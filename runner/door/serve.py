@@ -40,7 +40,7 @@ from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.pool import require_root
 from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.settings import ADMIN_ENV_FILE, Settings
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -80,9 +80,32 @@ def door_dir(settings: Settings) -> Path:
 
 
 def _pid_file(settings: Settings) -> Path:
-    """Root's record of the running door: its pid and when it started (so a reused pid is
-    never signalled), written once its ports are bound."""
+    """Root's record of the running door: its pid, when it started (so a reused pid is never
+    signalled) and its settings' fingerprint (so a start with other settings replaces it),
+    written once its ports are bound."""
     return door_dir(settings) / "door.pid"
+
+
+@dataclass(frozen=True)
+class Running:
+    """The door this pool started, as its pid file says, checked to be that process still."""
+
+    pid: int
+    started: float
+    fingerprint: str  # Settings.fingerprint() of the settings it runs with ("": not said)
+
+
+def running(settings: Settings) -> Running | None:
+    """The door this pool's pid file names, if that very process still runs."""
+    text = safefs.read_small(_pid_file(settings))
+    fields = (text or "").split()
+    try:
+        pid, started = int(fields[0]), float(fields[1])
+    except (IndexError, ValueError):
+        return None
+    if postmaster.process_start_epoch(pid) != started:
+        return None  # gone, or the pid is another process's now
+    return Running(pid, started, fields[2] if len(fields) > 2 else "")
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -143,9 +166,16 @@ def prepare(settings: Settings) -> Prepared:
     started = postmaster.process_start_epoch(os.getpid())
     with contextlib.suppress(FileNotFoundError):
         _pid_file(settings).unlink()
-    safefs.write_new(_pid_file(settings), f"{os.getpid()} {started}\n", uid=0, gid=0, mode=0o644)
+    safefs.write_new(
+        _pid_file(settings),
+        f"{os.getpid()} {started} {settings.fingerprint()}\n",
+        uid=0,
+        gid=0,
+        mode=0o644,
+    )
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
+    audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
     jobs = JobLogins()
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
@@ -155,10 +185,13 @@ def prepare(settings: Settings) -> Prepared:
             secret=secrets.token_bytes(32),
             fingerprint=fingerprint,
             certificate=pair.cert.read_text() if fingerprint else None,
+            audit=audit_log.write,
         )
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
-        pages = page.create_unconfigured()
+        pages = page.create_unconfigured(
+            certificate=pair.cert.read_text() if fingerprint else None
+        )
     if settings.api_audience is not None:
         pages = with_api(settings, pages, jobs=jobs)
     return Prepared(
@@ -171,7 +204,7 @@ def prepare(settings: Settings) -> Prepared:
         https_tls=https_tls,
         engine=engine,
         pages=pages,
-        audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
+        audit=audit_log,
         jobs=jobs,
     )
 
@@ -356,13 +389,59 @@ def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
 
 
 def start(settings: Settings) -> str:
-    """Make sure the front door answers; say how (its unit under systemd, else a detached
-    `pgoverlay door`, logging to ``<home>/door.log``)."""
-    from pgoverlay.runner.service.serve import detach, systemd_runs
+    """Make sure the front door answers with ``settings``; say how (its unit under systemd,
+    else a detached `pgoverlay door`, logging to ``<home>/door.log``). A door of this pool
+    that runs with other settings is stopped first, and the answer says so."""
+    require_root()
+    found = running(settings)
+    if found is not None and found.fingerprint == settings.fingerprint():
+        return f"front door answering on port {settings.door_port}"
+    replaced = ""
+    if found is not None:
+        stop_door(settings)
+        replaced = "the front door ran with other settings than these: stopped it; "
+    elif answering(settings):
+        raise ConfigError(
+            f"something that is not this pool's front door answers on port "
+            f"{settings.door_port} (the pool's {_pid_file(settings)} names no running door): "
+            "stop it, or set PGOVERLAY_DOOR_PORT to a free port"
+        )
+    how = _launch(settings)
+    now = running(settings)
+    if now is not None and now.fingerprint != settings.fingerprint():
+        return (
+            f"{how}, but it runs with the settings its unit gives it, not these: put them in "
+            f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
+        )
+    return (
+        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
+        f"{settings.door_https_port}"
+    )
+
+
+def restart(settings: Settings) -> str:
+    """Stop this pool's door if it runs, and start it with ``settings``."""
+    require_root()
+    stopped = stop_door(settings)
+    return ("stopped the front door; " if stopped else "") + start(settings)
+
+
+def stop_door(settings: Settings) -> bool:
+    """Stop this pool's door, its unit's under systemd: False when none was running."""
+    from pgoverlay.runner.service.serve import systemd_runs
 
     require_root()
-    if answering(settings):
-        return f"front door answering on port {settings.door_port}"
+    if systemd_runs(UNIT):
+        was = running(settings) is not None
+        subprocess.run(["systemctl", "stop", UNIT], check=True, capture_output=True, timeout=120)
+        return was
+    return stop(settings, wait=settings.stop_timeout)
+
+
+def _launch(settings: Settings) -> str:
+    """Start the door (its unit, or a detached process) and wait until it answers."""
+    from pgoverlay.runner.service.serve import detach, systemd_runs
+
     process = None
     if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
@@ -378,29 +457,23 @@ def start(settings: Settings) -> str:
                 f"the front door exited at start ({process.returncode}): "
                 + (tail[-1] if tail else "see its log")
             )
-        return answering(settings)
+        return answering(settings) and running(settings) is not None
 
     polling.wait_for(
         up,
         timeout=settings.start_timeout,
         what=f"the front door to answer on port {settings.door_port}",
     )
-    return f"{how}; Postgres on port {settings.door_port}, pages on {settings.door_https_port}"
+    return how
 
 
 def stop(settings: Settings, *, wait: float) -> bool:
     """Stop the door this pool started, if it runs: SIGTERM, then SIGKILL after ``wait``
     seconds. False when none was running."""
-    text = safefs.read_small(_pid_file(settings))
-    if not text:
+    found = running(settings)
+    if found is None:
         return False
-    try:
-        pid_text, started_text = text.split()
-        pid, started = int(pid_text), float(started_text)
-    except ValueError:
-        return False
-    if postmaster.process_start_epoch(pid) != started:
-        return False  # gone, or the pid is another process's now
+    pid, started = found.pid, found.started
     for signal_number in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal_number)
