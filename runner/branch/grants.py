@@ -20,10 +20,12 @@ Invariants:
 - Each grant, revoke and expiry is a line of the audit log (``audit.ENGINE_LOG``): who asked,
   the login, the branch, read-only or not, the expiry. Never a password or a verifier.
 - A grant, a revoke and an expiry each hold the branch's file lock, so none of them races a
-  reset or a destroy of the same branch. A grant is recorded before its role is made and a
-  revoke forgets it after its role is dropped: a process killed in between leaves a row whose
-  role may be missing (gc forgets it at its expiry; a revoke, or a grant again, mends it at
-  once), never a role the registry does not know.
+  reset or a destroy of the same branch. A grant is recorded before its role is made, and a
+  revoke forgets it before its role is dropped: the registry is the truth, and a branch's
+  roles are made what it says (``reconcile``) before its server admits anyone after a start
+  (a wake, a restart), when a job asks for its password, and at every gc. So a revoke or an
+  expiry while the branch is suspended, or a process killed between the steps, never leaves a
+  login the registry does not know past the branch's next start or the next gc.
 
 The branch's pg_hba.conf admits the members of ``ACCESS_ROLE`` to the branch's database over
 TCP with SCRAM (``conf.hba``); a branch whose file predates that line gets today's file and a
@@ -366,36 +368,49 @@ def revoke(
     lock_wait: float | None = None,
 ) -> bool:
     """Take ``login``'s credential (a GitHub login, or the app role's name) out of branch
-    ``name``: its open sessions end, then its role is dropped, what it owned given to the
-    branch's login role. False when it had none. A branch that is not running keeps the role
-    in its data, with its expiry, until it runs again; the grant is forgotten either way."""
+    ``name``: it is forgotten first, then, in a running branch, its open sessions end and its
+    role is dropped, what it owned given to the branch's login role. False when it had none.
+
+    Whatever the branch's state, a credential that is forgotten is gone at the next login: a
+    branch that is not running drops the role before its server admits anyone again
+    (``reconcile``, at its wake or restart), and a revoke killed after forgetting, or whose
+    drop failed, leaves a role that the next gc, a revoke again or the next wake drops."""
     role = login.lower()
     with _lock(pool, name, timeout=lock_wait):
         found = pool.registry.grant(name, role)
-        if found is None:
-            return False
         b = branches.get(pool, name)
+        if found is not None:
+            pool.registry.delete_grant(name, role)
+            fault(pool, "revoke:forgotten")
         base = pool.registry.base(b.base_name, b.base_version)
         if b.state == "ready" and base is not None and branches.is_running(pool, b):
             with (
-                _sql_failed(name, f"the role {role} could not be dropped"),
+                _sql_failed(
+                    name,
+                    f"the credential {role} is forgotten, but its role could not be dropped "
+                    "(the next gc drops it)",
+                ),
                 branches._engine_connection(pool, b, base) as conn,
             ):
-                _drop(conn, role, branch_user=b.user)
-        fault(pool, "revoke:dropped")
-        pool.registry.delete_grant(name, role)
+                dropped = _drop(conn, role, branch_user=b.user)
+            if found is None and dropped:  # a revoke killed after forgetting: finished here
+                log.info("%s: %s in branch %s (a role its grant had left)", event, role, name)
+                return True
+    if found is None:
+        return False
     _audit_gone(pool, event, found, branch=name, uid=uid)
     log.info("%s: %s in branch %s", event, role, name)
     return True
 
 
-def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> None:
+def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> bool:
     """Drop pgoverlay's ``role``: no new login first, then its sessions are ended (and waited
-    for), then what it owns goes to ``branch_user`` and the role goes."""
+    for), then what it owns goes to ``branch_user`` and the role goes. False when there was no
+    such role of pgoverlay's."""
     from psycopg import sql
 
     if not _ours(conn, role):
-        return  # gone already (a reset before grants were kept), or never ours: left alone
+        return False  # gone already, or never ours: left alone
     ident = sql.Identifier(role)
     conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(ident))
     conn.execute(
@@ -409,6 +424,7 @@ def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> None
         )
         conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
         conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+    return True
 
 
 def listed(pool: Pool, name: str) -> list[StoredGrant]:

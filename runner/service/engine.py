@@ -517,8 +517,15 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
+        """The branch's connection details with its password: a job's way in. Its roles are
+        made what the registry says first (``reconcile``), so a password PR SQL or a
+        reviewer changed in the branch is set back and the one given here works."""
         self._not_door("read a branch's password", vouchable=True)
-        return branches.connection(self.pool, self._awake(self._mine(name)))
+        b = self._awake(self._mine(name))
+        from pgoverlay.runner.branch import reconcile
+
+        reconcile.settle(self.pool, name)
+        return branches.connection(self.pool, b)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)

@@ -27,7 +27,7 @@ import uvicorn
 
 from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import polling, safefs
-from pgoverlay.runner.branch import idle, warm
+from pgoverlay.runner.branch import expiry, idle, warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.admission import SocketPolicy
@@ -182,6 +182,16 @@ def serve(settings: Settings) -> None:
 
     keeper = threading.Thread(target=housekeeping, name="pgoverlay-housekeeping", daemon=True)
     keeper.start()
+    # Its own thread: a gc or a warm branch's start in the housekeeping thread takes seconds,
+    # and an expired credential's sessions end within expiry.BOUND s.
+    if settings.service_expiry_timer:
+        timer = threading.Thread(
+            target=expiry.run,
+            args=(lambda: Pool.open(settings), stop),
+            name="pgoverlay-expiry",
+            daemon=True,
+        )
+        timer.start()
     # `systemctl reload pgoverlay` (or `kill -HUP`): the policy file read again; uvicorn
     # handles SIGINT and SIGTERM only, and SIGHUP's default would end the service.
     signal.signal(signal.SIGHUP, lambda *_: policy.reload())
