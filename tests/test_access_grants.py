@@ -357,7 +357,10 @@ def test_an_unmasked_base_is_refused_personal_credentials_unless_allowed(
     assert app.grant.role == "app_pr_42" and not app.grant.read_only
     with login(b, "app_pr_42", app.password) as conn:
         conn.execute("CREATE TABLE app_made (id int)")
-    again = grants.grant(pool, "acc-plain", login=None, app=True)  # a new run, a new password
+    # A new run renews it as deployed; only a rotation gives it a new password.
+    renewed = grants.grant(pool, "acc-plain", login=None, app=True)
+    assert renewed.renewed and renewed.password == app.password
+    again = grants.grant(pool, "acc-plain", login=None, app=True, rotate=True)
     assert "password authentication failed" in refused(b, "app_pr_42", app.password)
     with login(b, "app_pr_42", again.password):
         pass

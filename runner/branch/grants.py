@@ -11,7 +11,9 @@ Invariants:
   a role named ``ACCESS_ROLE`` without the engine's comment is refused the same way.
 - The password is made here (``secrets.token_urlsafe``) and only its SCRAM verifier, computed
   in this process, reaches the server (in a statement the session does not log) and the
-  registry; the password itself is returned once, to be shown once, and never logged.
+  registry; a person's password itself is returned once, to be shown once, and never logged.
+  The preview app's is kept in the registry (root's, as the branch's own password is), so that
+  each job of the pull request renews the deployed credential rather than replacing it.
 - Every grant is in the registry's ``grants`` table (who, which role, read-only or not, until
   when, who asked), so `access list`, gc and the audit know it without starting the branch;
   the rows go with their branch (``ON DELETE CASCADE``), as the roles go with its data. A reset
@@ -72,6 +74,7 @@ class Granted:
 
     grant: StoredGrant
     password: str = field(repr=False)
+    renewed: bool = False  # the preview app's credential, as deployed, given a new expiry
 
 
 def role_for_login(login: str) -> str:
@@ -143,6 +146,7 @@ def grant(
     read_only: bool = False,
     ttl: float | None = None,
     app: bool = False,
+    rotate: bool = False,
     uid: int = 0,
     vouched_by: str | None = None,
 ) -> Granted:
@@ -151,6 +155,12 @@ def grant(
     ``access_ttl``, at most ``access_max_ttl``). Granting a login again replaces its password,
     expiry and read-only-ness. ``uid`` asked for it, on behalf of ``vouched_by`` when the front
     door did (``github:LOGIN``).
+
+    The preview app's credential is the one a deployment holds (the Action's `database-url`):
+    it lasts as long as the branch (until the branch's expiry, at most ``access_max_ttl``; a
+    ``ttl`` asks for less), and asking for it again (each job of the pull request, or an
+    admin's ``--app``) renews that one: same password, a new expiry. Only ``rotate`` mints a
+    new password, which the deployed preview loses (its open sessions stay until they end).
 
     Read-write: the role is a member of the branch's login role (INHERIT), so it may do what a
     migration may. Read-only: a member of ``pg_read_all_data`` (Postgres 14 and later), with
@@ -173,7 +183,12 @@ def grant(
             raise RequestError("login: an app credential names no login (its role is the app's)")
     elif login is None:
         raise RequestError("login: name the GitHub login to grant to (or ask for an app role)")
-    seconds = _ttl(pool, ttl)
+    elif rotate:
+        raise RequestError(
+            "rotate: only the preview app's credential is renewed when asked again; a person's "
+            "gets a new password at each grant (ask without rotate)"
+        )
+    seconds = _ttl(pool, ttl if ttl is not None or not app else s.access_max_ttl)
     with _lock(pool, name):
         b, base = _running(pool, name)
         role = app_role(b) if app else role_for_login(str(login))
@@ -191,20 +206,30 @@ def grant(
             )
         from pgoverlay.runner.postgres import roles
 
-        password = secrets.token_urlsafe(24)
         now = time.time()
+        until = now + seconds
+        if app and ttl is None and b.expires_at is not None:
+            until = min(until, max(b.expires_at, now))  # as long as the branch
+        kept = None if rotate else _renewable(pool.registry.grant(name, role), now=now)
+        if kept is not None and kept.read_only == read_only:
+            password, verifier = kept.password, kept.verifier
+        else:
+            password = secrets.token_urlsafe(24)
+            verifier = roles.scram_verifier(password)
         made = StoredGrant(
             branch=name,
             role=role,
             login=role,
             read_only=read_only,
             app=app,
-            verifier=roles.scram_verifier(password),
+            verifier=verifier,
             # whole seconds: the role's VALID UNTIL says the same instant as the registry
-            expires_at=float(int(now + seconds)),
+            expires_at=float(int(until)),
             granted_by=vouched_by or f"uid:{uid}",
             granted_at=now,
+            password=password if app else "",
         )
+        renewed = kept is not None and kept.verifier == verifier
         # Recorded first: a role the branch may hold is one the registry knows (gc revokes it
         # at its expiry, whatever became of this process). A grant that fails puts the row
         # back as it was.
@@ -237,9 +262,24 @@ def grant(
         read_only=read_only,
         app=app,
         expires_at=_iso(made.expires_at),
+        renewed=renewed,
     )
-    log.info("granted %s in branch %s until %s", role, name, _iso(made.expires_at))
-    return Granted(grant=made, password=password)
+    log.info(
+        "%s %s in branch %s until %s",
+        "renewed" if renewed else "granted",
+        role,
+        name,
+        _iso(made.expires_at),
+    )
+    return Granted(grant=made, password=password, renewed=renewed)
+
+
+def _renewable(found: StoredGrant | None, *, now: float) -> StoredGrant | None:
+    """``found`` when it is a preview app's credential that asking again renews: unexpired,
+    and its password kept (one granted by an earlier release is replaced)."""
+    if found is None or not found.app or not found.password or found.expires_at <= now:
+        return None
+    return found
 
 
 def _marker(conn: psycopg.Connection[Any], name: str) -> None:

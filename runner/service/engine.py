@@ -616,10 +616,11 @@ class LocalEngine:
             read_only=request.read_only,
             ttl=request.ttl,
             app=request.app,
+            rotate=request.rotate,
             uid=self.uid,
             vouched_by=request.vouched_by,
         )
-        return self._grant_view(made.grant, password=made.password)
+        return self._grant_view(made.grant, password=made.password, renewed=made.renewed)
 
     def grants(self, name: str) -> list[GrantView]:
         """The credentials granted in branch ``name``, without passwords."""
@@ -639,7 +640,9 @@ class LocalEngine:
         done = grants.revoke(self.pool, name, login, uid=self.uid)
         return Revoked(branch=name, login=login.lower(), revoked=done)
 
-    def _grant_view(self, g: StoredGrant, *, password: str | None = None) -> GrantView:
+    def _grant_view(
+        self, g: StoredGrant, *, password: str | None = None, renewed: bool = False
+    ) -> GrantView:
         s = self.pool.settings
         return GrantView(
             branch=g.branch,
@@ -650,6 +653,7 @@ class LocalEngine:
             expires_at=g.expires_at,
             granted_by=g.granted_by,
             password=password,
+            renewed=renewed,
             dsn_host=s.door_name,  # the one answer to "which name reaches the door"
             dsn_port=s.door_port,
             database=g.branch,
