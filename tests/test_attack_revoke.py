@@ -10,10 +10,12 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from apikit import running_door
 from psycopg import sql
 
 from helpers import as_engine, cli, masked_base
@@ -22,6 +24,7 @@ from pgoverlay.runner.branch import expiry, grants, reconcile
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
+from pgoverlay.runner.service import serve
 from pgoverlay.runner.service.engine import LocalEngine
 
 MASKED = "revoke-masked"
@@ -162,35 +165,58 @@ def test_a_wake_killed_before_its_roles_are_reconciled_admits_nobody(
 
 
 def test_an_expired_credentials_open_session_ends_within_seconds_of_its_expiry(
-    pool: Pool, masked: BaseVersion, made: list[str]
+    pool: Pool,
+    masked: BaseVersion,
+    made: list[str],
+    service: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """The engine service's expiry timer (its own loop, run here on the test pool) ends the
-    session of a credential whose time is up: not at the next gc, minutes later."""
+    """The engine service's expiry timer (``serve.expiry_timer``, started here on the test
+    pool as the service starts it) ends the session a reviewer holds through the front door
+    when the credential's time is up: not at the next gc, minutes later."""
+    assert (
+        serve.expiry_timer(pool.settings.replace(service_expiry_timer=False), threading.Event())
+        is None
+    )
     b = _create(pool, made, "rvk-timer")
-    done = grants.grant(pool, b.name, login="shortlived", ttl=3)
-    session = login(b, "shortlived", done.password)
+    done = grants.grant(pool, b.name, login="shortlived", ttl=4)
+    folder = tmp_path_factory.mktemp("door-expiry")
     stop = threading.Event()
-    timer = threading.Thread(target=expiry.run, args=(lambda: Pool.open(pool.settings), stop))
-    timer.start()
-    try:
-
-        def ended() -> float | None:
-            try:
-                session.execute("SELECT 1")
-            except psycopg.OperationalError:
-                return time.time()
-            return None
-
-        at = polling.wait_for(
-            ended,
-            timeout=done.grant.expires_at - time.time() + expiry.BOUND + 10,
-            what="the expired credential's session to end",
-            max_interval=0.1,
+    with running_door(pool, masked, folder, policy="owners: [acme]\n") as door:
+        session = psycopg.connect(
+            host="localhost",
+            port=door.door_port,
+            dbname=b.name,
+            user="shortlived",
+            password=done.password,
+            sslmode="verify-full",
+            sslrootcert=str(door.certs.ca_file),
+            connect_timeout=30,
+            autocommit=True,
         )
-    finally:
-        stop.set()
-        timer.join(timeout=30)
-        session.close()
+        timer = serve.expiry_timer(pool.settings, stop)
+        assert timer is not None
+        try:
+            assert session.execute("SELECT current_user").fetchone() == ("shortlived",)
+
+            def ended() -> float | None:
+                try:
+                    session.execute("SELECT 1")
+                except psycopg.OperationalError:
+                    return time.time()
+                return None
+
+            at = polling.wait_for(
+                ended,
+                timeout=done.grant.expires_at - time.time() + expiry.BOUND + 10,
+                what="the expired credential's session to end",
+                max_interval=0.1,
+            )
+        finally:
+            stop.set()
+            timer.join(timeout=30)
+            session.close()
+    print(f"the session ended {at - done.grant.expires_at:.2f} s after the expiry")
     assert done.grant.expires_at <= at <= done.grant.expires_at + expiry.BOUND + 1
     assert pool.registry.grants(b.name) == [] and not role_exists(pool, b, "shortlived")
 
