@@ -375,6 +375,7 @@ def _give_login(
     secret: Future[str] | None,
     *,
     fresh: bool = True,
+    then: Callable[[psycopg.Connection[Any]], None] | None = None,
 ) -> None:
     """A created or reset branch's password: one ``ALTER ROLE`` with its SCRAM verifier
     (``secret``, computed while the server started; None: computed here), whose commit does not
@@ -382,7 +383,9 @@ def _give_login(
     password again after a crash). A base prepared for another login role name has no role of
     this one: in a ``fresh`` branch (the base's files, no PR code run yet) it is then made in
     full (``roles.set_login``, whose DDL would fire event triggers); in a restarted one, whose
-    role existed, that is refused: the engine runs no DDL where PR code has run."""
+    role existed, that is refused: the engine runs no DDL where PR code has run. ``then`` is
+    called with the same connection afterwards (a restart's ``reconcile``: one session, not
+    two, before the branch admits clients)."""
     import psycopg
 
     from pgoverlay.runner.postgres import roles, sqlerror
@@ -402,6 +405,7 @@ def _give_login(
         ),
         _engine_connection(pool, branch, base) as conn,
     ):
+        given = False
         if verifier is not None:
             try:
                 roles.set_password(
@@ -412,7 +416,7 @@ def _give_login(
                     createrole=pool.settings.branch_createrole,
                     flush=False,
                 )
-                return
+                given = True
             except psycopg.errors.UndefinedObject:
                 if not fresh:
                     raise BranchStartError(
@@ -420,14 +424,17 @@ def _give_login(
                         f"from it: reset the branch (`pgoverlay branch reset {branch.name}`)"
                     ) from None
                 # no such role in this base: made below
-        roles.set_login(
-            conn,
-            user=branch.user,
-            password=branch.password,
-            superuser=pool.settings.branch_superuser,
-            createrole=pool.settings.branch_createrole,
-            refresh=False,
-        )
+        if not given:
+            roles.set_login(
+                conn,
+                user=branch.user,
+                password=branch.password,
+                superuser=pool.settings.branch_superuser,
+                createrole=pool.settings.branch_createrole,
+                refresh=False,
+            )
+        if then is not None:
+            then(conn)
 
 
 def _mount_and_start(
@@ -798,21 +805,22 @@ def restart(pool: Pool, branch: Branch) -> None:
     write_conf(pool, lay, **names, engine_only=True)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
-    _give_login(pool, base, branch, None, fresh=False)
-    fault(pool, "restart:password")
-    with (
-        sqlerror.wrapped(
+
+    def settle(conn: psycopg.Connection[Any]) -> None:
+        fault(pool, "restart:password")
+        with sqlerror.wrapped(
             BranchStartError,
             what=f"branch {branch.name} started but its roles could not be made what the "
             "registry says",
             fix="`pgoverlay gc` tries again; if it fails again, the base's superuser "
             f"{base.superuser} must be able to log in over the branch's socket",
-        ),
-        _engine_connection(pool, branch, base) as conn,
-    ):
-        reconcile.reconcile(pool, branch, base, conn)
-        write_conf(pool, lay, **names)
-        conn.execute("SELECT pg_reload_conf()")
+        ):
+            # its password was just set: only the credentials are to check
+            reconcile.reconcile(pool, branch, base, conn, branch_password=False)
+            write_conf(pool, lay, **names)
+            conn.execute("SELECT pg_reload_conf()")
+
+    _give_login(pool, base, branch, None, fresh=False, then=settle)
     _check_ready(pool, branch)
 
 

@@ -124,9 +124,11 @@ def reconcile(
     conn: psycopg.Connection[Any],
     *,
     now: float | None = None,
+    branch_password: bool = True,
 ) -> Reconciled:
     """Make branch ``b``'s roles what the registry says (see the module's invariants), through
-    the engine's connection ``conn``. The caller holds the branch's lock."""
+    the engine's connection ``conn``. The caller holds the branch's lock. ``branch_password``:
+    False when the caller has just set the branch role's password itself."""
     from pgoverlay.runner.branch import grants
     from pgoverlay.runner.postgres import roles
 
@@ -146,7 +148,7 @@ def reconcile(
             continue
         grants._apply(conn, g, branch_user=b.user)
         done.restored.append(role)
-    if b.password:
+    if b.password and branch_password:
         row = conn.execute(
             "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (b.user,)
         ).fetchone()
