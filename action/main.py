@@ -173,8 +173,9 @@ def database_url(
     sslrootcert: str | None = None,
 ) -> str | None:
     """The `database-url` output: branch ``name`` through the front door, as the pull
-    request's application role with a password minted for this run (the engine replaces the
-    last run's; the role goes with the branch). Its password and the URL are registered as
+    request's application role with its one password, which each run renews (the engine keeps
+    it for the branch's life, so a preview deployed by an earlier run keeps working; the role
+    goes with the branch). Its password and the URL are registered as
     secrets with the runner (``::add-mask::``) before anything is written. None, with a
     warning, when the engine will not grant one: the run goes on without it. It verifies the
     door (``door.dsn``) against ``sslrootcert``, a file on this runner the job's next steps can

@@ -265,6 +265,9 @@ class Settings:
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
     service_gc_interval: float = bounded(300.0, ge=0)
+    # the service revokes each credential at its expiry, so its open sessions end within 2 s of
+    # it (runner/branch/expiry.py); off: at the next gc
+    service_expiry_timer: bool = True
     # A ready branch with no connection for this long is suspended by the service (its server
     # stopped, its layer kept; the next connection through the front door wakes it): seconds,
     # or a duration (10m, 2h); 0: never. A branch created with its own (the Action's

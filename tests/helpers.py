@@ -334,8 +334,10 @@ def service_settings(pool: Pool) -> Settings:
     """The settings the test run's engine service runs with (the ``service`` fixture). No
     periodic gc: tests leave half-made branches on purpose and call gc themselves; and no
     branch suspended for being idle unless it was created to be (tests/test_idle.py): a
-    module's branch may sit unused longer than the pool's default while its tests run."""
-    return pool.settings.replace(service_gc_interval=0, suspend_after=0)
+    module's branch may sit unused longer than the pool's default while its tests run. No
+    expiry timer either: tests expire credentials themselves (tests/test_attack_revoke.py runs
+    the timer's own loop)."""
+    return pool.settings.replace(service_gc_interval=0, suspend_after=0, service_expiry_timer=False)
 
 
 @contextmanager

@@ -384,7 +384,7 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     assert rerun.returncode == 0, rerun.log[-4000:]
     assert "already up to date" in rerun.log
     assert len(s.comments()) == 1 and s.writes() == written, "a re-run writes nothing new"
-    assert s.database_url.read_text() != url, "each run mints its own password"
+    assert s.database_url.read_text() == url, "each run renews the deployed app credential"
 
     (s.repo / "db/migrations/001_widgets.sql").write_text(
         "CREATE TABLE widgets (id int PRIMARY KEY, name text, price numeric);\n"

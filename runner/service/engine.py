@@ -524,8 +524,15 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
+        """The branch's connection details with its password: a job's way in. Its roles are
+        made what the registry says first (``reconcile``), so a password PR SQL or a
+        reviewer changed in the branch is set back and the one given here works."""
         self._not_door("read a branch's password", vouchable=True)
-        return branches.connection(self.pool, self._awake(self._mine(name)))
+        b = self._awake(self._mine(name))
+        from pgoverlay.runner.branch import reconcile
+
+        reconcile.settle(self.pool, name)
+        return branches.connection(self.pool, b)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)
@@ -616,10 +623,11 @@ class LocalEngine:
             read_only=request.read_only,
             ttl=request.ttl,
             app=request.app,
+            rotate=request.rotate,
             uid=self.uid,
             vouched_by=request.vouched_by,
         )
-        return self._grant_view(made.grant, password=made.password)
+        return self._grant_view(made.grant, password=made.password, renewed=made.renewed)
 
     def grants(self, name: str) -> list[GrantView]:
         """The credentials granted in branch ``name``, without passwords."""
@@ -639,7 +647,9 @@ class LocalEngine:
         done = grants.revoke(self.pool, name, login, uid=self.uid)
         return Revoked(branch=name, login=login.lower(), revoked=done)
 
-    def _grant_view(self, g: StoredGrant, *, password: str | None = None) -> GrantView:
+    def _grant_view(
+        self, g: StoredGrant, *, password: str | None = None, renewed: bool = False
+    ) -> GrantView:
         s = self.pool.settings
         return GrantView(
             branch=g.branch,
@@ -650,6 +660,7 @@ class LocalEngine:
             expires_at=g.expires_at,
             granted_by=g.granted_by,
             password=password,
+            renewed=renewed,
             dsn_host=s.door_name,  # the one answer to "which name reaches the door"
             dsn_port=s.door_port,
             database=g.branch,

@@ -265,6 +265,8 @@ class GrantView(Shape):
     expires_at: float
     granted_by: str = ""  # uid:N, or github:LOGIN when the front door vouched for the person
     password: str | None = field(default=None, repr=False)
+    # the preview app's credential as deployed, given a new expiry (its password unchanged)
+    renewed: bool = False
     dsn_host: str
     dsn_port: int
     database: str
