@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from apikit import Api, running_door
 
+from fakegithub import FakeGitHub
 from helpers import os_user, read_outputs
 from oidckit import TokenService, pull_request_job
 from pgoverlay.errors import ConfigError, LockBusyError, NotOwnerError, ServiceError
@@ -285,6 +286,40 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             assert pool.registry.branch("shop-pr-41") is None
         finally:
             job.close()
+
+
+def test_a_job_whose_head_is_no_longer_the_pull_requests_changes_nothing(
+    api: Api, pool: Pool
+) -> None:
+    """Two jobs of one pull request, the older head's running last: it makes no branch (nor a
+    comment or a deployment), and says why; the current head's job goes on."""
+    old, new = "d" * 40, "e" * 40
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=44,
+        head_ref="feature",
+        runner_environment="github-hosted",
+    )
+    with TokenService(api.issuer, api.key) as tokens, FakeGitHub() as fake:
+        fake.add_token("ghs_job_of_the_test", "github-actions[bot]", kind="installation")
+        fake.add_pull("acme/shop", 44, new, "f" * 40)
+        github = {"GITHUB_TOKEN": "ghs_job_of_the_test", "GITHUB_API_URL": fake.url}
+        job = Job(api, {**tokens.add_job(**claims).env(), **github})
+        try:
+            code, log, out = job.run("synchronize", 44, old, comment="true")
+            assert code == 0, log
+            assert out["status"] == "skipped", log
+            assert "is no longer the head of pull request #44 (now eeeeeee)" in log
+            assert pool.registry.branch("shop-pr-44") is None
+            assert [c for c in fake.state.comments if c["repo"] == "acme/shop"] == []
+            code, log, out = job.run("synchronize", 44, new)
+            assert code == 0 and out["status"] == "ready", log
+        finally:
+            job.close()
+            if pool.registry.branch("shop-pr-44") is not None:
+                LocalEngine(pool).destroy("shop-pr-44")
+        assert fake.violations == []
 
 
 def test_a_job_without_an_oidc_token_is_told_to_ask_for_one(api: Api, pool: Pool) -> None:
