@@ -260,6 +260,7 @@ def _run_on_server(
     door, as the job's OIDC token's repository: no pool, service or group on this runner. The
     way in the report gives is the server's; the job holds its branch for its whole run, so
     another job of the pull request on another runner waits for it."""
+    from pgoverlay.action import jobhold
     from pgoverlay.runner.service import netclient
 
     server = job.server.strip().rstrip("/")
@@ -278,24 +279,39 @@ def _run_on_server(
         door_https_port=int(door["door_https_port"]),
     )
     name = check_name(event.branch_name(ev, inputs.branch_name))
-    with engine.hold(name, wait=settings.command_timeout):
+    done: list[int] = []
+
+    def keep_for_the_job(hold_id: str) -> bool:
+        # The job's later steps use the branch its dsn names: the hold lasts until the job
+        # ends (action.jobhold), so that another job of the pull request waits to reset it.
+        if not done or done[0] != 0 or ev.kind not in ("open", "sync"):
+            return False
+        return jobhold.hand_over(engine, name, hold_id, temp=job.temp)
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    with engine.hold(name, wait=settings.command_timeout, waiting=say, keep=keep_for_the_job):
         # Jobs of one pull request may run on several runners, in any order: under the hold,
         # a job whose head is no longer the pull request's leaves the branch, the comment and
         # the deployment to the newer head's job (the listener asks the same of the API).
         newer = _newer_head(job, ev, out)
         if newer is not None:
             return _stale(job, ev, newer, out)
-        return _run(
-            engine,
-            settings,
-            job,
-            ev,
-            inputs,
-            out,
-            start=start,
-            began=began,
-            app_sslmode=str(door.get("app_sslmode") or "verify-full"),
+        done.append(
+            _run(
+                engine,
+                settings,
+                job,
+                ev,
+                inputs,
+                out,
+                start=start,
+                began=began,
+                app_sslmode=str(door.get("app_sslmode") or "verify-full"),
+            )
         )
+    return done[0]
 
 
 def _newer_head(job: JobEnv, ev: event.Event, out: TextIO) -> str | None:
