@@ -361,7 +361,7 @@ def test_a_second_job_of_the_pull_request_waits_until_the_first_job_ends(
             out = wait_for(running.step_done, timeout=300, what="the first job's step")
             assert out["status"] == "ready", first.log()
             second.migration("001_second.sql", "CREATE TABLE second_job (id int);\n")
-            waiting = second.start("opened", 45, "a" * 40)
+            waiting = second.start("synchronize", 45, "b" * 40)
             wait_for(
                 lambda: "waiting for it" in second.log() or waiting.step_done() is not None,
                 timeout=300,
