@@ -5,7 +5,9 @@ looks at it. Its step ends, but the job goes on: later steps test the app agains
 its ``dsn`` names. Another job of the same pull request (another runner, no ``concurrency:``)
 must not reset or migrate that branch meanwhile. So when the step ends well, it hands the hold
 to a keeper (``hand_over``): a small process in a session of its own that renews the hold while
-the job runs and gives it back when the job ends; the other job waits for it.
+the job runs and gives it back when the job ends; the other job waits for it. A later step of
+the same job (the Action used twice) finds the hold's note in the job's RUNNER_TEMP
+(``kept_by_this_job``) and works under it, rather than wait for its own job to end.
 
 How the keeper knows the job ended: it watches the job's process (``job_process``: the step's
 nearest ancestor that is not a shell, the runner's worker or act), checked by its start time so
@@ -25,8 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgoverlay.action import outputs
 from pgoverlay.errors import LockBusyError, PgoverlayError, TimeoutExpiredError
-from pgoverlay.runner import polling, proc
+from pgoverlay.runner import polling, proc, safefs
 from pgoverlay.runner.service.netclient import HOLD_SECONDS, NetworkEngine, OidcCredential
 
 log = logging.getLogger(__name__)
@@ -83,20 +86,47 @@ def job_process(start: int) -> Process | None:
     return None
 
 
-def hand_over(engine: NetworkEngine, name: str, hold_id: str, *, temp: Path | None) -> bool:
-    """Start a keeper of hold ``hold_id`` on branch ``name`` for the rest of the job; False
-    when there is no job process to watch (the hold is then given back by the step)."""
-    watched = job_process(os.getppid())
-    if watched is None:
+def _notes(temp: Path, name: str) -> list[Path]:
+    """The notes this job left of its holds on branch ``name`` (a name has no dot)."""
+    return sorted(temp.glob(f"pgoverlay-{name}.*.hold"))
+
+
+def kept_by_this_job(engine: NetworkEngine, name: str, *, temp: Path | None) -> bool:
+    """Whether an earlier step of this job keeps the hold on branch ``name`` (its note is in
+    the job's RUNNER_TEMP, which the runner empties after each job): then this step works
+    under it, renewed now, rather than wait for its own job to end."""
+    if temp is None:
         return False
+    for note in _notes(temp, name):
+        try:
+            hold_id = safefs.read_regular(note, limit=256, what=f"{note}").decode().strip()
+            engine.renew_hold(name, hold_id)
+        except (PgoverlayError, UnicodeDecodeError):  # lapsed, or not ours: forget it
+            note.unlink(missing_ok=True)
+            continue
+        return True
+    return False
+
+
+def hand_over(engine: NetworkEngine, name: str, hold_id: str, *, temp: Path | None) -> bool:
+    """Start a keeper of hold ``hold_id`` on branch ``name`` for the rest of the job, and note
+    it for the job's later steps; False when there is no job process to watch, or no
+    RUNNER_TEMP (the hold is then given back by the step)."""
+    watched = job_process(os.getppid())
+    if watched is None or temp is None:
+        return False
+    for old in _notes(temp, name):
+        old.unlink(missing_ok=True)
+    outputs.write_new(
+        temp, hold_id, prefix=f"pgoverlay-{name}.", suffix=".hold", variable="RUNNER_TEMP"
+    )
     argv = [sys.executable, "-P", "-m", "pgoverlay.action.jobhold", engine.server, name]
     argv += ["--watch", str(watched.pid), "--started", str(watched.started)]
     if engine.ca_file is not None:
         argv += ["--ca-file", os.fspath(engine.ca_file)]
     env = {key: os.environ[key] for key in _PASSED if key in os.environ}
     env["PGOVERLAY_HOLD_ID"] = hold_id  # not in argv: another user may read a process's argv
-    where = temp if temp is not None else Path("/tmp")  # noqa: S108 - the keeper's log only
-    proc.spawn(argv, env=env, log_path=where / f"pgoverlay-hold-{os.getpid()}.log")
+    proc.spawn(argv, env=env, log_path=temp / f"pgoverlay-{name}.{os.getpid()}.log")
     return True
 
 

@@ -291,7 +291,12 @@ def _run_on_server(
     def say(line: str) -> None:
         print(line, file=out, flush=True)
 
-    with engine.hold(name, wait=settings.command_timeout, waiting=say, keep=keep_for_the_job):
+    held = (
+        contextlib.nullcontext()  # an earlier step of this job keeps it for the job
+        if jobhold.kept_by_this_job(engine, name, temp=job.temp)
+        else engine.hold(name, wait=settings.command_timeout, waiting=say, keep=keep_for_the_job)
+    )
+    with held:
         # Jobs of one pull request may run on several runners, in any order: under the hold,
         # a job whose head is no longer the pull request's leaves the branch, the comment and
         # the deployment to the newer head's job (the listener asks the same of the API).

@@ -174,8 +174,10 @@ def pr_payload(action: str, number: int, head_sha: str) -> dict[str, Any]:
 # The runner's worker, as far as a job's step can tell: it runs the step (argv), then lives
 # until its stdin is closed, the end of the job; it exits with the step's code.
 WORKER = (
-    "import subprocess, sys; code = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL)"
-    ".returncode; sys.stdout.flush(); sys.stdin.read(); sys.exit(code)"
+    "import os, subprocess, sys\n"
+    "codes = [subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL).returncode\n"
+    "         for _ in range(int(os.environ.get('PGO_TEST_STEPS', '1')))]\n"
+    "sys.stdout.flush(); sys.stdin.read(); sys.exit(max(codes))"
 )
 
 
@@ -218,9 +220,18 @@ class Job:
     def migration(self, name: str, sql: str) -> None:
         (self.workspace / "db" / "migrations" / name).write_text(sql)
 
-    def start(self, action: str, number: int, head_sha: str, **inputs: str) -> Running:
-        """The job: a process standing for the runner's worker runs the Action's step, then
-        lives until its stdin is closed (the job's later steps run meanwhile)."""
+    def start(
+        self,
+        action: str,
+        number: int,
+        head_sha: str,
+        *,
+        steps: int = 1,
+        inputs: dict[str, str] | None = None,
+    ) -> Running:
+        """The job: a process standing for the runner's worker runs the Action's step
+        (``steps`` times), then lives until its stdin is closed (the job's later steps run
+        meanwhile)."""
         event = self.dir / f"event-{action}.json"
         event.write_text(json.dumps(pr_payload(action, number, head_sha)))
         for name in ("output", "summary", "log"):
@@ -245,8 +256,9 @@ class Job:
             "INPUT_MIGRATIONS_SELECT": "all",
             "INPUT_COMMENT": "false",
             "INPUT_DEPLOYMENT": "false",
+            "PGO_TEST_STEPS": str(steps),
             **self.token_env,
-            **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
+            **{f"INPUT_{k.upper()}": v for k, v in (inputs or {}).items()},
         }
         log = open(self.dir / "log", "w")  # noqa: SIM115 - closed by Running.end
         worker = subprocess.Popen(
@@ -276,7 +288,7 @@ class Job:
         self, action: str, number: int, head_sha: str, **inputs: str
     ) -> tuple[int, str, dict[str, str]]:
         """A job of one step: its worker ends with it."""
-        return self.start(action, number, head_sha, **inputs).end()
+        return self.start(action, number, head_sha, inputs=inputs).end()
 
     def log(self) -> str:
         return (self.dir / "log").read_text()
@@ -384,6 +396,32 @@ def test_a_second_job_of_the_pull_request_waits_until_the_first_job_ends(
             second.close()
             if pool.registry.branch("shop-pr-45") is not None:
                 LocalEngine(pool).destroy("shop-pr-45")
+
+
+def test_a_later_step_of_the_same_job_works_under_the_hold_its_job_keeps(
+    api: Api, pool: Pool
+) -> None:
+    """The Action twice in one job: the second step finds the hold its own job keeps, and does
+    not wait for its job to end."""
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=46,
+        head_ref="feature",
+        runner_environment="github-hosted",
+    )
+    with TokenService(api.issuer, api.key) as tokens:
+        job = Job(api, tokens.add_job(**claims).env())
+        try:
+            running = job.start("opened", 46, "c" * 40, steps=2)
+            code, log, out = running.end()
+            assert code == 0 and out["status"] == "ready", log
+            assert "waiting for it" not in log
+            assert "branch shop-pr-46 is already up to date" in log, log
+        finally:
+            job.close()
+            if pool.registry.branch("shop-pr-46") is not None:
+                LocalEngine(pool).destroy("shop-pr-46")
 
 
 def test_a_job_whose_head_is_no_longer_the_pull_requests_changes_nothing(
