@@ -20,7 +20,8 @@ With the pool's policy (``policy``: ``api_policy_file``, see ``admission``), a c
 caller other than root is also held to what the policy says of the repository it names: its
 owner and the repository must be admitted by name, and the policy's limits hold where lower
 than the pool's. Root is the admin and is held to neither; the front door's vouched requests
-were admitted by the door, and are not asked again.
+were admitted by the policy's network rules, asked by the service of the credential it verified
+(``witness``), and are not held to the socket's rules too.
 
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
 GitHub Actions job whose OIDC token, or a listener whose API token, it forwards, and the
