@@ -30,6 +30,7 @@ from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.wayin import WayIn
 from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
+    GitHubError,
     JobFileError,
     Location,
     PgoverlayError,
@@ -272,6 +273,7 @@ def _run_on_server(
     door, as the job's OIDC token's repository: no pool, service or group on this runner. The
     way in the report gives is the server's; the job holds its branch for its whole run, so
     another job of the pull request on another runner waits for it."""
+    from pgoverlay.action import jobhold
     from pgoverlay.runner.service import netclient
 
     server = job.server.strip().rstrip("/")
@@ -291,18 +293,90 @@ def _run_on_server(
         door_self_signed=door.get("app_sslmode") == "require",  # the pool's own certificate
     )
     name = check_name(event.branch_name(ev, inputs.branch_name))
-    with engine.hold(name, wait=settings.command_timeout):
-        return _run(
-            engine,
-            settings,
-            job,
-            ev,
-            inputs,
-            out,
-            start=start,
-            began=began,
-            app_rootcert=netclient.trust_file(ca_file),
+    done: list[int] = []
+
+    def keep_for_the_job(hold_id: str) -> bool:
+        # The job's later steps use the branch its dsn names: the hold lasts until the job
+        # ends (action.jobhold), so that another job of the pull request waits to reset it.
+        if not done or done[0] != 0 or ev.kind not in ("open", "sync"):
+            return False
+        return jobhold.hand_over(engine, name, hold_id, temp=job.temp)
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    held = (
+        contextlib.nullcontext()  # an earlier step of this job keeps it for the job
+        if jobhold.kept_by_this_job(engine, name, temp=job.temp)
+        else engine.hold(name, wait=settings.command_timeout, waiting=say, keep=keep_for_the_job)
+    )
+    with held:
+        # Jobs of one pull request may run on several runners, in any order: under the hold,
+        # a job whose head is no longer the pull request's leaves the branch, the comment and
+        # the deployment to the newer head's job (the listener asks the same of the API).
+        newer = _newer_head(job, ev, out)
+        if newer is not None:
+            return _stale(job, ev, newer, out)
+        done.append(
+            _run(
+                engine,
+                settings,
+                job,
+                ev,
+                inputs,
+                out,
+                start=start,
+                began=began,
+                app_rootcert=netclient.trust_file(ca_file),
+            )
         )
+    return done[0]
+
+
+def _newer_head(job: JobEnv, ev: event.Event, out: TextIO) -> str | None:
+    """The pull request's head now, when it is not ``ev``'s (None: it is, or the pull request
+    is closing, gone, or cannot be asked about: then the job goes on, and says so)."""
+    if ev.pr is None or ev.kind not in ("open", "sync") or not ev.head_sha:
+        return None
+    if not job.token:
+        outputs.annotation(
+            "warning",
+            "no github-token: this job cannot tell whether its head is still the pull "
+            "request's, so an older head that runs last may overwrite a newer one's branch",
+            out,
+            title="pgoverlay",
+        )
+        return None
+    github = GitHub(job.token, api_url=job.api_url)
+    try:
+        pull = github.pull(ev.repository, ev.pr)
+    except GitHubError as err:
+        outputs.annotation(
+            "warning",
+            f"could not ask GitHub for the pull request's head ({err}); going on with this "
+            "job's",
+            out,
+            title="pgoverlay",
+        )
+        return None
+    finally:
+        github.close()
+    head = (pull or {}).get("head") or {}
+    sha = head.get("sha") if isinstance(head, dict) else None
+    return sha if isinstance(sha, str) and sha and sha != ev.head_sha else None
+
+
+def _stale(job: JobEnv, ev: event.Event, newer: str, out: TextIO) -> int:
+    """This job's head was replaced by ``newer``: it does nothing, and says so."""
+    message = (
+        f"this job's head {ev.head_sha[:7]} is no longer the head of pull request #{ev.pr} "
+        f"(now {newer[:7]}): the newer head's job makes its branch, comment and deployment; "
+        "this one changed nothing"
+    )
+    outputs.annotation("notice", message, out, title="A newer head")
+    outputs.write_outputs(job.output, {"status": "skipped", "branch": ""})
+    outputs.write_summary(job.summary, f"### pgoverlay\n\nSkipped: {message}.\n")
+    return 0
 
 
 def _server_ca(job: JobEnv) -> Path | None:

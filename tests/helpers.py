@@ -356,6 +356,25 @@ def without_the_service(pool: Pool) -> Iterator[None]:
             start_service(settings)
 
 
+@contextmanager
+def service_with(pool: Pool, **changes: Any) -> Iterator[Settings]:
+    """The test run's engine service restarted with ``changes`` to its settings, then as it
+    was: a front door's network API and GitHub settings, which the engine needs as the door
+    does, since it verifies the credentials the door forwards itself (as both read one
+    settings file on a real host)."""
+    from pgoverlay.runner.service import serve
+
+    plain = service_settings(pool)
+    changed = plain.replace(**changes)
+    serve.stop(plain, wait=plain.stop_timeout)
+    start_service(changed)
+    try:
+        yield changed
+    finally:
+        serve.stop(changed, wait=changed.stop_timeout)
+        start_service(plain)
+
+
 def start_service(settings: Settings) -> None:
     """Start the engine service with ``settings`` and nothing else: the PGOVERLAY_* a test sets
     for itself (``PGOVERLAY_SERVICE_AUTOSTART=false``, conftest) are not the session's

@@ -146,6 +146,7 @@ class Engine:
     branches: dict[str, BranchView] = field(default_factory=dict)
     grants: list[tuple[str, GrantRequest]] = field(default_factory=list)
     passwords: list[str] = field(default_factory=list)
+    readers: list[str | None] = field(default_factory=list)  # the GitHub token forwarded
     failing: bool = False  # the engine's service does not answer
     measured: list[str] = field(default_factory=list)  # branches whose layer was walked
     masked: bool = False  # the base's data
@@ -177,7 +178,7 @@ class Engine:
             )
         ]
 
-    def grant(self, name: str, request: GrantRequest) -> GrantView:
+    def grant(self, name: str, request: GrantRequest, *, reader: str | None = None) -> GrantView:
         if self.refuse_unmasked and not self.masked and not request.app:
             raise UnmaskedAccessError(
                 f"branch {name} is of base prod v3, which is not masked: ... allow them with "
@@ -185,6 +186,7 @@ class Engine:
             )
         password = secrets.token_urlsafe(18)
         self.grants.append((name, request))
+        self.readers.append(reader)
         self.passwords.append(password)
         return GrantView(
             branch=name,

@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import as_engine, as_user_call, cli, masked_base, os_user
+from fakegithub import FakeGitHub
+from helpers import as_engine, as_user_call, cli, masked_base, os_user, service_with
 from pgoverlay.errors import AccessError, NotOwnerError, RequestError, UnmaskedAccessError
 from pgoverlay.runner import audit, branch, polling
 from pgoverlay.runner.branch import grants
@@ -479,6 +480,12 @@ def test_the_owner_grants_through_the_service_and_others_may_not(
 def test_the_front_doors_identity_may_look_and_grant_for_whom_it_vouches_and_nothing_else(
     pool: Pool, masked: BaseVersion, made: list[str], service: Path, users: None
 ) -> None:
+    with FakeGitHub() as fake, service_with(pool, github_api_url=fake.url):
+        _the_front_doors_identity(pool, made, service, fake)
+        assert fake.violations == []
+
+
+def _the_front_doors_identity(pool: Pool, made: list[str], service: Path, fake: FakeGitHub) -> None:
     b = _create(pool, made, "acc-door", repository="acme/shop", pr=6)
     # Looking is allowed.
     for call in (
@@ -489,12 +496,16 @@ def test_the_front_doors_identity_may_look_and_grant_for_whom_it_vouches_and_not
     ):
         answer = ask(service, DOOR, call)
         assert not (isinstance(answer, dict) and "error" in answer), (call, answer)
-    # Granting for a person it vouches for is allowed, and recorded as vouched.
+    # Granting for a person it vouches for is allowed with their sign-in (the GitHub token the
+    # door forwards, which the engine asks GitHub about itself), and recorded as vouched.
+    fake.add_repo("acme/shop", private=True)
+    fake.add_collaborator("acme/shop", "carol", "read")
+    fake.add_token("gho_carol_of_the_test", "carol")
     granted = ask(
         service,
         DOOR,
         'result = engine.grant("acc-door", GrantRequest(login="Carol", read_only=True, '
-        'vouched_by="github:carol", repository="acme/shop"))',
+        'vouched_by="github:carol", repository="acme/shop"), reader="gho_carol_of_the_test")',
     )
     assert granted.get("role") == "carol" and granted["read_only"], granted
     assert granted["granted_by"] == "github:carol"
@@ -546,12 +557,16 @@ def test_an_unmasked_refusal_through_the_service_is_403_and_says_why(
     pool: Pool, base: BaseVersion, made: list[str], service: Path, users: None
 ) -> None:
     _create(pool, made, "acc-door-plain", base=base.name, repository="acme/shop")
-    answer = ask(
-        service,
-        DOOR,
-        'result = engine.grant("acc-door-plain", GrantRequest(login="carol", '
-        'vouched_by="github:carol"))',
-    )
+    with FakeGitHub() as fake, service_with(pool, github_api_url=fake.url):
+        fake.add_repo("acme/shop", private=True)
+        fake.add_collaborator("acme/shop", "carol", "read")
+        fake.add_token("gho_carol_of_the_test", "carol")
+        answer = ask(
+            service,
+            DOOR,
+            'result = engine.grant("acc-door-plain", GrantRequest(login="carol", '
+            'vouched_by="github:carol", read_only=True), reader="gho_carol_of_the_test")',
+        )
     assert answer["error"] == "UnmaskedAccessError" and answer["exit"] == 38
     assert "not masked" in answer["message"]
 

@@ -600,7 +600,9 @@ def test_github_permissions_map_to_access(
 
 def test_a_cookie_not_signed_by_the_page_is_no_session() -> None:
     store = Sessions(secret=b"k" * 32, lifetime=60)
-    session = store.open("alice", repository=REPO, access="read-only", now=0, previous=None)
+    session = store.open(
+        "alice", reader_token="gho_alice", repository=REPO, access="read-only", now=0, previous=None
+    )
     signed = store.sign("session", session.id)
     assert store.unsign("session", signed) == session.id
     assert store.unsign("state", signed) is None  # signed for another purpose
@@ -612,13 +614,34 @@ def test_a_cookie_not_signed_by_the_page_is_no_session() -> None:
 
 def test_a_new_sign_in_carries_over_only_fresh_access_of_the_same_reader() -> None:
     store = Sessions(secret=b"k" * 32, lifetime=100)
-    first = store.open("alice", repository="a/one", access="read-only", now=0, previous=None)
-    second = store.open("alice", repository="a/two", access=None, now=50, previous=first.id)
+    first = store.open(
+        "alice",
+        reader_token="gho_alice",
+        repository="a/one",
+        access="read-only",
+        now=0,
+        previous=None,
+    )
+    second = store.open(
+        "alice",
+        reader_token="gho_alice",
+        repository="a/two",
+        access=None,
+        now=50,
+        previous=first.id,
+    )
     assert second.id != first.id and store.get(first.id, now=50) is None
     assert store.checked(second, "A/One", now=60) == second.repositories["a/one"]
     assert store.checked(second, "a/one", now=100) is None  # checked at 0: too old now
     assert store.checked(second, "a/two", now=100) is not None
-    bob = store.open("bob", repository="a/three", access="read-only", now=60, previous=second.id)
+    bob = store.open(
+        "bob",
+        reader_token="gho_bob",
+        repository="a/three",
+        access="read-only",
+        now=60,
+        previous=second.id,
+    )
     assert set(bob.repositories) == {"a/three"}
 
 

@@ -29,6 +29,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote
 
@@ -81,7 +82,9 @@ class PageEngine(Protocol):
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None: ...
     def bases(self) -> list[BaseView]: ...
-    def grant(self, name: str, request: models.GrantRequest) -> GrantAnswer: ...
+    def grant(
+        self, name: str, request: models.GrantRequest, *, reader: str | None = None
+    ) -> GrantAnswer: ...
 
 
 NOT_SET_UP = (
@@ -346,7 +349,10 @@ def create_page(
             vouched_by=f"github:{login}",
         )
         try:
-            answer = await run_in_threadpool(engine.grant, name, grant)
+            # The reader's own GitHub token goes with it: the engine asks GitHub itself.
+            answer = await run_in_threadpool(
+                partial(engine.grant, reader=session.reader_token), name, grant
+            )
         except UnmaskedAccessError as err:  # the engine's answer names the admin's setting
             log.warning("page: no credential for %s on branch %s: %s", login, name, err)
             return message(
@@ -438,7 +444,7 @@ def create_page(
             audited(request, "page_sign_in", branch=name, outcome="refused:github")
             return message(request, "Not signed in", "GitHub did not sign you in.", 401)
         try:
-            login, key, access = await run_in_threadpool(
+            login, key, access, token = await run_in_threadpool(
                 _check, github, engine, code, callback, name, settings
             )
         except GitHubError as err:
@@ -447,6 +453,7 @@ def create_page(
             return message(request, "Sign-in failed", str(err), 502)
         session = sessions.open(
             login,
+            reader_token=token,
             repository=key,
             access=access,
             now=clock(),
@@ -484,21 +491,22 @@ def _check(
     callback: str,
     name: str,
     settings: Settings,
-) -> tuple[str, str, oauth.Access | None]:
-    """Who signed in, the repository of branch ``name`` (``unknown_key``: no such branch) and
-    their access to it. The token is used here and dropped."""
+) -> tuple[str, str, oauth.Access | None, str]:
+    """Who signed in, the repository of branch ``name`` (``unknown_key``: no such branch),
+    their access to it, and their GitHub token (kept in the session, in memory: the engine
+    asks GitHub with it before it grants them a credential)."""
     token = github.exchange(code, redirect_uri=callback)
     login = github.login(token)
     view = engine.branch(name)
     if view is None or not view.repository:
-        return login, unknown_key(name), None
+        return login, unknown_key(name), None, token
     level = github.access(
         token,
         view.repository,
         write_permission=settings.access_write_permission,
         read_permission=settings.access_read_permission,
     )
-    return login, view.repository, level
+    return login, view.repository, level, token
 
 
 def _pull_url(settings: Settings, view: BranchView) -> str | None:

@@ -218,6 +218,7 @@ def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = Non
 
     from pgoverlay.runner.door import api, oidc, policy
     from pgoverlay.runner.service import vouch
+    from pgoverlay.runner.service.acting import Acting
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
     if settings.api_audience is None or settings.api_policy_file is None:  # Settings checks
@@ -226,8 +227,9 @@ def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = Non
     rules = policy.load(settings.api_policy_file)
     path = socket_path(settings)
 
-    def engine_for(vouched: vouch.Vouched) -> RemoteEngine:
-        return RemoteEngine(path, timeout=settings.command_timeout, headers=vouch.headers(vouched))
+    def engine_for(token: str, named: Acting | None) -> RemoteEngine:
+        sent = vouch.headers(token=token, named=named)
+        return RemoteEngine(path, timeout=settings.command_timeout, headers=sent)
 
     served = api.create_api(
         verifier=verifier,

@@ -9,7 +9,9 @@ that created a branch (or root) may reset it, destroy it, read its password, sav
 (JSON the owner keeps with the branch; the engine never reads it), or grant, list and revoke
 credentials in it. The front door's own identity (the uid of ``door_user``, as the socket's peer
 credentials say) may only look, and grant or list a credential for a person it vouches for
-(``vouched_by``): everything else is refused it, whatever it asks. A create names the
+(``vouched_by``), a person whose GitHub token it forwards and GitHub, asked here, says is theirs
+and gives them access to the branch's repository (``witness.Reader``): everything else is
+refused it, whatever it asks. A create names the
 repository and pull request it is for (a caller other than root must name the repository): a
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
@@ -18,10 +20,12 @@ With the pool's policy (``policy``: ``api_policy_file``, see ``admission``), a c
 caller other than root is also held to what the policy says of the repository it names: its
 owner and the repository must be admitted by name, and the policy's limits hold where lower
 than the pool's. Root is the admin and is held to neither; the front door's vouched requests
-were admitted by the door, and are not asked again.
+were admitted by the policy's network rules, asked by the service of the credential it verified
+(``witness``), and are not held to the socket's rules too.
 
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
-GitHub Actions job whose OIDC token it verified and whose policy admitted it): then it may
+GitHub Actions job whose OIDC token, or a listener whose API token, it forwards, and the
+service verified itself and its policy admitted, ``witness``): then it may
 create a branch, and reset, destroy, read the password of, record on and trace the branches
 created that way for the same repository id, nothing else. Such a branch is owned by that id
 (``owner_repository_id``): another repository, or a re-created one of the same name, is refused
@@ -70,7 +74,7 @@ from pgoverlay.runner.service.views import (
     TraceMark,
     WarmView,
 )
-from pgoverlay.runner.service.vouch import Vouched
+from pgoverlay.runner.service.vouch import Vouched, for_pull_request
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
     from pgoverlay.runner.door.policy import Policy
@@ -82,6 +86,7 @@ if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made b
         RecordRequest,
         TraceRequest,
     )
+    from pgoverlay.runner.service.witness import Reader
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +172,14 @@ class LocalEngine:
         *,
         uid: int = 0,
         vouched: Vouched | None = None,
+        reader: Reader | None = None,
         policy: Policy | None = None,
     ) -> None:
         self._pool = pool
         self.uid = uid
         self._door: bool | None = None
         self._vouched = vouched
+        self._reader = reader
         self._policy = policy
 
     @property
@@ -407,8 +414,13 @@ class LocalEngine:
         self._not_door("create a branch", vouchable=True)
         vouched = self.vouched
         if vouched is not None:
+            if vouched.listener and vouched.from_fork is None:
+                raise RequestError(
+                    "a create with an API token says whether its pull request comes from a fork "
+                    "(x-pgoverlay-fork: true or false), as the delivery has it"
+                )
             return self._create(
-                request,
+                request.replace(pr=for_pull_request(request.pr, vouched)),
                 repository=vouched.repository,  # the token's; the request's is ignored
                 owner_repository_id=vouched.repository_id,
                 quota=Quota.of_network(
@@ -577,7 +589,13 @@ class LocalEngine:
     # -- credentials ----------------------------------------------------------------------
 
     def _may_grant(
-        self, name: str, *, repository: str | None, vouched_by: str | None, app: bool = False
+        self,
+        name: str,
+        *,
+        repository: str | None,
+        vouched_by: str | None,
+        app: bool = False,
+        read_only: bool = False,
     ) -> None:
         """Root and the branch's owner grant; the front door grants only for a person it
         vouches for, and only it may vouch. For a repository it vouches for (a workflow on the
@@ -604,12 +622,39 @@ class LocalEngine:
                 f"branch {name} belongs to {b.repository}, not {repository}: the front door "
                 "grants in a branch for its own pull request's readers only"
             )
+        self._signed_in(b, vouched_by=vouched_by or "", read_only=read_only)
+
+    def _signed_in(self, b: Branch, *, vouched_by: str, read_only: bool) -> None:
+        """The front door grants to a person only with the GitHub token of their sign-in,
+        forwarded: GitHub, asked here, must say the token is ``vouched_by``'s and gives them
+        access to the branch's repository, read-write for a read-write credential."""
+        if self._reader is None:
+            self._not_door(
+                "grant a person's credential without their sign-in (forward the reader's "
+                "GitHub token)"
+            )
+            return
+        if not b.repository:
+            self._not_door("grant a person's credential in a branch of no repository")
+        login, access = self._reader.check(b.repository)
+        wanted = vouched_by.removeprefix("github:").lower()
+        if login.lower() != wanted:
+            self._not_door(f"grant {wanted}'s credential with the sign-in of another person")
+        if access is None or (access == "read-only" and not read_only):
+            self._not_door(
+                f"grant {wanted} a {'read-only' if read_only else 'read-write'} credential in "
+                f"{b.name}: GitHub gives them {access or 'no'} access to {b.repository}"
+            )
 
     def grant(self, name: str, request: GrantRequest) -> GrantView:
         """A credential in branch ``name`` (see ``branch.grants.grant``); its password is in
         this answer only."""
         self._may_grant(
-            name, repository=request.repository, vouched_by=request.vouched_by, app=request.app
+            name,
+            repository=request.repository,
+            vouched_by=request.vouched_by,
+            app=request.app,
+            read_only=request.read_only,
         )
         if self.door and request.app and self.vouched is None:
             self._not_door("grant an app's credential")
