@@ -53,7 +53,7 @@ from typing import Any
 
 import psycopg
 from common import build_source, dismantle, machine_rows, small_app, start
-from engine_report import write_report
+from engine_report import load_note, write_report
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgoverlay.runner import branch, proc, safefs, seed
@@ -578,6 +578,8 @@ login, so its set-ups fork no backend; direct and through the door each set-up f
 | Load average | {ctx["load"]} (1, 5, 15 min) when the run started; {SHARED} |
 | Postgres | {ctx["postgres"]} |
 | PgBouncer | {ctx["bouncer"]} |
+
+{load_note(float(ctx["load"].split(",")[0])).strip()}
 
 {HEADER}
 {chr(10).join(rows)}
