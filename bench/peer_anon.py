@@ -84,9 +84,8 @@ def version(command: Path) -> str:
     done = subprocess.run(
         [command, "init", "--version"], capture_output=True, text=True, timeout=120, check=False
     )
-    return (
-        (done.stdout or done.stderr).strip().splitlines()[-1] if done.stdout or done.stderr else "?"
-    )
+    said = (done.stdout or done.stderr).strip().splitlines()  # "Version 1.12.0"
+    return said[-1].removeprefix("Version ").strip() if said else "?"
 
 
 class PgAnon:
