@@ -424,7 +424,7 @@ class Ways:
 # What a sample's innermost frame says it was doing, first match wins: py-spy's native
 # frames name the library (libssl.so.3) or the C file (loop.c) or the Python file.
 KINDS = (
-    ("waiting (epoll, the executor's idle threads)", ("epoll_pwait", "PyThread_acquire_lock")),
+    ("waiting for the network (epoll)", ("epoll_pwait", "PyThread_acquire_lock")),
     ("system calls: write", ("write (libc",)),
     ("system calls: read", ("read (libc", "recv")),
     ("TLS: OpenSSL and Python's ssl module", ("libssl", "libcrypto", "_ssl.", "(ssl.py)")),
@@ -465,22 +465,17 @@ def setup_parts(stacks: Path, count: int) -> list[tuple[float, str]]:
 
 
 def where_cpu(stacks: Path) -> tuple[int, list[tuple[float, str]]]:
-    """The door's samples by what each was doing (``KINDS``; a stack that waits anywhere is
-    waiting): how many samples, and the share of each kind, largest first."""
+    """The samples of the door's event loop thread (the one that runs ``cmd_door``; the
+    executor's threads only wait for engine lookups here) by what each was doing (``KINDS``),
+    and the share of each kind, largest first."""
     total, kinds = 0, collections.Counter[str]()
     for line in stacks.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or "cmd_door" not in stack:
             continue
         total += int(count)
-        frames = stack.split(";")
-        waits = any(m in stack for m in KINDS[0][1])
-        leaf = frames[-1]
-        kind = (
-            KINDS[0][0]
-            if waits
-            else next((name for name, marks in KINDS[1:] if any(m in leaf for m in marks)), "other")
-        )
+        leaf = stack.split(";")[-1]
+        kind = next((name for name, marks in KINDS if any(m in leaf for m in marks)), "other")
         kinds[kind] += int(count)
     return total, [(n / total, kind) for kind, n in kinds.most_common()] if total else []
 
@@ -537,8 +532,8 @@ def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
         setup_lines = "\n".join(f"| {name} | {ms:.2f} ms |" for ms, name in parts)
         profile = f"""
 What the door's process was doing during one more `pgbench -S -c 1` of {ctx["seconds"]} s
-(`py-spy record --native`, {samples} samples of its threads, each counted by its innermost
-frame; its tps is not kept, py-spy pauses the door to read its stacks):
+(`py-spy record --native`, {samples} samples of its event loop's thread, each counted by its
+innermost frame; its tps is not kept, py-spy pauses the door to read its stacks):
 
 | doing | share of samples |
 |---|---|
