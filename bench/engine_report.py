@@ -342,7 +342,20 @@ def machine_line(major: int, load: float) -> str:
     return (
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
         f"Postgres {major}; load average {load:.2f} when the run started (the machine is "
-        "shared, and other work may have run alongside)."
+        "shared, and other work may have run alongside)." + load_note(load)
+    )
+
+
+def load_note(load: float) -> str:
+    """A warning for a run taken while the machine was busy (a one-minute load average over
+    half its CPUs): its figures are not a quiet machine's, and a rerun decides."""
+    cpus = os.cpu_count() or 1
+    if load <= cpus / 2:
+        return ""
+    return (
+        f" **Taken under load** ({load:.1f} on {cpus} CPUs, from other work on this shared "
+        "machine): the figures are noisy and slower than a quiet machine's; rerun the command "
+        "on a quiet one before reading them as the product's."
     )
 
 

@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
-"""Seed benchmark: `pgoverlay base seed` (copy, verify, prepare) against a plain pg_basebackup.
+"""Seed benchmark: a whole `pgoverlay base seed` process against `pg_basebackup` plus `sync`.
 
-    sudo .venv/bin/python bench/seed.py [--sizes 1,5] [--rounds 3] [--work DIR] [--keep]
+    sudo .venv/bin/python bench/seed.py [--sizes 1,5] [--rounds 5] [--work DIR] [--keep]
 
 For each size a pgbench database is built once (cached in the work dir, as bench/engine.py
-does). Each round then runs, in an order that rotates from round to round, with the page cache
-dropped before each (and the programs' files read back in): a plain `pg_basebackup -Fp -X
-stream -c fast` of the same server into the pool's filesystem, `pgoverlay base seed` as a process,
-and `seed.seed` as a function (whose laps give the step breakdown). Every copy and base is
-removed, untimed, after it is measured. The Markdown report replaces the section between the
-seed markers in docs/benchmarks.md. A measurement
+does). Each round then runs the two methods, alternating which goes first, each with the page
+cache dropped just before it (`sync; echo 3 > /proc/sys/vm/drop_caches`: the database, the
+programs and Python's modules are all cold, as for a person who runs the command):
+
+- **plain**: `pg_basebackup -D DIR -X stream -c fast` of the same server into the pool's
+  filesystem (its own fsync of every file, the default), then `sync`, timed together: a copy that
+  is on disk when the command returns, which is what a ready base is;
+- **seed**: `pgoverlay base seed NAME --from DSN` as a process, from its exec to its exit: the
+  interpreter's start, the checks, the copy, the verification, the preparation (lockdown) and
+  the flush that makes the base durable.
+
+Every copy and base is removed, untimed, after it is measured, and the pool trimmed (waiting for
+XFS's discards) before the next run. `--laps` adds the seed as a function (`seed.seed`) to the
+rotation, whose laps give the step breakdown; `--profile DIR` runs each seed process under `py-spy
+record --idle --nonblocking` (wall-clock samples of the seed's own process, which waits for its
+children) and keeps the collapsed stacks. The Markdown
+report replaces the section between the seed markers in docs/benchmarks.md. A measurement
 script: it asserts nothing about timings.
 """
 
@@ -25,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine import DB, SCALE_PER_GIB, Bench, console
@@ -40,9 +52,9 @@ from pgoverlay.runner.settings import Settings
 START, END = "<!-- seed:start -->", "<!-- seed:end -->"
 PORTS = (56700, 56799)
 METHODS = {
-    "plain": "plain `pg_basebackup -Fp -X stream -c fast`",
-    "process": "`pgoverlay base seed NAME --from DSN` (a process)",
-    "function": "`seed.seed()` (the function)",
+    "plain": "`pg_basebackup -X stream -c fast`, then `sync`",
+    "process": "`pgoverlay base seed NAME --from DSN` (the whole process)",
+    "function": "`seed.seed()` (the function, for its laps)",
 }
 
 
@@ -50,34 +62,35 @@ class SeedBench(Bench):
     """The engine benchmark's plumbing (sources, pool, caches) with this benchmark's ports."""
 
     def __init__(
-        self, work: Path, *, drop_caches: bool, pool_size: str, process_laps: bool = False
+        self,
+        work: Path,
+        *,
+        drop_caches: bool,
+        pool_size: str,
+        process_laps: bool = False,
+        methods: list[str],
+        profile: Path | None = None,
     ) -> None:
         super().__init__(work, drop_caches=drop_caches, pool_size=pool_size, creates=0)
         self.process_laps = process_laps  # run the process with -vv and read its laps
+        self.methods = methods
+        self.profile = profile  # a folder for py-spy's flame graphs of the seed processes
         self.proc_laps: list[Laps] = []
         self.settings = Settings(home=work / "pool-home", port_min=PORTS[0], port_max=PORTS[1])
         self.laps: list[Laps] = []
         self.startup: list[float] = []  # seconds a process spent before its seed began
         self.loads: list[float] = []  # the one-minute load average after each run
+        self.times_taken: list[float] = []  # every seed process's wall time, in order
+        self.plain_parts: list[tuple[float, float]] = []  # pg_basebackup's seconds, sync's
 
     def settle(self) -> None:
         """Before each timed run: trim the pool, which waits for the discards of the copy the
         previous run removed (XFS issues them in the background, and they would land on the
-        next run, whichever method it is); then drop the page cache."""
+        next run, whichever method it is); then `sync` and drop the page cache. Nothing is read
+        back in: the programs start cold, as the database does, for both methods."""
         assert self.pool is not None
         discard.trim(self.pool.root)
         self.drop_caches()
-        self.load_programs()
-
-    def load_programs(self) -> None:
-        """Read the programs back into the page cache, not the data: on a runner the tools are
-        installed and used, and a seed is timed as its copy and work, not as Python's files
-        read from a cold disk (which cost the process about 3 s here). Both methods get it."""
-        if not self.drop:
-            return
-        imports = "import pgoverlay.cli, pgoverlay.cli.base, pgoverlay.runner.seed, psycopg"
-        subprocess.run([sys.executable, "-P", "-c", imports], check=True, timeout=120)
-        subprocess.run([self.install.tool("pg_basebackup"), "--version"], check=True, timeout=60)
 
     def dsn(self, srv: cluster.Running) -> str:
         return make_conninfo(
@@ -85,7 +98,8 @@ class SeedBench(Bench):
         )
 
     def plain(self, srv: cluster.Running, round_: int) -> float:
-        """A plain pg_basebackup into the pool's filesystem, as the pool's Postgres user."""
+        """`pg_basebackup -X stream -c fast` into the pool's filesystem, as the pool's Postgres
+        user, then `sync`: timed together."""
         assert self.pool is not None
         root = self.pool.tmp / f"plain-{round_}"
         shutil.rmtree(root, ignore_errors=True)
@@ -104,7 +118,10 @@ class SeedBench(Bench):
             "--no-password",
             timeout=self.settings.command_timeout,
         )
+        copied = time.perf_counter() - start
+        subprocess.run(["sync"], check=True, timeout=self.settings.command_timeout)
         took = time.perf_counter() - start
+        self.plain_parts.append((copied, took - copied))
         shutil.rmtree(root)
         return took
 
@@ -137,6 +154,22 @@ class SeedBench(Bench):
             "--from",
             self.dsn(srv),
         ]
+        if self.profile is not None:
+            stacks = self.profile / f"seed-{len(self.times_taken)}.txt"
+            command = [
+                Path(sys.executable).with_name("py-spy"),
+                "record",
+                "--idle",  # wall clock: the waits for pg_basebackup and Postgres are the time
+                "--nonblocking",  # never pause the seed to sample it
+                "--rate",
+                "200",
+                "--format",
+                "raw",  # collapsed stacks, one line each: grep them, or feed flamegraph.pl
+                "-o",
+                stacks,
+                "--",
+                *command,
+            ]
         self.settle()
         start = time.perf_counter()
         done = subprocess.run(
@@ -149,6 +182,7 @@ class SeedBench(Bench):
             timeout=3600,
         )
         took = time.perf_counter() - start
+        self.times_taken.append(took)
         if self.process_laps:
             self.proc_laps.append(laps_logged(done.stderr))
         said = re.search(r"in ([0-9.]+) s\s*$", done.stdout)  # the command's own timer
@@ -161,12 +195,13 @@ class SeedBench(Bench):
 
     def seed_size(self, run: SizeRun, rounds: int) -> dict[str, list[float]]:
         self.ensure_source(run)
-        times: dict[str, list[float]] = {m: [] for m in METHODS}
-        self.laps, self.startup, self.proc_laps = [], [], []
+        times: dict[str, list[float]] = {m: [] for m in self.methods}
+        self.laps, self.startup, self.proc_laps, self.plain_parts = [], [], [], []
         with self.source(run, {}) as srv:
-            order = list(METHODS)
+            order = self.methods
             for r in range(rounds):
-                for method in order[r % 3 :] + order[: r % 3]:
+                turn = r % len(order)
+                for method in order[turn:] + order[:turn]:
                     name = f"seed-bench-{run.key}"
                     if method == "plain":
                         took = self.plain(srv, r)
@@ -178,6 +213,18 @@ class SeedBench(Bench):
                     self.loads.append(os.getloadavg()[0])
                     console.log(f"{run.label} round {r + 1}/{rounds}: {method} {took:.2f} s")
         return times
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One size's measurements: each method's seconds per round, and what they are made of."""
+
+    run: SizeRun
+    times: dict[str, list[float]]
+    laps: list[Laps]  # the function's, with --laps
+    startup: list[float]  # the process's seconds before its seed began
+    plain_parts: list[tuple[float, float]]  # pg_basebackup's seconds, then sync's
+    proc_laps: list[Laps]  # the process's own, with --process-laps
 
 
 def laps_logged(stderr: str) -> Laps:
@@ -208,7 +255,7 @@ def breakdown(laps: list[Laps]) -> list[str]:
 
 
 def render(
-    results: list[tuple[SizeRun, dict[str, list[float]], list[Laps], list[float]]],
+    results: list[SizeResult],
     *,
     argv: list[str],
     started: dt.datetime,
@@ -222,28 +269,45 @@ def render(
         "## Seed benchmark",
         "",
         f"Generated by `python bench/seed.py {shown_args(argv)}` on {started:%Y-%m-%d}. A pgbench "
-        "database (`pgbench -i -s 68` is about 1 GiB, `-s 342` about 5 GiB) in a local server; "
-        "each round runs the three methods, in an order that rotates from round to round, "
+        "database (`pgbench -i -s 68` is about 1 GiB, `-s 342` about 5 GiB) in a local server. "
+        "Each round runs the methods, the first alternating from round to round, "
         + (
-            "with the pool trimmed (waiting for the discards of the copy removed before) and the "
-            "page cache dropped before each run (then the programs' own files, Python's modules "
-            "and `pg_basebackup`, read back in: the database is cold, the tools are not)"
+            "each with the pool trimmed (waiting for the discards of the copy removed before), "
+            "then `sync; echo 3 > /proc/sys/vm/drop_caches` just before it: the database, the "
+            "programs and Python's modules are all read from a cold cache"
             if drop
             else "with a warm page cache"
         )
-        + ". Seconds: the median (p90; min – max) over the rounds. The ratio is the plain "
-        "copy's median over the seed's: 1.0 means the seed, verification and preparation "
-        "included, takes as long as the copy alone.",
+        + ". **plain** is `pg_basebackup -D DIR -X stream -c fast` into the pool's filesystem "
+        "(it fsyncs every file it wrote, its default) and then `sync`, timed together: a copy "
+        "on disk. **seed** is the whole `pgoverlay base seed` process, from its exec to its "
+        "exit: the interpreter's start, the checks, the copy, the verification, the preparation "
+        "and lockdown, and the flush that makes the base durable. Seconds: the median (p90; "
+        "min – max) over the rounds. The ratio is plain's median over the method's: at least "
+        "0.95 is the target for the seed.",
         "",
-        "| size | method | seconds | plain / seed |",
+        "| size | method | seconds | plain / method |",
         "|---|---|--:|--:|",
     ]
-    for run, times, _, _ in results:
+    for result in results:
+        run, times = result.run, result.times
         plain = statistics.median(times["plain"])
         for method, label in METHODS.items():
+            if method not in times:
+                continue
             ratio = plain / statistics.median(times[method])
             lines.append(f"| {run.label} | {label} | {cell(times[method])} | {ratio:.2f} |")
-    starts = [(run.label, startup) for run, _, _, startup in results if startup]
+    for result in results:
+        if result.plain_parts:
+            copies = [c for c, _ in result.plain_parts]
+            syncs = [x for _, x in result.plain_parts]
+            lines += [
+                "",
+                f"At {result.run.label}, plain's `pg_basebackup` took "
+                f"{statistics.median(copies):.2f} s and its `sync` "
+                f"{statistics.median(syncs):.2f} s (medians).",
+            ]
+    starts = [(r.run.label, r.startup) for r in results if r.startup]
     if starts:
         lines += [
             "",
@@ -252,11 +316,19 @@ def render(
             + ", ".join(f"{statistics.median(v):.2f} s at {label}" for label, v in starts)
             + ": the interpreter's start and imports, the settings, the pool.",
         ]
-    for run, _, laps, _ in results:
+    for result in results:
+        whose, laps = (
+            ("the process's", result.proc_laps)
+            if result.proc_laps
+            else ("the function's", result.laps)
+        )
+        if not laps:
+            continue
         lines += [
             "",
-            f"Where the function's time goes at {run.label} (median seconds per step over "
-            f"{len(laps)} seeds):",
+            f"Where {whose} time goes at {result.run.label} (median seconds per step over "
+            f"{len(laps)} seeds; the flush of the copy runs in a thread from `start` on, so the "
+            "steps after the copy also wait for the disk):",
             "",
             "| step | seconds |",
             "|---|--:|",
@@ -276,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description="Benchmark seeding (run as root).")
     parser.add_argument("--sizes", default="1,5", help="database sizes in GiB (default: 1,5)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per size (default: 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per size (default: 5)")
     parser.add_argument("--work", default="/var/tmp/pgoverlay-bench-seed", help="work directory")
     parser.add_argument("--keep", action="store_true", help="keep the pool and sources")
     parser.add_argument("--pool-size", default="40G", help="sparse pool image size")
@@ -286,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
         "--process-laps",
         action="store_true",
         help="run the process with -vv and print its steps (a diagnosis: the logging is timed)",
+    )
+    parser.add_argument(
+        "--laps", action="store_true", help="also time seed.seed() as a function, for its steps"
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run each seed process under py-spy record (wall clock) and keep its stacks in DIR",
     )
     args = parser.parse_args(argv)
     gibs = sorted({float(x) for x in args.sizes.split(",") if x.strip()})
@@ -298,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         drop_caches=not args.no_drop_caches,
         pool_size=args.pool_size,
         process_laps=args.process_laps,
+        methods=["plain", "process", *(["function"] if args.laps else [])],
+        profile=Path(args.profile).resolve() if args.profile else None,
     )
+    if bench.profile is not None:
+        bench.profile.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC)
     results = []
     try:
@@ -307,7 +391,16 @@ def main(argv: list[str] | None = None) -> int:
         for gib in gibs:
             run = SizeRun(gib=gib, scale=max(1, round(gib * SCALE_PER_GIB)))
             times = bench.seed_size(run, args.rounds)
-            results.append((run, times, bench.laps, bench.startup))
+            results.append(
+                SizeResult(
+                    run=run,
+                    times=times,
+                    laps=bench.laps,
+                    startup=bench.startup,
+                    plain_parts=bench.plain_parts,
+                    proc_laps=bench.proc_laps,
+                )
+            )
             if bench.proc_laps:
                 console.log(f"{run.label}: the process's steps (median seconds)")
                 for row in breakdown(bench.proc_laps):

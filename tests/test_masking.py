@@ -43,7 +43,7 @@ tables:
     shipping_address: null
   sessions: truncate
 sql:
-  - DELETE FROM audit
+  - DELETE FROM audit WHERE detail LIKE 'auditleak%' OR id >= 0
 """
 CUSTOMERS = 120
 EMAIL = re.compile(r"^[a-z0-9.]+@[a-z0-9.-]+\.[a-z]+$")
@@ -61,7 +61,7 @@ def test_rules_file_parses_every_strategy_and_table_truncation() -> None:
     assert customers["born"].describe() == "truncate_date: year"
     assert columns[QualifiedName("public", "orders")]["shipping_address"].strategy == "null"
     assert loaded.rules.truncated() == [QualifiedName("public", "sessions")]
-    assert loaded.rules.sql == ["DELETE FROM audit"]
+    assert loaded.rules.sql == ["DELETE FROM audit WHERE detail LIKE 'auditleak%' OR id >= 0"]
     assert loaded.name == "rules.yml" and len(loaded.sha256) == 64
 
 
@@ -166,6 +166,18 @@ def test_steps_run_side_by_side_end_numbered_in_the_order_they_end() -> None:
         ("mask public.small", 1),
         ("statistics", 3),
     ]
+
+
+def test_a_free_sql_label_keeps_its_text_and_says_where_it_is_cut() -> None:
+    from pgoverlay.runner import mask
+
+    assert mask.sql_label("DELETE FROM audit_log\n  WHERE detail LIKE '%@%'") == (
+        "sql: DELETE FROM audit_log WHERE detail LIKE '%@%'"
+    )
+    long = "UPDATE accounts SET note = NULL WHERE note LIKE '%secret%' AND created < now()"
+    label = mask.sql_label(long)
+    assert label.endswith("…") and len(label) <= len("sql: ") + mask.LABEL_CHARS
+    assert long.startswith(label.removeprefix("sql: ").removesuffix("…"))
 
 
 def test_tables_split_in_two_lanes_keeping_linked_tables_together(
@@ -643,10 +655,20 @@ def test_a_masked_seed_without_a_terminal_prints_a_line_per_table_as_it_goes(
     )
     assert re.search(r"mask public\.orders: rewritten in one pass, .*B, [0-9.]+ s$", said, re.M)
     assert re.search(r"restore 1 foreign key\(s\): [0-9.]+ s$", said, re.M)
-    assert re.search(r"rewrite \"public\"\.\"customers\": .*B, [0-9.]+ s$", said, re.M)
+    # The free SQL's label is the whole statement, '%' and all, where it fits on a line.
+    assert re.search(
+        r"sql: DELETE FROM audit WHERE detail LIKE 'auditleak%' OR id >= 0: [0-9.]+ s$", said, re.M
+    )
+    assert re.search(
+        r"refresh 1 view\(s\), rewrite \d+ table\(s\), statistics: .*"
+        r"rewrote \"public\"\.\"customers\" \(.*B, [0-9.]+ s\).*, [0-9.]+ s$",
+        said,
+        re.M,
+    )
     numbers = [tuple(map(int, re.findall(r"\[(\d+)/(\d+)\]", line)[0])) for line in lines]
     assert [i for i, _ in numbers] == list(range(1, len(lines) + 1))
-    assert numbers[-1][0] == numbers[-1][1]  # the last step says it is the last
+    # The count is known before the first step and never moves: [k/6] on every line.
+    assert {total for _, total in numbers} == {len(lines)} == {6}
 
 
 def test_the_space_estimate_adds_the_peak_of_the_costliest_masked_table() -> None:

@@ -178,9 +178,14 @@ def mask_progress(bar: Progress | None) -> Callable[[MaskStep], None]:
         return line
     task = bar.add_task("masking", total=None, visible=False, steps=True)
 
+    from rich.markup import escape
+
     def update(step: MaskStep) -> None:
         done = step.index if step.seconds is not None else step.index - 1
-        bar.update(task, description=step.what, completed=done, total=step.total, visible=True)
+        # A label quotes SQL ('[a-z]%'): text, not markup the bar would eat.
+        bar.update(
+            task, description=escape(step.what), completed=done, total=step.total, visible=True
+        )
 
     return update
 

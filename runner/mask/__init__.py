@@ -56,6 +56,7 @@ from pgoverlay.runner.mask import fakes
 from pgoverlay.runner.mask.rules import ColumnRule, QualifiedName, Rules
 from pgoverlay.runner.mask.schema import Column, Table, catalog, check
 from pgoverlay.runner.postgres.sqlerror import reason
+from pgoverlay.runner.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,9 @@ class Masked:
 @dataclass(frozen=True)
 class Step:
     """One step of masking, told to ``progress`` when it starts (``seconds`` None) and when it
-    ends. ``total`` is the number of steps known so far: rewrites join once the updates that
-    need them have run."""
+    ends. ``total`` is the number of steps of the whole masking, the same in every step: what
+    the updates and the free SQL leave to rewrite is done in the last step, with the
+    statistics."""
 
     what: str  # "mask public.customers"
     index: int  # from 1
@@ -113,6 +115,16 @@ class Step:
 
 
 Progress = Callable[[Step], None]
+LABEL_CHARS = 60  # a free SQL statement's label, at most: one line of a terminal with the count
+
+
+def sql_label(statement: str) -> str:
+    """A free SQL statement as a step's label: on one line, and cut with an ellipsis where it is
+    longer than ``LABEL_CHARS`` (never silently, so a cut label is not read as the statement)."""
+    text = " ".join(statement.split())
+    if len(text) > LABEL_CHARS:
+        text = text[: LABEL_CHARS - 1].rstrip() + "…"
+    return f"sql: {text}"
 
 
 class _Steps:
@@ -133,14 +145,12 @@ class _Steps:
         """Time one step; the caller appends how it went to the list it is given."""
         how: list[str] = []
         with self._lock:
-            self.total = max(self.total, self.done + 1)
             self._tell(Step(what, self.done + 1, self.total, size_bytes))
         started = time.perf_counter()
         yield how
         took = time.perf_counter() - started
         with self._lock:
             self.done += 1
-            self.total = max(self.total, self.done)
             self._tell(Step(what, self.done, self.total, size_bytes, took, ", ".join(how)))
 
 
@@ -217,10 +227,15 @@ def _apply(conn: Connection, rules: Rules, progress: Progress | None, lane: _Lan
     # Before anything changes: the files that hold original values now.
     masked.old_files += _files(conn, [*truncated, *updated])
     sizes = _sizes(conn, updated)
-    steps = _Steps(progress, len(updated) + bool(truncated) + len(rules.sql) + 1)
     needs_rewrite: set[int] = set()
     conn.execute("SET session_replication_role = replica")  # no triggers, no FK actions
     keys = _foreign_keys(conn, {found[n].oid: set(c) for n, c in rules.columns().items()})
+    # Every step is counted before the first starts, so the count a person reads never moves:
+    # what the updates and the free SQL leave to rewrite is one last step with the statistics.
+    steps = _Steps(
+        progress,
+        bool(truncated) + len(updated) + bool(keys) + len(rules.sql) + 1,
+    )
     try:
         for key in keys:  # ALTER TABLE would check them before the other side is masked
             _run(conn, key.drop(), what=f"set foreign key {key.name} aside")
@@ -235,7 +250,6 @@ def _apply(conn: Connection, rules: Rules, progress: Progress | None, lane: _Lan
                 needs_rewrite.add(found[name].oid)
         masked.tables_masked = len(updated)
         if keys:
-            steps.total += 1
             with steps.step(f"restore {len(keys)} foreign key(s)"):
                 for key in keys:
                     _run(conn, key.add(), what=f"restore foreign key {key.name}")
@@ -243,25 +257,32 @@ def _apply(conn: Connection, rules: Rules, progress: Progress | None, lane: _Lan
         conn.execute("RESET session_replication_role")
     touched: set[int] = set()
     for statement in rules.sql:
-        with steps.step(f"sql: {' '.join(statement.split())[:40]}"):
+        with steps.step(sql_label(statement)):
             touched |= _run_free_sql(conn, statement)
     touched -= set(truncated)
     needs_rewrite |= touched
     masked.old_files += _files(conn, sorted(touched - set(updated)))
-    for oid, view in _dependent_matviews(conn, [*truncated, *updated, *touched]):
+    views = _dependent_matviews(conn, [*truncated, *updated, *touched])
+    for oid, _ in views:
         masked.old_files += _files(conn, [oid])
-        steps.total += 1
-        with steps.step(f"refresh {view.as_string(conn)}"):
-            _run(conn, sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view), what="refresh a view")
     leaves = _leaves(conn, sorted(needs_rewrite))
-    steps.total += len(leaves)
     rewrite_sizes = _sizes(conn, [oid for oid, _ in leaves])
-    for oid, relation in leaves:
-        what = f"rewrite {relation.as_string(conn)}"
-        with steps.step(what, size_bytes=rewrite_sizes.get(oid, 0)):
+    finish = [f"refresh {len(views)} view(s)"] if views else []
+    finish += [f"rewrite {len(leaves)} table(s)"] if leaves else []
+    with steps.step(
+        ", ".join([*finish, "statistics"]), size_bytes=sum(rewrite_sizes.values())
+    ) as how:
+        for _, view in views:
+            _run(conn, sql.SQL("REFRESH MATERIALIZED VIEW {}").format(view), what="refresh a view")
+            how.append(f"refreshed {view.as_string(conn)}")
+        for oid, relation in leaves:
+            started = time.perf_counter()
             _run(conn, sql.SQL("VACUUM (FULL) {}").format(relation), what="rewrite a table")
-    masked.tables_rewritten = len(leaves)
-    with steps.step("statistics"):
+            how.append(
+                f"rewrote {relation.as_string(conn)} ({format_bytes(rewrite_sizes.get(oid, 0))}, "
+                f"{time.perf_counter() - started:.1f} s)"
+            )
+        masked.tables_rewritten = len(leaves)
         _restat(conn, [*truncated, *updated, *touched], masked)
     log.info(
         "masked %s tables (%s in one pass), truncated %s, rewrote %s",
