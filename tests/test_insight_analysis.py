@@ -87,12 +87,17 @@ def ddl(at: float, tag: str, held: Sequence[tuple[int, str]], **kw: Any) -> LogE
         "tag": tag,
         "vxid": kw.get("vxid", "3/25"),
         "locks": [{"rel": r, "mode": m} for r, m in held],
-        "scans": [
-            {"rel": r, "seq_scan": n, "seq_tup_read": rows} for r, n, rows in kw.get("scans", [])
-        ],
+        "scans": [_scan(*found) for found in kw.get("scans", [])],
     }
     message = "pgoverlay-trace " + json.dumps(event)
     return LogEntry(time=at, pid=kw.get("pid", PID), level="LOG", message=message)
+
+
+def _scan(rel: int, scans: int, rows: int, *written: int) -> dict[str, int]:
+    """One relation's counters in a trace line: scans, and, when given, rows written."""
+    found = {"rel": rel, "seq_scan": scans, "seq_tup_read": rows}
+    found.update(zip(("ins", "upd", "del"), written, strict=False))
+    return found
 
 
 def rewrite_event(at: float, oid: int, reason: int) -> LogEntry:
@@ -1037,6 +1042,39 @@ def test_rows_updated_in_a_table_that_existed_before_are_row_locks() -> None:
     assert insight.row_writes == [RowWrites("public.items", 7, 2, 8192)]
     assert (insight.verdict.level, insight.verdict.kind) == ("notice", "row locks")
     assert insight.verdict.text.startswith("updates 7 rows and deletes 2 rows of `public.items`")
+
+
+def counted(
+    rel: int, *, updated: int = 0, deleted: int = 0, inserted: int = 0
+) -> tuple[int, ...]:
+    """A transaction's own counters of ``rel``, as the trace's functions log them."""
+    return (rel, 0, 0, inserted, updated, deleted)
+
+
+def test_rows_are_the_migrations_own_not_what_other_sessions_wrote_meanwhile() -> None:
+    # A preview app updated 62 rows of `orders` while the migration validated a constraint
+    # (its DDL event read its transaction's own counters: nothing written) and updated 5
+    # rows of `items` (its mark read 5): the tables' counters say 62 and 67.
+    after = {
+        **BEFORE,
+        ORDERS: rel(ORDERS, "public.orders", bytes=412 * MIB, seq_scan=6, seq_tup_read=200,
+                    n_tup_upd=62),
+        ITEMS: rel(ITEMS, "public.items", bytes=8192, n_tup_ins=10, n_tup_upd=67),
+    }  # fmt: skip
+    log = [
+        ddl(T0 + 1.0, "ALTER TABLE", [(ORDERS, "ShareUpdateExclusiveLock")],
+            scans=[counted(ORDERS)]),
+        done(T0 + 1.0, 30.0, "ALTER TABLE orders VALIDATE CONSTRAINT orders_positive"),
+        ddl(T0 + 2.0, "ALTER TABLE", [(ITEMS, "AccessExclusiveLock"), (ITEMS, "RowExclusiveLock")],
+            scans=[counted(ITEMS, updated=5)], vxid="3/26"),
+        done(T0 + 2.0, 30.0, "ALTER TABLE items ADD COLUMN note text"),
+    ]  # fmt: skip
+    insight = run(log, after_relations=after)
+    assert insight.row_writes == [RowWrites("public.items", 5, 0, 8192)]
+    assert insight.volume.rows_updated == 5
+    alone = run(log[:2], after_relations=after)
+    assert alone.row_writes == [] and alone.volume.rows_updated == 0
+    assert alone.verdict.kind != "row locks", alone.verdict
 
 
 # -- against a real Postgres ----------------------------------------------------------------
