@@ -613,6 +613,15 @@ def _from_waits(
                 continue
 
 
+def _held(hold: _Hold) -> float:
+    """How long a lock was held once granted: a read or inferred hold runs from its
+    statement's start, so it holds the statement's wait for the lock too, which is reported
+    apart (``waited_seconds``); a sampled one is timed from its first granted sighting."""
+    if hold.source == "sampled":
+        return hold.held
+    return _tenth_ms(max(0.0, hold.held - hold.waited))
+
+
 def _lock_uses(work: _Analysis) -> list[LockUse]:
     return [
         LockUse(
@@ -620,7 +629,7 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
             kind=work.kind(oid),
             mode=mode,
             blocks=locks.blocks(mode),
-            held_seconds=hold.held,
+            held_seconds=_held(hold),
             waited_seconds=hold.waited,
             statement=index,
             bytes=work.before[oid].bytes,
