@@ -13,6 +13,7 @@ was blocked, never on how long a probe took.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,30 @@ def base(pool: Pool) -> Iterator[BaseVersion]:
     remove_base(pool, found)
 
 
+@contextlib.contextmanager
+def other_client(pool: Pool, base: BaseVersion, name: str, writes: str) -> Iterator[None]:
+    """Another client of branch ``name`` (a session of another role, as a preview app's) runs
+    ``writes`` again and again while the block runs; it must have written rows."""
+    stop = threading.Event()
+    written: list[int] = []
+    other = as_engine(pool, branches.get(pool, name), base)
+
+    def write() -> None:
+        with other:
+            while not stop.is_set():
+                written.append(other.execute(writes).rowcount)
+                stop.wait(0.05)  # a client's pace, not a timing assertion
+
+    writer = threading.Thread(target=write, name="other-client", daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(30)
+    assert sum(written) > 0, "the other client wrote nothing: the test proves nothing"
+
+
 def apply(
     pool: Pool,
     base: BaseVersion,
@@ -77,48 +102,33 @@ def apply(
     writes: str | None = None,
 ) -> dict[str, MigrationRun]:
     """``files`` applied in order on a fresh branch, measured and probed: name -> its run.
-    With ``writes``, another client (a session of another role, as a preview app's) runs that
-    statement again and again from before the first migration to after the last."""
+    With ``writes``, another client runs that statement again and again from before the first
+    migration to after the last (``other_client``)."""
     (repo / "db").mkdir(parents=True)
     for file, text in files.items():
         (repo / "db" / file).write_text(text)
     engine = LocalEngine(pool)
     engine.create(CreateRequest(name=name, base=base.name))
-    stop = threading.Event()
-    writer: threading.Thread | None = None
-    written: list[int] = []
     try:
-        if writes is not None:
-            other = as_engine(pool, branches.get(pool, name), base)
-
-            def write() -> None:
-                with other:
-                    while not stop.is_set():
-                        written.append(other.execute(writes).rowcount)
-                        stop.wait(0.05)  # a client's pace, not a timing assertion
-
-            writer = threading.Thread(target=write, name="other-client", daemon=True)
-            writer.start()
-        target = engine.connection(name)
-        with Observer(
-            engine, name, repository=None, thresholds=Thresholds(), pg_major=base.pg_major or 15,
-            max_seconds=600, probing=probe.Options(target=target),
-        ) as observer:  # fmt: skip
-            runs = migrations.apply_files(
-                migrations.RunOptions(target=target, timeout=300, watcher=observer),
-                repo,
-                migrations.all_files(repo, "db"),
-                psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
-                skip_recorded=True,
-            )
-        assert observer.problem == ""
+        with contextlib.ExitStack() as stack:
+            if writes is not None:
+                stack.enter_context(other_client(pool, base, name, writes))
+            target = engine.connection(name)
+            with Observer(
+                engine, name, repository=None, thresholds=Thresholds(),
+                pg_major=base.pg_major or 15, max_seconds=600,
+                probing=probe.Options(target=target),
+            ) as observer:  # fmt: skip
+                runs = migrations.apply_files(
+                    migrations.RunOptions(target=target, timeout=300, watcher=observer),
+                    repo,
+                    migrations.all_files(repo, "db"),
+                    psql=pgbin.for_major(base.pg_major or 15).tool("psql"),
+                    skip_recorded=True,
+                )
+            assert observer.problem == ""
     finally:
-        stop.set()
-        if writer is not None:
-            writer.join(30)
         engine.destroy(name)
-    if writes is not None:
-        assert sum(written) > 0, "the other client wrote nothing: the test proves nothing"
     return {Path(r.name).name: r for r in runs}
 
 
@@ -162,6 +172,38 @@ def test_rows_another_client_writes_meanwhile_are_not_counted_as_the_migrations(
     update = measured(runs, "003_update_five.sql")
     assert [(w.relation, w.rows_updated) for w in update.row_writes] == [(T, 5)]
     assert update.verdict.text.startswith("updates 5 rows of `public.t`"), update.verdict
+
+
+@pytest.mark.slow
+def test_a_migrate_commands_rows_are_its_own_too(
+    pool: Pool, base: BaseVersion, tmp_path: Path
+) -> None:
+    psql = pgbin.for_major(base.pg_major or 15).tool("psql")
+    engine = LocalEngine(pool)
+    engine.create(CreateRequest(name="evidence-command-rows", base=base.name))
+    try:
+        target = engine.connection("evidence-command-rows")
+        writes = "UPDATE t SET v = v WHERE id BETWEEN 100 AND 161"
+        with (
+            other_client(pool, base, "evidence-command-rows", writes),
+            Observer(
+                engine, "evidence-command-rows", repository=None, thresholds=Thresholds(),
+                pg_major=base.pg_major or 15, max_seconds=600,
+            ) as observer,
+        ):  # fmt: skip
+            run = migrations.run_command(
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
+                f"{psql} -X -q -v ON_ERROR_STOP=1 "
+                "-c 'CREATE INDEX CONCURRENTLY t_v_command ON t (v)' "
+                "-c 'ALTER TABLE t VALIDATE CONSTRAINT t_v_positive' -c 'SELECT pg_sleep(1)'",
+                cwd=tmp_path,
+            )
+    finally:
+        engine.destroy("evidence-command-rows")
+    assert run.status == "applied", run.error
+    assert run.insight is not None
+    assert run.insight.row_writes == [], run.insight.row_writes
+    assert run.insight.verdict.kind == "safe online", run.insight.verdict
 
 
 # -- row locks away from the table's first rows; indexes and materialized views ------------
@@ -230,8 +272,16 @@ def test_a_migrate_command_probes_the_tables_it_locks_not_the_largest(
                 "-c 'SELECT pg_sleep(3)'",
                 cwd=tmp_path,
             )
+            quiet = migrations.run_command(
+                migrations.RunOptions(target=target, timeout=300, watcher=observer),
+                f"{psql} -X -q -v ON_ERROR_STOP=1 -c 'SELECT pg_sleep(1)'",
+                cwd=tmp_path,
+            )
     finally:
         engine.destroy("evidence-command")
+    # a command that locks no table is probed on none, and says so
+    assert quiet.insight is not None and quiet.insight.blocking == []
+    assert [n for n in quiet.insight.notes if "nothing was probed" in n], quiet.insight.notes
     assert run.status == "applied", run.error
     assert run.insight is not None
     found = {b.relation: b for b in run.insight.blocking}

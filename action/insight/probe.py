@@ -203,6 +203,7 @@ class Probe:
         self._lock = threading.Lock()  # the monitor adds probers while they run
         self._watched: set[int] = set()  # the tables probed (oids)
         self._room = 0  # tables a migrate command's probe may still add as it locks them
+        self._discovering = False  # a migrate command's: it probes the tables it locks
 
     def _open(self, options: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
@@ -266,6 +267,7 @@ class Probe:
                 )
             if discovering:
                 self._room = min(self.options.max_tables, budget) - len(tables)
+                self._discovering = True
             for t in tables:
                 probers += self._probers_for(monitor, t)
         except BaseException:
@@ -461,6 +463,12 @@ class Probe:
             notes.append(self._holder.problem)
         if stuck:
             notes.append(f"probe sessions did not end in {limit:.0f} s: {', '.join(stuck)}")
+        if self._discovering and not self._probers and not notes:
+            notes.append(
+                "the command locked no table or materialized view that existed before it ran "
+                f"for as long as the probe looks (every {DISCOVER_PERIOD * 1000:.0f} ms): "
+                "nothing was probed"
+            )
         window = self._holder.window if self._holder is not None else None
         blocking = []
         for table in _unique(p.table for p in self._probers):
