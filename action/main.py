@@ -250,7 +250,7 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
 
 def _door_answers(settings: Settings) -> bool:
     """Whether this host's front door answers: the report points a reader at it only then."""
-    from pgoverlay.runner.door.serve import answering
+    from pgoverlay.runner.door.reach import answering
 
     return answering(settings)
 
