@@ -922,3 +922,21 @@ def test_the_report_gives_the_way_in_only_when_the_front_door_answers(
         assert "| Connection |" in summary and "/b/hello-world-pr-7" in summary, summary
     finally:
         branch.destroy(pool, "hello-world-pr-7")
+
+
+def test_the_listener_gives_the_way_in_only_when_this_hosts_door_answers(
+    pool: Pool, service: Path
+) -> None:
+    import socket
+
+    from helpers import free_tcp_port
+    from pgoverlay.webhook.engines import Engines
+    from pgoverlay.webhook.settings import WebhookSettings
+
+    port = free_tcp_port()
+    runner = pool.settings.replace(door_port=port)
+    engines = Engines(WebhookSettings(secret="s", token="t"), runner)
+    local = engines.local()
+    assert not engines.door_answers(local)
+    with socket.create_server(("127.0.0.1", port)):
+        assert engines.door_answers(local)
