@@ -152,6 +152,7 @@ SELECT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8
 _INDEXES = """
 SELECT c.relname, i.indrelid::pg_catalog.int8
   FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid >= 16384::pg_catalog.oid
 """
 # Connections still free on the server (less those kept for superusers), the role's own
 # connection limit (-1: none) and how many sessions it has.
