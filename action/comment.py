@@ -7,9 +7,9 @@ text is escaped (``markdown.py``) so it cannot break the table, a ``<details>`` 
 fence, or hide the rest of the comment in an HTML comment.
 
 It reads top down, most important first: the status, the run's verdict in words (``lead.py``),
-the migrations table, the errors, the way in (the branch's page and the front door: never a
-password), the branch's base, then a ``<details>`` block per traced migration
-(``details.py``). The table is short enough for GitHub's comment width
+the migrations table, the errors, the schema diff, a ``<details>`` block per traced migration
+(``details.py``), then the way in (the branch's page and the front door: never a password) and
+the branch's base. The table is short enough for GitHub's comment width
 (tests/test_comment_layout.py checks it in Chromium): with insight, the verdict, the name, the
 locks one line per table, and the time; what else a migration did is in its block. The job
 summary holds the whole of it; the comment a bounded part.
@@ -216,11 +216,13 @@ def _render(
             parts.append(f"… {_count(hidden_errors, 'more error')} not shown (see {see})")
         if schema:
             parts.append(schema)
-        parts += branch
+        # Each migration's evidence before how to connect: the tables would push it below
+        # the fold.
         parts += [shown[i] for i in sorted(shown)]
         if len(shown) < len(traced):
             hidden = len(traced) - len(shown)
             parts.append(f"… details of {_count(hidden, 'migration')} not shown (see {see})")
+        parts += branch
         return "\n\n".join(parts) + "\n"
 
     body = build(rows, 0, None, blocks)

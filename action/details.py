@@ -28,6 +28,7 @@ from pgoverlay.action.insight.model import (
     Verdict,
     Volume,
 )
+from pgoverlay.action.insight.verdict import WITH_TABLE
 from pgoverlay.action.report import MigrationRun
 from pgoverlay.runner.units import format_bytes
 
@@ -73,8 +74,7 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
         return ""
     cap = rows if rows is not None else None if full else COMMENT_ROWS
     name = md.html_text(m.name, md.CELL)
-    level = {"over": "over: ", "notice": "notice: ", "safe": ""}[i.verdict.level]
-    verdict = md.html_text(level + i.verdict.text, md.CELL)
+    verdict = md.html_text(_summary(m, i), md.CELL)
     opened = " open" if i.verdict.level == "over" else ""
     parts = [f"<details{opened}><summary><code>{name}</code>: {verdict}</summary>"]
     parts.append(_outcome(m, i))
@@ -95,6 +95,17 @@ def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -
         parts.append("Notes:\n\n" + "\n".join(lines))
     parts.append("</details>")
     return "\n\n".join(p for p in parts if p)
+
+
+def _summary(m: MigrationRun, i: MigrationInsight) -> str:
+    """The verdict after the migration's name; a migration that failed says so first, and
+    is never called safe: what it did before its error, if that was more than nothing."""
+    level = {"over": "over: ", "notice": "notice: ", "safe": ""}[i.verdict.level]
+    if m.status != "failed":
+        return level + i.verdict.text
+    if i.verdict.kind == "safe online":
+        return "failed (its error is above)"
+    return f"failed (its error is above); before it failed: {level}{i.verdict.text}"
 
 
 def name_cell(name: str) -> str:
@@ -151,11 +162,10 @@ def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
 
 
 def _table_lock(t: TableLock, *, cell: bool) -> str:
-    """ "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s (waited 3 ms)"."""
+    """ "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s", and with a wait for
+    it, "...: waited 3 ms, then held 5.9 s"."""
     text = t.what(lambda name: md.code(md.middle(name, RELATION) if cell else name, cell=cell))
-    text += f": {_duration(t.held_seconds)}"
-    if t.waited_seconds > 0:
-        text += f" (waited {_duration(t.waited_seconds)})"
+    text += f": {_held(t.held_seconds, t.waited_seconds)}"
     if t.sampled:
         text += " (sampled)"  # seen by pg_locks sampling: timed to its interval, may be missed
     return text
@@ -163,9 +173,7 @@ def _table_lock(t: TableLock, *, cell: bool) -> str:
 
 def _lock(u: LockUse) -> str:
     text = f"{md.prose(u.mode, 40, cell=False)} on {md.code(u.relation)}: "
-    text += f"{_BLOCKS[u.blocks]}, {_duration(u.held_seconds)}"
-    if u.waited_seconds > 0:
-        text += f" (waited {_duration(u.waited_seconds)})"
+    text += f"{_BLOCKS[u.blocks]}, {_held(u.held_seconds, u.waited_seconds)}"
     if u.source == "sampled":
         text += " (sampled)"  # seen by pg_locks sampling: timed to its interval, may be missed
     return text
@@ -177,6 +185,33 @@ def _rewrite(r: Rewrite) -> str:
     if r.reasons:
         text += f" ({md.prose(', '.join(r.reasons), md.CELL, cell=False)})"
     return text
+
+
+def _rewrite_lines(rewrites: Sequence[Rewrite]) -> list[str]:
+    """One line per rewritten table: its TOAST table and indexes rebuilt with it (and for no
+    other reason) are folded onto its line ("`public.t` 150.0 MiB → 181.0 MiB (column type
+    change), with its TOAST table and 2 indexes: 43.0 MiB → 43.0 MiB"), not a line each."""
+    rewritten = {r.relation for r in rewrites}
+    parts: dict[str, list[Rewrite]] = {}
+    heads: list[Rewrite] = []
+    for r in rewrites:
+        if r.reasons == [WITH_TABLE] and r.table in rewritten and r.table != r.relation:
+            parts.setdefault(r.table, []).append(r)
+        else:
+            heads.append(r)
+    lines = []
+    for r in heads:
+        text = _rewrite(r)
+        folded = parts.get(r.relation, [])
+        if folded:
+            indexes = sum(1 for p in folded if p.kind != "TOAST table")
+            what = ["its TOAST table"] if len(folded) > indexes else []
+            what += [f"{indexes} index{'' if indexes == 1 else 'es'}"] if indexes else []
+            before = format_bytes(sum(p.bytes_before for p in folded))
+            after = format_bytes(sum(p.bytes_after for p in folded))
+            text += f", with {' and '.join(what)}: {before} → {after}"
+        lines.append(text)
+    return lines
 
 
 def _scan(s: Scan) -> str:
@@ -198,9 +233,10 @@ def _statements(
         where = [f"line {s.line}"] if s.line is not None else []
         where.append(_duration(s.seconds) if s.seconds is not None else "not logged")
         did = [_table_lock(t, cell=False) for t in per_table(s.locks)]
-        did += [f"rewrote {_rewrite(r)}" for r in s.rewrites[:_ITEMS]]
+        rewrites = _rewrite_lines(s.rewrites)
+        did += [f"rewrote {r}" for r in rewrites[:_ITEMS]]
         did += [f"scanned {_scan(x)}" for x in s.scans[:_ITEMS]]
-        hidden = max(0, len(s.rewrites) - _ITEMS) + max(0, len(s.scans) - _ITEMS)
+        hidden = max(0, len(rewrites) - _ITEMS) + max(0, len(s.scans) - _ITEMS)
         did += [f"and {hidden:,} more rewrites or scans"] if hidden else []
         head = f"- {md.code(s.text, limit=width)} ({', '.join(where)})"
         items.append("\n".join([head, *(f"  - {d}" for d in did)]))
@@ -246,7 +282,7 @@ def _whole(i: MigrationInsight) -> list[str]:
     ]
     for title, items in (
         ("Locks", [_lock(u) for u in i.locks]),
-        ("Rewrites", [_rewrite(r) for r in i.rewrites]),
+        ("Rewrites", _rewrite_lines(i.rewrites)),
         ("Scans under a lock", [_scan(s) for s in i.scans]),
     ):
         if items:
@@ -259,6 +295,13 @@ def _more(total: int, cap: int | None, noun: str, see: str) -> str:
         return ""
     hidden = total - cap
     return f"\n\n… {hidden:,} more {noun}{'' if hidden == 1 else 's'} not shown (see {see})"
+
+
+def _held(held: float, waited: float) -> str:
+    """A lock's hold, after its wait when it waited: the two are apart."""
+    if waited > 0:
+        return f"waited {_duration(waited)}, then held {_duration(held)}"
+    return _duration(held)
 
 
 def _duration(seconds: float) -> str:

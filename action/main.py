@@ -256,7 +256,17 @@ def run(*, out: TextIO = sys.stdout, destroy: bool = False) -> int:
     # The engine is the service's: this job (and the pull request's code in it) runs as the
     # runner's own user, never as root.
     engine = service.client(settings)
-    return _run(engine, settings, job, ev, inputs, out, start=start, began=began)
+    return _run(
+        engine, settings, job, ev, inputs, out, start=start, began=began,
+        door=_door_answers(settings),
+    )  # fmt: skip
+
+
+def _door_answers(settings: Settings) -> bool:
+    """Whether this host's front door answers: the report points a reader at it only then."""
+    from pgoverlay.runner.door.reach import answering
+
+    return answering(settings)
 
 
 def _run_on_server(
@@ -444,6 +454,7 @@ def _run(
     start: float | None = None,
     began: float | None = None,
     app_rootcert: str | None = None,
+    door: bool = True,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -467,6 +478,7 @@ def _run(
             github=github,
             run_url=job.run_url(),
             echo=lambda line: print(line, file=out, flush=True),
+            door=door,
         )
     finally:
         if github is not None:

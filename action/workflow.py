@@ -281,6 +281,7 @@ def handle(
     fork_commands: bool = False,
     refused: str = "",
     asked: PrRequest | None = None,
+    door: bool = True,
 ) -> Outcome:
     """Do what ``decide`` says ``event`` asks for; never raises for a failed comment.
 
@@ -294,7 +295,8 @@ def handle(
     it (no comment is written here). A pull request `branch-when` does not want gets the same,
     and loses its branch if it has one (that is said in its comment). ``asked`` is the request
     whose run options the record keeps when ``inputs`` adds what the head itself fixes (the
-    listener's repository file).
+    listener's repository file). ``door``: whether the front door answers, so the report may
+    give the way in through it (without it, a reader is pointed at nothing that answers).
     """
     event = as_work(event, inputs)  # a `branch-when` label added or taken off: an open, a sync
     if event.kind not in WORK_KINDS:
@@ -338,6 +340,7 @@ def handle(
         fork_commands=fork_commands,
         fingerprint=fingerprint(asked or inputs),
         run_url=run_url,
+        door=door,
     )
     report, ready, connection = run.act(decision, current, last)
     with _timed(run.timings, "comment"):
@@ -376,6 +379,7 @@ class _Run:
     fork_commands: bool
     fingerprint: str  # the run options' fingerprint, kept in the record
     run_url: str
+    door: bool = True  # the front door answers: the report gives the way in through it
     timings: dict[str, float] = field(default_factory=dict)
 
     def act(
@@ -394,7 +398,7 @@ class _Run:
             head_sha=event.head_sha,
             status="failed",
             branch=None,
-            way_in=way_in(self.settings, name),
+            way_in=way_in(self.settings, name) if self.door else None,
             run_url=self.run_url,
         )
         if decision.action == "destroy":

@@ -355,19 +355,21 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     body = str(comment["body"])
     settings = s.pool.settings  # the step's: the same environment, the same host
     page = settings.page_url(BRANCH)
-    assert f"]({page})" in body and f"`{settings.door_port}`" in body
-    assert f"`postgresql://<your GitHub login>@{settings.door_name}:" in body
+    # no front door answers on this host: the comment points at none (its way in, with a
+    # door, is tests/test_workflow.py's)
+    assert f"]({page})" not in body and "| Connection |" not in body
+    assert f"`postgresql://<your GitHub login>@{settings.door_name}:" not in body
     assert "db/migrations/001_widgets.sql" in body and "applied" in body
     assert "000_existing.sql" not in body, "only what the PR changes is applied"
     assert "<details><summary>Schema changes: 1 table added</summary>" in body
     assert "- + table `public.widgets`: `id integer not null, name text`" in body
     assert b.password not in body and b.password not in opened.log
     assert s.comment_writes() == [f"POST /repos/{REPO}/issues/{PR}/comments"]
-    # the GitHub Deployment: the head, success, the branch page as its URL
+    # the GitHub Deployment: the head, success, and no page to link while no door answers
     assert s.deployments() == {first: "success"}
     [deployment] = s.github.deployments(REPO)
     assert deployment["environment"] == f"pgoverlay/{BRANCH}"
-    assert deployment["statuses"][-1]["environment_url"] == page
+    assert not deployment["statuses"][-1].get("environment_url")
     # database-url: the front door as the PR's application role, its password masked
     url = s.database_url.read_text()
     prefix = f"postgresql://app_pr_{PR}:"

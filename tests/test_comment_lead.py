@@ -90,9 +90,9 @@ def test_all_safe_says_so_and_without_insight_the_lead_counts() -> None:
     assert body.split("\n\n")[1].startswith("Branch `pr-12`")  # nothing to lead with
 
 
-def test_the_table_comes_before_the_connection_and_the_base_before_the_details() -> None:
+def test_each_migrations_details_come_before_the_connection_and_branch_tables() -> None:
     body = render_comment(report(migrations=[traced("db/1.sql")]))
-    order = ["#### Migrations", "| Connection | |", "| Branch | |", "<details open>"]
+    order = ["#### Migrations", "<details open>", "| Connection | |", "| Branch | |"]
     assert [body.index(x) for x in order] == sorted(body.index(x) for x in order)
     layer = ["Writable layer", "46.0 MiB logical, 3.1 MiB physical"]
     assert table_rows(body, ["Branch", ""])[0] == layer

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from helpers import extra_server
-from pgoverlay.action import migrations
+from pgoverlay.action import details, migrations
 from pgoverlay.action.insight import analyze as an
-from pgoverlay.action.insight import lint, locks, logparse, marks, verdict
+from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -87,12 +87,17 @@ def ddl(at: float, tag: str, held: Sequence[tuple[int, str]], **kw: Any) -> LogE
         "tag": tag,
         "vxid": kw.get("vxid", "3/25"),
         "locks": [{"rel": r, "mode": m} for r, m in held],
-        "scans": [
-            {"rel": r, "seq_scan": n, "seq_tup_read": rows} for r, n, rows in kw.get("scans", [])
-        ],
+        "scans": [_scan(*found) for found in kw.get("scans", [])],
     }
     message = "pgoverlay-trace " + json.dumps(event)
     return LogEntry(time=at, pid=kw.get("pid", PID), level="LOG", message=message)
+
+
+def _scan(rel: int, scans: int, rows: int, *written: int) -> dict[str, int]:
+    """One relation's counters in a trace line: scans, and, when given, rows written."""
+    found = {"rel": rel, "seq_scan": scans, "seq_tup_read": rows}
+    found.update(zip(("ins", "upd", "del"), written, strict=False))
+    return found
 
 
 def rewrite_event(at: float, oid: int, reason: int) -> LogEntry:
@@ -345,7 +350,7 @@ def test_sampled_spans_go_to_the_statement_running_then_and_the_longer_hold_wins
            for x in insight.locks]  # fmt: skip
     # worst table first, each table's locks together
     assert got == [
-        ("public.orders", "ACCESS EXCLUSIVE", 1.0, 0.45, 1),
+        ("public.orders", "ACCESS EXCLUSIVE", 0.55, 0.45, 1),  # held once granted
         ("public.orders", "SHARE", 3.0, 0.0, 0),
         ("public.orders", "ROW EXCLUSIVE", 0.001, 0.0, None),
         ("public.items", "EXCLUSIVE", 0.79, 0.0, 1),
@@ -371,9 +376,13 @@ def test_lock_waits_from_the_log_and_in_command_mode_the_logged_statements_are_t
         (1, None, "UPDATE items SET n = 1", 0.001),
     ]
     lock, update = insight.locks
+    # waited 1.5 s for it, then held it 0.5 s, to the COMMIT: the hold is not the wait
     assert (lock.mode, lock.held_seconds, lock.waited_seconds, lock.statement) == (
-        "ACCESS EXCLUSIVE", 2.0, 1.5, 0
+        "ACCESS EXCLUSIVE", 0.5, 1.5, 0
     )  # fmt: skip
+    assert details.lock_cell(insight.locks).startswith(
+        "ACCESS EXCLUSIVE on `public.orders`: waited 1.5 s, then held 500 ms"
+    )
     # the UPDATE's documented mode on its target, from its start to the COMMIT
     assert (update.relation, update.mode, update.statement, update.source) == (
         "public.items", "ROW EXCLUSIVE", 1, "inferred"
@@ -494,6 +503,35 @@ def test_relations_the_migration_created_or_the_ledger_take_no_part() -> None:
         "CREATE TABLE fresh AS SELECT generate_series(1, 1000)"
     ]
     assert insight.verdict == Verdict("safe", "safe online")
+
+
+def test_a_migration_tools_ledger_sequence_is_bookkeeping_not_a_lock_of_the_migration() -> None:
+    seq, table = 16700, 16701
+    before = {
+        **BEFORE,
+        seq: rel(seq, "public.django_migrations_id_seq", kind="S"),
+        table: rel(table, "public.django_migrations"),
+    }
+    log = [
+        done(T0 + 1.0, 200.0, "ALTER TABLE orders ADD COLUMN note text"),
+        done(T0 + 1.3, 2.0, "INSERT INTO django_migrations (app, name, applied) "
+             "VALUES ('shop', '0002_note', now()) RETURNING id"),
+    ]  # fmt: skip
+    # Django's insert of its ledger row: the sampler saw its lock on the row id's sequence
+    spans = [
+        LockSpan(pid=PID, relation=seq, mode="RowExclusiveLock", granted=True, first=T0 + 1.25,
+                 last=T0 + 1.35, query_start=None, query=""),
+        LockSpan(pid=PID, relation=ORDERS, mode="AccessExclusiveLock", granted=True,
+                 first=T0 + 0.85, last=T0 + 1.0, query_start=None, query=""),
+    ]  # fmt: skip
+    insight = an.analyze(
+        before=mark(T0), after=mark(T0 + 60, log=log, spans=spans), relations_before=before,
+        relations_after=before, seconds=3.0, statements=None, ignore_pids=set(), lint=[],
+        thresholds=DEFAULTS,
+    )  # fmt: skip
+    assert {u.relation for u in insight.locks} == {"public.orders"}, insight.locks
+    assert ledgers.is_tool_table("django_migrations_id_seq")
+    assert not ledgers.is_tool_table("orders_id_seq") and not ledgers.is_tool_table("_seq")
 
 
 def test_statements_are_matched_by_order_and_text_and_strays_are_noted() -> None:
@@ -664,6 +702,26 @@ def test_a_foreign_keys_other_table_is_named_with_the_worst() -> None:
         "takes SHARE ROW EXCLUSIVE on `public.orders` for 4 ms (and SHARE ROW EXCLUSIVE on "
         "`public.customers`): " + WRITES
     )
+
+
+def test_a_foreign_keys_verdict_names_the_table_it_scans_not_the_smaller_one() -> None:
+    # Both tables locked alike for as long; `orders` (208 MiB) is scanned to validate the key:
+    # its writes stop for the scan, whatever the names' order or a sample's rounding.
+    fk = "ALTER TABLE orders ADD CONSTRAINT fk FOREIGN KEY (c) REFERENCES accounts (id)"
+    orders = LockUse("public.orders", "table", "SHARE ROW EXCLUSIVE", "writes", 0.310,
+                     statement=0, table_bytes=208 * MIB)  # fmt: skip
+    accounts = LockUse("public.accounts", "table", "SHARE ROW EXCLUSIVE", "writes", 0.312,
+                       statement=0, table_bytes=64 * 1024)  # fmt: skip
+    scanned = dataclasses.replace(
+        insight_with([orders, accounts], texts=[fk]),
+        scans=[Scan("public.orders", 1, 4_000_000, "SHARE ROW EXCLUSIVE", 0)],
+    )
+    text = verdict.decide(scanned, DEFAULTS).text
+    assert text.startswith("takes SHARE ROW EXCLUSIVE on `public.orders` (208.0 MiB)"), text
+    assert "(and SHARE ROW EXCLUSIVE on `public.accounts`)" in text
+    # without a scan seen, the larger table
+    unscanned = insight_with([accounts, orders], texts=[fk])
+    assert "on `public.orders` (208.0 MiB)" in verdict.decide(unscanned, DEFAULTS).text
 
 
 def rows_insight(**kw: Any) -> MigrationInsight:
@@ -1037,6 +1095,37 @@ def test_rows_updated_in_a_table_that_existed_before_are_row_locks() -> None:
     assert insight.row_writes == [RowWrites("public.items", 7, 2, 8192)]
     assert (insight.verdict.level, insight.verdict.kind) == ("notice", "row locks")
     assert insight.verdict.text.startswith("updates 7 rows and deletes 2 rows of `public.items`")
+
+
+def counted(rel: int, *, updated: int = 0, deleted: int = 0, inserted: int = 0) -> tuple[int, ...]:
+    """A transaction's own counters of ``rel``, as the trace's functions log them."""
+    return (rel, 0, 0, inserted, updated, deleted)
+
+
+def test_rows_are_the_migrations_own_not_what_other_sessions_wrote_meanwhile() -> None:
+    # A preview app updated 62 rows of `orders` while the migration validated a constraint
+    # (its DDL event read its transaction's own counters: nothing written) and updated 5
+    # rows of `items` (its mark read 5): the tables' counters say 62 and 67.
+    after = {
+        **BEFORE,
+        ORDERS: rel(ORDERS, "public.orders", bytes=412 * MIB, seq_scan=6, seq_tup_read=200,
+                    n_tup_upd=62),
+        ITEMS: rel(ITEMS, "public.items", bytes=8192, n_tup_ins=10, n_tup_upd=67),
+    }  # fmt: skip
+    log = [
+        ddl(T0 + 1.0, "ALTER TABLE", [(ORDERS, "ShareUpdateExclusiveLock")],
+            scans=[counted(ORDERS)]),
+        done(T0 + 1.0, 30.0, "ALTER TABLE orders VALIDATE CONSTRAINT orders_positive"),
+        ddl(T0 + 2.0, "ALTER TABLE", [(ITEMS, "AccessExclusiveLock"), (ITEMS, "RowExclusiveLock")],
+            scans=[counted(ITEMS, updated=5)], vxid="3/26"),
+        done(T0 + 2.0, 30.0, "ALTER TABLE items ADD COLUMN note text"),
+    ]  # fmt: skip
+    insight = run(log, after_relations=after)
+    assert insight.row_writes == [RowWrites("public.items", 5, 0, 8192)]
+    assert insight.volume.rows_updated == 5
+    alone = run(log[:2], after_relations=after)
+    assert alone.row_writes == [] and alone.volume.rows_updated == 0
+    assert alone.verdict.kind != "row locks", alone.verdict
 
 
 # -- against a real Postgres ----------------------------------------------------------------

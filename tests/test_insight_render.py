@@ -648,3 +648,41 @@ def test_without_a_token_the_listener_serves_no_report(tmp_path: Path) -> None:
     with Intake(settings, tmp_path / "queue.db") as running:
         answer = requests.get(f"{running.url}/jobs/1/report", timeout=10)
         assert answer.status_code == 403 and "metrics_token" in answer.json()["message"]
+
+
+def test_a_failed_migrations_details_never_call_it_safe() -> None:
+    safe = dataclasses.replace(insight(level="safe"), verdict=Verdict("safe", "safe online"))
+    failed = MigrationRun("db/0042_broken.sql", "failed", 0.3, error="ERROR: boom", insight=safe)
+    summary = details.details(failed, full=False, see="x").split("</summary>")[0]
+    assert "safe online" not in summary and "failed" in summary, summary
+    # what it did before it failed is still said, after that it failed
+    over = MigrationRun("db/0043_broken.sql", "failed", 0.3, error="ERROR: boom",
+                        insight=insight(level="over"))  # fmt: skip
+    summary = details.details(over, full=False, see="x").split("</summary>")[0]
+    assert "failed (its error is above); before it failed: over: " in summary, summary
+
+
+def test_a_tables_toast_and_indexes_rebuilt_with_it_are_one_line() -> None:
+    t, toast = "public.users", "pg_toast.pg_toast_16391"
+    rewrites = [
+        Rewrite(t, "table", ["column type change"], 150 * 1024**2, 181 * 1024**2, 0, t),
+        Rewrite(toast, "TOAST table", ["rebuilt with its table"], 0, 0, 0, t),
+        Rewrite(f"{toast}_index", "index", ["rebuilt with its table"], 8192, 8192, 0, t),
+        Rewrite(f"{t}_pkey", "index", ["rebuilt with its table"], 43 * 1024**2, 43 * 1024**2, 0, t),
+    ]
+    found = dataclasses.replace(
+        insight(),
+        rewrites=rewrites,
+        statements=[StatementInsight(0, 1, "ALTER TABLE users ALTER id TYPE bigint", 5.9, [],
+                                     rewrites, [])],
+    )  # fmt: skip
+    block = details.details(MigrationRun("db/0044_type.sql", "applied", 6.0, insight=found),
+                            full=True, see="x")  # fmt: skip
+    rewrote = [line for line in block.splitlines() if "rewrote" in line]
+    assert rewrote == [
+        "  - rewrote `public.users` 150.0 MiB → 181.0 MiB (column type change), with its TOAST "
+        "table and 2 indexes: 43.0 MiB → 43.0 MiB"
+    ], rewrote
+    assert "0 B → 0 B" not in block
+    listed = block.split("Rewrites:")[1].split("\n\n")[1]
+    assert len(listed.splitlines()) == 1, listed

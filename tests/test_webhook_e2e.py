@@ -379,11 +379,12 @@ def test_deliveries_create_update_and_destroy_a_branch_once_each(
         ("table", "public.widgets", "added")
     ]
     assert [m["name"] for m in stored["migrations"]] == ["db/migrations/001_widgets.sql"]
-    # The PR's GitHub Deployment: the branch page as its URL, for the head the job ran
+    # The PR's GitHub Deployment, for the head the job ran: no front door answers on this
+    # host, so no branch page to link
     [deployment] = github.deployments(REPO)
     assert (deployment["environment"], deployment["sha"]) == ("pgoverlay/shop-pr-9", head1)
     assert [s["state"] for s in deployment["statuses"]] == ["success"]
-    assert deployment["statuses"][0]["environment_url"].endswith("/b/shop-pr-9")
+    assert not deployment["statuses"][0].get("environment_url")
 
     again = service.send(pr_payload("opened", head1), delivery=delivery)
     assert again.status_code == 200 and "already received" in again.text

@@ -895,3 +895,48 @@ def test_the_step_branches_only_a_pull_request_that_changes_migrations(
     finally:
         if any(b.name == "hello-world-pr-2" for b in pool.registry.branches()):
             branch.destroy(pool, "hello-world-pr-2")
+
+
+def test_the_report_gives_the_way_in_only_when_the_front_door_answers(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from helpers import free_tcp_port
+
+    data = payload("opened")
+    data["pull_request"]["number"] = 7
+    port = free_tcp_port()  # nothing answers there
+    env = job_env(tmp_path, pool, data, comment="false")
+    for key, value in {**env, "PGOVERLAY_DOOR_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        assert main.run(out=io.StringIO()) == 0
+        summary = (tmp_path / "summary").read_text()
+        assert "**Ready**" in summary
+        assert "| Connection |" not in summary and "/b/hello-world-pr-7" not in summary, summary
+        # a door that answers on that port: the way in through it
+        with socket.create_server(("127.0.0.1", port)):
+            assert main.run(out=io.StringIO()) == 0
+        summary = (tmp_path / "summary").read_text()
+        assert "| Connection |" in summary and "/b/hello-world-pr-7" in summary, summary
+    finally:
+        branch.destroy(pool, "hello-world-pr-7")
+
+
+def test_the_listener_gives_the_way_in_only_when_this_hosts_door_answers(
+    pool: Pool, service: Path
+) -> None:
+    import socket
+
+    from helpers import free_tcp_port
+    from pgoverlay.webhook.engines import Engines
+    from pgoverlay.webhook.settings import WebhookSettings
+
+    port = free_tcp_port()
+    runner = pool.settings.replace(door_port=port)
+    engines = Engines(WebhookSettings(secret="s", token="t"), runner)
+    local = engines.local()
+    assert not engines.door_answers(local)
+    with socket.create_server(("127.0.0.1", port)):
+        assert engines.door_answers(local)

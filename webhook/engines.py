@@ -107,6 +107,14 @@ class Engines:
             door_https_port=int(door["door_https_port"]),
         )
 
+    def door_answers(self, engine: Engine) -> bool:
+        """Whether the front door a report on ``engine`` points at answers: a pool on another
+        host is reached through its door; on this host, whether its port accepts."""
+        from pgoverlay.runner.door.reach import answering
+        from pgoverlay.runner.service.netclient import NetworkEngine
+
+        return isinstance(engine, NetworkEngine) or answering(self.runner)
+
     def holding(self, engine: Engine, name: str) -> AbstractContextManager[None]:
         """Hold branch ``name`` on a pool on another host while a job works on it, as the
         Action's job does there: a workflow of the same pull request on another runner waits

@@ -399,6 +399,7 @@ class Worker:
                     # The repository file is the head's: the settings' run options and the
                     # head say what ran.
                     asked=asked,
+                    door=self.engines.door_answers(engine),
                 )
         finally:
             try:

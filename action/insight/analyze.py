@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from pgoverlay.action import migrations
@@ -142,6 +142,12 @@ class _Analysis:
         self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
         # Indexes a concurrent drop removed: their last lock decides nothing (``documented``).
         self.dying: set[int] = set()
+        # Rows each of the migration's transactions wrote, by its own counters (the last read
+        # of a transaction is its whole): (vxid, relation) -> (inserted, updated, deleted).
+        self.written: dict[tuple[str, int], tuple[int, int, int]] = {}
+        # Whether a read lacked them (a base prepared before the trace read them): the tables'
+        # own counters are then the only count.
+        self.uncounted = False
         # Each table's whole size before the migration: itself, its TOAST and their indexes.
         self.whole: dict[int, int] = defaultdict(int)
         for oid, rel in before.items():
@@ -276,12 +282,13 @@ def analyze(
         for i in range(mapped.count)
     ]
     migration_locks = _longest(uses)
+    rows = _rows(work, instrumented=before.instrumented and after.instrumented)
     insight = MigrationInsight(
         seconds=seconds,
         locks=migration_locks,
         rewrites=_first_per_relation(rewrites),
         scans=_migration_scans(work, migration_locks),
-        volume=_volume(before, after, relations_before, relations_after, skip=work.ledger),
+        volume=_volume(before, after, rows),
         statements=per_statement,
         findings=lint_mod.check(lint, file_statements=statements, measured=per_statement),
         verdict=Verdict("safe", ""),
@@ -291,7 +298,7 @@ def analyze(
             *mark_notes,
             *_missed(work, parsed.statements, mapped, uses, rewrites, accepted, inferred, after),
         ],
-        row_writes=_row_writes(work),
+        row_writes=_row_writes(work, rows),
     )
     insight = dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
     if statements is not None:
@@ -429,6 +436,8 @@ def _from_events(
                         stmt.pid, lock.relation, mode, taken, stmt.transaction_end
                     )
             for count in event.scans:
+                if index is not None or work.command:  # not another session's stray statement
+                    _written(work, event.vxid, count)
                 scans0, rows0 = counters[event.vxid].get(count.relation, (0, 0))
                 counters[event.vxid][count.relation] = (count.seq_scan, count.seq_tup_read)
                 under = _write_blocking(held[event.vxid], count.relation)
@@ -441,6 +450,19 @@ def _from_events(
                     entry.rows += count.seq_tup_read - rows0
                     entry.under = _stronger(entry.under, under)
     return list(windows.values())
+
+
+def _written(work: _Analysis, vxid: str, count: logparse.ScanCount) -> None:
+    """Keep a transaction's own row counters of a relation (cumulative: the largest read)."""
+    if count.inserted is None or count.updated is None or count.deleted is None:
+        work.uncounted = True
+        return
+    known = work.written.get((vxid, count.relation), (0, 0, 0))
+    work.written[(vxid, count.relation)] = (
+        max(known[0], count.inserted),
+        max(known[1], count.updated),
+        max(known[2], count.deleted),
+    )
 
 
 def _from_documented(
@@ -591,6 +613,15 @@ def _from_waits(
                 continue
 
 
+def _held(hold: _Hold) -> float:
+    """How long a lock was held once granted: a read or inferred hold runs from its
+    statement's start, so it holds the statement's wait for the lock too, which is reported
+    apart (``waited_seconds``); a sampled one is timed from its first granted sighting."""
+    if hold.source == "sampled":
+        return hold.held
+    return _tenth_ms(max(0.0, hold.held - hold.waited))
+
+
 def _lock_uses(work: _Analysis) -> list[LockUse]:
     return [
         LockUse(
@@ -598,7 +629,7 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
             kind=work.kind(oid),
             mode=mode,
             blocks=locks.blocks(mode),
-            held_seconds=hold.held,
+            held_seconds=_held(hold),
             waited_seconds=hold.waited,
             statement=index,
             bytes=work.before[oid].bytes,
@@ -855,42 +886,66 @@ def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> lis
     return sorted(found, key=lambda s: (-s.rows_read, s.relation))
 
 
-def _row_writes(work: _Analysis) -> list[RowWrites]:
+def _rows(work: _Analysis, *, instrumented: bool) -> dict[int, tuple[int, int, int]]:
+    """Rows the migration inserted, updated and deleted, per table (not the ledger's).
+
+    What its transactions' own counters say (read exactly, with its locks, at each statement
+    mark and DDL event), so another session's writes to the same table meanwhile (a preview
+    app, a reviewer) are never counted as the migration's. A table's own counters (the
+    statistics views' delta over the migration, which count every session's writes) stand in
+    only where no transaction counter could see the writes: a table the migration created
+    (nobody else knew it), one it held ``ROW EXCLUSIVE`` on through a statement no mark or
+    event read (a data change in a migrate command, whose mode is inferred or sampled), and
+    every table when the trace read no counters (no event triggers, or a base prepared
+    before they were read)."""
+    exact: dict[int, tuple[int, int, int]] = {}
+    for (_, oid), (ins, upd, dele) in work.written.items():
+        known = exact.get(oid, (0, 0, 0))
+        exact[oid] = (known[0] + ins, known[1] + upd, known[2] + dele)
+    unread = {
+        oid
+        for (index, oid, mode), hold in work.holds.items()
+        if mode == "ROW EXCLUSIVE" and hold.source != "exact"
+        and (index is not None or work.command)
+    }  # fmt: skip
+    whole = work.uncounted or not instrumented
+    found: dict[int, tuple[int, int, int]] = {}
+    for oid, rel in work.after.items():
+        if rel.kind != "r" or work.ledger(rel):
+            continue
+        prior = work.before.get(oid)
+        if whole or prior is None or oid in unread:
+            counted = (
+                max(0, rel.n_tup_ins - (prior.n_tup_ins if prior else 0)),
+                max(0, rel.n_tup_upd - (prior.n_tup_upd if prior else 0)),
+                max(0, rel.n_tup_del - (prior.n_tup_del if prior else 0)),
+            )
+        else:
+            counted = exact.get(oid, (0, 0, 0))
+        if any(counted):
+            found[oid] = counted
+    return found
+
+
+def _row_writes(work: _Analysis, rows: Mapping[int, tuple[int, int, int]]) -> list[RowWrites]:
     """Tables that existed before the migration (not the ledger) whose rows it updated or
     deleted, most rows first."""
-    found = []
-    for oid, old in work.before.items():
-        new = work.after.get(oid)
-        if new is None or old.kind != "r" or not work.counts(oid):
-            continue
-        updated = max(0, new.n_tup_upd - old.n_tup_upd)
-        deleted = max(0, new.n_tup_del - old.n_tup_del)
-        if updated or deleted:
-            found.append(RowWrites(work.name(oid), updated, deleted, work.whole[oid]))
+    found = [
+        RowWrites(work.name(oid), upd, dele, work.whole[oid])
+        for oid, (_, upd, dele) in rows.items()
+        if (upd or dele) and work.counts(oid)
+    ]
     return sorted(found, key=lambda w: (-(w.rows_updated + w.rows_deleted), w.relation))
 
 
 def _volume(
-    before: TraceMark,
-    after: TraceMark,
-    old: Relations,
-    new: Relations,
-    *,
-    skip: Callable[[RelationState], bool],
+    before: TraceMark, after: TraceMark, rows: Mapping[int, tuple[int, int, int]]
 ) -> Volume:
-    """Rows written to tables (not to ``skip``'s ledgers), WAL written, and the layer's growth."""
-    ins = upd = dele = 0
-    for oid, rel in new.items():
-        if rel.kind != "r" or skip(rel):
-            continue
-        prior = old.get(oid)
-        ins += max(0, rel.n_tup_ins - (prior.n_tup_ins if prior else 0))
-        upd += max(0, rel.n_tup_upd - (prior.n_tup_upd if prior else 0))
-        dele += max(0, rel.n_tup_del - (prior.n_tup_del if prior else 0))
+    """Rows the migration wrote to tables (``_rows``), WAL written, and the layer's growth."""
     return Volume(
-        rows_inserted=ins,
-        rows_updated=upd,
-        rows_deleted=dele,
+        rows_inserted=sum(r[0] for r in rows.values()),
+        rows_updated=sum(r[1] for r in rows.values()),
+        rows_deleted=sum(r[2] for r in rows.values()),
         wal_bytes=max(0, after.wal_lsn - before.wal_lsn),
         layer_bytes=after.layer.physical_bytes - before.layer.physical_bytes,
     )

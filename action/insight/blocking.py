@@ -1,9 +1,10 @@
 """What the probe's samples say, and how the comment says it: pure functions, no I/O
 (the sessions are ``probe.py``'s).
 
-Which tables a migration's probe watches (``choose``: the existing tables a SQL file names, or
-the largest, for a migrate command), when a probe query counts as blocked (``classify``), and
-per table how long reads and writes were kept waiting (``summarise``).
+Which tables a migration's probe watches (``choose``: the existing tables a SQL file names,
+directly or by one of their indexes, or those a migrate command locks), when a probe query
+counts as blocked (``classify``), and per table how long reads and writes were kept waiting
+(``summarise``).
 """
 
 from __future__ import annotations
@@ -89,13 +90,15 @@ def choose(
     text: str | None,
     search_path: Sequence[str],
     limit: int,
+    indexes: Sequence[tuple[str, int]] = (),
 ) -> list[Table]:
     """The tables to probe, largest first, at most ``limit``. With ``text`` (a SQL file): the
-    existing tables it names, schema-qualified or found through ``search_path`` (the role's
-    schemas, in order; a file that sets ``search_path`` may reach others, so then an
-    unqualified name matches in every schema). Without (a migrate command, whose statements
-    are not known beforehand): the largest tables, where blocking costs most (``probe`` adds
-    those the command locks as it runs), but the migration tools' own (``ledgers``)."""
+    existing tables and materialized views it names, or whose index it names (``indexes``:
+    each index's name and its table's oid; an index lives in its table's schema), schema-
+    qualified or found through ``search_path`` (the role's schemas, in order; a file that
+    sets ``search_path`` may reach others, so then an unqualified name matches in every
+    schema). Without (the tables a migrate command locked, which ``probe`` finds as it runs):
+    those, but the migration tools' own (``ledgers``)."""
     candidates = [t for t in tables if t.readable and not _SYSTEM_SCHEMA.match(t.schema)]
     if text is not None:
         names = names_in(text)
@@ -103,6 +106,10 @@ def choose(
         by_name: dict[str, list[Table]] = {}
         for t in candidates:
             by_name.setdefault(t.name, []).append(t)
+        of_oid = {t.oid: t for t in candidates}
+        for index, table_oid in indexes:
+            if table_oid in of_oid:
+                by_name.setdefault(index, []).append(of_oid[table_oid])
         chosen: dict[int, Table] = {}
         for schema, name in names:
             found = by_name.get(name, [])

@@ -79,8 +79,13 @@ class LedgerWrite:
 
 
 def is_tool_table(name: str) -> bool:
-    """Whether a relation of this name is a migration tool's own table (in any schema)."""
-    return name in TOOL_TABLES
+    """Whether a relation of this name is a migration tool's own table (in any schema), or the
+    sequence of one's column, as Postgres names it for a ``serial`` or identity column
+    (``django_migrations_id_seq``: the tool's insert of its ledger row takes a lock on it)."""
+    if name in TOOL_TABLES:
+        return True
+    owner, _, column = name.removesuffix("_seq").rpartition("_")
+    return name.endswith("_seq") and bool(column) and owner in TOOL_TABLES
 
 
 def ledger_write(text: str, parameters: str = "") -> LedgerWrite | None:

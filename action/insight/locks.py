@@ -190,11 +190,14 @@ class TableLock:
         return f"{self.mode} on {' and '.join(parts) or 'part'} of {name}"
 
     def line(self, code: Callable[[str], str] = _backticks) -> str:
-        """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s``."""
-        text = f"{self.what(code)}: {seconds_text(self.held_seconds)}"
+        """``ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s``, or after a wait
+        for it, ``...: waited 1.5 s, then held 5.9 s``."""
         if self.waited_seconds > 0:
-            text += f" (waited {seconds_text(self.waited_seconds)})"
-        return text
+            return (
+                f"{self.what(code)}: waited {seconds_text(self.waited_seconds)}, then held "
+                f"{seconds_text(self.held_seconds)}"
+            )
+        return f"{self.what(code)}: {seconds_text(self.held_seconds)}"
 
 
 def per_table(uses: Sequence[LockUse]) -> list[TableLock]:

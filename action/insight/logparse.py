@@ -49,9 +49,31 @@ class HeldLock:
 
 @dataclass(frozen=True)
 class ScanCount:
+    """A transaction's own counters of one relation: its sequential scans and the rows they
+    read, and the rows it inserted, updated and deleted (None from a base prepared before the
+    trace read them)."""
+
     relation: int
     seq_scan: int
     seq_tup_read: int
+    inserted: int | None = None
+    updated: int | None = None
+    deleted: int | None = None
+
+
+def _count(x: dict[str, object]) -> ScanCount:
+    def optional(key: str) -> int | None:
+        value = x.get(key)
+        return None if value is None else int(str(value))
+
+    return ScanCount(
+        int(str(x["rel"])),
+        int(str(x["seq_scan"])),
+        int(str(x["seq_tup_read"])),
+        optional("ins"),
+        optional("upd"),
+        optional("del"),
+    )
 
 
 @dataclass(frozen=True)
@@ -216,10 +238,7 @@ def _read_event(payload: str, state: _Pending) -> bool:
                     tag=str(event.get("tag", "")),
                     vxid=str(event["vxid"]),
                     locks=[HeldLock(int(x["rel"]), str(x["mode"])) for x in event["locks"]],
-                    scans=[
-                        ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
-                        for x in event.get("scans", [])
-                    ],
+                    scans=[_count(x) for x in event.get("scans", [])],
                 )
             )
         elif event["event"] == "statement":
@@ -230,10 +249,7 @@ def _read_event(payload: str, state: _Pending) -> bool:
                     statement=int(event["statement"]),
                     vxid=str(event["vxid"]),
                     locks=[HeldLock(int(x["rel"]), str(x["mode"])) for x in event["locks"]],
-                    scans=[
-                        ScanCount(int(x["rel"]), int(x["seq_scan"]), int(x["seq_tup_read"]))
-                        for x in event["scans"]
-                    ],
+                    scans=[_count(x) for x in event["scans"]],
                     lock_timeout_ms=int(timeout) if timeout is not None else None,
                     at=float(event["at"]),
                 )

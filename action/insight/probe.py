@@ -5,8 +5,9 @@ For each probed table two sessions of the branch's role (``application_name``
 ``pgoverlay-probe``) run a few queries a second: a point read by ``ctid`` (a TID scan: no
 statistics counter moves, so the trace's scan analysis does not see the probe), and a write
 probe, ``LOCK TABLE ... IN ROW EXCLUSIVE MODE`` (the lock an ``UPDATE`` takes) then ``SELECT
-... FOR NO KEY UPDATE`` of one row, in one ``DO`` statement: it changes no data and fires no
-trigger, and it waits on the row lock of a migration that updates that row. A monitor session
+... FOR NO KEY UPDATE`` of rows spread over the table (``spread_pages``, ``probe_rows``), in one
+``DO`` statement: it changes no data and fires no trigger, and it waits on the row lock of a
+migration that updated or deleted one of those rows. A monitor session
 looks every ``MONITOR_PERIOD`` at which probe queries still running wait on a lock; a probe
 query counts as blocked when the monitor saw it waiting, or when it ran out of its
 ``lock_timeout``.
@@ -79,12 +80,39 @@ PERIOD = 0.25  # seconds between the starts of one prober's queries: 4 a second
 MONITOR_PERIOD = 0.05  # how often the monitor looks for probe sessions waiting on a lock
 IN_FLIGHT = 0.02  # a probe query running this long may be waiting: the monitor asks
 MAX_TABLES = 5  # tables probed per migration (two sessions each)
-DISCOVERED = 2  # of them, kept for the tables a migrate command locks as it runs
-DISCOVER_PERIOD = 0.5  # how often the monitor looks for them
+DISCOVER_PERIOD = 0.2  # how often the monitor looks for the tables a migrate command locks
 CONNECT_TIMEOUT = 10
-# The rows a write probe may lock: the first live one of the table's first pages, found by a
-# TID scan (no sequential scan is counted against the table).
-_CANDIDATE_TIDS = [f"({block},{offset})" for block in range(4) for offset in range(1, 292)]
+# The rows a write probe locks, spread over the table: the first ROWS_PER_PAGE live rows of
+# PAGES pages evenly spaced over it, found by a TID scan (no sequential scan is counted against
+# the table). A migration that locks one row in ten (``DELETE ... WHERE id % 10 = 0``) holds
+# one of any ten rows written one after another. Only pages of the table's first 1 GiB file
+# are chosen: a probe's row lock writes the row's page, and the branch's layer already holds
+# that file once the probe locked its first row.
+PAGES = 8
+ROWS_PER_PAGE = 10
+_SEGMENT_PAGES = 131072  # 1 GiB of 8 KiB pages: the first of a table's files
+_OFFSETS = range(1, 292)  # every tuple an 8 KiB heap page can hold
+
+
+def spread_pages(pages: int, *, count: int = PAGES) -> list[int]:
+    """``count`` page numbers evenly spaced over a table of ``pages`` pages (its first file's;
+    the first ``count`` pages when it has none on record, as a table never analysed)."""
+    within = min(max(pages, 0), _SEGMENT_PAGES)
+    if within <= count:
+        return list(range(count))
+    return sorted({within * k // count for k in range(count)})
+
+
+def probe_rows(found: Sequence[str], *, per_page: int = ROWS_PER_PAGE) -> list[str]:
+    """Of live rows' tids (in order), the first ``per_page`` of each page."""
+    kept: list[str] = []
+    taken: dict[str, int] = {}
+    for tid in found:
+        page = tid.strip("()").split(",")[0]
+        if taken.get(page, 0) < per_page:
+            taken[page] = taken.get(page, 0) + 1
+            kept.append(tid)
+    return kept
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,12 +139,20 @@ class Outcome:
 # -- the sessions ---------------------------------------------------------------------------
 
 
+# Tables and materialized views (a materialized view's rows cannot be locked: no writes).
 _TABLES = """
 SELECT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8,
        pg_catalog.has_table_privilege(c.oid, 'SELECT'),
-       pg_catalog.has_table_privilege(c.oid, 'UPDATE')
+       c.relkind OPERATOR(pg_catalog.=) 'r' AND pg_catalog.has_table_privilege(c.oid, 'UPDATE')
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind = 'r'
+ WHERE c.relkind IN ('r', 'm')
+"""
+# Every index's name and its table: a statement that names only an index (DROP INDEX,
+# REINDEX INDEX) locks its table.
+_INDEXES = """
+SELECT c.relname, i.indrelid::pg_catalog.int8
+  FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid >= 16384::pg_catalog.oid
 """
 # Connections still free on the server (less those kept for superusers), the role's own
 # connection limit (-1: none) and how many sessions it has.
@@ -129,16 +165,18 @@ SELECT pg_catalog.current_setting('max_connections')::pg_catalog.int4
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity
          WHERE usename = CURRENT_USER)::pg_catalog.int4
 """
-# Tables the role's other sessions (the migration's) hold or wait for a lock on.
+# Tables and materialized views the role's other sessions (the migration's) hold or wait for a
+# lock on, or on one of their indexes (the index's table is what its lock stops).
 _LOCKED = """
 SELECT DISTINCT c.oid::pg_catalog.int8, n.nspname, c.relname, c.relpages::pg_catalog.int8,
        pg_catalog.has_table_privilege(c.oid, 'SELECT'),
-       pg_catalog.has_table_privilege(c.oid, 'UPDATE')
+       c.relkind OPERATOR(pg_catalog.=) 'r' AND pg_catalog.has_table_privilege(c.oid, 'UPDATE')
   FROM pg_catalog.pg_locks l
   JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-  JOIN pg_catalog.pg_class c ON c.oid = l.relation
+  LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = l.relation
+  JOIN pg_catalog.pg_class c ON c.oid = COALESCE(i.indrelid, l.relation)
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE l.locktype = 'relation' AND c.relkind = 'r'
+ WHERE l.locktype = 'relation' AND c.relkind IN ('r', 'm')
    AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                       WHERE d.datname = pg_catalog.current_database())
    AND a.usename = CURRENT_USER AND NOT l.pid = ANY(%s)
@@ -166,6 +204,7 @@ class Probe:
         self._lock = threading.Lock()  # the monitor adds probers while they run
         self._watched: set[int] = set()  # the tables probed (oids)
         self._room = 0  # tables a migrate command's probe may still add as it locks them
+        self._discovering = False  # a migrate command's: it probes the tables it locks
 
     def _open(self, options: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(
@@ -179,8 +218,9 @@ class Probe:
         return conn
 
     def start(self, *, text: str | None) -> None:
-        """Open the sessions and start probing the tables ``text`` names (the largest, without
-        a text); with a long transaction, return once it holds its tables."""
+        """Open the sessions and start probing the tables ``text`` names (without a text, those
+        the command locks, as it locks them); with a long transaction, return once it holds
+        the tables named."""
         try:
             tables = self._start(text)
         except psycopg.Error as err:
@@ -198,17 +238,21 @@ class Probe:
                 "SELECT pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval"
             ).fetchone()
             monitor.execute("SET search_path = pg_catalog, pg_temp")
-            rows = monitor.execute(_TABLES).fetchall()
+            rows = monitor.execute(_TABLES).fetchall() if text is not None else []
+            indexes = monitor.execute(_INDEXES).fetchall() if text is not None else []
             room = monitor.execute(_ROOM).fetchone()
             assert path is not None and deadlock is not None and room is not None
             self._limits = Limits(int(deadlock[0].total_seconds() * 1000))
+            # A migrate command's statements are not known before it runs: its tables are
+            # those its sessions lock, found as it runs (``_discover``).
             discovering = text is None
             wanted = choose(
                 [Table(int(r[0]), r[1], r[2], int(r[3]), bool(r[4]), bool(r[5])) for r in rows],
                 text=text,
                 search_path=list(path[0]),
-                limit=self.options.max_tables - (DISCOVERED if discovering else 0),
-            )
+                limit=self.options.max_tables,
+                indexes=[(str(r[0]), int(r[1])) for r in indexes],
+            ) if text is not None else []  # fmt: skip
             budget = tables_within(
                 free=int(room[0]),
                 role_limit=int(room[1]),
@@ -224,6 +268,7 @@ class Probe:
                 )
             if discovering:
                 self._room = min(self.options.max_tables, budget) - len(tables)
+                self._discovering = True
             for t in tables:
                 probers += self._probers_for(monitor, t)
         except BaseException:
@@ -254,10 +299,10 @@ class Probe:
         started; their sessions closed if one cannot be opened)."""
         assert self._limits is not None
         limits = self._limits
-        tid = self._row_of(monitor, t)
-        queries: list[tuple[Kind, sql.Composed]] = [("read", read_query(t, tid))]
+        tids = self._rows_of(monitor, t)
+        queries: list[tuple[Kind, sql.Composed]] = [("read", read_query(t, tids[0]))]
         if t.writable:
-            queries.append(("write", write_query(t, tid, monitor, row_lock_ms=limits.row_lock_ms)))
+            queries.append(("write", write_query(t, tids, monitor, row_lock_ms=limits.row_lock_ms)))
         found: list[Prober] = []
         try:
             for kind, query in queries:
@@ -318,35 +363,37 @@ class Probe:
         holder.start()
         holder.holding.wait(CONNECT_TIMEOUT)
 
-    def _row_of(self, monitor: psycopg.Connection[Any], t: Table) -> str:
-        """The first live row of ``t`` ('(0,1)' when it has none): looked for among the first
-        pages' tuples by a TID scan, which moves no statistics counter, then, in a table whose
-        first pages hold no live row, by a TID range scan (the table's tuples-read counter then
+    def _rows_of(self, monitor: psycopg.Connection[Any], t: Table) -> list[str]:
+        """The rows the write probe locks (``probe_rows`` of the pages ``spread_pages`` picks;
+        the read probe reads the first), ['(0,1)'] when the table has none: looked for by a TID
+        scan, which moves no statistics counter, then, in a table whose chosen pages hold no
+        live row, by a TID range scan for the first (the table's tuples-read counter then
         counts the one row it returns; no scan is counted)."""
         ident = t.identifier()
         listed = sql.SQL(
             "SELECT ctid::pg_catalog.text FROM {} WHERE ctid OPERATOR(pg_catalog.=) "
-            "ANY(%s::pg_catalog.tid[]) LIMIT 1"
+            "ANY(%s::pg_catalog.tid[])"
         ).format(ident)
         ranged = sql.SQL(
             "SELECT ctid::pg_catalog.text FROM {} WHERE ctid OPERATOR(pg_catalog.>=) "
             "'(0,1)'::pg_catalog.tid LIMIT 1"
         ).format(ident)
+        candidates = [f"({page},{offset})" for page in spread_pages(t.pages) for offset in _OFFSETS]
         try:
             with monitor.transaction():
                 monitor.execute("SET LOCAL enable_seqscan = off")
                 monitor.execute("SET LOCAL lock_timeout = 200")  # a locked table: '(0,1)'
-                row = monitor.execute(listed, (_CANDIDATE_TIDS,)).fetchone()
-                if row is None:
-                    row = monitor.execute(ranged).fetchone()
+                rows = [str(r[0]) for r in monitor.execute(listed, (candidates,)).fetchall()]
+                if not rows:
+                    rows = [str(r[0]) for r in monitor.execute(ranged).fetchall()]
         except (
             psycopg.errors.InsufficientPrivilege,
             psycopg.errors.QueryCanceled,
             psycopg.errors.LockNotAvailable,
         ) as err:
             self._notes.append(f"no row of {t.relation} to probe writes on: {reason(err)}")
-            return "(0,1)"
-        return str(row[0]) if row else "(0,1)"
+            return ["(0,1)"]
+        return probe_rows(rows) or ["(0,1)"]
 
     def _watch(self, conn: psycopg.Connection[Any]) -> None:
         """The monitor: every MONITOR_PERIOD, which probe queries in flight for longer than
@@ -417,6 +464,12 @@ class Probe:
             notes.append(self._holder.problem)
         if stuck:
             notes.append(f"probe sessions did not end in {limit:.0f} s: {', '.join(stuck)}")
+        if self._discovering and not self._probers and not notes:
+            notes.append(
+                "the command locked no table or materialized view that existed before it ran "
+                f"for as long as the probe looks (every {DISCOVER_PERIOD * 1000:.0f} ms): "
+                "nothing was probed"
+            )
         window = self._holder.window if self._holder is not None else None
         blocking = []
         for table in _unique(p.table for p in self._probers):

@@ -158,16 +158,21 @@ def read_query(t: Table, tid: str) -> sql.Composed:
 
 
 def write_query(
-    t: Table, tid: str, conn: psycopg.Connection[Any], *, row_lock_ms: int
+    t: Table, tids: Sequence[str], conn: psycopg.Connection[Any], *, row_lock_ms: int
 ) -> sql.Composed:
     """One statement, so its locks last no longer than its statement_timeout: the lock an
-    UPDATE takes on the table (waited for holding nothing), then the row lock of one row
-    (waited for at most ``row_lock_ms``), both released at its end (the block commits: a row
-    lock leaves no change behind). Its body, quoted by ``conn``, is a literal."""
+    UPDATE takes on the table (waited for holding nothing), then the row locks of ``tids``, rows
+    spread over the table (each waited for at most ``row_lock_ms``), all released at its end
+    (the block commits: a row lock leaves no change behind). Its body, quoted by ``conn``, is a
+    literal."""
     body = sql.SQL(
         "BEGIN LOCK TABLE {table} IN ROW EXCLUSIVE MODE; "
         "PERFORM pg_catalog.set_config('lock_timeout', {row}, true); "
-        "PERFORM 1 FROM {table} WHERE ctid OPERATOR(pg_catalog.=) {tid}::pg_catalog.tid "
-        "FOR NO KEY UPDATE; END"
-    ).format(table=t.identifier(), row=sql.Literal(str(row_lock_ms)), tid=sql.Literal(tid))
+        "PERFORM 1 FROM {table} WHERE ctid OPERATOR(pg_catalog.=) "
+        "ANY({tids}::pg_catalog.tid[]) FOR NO KEY UPDATE; END"
+    ).format(
+        table=t.identifier(),
+        row=sql.Literal(str(row_lock_ms)),
+        tids=sql.Literal("{" + ",".join(f'"{tid}"' for tid in tids) + "}"),
+    )
     return sql.SQL("DO {}").format(sql.Literal(body.as_string(conn)))

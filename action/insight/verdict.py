@@ -257,9 +257,28 @@ def decide(insight: MigrationInsight, thresholds: Thresholds) -> Verdict:
         if others:
             text += f"; also takes {_lock_text(insight, others[0], with_advice=False)}"
         return Verdict(level, text, kind)
-    lock = (over_locks or tables)[0]
+    lock = _headline(insight, over_locks or tables)
     others = [t for t in tables if t.blocks != "ddl" and t.table != lock.table]
     return Verdict(level, "takes " + _lock_text(insight, lock, with_advice=True, also=others), kind)
+
+
+def _headline(insight: MigrationInsight, tables: Sequence[locks.TableLock]) -> locks.TableLock:
+    """The table the verdict names, of ``tables`` (worst first): of those that block as much,
+    in the same mode, for about as long as the worst (a foreign key's two tables), the one the
+    migration scanned under its lock (whose writes stop while it is read through), else the
+    largest, else the longest held."""
+    worst = tables[0]
+    scanned = {s.relation for s in insight.scans}
+    peers = [
+        t
+        for t in tables
+        if t.blocks == worst.blocks
+        and t.mode == worst.mode
+        and worst.held_seconds - t.held_seconds < locks.NOTICEABLE_SECONDS
+    ]
+    return min(
+        peers, key=lambda t: (t.table not in scanned, -t.table_bytes, -t.held_seconds, t.table)
+    )
 
 
 def _size(n: int) -> str:

@@ -78,13 +78,19 @@ TRIGGERS = {
 ROLE_SETTINGS = {"log_min_duration_statement": "0", "log_lock_waits": "on"}
 PREFIX = "pgoverlay-trace "
 
-# What this transaction scanned of the relations in ``held`` (the trace's functions, after
-# reading the backend's locks into ``held``): its sequential scans and the rows they returned.
+# What this transaction scanned and wrote of the relations in ``held`` (the trace's functions,
+# after reading the backend's locks into ``held``): its sequential scans and the rows they
+# returned, and the rows it inserted, updated and deleted (a transaction that writes a table
+# holds a lock on it until it ends, so every table it wrote is among them). These are the
+# transaction's own counters: another session's writes never reach them.
 _SCANS_OF_HELD = """\
     SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                'rel', r.rel::pg_catalog.int8,
                'seq_scan', pg_catalog.pg_stat_get_xact_numscans(r.rel),
-               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel))
+               'seq_tup_read', pg_catalog.pg_stat_get_xact_tuples_returned(r.rel),
+               'ins', pg_catalog.pg_stat_get_xact_tuples_inserted(r.rel),
+               'upd', pg_catalog.pg_stat_get_xact_tuples_updated(r.rel),
+               'del', pg_catalog.pg_stat_get_xact_tuples_deleted(r.rel))
                ORDER BY r.rel), '[]')
       INTO scans
       FROM (SELECT DISTINCT (e OPERATOR(pg_catalog.->>) 'rel')::pg_catalog.oid AS rel
