@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import checkout
 import psycopg
 import pytest
 from apikit import Api, running_door
@@ -314,14 +315,14 @@ def test_a_runner_without_psql_that_may_not_install_one_is_told_what_to_install(
     script = (
         "mount -t tmpfs none /usr/lib/postgresql && "
         f"exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
-        f"{ROOT / 'action' / 'setup.sh'}"
+        f"{checkout.readable() / 'action' / 'setup.sh'}"
     )
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
         env={
             "PATH": "/usr/bin:/bin",
             "HOME": user.pw_dir,
-            "ACTION_PATH": os.fspath(ROOT),
+            "ACTION_PATH": os.fspath(checkout.readable()),
             "INPUT_SERVER": api.server,
             "GITHUB_OUTPUT": os.fspath(output),
             "RUNNER_TOOL_CACHE": os.fspath(tmp_path / "cache"),

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import checkout
 import pytest
 
 from helpers import SESSION_BASE, cli, os_user
@@ -317,8 +318,9 @@ def test_a_step_that_cannot_start_sets_status_failed(
 
 
 def setup_as(user: str, job: Job, cache: Path) -> subprocess.CompletedProcess[str]:
-    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache."""
-    script = Path(__file__).resolve().parents[1] / "action" / "setup.sh"
+    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache: the
+    installed copy's, which ``user`` may read wherever the checkout is."""
+    script = checkout.readable() / "action" / "setup.sh"
     return subprocess.run(
         [os.fspath(script)],
         env={
