@@ -336,6 +336,17 @@ def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
         assert "image mode on xfs" in done.stdout
 
 
+def test_a_command_for_root_is_printed_as_the_reader_runs_it() -> None:
+    """No `sudo` for root (the demo runs as root, on a machine that may have none), `sudo`
+    for another user where it is installed, and a word that it is root's where it is not."""
+    from pgoverlay.cli.common import as_root
+
+    assert as_root("pgoverlay doctor", euid=0, sudo="/usr/bin/sudo") == "pgoverlay doctor"
+    assert as_root("pgoverlay doctor", euid=0, sudo="") == "pgoverlay doctor"
+    assert as_root("pgoverlay doctor", euid=1000, sudo="/usr/bin/sudo") == "sudo pgoverlay doctor"
+    assert as_root("pgoverlay doctor", euid=1000, sudo="") == "pgoverlay doctor (as root)"
+
+
 def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
     pool: Pool, env: dict[str, str], service: Path
 ) -> None:
@@ -352,6 +363,7 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         # The way in: a preview app's credential through the front door, over verified TLS.
         assert "over TLS (verify-full)" in done.stdout
         assert "access grant demo-run --github-login" in done.stdout
+        assert "sudo" not in done.stdout  # root runs the demo, and may have no sudo
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
         with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:

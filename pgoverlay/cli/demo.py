@@ -78,7 +78,7 @@ def _way_in(p: Pool, name: str, *, masked: bool) -> None:
     out.print(
         f"[bold]way in[/] {settings.page_url(name)} (GitHub sign-in, once "
         "PGOVERLAY_OAUTH_CLIENT_ID is set), or by hand: "
-        f"sudo pgoverlay access grant {name} --github-login YOUR-LOGIN"
+        + common.as_root(f"pgoverlay access grant {name} --github-login YOUR-LOGIN")
     )
     if not masked and not settings.access_unmasked:
         out.print(
