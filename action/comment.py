@@ -35,6 +35,7 @@ from pgoverlay.action.parts import Sub
 from pgoverlay.action.parts import rows as tool_migration_rows
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
+from pgoverlay.runner.door import dsn
 from pgoverlay.runner.units import format_bytes, idle_rule
 
 __all__ = [
@@ -344,6 +345,18 @@ def _way_in(way: WayIn) -> list[tuple[str, str]]:
         ("Database", md.code(way.database, cell=True)),
         ("User", "your GitHub login"),
         ("Password", "get your password on the branch page"),
+        *(
+            [
+                (
+                    "Certificate",
+                    f"save [the door's own]({md.url(way.certificate)}) as "
+                    f"{md.code(dsn.CERT_DOWNLOAD, cell=True)} where you run your client "
+                    "(the branch page shows its fingerprint)",
+                )
+            ]
+            if way.certificate
+            else []
+        ),
     ]
 
 

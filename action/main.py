@@ -31,6 +31,7 @@ from pgoverlay.action.request import Inputs, read_inputs
 from pgoverlay.action.wayin import WayIn
 from pgoverlay.action.workflow import Outcome, handle
 from pgoverlay.errors import (
+    GitHubError,
     JobFileError,
     Location,
     PgoverlayError,
@@ -129,7 +130,7 @@ def _outputs(
     outcome: Outcome,
     out: TextIO,
     *,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> dict[str, str]:
     report = outcome.report
     values = {
@@ -157,7 +158,7 @@ def _outputs(
         }
     )
     url = database_url(
-        engine, settings, b.name, repository=report.repository, out=out, sslmode=app_sslmode
+        engine, settings, b.name, repository=report.repository, out=out, sslrootcert=app_rootcert
     )
     if url is not None:
         values["database-url"] = url
@@ -171,15 +172,17 @@ def database_url(
     *,
     repository: str,
     out: TextIO,
-    sslmode: str | None = None,
+    sslrootcert: str | None = None,
 ) -> str | None:
     """The `database-url` output: branch ``name`` through the front door, as the pull
-    request's application role with a password minted for this run (the engine replaces the
-    last run's; the role goes with the branch). Its password and the URL are registered as
+    request's application role with its one password, which each run renews (the engine keeps
+    it for the branch's life, so a preview deployed by an earlier run keeps working; the role
+    goes with the branch). Its password and the URL are registered as
     secrets with the runner (``::add-mask::``) before anything is written. None, with a
-    warning, when the engine will not grant one: the run goes on without it. ``sslmode``: the
-    pool server's, when the engine is reached over the network (default: this host's
-    ``Settings.door_app_sslmode``)."""
+    warning, when the engine will not grant one: the run goes on without it. It verifies the
+    door (``door.dsn``) against ``sslrootcert``, a file on this runner the job's next steps can
+    read (a pool reached over the network: its `server-ca`, or this runner's trusted bundle);
+    by default the system's store, or the path of the door's own certificate on this host."""
     try:
         granted = engine.grant(name, GrantRequest(app=True, repository=repository))
     except PgoverlayError as err:
@@ -196,11 +199,22 @@ def database_url(
         host=granted.dsn_host,
         port=granted.dsn_port,
         database=granted.database,
-        sslmode=sslmode or settings.door_app_sslmode,
+        sslmode="verify-full",
+        sslrootcert=sslrootcert or _local_rootcert(settings),
     )
     url = door.url(granted.role, granted.password)
     outputs.mask(url, out)
     return url
+
+
+def _local_rootcert(settings: Settings) -> str:
+    """What a program on this host verifies the door with: the system's store, or the door's
+    own certificate where the door keeps it (root's, readable by all)."""
+    from pgoverlay.runner.door import dsn, tls
+
+    if settings.door_rootcert != dsn.CERT_DOWNLOAD:
+        return settings.door_rootcert
+    return os.fspath(settings.home / "door" / tls.CERT_NAME)
 
 
 def started_seconds(environ: Mapping[str, str], now: float) -> float | None:
@@ -260,6 +274,7 @@ def _run_on_server(
     door, as the job's OIDC token's repository: no pool, service or group on this runner. The
     way in the report gives is the server's; the job holds its branch for its whole run, so
     another job of the pull request on another runner waits for it."""
+    from pgoverlay.action import jobhold
     from pgoverlay.runner.service import netclient
 
     server = job.server.strip().rstrip("/")
@@ -276,20 +291,93 @@ def _run_on_server(
         door_host=str(door["door_name"]),
         door_port=int(door["door_port"]),
         door_https_port=int(door["door_https_port"]),
+        door_self_signed=door.get("app_sslmode") == "require",  # the pool's own certificate
     )
     name = check_name(event.branch_name(ev, inputs.branch_name))
-    with engine.hold(name, wait=settings.command_timeout):
-        return _run(
-            engine,
-            settings,
-            job,
-            ev,
-            inputs,
-            out,
-            start=start,
-            began=began,
-            app_sslmode=str(door.get("app_sslmode") or "verify-full"),
+    done: list[int] = []
+
+    def keep_for_the_job(hold_id: str) -> bool:
+        # The job's later steps use the branch its dsn names: the hold lasts until the job
+        # ends (action.jobhold), so that another job of the pull request waits to reset it.
+        if not done or done[0] != 0 or ev.kind not in ("open", "sync"):
+            return False
+        return jobhold.hand_over(engine, name, hold_id, temp=job.temp)
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    held = (
+        contextlib.nullcontext()  # an earlier step of this job keeps it for the job
+        if jobhold.kept_by_this_job(engine, name, temp=job.temp)
+        else engine.hold(name, wait=settings.command_timeout, waiting=say, keep=keep_for_the_job)
+    )
+    with held:
+        # Jobs of one pull request may run on several runners, in any order: under the hold,
+        # a job whose head is no longer the pull request's leaves the branch, the comment and
+        # the deployment to the newer head's job (the listener asks the same of the API).
+        newer = _newer_head(job, ev, out)
+        if newer is not None:
+            return _stale(job, ev, newer, out)
+        done.append(
+            _run(
+                engine,
+                settings,
+                job,
+                ev,
+                inputs,
+                out,
+                start=start,
+                began=began,
+                app_rootcert=netclient.trust_file(ca_file),
+            )
         )
+    return done[0]
+
+
+def _newer_head(job: JobEnv, ev: event.Event, out: TextIO) -> str | None:
+    """The pull request's head now, when it is not ``ev``'s (None: it is, or the pull request
+    is closing, gone, or cannot be asked about: then the job goes on, and says so)."""
+    if ev.pr is None or ev.kind not in ("open", "sync") or not ev.head_sha:
+        return None
+    if not job.token:
+        outputs.annotation(
+            "warning",
+            "no github-token: this job cannot tell whether its head is still the pull "
+            "request's, so an older head that runs last may overwrite a newer one's branch",
+            out,
+            title="pgoverlay",
+        )
+        return None
+    github = GitHub(job.token, api_url=job.api_url)
+    try:
+        pull = github.pull(ev.repository, ev.pr)
+    except GitHubError as err:
+        outputs.annotation(
+            "warning",
+            f"could not ask GitHub for the pull request's head ({err}); going on with this "
+            "job's",
+            out,
+            title="pgoverlay",
+        )
+        return None
+    finally:
+        github.close()
+    head = (pull or {}).get("head") or {}
+    sha = head.get("sha") if isinstance(head, dict) else None
+    return sha if isinstance(sha, str) and sha and sha != ev.head_sha else None
+
+
+def _stale(job: JobEnv, ev: event.Event, newer: str, out: TextIO) -> int:
+    """This job's head was replaced by ``newer``: it does nothing, and says so."""
+    message = (
+        f"this job's head {ev.head_sha[:7]} is no longer the head of pull request #{ev.pr} "
+        f"(now {newer[:7]}): the newer head's job makes its branch, comment and deployment; "
+        "this one changed nothing"
+    )
+    outputs.annotation("notice", message, out, title="A newer head")
+    outputs.write_outputs(job.output, {"status": "skipped", "branch": ""})
+    outputs.write_summary(job.summary, f"### pgoverlay\n\nSkipped: {message}.\n")
+    return 0
 
 
 def _server_ca(job: JobEnv) -> Path | None:
@@ -356,7 +444,7 @@ def _run(
     *,
     start: float | None = None,
     began: float | None = None,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> int:
     # Before any work: a step that cannot report what it did must not make a branch.
     outputs.check_writable(job.output, variable="GITHUB_OUTPUT")
@@ -388,7 +476,7 @@ def _run(
     timings.update(outcome.timings)
     timings["engine"] = max(0.0, done - handled - sum(outcome.timings.values()))
     try:
-        return _finish(engine, settings, job, ev, inputs, outcome, out, app_sslmode=app_sslmode)
+        return _finish(engine, settings, job, ev, inputs, outcome, out, app_rootcert=app_rootcert)
     finally:
         timings["report"] = time.monotonic() - done
         print(timings_line(start, timings), file=out, flush=True)
@@ -403,7 +491,7 @@ def _finish(
     outcome: Outcome,
     out: TextIO,
     *,
-    app_sslmode: str | None = None,
+    app_rootcert: str | None = None,
 ) -> int:
     """The step's outputs, summary, annotations and exit code for what ``handle`` did."""
     report = outcome.report
@@ -414,7 +502,7 @@ def _finish(
         return 0
     if report.status == "not branched":
         return _not_branched(job, report, out, fork=bool(fork_refusal(ev, inputs)))
-    values = _outputs(engine, settings, outcome, out, app_sslmode=app_sslmode)
+    values = _outputs(engine, settings, outcome, out, app_rootcert=app_rootcert)
     values.update(_report_file(job, report))
     outputs.write_outputs(job.output, values)
     summary = comment.render_summary(report)

@@ -3,9 +3,11 @@ sign-in, where a reader gets a credential of their own) and the front door's add
 data, and never a secret: a PR comment on a public repository is readable by anyone, so what
 it shows names the reader's own login as a placeholder, and the password is had on the page.
 
-A person is told ``sslmode=verify-full`` whatever the door's certificate: with the door's own
-self-signed one, the branch page offers it and its fingerprint, for ``sslrootcert``. A program
-(the Action's ``database-url``) is told what ``Settings.door_app_sslmode`` says.
+Every URL is in the one form of ``runner.door.dsn``: ``sslmode=verify-full`` and the
+``sslrootcert`` to verify the door with. A person's names the door's own certificate's file
+(``pgoverlay-door.crt``, which the branch page offers with its fingerprint, and the comment
+links) or the system's store; a program's (the Action's ``database-url``) the path of a copy
+on its runner.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from pgoverlay.runner.door import dsn
 from pgoverlay.runner.settings import Settings
 
 YOUR_LOGIN = "<your GitHub login>"
@@ -27,17 +30,33 @@ class WayIn:
     host: str  # the front door's name
     port: int  # its Postgres port
     database: str  # the branch's name: the front door routes by it
-    sslmode: str  # verify-full for a person; for a program, Settings.door_app_sslmode
+    sslmode: str  # verify-full (a record of an older release may say require)
+    sslrootcert: str = ""  # what verifies the door (dsn.rootcert; "": an older record's)
+
+    @property
+    def certificate(self) -> str | None:
+        """Where a person gets the door's own certificate (None: their system trusts it)."""
+        if self.sslrootcert != dsn.CERT_DOWNLOAD:
+            return None
+        return dsn.certificate_url(self.page.rsplit("/b/", 1)[0])
 
     def url(self, user: str, password: str | None = None) -> str:
         """A libpq URL through the front door as ``user`` (with ``password`` for a program's
         own credential; a person's URL has none)."""
-        who = quote(user, safe="<> ")
-        if password is not None:
-            who += ":" + quote(password, safe="")
-        return (
-            f"postgresql://{who}@{self.host}:{self.port}/{quote(self.database, safe='')}"
-            f"?sslmode={self.sslmode}"
+        if not self.sslrootcert:  # a record of an older release
+            who = quote(user, safe="<> ") + ("" if password is None else ":" + quote(password))
+            return (
+                f"postgresql://{who}@{self.host}:{self.port}/{quote(self.database, safe='')}"
+                f"?sslmode={self.sslmode}"
+            )
+        return dsn.url(
+            user=user,
+            password=password,
+            host=self.host,
+            port=self.port,
+            database=self.database,
+            sslrootcert=self.sslrootcert,
+            user_safe="<> ",
         )
 
 
@@ -49,4 +68,5 @@ def way_in(settings: Settings, branch: str) -> WayIn:
         port=settings.door_port,
         database=branch,
         sslmode=PERSON_SSLMODE,
+        sslrootcert=settings.door_rootcert,
     )

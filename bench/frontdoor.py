@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def serve_door(args: argparse.Namespace) -> int:
     route = Route(host="127.0.0.1", port=args.branch_port, database=args.database)
     log = audit.AuditLog(Path(args.audit), uid=0, gid=0)
 
-    async def resolve(name: str) -> Route | None:
+    async def resolve(name: str, *, may_wake: Callable[[], bool]) -> Route | None:
         return route if name == BRANCH else None
 
     async def main() -> None:

@@ -22,6 +22,9 @@ from pgoverlay.runner.runtime import table as runtimes
 ENV_PREFIX = "PGOVERLAY_"
 # Settings renamed, by their former names: the former variable is still read; the new one wins.
 RENAMED = {"lock_timeout": "lock_wait"}
+# A branch's connections kept for superusers (the engine's own): the rest is shared by the
+# door's clients and the engine's and job's own connections (``Settings.door_branch_cap``).
+SUPERUSER_RESERVED = 3
 
 
 def from_environment(environ: Mapping[str, str | None], names: set[str]) -> dict[str, str]:
@@ -200,7 +203,11 @@ class Settings:
     # it creates). Never on 15 or older, where CREATEROLE may grant itself a shell.
     branch_createrole: bool = False
     shared_buffers: str = "32MB"
-    max_connections: int = bounded(30, ge=5)
+    # A branch's connections: superuser_reserved_connections (3) for the engine's superuser,
+    # branch_engine_connections for the engine and the job's own (the migration, its probe),
+    # the rest for the front door (door_max_per_branch). The defaults give the door 50.
+    max_connections: int = bounded(63, ge=5)
+    branch_engine_connections: int = bounded(10, ge=1)
     work_mem: str = "4MB"
     maintenance_work_mem: str = "64MB"
     # WAL kept for recycling after a checkpoint (with wal_recycle on); a branch gets at least
@@ -258,6 +265,9 @@ class Settings:
     service_autostart: bool = True
     # the service runs gc (expired TTLs, servers that died) this often, in seconds; 0: never
     service_gc_interval: float = bounded(300.0, ge=0)
+    # the service revokes each credential at its expiry, so its open sessions end within 2 s of
+    # it (runner/branch/expiry.py); off: at the next gc
+    service_expiry_timer: bool = True
     # A ready branch with no connection for this long is suspended by the service (its server
     # stopped, its layer kept; the next connection through the front door wakes it): seconds,
     # or a duration (10m, 2h); 0: never. A branch created with its own (the Action's
@@ -279,17 +289,25 @@ class Settings:
     # <home>/door/ and its SHA-256 fingerprint shown by the page and `doctor`.
     door_cert_file: Path | None = None
     door_key_file: Path | None = None
+    # Whether clients verify the door against its own self-signed certificate (the file the
+    # pages offer) rather than an authority they trust; unset: when door_cert_file is unset.
+    # The Action sets it from the pool's answer when it reaches a pool over the network.
+    door_self_signed: bool | None = None
     # A wildcard name (branches reached as BRANCH.<door_sni_suffix>, routed by TLS SNI).
     door_sni_suffix: str | None = None
     # Plaintext Postgres connections from loopback (never from elsewhere).
     door_plaintext_loopback: bool = False
-    door_max_per_branch: int = bounded(50, ge=1)
+    # Connections to one branch through the door; 0: all that a branch leaves the door
+    # (door_branch_cap). More than that is refused at start: the branch itself would refuse them.
+    door_max_per_branch: int = bounded(0, ge=0)
     door_max_per_source: int = bounded(20, ge=1)
     # Seconds a client has from connecting to its first query (TLS, startup and login).
     door_handshake_timeout: float = bounded(10.0, gt=0)
     # Failed logins a source may make in door_failed_window seconds before it is refused.
     door_failed_logins: int = bounded(10, ge=1)
     door_failed_window: float = bounded(300.0, gt=0)
+    # The door's limits count an IPv6 client by its prefix of this many bits (IPv4: per address).
+    door_ipv6_prefix: int = bounded(64, ge=8, le=128)
     # Personal credentials (`pgoverlay access`): their default and longest life in seconds, and
     # whether a branch of an unmasked base (production's personal data) may have them at all.
     access_ttl: float = bounded(8 * 3600.0, gt=0)
@@ -301,9 +319,12 @@ class Settings:
     github_api_url: str = "https://api.github.com"
     oauth_client_id: str | None = None
     oauth_client_secret_file: Path | None = None
-    # The least permission on the PR's repository that gets a read-write credential (below
-    # it, and at least read: read-only); and how long a page session lasts, in seconds.
+    # The least permission on the PR's repository that gets a read-write credential, and the
+    # least that gets a read-only one (on a public or internal repository, where GitHub gives
+    # every account read, never less than triage); and how long a page session lasts, in
+    # seconds.
     access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
+    access_read_permission: Literal["read", "triage", "write", "maintain", "admin"] = "read"
     page_session_seconds: float = bounded(3600.0, gt=0)
     # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
     # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API
@@ -366,6 +387,20 @@ class Settings:
                 f"set both {variable('ssl_cert_file')} and {variable('ssl_key_file')} for SSL, "
                 "or neither",
             )
+        left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
+        if left < 1 or self.door_max_per_branch > left:
+            door = variable("door_max_per_branch")
+            wanted = max(self.door_max_per_branch, 1) + SUPERUSER_RESERVED
+            wanted += self.branch_engine_connections
+            fewer = f", fewer than {door}={self.door_max_per_branch}" if left >= 1 else ""
+            raise SettingError(
+                "",
+                f"a branch's {variable('max_connections')}={self.max_connections} leaves "
+                f"{max(left, 0)} connections for the front door ({SUPERUSER_RESERVED} are the "
+                f"engine's superuser's, {variable('branch_engine_connections')}="
+                f"{self.branch_engine_connections} the engine's and the job's own){fewer}: "
+                f"raise {variable('max_connections')} to {wanted}, or lower {door}",
+            )
         if self.api_audience is not None and self.api_policy_file is None:
             raise SettingError(
                 "api_policy_file",
@@ -417,19 +452,41 @@ class Settings:
 
     @property
     def door_app_sslmode(self) -> str:
-        """The libpq ``sslmode`` a program is handed with its URL (the Action's
-        ``database-url``): ``verify-full`` with the admin's certificate (libpq checks its chain
-        and that it names door_name), ``require`` with the self-signed one the door makes
-        without it, of which a preview deployment has no copy to verify. A person is always
-        told ``verify-full``: the branch page offers the door's own certificate and its
-        fingerprint, for ``sslrootcert``."""
+        """What the network API's ``/pool`` answers as ``app_sslmode`` (a field of its wire
+        since before ``door.dsn``): ``verify-full`` with the admin's certificate, ``require``
+        with the door's own. The Action reads it only to tell which (``door_self_signed``):
+        every string it prints, ``database-url`` included, is ``verify-full`` either way."""
         return "verify-full" if self.door_cert_file is not None else "require"
 
-    def page_url(self, branch: str) -> str:
-        """The branch's page, behind GitHub sign-in: ``https://<door_name>[:port]/b/<branch>``
-        (the port left out when it is HTTPS's own, 443)."""
+    @property
+    def door_branch_cap(self) -> int:
+        """How many connections one branch takes through the front door: door_max_per_branch,
+        else all a branch's max_connections leaves once the engine's superuser and
+        branch_engine_connections have theirs (checked at load to be at least one)."""
+        left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
+        return self.door_max_per_branch or left
+
+    @property
+    def door_rootcert(self) -> str:
+        """What a person's connection strings through the door name as ``sslrootcert``
+        (``door.dsn``): the door's own certificate's file name, or the system's store."""
+        from pgoverlay.runner.door import dsn
+
+        own = self.door_self_signed
+        return dsn.rootcert(self_signed=self.door_cert_file is None if own is None else own)
+
+    @property
+    def page_origin(self) -> str:
+        """``https://<door_name>[:port]``: where readers reach the branch pages (the port left
+        out when it is HTTPS's own, 443; an IPv6 address in brackets)."""
+        host = self.door_name
+        host = f"[{host}]" if ":" in host else host
         port = "" if self.door_https_port == 443 else f":{self.door_https_port}"
-        return f"https://{self.door_name}{port}/b/{branch}"
+        return f"https://{host}{port}"
+
+    def page_url(self, branch: str) -> str:
+        """The branch's page, behind GitHub sign-in: ``<page_origin>/b/<branch>``."""
+        return f"{self.page_origin}/b/{branch}"
 
 
 def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:

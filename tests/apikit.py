@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from doorkit import DoorCA, make_ca
-from helpers import free_tcp_port, os_user, service_settings
+from helpers import free_tcp_port, os_user, service_settings, service_with
 from oidckit import AUDIENCE, Issuer, Key, claims, sign
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -116,10 +116,13 @@ def running_door(
     address: str = "127.0.0.1",
     audience: str | None = None,
     env: dict[str, str] | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> Iterator[Api]:
     """`pgoverlay door` on ``address`` with the API on, its certificate naming ``host`` (the
     name its clients use), for ``audience`` (default: the oidckit's; ``"url"``: the door's own
-    URL, as the Action asks for, its `server` input), until the block ends."""
+    URL, as the Action asks for, its `server` input), until the block ends. The engine service
+    runs meanwhile with the same API settings (it verifies the tokens the door forwards), and
+    ``engine``'s."""
     os.chmod(folder, 0o755)
     os_user("pgoverlay-door", groups=["pgoverlay"])
     try:
@@ -132,7 +135,13 @@ def running_door(
     door_port, https_port = free_tcp_port(), free_tcp_port()
     if audience == "url":
         audience = f"https://{host}:{https_port}"
-    with Issuer([key]) as issuer:
+    with Issuer([key]) as issuer, service_with(
+        pool,
+        api_issuer=issuer.url,
+        api_audience=audience or AUDIENCE,
+        api_policy_file=folder / "policy.yml",
+        **(engine or {}),
+    ):
         environ = {
             **settings_environ(service_settings(pool)),
             "PGOVERLAY_DOOR_HOST": host,

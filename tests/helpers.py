@@ -334,8 +334,10 @@ def service_settings(pool: Pool) -> Settings:
     """The settings the test run's engine service runs with (the ``service`` fixture). No
     periodic gc: tests leave half-made branches on purpose and call gc themselves; and no
     branch suspended for being idle unless it was created to be (tests/test_idle.py): a
-    module's branch may sit unused longer than the pool's default while its tests run."""
-    return pool.settings.replace(service_gc_interval=0, suspend_after=0)
+    module's branch may sit unused longer than the pool's default while its tests run. No
+    expiry timer either: tests expire credentials themselves (tests/test_attack_revoke.py runs
+    the timer's own loop)."""
+    return pool.settings.replace(service_gc_interval=0, suspend_after=0, service_expiry_timer=False)
 
 
 @contextmanager
@@ -352,6 +354,25 @@ def without_the_service(pool: Pool) -> Iterator[None]:
     finally:
         if was_running:
             start_service(settings)
+
+
+@contextmanager
+def service_with(pool: Pool, **changes: Any) -> Iterator[Settings]:
+    """The test run's engine service restarted with ``changes`` to its settings, then as it
+    was: a front door's network API and GitHub settings, which the engine needs as the door
+    does, since it verifies the credentials the door forwards itself (as both read one
+    settings file on a real host)."""
+    from pgoverlay.runner.service import serve
+
+    plain = service_settings(pool)
+    changed = plain.replace(**changes)
+    serve.stop(plain, wait=plain.stop_timeout)
+    start_service(changed)
+    try:
+        yield changed
+    finally:
+        serve.stop(changed, wait=changed.stop_timeout)
+        start_service(plain)
 
 
 def start_service(settings: Settings) -> None:

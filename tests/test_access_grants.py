@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import as_engine, as_user_call, cli, masked_base, os_user
+from fakegithub import FakeGitHub
+from helpers import as_engine, as_user_call, cli, masked_base, os_user, service_with
 from pgoverlay.errors import AccessError, NotOwnerError, RequestError, UnmaskedAccessError
 from pgoverlay.runner import audit, branch, polling
 from pgoverlay.runner.branch import grants
@@ -357,7 +358,10 @@ def test_an_unmasked_base_is_refused_personal_credentials_unless_allowed(
     assert app.grant.role == "app_pr_42" and not app.grant.read_only
     with login(b, "app_pr_42", app.password) as conn:
         conn.execute("CREATE TABLE app_made (id int)")
-    again = grants.grant(pool, "acc-plain", login=None, app=True)  # a new run, a new password
+    # A new run renews it as deployed; only a rotation gives it a new password.
+    renewed = grants.grant(pool, "acc-plain", login=None, app=True)
+    assert renewed.renewed and renewed.password == app.password
+    again = grants.grant(pool, "acc-plain", login=None, app=True, rotate=True)
     assert "password authentication failed" in refused(b, "app_pr_42", app.password)
     with login(b, "app_pr_42", again.password):
         pass
@@ -476,6 +480,12 @@ def test_the_owner_grants_through_the_service_and_others_may_not(
 def test_the_front_doors_identity_may_look_and_grant_for_whom_it_vouches_and_nothing_else(
     pool: Pool, masked: BaseVersion, made: list[str], service: Path, users: None
 ) -> None:
+    with FakeGitHub() as fake, service_with(pool, github_api_url=fake.url):
+        _the_front_doors_identity(pool, made, service, fake)
+        assert fake.violations == []
+
+
+def _the_front_doors_identity(pool: Pool, made: list[str], service: Path, fake: FakeGitHub) -> None:
     b = _create(pool, made, "acc-door", repository="acme/shop", pr=6)
     # Looking is allowed.
     for call in (
@@ -486,12 +496,16 @@ def test_the_front_doors_identity_may_look_and_grant_for_whom_it_vouches_and_not
     ):
         answer = ask(service, DOOR, call)
         assert not (isinstance(answer, dict) and "error" in answer), (call, answer)
-    # Granting for a person it vouches for is allowed, and recorded as vouched.
+    # Granting for a person it vouches for is allowed with their sign-in (the GitHub token the
+    # door forwards, which the engine asks GitHub about itself), and recorded as vouched.
+    fake.add_repo("acme/shop", private=True)
+    fake.add_collaborator("acme/shop", "carol", "read")
+    fake.add_token("gho_carol_of_the_test", "carol")
     granted = ask(
         service,
         DOOR,
         'result = engine.grant("acc-door", GrantRequest(login="Carol", read_only=True, '
-        'vouched_by="github:carol", repository="acme/shop"))',
+        'vouched_by="github:carol", repository="acme/shop"), reader="gho_carol_of_the_test")',
     )
     assert granted.get("role") == "carol" and granted["read_only"], granted
     assert granted["granted_by"] == "github:carol"
@@ -543,12 +557,16 @@ def test_an_unmasked_refusal_through_the_service_is_403_and_says_why(
     pool: Pool, base: BaseVersion, made: list[str], service: Path, users: None
 ) -> None:
     _create(pool, made, "acc-door-plain", base=base.name, repository="acme/shop")
-    answer = ask(
-        service,
-        DOOR,
-        'result = engine.grant("acc-door-plain", GrantRequest(login="carol", '
-        'vouched_by="github:carol"))',
-    )
+    with FakeGitHub() as fake, service_with(pool, github_api_url=fake.url):
+        fake.add_repo("acme/shop", private=True)
+        fake.add_collaborator("acme/shop", "carol", "read")
+        fake.add_token("gho_carol_of_the_test", "carol")
+        answer = ask(
+            service,
+            DOOR,
+            'result = engine.grant("acc-door-plain", GrantRequest(login="carol", '
+            'vouched_by="github:carol", read_only=True), reader="gho_carol_of_the_test")',
+        )
     assert answer["error"] == "UnmaskedAccessError" and answer["exit"] == 38
     assert "not masked" in answer["message"]
 
@@ -572,9 +590,11 @@ def test_the_command_prints_the_url_once_lists_and_revokes(
     b = _create(pool, made, "acc-cli")
     done = cli(["access", "grant", "acc-cli", "--github-login", "Frank", "--ttl", "2h"], env=env)
     assert done.returncode == 0, done.stderr
-    url = done.stdout.strip().splitlines()[-1]
+    url = next(line for line in done.stdout.splitlines() if line.startswith("postgresql://"))
     found = re.match(
-        r"^postgresql://frank:([A-Za-z0-9_-]+)@([^:]+):(\d+)/acc-cli\?sslmode=verify-full$", url
+        r"^postgresql://frank:([A-Za-z0-9_-]+)@([^:]+):(\d+)/acc-cli"
+        r"\?sslmode=verify-full&sslrootcert=pgoverlay-door.crt$",
+        url,
     )
     assert found, url
     password = found.group(1)
@@ -611,17 +631,18 @@ def test_a_grant_killed_at_any_step_leaves_a_row_gc_revokes_at_its_expiry(
     assert pool.registry.grants(b.name) == [] and role_row(pool, b, "crasher") is None
 
 
-def test_a_revoke_killed_after_the_drop_is_finished_by_revoking_again(
+def test_a_revoke_killed_after_forgetting_is_finished_by_revoking_again(
     pool: Pool, masked: BaseVersion, made: list[str], env: dict[str, str]
 ) -> None:
     b = _create(pool, made, "acc-crash-revoke")
     grants.grant(pool, b.name, login="halfway")
     done = cli(
         ["access", "revoke", b.name, "halfway"],
-        env={**env, "PGOVERLAY_FAULT_POINT": "revoke:dropped"},
+        env={**env, "PGOVERLAY_FAULT_POINT": "revoke:forgotten"},
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert role_row(pool, b, "halfway") is None
-    assert [g.role for g in pool.registry.grants(b.name)] == ["halfway"]
-    assert grants.revoke(pool, b.name, "halfway")
     assert pool.registry.grants(b.name) == []
+    assert role_row(pool, b, "halfway") is not None
+    assert grants.revoke(pool, b.name, "halfway")
+    assert role_row(pool, b, "halfway") is None
+    assert not grants.revoke(pool, b.name, "halfway")

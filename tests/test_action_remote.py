@@ -315,6 +315,9 @@ class Runner:
             )
         )
         self.jobs.append(job)
+        # The pull request's head is now this job's (a push, then its run): the Action asks.
+        with self.host.github.locked():
+            self.host.github.pull(REPO, PR)["head_sha"] = head_sha
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
         event_file = repo.event(action, head_sha, scratch, merged=merged)
         env = {

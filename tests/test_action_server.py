@@ -23,9 +23,11 @@ import psycopg
 import pytest
 from apikit import Api, running_door
 
+from fakegithub import FakeGitHub
 from helpers import os_user, read_outputs
 from oidckit import TokenService, pull_request_job
 from pgoverlay.errors import ConfigError, LockBusyError, NotOwnerError, ServiceError
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
@@ -170,6 +172,39 @@ def pr_payload(action: str, number: int, head_sha: str) -> dict[str, Any]:
     return data
 
 
+# The runner's worker, as far as a job's step can tell: it runs the step (argv), then lives
+# until its stdin is closed, the end of the job; it exits with the step's code.
+WORKER = (
+    "import os, subprocess, sys\n"
+    "codes = [subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL).returncode\n"
+    "         for _ in range(int(os.environ.get('PGO_TEST_STEPS', '1')))]\n"
+    "sys.stdout.flush(); sys.stdin.read(); sys.exit(max(codes))"
+)
+
+
+class Running:
+    """A job under way: its worker, and the file its output goes to."""
+
+    def __init__(self, job: Job, worker: subprocess.Popen[bytes], log: Any) -> None:
+        self.job, self.worker, self.log = job, worker, log
+
+    def step_done(self) -> dict[str, str] | None:
+        """The step's outputs once it has written its status (None: not yet)."""
+        try:
+            found = read_outputs(self.job.dir / "output")
+        except ValueError:  # a block still being written
+            return None
+        return found if "status" in found else None
+
+    def end(self) -> tuple[int, str, dict[str, str]]:
+        """End the job (its worker's stdin closed) and wait for it: its code, log, outputs."""
+        assert self.worker.stdin is not None
+        self.worker.stdin.close()
+        code = self.worker.wait(timeout=600)
+        self.log.close()
+        return code, self.job.log(), read_outputs(self.job.dir / "output")
+
+
 class Job:
     """One job's files on the hosted runner, owned by its user."""
 
@@ -186,12 +221,21 @@ class Job:
     def migration(self, name: str, sql: str) -> None:
         (self.workspace / "db" / "migrations" / name).write_text(sql)
 
-    def run(
-        self, action: str, number: int, head_sha: str, **inputs: str
-    ) -> tuple[int, str, dict[str, str]]:
+    def start(
+        self,
+        action: str,
+        number: int,
+        head_sha: str,
+        *,
+        steps: int = 1,
+        inputs: dict[str, str] | None = None,
+    ) -> Running:
+        """The job: a process standing for the runner's worker runs the Action's step
+        (``steps`` times), then lives until its stdin is closed (the job's later steps run
+        meanwhile)."""
         event = self.dir / f"event-{action}.json"
         event.write_text(json.dumps(pr_payload(action, number, head_sha)))
-        for name in ("output", "summary"):
+        for name in ("output", "summary", "log"):
             (self.dir / name).write_text("")
         subprocess.run(
             ["chown", "-R", f"{self.user.pw_uid}:{self.user.pw_gid}", self.dir], check=True
@@ -213,23 +257,42 @@ class Job:
             "INPUT_MIGRATIONS_SELECT": "all",
             "INPUT_COMMENT": "false",
             "INPUT_DEPLOYMENT": "false",
+            "PGO_TEST_STEPS": str(steps),
             **self.token_env,
-            **{f"INPUT_{k.upper()}": v for k, v in inputs.items()},
+            **{f"INPUT_{k.upper()}": v for k, v in (inputs or {}).items()},
         }
-        done = subprocess.run(
-            [sys.executable, "-P", "-m", "pgoverlay", "action", "run"],
+        log = open(self.dir / "log", "w")  # noqa: SIM115 - closed by Running.end
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                sys.executable,
+                "-P",
+                "-m",
+                "pgoverlay",
+                "action",
+                "run",
+            ],
             env=env,
             user=self.user.pw_uid,
             group=self.user.pw_gid,
             extra_groups=[],
             cwd=self.workspace,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        log = done.stdout + done.stderr
-        return done.returncode, log, read_outputs(self.dir / "output")
+        return Running(self, worker, log)
+
+    def run(
+        self, action: str, number: int, head_sha: str, **inputs: str
+    ) -> tuple[int, str, dict[str, str]]:
+        """A job of one step: its worker ends with it."""
+        return self.start(action, number, head_sha, inputs=inputs).end()
+
+    def log(self) -> str:
+        return (self.dir / "log").read_text()
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -286,6 +349,114 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             assert pool.registry.branch("shop-pr-41") is None
         finally:
             job.close()
+
+
+def test_a_second_job_of_the_pull_request_waits_until_the_first_job_ends(
+    api: Api, pool: Pool
+) -> None:
+    """Two jobs of one pull request on two runners, without `concurrency:`: while the first
+    job's later steps use the branch its dsn names, the second job waits, and says so; it
+    resets the branch once the first job has ended."""
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=45,
+        head_ref="feature",
+        runner_environment="github-hosted",
+    )
+    ca = os.fspath(api.certs.ca_file)
+    with TokenService(api.issuer, api.key) as tokens:
+        first = Job(api, tokens.add_job(**claims).env())
+        second = Job(api, tokens.add_job(**claims).env())
+        try:
+            first.migration("001_first.sql", "CREATE TABLE first_job (id int);\n")
+            running = first.start("opened", 45, "a" * 40)
+            out = wait_for(running.step_done, timeout=300, what="the first job's step")
+            assert out["status"] == "ready", first.log()
+            second.migration("001_second.sql", "CREATE TABLE second_job (id int);\n")
+            waiting = second.start("synchronize", 45, "b" * 40)
+            wait_for(
+                lambda: "waiting for it" in second.log() or waiting.step_done() is not None,
+                timeout=300,
+                what="the second job to wait, or its step to end",
+            )
+            assert "holds branch shop-pr-45 until it ends: waiting for it" in second.log(), (
+                second.log()
+            )
+            # The first job's later step: its branch is still what its dsn says.
+            with psycopg.connect(out["dsn"], sslrootcert=ca, autocommit=True) as db:
+                db.execute("INSERT INTO first_job VALUES (1)")
+                assert db.execute("SELECT count(*) FROM first_job").fetchone() == (1,)
+            assert waiting.step_done() is None, second.log()
+            code, log, _ = running.end()
+            assert code == 0, log
+            code, log, done = waiting.end()
+            assert code == 0 and done["status"] == "ready", log
+        finally:
+            first.close()
+            second.close()
+            if pool.registry.branch("shop-pr-45") is not None:
+                LocalEngine(pool).destroy("shop-pr-45")
+
+
+def test_a_later_step_of_the_same_job_works_under_the_hold_its_job_keeps(
+    api: Api, pool: Pool
+) -> None:
+    """The Action twice in one job: the second step finds the hold its own job keeps, and does
+    not wait for its job to end."""
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=46,
+        head_ref="feature",
+        runner_environment="github-hosted",
+    )
+    with TokenService(api.issuer, api.key) as tokens:
+        job = Job(api, tokens.add_job(**claims).env())
+        try:
+            running = job.start("opened", 46, "c" * 40, steps=2)
+            code, log, out = running.end()
+            assert code == 0 and out["status"] == "ready", log
+            assert "waiting for it" not in log
+            assert "branch shop-pr-46 is already up to date" in log, log
+        finally:
+            job.close()
+            if pool.registry.branch("shop-pr-46") is not None:
+                LocalEngine(pool).destroy("shop-pr-46")
+
+
+def test_a_job_whose_head_is_no_longer_the_pull_requests_changes_nothing(
+    api: Api, pool: Pool
+) -> None:
+    """Two jobs of one pull request, the older head's running last: it makes no branch (nor a
+    comment or a deployment), and says why; the current head's job goes on."""
+    old, new = "d" * 40, "e" * 40
+    claims = pull_request_job(
+        repository="acme/shop",
+        repository_id=SHOP_ID,
+        number=44,
+        head_ref="feature",
+        runner_environment="github-hosted",
+    )
+    with TokenService(api.issuer, api.key) as tokens, FakeGitHub() as fake:
+        fake.add_token("ghs_job_of_the_test", "github-actions[bot]", kind="installation")
+        fake.add_pull("acme/shop", 44, new, "f" * 40)
+        github = {"GITHUB_TOKEN": "ghs_job_of_the_test", "GITHUB_API_URL": fake.url}
+        job = Job(api, {**tokens.add_job(**claims).env(), **github})
+        try:
+            code, log, out = job.run("synchronize", 44, old, comment="true")
+            assert code == 0, log
+            assert out["status"] == "skipped", log
+            assert "is no longer the head of pull request #44 (now eeeeeee)" in log
+            assert pool.registry.branch("shop-pr-44") is None
+            assert [c for c in fake.state.comments if c["repo"] == "acme/shop"] == []
+            code, log, out = job.run("synchronize", 44, new)
+            assert code == 0 and out["status"] == "ready", log
+        finally:
+            job.close()
+            if pool.registry.branch("shop-pr-44") is not None:
+                LocalEngine(pool).destroy("shop-pr-44")
+        assert fake.violations == []
 
 
 def test_a_job_without_an_oidc_token_is_told_to_ask_for_one(api: Api, pool: Pool) -> None:

@@ -38,7 +38,7 @@ from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
-from pgoverlay.runner.service.vouch import Vouched, headers
+from pgoverlay.runner.service.vouch import headers
 from pgoverlay.runner.settings import Settings
 
 POLICY = """
@@ -223,7 +223,7 @@ def test_a_branch_made_on_the_socket_is_not_the_networks_and_the_policys_limit_h
 def test_only_the_front_doors_uid_may_vouch_for_a_repository(api: Api, service: Path) -> None:
     """A member of the service's group that sends the door's headers itself is refused."""
     os_user("pgo-runner", groups=["pgoverlay"])
-    sent = headers(Vouched(repository="acme/shop", repository_id=SHOP_ID))
+    sent = headers(token=api.of("acme/shop", SHOP_ID))
     code = "\n".join(
         [
             "from pathlib import Path",

@@ -80,27 +80,32 @@ def test_a_report_gives_the_deployment_its_state_url_and_a_short_redacted_line()
     assert conclusion.deployment(report(status="not branched", branch=None)) is None
 
 
-def test_a_person_is_told_verify_full_and_a_program_only_with_the_admins_certificate() -> None:
+def test_a_person_and_a_program_are_told_verify_full_and_where_the_certificate_is() -> None:
     from pgoverlay.action.wayin import YOUR_LOGIN, way_in
     from pgoverlay.runner.settings import Settings
 
     own = Settings(door_host="db.acme.dev", door_port=5432, door_https_port=443)
     w = way_in(own, "shop-pr-5")
     assert w.page == "https://db.acme.dev/b/shop-pr-5"  # 443: no port in the address
-    # the page offers the door's own certificate for sslrootcert: a person verifies
+    # the door's own certificate: the file the page offers (and the comment links)
     assert w.url(YOUR_LOGIN) == (
-        "postgresql://<your GitHub login>@db.acme.dev:5432/shop-pr-5?sslmode=verify-full"
+        "postgresql://<your GitHub login>@db.acme.dev:5432/shop-pr-5"
+        "?sslmode=verify-full&sslrootcert=pgoverlay-door.crt"
     )
-    assert own.door_app_sslmode == "require"  # a preview app has no copy of it
-    program = dataclasses.replace(w, sslmode=own.door_app_sslmode)
+    assert w.certificate == "https://db.acme.dev/pgoverlay-door.crt"
+    # a program on the runner: the path of its copy
+    program = dataclasses.replace(w, sslrootcert="/var/lib/pgoverlay/door/door.crt")
     assert program.url("app_pr_5", "p@ss/w:rd") == (
-        "postgresql://app_pr_5:p%40ss%2Fw%3Ard@db.acme.dev:5432/shop-pr-5?sslmode=require"
+        "postgresql://app_pr_5:p%40ss%2Fw%3Ard@db.acme.dev:5432/shop-pr-5"
+        "?sslmode=verify-full&sslrootcert=/var/lib/pgoverlay/door/door.crt"
     )
     admins = own.replace(
         door_https_port=8443, door_cert_file="/etc/door.pem", door_key_file="/etc/door.key"
     )
-    assert way_in(admins, "shop-pr-5").page == "https://db.acme.dev:8443/b/shop-pr-5"
-    assert admins.door_app_sslmode == "verify-full"
+    signed = way_in(admins, "shop-pr-5")
+    assert signed.page == "https://db.acme.dev:8443/b/shop-pr-5"
+    assert signed.url(YOUR_LOGIN).endswith("?sslmode=verify-full&sslrootcert=system")
+    assert signed.certificate is None  # the system's trusted authorities verify it
     fallback = Settings(advertise_host="runner-3.acme.dev")
     assert way_in(fallback, "x").host == "runner-3.acme.dev"  # no door_host: advertise_host
 
@@ -434,7 +439,7 @@ def step_env(tmp_path: Path, pool: Pool, number: int, **inputs: str) -> dict[str
     }
 
 
-def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_masked(
+def test_database_url_is_the_front_door_as_the_prs_app_role_renewed_per_run_and_masked(
     pool: Pool, base: BaseVersion, service: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import re
@@ -472,7 +477,7 @@ def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_m
         s = pool.settings
         pattern = (
             rf"postgresql://app_pr_7:(?P<password>[^@]+)@{re.escape(s.door_name)}:{s.door_port}/"
-            rf"{name}\?sslmode=require"  # the door's own certificate: not verify-full
+            rf"{name}\?sslmode=verify-full&sslrootcert={re.escape(str(s.home))}/door/door\.crt"
         )
         found = re.fullmatch(pattern, first)
         assert found is not None, first
@@ -482,10 +487,10 @@ def test_database_url_is_the_front_door_as_the_prs_app_role_minted_per_run_and_m
         assert password not in unmasked
         assert password not in (tmp_path / "summary").read_text()
         assert connects(first) == "app_pr_7"
-        again, _ = run()  # a re-run of the same head: a new password, the old one refused
-        assert again != first and connects(again) == "app_pr_7"
-        with pytest.raises(psycopg.OperationalError):
-            connects(first)
+        # A re-run (another job of the pull request): the deployed credential renewed, the
+        # same password, so the preview an earlier job deployed keeps its database.
+        again, _ = run()
+        assert again == first and connects(first) == "app_pr_7"
     finally:
         branch.destroy(pool, name)
     closed = json.loads((WEBHOOKS / "pull_request.closed.json").read_text())

@@ -3,6 +3,7 @@ pgJDBC), real SCRAM logins, and what an anonymous client sees."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -78,7 +79,7 @@ def door(pool: Pool, ca: DoorCA, audit: Audit) -> Door:
             **{"door_sni_suffix": SNI_SUFFIX, "door_handshake_timeout": 10.0, **changes}
         )
 
-        async def resolve(name: str) -> Route | None:
+        async def resolve(name: str, *, may_wake: Callable[[], bool]) -> Route | None:
             # Opened and closed here, on the door's thread (SQLite's objects stay on theirs;
             # one left open would keep the pool from unmounting).
             registry = Registry(pool.registry.path)
@@ -544,3 +545,36 @@ def test_a_self_signed_pair_names_the_host_and_keeps_its_key_private(tmp_path: P
     assert tls.fingerprint(pair.cert) != first  # another host: a new pair
     context = tls.server_context(pair)
     assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_a_branch_takes_the_doors_whole_cap_and_the_next_client_is_told_by_the_door(
+    door: Door, ca: DoorCA, two: tuple[Branch, Branch], audit: Audit
+) -> None:
+    """With the defaults the door takes 50 connections to a branch (docs/access.md), and the
+    branch has room for all of them and still for the engine's and the job's own: the 51st
+    client is refused by the door, saying so, not by Postgres's 'remaining connection slots
+    are reserved'."""
+    a, _ = two
+    cap = 50
+    with door(door_max_per_source=cap + 5) as d, contextlib.ExitStack() as held:
+        for _ in range(cap):
+            conn = held.enter_context(connect(d.port, ca, a))
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with pytest.raises(psycopg.OperationalError) as refused:
+            connect(d.port, ca, a)
+        assert "too many connections to branch door-a through the front door" in str(refused.value)
+        assert "reserved" not in str(refused.value)
+        # The engine's and the job's own share is still there, beside the door's.
+        for _ in range(10):
+            direct = held.enter_context(
+                psycopg.connect(
+                    host="127.0.0.1",
+                    port=a.port,
+                    dbname=a.database,
+                    user=a.user,
+                    password=a.password,
+                    connect_timeout=10,
+                )
+            )
+            assert direct.execute("SELECT 1").fetchone() == (1,)
+    assert "refused:branch_cap" in [line["outcome"] for line in audit.lines]

@@ -4,6 +4,7 @@ outcome."""
 
 from __future__ import annotations
 
+import base64
 import random
 import struct
 import time
@@ -125,15 +126,53 @@ def test_scram_client_messages_are_checked() -> None:
     assert first.nonce == "abcdefghijklmnopqrstuvwx"
     with pytest.raises(StartupError, match="invalid SASL authentication mechanism"):
         proto.sasl_initial(b"SCRAM-SHA-256-PLUS\0" + initial[14:])
-    with pytest.raises(StartupError, match="channel_binding"):
+    with pytest.raises(StartupError, match="malformed SCRAM message") as cbind:
         proto.client_first(b"p=tls-server-end-point,,n=,r=abc")
-    with pytest.raises(StartupError, match="malformed SASLInitialResponse"):
+    assert "includes channel binding data" in cbind.value.detail
+    with pytest.raises(StartupError, match="insufficient data left in message"):
         proto.sasl_initial(b"SCRAM-SHA-256\0" + struct.pack("!i", 99) + b"n,,n=,r=x")
-    proto.client_final(b"c=biws,r=abcXYZ,p=proof=", nonce="abcXYZ")
-    with pytest.raises(StartupError, match="nonce does not match"):
-        proto.client_final(b"c=biws,r=other,p=proof=", nonce="abcXYZ")
-    with pytest.raises(StartupError, match="proof p= last"):
-        proto.client_final(b"c=biws,r=abcXYZ,x=1", nonce="abcXYZ")
+    proof = base64.b64encode(bytes(32))
+    proto.client_final(b"c=biws,r=abcXYZ,p=" + proof, nonce="abcXYZ")
+    proto.client_final(b"c=eSws,r=abcXYZ,x=1,p=" + proof, nonce="abcXYZ", flag="y")
+    with pytest.raises(StartupError, match="invalid SCRAM response") as other:
+        proto.client_final(b"c=biws,r=other,p=" + proof, nonce="abcXYZ")
+    assert other.value.detail == "Nonce does not match."
+    for final, detail in (
+        (b"c=biws,r=abcXYZ,x=1", "Attribute expected, but found end of string."),
+        (b"c=biws,r=abcXYZ,p=cHJvb2Y=", "Malformed proof in client-final-message."),
+        (
+            b"c=biws,r=abcXYZ,1=2,p=" + proof,
+            "Attribute expected, but found invalid character \"'1'\".",
+        ),
+        (
+            b"c=biws,r=abcXYZ,p=" + proof + b",x=1",
+            "Garbage found at the end of client-final-message.",
+        ),
+    ):
+        with pytest.raises(StartupError, match="malformed SCRAM message") as bad:
+            proto.client_final(final, nonce="abcXYZ")
+        assert bad.value.detail == detail, final
+    with pytest.raises(StartupError, match="unexpected SCRAM channel-binding attribute"):
+        proto.client_final(b"c=eSws,r=abcXYZ,p=" + proof, nonce="abcXYZ")  # the flag was n
+
+
+@pytest.mark.parametrize(
+    ("text", "length"),
+    [
+        (b"", 0),
+        (b"AAAA", 3),
+        (b"AAA=", 2),
+        (b"AA==", 1),
+        (b"AA=A", 1),
+        (b"A===", -1),
+        (b"AAA", -1),
+        (b"AA AA", -1),
+        (b"AAAA\x80", -1),
+        (base64.b64encode(bytes(32)), 32),
+    ],
+)
+def test_base64_is_decoded_as_postgres_decodes_it(text: bytes, length: int) -> None:
+    assert proto._b64_length(text) == length
 
 
 def test_message_lengths_are_capped_before_anything_is_read() -> None:

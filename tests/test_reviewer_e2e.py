@@ -31,7 +31,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from doorkit import DoorCA, make_ca
 from fakegithub import FakeGitHub
-from helpers import cli, free_tcp_port, masked_base, require, service_settings
+from helpers import cli, free_tcp_port, masked_base, require, service_settings, service_with
 from pgoverlay.runner import audit
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -106,7 +106,7 @@ class World:
         self.fake.sign_in(login)
         self.driver.get(f"{self.page}/b/{branch}")
         WebDriverWait(self.driver, 30).until(EC.url_to_be(f"{self.page}/b/{branch}"))
-        self.driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        self.driver.find_element(By.ID, "get-credential").click()
         WebDriverWait(self.driver, 30).until(EC.presence_of_element_located((By.ID, "expires")))
         fields = {
             str(f.get_attribute("id")): f.get_attribute("value") or ""
@@ -174,7 +174,12 @@ def world(
     for number, name in zip((71, 72), names, strict=True):
         engine.create(CreateRequest(name=name, base=BASE, repository=REPO, pr=number))
     door_port, https_port = free_tcp_port(), free_tcp_port()
-    with Machine() as machine, FakeGitHub(host=machine.host) as fake:
+    with (
+        Machine() as machine,
+        FakeGitHub(host=machine.host) as fake,
+        # The engine asks GitHub itself who a reader is before it grants them a credential.
+        service_with(pool, github_web_url=fake.url, github_api_url=fake.url),
+    ):
         certs = make_ca(folder, names=(DOOR_HOST,), addresses=(machine.host,))
         secret_file = folder / "oauth-secret"
         fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

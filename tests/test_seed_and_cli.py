@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -336,17 +337,6 @@ def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
         assert "image mode on xfs" in done.stdout
 
 
-def test_a_command_for_root_is_printed_as_the_reader_runs_it() -> None:
-    """No `sudo` for root (the demo runs as root, on a machine that may have none), `sudo`
-    for another user where it is installed, and a word that it is root's where it is not."""
-    from pgoverlay.cli.common import as_root
-
-    assert as_root("pgoverlay doctor", euid=0, sudo="/usr/bin/sudo") == "pgoverlay doctor"
-    assert as_root("pgoverlay doctor", euid=0, sudo="") == "pgoverlay doctor"
-    assert as_root("pgoverlay doctor", euid=1000, sudo="/usr/bin/sudo") == "sudo pgoverlay doctor"
-    assert as_root("pgoverlay doctor", euid=1000, sudo="") == "pgoverlay doctor (as root)"
-
-
 def _readme_demo_output() -> str:
     """The README's example of the demo's output: the code block after its description."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -373,10 +363,20 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert "migration migrations/001_loyalty_points.sql: applied" in done.stdout
         assert "migration migrations/002_order_status_index.sql: applied" in done.stdout
         assert "pgoverlay branch destroy demo-run" in done.stdout
-        # The way in: a preview app's credential through the front door, over verified TLS.
+        # The way in: a preview app's credential through the front door, over verified TLS,
+        # and a reviewer's: the base is masked by the demo's rules, so a person may have one.
         assert "over TLS (verify-full)" in done.stdout
-        assert "access grant demo-run --github-login" in done.stdout
-        assert "sudo" not in done.stdout  # root runs the demo, and may have no sudo
+        assert "masked by masking-rules.yml" in done.stdout
+        customers = re.search(
+            r"reviewer a read-only credential for GitHub user demo-reviewer connected the same "
+            r"way and read ([\d,]+) customers, ([\d,]+) of their emails made up",
+            done.stdout,
+        )
+        assert customers is not None, done.stdout
+        assert customers[1] == customers[2] and customers[1] != "0"
+        assert "access grant demo-run --github-login YOUR-LOGIN --read-only" in done.stdout
+        assert "sudo" not in done.stdout and "PGOVERLAY_ACCESS_UNMASKED" not in done.stdout
+        assert pool.registry.latest_base("demo").masked  # type: ignore[union-attr]
         # The README's example is a real run's: the same lines, in the same order.
         assert _top_lines(done.stdout) == _top_lines(_readme_demo_output())
         b = branch.get(pool, "demo-run")

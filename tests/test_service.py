@@ -323,6 +323,7 @@ def test_roots_cli_asks_the_service_only_when_it_runs_with_roots_settings(
         **env,
         "PGOVERLAY_SERVICE_GC_INTERVAL": "0",
         "PGOVERLAY_SUSPEND_AFTER": "0",
+        "PGOVERLAY_SERVICE_EXPIRY_TIMER": "false",
         "PGOVERLAY_SERVICE_AUTOSTART": "true",
     }
     start = len(log.read_text())

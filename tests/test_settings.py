@@ -186,3 +186,16 @@ def test_a_renamed_setting_is_still_read_by_its_former_variable_and_the_new_one_
     assert Settings().lock_wait == 9.0
     monkeypatch.delenv("PGOVERLAY_LOCK_TIMEOUT")
     assert Settings().lock_wait == 9.0
+
+
+def test_the_doors_cap_per_branch_fits_in_what_a_branchs_connections_leave_it() -> None:
+    """A branch's max_connections is shared knowingly: the engine's superuser's reserved slots,
+    the engine's and the job's own, and the rest for the front door; a cap the branch itself
+    could not honour is refused at load, saying what to raise."""
+    assert Settings().door_branch_cap == 50  # 63 - 3 - 10
+    assert Settings(max_connections=30).door_branch_cap == 17
+    assert Settings(max_connections=100, door_max_per_branch=40).door_branch_cap == 40
+    with pytest.raises(SettingError, match="raise PGOVERLAY_MAX_CONNECTIONS to 63"):
+        Settings(max_connections=30, door_max_per_branch=50)
+    with pytest.raises(SettingError, match="leaves 0 connections for the front door"):
+        Settings(max_connections=10, branch_engine_connections=7)

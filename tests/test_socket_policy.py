@@ -237,34 +237,6 @@ def test_the_policys_limits_hold_where_lower_and_root_is_held_to_none(
     assert len(pool.registry.branches()) == 5
 
 
-def test_the_front_doors_vouched_request_is_not_asked_the_socket_policy_again(
-    policed: Settings, clean: None, pool: Pool, base: BaseVersion
-) -> None:
-    """The door admitted it by the token's claims and held it to the policy's limits for the
-    network (tests/test_api.py): a repository the policy refuses by name on the socket is the
-    door's to judge, and its branch is made."""
-    from pgoverlay.runner.service import vouch
-
-    sent = vouch.headers(vouch.Vouched(repository="octo/vouched", repository_id=9001))
-    code = textwrap.dedent(
-        f"""
-        import json
-        from pathlib import Path
-        from pgoverlay.runner.service.client import RemoteEngine
-        from pgoverlay.runner.service.models import CreateRequest
-        engine = RemoteEngine(Path({os.fspath(client.socket_path(policed))!r}), headers={sent!r})
-        made = engine.create(CreateRequest(name="sp-vouched", base={base.name!r}, pr=1))
-        print(json.dumps([made.repository, made.owner_uid]))
-        """
-    )
-    done = as_user_call(DOOR, GROUPS, code, preload=["pgoverlay.runner.service.models"])
-    assert done.returncode == 0, done.stderr
-    repository, owner = json.loads(done.stdout.strip().splitlines()[-1])
-    assert repository == "octo/vouched" and owner == os_user(DOOR).pw_uid
-    stored = pool.registry.branch("sp-vouched")
-    assert stored is not None and stored.owner_repository_id == 9001
-
-
 def test_sighup_reads_the_policy_again_and_a_broken_one_leaves_the_last_in_force(
     policed: Settings, clean: None, pool: Pool, base: BaseVersion, policy_file: Path
 ) -> None:

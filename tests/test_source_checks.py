@@ -35,7 +35,7 @@ def test_each_overridden_setting_gets_one_line_saying_what_branches_run_with() -
     joined = "\n".join(lines)
     assert len(lines) == 10, joined
     assert "shared_buffers is 64GB in the source: branches run with 32MB" in joined
-    assert "max_connections is 500 in the source: branches run with 30" in joined
+    assert "max_connections is 500 in the source: branches run with 63" in joined
     assert "ssl=off" in joined
     assert "work_mem" not in joined, "1 MB is below the pool's 4MB: nothing overridden"
     assert "outside its data directory" in joined

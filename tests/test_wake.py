@@ -18,7 +18,7 @@ from apikit import running_door
 from helpers import Undo, write_row
 from pgoverlay.errors import BranchStateError
 from pgoverlay.runner import branch
-from pgoverlay.runner.branch import sizes
+from pgoverlay.runner.branch import grants, sizes
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
@@ -119,19 +119,23 @@ def test_the_first_connections_through_the_front_door_wake_a_suspended_branch_on
     service: Path,
     tmp_path_factory: pytest.TempPathFactory,
     undo: Undo,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(pool.settings, "access_unmasked", True)
     name = "susp-door"
     undo.branch(name)
     made = branch.create(pool, name, base_name=base.name)
     write_row(pool, made, 9)
+    # through the door, a credential the engine minted (the branch's own role is refused)
+    granted = grants.grant(pool, name, login="octo-cat", ttl=3600)
     folder = tmp_path_factory.mktemp("door-wake")
     with running_door(pool, base, folder, policy="owners: [acme]\n") as door:
         login: dict[str, Any] = {
             "host": "localhost",
             "port": door.door_port,
             "dbname": name,
-            "user": made.user,
-            "password": made.password,
+            "user": granted.grant.role,
+            "password": granted.password,
             "sslmode": "verify-full",
             "sslrootcert": str(door.certs.ca_file),
             "connect_timeout": 30,

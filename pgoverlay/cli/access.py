@@ -25,17 +25,47 @@ def cmd_access_grant(args: argparse.Namespace) -> int:
             ttl=ttl,
             repository=args.repository,
             app=args.app,
+            rotate=args.rotate,
         ),
     )
+    from pgoverlay.runner.door import dsn, tls
+
+    settings = common.settings()
     kind = "read-only" if g.read_only else "read-write"
     who = "the app" if g.app else g.login
-    out.line(
-        f"{kind} credential for {who} in branch {g.branch}, valid until "
-        f"{common.when(g.expires_at)}; its password is shown once, here:",
-    )
+    if g.renewed:
+        out.line(
+            f"the app's {kind} credential in branch {g.branch}, as its preview deployment holds "
+            f"it, renewed until {common.when(g.expires_at)} (--rotate gives it a new password, "
+            "which the deployed preview then lacks):",
+        )
+    else:
+        out.line(
+            f"{kind} credential for {who} in branch {g.branch}, valid until "
+            f"{common.when(g.expires_at)}; its password is shown once, here:",
+        )
+    rootcert = settings.door_rootcert
     # The one place a credential's password is printed: the admin asked for it, on their own
     # terminal, to hand it on. It is in no log.
-    sys.stdout.write(g.url + "\n")
+    sys.stdout.write(
+        dsn.url(
+            user=g.role,
+            password=g.password,
+            host=g.dsn_host,
+            port=g.dsn_port,
+            database=g.database,
+            sslrootcert=rootcert,
+        )
+        + "\n"
+    )
+    if rootcert == dsn.CERT_DOWNLOAD:
+        out.line(
+            f"It verifies the front door against the door's own certificate: save it as "
+            f"{dsn.CERT_DOWNLOAD} where the client runs (from "
+            f"{dsn.certificate_url(settings.page_origin)}, or this host's "
+            f"{settings.home / 'door' / tls.CERT_NAME}; `pgoverlay doctor` shows its "
+            "fingerprint)."
+        )
     return 0
 
 
@@ -84,6 +114,12 @@ def register(sub: Subcommands) -> None:
     grant.add_argument("--github-login", metavar="LOGIN", help="the person's GitHub login")
     grant.add_argument(
         "--app", action="store_true", help="the pull request's preview app's role instead"
+    )
+    grant.add_argument(
+        "--rotate",
+        action="store_true",
+        help="with --app: a new password (the deployed preview's stops working); without it, "
+        "the app's credential is renewed as it is",
     )
     grant.add_argument(
         "--read-only", action="store_true", help="read everything, write nothing (Postgres 14+)"

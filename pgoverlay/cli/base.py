@@ -26,8 +26,6 @@ def cmd_seed(args: argparse.Namespace) -> int:
         raise ConfigError("base seed needs exactly one of --from DSN or --demo")
     if args.mask and args.no_mask:
         raise ConfigError("base seed takes --mask RULES or --no-mask, not both")
-    if args.demo and args.mask:
-        raise ConfigError("--mask works with --from DSN; the demo's data is made up already")
     if args.password_file and args.demo:
         raise ConfigError("--password-file works with --from DSN; the demo needs no password")
     from pgoverlay.runner import seed
@@ -62,7 +60,13 @@ def cmd_seed(args: argparse.Namespace) -> int:
             from pgoverlay.runner import demo  # its sample data: only for the demo
 
             base = demo.seed_demo(
-                p, args.name, scale=args.scale, refresh=args.refresh, progress=update
+                p,
+                args.name,
+                scale=args.scale,
+                refresh=args.refresh,
+                progress=update,
+                mask=args.mask,
+                mask_progress=common.mask_progress(bar) if args.mask else None,
             )
         else:
             base = seed.seed(

@@ -113,21 +113,6 @@ def when(epoch: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
 
 
-def as_root(command: str, *, euid: int | None = None, sudo: str | None = None) -> str:
-    """``command`` as the person reading it runs it as root: as it is when they are root (the
-    demo and the admin's commands run as root), after ``sudo`` for another user where sudo is
-    installed, else with a word that it is root's. ``euid`` and ``sudo`` (sudo's path, '' for
-    none) default to this process's and the ``PATH``'s."""
-    import shutil
-
-    if (os.geteuid() if euid is None else euid) == 0:
-        return command
-    found = shutil.which("sudo") if sudo is None else sudo
-    if found:
-        return f"sudo {command}"
-    return f"{command} (as root)"
-
-
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 

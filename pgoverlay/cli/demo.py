@@ -17,16 +17,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from pgoverlay.action.insight import locks
+    from pgoverlay.runner import demo
     from pgoverlay.runner.demo import job as demo_run
     from pgoverlay.runner.units import format_bytes
 
     p = common.pool()
     bar, update = common.seed_progress()
+    rules = None if args.no_mask else demo.masking_rules()
     with bar:
-        result = demo_run.run(p, branch_name=args.branch, scale=args.scale, progress=update)
+        result = demo_run.run(
+            p,
+            branch_name=args.branch,
+            scale=args.scale,
+            progress=update,
+            mask=rules,
+            mask_progress=common.mask_progress(bar) if rules else None,
+        )
+    masked = result.base.masked
     out.print(
         f"[bold]base[/] {result.base.name} v{result.base.version}: "
-        f"{format_bytes(result.base.size_bytes)} of sample data"
+        f"{format_bytes(result.base.size_bytes)} of sample data, "
+        + (f"masked by {result.base.mask_rules}" if masked else "not masked")
     )
     out.print(f"[bold]branch[/] {result.branch.name} on port {result.branch.port}")
     for m in result.migrations:
@@ -56,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for step, seconds in result.timings.items():
         out.print(f"  {step}: {seconds:.2f} s")
     out.print(f'[bold]connect[/] psql "$(pgoverlay branch connect {result.branch.name})"')
-    _way_in(p, result.branch.name, masked=bool(result.base.mask_sha256))
+    _way_in(p, result.branch.name, masked=masked)
     out.print(f"[bold]destroy[/] pgoverlay branch destroy {result.branch.name}")
     failed = any(m.status == "failed" for m in result.migrations)
     return MigrationError.exit_code if failed else 0
@@ -67,20 +78,30 @@ def _way_in(p: Pool, name: str, *, masked: bool) -> None:
     from pgoverlay.runner.demo import door
 
     settings = p.settings
-    reached = door.connect(p, name)
+    reached = door.connect(p, name, masked=masked)
     out.print(
         f"[bold]front door[/] {reached.started}; a preview app's credential connected as "
         f"{reached.role} to {reached.database} over TLS ({reached.sslmode}) and saw "
-        f"{reached.tables} tables"
+        f"{reached.tables} tables",
+        highlight=False,
     )
     if reached.fingerprint:
-        out.print(f"  its own certificate, SHA-256 {reached.fingerprint}")
+        out.print(f"  its own certificate, SHA-256 {reached.fingerprint}", highlight=False)
+    seen = reached.reviewer
+    if seen is not None:
+        out.print(
+            f"[bold]reviewer[/] a read-only credential for GitHub user {seen.role} connected "
+            f"the same way and read {seen.customers:,} customers, "
+            f"{seen.made_up_emails:,} of their emails made up (@example.com)",
+            highlight=False,
+        )
     out.print(
         f"[bold]way in[/] {settings.page_url(name)} (GitHub sign-in, once "
-        "PGOVERLAY_OAUTH_CLIENT_ID is set), or by hand: "
-        + common.as_root(f"pgoverlay access grant {name} --github-login YOUR-LOGIN")
+        "PGOVERLAY_OAUTH_CLIENT_ID is set), or by hand, as root: "
+        f"pgoverlay access grant {name} --github-login YOUR-LOGIN --read-only",
+        highlight=False,
     )
-    if not masked and not settings.access_unmasked:
+    if seen is None:
         out.print(
             "  its base is not masked: personal credentials need "
             "PGOVERLAY_ACCESS_UNMASKED=true (the admin's choice for production's data)"
@@ -93,4 +114,10 @@ def register(sub: Subcommands) -> None:
     )
     demo_cmd.add_argument("--scale", type=int, default=10)
     demo_cmd.add_argument("--branch", default="demo")
+    demo_cmd.add_argument(
+        "--no-mask",
+        action="store_true",
+        help="seed the demo base without its masking rules (then no reviewer gets a credential "
+        "unless PGOVERLAY_ACCESS_UNMASKED=true)",
+    )
     demo_cmd.set_defaults(func=cmd_demo)

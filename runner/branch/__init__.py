@@ -27,6 +27,7 @@ from pgoverlay.errors import (
     PgoverlayError,
     PoolFullError,
     PortsExhaustedError,
+    TimeoutExpiredError,
 )
 from pgoverlay.runner import safefs
 from pgoverlay.runner.branch import sizes
@@ -309,15 +310,34 @@ def _check_listening(pool: Pool, branch: Branch) -> None:
     )
 
 
+# A server told to read its pg_hba.conf again (``restart``) may still refuse a login it is about
+# to admit: Postgres 16's postmaster reads it in its main loop, not at the signal.
+RELOAD_WAIT = 5.0
+
+
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
     import psycopg
 
+    from pgoverlay.runner import polling
+
+    def logged_in(*, last: bool = False) -> bool | None:
+        try:
+            with psycopg.connect(
+                **connection(pool, branch).connect_kwargs(), connect_timeout=10
+            ) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.OperationalError as err:
+            if "pg_hba.conf rejects" in str(err) and not last:
+                return None
+            raise
+        return True
+
     try:
-        with psycopg.connect(
-            **connection(pool, branch).connect_kwargs(), connect_timeout=10
-        ) as conn:
-            conn.execute("SELECT 1")
+        try:
+            polling.wait_for(logged_in, timeout=RELOAD_WAIT, what=f"branch {branch.name}'s login")
+        except TimeoutExpiredError:
+            logged_in(last=True)  # once more: its refusal is the error
     except psycopg.Error as err:
         if "No space left on device" in str(err):
             # The first session copies a catalog file up into the layer: on a full pool that
@@ -355,6 +375,7 @@ def _give_login(
     secret: Future[str] | None,
     *,
     fresh: bool = True,
+    then: Callable[[psycopg.Connection[Any]], None] | None = None,
 ) -> None:
     """A created or reset branch's password: one ``ALTER ROLE`` with its SCRAM verifier
     (``secret``, computed while the server started; None: computed here), whose commit does not
@@ -362,7 +383,9 @@ def _give_login(
     password again after a crash). A base prepared for another login role name has no role of
     this one: in a ``fresh`` branch (the base's files, no PR code run yet) it is then made in
     full (``roles.set_login``, whose DDL would fire event triggers); in a restarted one, whose
-    role existed, that is refused: the engine runs no DDL where PR code has run."""
+    role existed, that is refused: the engine runs no DDL where PR code has run. ``then`` is
+    called with the same connection afterwards (a restart's ``reconcile``: one session, not
+    two, before the branch admits clients)."""
     import psycopg
 
     from pgoverlay.runner.postgres import roles, sqlerror
@@ -382,6 +405,7 @@ def _give_login(
         ),
         _engine_connection(pool, branch, base) as conn,
     ):
+        given = False
         if verifier is not None:
             try:
                 roles.set_password(
@@ -392,7 +416,7 @@ def _give_login(
                     createrole=pool.settings.branch_createrole,
                     flush=False,
                 )
-                return
+                given = True
             except psycopg.errors.UndefinedObject:
                 if not fresh:
                     raise BranchStartError(
@@ -400,14 +424,17 @@ def _give_login(
                         f"from it: reset the branch (`pgoverlay branch reset {branch.name}`)"
                     ) from None
                 # no such role in this base: made below
-        roles.set_login(
-            conn,
-            user=branch.user,
-            password=branch.password,
-            superuser=pool.settings.branch_superuser,
-            createrole=pool.settings.branch_createrole,
-            refresh=False,
-        )
+        if not given:
+            roles.set_login(
+                conn,
+                user=branch.user,
+                password=branch.password,
+                superuser=pool.settings.branch_superuser,
+                createrole=pool.settings.branch_createrole,
+                refresh=False,
+            )
+        if then is not None:
+            then(conn)
 
 
 def _mount_and_start(
@@ -758,16 +785,42 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
 
 
 def restart(pool: Pool, branch: Branch) -> None:
-    """Bring a ready branch whose server is gone (a reboot, a crash) back up, with its password
-    set again: a claim's did not wait for the WAL flush (see ``_claim_login``)."""
+    """Bring a ready branch whose server is gone (a reboot, a crash, a suspend) back up, with
+    its password set again (a claim's did not wait for the WAL flush, see ``_claim_login``)
+    and its roles made what the registry says (``reconcile``: a credential revoked or expired
+    meanwhile is dropped, a password changed in SQL set back) while its server admits the
+    engine alone; then it admits its clients."""
+    from pgoverlay.runner.branch import reconcile
+    from pgoverlay.runner.postgres import sqlerror
+
     base = base_of(pool, branch)
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime, check=True)
     _make_socket_dir(pool, lay)
-    write_conf(pool, lay, user=branch.user, superuser=base.superuser, database=branch.database)
+    names: dict[str, Any] = {
+        "user": branch.user,
+        "superuser": base.superuser,
+        "database": branch.database,
+    }
+    write_conf(pool, lay, **names, engine_only=True)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
     rt.start(lay, options=server_options(pool, lay, branch))
-    _give_login(pool, base, branch, None, fresh=False)
+
+    def settle(conn: psycopg.Connection[Any]) -> None:
+        fault(pool, "restart:password")
+        with sqlerror.wrapped(
+            BranchStartError,
+            what=f"branch {branch.name} started but its roles could not be made what the "
+            "registry says",
+            fix="`pgoverlay gc` tries again; if it fails again, the base's superuser "
+            f"{base.superuser} must be able to log in over the branch's socket",
+        ):
+            # its password was just set: only the credentials are to check
+            reconcile.reconcile(pool, branch, base, conn, branch_password=False)
+            write_conf(pool, lay, **names)
+            conn.execute("SELECT pg_reload_conf()")
+
+    _give_login(pool, base, branch, None, fresh=False, then=settle)
     _check_ready(pool, branch)
 
 

@@ -108,15 +108,26 @@ def ssl_options(pool: Pool) -> dict[str, str]:
     }
 
 
-def hba(*, user: str, superuser: str, database: str) -> str:
+def hba(*, user: str, superuser: str, database: str, engine_only: bool = False) -> str:
     """Who may connect: the engine as the base's bootstrap superuser on the private socket, the
     branch login role over TCP with its password, and the credentials granted in the branch
     (members of ``ACCESS_ROLE``: a person's or a preview app's role, see ``grants``) over TCP
     with theirs, to the branch's own database only. Nobody else, whatever the base's roles: a
     base's own roles have no login or password left (``seed.lockdown``), so a role of the base
-    that happened to be a member of a role named ``ACCESS_ROLE`` still cannot log in."""
+    that happened to be a member of a role named ``ACCESS_ROLE`` still cannot log in.
+
+    ``engine_only``: the engine alone, while a branch that ran before starts again and its
+    roles are made what the registry says (``reconcile``): a role its data still holds (a
+    credential revoked while it was suspended) or a password changed in SQL never logs in."""
     for role in (user, superuser, database):
         check_hba_name(role)
+    if engine_only:
+        return (
+            f'local all "{superuser}" trust\n'
+            "local all all reject\n"
+            "host all all 0.0.0.0/0 reject\n"
+            "host all all ::/0 reject\n"
+        )
     return (
         # The socket directory is 0700 and owned by the branch's OS user: only that user
         # (and root) reach the trusted socket.
@@ -131,11 +142,21 @@ def hba(*, user: str, superuser: str, database: str) -> str:
     )
 
 
-def write_conf(pool: Pool, lay: Layout, *, user: str, superuser: str, database: str) -> None:
+def write_conf(
+    pool: Pool,
+    lay: Layout,
+    *,
+    user: str,
+    superuser: str,
+    database: str,
+    engine_only: bool = False,
+) -> None:
     files = {
         # The base's own postgresql.conf, if it has one, is kept; the command line outranks it.
         "postgresql.conf": f"include_if_exists '{lay.data / 'postgresql.conf'}'\n",
-        "pg_hba.conf": hba(user=user, superuser=superuser, database=database),
+        "pg_hba.conf": hba(
+            user=user, superuser=superuser, database=database, engine_only=engine_only
+        ),
         "pg_ident.conf": "",
     }
     # Root's files in root's directory: the branches' user reads them and changes nothing.

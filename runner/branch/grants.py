@@ -11,7 +11,9 @@ Invariants:
   a role named ``ACCESS_ROLE`` without the engine's comment is refused the same way.
 - The password is made here (``secrets.token_urlsafe``) and only its SCRAM verifier, computed
   in this process, reaches the server (in a statement the session does not log) and the
-  registry; the password itself is returned once, to be shown once, and never logged.
+  registry; a person's password itself is returned once, to be shown once, and never logged.
+  The preview app's is kept in the registry (root's, as the branch's own password is), so that
+  each job of the pull request renews the deployed credential rather than replacing it.
 - Every grant is in the registry's ``grants`` table (who, which role, read-only or not, until
   when, who asked), so `access list`, gc and the audit know it without starting the branch;
   the rows go with their branch (``ON DELETE CASCADE``), as the roles go with its data. A reset
@@ -20,10 +22,12 @@ Invariants:
 - Each grant, revoke and expiry is a line of the audit log (``audit.ENGINE_LOG``): who asked,
   the login, the branch, read-only or not, the expiry. Never a password or a verifier.
 - A grant, a revoke and an expiry each hold the branch's file lock, so none of them races a
-  reset or a destroy of the same branch. A grant is recorded before its role is made and a
-  revoke forgets it after its role is dropped: a process killed in between leaves a row whose
-  role may be missing (gc forgets it at its expiry; a revoke, or a grant again, mends it at
-  once), never a role the registry does not know.
+  reset or a destroy of the same branch. A grant is recorded before its role is made, and a
+  revoke forgets it before its role is dropped: the registry is the truth, and a branch's
+  roles are made what it says (``reconcile``) before its server admits anyone after a start
+  (a wake, a restart), when a job asks for its password, and at every gc. So a revoke or an
+  expiry while the branch is suspended, or a process killed between the steps, never leaves a
+  login the registry does not know past the branch's next start or the next gc.
 
 The branch's pg_hba.conf admits the members of ``ACCESS_ROLE`` to the branch's database over
 TCP with SCRAM (``conf.hba``); a branch whose file predates that line gets today's file and a
@@ -70,6 +74,7 @@ class Granted:
 
     grant: StoredGrant
     password: str = field(repr=False)
+    renewed: bool = False  # the preview app's credential, as deployed, given a new expiry
 
 
 def role_for_login(login: str) -> str:
@@ -141,6 +146,7 @@ def grant(
     read_only: bool = False,
     ttl: float | None = None,
     app: bool = False,
+    rotate: bool = False,
     uid: int = 0,
     vouched_by: str | None = None,
 ) -> Granted:
@@ -149,6 +155,12 @@ def grant(
     ``access_ttl``, at most ``access_max_ttl``). Granting a login again replaces its password,
     expiry and read-only-ness. ``uid`` asked for it, on behalf of ``vouched_by`` when the front
     door did (``github:LOGIN``).
+
+    The preview app's credential is the one a deployment holds (the Action's `database-url`):
+    it lasts as long as the branch (until the branch's expiry, at most ``access_max_ttl``; a
+    ``ttl`` asks for less), and asking for it again (each job of the pull request, or an
+    admin's ``--app``) renews that one: same password, a new expiry. Only ``rotate`` mints a
+    new password, which the deployed preview loses (its open sessions stay until they end).
 
     Read-write: the role is a member of the branch's login role (INHERIT), so it may do what a
     migration may. Read-only: a member of ``pg_read_all_data`` (Postgres 14 and later), with
@@ -171,7 +183,12 @@ def grant(
             raise RequestError("login: an app credential names no login (its role is the app's)")
     elif login is None:
         raise RequestError("login: name the GitHub login to grant to (or ask for an app role)")
-    seconds = _ttl(pool, ttl)
+    elif rotate:
+        raise RequestError(
+            "rotate: only the preview app's credential is renewed when asked again; a person's "
+            "gets a new password at each grant (ask without rotate)"
+        )
+    seconds = _ttl(pool, ttl if ttl is not None or not app else s.access_max_ttl)
     with _lock(pool, name):
         b, base = _running(pool, name)
         role = app_role(b) if app else role_for_login(str(login))
@@ -189,20 +206,30 @@ def grant(
             )
         from pgoverlay.runner.postgres import roles
 
-        password = secrets.token_urlsafe(24)
         now = time.time()
+        until = now + seconds
+        if app and ttl is None and b.expires_at is not None:
+            until = min(until, max(b.expires_at, now))  # as long as the branch
+        kept = None if rotate else _renewable(pool.registry.grant(name, role), now=now)
+        if kept is not None and kept.read_only == read_only:
+            password, verifier = kept.password, kept.verifier
+        else:
+            password = secrets.token_urlsafe(24)
+            verifier = roles.scram_verifier(password)
         made = StoredGrant(
             branch=name,
             role=role,
             login=role,
             read_only=read_only,
             app=app,
-            verifier=roles.scram_verifier(password),
+            verifier=verifier,
             # whole seconds: the role's VALID UNTIL says the same instant as the registry
-            expires_at=float(int(now + seconds)),
+            expires_at=float(int(until)),
             granted_by=vouched_by or f"uid:{uid}",
             granted_at=now,
+            password=password if app else "",
         )
+        renewed = kept is not None and kept.verifier == verifier
         # Recorded first: a role the branch may hold is one the registry knows (gc revokes it
         # at its expiry, whatever became of this process). A grant that fails puts the row
         # back as it was.
@@ -235,9 +262,24 @@ def grant(
         read_only=read_only,
         app=app,
         expires_at=_iso(made.expires_at),
+        renewed=renewed,
     )
-    log.info("granted %s in branch %s until %s", role, name, _iso(made.expires_at))
-    return Granted(grant=made, password=password)
+    log.info(
+        "%s %s in branch %s until %s",
+        "renewed" if renewed else "granted",
+        role,
+        name,
+        _iso(made.expires_at),
+    )
+    return Granted(grant=made, password=password, renewed=renewed)
+
+
+def _renewable(found: StoredGrant | None, *, now: float) -> StoredGrant | None:
+    """``found`` when it is a preview app's credential that asking again renews: unexpired,
+    and its password kept (one granted by an earlier release is replaced)."""
+    if found is None or not found.app or not found.password or found.expires_at <= now:
+        return None
+    return found
 
 
 def _marker(conn: psycopg.Connection[Any], name: str) -> None:
@@ -366,36 +408,49 @@ def revoke(
     lock_wait: float | None = None,
 ) -> bool:
     """Take ``login``'s credential (a GitHub login, or the app role's name) out of branch
-    ``name``: its open sessions end, then its role is dropped, what it owned given to the
-    branch's login role. False when it had none. A branch that is not running keeps the role
-    in its data, with its expiry, until it runs again; the grant is forgotten either way."""
+    ``name``: it is forgotten first, then, in a running branch, its open sessions end and its
+    role is dropped, what it owned given to the branch's login role. False when it had none.
+
+    Whatever the branch's state, a credential that is forgotten is gone at the next login: a
+    branch that is not running drops the role before its server admits anyone again
+    (``reconcile``, at its wake or restart), and a revoke killed after forgetting, or whose
+    drop failed, leaves a role that the next gc, a revoke again or the next wake drops."""
     role = login.lower()
     with _lock(pool, name, timeout=lock_wait):
         found = pool.registry.grant(name, role)
-        if found is None:
-            return False
         b = branches.get(pool, name)
+        if found is not None:
+            pool.registry.delete_grant(name, role)
+            fault(pool, "revoke:forgotten")
         base = pool.registry.base(b.base_name, b.base_version)
         if b.state == "ready" and base is not None and branches.is_running(pool, b):
             with (
-                _sql_failed(name, f"the role {role} could not be dropped"),
+                _sql_failed(
+                    name,
+                    f"the credential {role} is forgotten, but its role could not be dropped "
+                    "(the next gc drops it)",
+                ),
                 branches._engine_connection(pool, b, base) as conn,
             ):
-                _drop(conn, role, branch_user=b.user)
-        fault(pool, "revoke:dropped")
-        pool.registry.delete_grant(name, role)
+                dropped = _drop(conn, role, branch_user=b.user)
+            if found is None and dropped:  # a revoke killed after forgetting: finished here
+                log.info("%s: %s in branch %s (a role its grant had left)", event, role, name)
+                return True
+    if found is None:
+        return False
     _audit_gone(pool, event, found, branch=name, uid=uid)
     log.info("%s: %s in branch %s", event, role, name)
     return True
 
 
-def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> None:
+def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> bool:
     """Drop pgoverlay's ``role``: no new login first, then its sessions are ended (and waited
-    for), then what it owns goes to ``branch_user`` and the role goes."""
+    for), then what it owns goes to ``branch_user`` and the role goes. False when there was no
+    such role of pgoverlay's."""
     from psycopg import sql
 
     if not _ours(conn, role):
-        return  # gone already (a reset before grants were kept), or never ours: left alone
+        return False  # gone already, or never ours: left alone
     ident = sql.Identifier(role)
     conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(ident))
     conn.execute(
@@ -409,6 +464,7 @@ def _drop(conn: psycopg.Connection[Any], role: str, *, branch_user: str) -> None
         )
         conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
         conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+    return True
 
 
 def listed(pool: Pool, name: str) -> list[StoredGrant]:

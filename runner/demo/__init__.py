@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -19,12 +20,22 @@ from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster, postmaster, sqlerror
 
+if TYPE_CHECKING:
+    from pgoverlay.runner.mask import Progress as MaskProgress
+
 DEFAULT_SCALE = 10
 DEMO_OWNER = "shop_owner"
 
 
 def source_dir(pool: Pool, name: str) -> Path:
     return pool.tmp / f"demo-source-{name}"
+
+
+def masking_rules() -> Path:
+    """The demo's masking rules (its customers' emails, names and phones), shipped with it."""
+    import pgoverlay.examples
+
+    return Path(pgoverlay.examples.__file__).parent / "masking-rules.yml"
 
 
 def seed_demo(
@@ -34,8 +45,11 @@ def seed_demo(
     scale: int = DEFAULT_SCALE,
     refresh: bool = False,
     progress: seed.Progress | None = None,
+    mask: Path | None = None,
+    mask_progress: MaskProgress | None = None,
 ) -> BaseVersion:
-    """Build a local source with sample data, seed base ``name`` from it, throw the source away."""
+    """Build a local source with sample data, seed base ``name`` from it (masked by the rules
+    file ``mask``, as a production source would be), throw the source away."""
     install = pgbin.newest(pool.settings.pg_bindir)
     work = source_dir(pool, name)
     cleanup_source(pool, name)
@@ -61,7 +75,15 @@ def seed_demo(
                 user="postgres",
                 dbname=demo_data.DEMO_DATABASE,
             )
-            return seed.seed(pool, name, source_dsn=dsn, refresh=refresh, progress=progress)
+            return seed.seed(
+                pool,
+                name,
+                source_dsn=dsn,
+                refresh=refresh,
+                progress=progress,
+                mask=mask,
+                mask_progress=mask_progress,
+            )
     finally:
         cleanup_source(pool, name)
 

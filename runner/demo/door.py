@@ -3,19 +3,36 @@
 The front door is started (it drops to its own user once its ports are bound), the branch gets
 the application credential a pull request's `database-url` carries, and one query goes through
 the door over TLS, verified against the door's certificate (its own self-signed one unless the
-admin set theirs). The credential is dropped again: the demo shows the way in, it does not leave
-a password behind. What a person does next (the branch page, or a credential by hand) is
-printed by the command.
+admin set theirs). On a masked base a reviewer's read-only credential, as the branch page or
+`access grant` gives one, goes through the door too and reads the made-up customers. Each
+credential is dropped again: the demo shows the way in, it does not leave a password behind.
+What a person does next (the branch page, or a credential by hand) is printed by the command.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from pgoverlay.runner.pool import Pool
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.service.engine import LocalEngine
+
+
+REVIEWER = "demo-reviewer"  # the GitHub login the demo grants a reviewer's credential to
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """What a reviewer's read-only credential saw through the door: the customers, and how
+    many of their emails are made up (the masked base's)."""
+
+    role: str
+    customers: int
+    made_up_emails: int
 
 
 @dataclass(frozen=True)
@@ -26,9 +43,14 @@ class ThroughTheDoor:
     tables: int
     sslmode: str
     fingerprint: str | None  # the self-signed certificate's, for a person to check
+    reviewer: Reviewer | None  # None: the base is not masked, and the admin gives no
+    # personal credential on production data
 
 
-def connect(pool: Pool, branch: str) -> ThroughTheDoor:
+def connect(pool: Pool, branch: str, *, masked: bool) -> ThroughTheDoor:
+    """The door started, and ``branch`` reached through it, verified, with a preview app's
+    credential and (``masked``, or the admin allows it) a reviewer's read-only one; both are
+    revoked again."""
     from pgoverlay.runner.door import serve, tls
     from pgoverlay.runner.service.engine import LocalEngine
     from pgoverlay.runner.service.models import GrantRequest
@@ -36,7 +58,6 @@ def connect(pool: Pool, branch: str) -> ThroughTheDoor:
     settings = pool.settings
     started = serve.start(settings)
     engine = LocalEngine(pool)
-    grant = engine.grant(branch, GrantRequest(app=True))
     params: dict[str, Any] = {
         "host": settings.door_name,
         "hostaddr": "127.0.0.1"
@@ -44,19 +65,21 @@ def connect(pool: Pool, branch: str) -> ThroughTheDoor:
         else settings.door_address,
         "port": settings.door_port,
         "dbname": branch,
-        "user": grant.role,
-        "password": grant.password,
         "connect_timeout": 10,
+        "sslmode": "verify-full",
     }
     fingerprint = None
     if settings.door_cert_file is None:  # the door's own: verified against that very file
         cert = serve.door_dir(settings) / tls.CERT_NAME
-        params |= {"sslmode": "verify-full", "sslrootcert": str(cert)}
+        params["sslrootcert"] = str(cert)
         fingerprint = tls.fingerprint(cert)
-    else:  # the admin's, for a CA the system trusts: libpq 15 cannot name the system's store
-        params |= {"sslmode": "require"}
+    else:  # the admin's, signed by an authority this host trusts
+        from pgoverlay.runner.service.netclient import trust_file
+
+        params["sslrootcert"] = trust_file(None)
+    grant = engine.grant(branch, GrantRequest(app=True))
     try:
-        with psycopg.connect(**params) as conn:
+        with psycopg.connect(**params, user=grant.role, password=grant.password) as conn:
             row = conn.execute(
                 "SELECT current_user, (SELECT pg_catalog.count(*) FROM information_schema.tables"
                 " WHERE table_schema = 'public')"
@@ -65,6 +88,9 @@ def connect(pool: Pool, branch: str) -> ThroughTheDoor:
         engine.revoke(branch, grant.role)
     if row is None:  # pragma: no cover - a SELECT without FROM has its row
         raise RuntimeError("the query through the front door returned no row")
+    reviewer = None
+    if masked or settings.access_unmasked:
+        reviewer = _review(engine, branch, params)
     return ThroughTheDoor(
         started=started,
         role=str(row[0]),
@@ -72,4 +98,24 @@ def connect(pool: Pool, branch: str) -> ThroughTheDoor:
         tables=int(row[1]),
         sslmode=params["sslmode"],
         fingerprint=fingerprint,
+        reviewer=reviewer,
     )
+
+
+def _review(engine: LocalEngine, branch: str, params: dict[str, Any]) -> Reviewer:
+    """A reviewer's read-only credential, as `access grant` or the page gives it, used through
+    the door and revoked."""
+    from pgoverlay.runner.service.models import GrantRequest
+
+    grant = engine.grant(branch, GrantRequest(login=REVIEWER, read_only=True))
+    try:
+        with psycopg.connect(**params, user=grant.role, password=grant.password) as conn:
+            row = conn.execute(
+                "SELECT current_user, pg_catalog.count(*), pg_catalog.count(*) FILTER"
+                " (WHERE email LIKE '%@example.com') FROM customers"
+            ).fetchone()
+    finally:
+        engine.revoke(branch, grant.role)
+    if row is None:  # pragma: no cover - an aggregate has its row
+        raise RuntimeError("the reviewer's query through the front door returned no row")
+    return Reviewer(role=str(row[0]), customers=int(row[1]), made_up_emails=int(row[2]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgoverlay.action import migrations
 from pgoverlay.action.insight.model import Thresholds
@@ -21,6 +22,9 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.service.engine import LocalEngine
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.mask import Progress as MaskProgress
 
 
 def examples_dir() -> Path:
@@ -45,12 +49,24 @@ def run(
     base_name: str = "demo",
     scale: int = demo.DEFAULT_SCALE,
     progress: seed.Progress | None = None,
+    mask: Path | None = None,
+    mask_progress: MaskProgress | None = None,
 ) -> DemoRun:
+    """The demo on base ``base_name``, seeded (masked by the rules file ``mask``) if it is
+    missing, or if it is not masked and ``mask`` is given."""
     timings: dict[str, float] = {}
     started = time.monotonic()
     base = pool.registry.latest_base(base_name)
-    if base is None:
-        base = demo.seed_demo(pool, base_name, scale=scale, progress=progress)
+    if base is None or (mask is not None and not base.mask_sha256):
+        base = demo.seed_demo(
+            pool,
+            base_name,
+            scale=scale,
+            progress=progress,
+            mask=mask,
+            mask_progress=mask_progress,
+            refresh=base is not None,
+        )
         timings["seed demo base"] = time.monotonic() - started
     if pool.registry.branch(branch_name) is not None:
         mark = time.monotonic()

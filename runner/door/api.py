@@ -10,10 +10,11 @@ Each request:
    issuer unreachable: 503.
 2. The pool's policy (``policy.Policy.admit``) asked of the verified identity. Refused: 403
    naming the policy's rule and the fix.
-3. The engine asked through its socket (``client.RemoteEngine``) with the verified repository
-   and its id in the ``vouch`` headers, and the policy's limits for it: the engine creates the
-   branch for that repository id and refuses it every branch not created for the same id. The
-   ``repository`` a request's body names is ignored there.
+3. The engine asked through its socket (``client.RemoteEngine``), forwarding the token itself
+   in the ``vouch`` headers: the engine verifies it again and asks the same policy
+   (``service.witness``), so a door that is taken gets nothing for a repository whose token it
+   does not hold. It creates the branch for the token's repository id and refuses it every
+   branch not created for the same id. The ``repository`` a request's body names is ignored.
 
 A caller that is not a job (the webhook listener on another host) sends instead an API token
 the admin issued (``pgo_...``, ``service.tokens``) and names, in each request, the repository
@@ -48,10 +49,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.oidc import Identity, Verifier
-from pgoverlay.runner.door.policy import Decision, Policy
+from pgoverlay.runner.door.policy import Policy
 from pgoverlay.runner.door.refusals import Refusals, claim_of
-from pgoverlay.runner.service import acting, limits, tokens
+from pgoverlay.runner.service import acting, limits, tokens, vouch
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
@@ -79,8 +81,9 @@ from pgoverlay.runner.service.vouch import Vouched
 log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
-# The engine, reached for one verified repository (the door: a RemoteEngine on the socket).
-EngineFor = Callable[[Vouched], RemoteEngine]
+# The engine, reached with the caller's credential (an OIDC token, or an API token and the
+# repository its listener names), which the engine verifies itself: a RemoteEngine on the socket.
+EngineFor = Callable[[str, "acting.Acting | None"], RemoteEngine]
 
 
 def status(err: PgoverlayError) -> int:
@@ -111,45 +114,19 @@ def bearer(header: str | None) -> str:
 
 def vouched_for(identity: Identity, policy: Policy) -> Vouched:
     """What the door vouches for ``identity``'s job if the policy admits it; PolicyError
-    naming the rule and the fix otherwise."""
-    decision = policy.admit(identity)
-    return _vouched(identity.repository, identity.repository_id, decision, who="job")
-
-
-def _vouched(repository: str, repository_id: int, decision: Decision, *, who: str) -> Vouched:
-    """What the door vouches for ``who`` of ``repository`` if ``decision`` admits it;
-    PolicyError naming the rule and the fix otherwise."""
-    if not decision.allowed:
-        raise errors.PolicyError(
-            f"the pool's policy does not admit this {who} of {repository} "
-            f"({decision.rule}): {decision.reason}"
-        )
-    return Vouched(
-        repository=repository,
-        repository_id=repository_id,
-        branch_limit=decision.branch_limit,
-        total_limit=decision.total_limit,
+    naming the rule and the fix otherwise (the engine asks the same of the token again)."""
+    return vouch.admitted(
+        identity.repository,
+        identity.repository_id,
+        policy.admit(identity),
+        who="job",
+        pull_request=identity.pull_request,
     )
 
 
-def for_the_tokens_pull_request(body: CreateRequest, identity: Identity) -> CreateRequest:
-    """``body`` for the pull request the token names, when it names one (a ``pull_request``
-    run's ref, ``refs/pull/N/merge``): its ``pr`` is N, and a create that names another is
-    refused. A token that names none (``pull_request_target``, a push) leaves ``pr`` as asked."""
-    number = identity.pull_request
-    if number is None:
-        return body
-    if body.pr is not None and body.pr != number:
-        raise errors.NotOwnerError(
-            f"pr: this job's token is of pull request #{number} of {identity.repository}, not "
-            f"#{body.pr}: a job makes the branch of its own pull request"
-        )
-    return body.replace(pr=number)
-
-
-def _listener_vouched(request: Request, token: str) -> Vouched:
-    """What the door vouches for a request with an API token: the repository it names, if the
-    engine says the token is good for it and the policy admits it. The forks rule is asked
+def _listener_vouched(request: Request, token: str) -> tuple[Vouched, acting.Acting]:
+    """What the door vouches for a request with an API token, and the repository it names, if
+    the engine says the token is good for it and the policy admits it. The forks rule is asked
     on a create alone: it refuses a fork its new branch, never the end of one."""
     create = getattr(request.scope.get("route"), "name", None) == "create"
     named = acting.parse(request.headers, create=create)
@@ -165,7 +142,15 @@ def _listener_vouched(request: Request, token: str) -> Vouched:
         owner_id=named.owner_id,
         from_fork=named.from_fork,
     )
-    return _vouched(named.repository, named.repository_id, decision, who="the listener's request")
+    vouched = vouch.admitted(
+        named.repository,
+        named.repository_id,
+        decision,
+        who="the listener's request",
+        listener=True,
+        from_fork=named.from_fork,
+    )
+    return vouched, named
 
 
 async def _caller(request: Request) -> RemoteEngine:
@@ -192,17 +177,16 @@ async def _verified(request: Request) -> RemoteEngine:
     token = bearer(request.headers.get("authorization"))
     engine_for: EngineFor = request.app.state.engine_for
     if tokens.looks_like(token):
-        vouched = await asyncio.to_thread(_listener_vouched, request, token)
+        vouched, named = await asyncio.to_thread(_listener_vouched, request, token)
         request.state.vouched = vouched
-        request.state.identity = None  # no token's claims: the listener names its pull request
-        return engine_for(vouched)
+        # The engine is sent the token and the repository it names, and checks both itself.
+        return engine_for(token, named)
     verifier: Verifier = request.app.state.verifier
     identity = await asyncio.to_thread(verifier.verify, token)
     request.state.repository = f"{identity.repository} (id {identity.repository_id})"
-    vouched = vouched_for(identity, request.app.state.policy)
-    request.state.vouched = vouched
-    request.state.identity = identity
-    return engine_for(vouched)
+    request.state.vouched = vouched_for(identity, request.app.state.policy)
+    # The engine is sent the token itself, and verifies it again: the door's word is not proof.
+    return engine_for(token, None)
 
 
 Engine = Annotated[RemoteEngine, Depends(_caller)]
@@ -301,6 +285,7 @@ def create_api(
     app_sslmode: str = "verify-full",
     failed_logins: int = 10,
     failed_window: float = 300.0,
+    job_logins: JobLogins | None = None,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
     ``door`` is the engine as the door's own identity (no repository vouched for): it asks
@@ -308,7 +293,9 @@ def create_api(
     Postgres address: a branch's connection is answered through it (its own port is on the
     pool host's loopback); with ``door_https_port`` and ``app_sslmode``
     (``Settings.door_app_sslmode``), they are the way in a workflow's report tells people and
-    programs (``GET /pool``)."""
+    programs (``GET /pool``). ``job_logins``: the router's, told which branch's own role a
+    verified job now logs in with (``joblogins``)."""
+    jobs = job_logins if job_logins is not None else JobLogins()
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -391,8 +378,8 @@ def create_api(
 
     @app.post("/branches", status_code=201)
     def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        identity: Identity | None = request.state.identity
-        return e.create(body if identity is None else for_the_tokens_pull_request(body, identity))
+        vouched: Vouched = request.state.vouched
+        return e.create(body.replace(pr=vouch.for_pull_request(body.pr, vouched)))
 
     @app.get("/branches/{name}")
     def branch(e: Engine, name: Name) -> BranchView:
@@ -407,7 +394,9 @@ def create_api(
 
     @app.post("/branches/{name}/destroy")
     def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-        return e.destroy(name)
+        gone = e.destroy(name)
+        jobs.forget(name)
+        return gone
 
     @app.get("/branches/{name}/size")
     def size(e: Engine, name: Name) -> Layer:
@@ -443,6 +432,7 @@ def create_api(
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:
         own = e.connection(name)
+        jobs.allow(name)  # the job's steps log in as the branch's role, through the door
         # Through the door, which routes by the branch's name as the database (over TLS).
         return Connection(
             host=door_host,

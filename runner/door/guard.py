@@ -1,6 +1,12 @@
 """What the front door counts to protect itself and the branches, sans I/O: connections per
-source address and per branch, failed logins per source in a sliding window, and how long real
+client and per branch, failed logins per client in a sliding window, and how long real
 branches take over each step of a login (the unknown branch's imitation waits as long).
+
+A client is what one party can be assumed to hold: an IPv4 address, or an IPv6 prefix
+(``door_ipv6_prefix`` bits, /64 by default: one site or one host's share of addresses, which
+its owner may use freely). Memory is bounded whatever a client sends: a client's failures are
+its last ``failed_logins`` times (all a ban needs), and the table holds at most
+``MAX_CLIENTS`` clients, sweeping out those whose window passed first.
 
 Nothing here outlives the door's process, and nothing is shared between door processes: a
 restart forgives every source (the window is minutes, so that costs an attacker a restart of
@@ -21,7 +27,7 @@ STEPS = ("sasl", "continue", "final")
 # Until real logins were timed: about what a local branch takes on a quiet machine.
 _FIRST_GUESS = {"sasl": 0.0025, "continue": 0.0003, "final": 0.0004}
 _SAMPLES = 64
-_SWEEP_AT = 10_000  # sources remembered before the failure table is swept of old ones
+MAX_CLIENTS = 10_000  # clients remembered with failures; past it, old ones are swept out
 
 
 def source_of(peer: object) -> str:
@@ -36,6 +42,18 @@ def source_of(peer: object) -> str:
             ip = ip.ipv4_mapped
         return str(ip)
     return str(peer)
+
+
+def client_of(source: str, *, ipv6_prefix: int) -> str:
+    """What the limits count ``source`` (an address as ``source_of`` gives it) as: an IPv4
+    address as itself, an IPv6 address as its ``ipv6_prefix``-bit network (``2001:db8::/64``)."""
+    try:
+        ip = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    if isinstance(ip, ipaddress.IPv6Address) and ipv6_prefix < 128:
+        return str(ipaddress.IPv6Network((ip, ipv6_prefix), strict=False))
+    return str(ip)
 
 
 def is_loopback(source: str) -> bool:
@@ -56,17 +74,39 @@ class Guard:
         self.clock = clock
         self.per_source: Counter[str] = Counter()
         self.per_branch: Counter[str] = Counter()
-        self._failures: dict[str, deque[float]] = {}
+        self._failures: dict[str, deque[float]] = {}  # oldest first, bounded (see the module)
         self._timings = {step: deque[float](maxlen=_SAMPLES) for step in STEPS}
+        self._wrong = deque[tuple[float, float, float]](maxlen=_SAMPLES)
 
     # -- failed logins -----------------------------------------------------------------
 
     def failed(self, source: str) -> None:
         now = self.clock()
-        if len(self._failures) >= _SWEEP_AT:
-            for key in [k for k, q in self._failures.items() if self._prune(q, now) == 0]:
-                del self._failures[key]
-        self._failures.setdefault(source, deque()).append(now)
+        found = self._failures.get(source)
+        if found is None:
+            if len(self._failures) >= MAX_CLIENTS:
+                self._sweep(now)
+            found = self._failures[source] = deque(maxlen=self.failed_logins)
+        found.append(now)
+
+    def forgive(self, source: str) -> None:
+        """Take back ``source``'s latest failure (a wake it caused ended in a good login)."""
+        found = self._failures.get(source)
+        if found:
+            found.pop()
+            if not found:
+                del self._failures[source]
+
+    def _sweep(self, now: float) -> None:
+        for key in [k for k, q in self._failures.items() if self._prune(q, now) == 0]:
+            del self._failures[key]
+        while len(self._failures) >= MAX_CLIENTS:  # all recent: the one that failed least lately
+            oldest = min(self._failures, key=lambda k: self._failures[k][-1])
+            del self._failures[oldest]
+
+    def remembered(self) -> int:
+        """How many failure times the door holds (what the tests of its memory count)."""
+        return sum(len(q) for q in self._failures.values())
 
     def banned(self, source: str) -> bool:
         """Whether ``source`` failed ``failed_logins`` times within the last window."""
@@ -86,11 +126,27 @@ class Guard:
     # -- how long real logins take -------------------------------------------------------
 
     def timed(self, step: str, seconds: float) -> None:
+        """One step of a real login (any outcome) took ``seconds``."""
         self._timings[step].append(seconds)
 
+    def failed_login_timed(self, waits: tuple[float, float, float]) -> None:
+        """A real login that ended in a wrong password waited ``waits`` for its three
+        answers: what the imitation copies whole (a slow fork and a slow verdict come
+        together on a loaded machine, so its steps are not drawn apart)."""
+        self._wrong.append(waits)
+
+    def pauses(self) -> tuple[float, float, float]:
+        """How long the imitation waits before each of its three answers: a recent real wrong
+        password's waits, picked at random; until there is one, each step's own recent times
+        (a guess until there are some)."""
+        if self._wrong:
+            return random.choice(self._wrong)  # noqa: S311 - a delay's shape, not a secret
+        sasl, cont, final = (self.pause(step) for step in STEPS)
+        return sasl, cont, final
+
     def pause(self, step: str) -> float:
-        """How long the imitation waits before answering ``step``: one of the recent real
-        times, picked at random (a guess until there is one)."""
+        """One of the recent real times of ``step``, picked at random (a guess until there is
+        one)."""
         samples = self._timings[step]
         if not samples:
             return _FIRST_GUESS[step]

@@ -40,10 +40,14 @@ class Record:
     """One connection's audit line, filled in as it goes."""
 
     source: str
+    client: str = ""  # what the door's limits count it as: its address, or its IPv6 prefix
     start: str = field(default_factory=auditmod.now)
     user: str = ""
     branch: str = ""
     outcome: str = "no_startup"
+    # a wake this connection caused, counted as a failed login until the login ends: taken
+    # back at a good login, or standing for the failure when it fails
+    wake_counted: bool = False
 
 
 class Login:
@@ -64,26 +68,35 @@ class Login:
         record: Record,
         began: float,
     ) -> bool:
-        """The branch's authentication, passed on: True at AuthenticationOk."""
+        """The branch's authentication, passed on: True at AuthenticationOk. ``began``: when
+        the door started to look the branch up (the imitation's waits count from there too)."""
         exchanged = False
-        nonce = ""
+        first = proto.ClientFirst(nonce="", bare="")
         step, since = "sasl", began
+        waits: list[float] = []  # the client's wait for each answer, as the imitation copies
         while True:
             kind, body = await backend.read_message(cap=BACKEND_CAP)
             if kind == b"E":
                 fields = proto.error_fields(body)
                 sqlstate = fields.get("C", "XX000")
                 if not sqlstate.startswith("28"):
-                    client.write(proto.error_response(sqlstate, fields.get("M", "")))
+                    client.write(
+                        proto.error_response(
+                            sqlstate, fields.get("M", ""), detail=fields.get("D", "")
+                        )
+                    )
                     record.outcome = "branch_error"
                     return False
-                self.guard.failed(record.source)
                 record.outcome = "auth_failed"
                 if exchanged:
-                    self.guard.timed(step, _loop_time() - since)
+                    self.failed(record)
+                    waits.append(_loop_time() - since)
+                    self.guard.timed(step, waits[-1])
+                    if len(waits) == 3:
+                        self.guard.failed_login_timed((waits[0], waits[1], waits[2]))
                     client.write(proto.password_failed(user))
                 else:  # the branch refused the role outright: as if it had asked
-                    await self.imitate(client, user=user, name=name, record=record, refused=True)
+                    await self.imitate(client, user=user, name=name, record=record, began=began)
                 return False
             if kind != b"R":
                 raise proto.StartupError(
@@ -95,17 +108,19 @@ class Login:
                 client.write(proto.message(kind, body))
                 return True
             if code == proto.AUTH_SASL:
-                self.guard.timed(step, _loop_time() - since)
+                waits.append(_loop_time() - since)
+                self.guard.timed(step, waits[-1])
                 client.write(proto.message(kind, body))
-                answer = await sasl_message(client)
-                proto.sasl_initial(answer)
+                answer = await self._answer(client, record)
+                first = self._client_first(record, answer)
                 exchanged = True
             elif code == proto.AUTH_SASL_CONTINUE:
-                self.guard.timed(step, _loop_time() - since)
+                waits.append(_loop_time() - since)
+                self.guard.timed(step, waits[-1])
                 nonce = proto.server_first_nonce(body[4:])
                 client.write(proto.message(kind, body))
-                answer = await sasl_message(client)
-                proto.client_final(answer, nonce=nonce)
+                answer = await self._answer(client, record)
+                self._client_final(record, answer, nonce=nonce, flag=first.flag)
             elif code == proto.AUTH_SASL_FINAL:
                 client.write(proto.message(kind, body))
                 continue
@@ -121,25 +136,73 @@ class Login:
             backend.write(proto.message(b"p", answer))
             since = _loop_time()
 
+    def failed(self, record: Record) -> None:
+        """Count a failed login against the client (a wake it caused stands for it)."""
+        if record.wake_counted:
+            record.wake_counted = False
+        else:
+            self.guard.failed(record.client)
+
+    # A client's SCRAM messages, checked as Postgres checks them: a refusal is a failed login,
+    # on a real branch and an imitated one alike.
+
+    async def _answer(self, client: Channel, record: Record) -> bytes:
+        """The client's next SASL message (a message of another type, or too long, refused)."""
+        try:
+            return await sasl_message(client)
+        except proto.StartupError:
+            self._refused(record)
+            raise
+
+    def _client_first(self, record: Record, answer: bytes) -> proto.ClientFirst:
+        try:
+            return proto.sasl_initial(answer)
+        except proto.StartupError:
+            self._refused(record)
+            raise
+
+    def _client_final(self, record: Record, answer: bytes, *, nonce: str, flag: str) -> None:
+        try:
+            proto.client_final(answer, nonce=nonce, flag=flag)
+        except proto.StartupError:
+            self._refused(record)
+            raise
+
+    def _refused(self, record: Record) -> None:
+        self.failed(record)
+        record.outcome = "refused:scram"
+
     async def imitate(
-        self, client: Channel, *, user: str, name: str, record: Record, refused: bool = False
+        self,
+        client: Channel,
+        *,
+        user: str,
+        name: str,
+        record: Record,
+        began: float,
     ) -> None:
-        """A wrong password's exchange, for a name that is not a branch reachable now.
-        ``refused``: a branch refused the role before asking for a password (the failure is
-        counted already, and the time to the first answer was a real branch's own)."""
-        if not refused:
-            self.guard.failed(record.source)
-            await asyncio.sleep(self.guard.pause("sasl"))
+        """A wrong password's exchange, for a name that is not a branch reachable now, or a
+        role the door does not let in. Each answer is sent when a real branch's would be: a
+        recent real time for that step, counted from where a real login counts it (the first
+        from ``began``, before the lookup, so the lookup's own time is not added twice). The
+        failure counts when a real branch's would: at the verdict, or at a malformed message."""
         record.outcome = record.outcome if record.outcome != "login" else "unknown_branch"
+        sasl_wait, continue_wait, final_wait = self.guard.pauses()
+        await _until(began + sasl_wait)
         client.write(proto.auth_sasl())
-        first = proto.sasl_initial(await sasl_message(client))
+        answer = await self._answer(client, record)
+        since = _loop_time()
+        first = self._client_first(record, answer)
         nonce = first.nonce + base64.b64encode(os.urandom(18)).decode()
         salt = hmac.digest(self._salt_key, f"{name}\0{user}".encode(), hashlib.sha256)[:16]
         server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i={SCRAM_ITERATIONS}"
-        await asyncio.sleep(self.guard.pause("continue"))
+        await _until(since + continue_wait)
         client.write(proto.auth_sasl_continue(server_first.encode()))
-        proto.client_final(await sasl_message(client), nonce=nonce)
-        await asyncio.sleep(self.guard.pause("final"))
+        answer = await self._answer(client, record)
+        since = _loop_time()
+        self._client_final(record, answer, nonce=nonce, flag=first.flag)
+        await _until(since + final_wait)
+        self.failed(record)
         client.write(proto.password_failed(user))
 
 
@@ -151,7 +214,11 @@ async def until_ready(client: Channel, backend: Channel) -> tuple[int, bytes] | 
         kind, body = await backend.read_message(cap=BACKEND_CAP)
         if kind == b"E":
             fields = proto.error_fields(body)
-            client.write(proto.error_response(fields.get("C", "XX000"), fields.get("M", "")))
+            client.write(
+                proto.error_response(
+                    fields.get("C", "XX000"), fields.get("M", ""), detail=fields.get("D", "")
+                )
+            )
             return None
         client.write(proto.message(kind, body))
         if kind == b"K" and len(body) >= 8:
@@ -163,11 +230,16 @@ async def until_ready(client: Channel, backend: Channel) -> tuple[int, bytes] | 
 
 async def sasl_message(client: Channel) -> bytes:
     kind, body = await client.read_message(cap=SASL_CAP)
-    if kind != b"p":
+    if kind != b"p":  # Postgres's words, the type as a number
         raise proto.StartupError(
-            proto.PROTOCOL_VIOLATION, f"expected SASL response, got message type {kind!r}"
+            proto.PROTOCOL_VIOLATION, f"expected SASL response, got message type {kind[0]}"
         )
     return body
+
+
+async def _until(deadline: float) -> None:
+    """Wait until ``deadline`` on the loop's clock (at once when it has passed)."""
+    await asyncio.sleep(max(0.0, deadline - _loop_time()))
 
 
 def _loop_time() -> float:

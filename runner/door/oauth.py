@@ -9,6 +9,14 @@ secret goes in the POST body, never in a URL). The token then answers two questi
 ``permissions`` object, present when a user's token asks). The page keeps the answer and drops
 the token.
 
+Who counts as a reader: GitHub gives every account ``pull`` on a public repository (and every
+member of the enterprise on an internal one), so there the read role says nothing about the
+person: only a role above it (triage or more, which only the repository's people hold) counts.
+On a private repository read is someone's access. ``access_read_permission`` raises the least
+role that counts everywhere; ``access_write_permission`` is the least that gets read-write. The
+collaborator permission endpoint would tell a public repository's read collaborators apart, but
+it answers only a caller with push access, which a reader's own token need not have.
+
 No scope is asked for. A GitHub App's user token has none to ask for: it sees what both the
 app's installation and the user may see, so a GitHub App is how private repositories are
 checked. An OAuth App's token without a scope reads public information only: a private
@@ -37,6 +45,7 @@ from pgoverlay.runner import safefs
 
 Access = Literal["read-write", "read-only"]
 WritePermission = Literal["write", "maintain", "admin", "never"]
+ReadPermission = Literal["read", "triage", "write", "maintain", "admin"]
 
 # GitHub's repository roles, weakest first, and the flag of ``permissions`` each one sets:
 # a role sets its own flag and every weaker one's.
@@ -60,17 +69,35 @@ def role(permissions: Mapping[str, object]) -> str | None:
 
 
 def access(
-    permissions: Mapping[str, object], *, write_permission: WritePermission
+    permissions: Mapping[str, object],
+    *,
+    write_permission: WritePermission,
+    read_permission: ReadPermission = "read",
+    everyone_reads: bool = False,
 ) -> Access | None:
     """What a reader with these ``permissions`` gets: read-write at ``write_permission`` or
-    above (``never``: nobody), read-only below it with at least read, else None (refused)."""
+    above (``never``: nobody), read-only below it from ``read_permission`` up, else None
+    (refused). On a repository ``everyone_reads`` (public, or internal), read is every
+    account's: there the least role that counts is triage, whatever ``read_permission``."""
     held = role(permissions)
     if held is None:
         return None
     order = list(ROLES)
+    least = max(order.index(read_permission), order.index("triage") if everyone_reads else 0)
+    if order.index(held) < least:
+        return None
     if write_permission != "never" and order.index(held) >= order.index(write_permission):
         return "read-write"
     return "read-only"
+
+
+def everyone_reads(repository: Mapping[str, object]) -> bool:
+    """Whether GitHub's answer for a repository says every account (public) or every member of
+    the enterprise (internal) may read it: anything but a plain private repository."""
+    visibility = repository.get("visibility")
+    if isinstance(visibility, str):
+        return visibility != "private"
+    return repository.get("private") is not True
 
 
 def authorize_url(web_url: str, *, client_id: str, redirect_uri: str, state: str) -> str:
@@ -175,10 +202,16 @@ class GitHubSignIn:
         return str(body["login"])
 
     def access(
-        self, token: str, repository: str, *, write_permission: WritePermission
+        self,
+        token: str,
+        repository: str,
+        *,
+        write_permission: WritePermission,
+        read_permission: ReadPermission = "read",
     ) -> Access | None:
         """What the token's user may do on ``repository`` ("owner/name"): None when GitHub
-        does not show it to them (404: private, or gone) or they may not even read it."""
+        does not show it to them (404: private, or gone) or their role there is below what
+        counts (``access``: on a public repository, read is anyone's)."""
         owner, _, name = repository.partition("/")
         path = f"/repos/{quote(owner, safe='')}/{quote(name, safe='')}"
         status, body = self._api(f"GET {path}", path, token)
@@ -189,7 +222,12 @@ class GitHubSignIn:
         permissions = body.get("permissions")
         if not isinstance(permissions, dict):  # not a user's token: it says nothing of the user
             return None
-        return access(permissions, write_permission=write_permission)
+        return access(
+            permissions,
+            write_permission=write_permission,
+            read_permission=read_permission,
+            everyone_reads=everyone_reads(body),
+        )
 
     def _api(self, what: str, path: str, token: str) -> tuple[int, dict[str, Any]]:
         headers = {

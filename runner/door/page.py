@@ -7,8 +7,9 @@ What a request may learn:
 
 - Nothing before sign-in: every ``/b/...`` sends an anonymous reader to GitHub, whether the
   branch exists or not.
-- After sign-in, a reader GitHub shows the branch's repository to gets the page (read-only
-  below ``access_write_permission``, read-write at or above it). A branch that does not exist
+- After sign-in, a reader whose role on the branch's repository counts (``oauth.access``: on a
+  public repository, read is anyone's and does not) gets the page (read-only below
+  ``access_write_permission``, read-write at or above it). A branch that does not exist
   and a repository the reader may not see get the same 404 page, byte for byte.
 - A credential only from a POST carrying the session's CSRF token (a synchronizer token) from
   this page's own origin (``Origin``); its password is in that response's body alone
@@ -28,6 +29,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote
 
@@ -37,7 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay.action import record as pr_record
-from pgoverlay.errors import GitHubError, PgoverlayError
+from pgoverlay.errors import GitHubError, PgoverlayError, UnmaskedAccessError
 from pgoverlay.runner.door import oauth, render
 from pgoverlay.runner.door.render import Credential
 from pgoverlay.runner.door.sessions import SIGN_IN_SECONDS, Session, Sessions
@@ -80,7 +82,9 @@ class PageEngine(Protocol):
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None: ...
     def bases(self) -> list[BaseView]: ...
-    def grant(self, name: str, request: models.GrantRequest) -> GrantAnswer: ...
+    def grant(
+        self, name: str, request: models.GrantRequest, *, reader: str | None = None
+    ) -> GrantAnswer: ...
 
 
 NOT_SET_UP = (
@@ -90,16 +94,19 @@ NOT_SET_UP = (
 )
 
 
-def create_unconfigured() -> FastAPI:
+def create_unconfigured(*, certificate: str | None = None) -> FastAPI:
     """The pages of a door whose admin has not set up sign-in: every path answers 503 with
     what is missing (the Postgres port works as ever; credentials come from `pgoverlay access
-    grant`). Nothing about any branch is said."""
+    grant`), but the door's own certificate (``certificate``, PEM: self-signed), which the
+    strings `access grant` prints verify the door against. Nothing about any branch is said."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
     async def _only(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        if certificate is not None and request.url.path == f"/{render.CERT_DOWNLOAD}":
+            return Response(certificate, media_type="application/x-pem-file")
         nonce = secrets.token_urlsafe(16)
         body = render.message_page(
             "Sign-in is not set up",
@@ -122,10 +129,7 @@ def create_unconfigured() -> FastAPI:
 def page_origin(settings: Settings) -> str:
     """``https://HOST[:PORT]``: where readers reach the page (``Settings.door_name``) and
     GitHub sends them back."""
-    host = settings.door_name
-    host = f"[{host}]" if ":" in host else host  # an IPv6 address
-    port = settings.door_https_port
-    return f"https://{host}" + ("" if port == 443 else f":{port}")
+    return settings.page_origin
 
 
 def quiet_access_log() -> None:
@@ -162,11 +166,14 @@ def create_page(
     fingerprint: str | None = None,
     certificate: str | None = None,
     clock: Callable[[], float] = time.time,
+    audit: Callable[..., None] | None = None,
 ) -> FastAPI:
     """The page's ASGI app. ``secret`` (32 random bytes or more) signs its cookies;
     ``fingerprint`` and ``certificate`` (PEM) are the front door's own certificate's when it is
     self-signed: shown with a credential, and offered for download, as the connection strings'
-    ``sslrootcert``; ``clock`` is for tests. Reads the OAuth client's secret now."""
+    ``sslrootcert``; ``clock`` is for tests; ``audit`` writes a line of the door's audit log
+    (``AuditLog.write``) for every sign-in, refused ones too. Reads the OAuth client's secret
+    now."""
     if not settings.oauth_client_id:
         raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
@@ -204,18 +211,30 @@ def create_page(
         return HTMLResponse(body, status_code=status)
 
     def not_found(request: Request) -> HTMLResponse:
-        """The one answer for a branch that does not exist and one the reader may not see."""
-        return message(
+        """The one answer for a branch that does not exist and one the reader may not see
+        (with who is signed in, and a way out: the same for both)."""
+        session = session_of(request)
+        answer = message(
             request,
             "Not found",
             "There is no branch by this name that you can see. If you expected one, check the "
-            "link, or ask for access to its repository on GitHub.",
+            "link, or ask for access to its repository on GitHub"
+            + (" (or sign out, and in as another GitHub user)." if session else "."),
             404,
+            who=(session.login, session.csrf) if session else None,
         )
+        if session is not None:  # its sign-out form's POST must carry an Origin (below)
+            answer.headers["Referrer-Policy"] = "same-origin"
+        return answer
 
     def session_of(request: Request) -> Session | None:
         sid = sessions.unsign("session", request.cookies.get(SESSION_COOKIE))
         return sessions.get(sid, now=clock())
+
+    def audited(request: Request, event: str, **fields: object) -> None:
+        if audit is not None:
+            source = request.client.host if request.client else ""
+            audit(event, source=source, **fields)
 
     def to_sign_in(name: str) -> RedirectResponse:
         return RedirectResponse(f"/signin?next={quote(_branch_path(name), safe='')}", 303)
@@ -274,6 +293,8 @@ def create_page(
             access=access,
             csrf=session.csrf,
             nonce=request.state.nonce,
+            credentials=masked is not False or settings.access_unmasked,
+            pull_url=_pull_url(settings, view),
         )
         # Its form's POST must carry an Origin: under no-referrer a browser sends "null"
         # instead. same-origin still sends nothing to any other site.
@@ -328,7 +349,20 @@ def create_page(
             vouched_by=f"github:{login}",
         )
         try:
-            answer = await run_in_threadpool(engine.grant, name, grant)
+            # The reader's own GitHub token goes with it: the engine asks GitHub itself.
+            answer = await run_in_threadpool(
+                partial(engine.grant, reader=session.reader_token), name, grant
+            )
+        except UnmaskedAccessError as err:  # the engine's answer names the admin's setting
+            log.warning("page: no credential for %s on branch %s: %s", login, name, err)
+            return message(
+                request,
+                "No credential",
+                "This branch holds production data, and this host gives no personal "
+                "credential on such branches: ask the runner's admin.",
+                409,
+                link=(_branch_path(name), "Back"),
+            )
         except PgoverlayError as err:
             log.warning("page: no credential for %s on branch %s: %s", login, name, err)
             return message(
@@ -396,6 +430,7 @@ def create_page(
         browser = sessions.unsign("browser", request.cookies.get(STATE_COOKIE))
         started = sessions.finish(state, browser=browser, now=clock())
         if started is None:
+            audited(request, "page_sign_in", outcome="refused:state")
             return message(
                 request,
                 "Sign-in refused",
@@ -403,25 +438,37 @@ def create_page(
                 "long. Open the branch's page again to sign in.",
                 400,
             )
-        if not code:  # the reader declined on GitHub, or GitHub sent an error
-            return message(request, "Not signed in", "GitHub did not sign you in.", 401)
         name = _next_branch(started.next)
         assert name is not None  # begin() stored only checked paths
+        if not code:  # the reader declined on GitHub, or GitHub sent an error
+            audited(request, "page_sign_in", branch=name, outcome="refused:github")
+            return message(request, "Not signed in", "GitHub did not sign you in.", 401)
         try:
-            login, key, access = await run_in_threadpool(
+            login, key, access, token = await run_in_threadpool(
                 _check, github, engine, code, callback, name, settings
             )
         except GitHubError as err:
             log.warning("page: sign-in failed: %s", err)
+            audited(request, "page_sign_in", branch=name, outcome="failed:github")
             return message(request, "Sign-in failed", str(err), 502)
         session = sessions.open(
             login,
+            reader_token=token,
             repository=key,
             access=access,
             now=clock(),
             previous=sessions.unsign("session", request.cookies.get(SESSION_COOKIE)),
         )
         log.info("page: %s signed in; %s: %s", login, key, access or "refused")
+        audited(
+            request,
+            "page_sign_in",
+            login=login,
+            branch=name,
+            repository=key if key != unknown_key(name) else None,
+            outcome="ok" if access else "refused:access",
+            access=access,
+        )
         response = RedirectResponse(started.next, 303)
         _cookie(response, SESSION_COOKIE, sessions.sign("session", session.id), max_age=lifetime)
         return response
@@ -444,16 +491,30 @@ def _check(
     callback: str,
     name: str,
     settings: Settings,
-) -> tuple[str, str, oauth.Access | None]:
-    """Who signed in, the repository of branch ``name`` (``unknown_key``: no such branch) and
-    their access to it. The token is used here and dropped."""
+) -> tuple[str, str, oauth.Access | None, str]:
+    """Who signed in, the repository of branch ``name`` (``unknown_key``: no such branch),
+    their access to it, and their GitHub token (kept in the session, in memory: the engine
+    asks GitHub with it before it grants them a credential)."""
     token = github.exchange(code, redirect_uri=callback)
     login = github.login(token)
     view = engine.branch(name)
     if view is None or not view.repository:
-        return login, unknown_key(name), None
-    level = github.access(token, view.repository, write_permission=settings.access_write_permission)
-    return login, view.repository, level
+        return login, unknown_key(name), None, token
+    level = github.access(
+        token,
+        view.repository,
+        write_permission=settings.access_write_permission,
+        read_permission=settings.access_read_permission,
+    )
+    return login, view.repository, level, token
+
+
+def _pull_url(settings: Settings, view: BranchView) -> str | None:
+    """The branch's pull request on GitHub (None: it names none)."""
+    if not view.repository or not view.pr:
+        return None
+    owner, _, name = view.repository.partition("/")
+    return f"{settings.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
 
 
 def _masked(engine: PageEngine, view: BranchView) -> bool | None:

@@ -16,12 +16,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
+from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.insight.locks import per_table
 from pgoverlay.action.insight.model import LockUse
 from pgoverlay.action.record import PrRecord
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner.door import dsn
 from pgoverlay.runner.door.oauth import Access
 from pgoverlay.runner.service.views import BranchView
 from pgoverlay.runner.units import format_bytes, idle_rule
@@ -43,6 +45,7 @@ pre { background: #f6f8fa; padding: .6rem; overflow: auto; white-space: pre-wrap
 input.secret { width: 100%; box-sizing: border-box; padding: .4rem; line-height: 1.4; }
 .copyable { display: flex; gap: .5rem; align-items: center; margin-bottom: .6rem; }
 button { padding: .3rem .8rem; }
+form.who { float: right; font-size: .9em; }
 """
 # Adds a copy button after each secret field; without it the field is still selectable.
 _SCRIPT = """
@@ -104,6 +107,16 @@ def _data_line(masked: bool | None) -> str:
     )
 
 
+def signed_in(login: str, csrf: str) -> str:
+    """Who is signed in, and the form that signs them out (the session's CSRF token)."""
+    return (
+        '<form method="post" action="/signout" class="who">'
+        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+        f'Signed in with GitHub as <strong id="login">{e(login)}</strong>. '
+        '<button type="submit" id="signout">Sign out</button></form>'
+    )
+
+
 def branch_page(
     view: BranchView,
     record: PrRecord | None,
@@ -113,8 +126,12 @@ def branch_page(
     access: Access,
     csrf: str,
     nonce: str,
+    credentials: bool = True,
+    pull_url: str | None = None,
 ) -> str:
-    """The branch: what it is, a form for a credential, and the last run's report."""
+    """The branch: what it is, a form for a credential (``credentials``: this host gives a
+    reader one here; not on production data unless its admin allows it), the last run's
+    report and its schema changes; ``pull_url``: the pull request on GitHub."""
     if view.state == "suspended":
         state = f"suspended since {_when(view.suspended_at)}: wakes on the next connection"
     elif view.liveness == "running":
@@ -132,33 +149,67 @@ def branch_page(
         ("Base", f"<code>{e(view.base)}</code> version {e(view.base_version)}"),
         ("Data", "masked" if masked else "production data" if masked is False else "unknown"),
         ("Writable layer", layer),
-        (
-            "Repository",
-            f"<code>{e(view.repository)}</code>" + (f" #{e(view.pr)}" if view.pr else ""),
-        ),
+        ("Pull request", _pull_link(view, pull_url)),
         ("Created", e(_when(view.created_at))),
         ("Expires", e(_when(view.expires_at))),
     ]
     if view.suspend_after is not None:
         facts.append(("When idle", e(idle_rule(view.suspend_after))))
     kind = "read-write" if access == "read-write" else "read-only"
-    form = (
-        f'<form method="post" action="/b/{e(quote(view.name))}/credential">'
-        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
+    yours = (
         f"<p>Signed in with GitHub as <strong>{e(login)}</strong>: your access is "
         f"<strong>{kind}</strong>.</p>"
-        '<button type="submit">Get my credential</button></form>'
     )
-    sign_out = (
-        '<form method="post" action="/signout">'
-        f'<input type="hidden" name="csrf" value="{e(csrf)}">'
-        '<button type="submit" id="signout">Sign out</button></form>'
-    )
+    if credentials:
+        connect = (
+            f'<form method="post" action="/b/{e(quote(view.name))}/credential">'
+            f'<input type="hidden" name="csrf" value="{e(csrf)}">{yours}'
+            '<button type="submit" id="get-credential">Get my credential</button></form>'
+        )
+    else:
+        connect = (
+            f'{yours}<p id="no-credential">No personal credential is given on this branch: it '
+            "holds production data, and this host gives none on such branches. Ask the "
+            "runner's admin if you need one, or for a branch of a masked base.</p>"
+        )
+    schema = schema_html(record.report.schema_diff) if record is not None else ""
     body = (
+        f"{signed_in(login, csrf)}"
         f"<h1>Branch <code>{e(view.name)}</code></h1>{_data_line(masked)}{_pairs(facts)}"
-        f"<h2>Connect</h2>{form}<h2>Migrations</h2>{report_html(record)}{sign_out}"
+        f"<h2>Connect</h2>{connect}<h2>Migrations</h2>{report_html(record)}{schema}"
     )
     return document(f"Branch {view.name}", body, nonce=nonce)
+
+
+def _pull_link(view: BranchView, pull_url: str | None) -> str:
+    name = f"{e(view.repository)}" + (f"#{e(view.pr)}" if view.pr else "")
+    if pull_url and pull_url.startswith(("https://", "http://")):
+        return f'<a id="pull" href="{e(pull_url)}" rel="noreferrer">{name}</a>'
+    return f"<code>{name}</code>"
+
+
+_CODE_SPAN = re.compile(r"(`+) ?(.+?) ?\1(?!`)")
+
+
+def _code_spans(text: str) -> str:
+    """Markdown text escaped, its code spans (of any number of backticks) as ``<code>``."""
+    return _CODE_SPAN.sub(lambda m: f"<code>{m.group(2)}</code>", e(text))
+
+
+def schema_html(diff: schemadiff.SchemaDiff | None) -> str:
+    """What the migrations did to the schema, as the PR comment says it (its headline and one
+    line per change, from the same functions), as a list; "" when it was not measured."""
+    if diff is None:
+        return ""
+    items = [f"<li>{_code_spans(schemadiff.line(c, full=True))}</li>" for c in diff.changes]
+    if diff.left_out:
+        items.append(f"<li>… {diff.left_out:,} more not listed</li>")
+    items += [f"<li>{_code_spans(note)}</li>" for note in diff.notes]
+    listed = f"<ul>{''.join(items)}</ul>" if items else ""
+    if not diff.changes and diff.base_taken_at:
+        listed += "<p>The migrations left the schema as the base has it.</p>"
+    head = schemadiff.headline(diff).removeprefix("Schema changes: ")
+    return f'<h2 id="schema">Schema changes</h2><p>{e(head)}</p>{listed}'
 
 
 def report_html(record: PrRecord | None) -> str:
@@ -194,17 +245,13 @@ def report_html(record: PrRecord | None) -> str:
 def _migration_row(m: MigrationRun) -> str:
     verdict = locks = "—"
     if m.insight is not None:
-        verdict = f"<strong>{e(m.insight.verdict.level)}</strong>: {_spans(m.insight.verdict.text)}"
+        said = m.insight.verdict
+        verdict = f"<strong>{e(said.level)}</strong>: {_code_spans(said.text)}"
         locks = _locks(m.insight.locks)
     return (
         f"<tr><td><code>{e(m.name)}</code></td><td>{e(m.status)}</td>"
         f'<td class="time">{m.seconds:.2f}\u00a0s</td><td>{verdict}</td><td>{locks}</td></tr>'
     )
-
-
-def _spans(text: str) -> str:
-    """``text`` escaped, its markdown code spans (a verdict's `public.orders`) as code."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", e(text))
 
 
 def _locks(uses: Sequence[LockUse]) -> str:
@@ -235,23 +282,31 @@ class Credential:
 
 # The name a reader saves the door's own (self-signed) certificate under, next to where they
 # run their client: the connection strings name it as sslrootcert.
-CERT_DOWNLOAD = "pgoverlay-door.crt"
+CERT_DOWNLOAD = dsn.CERT_DOWNLOAD
 
 
 def connection_strings(c: Credential, *, verify: bool) -> dict[str, str]:
-    """psql's command, the postgresql:// URL and JDBC's URL for ``c``, all ``verify-full``;
-    ``verify``: the front door's certificate is signed by an authority the client trusts,
-    else it is the door's own, which the reader saves as ``CERT_DOWNLOAD`` (sslrootcert)."""
-    options = {"sslmode": "verify-full"} | ({} if verify else {"sslrootcert": CERT_DOWNLOAD})
-    host = f"[{c.host}]" if ":" in c.host else c.host
-    user, password, db = (quote(x, safe="") for x in (c.role, c.password, c.database))
-    url = f"postgresql://{user}:{password}@{host}:{c.port}/{db}?{urlencode(options)}"
-    jdbc_query = urlencode({"user": c.role, "password": c.password, **options})
-    return {
-        "psql": f"psql '{url}'",
-        "URL": url,
-        "JDBC": f"jdbc:postgresql://{host}:{c.port}/{db}?{jdbc_query}",
-    }
+    """psql's command, the postgresql:// URL and JDBC's URL for ``c``, in the one form of
+    ``dsn``; ``verify``: the front door's certificate is signed by an authority the client
+    trusts, else it is the door's own, which the reader saves as ``CERT_DOWNLOAD``."""
+    rootcert = dsn.rootcert(self_signed=not verify)
+    url = dsn.url(
+        user=c.role,
+        password=c.password,
+        host=c.host,
+        port=c.port,
+        database=c.database,
+        sslrootcert=rootcert,
+    )
+    jdbc = dsn.jdbc(
+        user=c.role,
+        password=c.password,
+        host=c.host,
+        port=c.port,
+        database=c.database,
+        sslrootcert=rootcert,
+    )
+    return {"psql": f"psql '{url}'", "URL": url, "JDBC": jdbc}
 
 
 def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> str:
@@ -265,7 +320,10 @@ def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> st
     access = "read-only" if c.read_only else "read-write"
     tls = (
         "<p>The front door's certificate is signed by a certificate authority: "
-        "<code>sslmode=verify-full</code> checks it.</p>"
+        "<code>sslmode=verify-full</code> checks it against your system's trusted ones "
+        "(<code>sslrootcert=system</code>: libpq 16 or later; with an older one, name your "
+        "system's CA file instead, <code>/etc/ssl/certs/ca-certificates.crt</code> on Debian "
+        "and Ubuntu).</p>"
         if fingerprint is None
         else '<p class="warn">The front door\'s certificate is its own (self-signed). '
         f'<a href="/{CERT_DOWNLOAD}" download="{CERT_DOWNLOAD}">Save it</a> as '
@@ -280,12 +338,21 @@ def credential_page(c: Credential, *, fingerprint: str | None, nonce: str) -> st
         f'</strong>, valid until <strong id="expires">{e(_when(c.expires_at))}</strong>. '
         "This page shows the password once: it is kept nowhere else, so copy it now (ask "
         "again for a new one).</p>"
-        f'{fields}{tls}<p><a href="/b/{e(quote(c.branch))}">Back to the branch</a></p>'
+        f'{tls}{fields}<p><a href="/b/{e(quote(c.branch))}">Back to the branch</a></p>'
     )
     return document(f"Credential for {c.branch}", body, nonce=nonce, script=True)
 
 
-def message_page(title: str, text: str, *, nonce: str, link: tuple[str, str] | None = None) -> str:
-    """A page of one message (and a link onward)."""
+def message_page(
+    title: str,
+    text: str,
+    *,
+    nonce: str,
+    link: tuple[str, str] | None = None,
+    who: tuple[str, str] | None = None,
+) -> str:
+    """A page of one message (and a link onward); ``who``: the signed-in reader's login and
+    CSRF token, for the line that says who they are and signs them out."""
     onward = f'<p><a href="{e(link[0])}">{e(link[1])}</a></p>' if link else ""
-    return document(title, f"<h1>{e(title)}</h1><p>{e(text)}</p>{onward}", nonce=nonce)
+    top = signed_in(*who) if who else ""
+    return document(title, f"{top}<h1>{e(title)}</h1><p>{e(text)}</p>{onward}", nonce=nonce)

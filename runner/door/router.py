@@ -12,13 +12,20 @@ ReadyForQuery, or the door's refusal):
    the peer is loopback. A CancelRequest (in plaintext, as libpq sends it, or inside TLS) is
    forwarded only to the branch whose backend gave the door that key, else dropped without a
    word and counted as a failed login (its 32-bit secret is a password of sorts).
-2. The source's checks: ``door_failed_logins`` failures within ``door_failed_window`` seconds
-   (28000 "too many failed logins from this address; try again later"), more than
-   ``door_max_per_source`` connections (53300; more than twice as many are closed unanswered).
+2. The client's checks (a client is an IPv4 address, or an IPv6 network of
+   ``door_ipv6_prefix`` bits, see ``guard``): ``door_failed_logins`` failures within
+   ``door_failed_window`` seconds (28000 "too many failed logins from this address; try again
+   later"), more than ``door_max_per_source`` connections (53300; more than twice as many are
+   closed unanswered).
 3. The branch: the TLS SNI name ``BRANCH.<door_sni_suffix>`` when the suffix is set and the
    name ends with it, else the StartupMessage's ``database``; asked of the injected
-   ``resolve(name)`` on every connection (nothing is cached, so a destroyed branch is
-   unreachable as soon as the engine forgets it).
+   ``resolve(name, may_wake=...)`` on every connection (nothing is cached, so a destroyed branch
+   is unreachable, and a revoked or expired grant refused, as soon as the engine forgets it).
+   The answer names the roles that may log in (the credentials the engine minted, until their
+   expiry); any other role (the branch's own, one PR SQL made) gets the unknown name's answer.
+   A suspended branch is woken only if ``may_wake`` allows it, and the wake counts as a failed
+   login until a login through it succeeds; a wake that fails is told to the client (57P03,
+   "ask the pool's admin") and counts as nothing.
 4. The login, relayed message by message: the door connects to the branch (plain TCP on
    loopback), sends the StartupMessage with ``database`` set to the branch's real database, and
    passes on the branch's SCRAM-SHA-256 exchange. Authentication stays end to end between the
@@ -26,7 +33,7 @@ ReadyForQuery, or the door's refusal):
    method that would show it one. Behind the door a branch offers SCRAM-SHA-256 only, never
    SCRAM-SHA-256-PLUS (the branch's connection is not TLS), so a client with
    ``channel_binding=require`` cannot use the door.
-5. A connection over ``door_max_per_branch`` authenticated ones for its branch is refused
+5. A connection over ``door_branch_cap`` authenticated ones for its branch is refused
    (53300) once the client has logged in: before that, a cap would tell an anonymous client
    that the branch exists.
 6. The splice (``channel``): bytes both ways until either side closes.
@@ -39,10 +46,13 @@ nonce, a salt and 4096 iterations, then FATAL 28P01 ``password authentication fa
 "<user>"``. The salt is an HMAC of the branch name and user under a key the door draws at start,
 so it stays the same from one attempt to the next, as a real role's does (a fresh salt per
 attempt would tell). Every error of a login, the branch's included, is written by the door
-without Postgres's source-file fields, so the two read the same byte for byte; the client's
-SCRAM messages are checked by the door in both cases, and each of the imitation's answers waits
-as long as a recent real branch took for that step (``guard``). Each such failure counts
-against the source's failed logins, as a wrong password does.
+without Postgres's source-file fields, so the two read the same byte for byte. The client's
+SCRAM messages are checked by the door in both cases before a branch sees them, as Postgres 15
+checks them (``startup``: its SQLSTATE, message and detail for each malformed message), and a
+refusal counts as a failed login. The imitation's three answers wait as long as a recent real
+wrong password's did, counted from the same instants (the first from before the engine's
+lookup, so the lookup is not paid twice; ``guard``). Each such failure counts against the
+client's failed logins, as a wrong password does.
 
 Audit: one ``door.connect`` line per connection through the injected ``audit`` writer (an
 ``AuditLog.write``): user, branch, source, start, end, bytes_in, bytes_out, outcome.
@@ -55,7 +65,8 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,7 +74,7 @@ from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner.door import login
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
-from pgoverlay.runner.door.guard import Guard, is_loopback, source_of
+from pgoverlay.runner.door.guard import Guard, client_of, is_loopback, source_of
 from pgoverlay.runner.door.login import Record, Refused
 from pgoverlay.runner.names import NAME_RE
 
@@ -79,14 +90,35 @@ _TLS_RECORD = 0x16  # a TLS handshake record's first byte: a client that skipped
 
 @dataclass(frozen=True)
 class Route:
-    """Where a branch is served: its loopback address and port, and its real database."""
+    """Where a branch is served: its loopback address and port, and its real database.
+    ``logins``: the roles that may log in through the door, each until its expiry (epoch
+    seconds): the credentials the engine minted. None: any role the branch lets in (a route
+    fixed by a test or a bench)."""
 
     host: str
     port: int
     database: str
+    logins: Mapping[str, float] | None = None
+
+    def admits(self, user: str, *, now: float) -> bool:
+        if self.logins is None:
+            return True
+        until = self.logins.get(user)
+        return until is not None and now < until
 
 
-Resolve = Callable[[str], Awaitable[Route | None]]
+class WakeFailed(Exception):
+    """The branch is suspended and could not be woken (its port taken, its disk full): raised
+    by ``resolve``; the client is told so (57P03), and it is no failed login."""
+
+
+class Resolve(Protocol):
+    """The branch named ``name``, as the engine knows it now (None: no such branch, or none
+    that can be reached). A suspended branch is woken only if ``may_wake()`` says so, called
+    before a wake starts (it counts the wake against the client); a connection that joins a
+    wake under way need not ask."""
+
+    def __call__(self, name: str, *, may_wake: Callable[[], bool]) -> Awaitable[Route | None]: ...
 
 
 class Audit(Protocol):
@@ -163,15 +195,18 @@ class FrontDoor:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, client: Channel) -> None:
-        record = Record(source=source_of(client.info("peername")))
+        source = source_of(client.info("peername"))
+        record = Record(
+            source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
+        )
         backend: Channel | None = None
         guard = self.guard
-        guard.per_source[record.source] += 1
+        guard.per_source[record.client] += 1
         self._channels.add(client)
         counted_branch = ""
         key: tuple[int, bytes] | None = None
         try:
-            if guard.per_source[record.source] > 2 * self.settings.door_max_per_source:
+            if guard.per_source[record.client] > 2 * self.settings.door_max_per_source:
                 record.outcome = "refused:flood"
                 return
             try:
@@ -186,8 +221,9 @@ class FrontDoor:
                 _say(client, proto.error_response(refused.sqlstate, refused.message))
                 return
             except proto.StartupError as bad:
-                record.outcome = "refused:protocol"
-                _say(client, proto.error_response(bad.sqlstate, bad.message))
+                if record.outcome != "refused:scram":  # a SCRAM message's, counted as failed
+                    record.outcome = "refused:protocol"
+                _say(client, bad.response())
                 return
             except (ChannelClosed, OSError) as gone:
                 if record.outcome == "tls_handshake" or isinstance(gone, ssl.SSLError):
@@ -214,9 +250,9 @@ class FrontDoor:
                 if side is not None:
                     side.close()
                     self._channels.discard(side)
-            guard.per_source[record.source] -= 1
-            if guard.per_source[record.source] <= 0:
-                del guard.per_source[record.source]
+            guard.per_source[record.client] -= 1
+            if guard.per_source[record.client] <= 0:
+                del guard.per_source[record.client]
             if counted_branch:
                 guard.per_branch[counted_branch] -= 1
                 if guard.per_branch[counted_branch] <= 0:
@@ -302,13 +338,13 @@ class FrontDoor:
             )
         if start.minor > 0 or start.protocol_options:
             client.write(proto.negotiate_protocol(start.protocol_options))
-        if self.guard.banned(record.source):
+        if self.guard.banned(record.client):
             raise Refused(
                 "refused:failed_logins",
                 proto.INVALID_AUTHORIZATION,
                 "too many failed logins from this address; try again later",
             )
-        if self.guard.per_source[record.source] > s.door_max_per_source:
+        if self.guard.per_source[record.client] > s.door_max_per_source:
             raise Refused(
                 "refused:source_cap",
                 proto.TOO_MANY_CONNECTIONS,
@@ -319,10 +355,14 @@ class FrontDoor:
         name = self._branch_name(client, start)
         record.branch = name
         began = self._clock()
-        route = await self._resolve(name) if NAME_RE.match(name) else None
-        if route is None:
-            record.outcome = "unknown_branch"
-            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+        route = await self._route(name, record)
+        if route is None or not route.admits(start.user, now=time.time()):
+            # No branch, or a role the engine minted no current credential for (the branch's
+            # own, one PR SQL made, an expired grant): the same wrong password either way.
+            record.outcome = "unknown_branch" if route is None else "refused:role"
+            await self._login_steps.imitate(
+                client, user=start.user, name=name, record=record, began=began
+            )
             return None, "", None
         try:
             backend = await self._connect(route)
@@ -331,7 +371,9 @@ class FrontDoor:
                 "the front door cannot reach branch %s (port %s): %s", name, route.port, exc
             )
             record.outcome = "branch_unreachable"
-            await self._login_steps.imitate(client, user=start.user, name=name, record=record)
+            await self._login_steps.imitate(
+                client, user=start.user, name=name, record=record, began=began
+            )
             return None, "", None
         try:
             backend.write(start.rewritten(route.database))
@@ -340,13 +382,17 @@ class FrontDoor:
             ):
                 backend.close()
                 return None, "", None
-            if self.guard.per_branch[name] >= s.door_max_per_branch:
+            if record.wake_counted:  # the wake it caused was worth a good login
+                record.wake_counted = False
+                self.guard.forgive(record.client)
+            if self.guard.per_branch[name] >= s.door_branch_cap:
                 raise Refused(
                     "refused:branch_cap",
                     proto.TOO_MANY_CONNECTIONS,
-                    f"too many connections to branch {name} through the front door "
-                    f"(door_max_per_branch = {s.door_max_per_branch}): close some, or have "
-                    "the admin raise PGOVERLAY_DOOR_MAX_PER_BRANCH",
+                    f"too many connections to branch {name} through the front door: it takes "
+                    f"{s.door_branch_cap} (door_max_per_branch = {s.door_branch_cap}), all in "
+                    "use; close some (a preview app's pool shares them with its reviewers), "
+                    "or have the admin raise PGOVERLAY_MAX_CONNECTIONS",
                 )
             self.guard.per_branch[name] += 1
             try:
@@ -366,6 +412,34 @@ class FrontDoor:
             backend.close()
             raise
 
+    async def _route(self, name: str, record: Record) -> Route | None:
+        """The engine's answer for ``name``. A wake counts against the client as a failed
+        login until a login through it succeeds (a client that hangs up after the first reply
+        keeps it counted), so a client wakes at most its failed logins' worth of branches; a
+        wake that fails is told to the client and counted as nothing."""
+
+        def may_wake() -> bool:
+            if self.guard.banned(record.client):
+                return False
+            self.guard.failed(record.client)
+            record.wake_counted = True
+            return True
+
+        if not NAME_RE.match(name):
+            return None
+        try:
+            return await self._resolve(name, may_wake=may_wake)
+        except WakeFailed:
+            if record.wake_counted:
+                record.wake_counted = False
+                self.guard.forgive(record.client)
+            raise Refused(
+                "wake_failed",
+                proto.CANNOT_CONNECT_NOW,
+                f"branch {name} is suspended and could not be woken: ask the pool's admin, who "
+                "finds why in the front door's log and repairs it with `pgoverlay gc`",
+            ) from None
+
     def _branch_name(self, client: Channel, start: proto.Startup) -> str:
         suffix = (self.settings.door_sni_suffix or "").strip(".").lower()
         sni = getattr(client.info("ssl_object"), _SNI_ATTRIBUTE, None)
@@ -384,7 +458,8 @@ class FrontDoor:
     async def _cancel(self, request: proto.CancelRequest, record: Record) -> None:
         route = self._keys.get((request.pid, request.key))
         if route is None:
-            self.guard.failed(record.source)
+            if not self.guard.banned(record.client):  # a banned one's cancels cost nothing
+                self.guard.failed(record.client)
             record.outcome = "cancel_unknown"
             return
         try:

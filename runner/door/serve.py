@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
@@ -27,6 +28,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,10 +36,11 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, TimeoutExpiredError
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
+from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.pool import require_root
 from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.settings import ADMIN_ENV_FILE, Settings
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -69,6 +72,7 @@ class Prepared:
     engine: RemoteEngine
     pages: ASGIApp  # the branch pages, and the network API under /api/v1 when it is on
     audit: audit.AuditLog
+    jobs: JobLogins  # the branches whose own role a verified job logs in with (the API tells)
 
 
 def door_dir(settings: Settings) -> Path:
@@ -76,9 +80,32 @@ def door_dir(settings: Settings) -> Path:
 
 
 def _pid_file(settings: Settings) -> Path:
-    """Root's record of the running door: its pid and when it started (so a reused pid is
-    never signalled), written once its ports are bound."""
+    """Root's record of the running door: its pid, when it started (so a reused pid is never
+    signalled) and its settings' fingerprint (so a start with other settings replaces it),
+    written once its ports are bound."""
     return door_dir(settings) / "door.pid"
+
+
+@dataclass(frozen=True)
+class Running:
+    """The door this pool started, as its pid file says, checked to be that process still."""
+
+    pid: int
+    started: float
+    fingerprint: str  # Settings.fingerprint() of the settings it runs with ("": not said)
+
+
+def running(settings: Settings) -> Running | None:
+    """The door this pool's pid file names, if that very process still runs."""
+    text = safefs.read_small(_pid_file(settings))
+    fields = (text or "").split()
+    try:
+        pid, started = int(fields[0]), float(fields[1])
+    except (IndexError, ValueError):
+        return None
+    if postmaster.process_start_epoch(pid) != started:
+        return None  # gone, or the pid is another process's now
+    return Running(pid, started, fields[2] if len(fields) > 2 else "")
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -139,10 +166,18 @@ def prepare(settings: Settings) -> Prepared:
     started = postmaster.process_start_epoch(os.getpid())
     with contextlib.suppress(FileNotFoundError):
         _pid_file(settings).unlink()
-    safefs.write_new(_pid_file(settings), f"{os.getpid()} {started}\n", uid=0, gid=0, mode=0o644)
+    safefs.write_new(
+        _pid_file(settings),
+        f"{os.getpid()} {started} {settings.fingerprint()}\n",
+        uid=0,
+        gid=0,
+        mode=0o644,
+    )
     # nothing is asked of it before the door is its own user; a page view waits 30 s at most
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
+    audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
+    jobs = JobLogins()
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
@@ -150,12 +185,15 @@ def prepare(settings: Settings) -> Prepared:
             secret=secrets.token_bytes(32),
             fingerprint=fingerprint,
             certificate=pair.cert.read_text() if fingerprint else None,
+            audit=audit_log.write,
         )
     else:
         log.warning("the branch pages answer 503: %s", page.NOT_SET_UP)
-        pages = page.create_unconfigured()
+        pages = page.create_unconfigured(
+            certificate=pair.cert.read_text() if fingerprint else None
+        )
     if settings.api_audience is not None:
-        pages = with_api(settings, pages)
+        pages = with_api(settings, pages, jobs=jobs)
     return Prepared(
         uid=uid,
         gid=gid,
@@ -166,11 +204,12 @@ def prepare(settings: Settings) -> Prepared:
         https_tls=https_tls,
         engine=engine,
         pages=pages,
-        audit=audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid),
+        audit=audit_log,
+        jobs=jobs,
     )
 
 
-def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
+def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = None) -> ASGIApp:
     """The pages with the network API mounted at ``api.PREFIX``: its policy file read and
     checked now (as root: the admin's file may be root's alone), its issuer asked for keys
     when the first token comes."""
@@ -179,6 +218,7 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
 
     from pgoverlay.runner.door import api, oidc, policy
     from pgoverlay.runner.service import vouch
+    from pgoverlay.runner.service.acting import Acting
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
     if settings.api_audience is None or settings.api_policy_file is None:  # Settings checks
@@ -187,8 +227,9 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     rules = policy.load(settings.api_policy_file)
     path = socket_path(settings)
 
-    def engine_for(vouched: vouch.Vouched) -> RemoteEngine:
-        return RemoteEngine(path, timeout=settings.command_timeout, headers=vouch.headers(vouched))
+    def engine_for(token: str, named: Acting | None) -> RemoteEngine:
+        sent = vouch.headers(token=token, named=named)
+        return RemoteEngine(path, timeout=settings.command_timeout, headers=sent)
 
     served = api.create_api(
         verifier=verifier,
@@ -201,6 +242,7 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         app_sslmode=settings.door_app_sslmode,
         failed_logins=settings.door_failed_logins,
         failed_window=settings.door_failed_window,
+        job_logins=jobs,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
@@ -234,15 +276,20 @@ def serve(settings: Settings) -> None:
         uvloop.run(_serve(settings, prepared))
 
 
-def resolver(engine: RemoteEngine) -> router.Resolve:
+def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Resolve:
     """The router's lookup: the branch as the engine lists it (anyone may look), if it is
-    ready; asked each connection (the engine answers from its registry in about a
-    millisecond), so a destroyed branch is unreachable at once.
+    ready, and the roles that may log in through the door: the credentials the engine granted
+    (people's and the preview app's), each until its expiry, and the branch's own role only
+    while a verified job may use it (``jobs``, see ``joblogins``). Asked each connection (the
+    engine answers from its registry in about a millisecond, the logins with the branch), so a
+    destroyed branch is unreachable, and a revoked or expired grant refused, at once.
 
-    A suspended branch is woken first, and the client's connection waits meanwhile: the
-    connections that arrive while it wakes share one wake (and the engine's lock on the branch
-    makes a wake from elsewhere, a command or the Action, the same one). A wake that fails is
-    logged and answered as a branch that is not there."""
+    A suspended branch is woken first if the router's ``may_wake`` allows it (asked by the
+    connection that starts a wake: one that joins a wake under way adds no cost), and the
+    client's connection waits meanwhile: the connections that arrive while it wakes share one
+    wake (and the engine's lock on the branch makes a wake from elsewhere, a command or the
+    Action, the same one). A wake that fails is logged with why, and raised as
+    ``router.WakeFailed``."""
 
     from pgoverlay.runner.door import router
 
@@ -262,19 +309,31 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
             pending.add_done_callback(lambda _: waking.pop(name, None))
         return await asyncio.shield(pending)
 
-    async def resolve(name: str) -> router.Route | None:
+    async def resolve(name: str, *, may_wake: Callable[[], bool]) -> router.Route | None:
         try:
             view = await asyncio.to_thread(engine.branch, name)
-            if view is not None and view.state in WAKEABLE:
-                view = await wake(name)
         except BranchMissingError:
             return None
         except PgoverlayError as err:
-            log.warning("the front door could not wake branch %s: %s", name, err)
+            log.warning("the front door could not look up branch %s: %s", name, err)
             return None
+        minted = (view.logins or []) if view is not None else []  # the wake's view has none
+        if view is not None and view.state in WAKEABLE:
+            if name not in waking and not may_wake():  # joining a wake under way costs nothing
+                return None
+            try:
+                view = await wake(name)
+            except BranchMissingError:
+                return None
+            except PgoverlayError as err:
+                log.error("the front door could not wake branch %s: %s", name, err)
+                raise router.WakeFailed(str(err)) from None
         if view is None or view.state != "ready":
             return None
-        return router.Route(host=view.host, port=view.port, database=view.database)
+        logins = {g.role: g.expires_at for g in minted}
+        if jobs is not None and jobs.allowed(name):
+            logins[view.user] = math.inf
+        return router.Route(host=view.host, port=view.port, database=view.database, logins=logins)
 
     return resolve
 
@@ -287,7 +346,7 @@ async def _serve(settings: Settings, prepared: Prepared) -> None:
     door = router.FrontDoor(
         settings,
         ssl_context=prepared.postgres_tls,
-        resolve=resolver(prepared.engine),
+        resolve=resolver(prepared.engine, prepared.jobs),
         audit=prepared.audit.write,
     )
     await door.start(sock=prepared.postgres)
@@ -332,13 +391,59 @@ def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
 
 
 def start(settings: Settings) -> str:
-    """Make sure the front door answers; say how (its unit under systemd, else a detached
-    `pgoverlay door`, logging to ``<home>/door.log``)."""
-    from pgoverlay.runner.service.serve import detach, systemd_runs
+    """Make sure the front door answers with ``settings``; say how (its unit under systemd,
+    else a detached `pgoverlay door`, logging to ``<home>/door.log``). A door of this pool
+    that runs with other settings is stopped first, and the answer says so."""
+    require_root()
+    found = running(settings)
+    if found is not None and found.fingerprint == settings.fingerprint():
+        return f"front door answering on port {settings.door_port}"
+    replaced = ""
+    if found is not None:
+        stop_door(settings)
+        replaced = "the front door ran with other settings than these: stopped it; "
+    elif answering(settings):
+        raise ConfigError(
+            f"something that is not this pool's front door answers on port "
+            f"{settings.door_port} (the pool's {_pid_file(settings)} names no running door): "
+            "stop it, or set PGOVERLAY_DOOR_PORT to a free port"
+        )
+    how = _launch(settings)
+    now = running(settings)
+    if now is not None and now.fingerprint != settings.fingerprint():
+        return (
+            f"{how}, but it runs with the settings its unit gives it, not these: put them in "
+            f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
+        )
+    return (
+        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
+        f"{settings.door_https_port}"
+    )
+
+
+def restart(settings: Settings) -> str:
+    """Stop this pool's door if it runs, and start it with ``settings``."""
+    require_root()
+    stopped = stop_door(settings)
+    return ("stopped the front door; " if stopped else "") + start(settings)
+
+
+def stop_door(settings: Settings) -> bool:
+    """Stop this pool's door, its unit's under systemd: False when none was running."""
+    from pgoverlay.runner.service.serve import systemd_runs
 
     require_root()
-    if answering(settings):
-        return f"front door answering on port {settings.door_port}"
+    if systemd_runs(UNIT):
+        was = running(settings) is not None
+        subprocess.run(["systemctl", "stop", UNIT], check=True, capture_output=True, timeout=120)
+        return was
+    return stop(settings, wait=settings.stop_timeout)
+
+
+def _launch(settings: Settings) -> str:
+    """Start the door (its unit, or a detached process) and wait until it answers."""
+    from pgoverlay.runner.service.serve import detach, systemd_runs
+
     process = None
     if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
@@ -354,29 +459,23 @@ def start(settings: Settings) -> str:
                 f"the front door exited at start ({process.returncode}): "
                 + (tail[-1] if tail else "see its log")
             )
-        return answering(settings)
+        return answering(settings) and running(settings) is not None
 
     polling.wait_for(
         up,
         timeout=settings.start_timeout,
         what=f"the front door to answer on port {settings.door_port}",
     )
-    return f"{how}; Postgres on port {settings.door_port}, pages on {settings.door_https_port}"
+    return how
 
 
 def stop(settings: Settings, *, wait: float) -> bool:
     """Stop the door this pool started, if it runs: SIGTERM, then SIGKILL after ``wait``
     seconds. False when none was running."""
-    text = safefs.read_small(_pid_file(settings))
-    if not text:
+    found = running(settings)
+    if found is None:
         return False
-    try:
-        pid_text, started_text = text.split()
-        pid, started = int(pid_text), float(started_text)
-    except ValueError:
-        return False
-    if postmaster.process_start_epoch(pid) != started:
-        return False  # gone, or the pid is another process's now
+    pid, started = found.pid, found.started
     for signal_number in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal_number)

@@ -5,8 +5,10 @@ Invariants:
 
 - A browser holds only random identifiers, each signed with the page's secret (HMAC-SHA256,
   so a forged or altered cookie is refused before any lookup). What they stand for stays here:
-  a reader's GitHub login, their access per repository, a CSRF token. GitHub's token is never
-  kept: the sign-in reads the reader's access to one repository with it, and drops it.
+  a reader's GitHub login, their access per repository, a CSRF token, and the GitHub token
+  of their sign-in: the engine asks GitHub with it, itself, before it grants the reader a
+  credential (the door's word is not proof to the engine). It never leaves the door but to
+  the engine's socket, and is forgotten with its session.
 - A sign-in's ``state`` is random, single use (taken out when its browser's callback comes,
   whatever happens next), bound to the browser that started it (a random value of that
   browser's cookie, kept with the state; several sign-ins of one browser, in several tabs, may
@@ -51,6 +53,7 @@ class Session:
     login: str
     created: float
     csrf: str
+    reader_token: str = field(repr=False)  # GitHub's token of this sign-in (see the module)
     repositories: dict[str, Checked] = field(default_factory=dict)  # "owner/name" lower-cased
 
 
@@ -111,6 +114,7 @@ class Sessions:
         self,
         login: str,
         *,
+        reader_token: str,
         repository: str,
         access: Access | None,
         now: float,
@@ -124,7 +128,14 @@ class Sessions:
         if old is not None and old.login == login:
             carried = {r: c for r, c in old.repositories.items() if self._fresh(c.at, now)}
         carried[repository.lower()] = Checked(access, now)
-        session = Session(id=_id(), login=login, created=now, csrf=_id(), repositories=carried)
+        session = Session(
+            id=_id(),
+            login=login,
+            created=now,
+            csrf=_id(),
+            reader_token=reader_token,
+            repositories=carried,
+        )
         self._sessions[session.id] = session
         return session
 

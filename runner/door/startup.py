@@ -48,12 +48,18 @@ _REPLICATION_OFF = frozenset({"false", "off", "no", "0"})
 
 class StartupError(Exception):
     """A packet the door refuses: private control flow, turned into the client's FATAL
-    ``ErrorResponse`` (``sqlstate``, ``message``) by the router; it never reaches a caller."""
+    ``ErrorResponse`` (``sqlstate``, ``message``, Postgres's ``detail`` where it gives one) by
+    the router; it never reaches a caller."""
 
-    def __init__(self, sqlstate: str, message: str) -> None:
+    def __init__(self, sqlstate: str, message: str, *, detail: str = "") -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
         self.message = message
+        self.detail = detail
+
+    def response(self) -> bytes:
+        """The FATAL ErrorResponse the client gets."""
+        return error_response(self.sqlstate, self.message, detail=self.detail)
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,7 @@ def message(kind: bytes, body: bytes = b"") -> bytes:
     return kind + struct.pack("!I", 4 + len(body)) + body
 
 
-def error_response(sqlstate: str, text: str, *, severity: str = "FATAL") -> bytes:
+def error_response(sqlstate: str, text: str, *, severity: str = "FATAL", detail: str = "") -> bytes:
     """An ErrorResponse as Postgres writes one (severity twice: localized and not), without the
     source-file fields: every error the door sends or passes on during a login is written here,
     so a branch's and the door's read the same byte for byte."""
@@ -239,6 +245,7 @@ def error_response(sqlstate: str, text: str, *, severity: str = "FATAL") -> byte
             (b"V", severity),
             (b"C", sqlstate),
             (b"M", text),
+            *(((b"D", detail),) if detail else ()),
         )
     )
     return message(b"E", body + b"\0")
@@ -288,82 +295,195 @@ def auth_code(body: bytes) -> int:
     return int(struct.unpack("!I", body[:4])[0])
 
 
-# -- SCRAM-SHA-256, the client's messages (RFC 5802, as Postgres's auth-scram.c reads them) --
+# -- SCRAM-SHA-256, the client's messages, read as Postgres 15 reads them ---------------------
+#
+# ``CheckSASLAuth`` (auth.c) and ``read_client_first_message`` / ``read_client_final_message``
+# (auth-scram.c), check for check and word for word: the door refuses a malformed message before
+# a branch sees it, so a real branch and a name that is none answer it the same (the SQLSTATE,
+# the message and its detail), and the refusal counts as a failed login on both paths.
 
-_PRINTABLE = re.compile(rb"^[\x21-\x2b\x2d-\x7e]+$")  # printable ASCII except ','
+_MALFORMED = "malformed SCRAM message"
+_PRINTABLE = re.compile(rb"^[\x21-\x2b\x2d-\x7e]*$")  # printable ASCII but ','; empty is too
+_BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _malformed(detail: str) -> StartupError:
+    return StartupError(PROTOCOL_VIOLATION, _MALFORMED, detail=detail)
+
+
+def _sanitize_char(c: int) -> str:
+    """Postgres's ``sanitize_char``: a printable character quoted, anything else in hex."""
+    return f"'{chr(c)}'" if 0x21 <= c <= 0x7E else f"0x{c:02x}"
 
 
 @dataclass(frozen=True)
 class ClientFirst:
-    """A SASLInitialResponse's client-first-message: its nonce, and the bare message."""
+    """A SASLInitialResponse's client-first-message: its nonce, its gs2 flag (``n`` or
+    ``y``: the client-final's channel binding must repeat it), and the bare message."""
 
     nonce: str
     bare: str
+    flag: str = "n"
+
+
+class _Reader:
+    """A SCRAM message as a C string, read attribute by attribute (``read_attr_value``,
+    ``read_any_attr``)."""
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+        self.at = 0
+
+    def peek(self) -> int:
+        return self.text[self.at] if self.at < len(self.text) else 0
+
+    def attr(self, name: str) -> bytes:
+        found = self.peek()
+        if found != ord(name):
+            raise _malformed(f'Expected attribute "{name}" but found "{_sanitize_char(found)}".')
+        return self._value(name)
+
+    def any_attr(self) -> tuple[str, bytes]:
+        found = self.peek()
+        if found == 0:
+            raise _malformed("Attribute expected, but found end of string.")
+        if not (0x41 <= found <= 0x5A or 0x61 <= found <= 0x7A):
+            raise _malformed(
+                f'Attribute expected, but found invalid character "{_sanitize_char(found)}".'
+            )
+        return chr(found), self._value(chr(found))
+
+    def _value(self, name: str) -> bytes:
+        self.at += 1
+        if self.peek() != ord("="):
+            raise _malformed(f'Expected character "=" for attribute "{name}".')
+        self.at += 1
+        end = self.text.find(b",", self.at)
+        if end < 0:
+            value, self.at = self.text[self.at :], len(self.text)
+        else:
+            value, self.at = self.text[self.at : end], end + 1
+        return value
+
+
+def _c_string(data: bytes) -> bytes:
+    """``scram_exchange``'s checks of a message's length against its string."""
+    if not data:
+        raise _malformed("The message is empty.")
+    if b"\0" in data:
+        raise _malformed("Message length does not match input length.")
+    return data
 
 
 def sasl_initial(body: bytes) -> ClientFirst:
     """A SASLInitialResponse ('p' after AuthenticationSASL): the mechanism must be
     SCRAM-SHA-256 (the only one a branch offers behind the door: no -PLUS, no TLS there)."""
     end = body.find(b"\0")
-    if end < 0 or len(body) < end + 5:
-        raise StartupError(PROTOCOL_VIOLATION, "malformed SASLInitialResponse message")
-    mechanism = body[:end].decode(errors="replace")
-    if mechanism != SCRAM_SHA_256:
+    if end < 0:
+        raise StartupError(PROTOCOL_VIOLATION, "invalid string in message")
+    if body[:end] != SCRAM_SHA_256.encode():
         raise StartupError(
             PROTOCOL_VIOLATION, "client selected an invalid SASL authentication mechanism"
         )
+    if len(body) < end + 5:
+        raise StartupError(PROTOCOL_VIOLATION, "insufficient data left in message")
     (length,) = struct.unpack("!i", body[end + 1 : end + 5])
     data = body[end + 5 :]
-    if length != len(data):
-        raise StartupError(PROTOCOL_VIOLATION, "malformed SASLInitialResponse message")
+    if length == -1:
+        raise StartupError(
+            PROTOCOL_VIOLATION,
+            "the front door needs the client-first-message in the SASLInitialResponse "
+            "(every libpq and JDBC client sends it there)",
+        )
+    if length < 0 or length > len(data):
+        raise StartupError(PROTOCOL_VIOLATION, "insufficient data left in message")
+    if length < len(data):
+        raise StartupError(PROTOCOL_VIOLATION, "invalid message format")
     return client_first(data)
 
 
 def client_first(data: bytes) -> ClientFirst:
-    if data[:2] == b"p=":
-        raise StartupError(
-            PROTOCOL_VIOLATION,
-            "channel binding is not offered behind the front door: connect with "
-            "channel_binding=prefer or disable",
+    """``read_client_first_message``, on a connection without channel binding."""
+    text = _Reader(_c_string(data))
+    flag = text.peek()
+    if flag in (ord("n"), ord("y")):
+        text.at += 1
+        if text.peek() != ord(","):
+            raise _malformed(
+                f'Comma expected, but found character "{_sanitize_char(text.peek())}".'
+            )
+        text.at += 1
+    elif flag == ord("p"):
+        raise _malformed(
+            "The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message "
+            "includes channel binding data."
         )
-    if data[:3] not in (b"n,,", b"y,,"):
+    else:
+        raise _malformed(f'Unexpected channel-binding flag "{_sanitize_char(flag)}".')
+    if text.peek() == ord("a"):
         raise StartupError(
-            PROTOCOL_VIOLATION,
-            "malformed SCRAM message: expected gs2 header 'n,,' or 'y,,' "
-            "(authorization identities are not supported)",
+            FEATURE_NOT_SUPPORTED, "client uses authorization identity, but it is not supported"
         )
-    bare = data[3:]
-    if bare[:2] == b"m=":
+    if text.peek() != ord(","):
+        raise _malformed(
+            f'Unexpected attribute "{_sanitize_char(text.peek())}" in client-first-message.'
+        )
+    text.at += 1
+    bare = data[text.at :]
+    if text.peek() == ord("m"):
         raise StartupError(FEATURE_NOT_SUPPORTED, "client requires an unsupported SCRAM extension")
-    parts = bare.split(b",")
-    if len(parts) < 2 or not parts[0].startswith(b"n=") or not parts[1].startswith(b"r="):
-        raise StartupError(
-            PROTOCOL_VIOLATION, "malformed SCRAM message: expected n= then r= attributes"
-        )
-    nonce = parts[1][2:]
+    text.attr("n")
+    nonce = text.attr("r")
     if not _PRINTABLE.match(nonce):
-        raise StartupError(PROTOCOL_VIOLATION, "malformed SCRAM message: invalid client nonce")
-    try:
-        text = bare.decode()
-    except UnicodeDecodeError:
-        raise StartupError(PROTOCOL_VIOLATION, "malformed SCRAM message: not UTF-8") from None
-    return ClientFirst(nonce=nonce.decode(), bare=text)
+        raise StartupError(PROTOCOL_VIOLATION, "non-printable characters in SCRAM nonce")
+    while text.peek() != 0:
+        text.any_attr()
+    return ClientFirst(nonce=nonce.decode(), bare=bare.decode(errors="replace"), flag=chr(flag))
 
 
-def client_final(body: bytes, *, nonce: str) -> None:
-    """Check a SASLResponse's client-final-message: ``c=``, ``r=`` the combined ``nonce``
-    (the server-first's), then the proof ``p=`` last."""
-    parts = body.split(b",")
-    if len(parts) < 3 or not parts[0].startswith(b"c=") or not parts[1].startswith(b"r="):
+def client_final(body: bytes, *, nonce: str, flag: str = "n") -> None:
+    """``read_client_final_message`` and the nonce's check: ``c=`` repeating the gs2 flag
+    (``biws`` for ``n,,``, ``eSws`` for ``y,,``), ``r=`` the combined ``nonce`` (the
+    server-first's), extensions, then a 32-byte proof ``p=`` last."""
+    text = _Reader(_c_string(body))
+    binding = text.attr("c")
+    if (binding, flag) not in ((b"biws", "n"), (b"eSws", "y")):
         raise StartupError(
-            PROTOCOL_VIOLATION, "malformed SCRAM message: expected c= then r= attributes"
+            PROTOCOL_VIOLATION,
+            "unexpected SCRAM channel-binding attribute in client-final-message",
         )
-    if parts[1][2:] != nonce.encode():
-        raise StartupError(PROTOCOL_VIOLATION, "invalid SCRAM response (nonce does not match)")
-    if not parts[-1].startswith(b"p=") or len(parts[-1]) < 3:
+    final_nonce = text.attr("r")
+    while True:
+        attr, value = text.any_attr()
+        if attr == "p":
+            break
+    if _b64_length(value) != 32:
+        raise _malformed("Malformed proof in client-final-message.")
+    if text.peek() != 0:
+        raise _malformed("Garbage found at the end of client-final-message.")
+    if final_nonce != nonce.encode():
         raise StartupError(
-            PROTOCOL_VIOLATION, "malformed SCRAM message: expected the proof p= last"
+            PROTOCOL_VIOLATION, "invalid SCRAM response", detail="Nonce does not match."
         )
+
+
+def _b64_length(value: bytes) -> int:
+    """How many bytes Postgres's ``pg_b64_decode`` makes of ``value``; -1 where it refuses
+    it (a character outside the alphabet, a misplaced ``=``, a missing padding)."""
+    count = pos = end = 0
+    for c in value:
+        if c == ord("="):
+            if not end:
+                if pos not in (2, 3):
+                    return -1
+                end = pos - 1
+        elif c not in _BASE64:
+            return -1
+        pos += 1
+        if pos == 4:
+            count += 1 + (end in (0, 2)) + (end == 0)
+            pos = 0
+    return -1 if pos else count
 
 
 def server_first_nonce(data: bytes) -> str:

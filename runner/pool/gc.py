@@ -32,6 +32,7 @@ class Collected:
     finished: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     expired_grants: list[str] = field(default_factory=list)
+    reconciled: list[str] = field(default_factory=list)
     warmed: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -47,6 +48,7 @@ class Collected:
             ("finished interrupted destroys/resets", self.finished),
             ("destroyed expired branches", self.expired),
             ("removed expired credentials", self.expired_grants),
+            ("made roles what the registry says", self.reconciled),
             ("started warm branches", self.warmed),
             ("retired warm branches", self.retired),
             ("restarted branches", self.restarted),
@@ -134,11 +136,17 @@ def _branches(pool: Pool, report: Collected, now: float) -> None:
 
 def _grants(pool: Pool, report: Collected, now: float) -> None:
     """Revoke the credentials past their expiry: their roles dropped in the branches that run
-    (a login already failed there, by the role's VALID UNTIL), their rows forgotten."""
-    from pgoverlay.runner.branch import grants
+    (a login already failed there, by the role's VALID UNTIL), their rows forgotten; then each
+    running branch's roles made what the registry says (``reconcile.sweep``)."""
+    from pgoverlay.runner.branch import grants, reconcile
 
     done, problems = grants.expire(pool, now=now)
     report.expired_grants += done
+    report.problems += problems
+    # What the running branches' data says beside the registry: a role a killed revoke left,
+    # a password changed in SQL (see branch.reconcile).
+    changed, problems = reconcile.sweep(pool)
+    report.reconciled += changed
     report.problems += problems
 
 

@@ -68,8 +68,9 @@ CREATE TABLE IF NOT EXISTS records (
     updated_at REAL NOT NULL
 );
 -- Credentials granted in a branch (runner/branch/grants.py): a person's login role, or the
--- preview app's. They go with their branch. ``verifier`` is the password's SCRAM verifier
--- (never the password), so a reset gives the role back as it was.
+-- preview app's. They go with their branch. ``verifier`` is the password's SCRAM verifier, so a
+-- reset gives the role back as it was; ``password`` is kept for the preview app's alone (as the
+-- branch's own password is), '' for a person's.
 CREATE TABLE IF NOT EXISTS grants (
     branch TEXT NOT NULL REFERENCES branches (name) ON DELETE CASCADE ON UPDATE CASCADE,
     role TEXT NOT NULL,
@@ -80,6 +81,7 @@ CREATE TABLE IF NOT EXISTS grants (
     expires_at REAL NOT NULL,
     granted_by TEXT NOT NULL,
     granted_at REAL NOT NULL,
+    password TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (branch, role)
 );
 """
@@ -116,6 +118,9 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     # idle before it is (NULL: the pool's suspend_after; 0: never)
     ("branches", "suspended_at", "REAL"),
     ("branches", "suspend_after", "REAL"),
+    # the preview app's password, kept as the branch's own is, so each job of the pull request
+    # gets the deployed one again (runner/branch/grants.py); '' for a person's credential
+    ("grants", "password", "TEXT NOT NULL DEFAULT ''"),
 ]
 # Made after ADDED_COLUMNS, which the index needs on a pool made by an older release.
 INDEXES = """
@@ -228,7 +233,9 @@ class StoredRecord:
 class StoredGrant:
     """A credential granted in a branch: the role made for a GitHub ``login`` (or the preview
     app's role, whose ``login`` is its role's name), until ``expires_at``, and who asked
-    (``granted_by``: ``uid:N``, or the person the front door vouched for, ``github:LOGIN``)."""
+    (``granted_by``: ``uid:N``, or the person the front door vouched for, ``github:LOGIN``).
+    ``password``: the preview app's, kept so each job gets the deployed one again; '' for a
+    person's (shown once, never kept)."""
 
     branch: str
     role: str
@@ -239,6 +246,7 @@ class StoredGrant:
     expires_at: float
     granted_by: str
     granted_at: float
+    password: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -780,4 +788,5 @@ def _grant(row: tuple[Any, ...]) -> StoredGrant:
         expires_at=float(g.expires_at),
         granted_by=str(g.granted_by),
         granted_at=float(g.granted_at),
+        password=str(g.password or ""),
     )

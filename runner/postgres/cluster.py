@@ -15,6 +15,7 @@ from typing import Any
 from pgoverlay.runner import safefs
 from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.settings import SUPERUSER_RESERVED
 
 PRIVATE_PORT = 5432
 
@@ -35,7 +36,7 @@ CUT_OFF = {
     "max_logical_replication_workers": "0",
     "huge_pages": "try",
     "unix_socket_group": "",
-    "superuser_reserved_connections": "3",
+    "superuser_reserved_connections": str(SUPERUSER_RESERVED),
 }
 
 

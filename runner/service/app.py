@@ -2,10 +2,10 @@
 through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
 
 The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
-from anything the caller sends; the repository the front door vouches for (``vouch``) is taken
-from the door's uid alone; the pool's policy (``admission``), when the service holds one, is
-handed to each request's engine as it stands then. Every request is logged with that uid;
-secrets never are.
+from anything the caller sends; the front door's uid alone may forward its callers'
+credentials (``vouch``), which the engine verifies itself (``witness``); the pool's policy
+(``admission``), when the service holds one, is handed to each request's engine as it stands
+then. Every request is logged with that uid; secrets never are.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
@@ -28,7 +29,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service import limits, vouch
 from pgoverlay.runner.service.admission import SocketPolicy
 from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
-from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.engine import LocalEngine, door_uid
 from pgoverlay.runner.service.models import (
     EXCERPT_CHARS,
     LOGIN_PATTERN,
@@ -53,6 +54,7 @@ from pgoverlay.runner.service.views import (
     Revoked,
     TraceMark,
 )
+from pgoverlay.runner.service.witness import Witness
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
@@ -71,6 +73,7 @@ STATUS: list[tuple[type[PgoverlayError], int]] = [
     (errors.UnmaskedAccessError, 403),
     (errors.PolicyError, 403),
     (errors.TokenError, 401),
+    (errors.GitHubError, 503),
     (errors.AccessError, 409),
     (errors.BranchMissingError, 404),
     (errors.BaseMissingError, 404),
@@ -121,9 +124,25 @@ async def _engine(request: Request) -> LocalEngine:
         return found
 
     held: SocketPolicy = request.app.state.policy
-    # A repository the front door vouches for: honoured by the engine for the door's uid only.
+    evidence = vouch.parse(request.headers)
+    if evidence is None:
+        return LocalEngine(pool, uid=peer.uid, policy=held.current)
+    # Credentials the front door forwards: from the door's uid only, and verified here (the
+    # door's word is not taken: a forged vouch without a credential that proves it gets nothing).
+    if peer.uid == 0 or peer.uid != door_uid(settings.door_user):
+        raise errors.NotOwnerError(
+            "only the front door's identity may vouch for a repository or a person (the "
+            "x-pgoverlay-vouched-* headers): ask without them, and name the repository in the "
+            "request"
+        )
+    witness: Witness = request.app.state.witness
+    vouched = await run_in_threadpool(witness.vouched, evidence, home=settings.home)
     return LocalEngine(
-        pool, uid=peer.uid, vouched=vouch.parse(request.headers), policy=held.current
+        pool,
+        uid=peer.uid,
+        vouched=vouched,
+        reader=witness.reader(evidence),
+        policy=held.current,
     )
 
 
@@ -161,6 +180,7 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
     app.state.fingerprint = settings.fingerprint()
     app.state.pools = threading.local()
     app.state.policy = policy if policy is not None else SocketPolicy(None)
+    app.state.witness = Witness(settings, lambda: app.state.policy.current)
     # Inside the audit below, which logs what the caller got, a 413 too.
     app.add_middleware(
         limits.RequestCap, cap_of=lambda scope: limits.route_cap(app.router.routes, scope)

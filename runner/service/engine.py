@@ -9,7 +9,9 @@ that created a branch (or root) may reset it, destroy it, read its password, sav
 (JSON the owner keeps with the branch; the engine never reads it), or grant, list and revoke
 credentials in it. The front door's own identity (the uid of ``door_user``, as the socket's peer
 credentials say) may only look, and grant or list a credential for a person it vouches for
-(``vouched_by``): everything else is refused it, whatever it asks. A create names the
+(``vouched_by``), a person whose GitHub token it forwards and GitHub, asked here, says is theirs
+and gives them access to the branch's repository (``witness.Reader``): everything else is
+refused it, whatever it asks. A create names the
 repository and pull request it is for (a caller other than root must name the repository): a
 branch of one repository is never reset, destroyed or re-recorded for another. A caller other
 than root is held to the pool's limits, in total, per repository and per uid (``branch.quota``).
@@ -18,10 +20,12 @@ With the pool's policy (``policy``: ``api_policy_file``, see ``admission``), a c
 caller other than root is also held to what the policy says of the repository it names: its
 owner and the repository must be admitted by name, and the policy's limits hold where lower
 than the pool's. Root is the admin and is held to neither; the front door's vouched requests
-were admitted by the door, and are not asked again.
+were admitted by the policy's network rules, asked by the service of the credential it verified
+(``witness``), and are not held to the socket's rules too.
 
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
-GitHub Actions job whose OIDC token it verified and whose policy admitted it): then it may
+GitHub Actions job whose OIDC token, or a listener whose API token, it forwards, and the
+service verified itself and its policy admitted, ``witness``): then it may
 create a branch, and reset, destroy, read the password of, record on and trace the branches
 created that way for the same repository id, nothing else. Such a branch is owned by that id
 (``owner_repository_id``): another repository, or a re-created one of the same name, is refused
@@ -64,12 +68,13 @@ from pgoverlay.runner.service.views import (
     GcReport,
     GrantView,
     Layer,
+    Login,
     Record,
     Revoked,
     TraceMark,
     WarmView,
 )
-from pgoverlay.runner.service.vouch import Vouched
+from pgoverlay.runner.service.vouch import Vouched, for_pull_request
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
     from pgoverlay.runner.door.policy import Policy
@@ -81,6 +86,7 @@ if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made b
         RecordRequest,
         TraceRequest,
     )
+    from pgoverlay.runner.service.witness import Reader
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +172,14 @@ class LocalEngine:
         *,
         uid: int = 0,
         vouched: Vouched | None = None,
+        reader: Reader | None = None,
         policy: Policy | None = None,
     ) -> None:
         self._pool = pool
         self.uid = uid
         self._door: bool | None = None
         self._vouched = vouched
+        self._reader = reader
         self._policy = policy
 
     @property
@@ -342,7 +350,13 @@ class LocalEngine:
         found = self.pool.registry.branch(name)
         if found is not None and self.vouched is not None:
             self._vouched_owner(found, self.vouched)
-        return self._view(found, layer=layer) if found else None
+        view = self._view(found, layer=layer) if found else None
+        if view is not None and self.door and self.vouched is None:  # its router's one lookup
+            granted = self.pool.registry.grants(name)
+            view = view.replace(
+                logins=[Login(role=g.role, expires_at=g.expires_at) for g in granted]
+            )
+        return view
 
     def size(self, name: str) -> Layer:
         b = branches.get(self.pool, name)
@@ -400,8 +414,13 @@ class LocalEngine:
         self._not_door("create a branch", vouchable=True)
         vouched = self.vouched
         if vouched is not None:
+            if vouched.listener and vouched.from_fork is None:
+                raise RequestError(
+                    "a create with an API token says whether its pull request comes from a fork "
+                    "(x-pgoverlay-fork: true or false), as the delivery has it"
+                )
             return self._create(
-                request,
+                request.replace(pr=for_pull_request(request.pr, vouched)),
                 repository=vouched.repository,  # the token's; the request's is ignored
                 owner_repository_id=vouched.repository_id,
                 quota=Quota.of_network(
@@ -517,8 +536,15 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
+        """The branch's connection details with its password: a job's way in. Its roles are
+        made what the registry says first (``reconcile``), so a password PR SQL or a
+        reviewer changed in the branch is set back and the one given here works."""
         self._not_door("read a branch's password", vouchable=True)
-        return branches.connection(self.pool, self._awake(self._mine(name)))
+        b = self._awake(self._mine(name))
+        from pgoverlay.runner.branch import reconcile
+
+        reconcile.settle(self.pool, name)
+        return branches.connection(self.pool, b)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)
@@ -563,7 +589,13 @@ class LocalEngine:
     # -- credentials ----------------------------------------------------------------------
 
     def _may_grant(
-        self, name: str, *, repository: str | None, vouched_by: str | None, app: bool = False
+        self,
+        name: str,
+        *,
+        repository: str | None,
+        vouched_by: str | None,
+        app: bool = False,
+        read_only: bool = False,
     ) -> None:
         """Root and the branch's owner grant; the front door grants only for a person it
         vouches for, and only it may vouch. For a repository it vouches for (a workflow on the
@@ -590,12 +622,39 @@ class LocalEngine:
                 f"branch {name} belongs to {b.repository}, not {repository}: the front door "
                 "grants in a branch for its own pull request's readers only"
             )
+        self._signed_in(b, vouched_by=vouched_by or "", read_only=read_only)
+
+    def _signed_in(self, b: Branch, *, vouched_by: str, read_only: bool) -> None:
+        """The front door grants to a person only with the GitHub token of their sign-in,
+        forwarded: GitHub, asked here, must say the token is ``vouched_by``'s and gives them
+        access to the branch's repository, read-write for a read-write credential."""
+        if self._reader is None:
+            self._not_door(
+                "grant a person's credential without their sign-in (forward the reader's "
+                "GitHub token)"
+            )
+            return
+        if not b.repository:
+            self._not_door("grant a person's credential in a branch of no repository")
+        login, access = self._reader.check(b.repository)
+        wanted = vouched_by.removeprefix("github:").lower()
+        if login.lower() != wanted:
+            self._not_door(f"grant {wanted}'s credential with the sign-in of another person")
+        if access is None or (access == "read-only" and not read_only):
+            self._not_door(
+                f"grant {wanted} a {'read-only' if read_only else 'read-write'} credential in "
+                f"{b.name}: GitHub gives them {access or 'no'} access to {b.repository}"
+            )
 
     def grant(self, name: str, request: GrantRequest) -> GrantView:
         """A credential in branch ``name`` (see ``branch.grants.grant``); its password is in
         this answer only."""
         self._may_grant(
-            name, repository=request.repository, vouched_by=request.vouched_by, app=request.app
+            name,
+            repository=request.repository,
+            vouched_by=request.vouched_by,
+            app=request.app,
+            read_only=request.read_only,
         )
         if self.door and request.app and self.vouched is None:
             self._not_door("grant an app's credential")
@@ -609,10 +668,11 @@ class LocalEngine:
             read_only=request.read_only,
             ttl=request.ttl,
             app=request.app,
+            rotate=request.rotate,
             uid=self.uid,
             vouched_by=request.vouched_by,
         )
-        return self._grant_view(made.grant, password=made.password)
+        return self._grant_view(made.grant, password=made.password, renewed=made.renewed)
 
     def grants(self, name: str) -> list[GrantView]:
         """The credentials granted in branch ``name``, without passwords."""
@@ -632,7 +692,9 @@ class LocalEngine:
         done = grants.revoke(self.pool, name, login, uid=self.uid)
         return Revoked(branch=name, login=login.lower(), revoked=done)
 
-    def _grant_view(self, g: StoredGrant, *, password: str | None = None) -> GrantView:
+    def _grant_view(
+        self, g: StoredGrant, *, password: str | None = None, renewed: bool = False
+    ) -> GrantView:
         s = self.pool.settings
         return GrantView(
             branch=g.branch,
@@ -643,6 +705,7 @@ class LocalEngine:
             expires_at=g.expires_at,
             granted_by=g.granted_by,
             password=password,
+            renewed=renewed,
             dsn_host=s.door_name,  # the one answer to "which name reaches the door"
             dsn_port=s.door_port,
             database=g.branch,

@@ -206,7 +206,8 @@ class GrantRequest(Shape):
     login) for the pull request's preview app; read-write unless ``read_only``; valid for
     ``ttl`` seconds (the pool's default when not given; the pool caps it). With ``repository``,
     refused when the branch is another's. ``vouched_by`` (``github:LOGIN``) is set by the front
-    door alone, once it has verified the person: for that login only."""
+    door alone, once it has verified the person: for that login only. The app's credential,
+    asked for again, is renewed (same password) unless ``rotate`` asks for a new password."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
     _checks: ClassVar[dict[str, dict[str, Any]]] = {
@@ -222,8 +223,14 @@ class GrantRequest(Shape):
     repository: str | None = None
     app: bool = False
     vouched_by: str | None = None
+    rotate: bool = False
 
     def __post_init__(self) -> None:
+        if self.rotate and not self.app:
+            raise RequestError(
+                "rotate: only the app's credential is renewed when asked again; a person's gets "
+                "a new password at each grant (ask without rotate)"
+            )
         if self.app and self.login is not None:
             raise RequestError("login: an app credential names no login (its role is the app's)")
         if not self.app and self.login is None:

@@ -35,7 +35,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -280,15 +280,26 @@ class NetworkEngine(RemoteEngine):
         return answer
 
     @contextlib.contextmanager
-    def hold(self, name: str, *, wait: float) -> Iterator[None]:
+    def hold(
+        self,
+        name: str,
+        *,
+        wait: float,
+        waiting: Callable[[str], None] | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ) -> Iterator[None]:
         """Hold branch ``name`` (of this job's repository) while the block runs: another job
-        holding it is waited for, up to ``wait`` seconds (LockBusyError after that). The hold is
-        renewed in the background, and given back at the end; a job that dies without giving
-        it back frees it within HOLD_SECONDS."""
+        holding it is waited for, up to ``wait`` seconds (LockBusyError after that), and
+        ``waiting`` told so once. The hold is renewed in the background, and given back at the
+        end, unless the block ended well and ``keep`` takes the hold's id over (it returns
+        True: the job keeps its branch after this step, ``action.jobhold``); a job that dies
+        without giving it back frees it within HOLD_SECONDS."""
         target = f"/branches/{quote(name)}/hold"
         deadline = time.monotonic() + wait
+        told = False
         while True:
-            now = int(max(0.0, min(HOLD_WAIT, deadline - time.monotonic())))
+            # The first ask does not wait, so that a job told to wait hears it at once.
+            now = int(max(0.0, min(HOLD_WAIT, deadline - time.monotonic()))) if told else 0
             body = json.dumps({"seconds": HOLD_SECONDS, "wait": now}).encode()
             try:
                 held = self._call("POST", target, raw=body)
@@ -299,6 +310,12 @@ class NetworkEngine(RemoteEngine):
                         f"another job of this pull request has held branch {name} for over "
                         f"{wait:.0f} s: let it finish, or cancel it, then re-run this job"
                     ) from None
+                if not told and waiting is not None:
+                    waiting(
+                        f"another job of this pull request holds branch {name} until it ends: "
+                        f"waiting for it (up to {wait:.0f} s)"
+                    )
+                told = True
         hold_id = str(held.get("hold", "")) if isinstance(held, dict) else ""
         if not hold_id:
             raise ServiceError(f"{self.where} answered a hold without its id")
@@ -307,15 +324,26 @@ class NetworkEngine(RemoteEngine):
         def renew() -> None:
             while not stop.wait(HOLD_SECONDS / 3):
                 try:
-                    self._call("POST", f"{target}/{quote(hold_id)}/renew", raw=b"{}")
+                    self.renew_hold(name, hold_id)
                 except PgoverlayError as err:  # the job goes on; another may now hold it
                     log.warning("the hold on branch %s was not renewed: %s", name, err)
 
         renewer = threading.Thread(target=renew, name="pgoverlay-hold", daemon=True)
         renewer.start()
+        kept = False
         try:
             yield
+            kept = keep is not None and keep(hold_id)
         finally:
             stop.set()
-            with contextlib.suppress(Exception):
-                self._call("DELETE", f"{target}/{quote(hold_id)}")
+            if not kept:
+                with contextlib.suppress(Exception):
+                    self.give_back(name, hold_id)
+
+    def renew_hold(self, name: str, hold_id: str) -> None:
+        """Renew this job's hold ``hold_id`` on branch ``name`` for HOLD_SECONDS more;
+        LockBusyError when it lapsed."""
+        self._call("POST", f"/branches/{quote(name)}/hold/{quote(hold_id)}/renew", raw=b"{}")
+
+    def give_back(self, name: str, hold_id: str) -> None:
+        self._call("DELETE", f"/branches/{quote(name)}/hold/{quote(hold_id)}")

@@ -33,7 +33,7 @@ from pgoverlay.errors import (
     UnsafePathError,
 )
 from pgoverlay.runner import polling, proc, safefs
-from pgoverlay.runner.branch import idle, warm
+from pgoverlay.runner.branch import expiry, idle, warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.admission import SocketPolicy
@@ -197,6 +197,7 @@ def serve(settings: Settings) -> None:
 
     keeper = threading.Thread(target=housekeeping, name="pgoverlay-housekeeping", daemon=True)
     keeper.start()
+    expiry_timer(settings, stop)
     # `systemctl reload pgoverlay` (or `kill -HUP`): the policy file read again; uvicorn
     # handles SIGINT and SIGTERM only, and SIGHUP's default would end the service.
     signal.signal(signal.SIGHUP, lambda *_: policy.reload())
@@ -211,6 +212,23 @@ def serve(settings: Settings) -> None:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == inode:
                 os.unlink(path)
+
+
+def expiry_timer(settings: Settings, stop: threading.Event) -> threading.Thread | None:
+    """The service's expiry timer (``branch.expiry``), started until ``stop`` is set; None when
+    ``service_expiry_timer`` is off (gc revokes expired credentials then). Its own thread: a gc
+    or a warm branch's start in the housekeeping thread takes seconds, and an expired
+    credential's sessions end within ``expiry.BOUND`` s."""
+    if not settings.service_expiry_timer:
+        return None
+    timer = threading.Thread(
+        target=expiry.run,
+        args=(lambda: Pool.open(settings), stop),
+        name="pgoverlay-expiry",
+        daemon=True,
+    )
+    timer.start()
+    return timer
 
 
 def _more_descriptors() -> None:

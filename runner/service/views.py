@@ -29,6 +29,13 @@ class Layer(Shape):
     physical_bytes: int
 
 
+class Login(Shape):
+    """A role that may log in to a branch through the front door, until ``expires_at``."""
+
+    role: str
+    expires_at: float
+
+
 class BranchView(Shape):
     """A branch as anyone in the service's group may see it: no password."""
 
@@ -59,6 +66,9 @@ class BranchView(Shape):
     # None: not said, by an engine older than suspending)
     suspended_at: float | None = None
     suspend_after: float | None = None
+    # the front door's answer only (None in anyone else's): the roles the engine minted a
+    # credential for (people's and the preview app's grants), the only ones the door lets in
+    logins: list[Login] | None = None
 
 
 class WarmView(Shape):
@@ -255,6 +265,8 @@ class GrantView(Shape):
     expires_at: float
     granted_by: str = ""  # uid:N, or github:LOGIN when the front door vouched for the person
     password: str | None = field(default=None, repr=False)
+    # the preview app's credential as deployed, given a new expiry (its password unchanged)
+    renewed: bool = False
     dsn_host: str
     dsn_port: int
     database: str
