@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from pgoverlay.action.markdown import inert
 from pgoverlay.errors import GitHubError
 
 if TYPE_CHECKING:
@@ -42,6 +43,13 @@ STATUS_CONTEXT = "pgoverlay/branch"
 # role (and custom roles built on write) as "write", and triage as "read".
 WRITERS = frozenset({"admin", "write"})
 DESCRIPTION = 140  # characters GitHub keeps of a deployment's or a status's description
+
+
+def _description(text: str) -> str:
+    """A deployment's or a commit status's description: it may hold a pull request's text (a
+    failure's reason), so nothing in it mentions anyone or references an issue; then cut to
+    GitHub's limit."""
+    return inert(text)[:DESCRIPTION]
 
 
 @dataclass(frozen=True)
@@ -350,7 +358,7 @@ class GitHub:
             "required_contexts": [],
             "transient_environment": True,
             "production_environment": False,
-            "description": description[:DESCRIPTION],
+            "description": _description(description),
         }
         made = self._request("POST", f"/repos/{repository}/deployments", body, what=what)
         if made.status != 201 or not isinstance(made.data, dict):
@@ -374,7 +382,7 @@ class GitHub:
         what = "could not set the deployment's status"
         body: dict[str, Any] = {
             "state": state,
-            "description": description[:DESCRIPTION],
+            "description": _description(description),
             "auto_inactive": True,
         }
         if environment_url:
@@ -394,7 +402,7 @@ class GitHub:
 
         try:
             self._gh.get_repo(repository).get_commit(sha).create_status(
-                state=state, description=description[:140], context=STATUS_CONTEXT
+                state=state, description=_description(description), context=STATUS_CONTEXT
             )
         except GithubException as err:
             raise GitHubError(f"could not set the commit status ({_reason(err)})") from None

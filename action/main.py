@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from pgoverlay.action import comment, event, outputs
+from pgoverlay.action import markdown as md
 from pgoverlay.action.conclusion import conclude
 from pgoverlay.action.decide import as_work, fork_refusal
 from pgoverlay.action.github import GitHub
@@ -519,10 +520,12 @@ def _finish(
     summary = comment.render_summary(report)
     if outcome.comment_error:
         outputs.annotation("warning", outcome.comment_error, out, title="PR comment not written")
-        summary += f"\n\n> **The PR comment could not be written:** {outcome.comment_error}\n"
+        why = md.prose(outcome.comment_error, 1000, cell=False)
+        summary += f"\n\n> **The PR comment could not be written:** {why}\n"
     if outcome.deployment_error:
         _say_deployment(outcome, out)
-        summary += f"\n\n> **The GitHub Deployment was not written:** {outcome.deployment_error}\n"
+        why = md.prose(outcome.deployment_error, 1000, cell=False)
+        summary += f"\n\n> **The GitHub Deployment was not written:** {why}\n"
     outputs.write_summary(job.summary, summary)
     for m in report.migrations:
         if m.status == "failed":

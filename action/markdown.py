@@ -4,6 +4,14 @@ Everything a pull request controls (file names, statements, error text, relation
 the comment through one of these, so it cannot break a table, close a code fence or a
 ``<details>`` block, or hide the rest of the comment in an HTML comment. Text is also put on one
 line, cut to a limit, and what looks like a password is redacted.
+
+Outside code, such text is also made :func:`inert`: GitHub turns ``@login``, ``@org/team``,
+``#12``, ``owner/repo#12`` and ``GH-12`` in a comment, a job summary, an annotation or a
+description into a notification or a cross-reference, so a pull request's SQL could ping
+anyone. Inside a code span or block GitHub links nothing; outside, a zero-width joiner after
+``@`` or ``#`` keeps the text as it reads and links nothing. Every plain-text field the Action
+and the listener send GitHub (``github.py``'s descriptions, ``outputs.annotation``) passes
+through it too.
 """
 
 from __future__ import annotations
@@ -20,6 +28,17 @@ _SECRET = re.compile(
     r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*|\s+(?='))('[^']*'|\"[^\"]*\"|[^\s,;]+)"
 )
 _URL_SECRET = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+# What GitHub links in prose: a mention (``@login``, ``@org/team``: a word character after the
+# ``@``) and an issue reference (``#12``, ``owner/repo#12``, ``GH-12``).
+_LINKED = re.compile(r"(@)(?=\w)|(#)(?=\d)|(?i:\b(GH)-(?=\d))")
+JOINER = "\u200d"  # zero width joiner: invisible, and no longer a mention or a reference
+
+
+def inert(text: str) -> str:
+    """``text`` with nothing GitHub would turn into a mention or an issue reference: a zero
+    width joiner after each ``@`` or ``#`` (and ``GH-``) that would start one. For text outside
+    code only: code spans and blocks link nothing, and their text must paste as it was."""
+    return _LINKED.sub(lambda m: m.group(0) + JOINER, text)
 
 
 def token(text: str) -> str:
@@ -53,7 +72,8 @@ def prose(text: str, limit: int, *, cell: bool, redact: bool = True) -> str:
     if len(pieces) % 2 == 0:  # an odd number of backticks: no code, all plain text
         pieces = [body]
     return "".join(
-        code(p, cell=cell) if i % 2 else _MD_SPECIAL.sub(r"\\\1", p) for i, p in enumerate(pieces)
+        code(p, cell=cell) if i % 2 else inert(_MD_SPECIAL.sub(r"\\\1", p))
+        for i, p in enumerate(pieces)
     )
 
 
@@ -65,7 +85,7 @@ def html_text(text: str, limit: int) -> str:
     if len(pieces) % 2 == 0:
         pieces = [body]
     return "".join(
-        (f"<code>{html.escape(p)}</code>" if p else "``") if i % 2 else html.escape(p)
+        (f"<code>{html.escape(p)}</code>" if p else "``") if i % 2 else inert(html.escape(p))
         for i, p in enumerate(pieces)
     )
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from pgoverlay.action.markdown import inert
 from pgoverlay.errors import JobFileError
 
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -46,6 +47,10 @@ def annotation(
     line: int | None = None,
     title: str | None = None,
 ) -> None:
+    """A workflow command that annotates the run (and ``file`` at ``line``). Its message and
+    title may hold a pull request's text (an error, a migration's name): nothing in them
+    mentions anyone or references an issue (``markdown.inert``)."""
+    message, title = inert(message), inert(title) if title else title
     props = []
     if file:
         props.append(f"file={_escape_property(file)}")

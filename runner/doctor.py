@@ -256,6 +256,13 @@ def _door(settings: Settings) -> Check:
     return Check("front door", "ok", f"answering on {where}; {kind}, SHA-256 {print_}")
 
 
+def _network_api(settings: Settings) -> list[Check]:
+    """The network API: off, or its audience, policy and issuer (``door.checks``)."""
+    from pgoverlay.runner.door import checks
+
+    return [Check(name, verdict, detail) for name, verdict, detail in checks.network_api(settings)]
+
+
 def _majors(settings: Settings, needed: list[int]) -> list[Check]:
     """Can the runtime chosen for each base's major version run a server of it?"""
     checks = []
@@ -381,6 +388,7 @@ def run(settings: Settings) -> list[Check]:
         _runtime(settings),
         _psql(settings),
         _door(settings),
+        *_network_api(settings),
         _ports(settings),
         *_pool(settings),
         _binaries(settings),

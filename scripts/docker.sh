@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make Docker usable for the Docker runtime's tests, as root: install Debian's docker.io, start
-# dockerd if none answers, and build a local Postgres image from Debian packages (no registry
-# is needed). The image is built once; a second run reuses it.
+# dockerd if none answers (scripts/dockerd.sh), and build a local Postgres image from Debian
+# packages (no registry is needed). The image is built once; a second run reuses it.
 #
 #   scripts/docker.sh [MAJOR]     # prints the image name on its last line
 set -euo pipefail
@@ -29,23 +29,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 docker=/usr/bin/docker
-if ! "$docker" info >/dev/null 2>&1; then
-    if [ -d /run/systemd/system ]; then
-        systemctl start docker
-    else
-        # No init system to ask (a container or a bare CI machine): run the daemon ourselves.
-        setsid /usr/sbin/dockerd >/var/log/pgoverlay-dockerd.log 2>&1 < /dev/null &
-    fi
-    for _ in $(seq 1 120); do
-        "$docker" info >/dev/null 2>&1 && break
-        sleep 0.5
-    done
-    if ! "$docker" info >/dev/null 2>&1; then
-        tail -n 30 /var/log/pgoverlay-dockerd.log >&2 || true
-        echo "error: dockerd did not start within 60 s (its log is above)" >&2
-        exit 1
-    fi
-fi
+scripts/dockerd.sh start   # scripts/test.sh stops at its end a daemon started here
 
 if ! "$docker" image inspect "$image" >/dev/null 2>&1; then
     echo "building $image from Debian's postgresql-${major} (a few minutes, once)" >&2

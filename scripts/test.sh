@@ -22,7 +22,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages.
+# The Docker runtime's tests: dockerd and a Postgres image built from Debian's packages. A
+# dockerd started for them is stopped when they end: left running, `runtime: auto` would pick
+# Docker for this machine's new branches.
+trap 'scripts/dockerd.sh stop' EXIT
 scripts/docker.sh 15 >/dev/null
 "$venv/bin/ruff" check .
 "$venv/bin/python" scripts/typecheck.py

@@ -9,9 +9,12 @@ for these reasons in hundreds of places with one line that says what to do.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,27 @@ def readable() -> Path:
     """This checkout, or the copy of it that was installed: what an unprivileged user (act as
     the runner's user) may read as 'the repository'."""
     return installed_source() or ROOT
+
+
+@contextlib.contextmanager
+def closed_to_others() -> Iterator[None]:
+    """The checkout closed to every user but its owner while the tests run, as a clone under
+    /root is: a test that runs a checkout's file as another user (the runner's, the
+    listener's), rather than the installed copy's (``readable()``), then fails wherever the
+    checkout lives, not only under /root. Only when the tests run the installed copy (an
+    editable install needs the checkout open); the folder's mode is put back when the run ends,
+    if this run changed it (two runs of one checkout at once: the first to end reopens it)."""
+    mode = stat.S_IMODE(ROOT.stat().st_mode)
+    closed = mode & ~0o077
+    if installed_source() is None or os.geteuid() != 0 or closed == mode:
+        yield
+        return
+    ROOT.chmod(closed)
+    try:
+        yield
+    finally:
+        if stat.S_IMODE(ROOT.stat().st_mode) == closed:
+            ROOT.chmod(mode)
 
 
 def _files(top: Path) -> dict[str, Path]:

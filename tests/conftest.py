@@ -51,6 +51,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             pytest.exit(f"error: {found}", returncode=4)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_closed_to_other_users() -> Iterator[None]:
+    """Every run behaves as a clone under /root does: the users the tests start read the
+    installed copy (``checkout.readable()``), never the checkout (``checkout.closed_to_others``)."""
+    with checkout.closed_to_others():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _local_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Branches run locally unless a test asks for Docker (the `runtime` fixture): with a

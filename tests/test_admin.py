@@ -20,6 +20,8 @@ from helpers import (
     cli,
     dismantle,
     docker_objects_for,
+    free_tcp_port,
+    os_user,
     port_free,
     postgres_processes_for,
     require_docker_image,
@@ -34,6 +36,7 @@ from pgoverlay.errors import (
     LockBusyError,
     PoolError,
     SeedBusyError,
+    TokenError,
 )
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
@@ -41,7 +44,7 @@ from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
-from pgoverlay.runner.service import client, serve
+from pgoverlay.runner.service import client, serve, tokens
 from pgoverlay.runner.service.address import SOCKET_ROOT
 from pgoverlay.runner.settings import Settings
 
@@ -382,6 +385,55 @@ def test_pool_rm_leaves_no_mounts_files_containers_and_follows_no_link(
         serve.stop(settings)
         (outside / "precious").unlink()
         outside.rmdir()
+
+
+def test_pool_rm_removes_the_doors_key_and_the_api_tokens_keeps_the_audit_log_and_says_so(
+    own_pool: tuple[Settings, dict[str, str]],
+) -> None:
+    """`pool rm` leaves no secret of the pool: the front door's private key, its pid file and
+    log, the API token store go; the audit log stays, and the output says why. A pool made
+    again at that home accepts no token of the old one, even from a store an earlier
+    release's `pool rm` left behind."""
+    settings, env = own_pool
+    home = settings.home
+    os_user("pgoverlay-door", groups=["pgoverlay"])
+    env = {
+        **env,
+        "PGOVERLAY_DOOR_PORT": str(free_tcp_port()),
+        "PGOVERLAY_DOOR_HTTPS_PORT": str(free_tcp_port()),
+    }
+    serve.start(settings)
+    try:
+        started = cli(["door", "--start"], env=env)
+        assert started.returncode == 0, started.stderr
+        issued = cli(["api", "token", "issue", "old-listener", "--owner", "acme"], env=env)
+        assert issued.returncode == 0, issued.stderr
+        token = issued.stdout.strip().splitlines()[-1]
+        assert tokens.check(home, token, repository="acme/shop").name == "old-listener"
+        left = {p.relative_to(home).as_posix() for p in home.rglob("*") if p.is_file()}
+        assert {"door/door.key", "door/door.pid", "door.log", "api/tokens.json"} <= left, left
+        stale = (home / "api" / "tokens.json").read_bytes()  # as an earlier release left it
+
+        done = cli(["pool", "rm", "--yes"], env=env)
+        assert done.returncode == 0, done.stderr
+        assert "stopped the front door" in done.stdout
+        kept = sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
+        assert kept[0] == "audit" and all(k.startswith("audit/") for k in kept[1:]), kept
+        assert f"kept {home / 'audit'}: the audit log" in done.stdout
+        for gone in ("door", "door.log", "api"):
+            assert f"removed {home / gone}" in done.stdout
+
+        # a new pool at the same home: the old token is good for nothing, even from a store
+        # left behind
+        (home / "api").mkdir(mode=0o700)
+        (home / "api" / "tokens.json").write_bytes(stale)
+        (home / "api" / "tokens.json").chmod(0o600)
+        poolmod.init(settings, size="1G").close()
+        with pytest.raises(TokenError):
+            tokens.check(home, token, repository="acme/shop")
+        assert not (home / "api").exists()
+    finally:
+        serve.stop(settings)
 
 
 def test_pool_down_is_recorded_shown_by_doctor_and_cleared_by_init(

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import checkout
 import pytest
 
 from helpers import SESSION_BASE, cli, os_user
@@ -317,8 +318,9 @@ def test_a_step_that_cannot_start_sets_status_failed(
 
 
 def setup_as(user: str, job: Job, cache: Path) -> subprocess.CompletedProcess[str]:
-    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache."""
-    script = Path(__file__).resolve().parents[1] / "action" / "setup.sh"
+    """The Action's setup.sh (its first step), as ``user``, with an empty tool cache: the
+    installed copy's, which ``user`` may read wherever the checkout is."""
+    script = checkout.readable() / "action" / "setup.sh"
     return subprocess.run(
         [os.fspath(script)],
         env={
@@ -389,6 +391,25 @@ def test_run_sh_sets_status_failed_when_the_action_dies_before_it_could(tmp_path
         timeout=60,
     )
     assert output.read_text() == "status=ready\n"
+
+
+def test_the_setup_check_names_its_own_pools_socket_not_another_pools(tmp_path: Path) -> None:
+    """Two pools on one host: the check speaks of the socket of the pool the job's settings
+    name (PGOVERLAY_HOME, else the admin's pgoverlay.env), not of the first socket listed."""
+    from pgoverlay.runner.service import access, address
+
+    home = tmp_path / "pool-b"
+    home.mkdir()
+    assert access.socket_of(home) == address.socket_path(home)
+    mine = access.socket_of(home, tmp_path)
+    other = tmp_path / "00000000.sock"  # another pool's, listed first
+    assert sorted([other, mine])[0] == other
+    for stale in (other, mine):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(os.fspath(stale))  # bound, never listening: a service that is gone
+    found = access.any_service_problem(tmp_path, home=home)
+    assert found is not None and os.fspath(mine) in found and os.fspath(other) not in found
+    assert access.configured_home({"PGOVERLAY_HOME": os.fspath(home)}) == home
 
 
 def test_the_setup_check_says_when_no_engine_service_runs(tmp_path: Path) -> None:

@@ -178,6 +178,36 @@ def test_an_image_without_pg_major_is_asked_and_a_non_postgres_image_refused(
             client.images.remove(tag, force=True)
 
 
+def test_docker_failing_to_run_an_image_says_dockers_error_not_that_it_is_no_postgres(
+    pool: Pool, base: BaseVersion, client: Any
+) -> None:
+    """A Postgres image Docker cannot start (here: its USER is not in its passwd) is not called
+    "not a Postgres image": the admin is told what Docker said, which is what to fix."""
+    good = pool.settings.image_for(base.pg_major or 0)
+    scratch = client.containers.create(good, entrypoint=["true"])
+    try:
+        scratch.commit(
+            repository="pgoverlay-local/no-such-user",
+            tag="1",
+            changes=["ENV PG_MAJOR=", "USER no-such-user"],
+        )
+    finally:
+        scratch.remove(force=True)
+    try:
+        with pytest.raises(DockerError) as refused:
+            docker_runtime.image_major(client, "pgoverlay-local/no-such-user:1", timeout=60)
+        said = str(refused.value)
+        assert "does not look like a Postgres image" not in said
+        assert "unable to find user no-such-user" in said, said
+        assert "pgoverlay-local/no-such-user:1" in said and "http+docker" not in said, said
+        probes = client.containers.list(
+            all=True, filters={"label": f"{docker_runtime.LABEL_KIND}=probe"}
+        )
+        assert probes == [], "a probe container was left behind"
+    finally:
+        client.images.remove("pgoverlay-local/no-such-user:1", force=True)
+
+
 def test_a_docker_outage_reads_as_unknown_and_gc_neither_restarts_nor_destroys(
     pool: Pool, base: BaseVersion, client: Any, env: dict[str, str]
 ) -> None:

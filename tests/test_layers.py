@@ -120,3 +120,33 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert imported_modules(sample) & DOCKER_MODULES == DOCKER_MODULES
     assert tools_switches(sample) == [3]
     assert sorted(runtime_comparisons(sample)) == [6, 7]
+
+
+WAITING_CALLS = {"run", "call", "check_call", "check_output"}  # subprocess's that wait
+
+
+def calls_without_timeout(tree: ast.AST) -> list[int]:
+    """Lines that call ``subprocess.run`` (or another of subprocess's waiting calls) with no
+    ``timeout=``."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "subprocess"
+        and node.func.attr in WAITING_CALLS
+        and not any(k.arg == "timeout" for k in node.keywords)
+    ]
+
+
+def test_every_external_program_is_waited_for_with_a_deadline() -> None:
+    """A program that hangs (groupadd waiting on /etc/group's lock, a stuck systemctl) cannot
+    hang a command: every call that waits for one has a timeout (``proc.run`` requires one)."""
+    found = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line in calls_without_timeout(ast.parse(path.read_text()))
+    }
+    assert found == set(), sorted(found)

@@ -92,3 +92,14 @@ def test_on_a_terminal_help_and_messages_still_wrap_at_its_width() -> None:
     doctor = _on_a_terminal(["doctor"], columns=60, PGOVERLAY_HOME=LONG_HOME)
     assert "no pool at" in doctor and LONG_HOME not in doctor
     assert max(len(line) for line in doctor.splitlines()) <= 60, doctor
+
+
+def test_a_fingerprint_is_printed_as_it_is_not_as_emoji() -> None:
+    """A certificate's SHA-256 fingerprint (`doctor`, the demo) holds pairs like ":AB:", which
+    rich would turn into an emoji code (🆎): the CLI's console prints text as it is."""
+    shown = subprocess.run(
+        [sys.executable, "-c", "from pgoverlay.cli.common import out; "
+         "out.print('SHA-256 03:6A:50:AB:F1:34 :ok: :smile:')"],
+        capture_output=True, text=True, timeout=60, check=True, cwd="/",
+    )  # fmt: skip
+    assert shown.stdout == "SHA-256 03:6A:50:AB:F1:34 :ok: :smile:\n"

@@ -337,6 +337,19 @@ def test_pool_init_is_idempotent(pool: Pool, env: dict[str, str]) -> None:
         assert "image mode on xfs" in done.stdout
 
 
+def _readme_demo_output() -> str:
+    """The README's example of the demo's output: the code block after its description."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    after = text[text.index("The demo prepares the pool") :]
+    return after.split("```\n", 2)[1]
+
+
+def _top_lines(output: str) -> list[str]:
+    """The first word of each line the demo prints at the left margin (base, branch, writable,
+    connect, front, way, destroy): what a reader of the README expects, in order."""
+    return [line.split()[0] for line in output.splitlines() if line[:1].strip()]
+
+
 def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
     pool: Pool, env: dict[str, str], service: Path
 ) -> None:
@@ -364,6 +377,8 @@ def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
         assert "access grant demo-run --github-login YOUR-LOGIN --read-only" in done.stdout
         assert "sudo" not in done.stdout and "PGOVERLAY_ACCESS_UNMASKED" not in done.stdout
         assert pool.registry.latest_base("demo").masked  # type: ignore[union-attr]
+        # The README's example is a real run's: the same lines, in the same order.
+        assert _top_lines(done.stdout) == _top_lines(_readme_demo_output())
         b = branch.get(pool, "demo-run")
         assert b.password not in done.stdout + done.stderr
         with psycopg.connect(**branch.connection(pool, b).connect_kwargs()) as conn:

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import require_root, top_ports
+import checkout
+
+from helpers import os_user, require_root, top_ports
 
 TESTS = Path(__file__).resolve().parent
 
@@ -70,3 +72,21 @@ def test_a_base_a_test_leaves_behind_is_removed_before_the_next_test(tmp_path: P
         "test_that_base_is_gone_too": "PASSED",
     }, done.stdout[-5000:]
     assert "the test left bases behind (removed now): left-by-a-pass v1" in done.stdout
+
+
+def test_the_users_the_tests_start_read_the_installed_copy_never_the_checkout() -> None:
+    """Wherever the checkout lives, the tests run as a clone under /root does: another user
+    cannot read the checkout's files (a test that runs them fails here, not only there), and
+    reads the installed copy's (``checkout.readable()``)."""
+    require_root()
+    user = os_user("pgo-runner")
+
+    def can_read(path: Path) -> bool:
+        done = subprocess.run(
+            ["test", "-r", os.fspath(path)], user=user.pw_uid, extra_groups=[], check=False
+        )
+        return done.returncode == 0
+
+    assert checkout.installed_source() is not None, "the tests run the installed copy"
+    assert not can_read(checkout.ROOT / "action" / "setup.sh")
+    assert can_read(checkout.readable() / "action" / "setup.sh")

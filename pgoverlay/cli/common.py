@@ -48,7 +48,8 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            console = Console(stderr=self._stderr, highlight=False)
+            # emoji=False: a fingerprint's ":AB:" is not an emoji code (🆎)
+            console = Console(stderr=self._stderr, highlight=False, emoji=False)
             # Off a terminal (a file, a pipe, a CI log) no line is broken: rich would wrap at
             # 80 columns, in the middle of a path or a message.
             console.soft_wrap = not console.is_terminal

@@ -49,10 +49,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.door.guard import Guard
 from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Policy
+from pgoverlay.runner.door.refusals import Refusals, claim_of
 from pgoverlay.runner.service import acting, limits, tokens, vouch
 from pgoverlay.runner.service.app import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
@@ -155,18 +155,21 @@ def _listener_vouched(request: Request, token: str) -> tuple[Vouched, acting.Act
 
 async def _caller(request: Request) -> RemoteEngine:
     """The engine, for the repository of the request's verified and admitted token. A source
-    whose tokens were refused ``door_failed_logins`` times within ``door_failed_window`` is
-    refused (429) before its next token is looked at, as the Postgres port refuses one that
-    failed as many logins: guessing API tokens, or filling the engine's audit log with refused
-    ones, goes no faster than guessing passwords."""
-    guard: Guard = request.app.state.guard
+    whose tokens claiming one repository were refused ``door_failed_logins`` times within
+    ``door_failed_window`` is refused (429) for that repository before its next token is looked
+    at, as the Postgres port refuses one that failed as many logins; other repositories' jobs
+    behind the same address (one NAT) go on (``refusals``)."""
+    counts: Refusals = request.app.state.refusals
     source = request.client.host if request.client else "unknown"
-    if guard.banned(source):
-        raise errors.LimitReachedError("too many refused tokens from this address: try again later")
+    sent = request.headers.get("authorization", "").partition(" ")[2].strip()
+    claim = claim_of(sent, request.headers)
+    why = counts.refused(source, claim)
+    if why is not None:
+        raise errors.LimitReachedError(why)
     try:
         return await _verified(request)
     except errors.TokenError:
-        guard.failed(source)
+        counts.failed(source, claim)
         raise
 
 
@@ -308,7 +311,7 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
-    app.state.guard = Guard(
+    app.state.refusals = Refusals(
         failed_logins=failed_logins, failed_window=failed_window, clock=time.monotonic
     )
     app.state.door = door  # the door's own identity, which asks whether an API token is good

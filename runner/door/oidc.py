@@ -233,6 +233,13 @@ class Verifier:
     def __repr__(self) -> str:
         return f"Verifier(issuer={self.issuer!r}, audience={self.audience!r})"
 
+    def fetch_keys(self) -> tuple[int, int]:
+        """Fetch the issuer's discovery document and key set now (``doctor``): how many keys
+        can verify tokens and how many cannot; IssuerError saying what is wrong."""
+        with self._lock:
+            keys = self._fetch(self.clock())
+        return len(keys.by_kid), len(keys.refused)
+
     # -- the token --------------------------------------------------------------------------
 
     def verify(self, token: str) -> Identity:

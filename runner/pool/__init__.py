@@ -317,6 +317,7 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
     root.mkdir(exist_ok=True)
     info = read_info(home)
     if info is None:
+        _forget_an_earlier_pool(home)
         if supports_reflink(home):
             info = PoolInfo(mode="native", image_bytes=0)
         elif allow_plain:
@@ -344,6 +345,22 @@ def init(settings: Settings, *, size: str | None = None, allow_plain: bool = Fal
     pool.make_socket_root()
     remount_bases(pool)
     return pool
+
+
+# What a pool keeps in its home that no new pool at that home may take over: the API token
+# store (an old token must not be good for the new pool) and the front door's key.
+EARLIER_POOL = ("api", "door")
+
+
+def _forget_an_earlier_pool(home: Path) -> None:
+    """Before a new pool is made at ``home``: remove the API tokens and the door's key an
+    earlier pool there left (an earlier release's `pool rm` kept them), so no token issued for
+    the old pool is ever good for the new one."""
+    for name in EARLIER_POOL:
+        path = home / name
+        if os.path.lexists(path):
+            log.warning("removing %s: left by an earlier pool at %s, not this one's", path, home)
+            safefs.remove_tree(path)
 
 
 # Every directory of the pool is root's; the Postgres user reaches only what it must traverse.

@@ -7,11 +7,16 @@ unmounts every branch overlay and base bind mount; then, in image mode, the pool
 registry stays as it is: ``pool init`` clears the mark, mounts the image and the bases again,
 and ``gc`` restarts every ready branch on its own port with its own password.
 
-``remove`` takes the pool down and stops its engine service, then removes this pool's Docker
-containers and volumes (found by label), the pool's tree, its image, the service's log,
-``pool.json`` (last, so a killed removal can be run again) and its socket directory in /run.
-Nothing is removed while anything is still mounted under the pool, and trees are removed
-through file descriptors, following no link.
+``remove`` takes the pool down and stops its engine service and its front door, then removes
+this pool's Docker containers and volumes (found by label), the pool's tree, its image, the
+service's log, the front door's folder (its private key and certificate, its pid file) and log,
+the API token store, ``pool.json`` (last, so a killed removal can be run again) and its socket
+directory in /run. It keeps one thing, and says so: the audit log (``audit/``), the record of
+who was given access to what and who signed in, which an admin may need after the pool is gone
+(``KEPT``); the pool's home stays while it holds it. Nothing is removed while anything is still
+mounted under the pool, and trees are removed through file descriptors, following no link. A
+pool made again at the same home starts with no token and no key of the old one
+(``pool.init`` discards what an earlier release's ``pool rm`` left).
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ log = logging.getLogger(__name__)
 
 UNMOUNT_TIMEOUT = 30.0
 LOCK_KINDS = ("branch", "seed")
+# What `pool rm` removes besides the pool's tree and image, under its home: the service's log,
+# the front door's folder (door.key, door.crt, door.pid) and log, the API token store.
+REMOVED = ("service.log", "door", "door.log", "api")
+# What it keeps, and why: said in its output.
+KEPT = {
+    "audit": "the audit log of who was given access to what and who signed in; remove it "
+    "when no longer needed",
+}
 
 
 def down(settings: Settings) -> list[str]:
@@ -117,13 +130,16 @@ def remove(settings: Settings) -> list[str]:
     for path in (
         home / "pool",
         home / "pool.img",
-        home / "service.log",
+        *(home / name for name in REMOVED),
         SOCKET_ROOT / pool_id(home),
     ):
         if os.path.lexists(path):
             safefs.remove_tree(path)
             done.append(f"removed {path}")
     (home / "pool.json").unlink(missing_ok=True)
+    for name, why in KEPT.items():
+        if os.path.lexists(home / name):
+            done.append(f"kept {home / name}: {why} (`rm -r {home / name}`)")
     with contextlib.suppress(OSError):
         home.rmdir()  # only when nothing else is in it
     log.info("pool %s removed", home)

@@ -175,7 +175,7 @@ def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     major = _parse_major(env.get("PG_MAJOR", ""))
     if major is None:
-        major = _ask_major(client, image_id, timeout=timeout)
+        major = _ask_major(client, image, image_id, timeout=timeout)
     if major is None:
         raise DockerError(
             f"image {image} does not look like a Postgres image: neither PG_MAJOR in its "
@@ -186,25 +186,47 @@ def image_major(client: DockerClient, image: str, *, timeout: float) -> int:
     return major
 
 
-def _ask_major(client: DockerClient, image_id: str, *, timeout: float) -> int | None:
-    """Not built like the official image: ask its ``postgres``; None if it has none."""
+# How Docker says the image has no ``postgres`` to run (runc's words, through the daemon).
+_NO_EXECUTABLE = re.compile(r"executable file not found|no such file or directory", re.IGNORECASE)
+
+
+def _ask_major(
+    client: DockerClient, image: str, image_id: str, *, timeout: float
+) -> int | None:
+    """Not built like the official image: ask its ``postgres``; None if it has none. Any other
+    failure is Docker's, and says Docker's own words (a daemon out of space, a user the image
+    names that it lacks, a probe that did not answer): the image may well be Postgres's."""
     import docker.errors
 
-    container = client.containers.create(
-        image_id,
-        entrypoint=["postgres"],
-        command=["--version"],
-        network_mode="none",
-        labels={LABEL_KIND: "probe"},
-    )
+    what = f"could not ask image {image} for its Postgres version"
+    fix = "fix what Docker says, or set PGOVERLAY_DOCKER_IMAGE to an image Docker can run"
+    try:
+        container = client.containers.create(
+            image_id,
+            entrypoint=["postgres"],
+            command=["--version"],
+            network_mode="none",
+            labels={LABEL_KIND: "probe"},
+        )
+    except docker.errors.DockerException as err:
+        raise DockerError(
+            f"{what}: Docker could not create its container ({_docker_says(err)}): {fix}"
+        ) from None
     try:
         container.start()
         container.wait(timeout=timeout)
         return _parse_major(container.logs().decode(errors="replace"))
-    except docker.errors.DockerException:
-        return None  # no postgres on its PATH, or not runnable at all
-    except Exception:  # the SDK raises the HTTP client's timeout error
-        return None
+    except docker.errors.APIError as err:
+        if _NO_EXECUTABLE.search(_docker_says(err)):
+            return None  # no postgres on its PATH
+        raise DockerError(f"{what}: Docker could not run it ({_docker_says(err)}): {fix}") from None
+    except docker.errors.DockerException as err:
+        raise DockerError(f"{what}: {_first_line(err)}: {fix}") from None
+    except Exception as err:  # the SDK raises the HTTP client's timeout error
+        raise DockerError(
+            f"{what}: `postgres --version` did not finish within {timeout:g} s "
+            f"({_first_line(err)}): see `docker ps -a --filter label={LABEL_KIND}=probe`; {fix}"
+        ) from None
     finally:
         with contextlib.suppress(Exception):
             container.remove(force=True)
@@ -215,7 +237,14 @@ def _parse_major(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _first_line(err: BaseException) -> str:
+def _docker_says(err: BaseException) -> str:
+    """The daemon's own words for an API error (not the SDK's HTTP wrapping), else its first
+    line."""
+    explanation = getattr(err, "explanation", None)
+    return _first_line(explanation) if explanation else _first_line(err)
+
+
+def _first_line(err: BaseException | str) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:400] if text else type(err).__name__
 

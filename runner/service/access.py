@@ -109,13 +109,47 @@ def problem(path: Path) -> str | None:
     return None
 
 
-def any_service_problem(root: Path = SOCKET_ROOT) -> str | None:
-    """None when this process can connect to an engine service on this host (which pool's it
-    asks is the settings', checked later); else why it can reach none."""
+DEFAULT_HOME = Path("/var/lib/pgoverlay")
+ADMIN_ENV_FILE = Path("/etc/pgoverlay/pgoverlay.env")  # settings.ADMIN_ENV_FILE
+
+
+def configured_home(environ: dict[str, str] | None = None) -> Path:
+    """The pool this process's commands use: PGOVERLAY_HOME from the environment, else from
+    the admin's /etc/pgoverlay/pgoverlay.env, else the default (as ``settings.load`` finds
+    it, read here with the standard library alone)."""
+    env = os.environ if environ is None else environ
+    if env.get("PGOVERLAY_HOME"):
+        return Path(env["PGOVERLAY_HOME"])
+    try:
+        lines = ADMIN_ENV_FILE.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    for line in lines:
+        key, _, value = line.strip().removeprefix("export ").partition("=")
+        if key.strip() == "PGOVERLAY_HOME" and value.strip():
+            return Path(value.strip().strip("'\""))
+    return DEFAULT_HOME
+
+
+def socket_of(home: Path, root: Path = SOCKET_ROOT) -> Path:
+    """The engine service's socket of the pool at ``home`` (``address.socket_path``: the
+    first 8 hex digits of the SHA-256 of its resolved path)."""
+    import hashlib
+
+    return root / f"{hashlib.sha256(os.fspath(home.resolve()).encode()).hexdigest()[:8]}.sock"
+
+
+def any_service_problem(root: Path = SOCKET_ROOT, *, home: Path | None = None) -> str | None:
+    """None when this process can connect to the engine service of the pool at ``home`` (the
+    settings' pool), or, when that pool has no socket here, to any on this host; else why not,
+    naming that pool's socket when it has one, never another pool's."""
     try:
         sockets = sorted(root.glob("*.sock"))
     except OSError:
         sockets = []
+    own = socket_of(home, root) if home is not None else None
+    if own is not None and own in sockets:
+        return problem(own)
     if not sockets:
         return (
             f"no engine service is running on this host (no socket in {root}): start it with "
@@ -135,7 +169,7 @@ def _denied(path: Path) -> bool:
 def main() -> int:
     """`python3 access.py`: exit 0 when an engine service answers this user; else print why,
     as a GitHub Actions error annotation, and exit 30 (the client's exit code for it)."""
-    found = any_service_problem()
+    found = any_service_problem(home=configured_home())
     if found is None:
         return 0
     text = found.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")

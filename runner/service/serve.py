@@ -25,8 +25,14 @@ from pathlib import Path
 
 import uvicorn
 
-from pgoverlay.errors import ConfigError, ServiceError, TimeoutExpiredError, UnsafePathError
-from pgoverlay.runner import polling, safefs
+from pgoverlay.errors import (
+    CommandError,
+    ConfigError,
+    ServiceError,
+    TimeoutExpiredError,
+    UnsafePathError,
+)
+from pgoverlay.runner import polling, proc, safefs
 from pgoverlay.runner.branch import expiry, idle, warm
 from pgoverlay.runner.pool import Pool, gc, require_root
 from pgoverlay.runner.postgres import postmaster
@@ -66,10 +72,19 @@ def group_id(name: str) -> int:
         ) from None
 
 
+GROUPADD_TIMEOUT = 30.0  # seconds groupadd may take (it waits on /etc/group's lock)
+
+
 def ensure_group(name: str) -> int:
     with contextlib.suppress(ConfigError):
         return group_id(name)
-    subprocess.run(["groupadd", "--system", name], check=True, capture_output=True)
+    try:
+        proc.run(["groupadd", "--system", name], timeout=GROUPADD_TIMEOUT)
+    except (CommandError, TimeoutExpiredError) as err:
+        raise ConfigError(
+            f"the service's group {name!r} does not exist and could not be made ({err}): make "
+            f"it as root (`groupadd --system {name}`), or set PGOVERLAY_SERVICE_GROUP"
+        ) from None
     return group_id(name)
 
 
