@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.door.guard import client_of
 from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Policy
@@ -160,7 +161,10 @@ async def _caller(request: Request) -> RemoteEngine:
     at, as the Postgres port refuses one that failed as many logins; other repositories' jobs
     behind the same address (one NAT) go on (``refusals``)."""
     counts: Refusals = request.app.state.refusals
-    source = request.client.host if request.client else "unknown"
+    source = client_of(
+        request.client.host if request.client else "unknown",
+        ipv6_prefix=request.app.state.ipv6_prefix,
+    )
     sent = request.headers.get("authorization", "").partition(" ")[2].strip()
     claim = claim_of(sent, request.headers)
     why = counts.refused(source, claim)
@@ -285,16 +289,18 @@ def create_api(
     app_sslmode: str = "verify-full",
     failed_logins: int = 10,
     failed_window: float = 300.0,
+    ipv6_prefix: int = 64,
     job_logins: JobLogins | None = None,
 ) -> FastAPI:
-    """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
-    ``door`` is the engine as the door's own identity (no repository vouched for): it asks
-    whether an API token is good. ``door_host`` and ``door_port`` are the front door's
-    Postgres address: a branch's connection is answered through it (its own port is on the
-    pool host's loopback); with ``door_https_port`` and ``app_sslmode``
-    (``Settings.door_app_sslmode``), they are the way in a workflow's report tells people and
-    programs (``GET /pool``). ``job_logins``: the router's, told which branch's own role a
-    verified job now logs in with (``joblogins``)."""
+    """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``). ``door`` is the
+    engine as the door's own identity (no repository vouched for): it asks whether an API token
+    is good. ``door_host`` and ``door_port`` are the front door's Postgres address: a branch's
+    connection is answered through it (its own port is on the pool host's loopback); with
+    ``door_https_port`` and ``app_sslmode`` (``Settings.door_app_sslmode``), they are the way in
+    a workflow's report tells people and programs (``GET /pool``). An IPv6 caller's refused
+    tokens count against its ``ipv6_prefix``-bit network, as the Postgres port counts its failed
+    logins. ``job_logins``: the router's, told which branch's own role a verified job now logs
+    in with (``joblogins``)."""
     jobs = job_logins if job_logins is not None else JobLogins()
     app = FastAPI(
         title="pgoverlay network API",
@@ -311,6 +317,7 @@ def create_api(
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for
+    app.state.ipv6_prefix = ipv6_prefix
     app.state.refusals = Refusals(
         failed_logins=failed_logins, failed_window=failed_window, clock=time.monotonic
     )

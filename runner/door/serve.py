@@ -242,6 +242,7 @@ def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = Non
         app_sslmode=settings.door_app_sslmode,
         failed_logins=settings.door_failed_logins,
         failed_window=settings.door_failed_window,
+        ipv6_prefix=settings.door_ipv6_prefix,
         job_logins=jobs,
     )
     log.info(
