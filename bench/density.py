@@ -209,7 +209,7 @@ class Door:
 
 
 def serve_answering(settings: Settings) -> bool:
-    from pgoverlay.runner.door.serve import answering
+    from pgoverlay.runner.door.reach import answering
 
     return answering(settings)
 

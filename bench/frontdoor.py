@@ -59,7 +59,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgoverlay.runner import branch, proc, safefs, seed
 from pgoverlay.runner import pool as poolmod
 from pgoverlay.runner.door import tls
-from pgoverlay.runner.door.serve import answering
+from pgoverlay.runner.door.reach import answering
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster

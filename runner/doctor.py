@@ -231,7 +231,7 @@ def _psql(settings: Settings) -> Check:
 def _door(settings: Settings) -> Check:
     """Whether the front door answers, and its certificate: the admin's, or the self-signed one
     it made, by the SHA-256 fingerprint readers check before they trust it."""
-    from pgoverlay.runner.door import serve, tls
+    from pgoverlay.runner.door import reach, serve, tls
 
     if settings.door_cert_file is not None:
         cert = settings.door_cert_file
@@ -244,7 +244,7 @@ def _door(settings: Settings) -> Check:
     except PgoverlayError:
         print_ = ""
     where = f"port {settings.door_port}, pages on {settings.door_https_port}"
-    if not serve.answering(settings):
+    if not reach.answering(settings):
         made = f"; {kind}, SHA-256 {print_}" if print_ else ""
         return Check(
             "front door",

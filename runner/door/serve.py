@@ -37,6 +37,7 @@ from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, Ti
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
 from pgoverlay.runner.door.joblogins import JobLogins
+from pgoverlay.runner.door.reach import answering
 from pgoverlay.runner.pool import require_root
 from pgoverlay.runner.pool.registry import WAKEABLE
 from pgoverlay.runner.postgres import postmaster
@@ -379,16 +380,6 @@ async def _serve(settings: Settings, prepared: Prepared) -> None:
 
 
 # -- starting it ---------------------------------------------------------------------------
-
-
-def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
-    """Whether something accepts connections on the door's Postgres port here."""
-    host = "127.0.0.1" if settings.door_address in ("0.0.0.0", "::", "*") else settings.door_address
-    try:
-        with socket.create_connection((host, settings.door_port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def start(settings: Settings) -> str:
