@@ -29,7 +29,7 @@ from pgoverlay.errors import (
     PortsExhaustedError,
     TimeoutExpiredError,
 )
-from pgoverlay.runner import safefs
+from pgoverlay.runner import polling, safefs
 from pgoverlay.runner.branch import sizes
 from pgoverlay.runner.branch.conf import server_options, write_conf
 from pgoverlay.runner.names import check_name
@@ -318,8 +318,6 @@ RELOAD_WAIT = 5.0
 def _check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
     import psycopg
-
-    from pgoverlay.runner import polling
 
     def logged_in(*, last: bool = False) -> bool | None:
         try:

@@ -108,8 +108,9 @@ class Route:
 
 
 class WakeFailed(Exception):
-    """The branch is suspended and could not be woken (its port taken, its disk full): raised
-    by ``resolve``; the client is told so (57P03), and it is no failed login."""
+    """The branch is suspended and could not be woken (its port taken, its disk full): private
+    control flow, raised by ``resolve`` and caught by the router, which tells the client so
+    (57P03) and counts no failed login."""
 
 
 class Resolve(Protocol):
