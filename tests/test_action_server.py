@@ -87,9 +87,17 @@ def test_the_engine_over_the_network_makes_a_branch_reached_through_the_door(api
         "verify-full",
     )
     assert c.sslrootcert == os.fspath(api.certs.ca_file)
+    # The job's own credential, minted by the engine, never the branch role's password; its
+    # sessions act as the branch role, so what it makes is the branch role's, as in a local run.
+    own = api.pool.registry.branch("srv-one")
+    assert own is not None and c.user == "job_pr_42" != own.user
     with psycopg.connect(**c.connect_kwargs(), autocommit=True) as db:
+        assert db.info.pgconn.ssl_in_use
         db.execute("CREATE TABLE over_the_network (id int)")
-        assert db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+        assert db.execute(
+            "SELECT current_user, session_user, pg_get_userbyid(relowner) FROM pg_class "
+            "WHERE oid = 'over_the_network'::regclass"
+        ).fetchone() == (own.user, "job_pr_42", own.user)
     assert "sslmode=verify-full" in c.url and "sslrootcert=" in c.url
     assert engine.size("srv-one").physical_bytes > 0
     app = engine.grant("srv-one", GrantRequest(app=True))

@@ -50,7 +50,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.guard import Guard
-from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Policy
 from pgoverlay.runner.service import acting, limits, tokens, vouch
@@ -282,7 +281,6 @@ def create_api(
     app_sslmode: str = "verify-full",
     failed_logins: int = 10,
     failed_window: float = 300.0,
-    job_logins: JobLogins | None = None,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``).
     ``door`` is the engine as the door's own identity (no repository vouched for): it asks
@@ -290,9 +288,7 @@ def create_api(
     Postgres address: a branch's connection is answered through it (its own port is on the
     pool host's loopback); with ``door_https_port`` and ``app_sslmode``
     (``Settings.door_app_sslmode``), they are the way in a workflow's report tells people and
-    programs (``GET /pool``). ``job_logins``: the router's, told which branch's own role a
-    verified job now logs in with (``joblogins``)."""
-    jobs = job_logins if job_logins is not None else JobLogins()
+    programs (``GET /pool``)."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -391,9 +387,7 @@ def create_api(
 
     @app.post("/branches/{name}/destroy")
     def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-        gone = e.destroy(name)
-        jobs.forget(name)
-        return gone
+        return e.destroy(name)
 
     @app.get("/branches/{name}/size")
     def size(e: Engine, name: Name) -> Layer:
@@ -428,8 +422,9 @@ def create_api(
 
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:
+        # The engine mints the job's own credential (never the branch role's password, which
+        # PR SQL can change): the door admits it as it does every grant.
         own = e.connection(name)
-        jobs.allow(name)  # the job's steps log in as the branch's role, through the door
         # Through the door, which routes by the branch's name as the database (over TLS).
         return Connection(
             host=door_host,

@@ -536,15 +536,29 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
-        """The branch's connection details with its password: a job's way in. Its roles are
+        """The branch's connection details with a password: a job's way in. Its roles are
         made what the registry says first (``reconcile``), so a password PR SQL or a
-        reviewer changed in the branch is set back and the one given here works."""
+        reviewer changed in the branch is set back and the one given here works.
+
+        On the socket, the branch role's own (the caller's process is on the pool's host).
+        For a caller the front door vouches for (a job or listener on another runner, which
+        reaches the branch through the door), a credential minted for the job instead
+        (``grants.grant_job``): the door admits no role the engine did not mint, and the
+        branch role's password is PR SQL's to change."""
         self._not_door("read a branch's password", vouchable=True)
         b = self._awake(self._mine(name))
-        from pgoverlay.runner.branch import reconcile
+        from pgoverlay.runner.branch import grants, reconcile
 
         reconcile.settle(self.pool, name)
-        return branches.connection(self.pool, b)
+        own = branches.connection(self.pool, b)
+        vouched = self.vouched
+        if vouched is None:
+            return own
+        who = "listener" if vouched.listener else "job"
+        made = grants.grant_job(
+            self.pool, name, granted_by=f"{who}:{vouched.repository}", uid=self.uid
+        )
+        return own.replace(user=made.grant.role, password=made.password)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)

@@ -1,0 +1,199 @@
+"""A job on another runner (the Action with `server:`, the listener on another host) logs in to
+its branch, through the front door, with a credential the engine minted for it when it asked
+for the branch's connection, never with the branch role's own password: PR SQL can change that
+one (``ALTER ROLE CURRENT_USER PASSWORD``), and the door admits no role the engine did not mint.
+
+The real engine service, the real `pgoverlay door` (as its own user) listening on the host's
+end of a network namespace (tests/netns.py), a local OIDC issuer for the job's token, and psql
+on the other machine for the attacker's client.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from apikit import Api, running_door
+from netns import Machine
+from psycopg import sql
+
+from helpers import require
+from pgoverlay.runner import audit as auditmod
+from pgoverlay.runner.branch import grants, reconcile
+from pgoverlay.runner.pool import Pool, gc
+from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.postgres import binaries as pgbin
+from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.models import CreateRequest, GrantRequest
+from pgoverlay.runner.service.netclient import NetworkEngine, StaticCredential
+from pgoverlay.runner.service.views import Connection
+
+REPOSITORY, REPOSITORY_ID = "acme/shop", 4001
+CHOSEN = "chosen-by-the-pr"
+
+
+@dataclass
+class World:
+    api: Api
+    machine: Machine  # the attacker's: anywhere on the network
+    psql: str
+
+    def engine(self) -> NetworkEngine:
+        """The engine as a job of acme/shop's pull request #42 reaches it: its OIDC token."""
+        token = StaticCredential(self.api.of(REPOSITORY, REPOSITORY_ID))
+        return NetworkEngine(self.api.server, credential=token, ca_file=self.api.certs.ca_file)
+
+    def login(self, *, dbname: str, user: str, password: str) -> str:
+        """psql on the other machine through the door: ``connected``, or its error."""
+        conninfo = (
+            f"host={self.machine.host} port={self.api.door_port} dbname={dbname} user={user} "
+            f"sslmode=verify-full sslrootcert={os.fspath(self.api.certs.ca_file)}"
+        )
+        done = self.machine.run(
+            ["env", f"PGPASSWORD={password}", self.psql, "-X", "-At", conninfo, "-c", "SELECT 1"]
+        )
+        return "connected" if done.returncode == 0 else done.stderr.strip()
+
+
+@pytest.fixture(scope="module")
+def world(
+    pool: Pool, base: BaseVersion, service: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    require(shutil.which("ip") is not None, "needs iproute2 (ip netns)")
+    folder = tmp_path_factory.mktemp("jobcred")
+    psql = os.fspath(pgbin.newest().tool("psql"))
+    with Machine() as machine:
+        try:
+            with running_door(
+                pool,
+                base,
+                folder,
+                policy="owners: [acme]\n",
+                host=machine.host,
+                address=machine.host,
+            ) as api:
+                yield World(api, machine, psql)
+        finally:
+            engine = LocalEngine(pool)
+            for b in pool.registry.branches():
+                if b.name.startswith("jc-"):
+                    engine.destroy(b.name)
+
+
+def _connect(c: Connection) -> psycopg.Connection[object]:
+    return psycopg.connect(**c.connect_kwargs(), autocommit=True, connect_timeout=60)
+
+
+def test_a_password_pr_sql_gives_the_branch_role_is_refused_through_the_door(
+    world: World, pool: Pool
+) -> None:
+    """A `server:` job's PR SQL changes the branch role's password; a client on another
+    machine that logs in through the door as the branch role with it is refused, as an unknown
+    user is, while the job's own credential keeps working."""
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-own-role", base=world.api.base.name))
+    job = engine.connection(made.name)
+    with _connect(job) as pr_sql:  # a migration of the pull request
+        assert pr_sql.execute("SELECT current_user").fetchone() == (made.user,)
+        pr_sql.execute(sql.SQL("ALTER ROLE CURRENT_USER PASSWORD {}").format(sql.Literal(CHOSEN)))
+    unknown = world.login(dbname="jc-no-such", user=made.user, password=CHOSEN)
+    own = world.login(dbname=made.name, user=made.user, password=CHOSEN)
+    assert own == unknown and f'password authentication failed for user "{made.user}"' in own
+    # The job's credential is the engine's, and is what the door lets in.
+    assert job.user != made.user
+    assert world.login(dbname=made.name, user=job.user, password=job.password) == "connected"
+    # Its password is in the answer alone: the registry keeps its verifier.
+    kept = pool.registry.grant(made.name, job.user)
+    assert kept is not None and kept.job and kept.password == "" and not kept.app
+    assert kept.granted_by == f"job:{REPOSITORY}"
+    assert kept.expires_at <= kept.granted_at + grants.JOB_SECONDS
+    lines = [
+        x
+        for x in auditmod.read(pool.home / auditmod.DOOR_LOG)
+        if x.get("branch") == made.name and x.get("user") == made.user
+    ]
+    assert lines and all(x["outcome"] == "refused:role" for x in lines)
+    assert engine.destroy(made.name).destroyed
+
+
+def test_a_jobs_migrations_make_the_branch_roles_objects_as_a_local_run_does(
+    world: World, pool: Pool
+) -> None:
+    """What a job's credential creates belongs to the branch role (its sessions start as that
+    role), so the preview app's credential and the next job use it as after a local run; the
+    job's role goes with nothing when it is dropped."""
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-owner", base=world.api.base.name))
+    job = engine.connection(made.name)
+    with _connect(job) as db:
+        db.execute("CREATE TABLE made_by_the_job (id int)")
+        db.execute("CREATE SEQUENCE job_seq")
+        owners = db.execute(
+            "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class "
+            "WHERE relname IN ('made_by_the_job', 'job_seq')"
+        ).fetchall()
+        assert owners == [(made.user,)]
+        assert db.execute("SELECT session_user").fetchone() == (job.user,)
+    app = engine.grant(made.name, GrantRequest(app=True))
+    assert app.password is not None
+    preview = world.login(dbname=made.name, user=app.role, password=app.password)
+    assert preview == "connected"
+    with psycopg.connect(
+        host=world.machine.host,
+        port=world.api.door_port,
+        dbname=made.name,
+        user=app.role,
+        password=app.password,
+        sslmode="verify-full",
+        sslrootcert=os.fspath(world.api.certs.ca_file),
+    ) as db:
+        assert db.execute("SELECT count(*) FROM made_by_the_job").fetchone() == (0,)
+    again = engine.connection(made.name)  # the next job: a new password, the same role
+    assert again.user == job.user and again.password != job.password
+    refused = world.login(dbname=made.name, user=job.user, password=job.password)
+    assert "password authentication failed" in refused
+    with _connect(again) as db:
+        assert db.execute("SELECT count(*) FROM made_by_the_job").fetchone() == (0,)
+    assert engine.destroy(made.name).destroyed
+
+
+def test_a_job_credential_pr_sql_changed_is_set_back_and_one_past_its_time_is_dropped(
+    world: World, pool: Pool
+) -> None:
+    """The job's credential is reconciled as every grant is: a password PR SQL gave it (after
+    `SET ROLE NONE`) is set back at the next gc, and once its time is up its role is dropped
+    and the door refuses it."""
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-reconciled", base=world.api.base.name))
+    job = engine.connection(made.name)
+    with _connect(job) as pr_sql:
+        pr_sql.execute("SET ROLE NONE")
+        pr_sql.execute(sql.SQL("ALTER ROLE CURRENT_USER PASSWORD {}").format(sql.Literal(CHOSEN)))
+    report = gc.collect(pool)
+    line = next(x for x in report.reconciled if x.startswith(made.name))
+    assert f"set back {job.user}" in line
+    assert "password authentication failed" in world.login(
+        dbname=made.name, user=job.user, password=CHOSEN
+    )
+    assert world.login(dbname=made.name, user=job.user, password=job.password) == "connected"
+    kept = pool.registry.grant(made.name, job.user)
+    assert kept is not None
+    done = reconcile.settle(pool, made.name)  # nothing to do
+    assert done is not None and not done
+    with pool.registry.transaction() as db:  # its time is up
+        db.execute(
+            "UPDATE grants SET expires_at = ? WHERE branch = ? AND role = ?",
+            (kept.granted_at - 1, made.name, job.user),
+        )
+    done = reconcile.settle(pool, made.name)
+    assert done is not None and done.dropped == [job.user]
+    assert pool.registry.grant(made.name, job.user) is None
+    assert "password authentication failed" in world.login(
+        dbname=made.name, user=job.user, password=job.password
+    )
+    assert engine.destroy(made.name).destroyed
