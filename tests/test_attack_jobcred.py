@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -25,13 +26,14 @@ from psycopg import sql
 from helpers import require
 from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner.branch import grants, reconcile
+from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.service.engine import LocalEngine
-from pgoverlay.runner.service.models import CreateRequest, GrantRequest
+from pgoverlay.runner.service.models import CreateRequest, GrantRequest, TraceRequest
 from pgoverlay.runner.service.netclient import NetworkEngine, StaticCredential
-from pgoverlay.runner.service.views import Connection
+from pgoverlay.runner.service.views import Connection, TraceMark
 
 REPOSITORY, REPOSITORY_ID = "acme/shop", 4001
 CHOSEN = "chosen-by-the-pr"
@@ -85,7 +87,7 @@ def world(
                     engine.destroy(b.name)
 
 
-def _connect(c: Connection) -> psycopg.Connection[object]:
+def _connect(c: Connection) -> psycopg.Connection[Any]:
     return psycopg.connect(**c.connect_kwargs(), autocommit=True, connect_timeout=60)
 
 
@@ -154,7 +156,8 @@ def test_a_jobs_migrations_make_the_branch_roles_objects_as_a_local_run_does(
     ) as db:
         assert db.execute("SELECT count(*) FROM made_by_the_job").fetchone() == (0,)
     again = engine.connection(made.name)  # the next job: a new password, the same role
-    assert again.user == job.user and again.password != job.password
+    same_password = again.password == job.password  # compared apart: no password in a failure
+    assert again.user == job.user and not same_password
     refused = world.login(dbname=made.name, user=job.user, password=job.password)
     assert "password authentication failed" in refused
     with _connect(again) as db:
@@ -196,4 +199,32 @@ def test_a_job_credential_pr_sql_changed_is_set_back_and_one_past_its_time_is_dr
     assert "password authentication failed" in world.login(
         dbname=made.name, user=job.user, password=job.password
     )
+    assert engine.destroy(made.name).destroyed
+
+
+def test_the_trace_of_a_jobs_migration_sees_its_statements_and_locks(
+    world: World, pool: Pool
+) -> None:
+    """The engine's trace (log settings, log lines, pg_locks samples) follows the role the
+    job's sessions log in as, its credential's, not the branch role it acts as."""
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-traced", base=world.api.base.name))
+    job = engine.connection(made.name)
+    engine.trace_begin(made.name, TraceRequest(interval=0.01))
+    seen: list[TraceMark] = []
+    with _connect(job) as db:
+        db.execute("CREATE TABLE traced_by_the_job (id int)")
+        oid = db.execute("SELECT 'traced_by_the_job'::regclass::oid").fetchone()
+        assert oid is not None
+        with db.transaction():
+            db.execute("LOCK TABLE traced_by_the_job IN SHARE MODE")
+
+            def sampled() -> bool | None:
+                seen.append(engine.trace_mark(made.name))
+                return any(s.relation == oid[0] for m in seen for s in m.locks) or None
+
+            wait_for(sampled, timeout=30, what="the sampler to see the job's lock")
+    seen.append(engine.trace_end(made.name))
+    logged = [e.message for m in seen for e in m.log]
+    assert any("CREATE TABLE traced_by_the_job" in x for x in logged), logged
     assert engine.destroy(made.name).destroyed

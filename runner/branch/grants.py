@@ -1,6 +1,8 @@
 """Credentials granted in a running branch: a login role for one person (named after their
-GitHub login) or for the pull request's preview app, with a fresh password valid until an
-expiry, made by the engine as the base's superuser on the branch's private socket.
+GitHub login), for the pull request's preview app, or for a job on another runner
+(``grant_job``: the way in the network API gives a verified job instead of the branch role's
+password), with a fresh password valid until an expiry, made by the engine as the base's
+superuser on the branch's private socket.
 
 Invariants:
 
@@ -13,7 +15,8 @@ Invariants:
   in this process, reaches the server (in a statement the session does not log) and the
   registry; a person's password itself is returned once, to be shown once, and never logged.
   The preview app's is kept in the registry (root's, as the branch's own password is), so that
-  each job of the pull request renews the deployed credential rather than replacing it.
+  each job of the pull request renews the deployed credential rather than replacing it; a
+  job's is not (each ask mints a new one).
 - Every grant is in the registry's ``grants`` table (who, which role, read-only or not, until
   when, who asked), so `access list`, gc and the audit know it without starting the branch;
   the rows go with their branch (``ON DELETE CASCADE``), as the roles go with its data. A reset

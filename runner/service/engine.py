@@ -26,10 +26,11 @@ were admitted by the policy's network rules, asked by the service of the credent
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
 GitHub Actions job whose OIDC token, or a listener whose API token, it forwards, and the
 service verified itself and its policy admitted, ``witness``): then it may
-create a branch, and reset, destroy, read the password of, record on and trace the branches
-created that way for the same repository id, nothing else. Such a branch is owned by that id
-(``owner_repository_id``): another repository, or a re-created one of the same name, is refused
-it, and the ``repository`` a request names is ignored. Only the door's uid may vouch.
+create a branch, and reset, destroy, get a job's credential in (``connection``), record on and
+trace the branches created that way for the same repository id, nothing else. Such a branch is
+owned by that id (``owner_repository_id``): another repository, or a re-created one of the
+same name, is refused it, and the ``repository`` a request names is ignored. Only the door's
+uid may vouch.
 """
 
 from __future__ import annotations
@@ -577,7 +578,23 @@ class LocalEngine:
         b = self._awake(self._mine(name, repository=request.repository))
         from pgoverlay.runner import trace
 
-        return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
+        return trace.begin(
+            self.pool,
+            b,
+            interval=request.interval,
+            max_seconds=request.max_seconds,
+            user=self._job_role(b),
+        )
+
+    def _job_role(self, b: Branch) -> str | None:
+        """The role the job this caller acts for logs in to ``b`` with, when it is one on
+        another runner holding its credential (``connection``); None: the branch role."""
+        if self.vouched is None:
+            return None
+        from pgoverlay.runner.branch import grants
+
+        found = self.pool.registry.grant(b.name, grants.job_role(b))
+        return found.role if found is not None and found.job else None
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
         self._not_door("trace a branch", vouchable=True)
