@@ -228,3 +228,20 @@ def test_the_trace_of_a_jobs_migration_sees_its_statements_and_locks(
     logged = [e.message for m in seen for e in m.log]
     assert any("CREATE TABLE traced_by_the_job" in x for x in logged), logged
     assert engine.destroy(made.name).destroyed
+
+
+def test_a_jobs_credential_ends_when_its_job_gives_its_hold_back(world: World, pool: Pool) -> None:
+    """The job's credential lasts as long as the job: when its hold on the branch is given
+    back (the job's end), the credential is revoked and its sessions end."""
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-held", base=world.api.base.name))
+    with engine.hold(made.name, wait=10):
+        job = engine.connection(made.name)
+        assert world.login(dbname=made.name, user=job.user, password=job.password) == "connected"
+        session = _connect(job)
+    with session, pytest.raises(psycopg.OperationalError):
+        session.execute("SELECT 1")
+    assert pool.registry.grant(made.name, job.user) is None
+    refused = world.login(dbname=made.name, user=job.user, password=job.password)
+    assert "password authentication failed" in refused
+    assert engine.destroy(made.name).destroyed

@@ -261,12 +261,15 @@ class Holds:
                 )
             held.until = time.monotonic() + seconds
 
-    async def give_back(self, key: tuple[int, str], hold: str) -> None:
+    async def give_back(self, key: tuple[int, str], hold: str) -> bool:
+        """True when ``hold`` was the branch's, and is given back now."""
         async with self._changed:
             held = self._held.get(key)
             if held is not None and secrets.compare_digest(held.id, hold):
                 del self._held[key]
                 self._changed.notify_all()
+                return True
+            return False
 
 
 def create_api(
@@ -418,7 +421,9 @@ def create_api(
 
     @app.delete("/branches/{name}/hold/{hold}", status_code=204)
     async def give_back(e: Engine, request: Request, name: Name, hold: str) -> None:
-        await holds.give_back((request.state.vouched.repository_id, name), hold)
+        if await holds.give_back((request.state.vouched.repository_id, name), hold):
+            # The job that held the branch ended: the credential it was given goes with it.
+            await asyncio.to_thread(e.end_job, name)
 
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:

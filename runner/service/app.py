@@ -324,6 +324,10 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
     ) -> Revoked:
         return e.revoke(name, login, repository=body.repository)
 
+    @app.post(f"{API}/branches/{{name}}/job/end")
+    def end_job(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Revoked:
+        return e.end_job(name)
+
     @app.post(f"{API}/credentials/check")
     def check_credential(e: Caller, body: Annotated[CredentialCheck, Body()]) -> Credential:
         return e.check_credential(body)

@@ -108,6 +108,7 @@ class Engine(Protocol):
     def grant(self, name: str, request: GrantRequest) -> GrantView: ...
     def grants(self, name: str) -> list[GrantView]: ...
     def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked: ...
+    def end_job(self, name: str) -> Revoked: ...
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark: ...
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark: ...
@@ -722,6 +723,22 @@ class LocalEngine:
 
         done = grants.revoke(self.pool, name, login, uid=self.uid)
         return Revoked(branch=name, login=login.lower(), revoked=done)
+
+    def end_job(self, name: str) -> Revoked:
+        """The job on another runner that held branch ``name`` ended (the front door's hold
+        was given back): its credential (``connection``) goes, its sessions ended. For a
+        caller the door vouches for, on its own repository's branch; root's too."""
+        if self.vouched is None and self.uid != 0:
+            self._not_door("end a job's credential for a repository it does not vouch for")
+        b = self._mine(name)
+        from pgoverlay.runner.branch import grants
+
+        role = grants.job_role(b)
+        found = self.pool.registry.grant(name, role)
+        done = found is not None and found.job
+        if done:
+            done = grants.revoke(self.pool, name, role, uid=self.uid, event="access.job_end")
+        return Revoked(branch=name, login=role, revoked=done)
 
     def _grant_view(
         self, g: StoredGrant, *, password: str | None = None, renewed: bool = False
