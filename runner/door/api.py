@@ -422,8 +422,10 @@ def create_api(
     @app.delete("/branches/{name}/hold/{hold}", status_code=204)
     async def give_back(e: Engine, request: Request, name: Name, hold: str) -> None:
         if await holds.give_back((request.state.vouched.repository_id, name), hold):
-            # The job that held the branch ended: the credential it was given goes with it.
-            await asyncio.to_thread(e.end_job, name)
+            # The job that held the branch ended: the credential it was given goes with it
+            # (another repository's branch of that name, which it held the name of, keeps its).
+            with contextlib.suppress(errors.NotOwnerError):
+                await asyncio.to_thread(e.end_job, name)
 
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:

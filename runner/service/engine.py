@@ -730,9 +730,11 @@ class LocalEngine:
         caller the door vouches for, on its own repository's branch; root's too."""
         if self.vouched is None and self.uid != 0:
             self._not_door("end a job's credential for a repository it does not vouch for")
-        b = self._mine(name)
         from pgoverlay.runner.branch import grants
 
+        if self.pool.registry.branch(name) is None:  # a hold on a branch never made, or gone
+            return Revoked(branch=name, login="", revoked=False)
+        b = self._mine(name)
         role = grants.job_role(b)
         found = self.pool.registry.grant(name, role)
         done = found is not None and found.job
