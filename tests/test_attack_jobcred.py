@@ -245,3 +245,49 @@ def test_a_jobs_credential_ends_when_its_job_gives_its_hold_back(world: World, p
     refused = world.login(dbname=made.name, user=job.user, password=job.password)
     assert "password authentication failed" in refused
     assert engine.destroy(made.name).destroyed
+
+
+@pytest.mark.slow
+def test_a_jobs_migration_over_its_credential_is_probed_as_a_local_one_is(
+    world: World, tmp_path: Path
+) -> None:
+    """The Action's probe and the engine's trace of a `server:` job, whose sessions log in as
+    the job's role and act as the branch role: the probe sees the migration's lock block its
+    reads and writes, as on the pool's host."""
+    from pgoverlay.action import migrations
+    from pgoverlay.action.insight import probe
+    from pgoverlay.action.insight.model import Thresholds
+    from pgoverlay.action.insight.observe import Observer
+
+    engine = world.engine()
+    made = engine.create(CreateRequest(name="jc-probed", base=world.api.base.name))
+    files = {
+        "000_t.sql": "CREATE TABLE t AS SELECT g AS id, g AS v FROM generate_series(1, 50000) g;\n"
+        "ALTER TABLE t ADD PRIMARY KEY (id);\n",
+        "001_add_column.sql": "ALTER TABLE t ADD COLUMN a int;\nSELECT pg_sleep(2);\n",
+    }
+    (tmp_path / "db").mkdir()
+    for file, text in files.items():
+        (tmp_path / "db" / file).write_text(text)
+    target = engine.connection(made.name)
+    options = probe.Options(target=target)
+    major = world.api.base.pg_major or 15
+    with Observer(
+        engine, made.name, repository=None, thresholds=Thresholds(), pg_major=major,
+        max_seconds=600, probing=options,
+    ) as observer:  # fmt: skip
+        runs = migrations.apply_files(
+            migrations.RunOptions(target=target, timeout=300, watcher=observer),
+            tmp_path,
+            migrations.all_files(tmp_path, "db"),
+            psql=pgbin.for_major(major).tool("psql"),
+            skip_recorded=True,
+        )
+    assert observer.problem == ""
+    run = {Path(r.name).name: r for r in runs}["001_add_column.sql"]
+    assert run.status == "applied", run.error
+    assert run.insight is not None
+    assert [b.relation for b in run.insight.blocking] == ["public.t"], run.insight.notes
+    blocked = run.insight.blocking[0]
+    assert blocked.reads_blocked > 0.5 and blocked.writes_blocked > 0.5, blocked
+    assert engine.destroy(made.name).destroyed
