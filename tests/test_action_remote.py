@@ -45,6 +45,7 @@ from fakegithub import FakeGitHub
 from helpers import SESSION_BASE, os_user, path_without, require, service_settings
 from oidckit import Issuer, Job, Key, TokenService, pull_request_job
 from pgoverlay.action.comment import has_marker, marker
+from pgoverlay.runner.branch import grants
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service import client as service_client
@@ -519,15 +520,16 @@ def deployments(github: FakeGitHub) -> dict[str, str | None]:
 
 
 def through_the_door(host: PoolHost, sql: str) -> list[tuple[object, ...]]:
-    """``sql`` on the branch as its own login, through the front door over verified TLS, as a
-    runner connects (the password asked of the engine, never printed)."""
-    conn = LocalEngine(host.pool).connection(BRANCH)
+    """``sql`` on the branch through the front door over verified TLS, as a runner's job
+    connects: with a credential the engine mints for a job (the door admits no other; the
+    password never printed)."""
+    job = grants.grant_job(host.pool, BRANCH, granted_by=f"job:{REPO}")
     with psycopg.connect(
         host=host.api.host,
         port=host.api.door_port,
         dbname=BRANCH,
-        user=conn.user,
-        password=conn.password,
+        user=job.grant.role,
+        password=job.password,
         sslmode="verify-full",
         sslrootcert=os.fspath(host.api.certs.ca_file),
         connect_timeout=10,

@@ -22,11 +22,13 @@ import checkout
 import psycopg
 import pytest
 from apikit import Api, running_door
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fakegithub import FakeGitHub
 from helpers import os_user, read_outputs
 from oidckit import TokenService, pull_request_job
 from pgoverlay.errors import ConfigError, LockBusyError, NotOwnerError, ServiceError
+from pgoverlay.runner.branch import grants
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
@@ -88,9 +90,17 @@ def test_the_engine_over_the_network_makes_a_branch_reached_through_the_door(api
         "verify-full",
     )
     assert c.sslrootcert == os.fspath(api.certs.ca_file)
+    # The job's own credential, minted by the engine, never the branch role's password; its
+    # sessions act as the branch role, so what it makes is the branch role's, as in a local run.
+    own = api.pool.registry.branch("srv-one")
+    assert own is not None and c.user == "job_pr_42" != own.user
     with psycopg.connect(**c.connect_kwargs(), autocommit=True) as db:
+        assert db.info.pgconn.ssl_in_use
         db.execute("CREATE TABLE over_the_network (id int)")
-        assert db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+        assert db.execute(
+            "SELECT current_user, session_user, pg_get_userbyid(relowner) FROM pg_class "
+            "WHERE oid = 'over_the_network'::regclass"
+        ).fetchone() == (own.user, "job_pr_42", own.user)
     assert "sslmode=verify-full" in c.url and "sslrootcert=" in c.url
     assert engine.size("srv-one").physical_bytes > 0
     app = engine.grant("srv-one", GrantRequest(app=True))
@@ -298,6 +308,23 @@ class Job:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _refused(dsn: str, ca: str) -> bool:
+    try:
+        psycopg.connect(dsn, sslrootcert=ca, connect_timeout=30).close()
+    except psycopg.OperationalError as err:
+        assert "password authentication failed" in str(err)
+        return True
+    return False
+
+
+def _fresh_job_dsn(api: Api, dsn: str) -> str:
+    """``dsn`` with a credential minted for a job now, as the next job's (the door admits no
+    other, and the one in ``dsn`` ended with its job)."""
+    info = conninfo_to_dict(dsn)
+    made = grants.grant_job(api.pool, str(info["dbname"]), granted_by="job:acme/shop")
+    return make_conninfo(dsn, user=made.grant.role, password=made.password)
+
+
 def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_the_server(
     api: Api, pool: Pool
 ) -> None:
@@ -330,7 +357,13 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             summary = (job.dir / "summary").read_text()
             assert "**Ready**" in summary and out["password"] not in summary
             ca = os.fspath(api.certs.ca_file)
-            with psycopg.connect(out["dsn"], sslrootcert=ca) as db:
+            # The job's credential ended with the job (its hold given back): its dsn is refused.
+            wait_for(
+                lambda: _refused(out["dsn"], ca),
+                timeout=30,
+                what="the ended job's credential to be refused",
+            )
+            with psycopg.connect(_fresh_job_dsn(api, out["dsn"]), sslrootcert=ca) as db:
                 assert db.execute("SELECT to_regclass('remote_orders')").fetchone() == (
                     "remote_orders",
                 )
@@ -338,7 +371,7 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             job.migration("002_items.sql", "CREATE TABLE remote_items (id int);\n")
             code, log, out = job.run("synchronize", 41, "b" * 40)
             assert code == 0 and out["status"] == "ready", log
-            with psycopg.connect(out["dsn"], sslrootcert=ca) as db:
+            with psycopg.connect(_fresh_job_dsn(api, out["dsn"]), sslrootcert=ca) as db:
                 found = db.execute(
                     "SELECT to_regclass('remote_orders'), to_regclass('remote_items')"
                 ).fetchone()

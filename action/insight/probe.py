@@ -207,12 +207,15 @@ class Probe:
         self._discovering = False  # a migrate command's: it probes the tables it locks
 
     def _open(self, options: str) -> psycopg.Connection[Any]:
+        # As the role it logs in as: a job's credential on another runner starts its sessions
+        # as the branch role (runner/branch/grants.py), and the probe looks for the sessions
+        # of the one it logged in as (the migration's: pg_stat_activity's usename).
         conn = psycopg.connect(
             **self.options.target.connect_kwargs(),
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT,
             application_name=APPLICATION,
-            options=options,
+            options=f"-c role=none {options}",
         )
         self._pids.add(conn.info.backend_pid)
         return conn

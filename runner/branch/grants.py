@@ -1,6 +1,8 @@
 """Credentials granted in a running branch: a login role for one person (named after their
-GitHub login) or for the pull request's preview app, with a fresh password valid until an
-expiry, made by the engine as the base's superuser on the branch's private socket.
+GitHub login), for the pull request's preview app, or for a job on another runner
+(``grant_job``: the way in the network API gives a verified job instead of the branch role's
+password), with a fresh password valid until an expiry, made by the engine as the base's
+superuser on the branch's private socket.
 
 Invariants:
 
@@ -13,7 +15,8 @@ Invariants:
   in this process, reaches the server (in a statement the session does not log) and the
   registry; a person's password itself is returned once, to be shown once, and never logged.
   The preview app's is kept in the registry (root's, as the branch's own password is), so that
-  each job of the pull request renews the deployed credential rather than replacing it.
+  each job of the pull request renews the deployed credential rather than replacing it; a
+  job's is not (each ask mints a new one).
 - Every grant is in the registry's ``grants`` table (who, which role, read-only or not, until
   when, who asked), so `access list`, gc and the audit know it without starting the branch;
   the rows go with their branch (``ON DELETE CASCADE``), as the roles go with its data. A reset
@@ -66,6 +69,9 @@ log = logging.getLogger(__name__)
 MARKER_COMMENT = "pgoverlay: members are the credentials pgoverlay grants in this branch"
 # How long a revoke waits for each session of the role to end after it is told to.
 TERMINATE_WAIT_MS = 5000
+# How long a job's credential lasts (``grant_job``): GitHub ends a job on a hosted runner after
+# 6 hours.
+JOB_SECONDS = 6 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,15 @@ def app_role(branch: Branch) -> str:
     if branch.pr:
         return f"app_pr_{branch.pr}"
     return "app_" + re.sub(r"[^a-z0-9_]", "_", branch.name.lower())[:59]
+
+
+def job_role(branch: Branch) -> str:
+    """The role a job on another runner logs in to ``branch`` with (``grant_job``):
+    ``job_pr_<n>``, else ``job_<branch name>`` as ``app_role`` makes it. No GitHub login has
+    ``_``, nor does any preview app's role start so."""
+    if branch.pr:
+        return f"job_pr_{branch.pr}"
+    return "job_" + re.sub(r"[^a-z0-9_]", "_", branch.name.lower())[:59]
 
 
 def _ttl(pool: Pool, ttl: float | None) -> float:
@@ -230,27 +245,7 @@ def grant(
             password=password if app else "",
         )
         renewed = kept is not None and kept.verifier == verifier
-        # Recorded first: a role the branch may hold is one the registry knows (gc revokes it
-        # at its expiry, whatever became of this process). A grant that fails puts the row
-        # back as it was.
-        before = pool.registry.grant(name, role)
-        if not pool.registry.save_grant(made):  # cannot happen under the branch's lock
-            raise AccessError(f"branch {name} was destroyed while {role} was granted")
-        try:
-            fault(pool, "grant:recorded")
-            with (
-                _sql_failed(name, f"the role {role} could not be granted"),
-                branches._engine_connection(pool, b, base) as conn,
-            ):
-                _admit_members(pool, b, base, conn)
-                _apply(conn, made, branch_user=b.user)
-        except BaseException:
-            if before is None:
-                pool.registry.delete_grant(name, role)
-            else:
-                pool.registry.save_grant(before)
-            raise
-        fault(pool, "grant:applied")
+        _record_and_apply(pool, b, base, made)
     _audit(
         pool,
         "access.grant",
@@ -272,6 +267,84 @@ def grant(
         _iso(made.expires_at),
     )
     return Granted(grant=made, password=password, renewed=renewed)
+
+
+def _record_and_apply(pool: Pool, b: Branch, base: BaseVersion, made: StoredGrant) -> None:
+    """Keep ``made`` in the registry, then make its role in running branch ``b`` (the
+    branch's lock is held). Recorded first: a role the branch may hold is one the registry
+    knows (gc revokes it at its expiry, whatever became of this process). A grant that fails
+    puts the row back as it was."""
+    name, role = made.branch, made.role
+    before = pool.registry.grant(name, role)
+    if not pool.registry.save_grant(made):  # cannot happen under the branch's lock
+        raise AccessError(f"branch {name} was destroyed while {role} was granted")
+    try:
+        fault(pool, "grant:recorded")
+        with (
+            _sql_failed(name, f"the role {role} could not be granted"),
+            branches._engine_connection(pool, b, base) as conn,
+        ):
+            _admit_members(pool, b, base, conn)
+            _apply(conn, made, branch_user=b.user)
+    except BaseException:
+        if before is None:
+            pool.registry.delete_grant(name, role)
+        else:
+            pool.registry.save_grant(before)
+        raise
+    fault(pool, "grant:applied")
+
+
+def grant_job(pool: Pool, name: str, *, granted_by: str, uid: int = 0) -> Granted:
+    """The credential a job on another runner logs in with, through the front door, in running
+    branch ``name``: the network API's answer to a verified job (or listener) asking for the
+    branch's connection, instead of the branch role's own password (which PR SQL can change,
+    so the door never admits that role). ``granted_by``: the caller the engine verified
+    (``job:OWNER/REPO``, ``listener:OWNER/REPO``).
+
+    One role per branch (``job_pr_<n>``), read-write: a member of the branch's login role with
+    INHERIT, whose sessions start as that role (``ALTER ROLE ... SET role``), so what the job's
+    migrations create is owned by the branch role, as when they run on the pool's host with its
+    own password. Each ask mints a new password (the job before it loses its way in; the
+    branch's hold keeps one job of a pull request at a time) valid for ``JOB_SECONDS`` at most,
+    the longest a GitHub job runs. Only its verifier is kept: the password is in the answer
+    alone."""
+    from pgoverlay.runner.postgres import roles
+
+    seconds = min(JOB_SECONDS, pool.settings.access_max_ttl)
+    with _lock(pool, name):
+        b, base = _running(pool, name)
+        role = job_role(b)
+        now = time.time()
+        password = secrets.token_urlsafe(24)
+        made = StoredGrant(
+            branch=name,
+            role=role,
+            login=role,
+            read_only=False,
+            app=False,
+            verifier=roles.scram_verifier(password),
+            expires_at=float(int(now + seconds)),
+            granted_by=granted_by,
+            granted_at=now,
+            job=True,
+        )
+        _record_and_apply(pool, b, base, made)
+    _audit(
+        pool,
+        "access.grant",
+        uid=uid,
+        vouched_by=granted_by,
+        login=made.login,
+        role=role,
+        branch=name,
+        read_only=False,
+        app=False,
+        job=True,
+        expires_at=_iso(made.expires_at),
+    )
+    log.info("granted %s in branch %s until %s", role, name, _iso(made.expires_at))
+    return Granted(grant=made, password=password)
 
 
 def _renewable(found: StoredGrant | None, *, now: float) -> StoredGrant | None:
@@ -360,6 +433,10 @@ def _apply(conn: psycopg.Connection[Any], made: StoredGrant, *, branch_user: str
             conn.execute(sql.SQL("REVOKE {} FROM {}").format(reader, role))
             conn.execute(grant_to.format(branch_role, role))
             conn.execute(sql.SQL("ALTER ROLE {} RESET default_transaction_read_only").format(role))
+        if made.job:
+            # Its sessions act as the branch role (a session may say otherwise, `SET ROLE
+            # NONE`): what a job's migrations make is the branch role's, as in a local run.
+            conn.execute(sql.SQL("ALTER ROLE {} SET role = {}").format(role, branch_role))
     if downgraded:
         conn.execute(
             "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "

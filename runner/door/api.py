@@ -50,7 +50,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.door.guard import client_of
-from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.oidc import Identity, Verifier
 from pgoverlay.runner.door.policy import Policy
 from pgoverlay.runner.door.refusals import Refusals, claim_of
@@ -269,12 +268,15 @@ class Holds:
                 )
             held.until = time.monotonic() + seconds
 
-    async def give_back(self, key: tuple[int, str], hold: str) -> None:
+    async def give_back(self, key: tuple[int, str], hold: str) -> bool:
+        """True when ``hold`` was the branch's, and is given back now."""
         async with self._changed:
             held = self._held.get(key)
             if held is not None and secrets.compare_digest(held.id, hold):
                 del self._held[key]
                 self._changed.notify_all()
+                return True
+            return False
 
 
 def create_api(
@@ -290,7 +292,6 @@ def create_api(
     failed_logins: int = 10,
     failed_window: float = 300.0,
     ipv6_prefix: int = 64,
-    job_logins: JobLogins | None = None,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``). ``door`` is the
     engine as the door's own identity (no repository vouched for): it asks whether an API token
@@ -299,9 +300,7 @@ def create_api(
     ``door_https_port`` and ``app_sslmode`` (``Settings.door_app_sslmode``), they are the way in
     a workflow's report tells people and programs (``GET /pool``). An IPv6 caller's refused
     tokens count against its ``ipv6_prefix``-bit network, as the Postgres port counts its failed
-    logins. ``job_logins``: the router's, told which branch's own role a verified job now logs
-    in with (``joblogins``)."""
-    jobs = job_logins if job_logins is not None else JobLogins()
+    logins."""
     app = FastAPI(
         title="pgoverlay network API",
         summary="Branches for GitHub Actions jobs on any runner, by their OIDC token",
@@ -401,9 +400,7 @@ def create_api(
 
     @app.post("/branches/{name}/destroy")
     def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-        gone = e.destroy(name)
-        jobs.forget(name)
-        return gone
+        return e.destroy(name)
 
     @app.get("/branches/{name}/size")
     def size(e: Engine, name: Name) -> Layer:
@@ -434,12 +431,17 @@ def create_api(
 
     @app.delete("/branches/{name}/hold/{hold}", status_code=204)
     async def give_back(e: Engine, request: Request, name: Name, hold: str) -> None:
-        await holds.give_back((request.state.vouched.repository_id, name), hold)
+        if await holds.give_back((request.state.vouched.repository_id, name), hold):
+            # The job that held the branch ended: the credential it was given goes with it
+            # (another repository's branch of that name, which it held the name of, keeps its).
+            with contextlib.suppress(errors.NotOwnerError):
+                await asyncio.to_thread(e.end_job, name)
 
     @app.get("/branches/{name}/connection")
     def connection(e: Engine, name: Name) -> Connection:
+        # The engine mints the job's own credential (never the branch role's password, which
+        # PR SQL can change): the door admits it as it does every grant.
         own = e.connection(name)
-        jobs.allow(name)  # the job's steps log in as the branch's role, through the door
         # Through the door, which routes by the branch's name as the database (over TLS).
         return Connection(
             host=door_host,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import secrets
 import signal
@@ -36,7 +35,6 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, TimeoutExpiredError
 from pgoverlay.runner import audit, polling, safefs
 from pgoverlay.runner.door import privsep
-from pgoverlay.runner.door.joblogins import JobLogins
 from pgoverlay.runner.door.reach import answering
 from pgoverlay.runner.pool import require_root
 from pgoverlay.runner.pool.registry import WAKEABLE
@@ -73,7 +71,6 @@ class Prepared:
     engine: RemoteEngine
     pages: ASGIApp  # the branch pages, and the network API under /api/v1 when it is on
     audit: audit.AuditLog
-    jobs: JobLogins  # the branches whose own role a verified job logs in with (the API tells)
 
 
 def door_dir(settings: Settings) -> Path:
@@ -178,7 +175,6 @@ def prepare(settings: Settings) -> Prepared:
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
     audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
-    jobs = JobLogins()
     if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
@@ -194,7 +190,7 @@ def prepare(settings: Settings) -> Prepared:
             certificate=pair.cert.read_text() if fingerprint else None
         )
     if settings.api_audience is not None:
-        pages = with_api(settings, pages, jobs=jobs)
+        pages = with_api(settings, pages)
     return Prepared(
         uid=uid,
         gid=gid,
@@ -206,11 +202,10 @@ def prepare(settings: Settings) -> Prepared:
         engine=engine,
         pages=pages,
         audit=audit_log,
-        jobs=jobs,
     )
 
 
-def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = None) -> ASGIApp:
+def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     """The pages with the network API mounted at ``api.PREFIX``: its policy file read and
     checked now (as root: the admin's file may be root's alone), its issuer asked for keys
     when the first token comes."""
@@ -244,7 +239,6 @@ def with_api(settings: Settings, pages: ASGIApp, *, jobs: JobLogins | None = Non
         failed_logins=settings.door_failed_logins,
         failed_window=settings.door_failed_window,
         ipv6_prefix=settings.door_ipv6_prefix,
-        job_logins=jobs,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
@@ -278,11 +272,11 @@ def serve(settings: Settings) -> None:
         uvloop.run(_serve(settings, prepared))
 
 
-def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Resolve:
+def resolver(engine: RemoteEngine) -> router.Resolve:
     """The router's lookup: the branch as the engine lists it (anyone may look), if it is
     ready, and the roles that may log in through the door: the credentials the engine granted
-    (people's and the preview app's), each until its expiry, and the branch's own role only
-    while a verified job may use it (``jobs``, see ``joblogins``). Asked each connection (the
+    (people's, the preview app's, and a job's on another runner), each until its expiry; never
+    the branch's own role, whose password PR SQL can change. Asked each connection (the
     engine answers from its registry in about a millisecond, the logins with the branch), so a
     destroyed branch is unreachable, and a revoked or expired grant refused, at once.
 
@@ -333,8 +327,6 @@ def resolver(engine: RemoteEngine, jobs: JobLogins | None = None) -> router.Reso
         if view is None or view.state != "ready":
             return None
         logins = {g.role: g.expires_at for g in minted}
-        if jobs is not None and jobs.allowed(name):
-            logins[view.user] = math.inf
         return router.Route(host=view.host, port=view.port, database=view.database, logins=logins)
 
     return resolve
@@ -348,7 +340,7 @@ async def _serve(settings: Settings, prepared: Prepared) -> None:
     door = router.FrontDoor(
         settings,
         ssl_context=prepared.postgres_tls,
-        resolve=resolver(prepared.engine, prepared.jobs),
+        resolve=resolver(prepared.engine),
         audit=prepared.audit.write,
     )
     await door.start(sock=prepared.postgres)

@@ -67,10 +67,11 @@ CREATE TABLE IF NOT EXISTS records (
     data TEXT NOT NULL,
     updated_at REAL NOT NULL
 );
--- Credentials granted in a branch (runner/branch/grants.py): a person's login role, or the
--- preview app's. They go with their branch. ``verifier`` is the password's SCRAM verifier, so a
--- reset gives the role back as it was; ``password`` is kept for the preview app's alone (as the
--- branch's own password is), '' for a person's.
+-- Credentials granted in a branch (runner/branch/grants.py): a person's login role, the
+-- preview app's, or a job's on another runner (``job``). They go with their branch.
+-- ``verifier`` is the password's SCRAM verifier, so a reset gives the role back as it was;
+-- ``password`` is kept for the preview app's alone (as the branch's own password is), '' for
+-- a person's and a job's.
 CREATE TABLE IF NOT EXISTS grants (
     branch TEXT NOT NULL REFERENCES branches (name) ON DELETE CASCADE ON UPDATE CASCADE,
     role TEXT NOT NULL,
@@ -82,6 +83,7 @@ CREATE TABLE IF NOT EXISTS grants (
     granted_by TEXT NOT NULL,
     granted_at REAL NOT NULL,
     password TEXT NOT NULL DEFAULT '',
+    job INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (branch, role)
 );
 """
@@ -121,6 +123,9 @@ ADDED_COLUMNS: list[tuple[str, str, str]] = [
     # the preview app's password, kept as the branch's own is, so each job of the pull request
     # gets the deployed one again (runner/branch/grants.py); '' for a person's credential
     ("grants", "password", "TEXT NOT NULL DEFAULT ''"),
+    # a job's credential on another runner (the network API's connection): its sessions act as
+    # the branch role (runner/branch/grants.py)
+    ("grants", "job", "INTEGER NOT NULL DEFAULT 0"),
 ]
 # Made after ADDED_COLUMNS, which the index needs on a pool made by an older release.
 INDEXES = """
@@ -235,7 +240,8 @@ class StoredGrant:
     app's role, whose ``login`` is its role's name), until ``expires_at``, and who asked
     (``granted_by``: ``uid:N``, or the person the front door vouched for, ``github:LOGIN``).
     ``password``: the preview app's, kept so each job gets the deployed one again; '' for a
-    person's (shown once, never kept)."""
+    person's (shown once, never kept) and a job's (``job``: the credential a job on another
+    runner logs in with, its sessions acting as the branch role)."""
 
     branch: str
     role: str
@@ -247,6 +253,7 @@ class StoredGrant:
     granted_by: str
     granted_at: float
     password: str = field(default="", repr=False)
+    job: bool = False
 
 
 @dataclass(frozen=True)
@@ -789,4 +796,5 @@ def _grant(row: tuple[Any, ...]) -> StoredGrant:
         granted_by=str(g.granted_by),
         granted_at=float(g.granted_at),
         password=str(g.password or ""),
+        job=bool(g.job),
     )

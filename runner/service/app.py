@@ -61,10 +61,12 @@ log = logging.getLogger("pgoverlay.service")
 
 # A branch name in a path, checked before any route runs.
 Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
-# A credential's login in a path: a GitHub login, or the name of a preview app's role.
+# A credential's login in a path: a GitHub login, or the name of a preview app's or a job's role.
 Login = Annotated[
     str,
-    StringConstraints(pattern=f"^(?:{LOGIN_PATTERN[1:-1]}|app_[a-z0-9_]{{1,59}})$", max_length=63),
+    StringConstraints(
+        pattern=f"^(?:{LOGIN_PATTERN[1:-1]}|(?:app|job)_[a-z0-9_]{{1,59}})$", max_length=63
+    ),
 ]
 
 # The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
@@ -321,6 +323,10 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
         e: Caller, name: Name, login: Login, body: Annotated[OwnerRequest, Body()]
     ) -> Revoked:
         return e.revoke(name, login, repository=body.repository)
+
+    @app.post(f"{API}/branches/{{name}}/job/end")
+    def end_job(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Revoked:
+        return e.end_job(name)
 
     @app.post(f"{API}/credentials/check")
     def check_credential(e: Caller, body: Annotated[CredentialCheck, Body()]) -> Credential:

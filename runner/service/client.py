@@ -296,6 +296,9 @@ class RemoteEngine:
             engine.headers = {**self.headers, **vouch.headers(reader=reader)}
         return _parse(GrantView, engine._call("POST", f"/branches/{quote(name)}/access", request))
 
+    def end_job(self, name: str) -> Revoked:
+        return _parse(Revoked, self._call("POST", f"/branches/{quote(name)}/job/end", _owner(None)))
+
     def grants(self, name: str) -> list[GrantView]:
         return _parse_list(GrantView, self._call("GET", f"/branches/{quote(name)}/access"))
 

@@ -26,10 +26,11 @@ were admitted by the policy's network rules, asked by the service of the credent
 The front door also acts for a repository it vouches for (``vouched``: the network API, for a
 GitHub Actions job whose OIDC token, or a listener whose API token, it forwards, and the
 service verified itself and its policy admitted, ``witness``): then it may
-create a branch, and reset, destroy, read the password of, record on and trace the branches
-created that way for the same repository id, nothing else. Such a branch is owned by that id
-(``owner_repository_id``): another repository, or a re-created one of the same name, is refused
-it, and the ``repository`` a request names is ignored. Only the door's uid may vouch.
+create a branch, and reset, destroy, get a job's credential in (``connection``), record on and
+trace the branches created that way for the same repository id, nothing else. Such a branch is
+owned by that id (``owner_repository_id``): another repository, or a re-created one of the
+same name, is refused it, and the ``repository`` a request names is ignored. Only the door's
+uid may vouch.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Engine(Protocol):
     def grant(self, name: str, request: GrantRequest) -> GrantView: ...
     def grants(self, name: str) -> list[GrantView]: ...
     def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked: ...
+    def end_job(self, name: str) -> Revoked: ...
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark: ...
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark: ...
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark: ...
@@ -536,15 +538,29 @@ class LocalEngine:
         return Destroyed(destroyed=branches.destroy(self.pool, name), record=last)
 
     def connection(self, name: str) -> Connection:
-        """The branch's connection details with its password: a job's way in. Its roles are
+        """The branch's connection details with a password: a job's way in. Its roles are
         made what the registry says first (``reconcile``), so a password PR SQL or a
-        reviewer changed in the branch is set back and the one given here works."""
+        reviewer changed in the branch is set back and the one given here works.
+
+        On the socket, the branch role's own (the caller's process is on the pool's host).
+        For a caller the front door vouches for (a job or listener on another runner, which
+        reaches the branch through the door), a credential minted for the job instead
+        (``grants.grant_job``): the door admits no role the engine did not mint, and the
+        branch role's password is PR SQL's to change."""
         self._not_door("read a branch's password", vouchable=True)
         b = self._awake(self._mine(name))
-        from pgoverlay.runner.branch import reconcile
+        from pgoverlay.runner.branch import grants, reconcile
 
         reconcile.settle(self.pool, name)
-        return branches.connection(self.pool, b)
+        own = branches.connection(self.pool, b)
+        vouched = self.vouched
+        if vouched is None:
+            return own
+        who = "listener" if vouched.listener else "job"
+        made = grants.grant_job(
+            self.pool, name, granted_by=f"{who}:{vouched.repository}", uid=self.uid
+        )
+        return own.replace(user=made.grant.role, password=made.password)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
         self._not_door("write a branch's record", vouchable=True)
@@ -563,7 +579,23 @@ class LocalEngine:
         b = self._awake(self._mine(name, repository=request.repository))
         from pgoverlay.runner import trace
 
-        return trace.begin(self.pool, b, interval=request.interval, max_seconds=request.max_seconds)
+        return trace.begin(
+            self.pool,
+            b,
+            interval=request.interval,
+            max_seconds=request.max_seconds,
+            user=self._job_role(b),
+        )
+
+    def _job_role(self, b: Branch) -> str | None:
+        """The role the job this caller acts for logs in to ``b`` with, when it is one on
+        another runner holding its credential (``connection``); None: the branch role."""
+        if self.vouched is None:
+            return None
+        from pgoverlay.runner.branch import grants
+
+        found = self.pool.registry.grant(b.name, grants.job_role(b))
+        return found.role if found is not None and found.job else None
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
         self._not_door("trace a branch", vouchable=True)
@@ -691,6 +723,24 @@ class LocalEngine:
 
         done = grants.revoke(self.pool, name, login, uid=self.uid)
         return Revoked(branch=name, login=login.lower(), revoked=done)
+
+    def end_job(self, name: str) -> Revoked:
+        """The job on another runner that held branch ``name`` ended (the front door's hold
+        was given back): its credential (``connection``) goes, its sessions ended. For a
+        caller the door vouches for, on its own repository's branch; root's too."""
+        if self.vouched is None and self.uid != 0:
+            self._not_door("end a job's credential for a repository it does not vouch for")
+        from pgoverlay.runner.branch import grants
+
+        if self.pool.registry.branch(name) is None:  # a hold on a branch never made, or gone
+            return Revoked(branch=name, login="", revoked=False)
+        b = self._mine(name)
+        role = grants.job_role(b)
+        found = self.pool.registry.grant(name, role)
+        done = found is not None and found.job
+        if done:
+            done = grants.revoke(self.pool, name, role, uid=self.uid, event="access.job_end")
+        return Revoked(branch=name, login=role, revoked=done)
 
     def _grant_view(
         self, g: StoredGrant, *, password: str | None = None, renewed: bool = False

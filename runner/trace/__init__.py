@@ -50,7 +50,7 @@ class TracedBranch:
     base_name: str
     socket_dir: Path
     port: int
-    user: str
+    user: str  # the role whose sessions are traced: the branch role, or a job's (``grants``)
     database: str
     superuser: str
     log_file: Path
@@ -72,7 +72,7 @@ class TracedBranch:
         )
 
 
-def target(pool: Pool, b: Branch) -> TracedBranch:
+def target(pool: Pool, b: Branch, *, user: str | None = None) -> TracedBranch:
     base = pool.registry.base(b.base_name, b.base_version)
     if base is None:
         raise TraceError(
@@ -90,7 +90,7 @@ def target(pool: Pool, b: Branch) -> TracedBranch:
         base_name=b.base_name,
         socket_dir=lay.socket_dir,
         port=b.port,
-        user=b.user,
+        user=user or b.user,
         database=b.database,
         superuser=base.superuser,
         log_file=lay.log_file,
@@ -272,10 +272,14 @@ _TRACES: dict[tuple[str, str], Trace] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def begin(pool: Pool, b: Branch, *, interval: float, max_seconds: float) -> TraceMark:
+def begin(
+    pool: Pool, b: Branch, *, interval: float, max_seconds: float, user: str | None = None
+) -> TraceMark:
     """Open a trace of ``b`` (ending one left open) and return its first mark, which holds
-    every relation."""
-    t = target(pool, b)
+    every relation. ``user``: the role the traced sessions log in as, when not the branch
+    role (a job on another runner logs in with its own credential, ``grants.grant_job``,
+    whose sessions act as the branch role)."""
+    t = target(pool, b, user=user)
     discard(pool, b.name)
     with (
         sqlerror.wrapped(

@@ -339,6 +339,10 @@ def disable(conn: psycopg.Connection[Any], *, user: str, database: str) -> None:
         ).fetchall()
         for (trigger,) in present:
             conn.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(trigger)))
+        if not conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (user,)
+        ).fetchone():
+            return  # a job's role, dropped with its credential: its settings went with it
         for setting in ROLE_SETTINGS:
             conn.execute(
                 sql.SQL("ALTER ROLE {} IN DATABASE {} RESET {}").format(
