@@ -148,7 +148,11 @@ class Login:
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"access grant failed: {done.stderr.strip()}")
-        url = done.stdout.strip().splitlines()[-1]
+        # The connection string is the line that is one (a note may follow it).
+        said = done.stdout.strip().splitlines()
+        url = next((line.strip() for line in said if line.strip().startswith("postgres")), "")
+        if not url:
+            raise RuntimeError("access grant printed no connection string")
         found = conninfo_to_dict(url)
         self.user, self.password = str(found["user"]), str(found["password"])
         self.url_params = {k: v for k, v in found.items() if k != "password"}
