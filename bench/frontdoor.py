@@ -440,7 +440,9 @@ KINDS = (
 SETUP_RATE = 500  # py-spy's samples a second during the set-ups
 # Where a set-up's time goes in the door, by the frames on a sample's stack, first match wins.
 SETUP_PARTS = (
-    ("asking the engine (a thread's request to the service)", ("RemoteEngine",)),
+    # From the loop's thread (RemoteEngine.look): the door's work on the request and its
+    # answer; its wait for the answer is the loop's wait for events, left out.
+    ("asking the engine (its request and answer, not the wait)", ("RemoteEngine",)),
     ("the login (runner/door/login.py)", ("(login.py",)),
     ("the startup and TLS handshake (startup.py, ssl)", ("(startup.py", "(ssl.py", "(sslproto")),
     ("the guard's limits (guard.py)", ("(guard.py",)),
