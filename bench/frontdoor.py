@@ -148,7 +148,11 @@ class Login:
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"access grant failed: {done.stderr.strip()}")
-        url = done.stdout.strip().splitlines()[-1]
+        # The connection string is the line that is one (a note may follow it).
+        said = done.stdout.strip().splitlines()
+        url = next((line.strip() for line in said if line.strip().startswith("postgres")), "")
+        if not url:
+            raise RuntimeError("access grant printed no connection string")
         found = conninfo_to_dict(url)
         self.user, self.password = str(found["user"]), str(found["password"])
         self.url_params = {k: v for k, v in found.items() if k != "password"}
@@ -436,7 +440,9 @@ KINDS = (
 SETUP_RATE = 500  # py-spy's samples a second during the set-ups
 # Where a set-up's time goes in the door, by the frames on a sample's stack, first match wins.
 SETUP_PARTS = (
-    ("asking the engine (a thread's request to the service)", ("RemoteEngine",)),
+    # From the loop's thread (RemoteEngine.look): the door's work on the request and its
+    # answer; its wait for the answer is the loop's wait for events, left out.
+    ("asking the engine (its request and answer, not the wait)", ("RemoteEngine",)),
     ("the login (runner/door/login.py)", ("(login.py",)),
     ("the startup and TLS handshake (startup.py, ssl)", ("(startup.py", "(ssl.py", "(sslproto")),
     ("the guard's limits (guard.py)", ("(guard.py",)),

@@ -278,7 +278,8 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
     (people's, the preview app's, and a job's on another runner), each until its expiry; never
     the branch's own role, whose password PR SQL can change. Asked each connection (the
     engine answers from its registry in about a millisecond, the logins with the branch), so a
-    destroyed branch is unreachable, and a revoked or expired grant refused, at once.
+    destroyed branch is unreachable, and a revoked or expired grant refused, at once; asked
+    from the loop's own thread (``RemoteEngine.look``), handed to no thread of its own.
 
     A suspended branch is woken first if the router's ``may_wake`` allows it (asked by the
     connection that starts a wake: one that joins a wake under way adds no cost), and the
@@ -307,7 +308,7 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
 
     async def resolve(name: str, *, may_wake: Callable[[], bool]) -> router.Route | None:
         try:
-            view = await asyncio.to_thread(engine.branch, name)
+            view = await engine.look(name)
         except BranchMissingError:
             return None
         except PgoverlayError as err:

@@ -107,11 +107,7 @@ def exchange(
 ) -> tuple[int, bytes]:
     """One HTTP/1.1 request on the Unix socket ``path``: the answer's status and body. OSError
     when the socket cannot be reached; ValueError when what comes back is not HTTP."""
-    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", "Connection: close"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+    request = _request(method, target, body, headers)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
@@ -137,6 +133,37 @@ def exchange(
     finally:
         sock.close()
     return _answer(b"".join(chunks))
+
+
+async def exchange_in_loop(
+    path: Path, method: str, target: str, headers: dict[str, str], timeout: float
+) -> tuple[int, bytes]:
+    """``exchange`` (without a body) from the running event loop's own thread, for a caller
+    that asks from one: no thread to hand the request to and back, which on a loaded machine
+    cost the front door's lookup of a branch, on each connection, more than the service's
+    answer."""
+    import asyncio
+
+    request = _request(method, target, None, headers)
+    async with asyncio.timeout(timeout):  # TimeoutError: an OSError, as a socket's timeout
+        try:
+            reader, writer = await asyncio.open_unix_connection(os.fspath(path))
+        except OSError as err:
+            raise Unreached(err.errno, err.strerror) from None
+        try:
+            writer.write(request)
+            raw = await reader.read()
+        finally:
+            writer.close()
+    return _answer(raw)
+
+
+def _request(method: str, target: str, body: bytes | None, headers: dict[str, str]) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
 
 def _answer(raw: bytes) -> tuple[int, bytes]:
@@ -187,15 +214,23 @@ class RemoteEngine:
         wait = min(self.timeout, ROOT_QUESTION_WAIT) if self.for_root and question else self.timeout
         try:
             status, data = self._send(method, url, payload, wait)
-        except OSError as err:
+        except (OSError, ValueError) as err:
+            raise self._unanswered(err, question=question) from None
+        return self._decoded(status, data)
+
+    def _unanswered(self, err: OSError | ValueError, *, question: bool) -> ServiceError:
+        """The error of a request that got no answer (OSError) or not the service's (ValueError)."""
+        if isinstance(err, OSError):
             if self.for_root and (isinstance(err, Unreached) or question):
-                raise Declined(f"the engine service did not answer ({err})") from None
-            raise self._unreachable(err) from None
-        except ValueError as err:
-            raise ServiceError(
-                f"{self.where} answered with something that is not its protocol ({err}): "
-                f"{self.imposter}"
-            ) from None
+                return Declined(f"the engine service did not answer ({err})")
+            return self._unreachable(err)
+        return ServiceError(
+            f"{self.where} answered with something that is not its protocol ({err}): "
+            f"{self.imposter}"
+        )
+
+    def _decoded(self, status: int, data: bytes) -> Any:
+        """An answer's JSON; the engine's error, as its class, for an error answer."""
         try:
             decoded = json.loads(data) if data else None
         except ValueError:
@@ -251,6 +286,22 @@ class RemoteEngine:
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         try:
             return self._get(f"/branches/{quote(name)}?layer={str(layer).lower()}", BranchView)
+        except errors.BranchMissingError:
+            return None
+
+    async def look(self, name: str) -> BranchView | None:
+        """``branch`` (without its layer), asked from the running event loop's thread: the
+        front door's lookup on each connection. The same request and answer, on a new
+        connection each time: the engine's answer is as fresh as ``branch``'s."""
+        target = f"{API}/branches/{quote(name)}?layer=false"
+        try:
+            status, data = await exchange_in_loop(
+                self.path, "GET", target, self.headers, self.timeout
+            )
+        except (OSError, ValueError) as err:
+            raise self._unanswered(err, question=True) from None
+        try:
+            return _parse(BranchView, self._decoded(status, data))
         except errors.BranchMissingError:
             return None
 
