@@ -14,6 +14,7 @@ import importlib.util
 import os
 import stat
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,12 @@ def readable() -> Path:
     return installed_source() or ROOT
 
 
+def site_packages() -> str:
+    """The installed environment's site-packages, by a path other users can follow: not
+    through the checkout's `.venv` link, which ``closed_to_others`` closes to them."""
+    return os.path.realpath(sysconfig.get_paths()["purelib"])
+
+
 @contextlib.contextmanager
 def closed_to_others() -> Iterator[None]:
     """The checkout closed to every user but its owner while the tests run, as a clone under
@@ -67,10 +74,18 @@ def closed_to_others() -> Iterator[None]:
     if installed_source() is None or os.geteuid() != 0 or closed == mode:
         yield
         return
+    # Started as `.venv/bin/python` (the checkout's link to the installed environment), the
+    # interpreter the tests hand to other users would be a path through the closed checkout:
+    # they run it through the link's target instead, as scripts/test.sh starts it.
+    executable = sys.executable
+    venv = ROOT / ".venv"
+    if Path(executable).is_relative_to(venv):
+        sys.executable = os.fspath(venv.resolve() / Path(executable).relative_to(venv))
     ROOT.chmod(closed)
     try:
         yield
     finally:
+        sys.executable = executable
         if stat.S_IMODE(ROOT.stat().st_mode) == closed:
             ROOT.chmod(mode)
 

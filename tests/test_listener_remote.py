@@ -11,7 +11,6 @@ import pwd
 import shutil
 import sqlite3
 import subprocess
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import checkout
 import pytest
 from apikit import Api, running_door
 from netns import Machine
@@ -310,7 +310,7 @@ class RemoteListener(Listener):
                 SYSTEM_PYTHON,
                 "-c",
                 AS_LISTENER,
-                sysconfig.get_paths()["purelib"],
+                checkout.site_packages(),
                 LISTENER,
                 "webhook",
                 "serve",

@@ -15,7 +15,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 import uuid
@@ -24,6 +23,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
 
+import checkout
 import psycopg
 import pytest
 import requests
@@ -202,7 +202,7 @@ class Listener:
                 SYSTEM_PYTHON,
                 "-c",
                 AS_LISTENER,
-                sysconfig.get_paths()["purelib"],
+                checkout.site_packages(),
                 LISTENER,
                 "webhook",
                 "serve",
