@@ -246,26 +246,7 @@ def grant(
         )
         renewed = kept is not None and kept.verifier == verifier
         _record_and_apply(pool, b, base, made)
-    _audit(
-        pool,
-        "access.grant",
-        uid=uid,
-        vouched_by=vouched_by,
-        login=made.login,
-        role=role,
-        branch=name,
-        read_only=read_only,
-        app=app,
-        expires_at=_iso(made.expires_at),
-        renewed=renewed,
-    )
-    log.info(
-        "%s %s in branch %s until %s",
-        "renewed" if renewed else "granted",
-        role,
-        name,
-        _iso(made.expires_at),
-    )
+    _audit_granted(pool, made, uid=uid, vouched_by=vouched_by, renewed=renewed)
     return Granted(grant=made, password=password, renewed=renewed)
 
 
@@ -330,20 +311,7 @@ def grant_job(pool: Pool, name: str, *, granted_by: str, uid: int = 0) -> Grante
             job=True,
         )
         _record_and_apply(pool, b, base, made)
-    _audit(
-        pool,
-        "access.grant",
-        uid=uid,
-        vouched_by=granted_by,
-        login=made.login,
-        role=role,
-        branch=name,
-        read_only=False,
-        app=False,
-        job=True,
-        expires_at=_iso(made.expires_at),
-    )
-    log.info("granted %s in branch %s until %s", role, name, _iso(made.expires_at))
+    _audit_granted(pool, made, uid=uid, vouched_by=granted_by, job=True)
     return Granted(grant=made, password=password)
 
 
@@ -628,6 +596,40 @@ def _audit_gone(
         app=g.app,
         expires_at=_iso(g.expires_at),
         **extra,
+    )
+
+
+def _audit_granted(
+    pool: Pool,
+    g: StoredGrant,
+    *,
+    uid: int,
+    vouched_by: str | None,
+    renewed: bool | None = None,
+    **extra: object,
+) -> None:
+    """The audit line and the log line of a credential granted (or renewed): never its
+    password or verifier."""
+    _audit(
+        pool,
+        "access.grant",
+        uid=uid,
+        vouched_by=vouched_by,
+        login=g.login,
+        role=g.role,
+        branch=g.branch,
+        read_only=g.read_only,
+        app=g.app,
+        **extra,
+        expires_at=_iso(g.expires_at),
+        **({} if renewed is None else {"renewed": renewed}),
+    )
+    log.info(
+        "%s %s in branch %s until %s",
+        "renewed" if renewed else "granted",
+        g.role,
+        g.branch,
+        _iso(g.expires_at),
     )
 
 
