@@ -19,6 +19,7 @@ from helpers import (
     DOCKER_IMAGE,
     RUNTIMES,
     SESSION_BASE,
+    SESSION_SERVICE,
     TEST_PORTS,
     Undo,
     dismantle,
@@ -225,6 +226,7 @@ def service(pool: Pool) -> Iterator[Path]:
     from pgoverlay.runner.service import client, serve
 
     settings = service_settings(pool)
+    SESSION_SERVICE[:] = [settings]
     start_service(settings)
     yield client.socket_path(settings)
     serve.stop(settings)

@@ -340,6 +340,17 @@ def service_settings(pool: Pool) -> Settings:
     return pool.settings.replace(service_gc_interval=0, suspend_after=0, service_expiry_timer=False)
 
 
+# The settings the session's engine service was started with (the ``service`` fixture): what a
+# test that restarts the service restores, whatever the test changed in ``pool.settings``
+# meanwhile (a monkeypatched setting must not outlive its test in the running service).
+SESSION_SERVICE: list[Settings] = []
+
+
+def session_service_settings(pool: Pool) -> Settings:
+    """The settings to give the test run's engine service back when a test is done with it."""
+    return SESSION_SERVICE[0] if SESSION_SERVICE else service_settings(pool)
+
+
 @contextmanager
 def without_the_service(pool: Pool) -> Iterator[None]:
     """The test run's engine service stopped meanwhile, when it runs, then started again: it
@@ -353,7 +364,7 @@ def without_the_service(pool: Pool) -> Iterator[None]:
         yield
     finally:
         if was_running:
-            start_service(settings)
+            start_service(session_service_settings(pool))
 
 
 @contextmanager
@@ -372,7 +383,7 @@ def service_with(pool: Pool, **changes: Any) -> Iterator[Settings]:
         yield changed
     finally:
         serve.stop(changed, wait=changed.stop_timeout)
-        start_service(plain)
+        start_service(session_service_settings(pool))
 
 
 def start_service(settings: Settings) -> None:
