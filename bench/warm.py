@@ -32,7 +32,7 @@ from engine_report import SizeRun, machine_line, shown_args, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch import access, held, warm
 from pgoverlay.runner.postgres import roles
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
@@ -61,7 +61,7 @@ def login(pool: poolmod.Pool, b: Any) -> None:
 @contextmanager
 def timed_password(steps: dict[str, float]) -> Iterator[None]:
     """Time the claim's password step: the engine's connection, then its one statement."""
-    original, connect = branch._claim_login, branch._engine_connection
+    original, connect = access._claim_login, access._engine_connection
 
     def timed(*args: Any, **kwargs: Any) -> None:
         start = now()
@@ -77,13 +77,13 @@ def timed_password(steps: dict[str, float]) -> Iterator[None]:
         finally:
             steps["connect"] = now() - start
 
-    branch._claim_login = timed
-    branch._engine_connection = timed_connect
+    access._claim_login = timed
+    access._engine_connection = timed_connect
     try:
         yield
     finally:
-        branch._claim_login = original
-        branch._engine_connection = connect
+        access._claim_login = original
+        access._engine_connection = connect
 
 
 class _Inline:

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import assert_no_leaks, cli, server_pid, source_dsn, without_the_service
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch import access, creation, held, lookup, warm
 from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks, gc
@@ -77,7 +77,7 @@ def _login(pool: Pool, b: Branch, password: str) -> bool:
 
 
 def _rolpassword(pool: Pool, b: Branch, base: BaseVersion) -> str | None:
-    with branch._engine_connection(pool, b, base) as conn:
+    with access._engine_connection(pool, b, base) as conn:
         row = conn.execute(
             "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (b.user,)
         ).fetchone()
@@ -89,7 +89,7 @@ def _comparable(pool: Pool, name: str) -> dict[str, str]:
     """A branch's imposed settings, less those that are its own by nature (port, paths)."""
     own = {"port", "cluster_name", "data_directory", "config_file", "hba_file", "ident_file"}
     own |= {"unix_socket_directories", "log_directory"}
-    return {o.name: o.branch_value for o in branch.overrides(pool, name) if o.name not in own}
+    return {o.name: o.branch_value for o in lookup.overrides(pool, name) if o.name not in own}
 
 
 @pytest.mark.usefixtures("keep_warm")
@@ -99,7 +99,7 @@ def test_a_claimed_warm_branch_is_a_branch_like_any_other_and_only_its_new_passw
     (ready,) = _warm_up(pool, base, runtime, 1)
     assert ready.password == ""
     assert _rolpassword(pool, ready, base) is None  # no password: nobody can log in
-    assert branch.is_running(pool, ready)
+    assert lookup.is_running(pool, ready)
     assert not _login(pool, ready, "x")
     assert not _login(pool, ready, "guess")
     assert "warm" not in {b.state for b in pool.registry.branches()}  # not listed as a branch
@@ -341,7 +341,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
     """The count is lowered to 0 right after the top-up's first start (as `base warm NAME
     --count 0` would meanwhile): it starts no second one."""
     started: list[str] = []
-    start_warm = branch.start_warm
+    start_warm = creation.start_warm
 
     def start_then_lower(p: Pool, b: BaseVersion, runtime: str) -> Branch:
         made = start_warm(p, b, runtime)
@@ -349,7 +349,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
         pool.registry.set_warm_target(base.name, "local", 0)
         return made
 
-    monkeypatch.setattr(branch, "start_warm", start_then_lower)
+    monkeypatch.setattr(creation, "start_warm", start_then_lower)
     with without_the_service(pool):  # this top-up, not the service's, is the one to watch
         pool.registry.set_warm_target(base.name, "local", 3)
         done = warm.replenish(pool, wait=120)
@@ -366,7 +366,7 @@ def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
     with flocks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
         pool.registry.set_warm_target(base.name, "local", 1)
         assert warm.warm_branches(pool) == []
-        yield branch.start_warm(pool, base, "local")
+        yield creation.start_warm(pool, base, "local")
 
 
 def _held_key(pool: Pool, b: Branch) -> str:
@@ -383,7 +383,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
         def refuse(*args: object, **kwargs: object) -> None:
             raise AssertionError("the claim opened a connection of its own")
 
-        monkeypatch.setattr(branch, "_engine_connection", refuse)
+        monkeypatch.setattr(access, "_engine_connection", refuse)
         claimed = branch.create(pool, "held-claim", runtime="local", base_name=base.name)
         monkeypatch.undo()
     try:
@@ -401,7 +401,7 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
     with _warm_here(pool, base) as ready:
         held_pids = _other_backends(pool, ready, base)
         assert len(held_pids) == 1  # the one held connection
-        with branch._engine_connection(pool, ready, base) as conn:
+        with access._engine_connection(pool, ready, base) as conn:
             assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
         claimed = branch.create(pool, "reheld-claim", runtime="local", base_name=base.name)
     try:
@@ -423,7 +423,7 @@ def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: Bas
 def _other_backends(pool: Pool, b: Branch, base: BaseVersion) -> list[int]:
     """The pids of branch ``b``'s client backends but the engine connection asking (so: the
     one a warm branch's starter holds, when it holds one)."""
-    with branch._engine_connection(pool, b, base) as conn:
+    with access._engine_connection(pool, b, base) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity "
             "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
@@ -458,7 +458,7 @@ def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with
     try:
         assert claimed.slot == ready.name
         lay = branch.layout(pool, claimed.key)
-        wait_for(lambda: not branch.is_running(pool, claimed) or None, timeout=60, what="the kill")
+        wait_for(lambda: not lookup.is_running(pool, claimed) or None, timeout=60, what="the kill")
         # Started as it is, the server comes back without the claim: nobody can log in.
         rt = runtime_for(pool, base, "local")
         rt.start(lay, options=server_options(pool, lay, claimed))

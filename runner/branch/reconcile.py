@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BranchError, LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import access, lookup
 from pgoverlay.runner.names import ACCESS_ROLE
 from pgoverlay.runner.pool import Pool, flocks
 
@@ -179,7 +180,7 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
     with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
         b = branches.get(pool, name)
         base = pool.registry.base(b.base_name, b.base_version)
-        if b.state != "ready" or base is None or not branches.is_running(pool, b):
+        if b.state != "ready" or base is None or not lookup.is_running(pool, b):
             return None
         from pgoverlay.runner.postgres import sqlerror
 
@@ -189,7 +190,7 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
                 what=f"branch {name}: its roles could not be checked against the registry",
                 fix=f"check that it runs (`pgoverlay branch status {name}`), then ask again",
             ),
-            branches._engine_connection(pool, b, base) as conn,
+            access._engine_connection(pool, b, base) as conn,
         ):
             done = reconcile(pool, b, base, conn)
             # A restart killed before it admitted the clients again left the engine's alone.
