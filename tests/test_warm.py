@@ -201,13 +201,15 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
 
 
 @pytest.mark.usefixtures("keep_warm")
+@pytest.mark.parametrize("step", ["registered", "dirs", "mounted", "started"])
 def test_a_crash_while_starting_a_warm_branch_is_undone_by_gc(
-    pool: Pool, base: BaseVersion, env: dict[str, str]
+    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
 ) -> None:
+    """At each step of the saga a cold create goes through too (creation.py's ``Start``)."""
     with without_the_service(pool):  # until gc has undone the half-started one
         done = cli(
             ["base", "warm", base.name, "--count", "1"],
-            env={**env, "PGOVERLAY_FAULT_POINT": "warm:started"},
+            env={**env, "PGOVERLAY_FAULT_POINT": f"warm:{step}"},
         )
         assert done.returncode == KILLED, done.stderr
         (half,) = [b for b in pool.registry.branches(warm=True) if b.state == "creating"]

@@ -12,6 +12,7 @@ import logging
 import secrets
 import sqlite3
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BaseMissingError, BranchExistsError, PgoverlayError
@@ -31,6 +32,24 @@ if TYPE_CHECKING:
     from pgoverlay.runner.branch.quota import Quota
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a cold create and a warm start do differently; every other step is the same."""
+
+    saga: str  # its fault points' prefix: SAGA:registered, SAGA:dirs, SAGA:mounted, SAGA:started
+    state: str  # the branch's state once it is started
+    doing: str  # what its log says it was doing when it failed
+
+    @property
+    def locked(self) -> bool:
+        """Started with no password for its login role: a warm branch, until its claim."""
+        return self.state == "warm"
+
+
+COLD = Start(saga="create", state="ready", doing="creating branch")
+WARM = Start(saga="warm", state="warm", doing="starting warm branch")
 
 
 def create(
@@ -95,39 +114,7 @@ def create(
             except BaseException:
                 teardown(pool, claimed)
                 raise
-        with pool.registry.transaction() as db:
-            _check_free(pool, db, base, name, quota=quota)
-            branch = Branch(
-                **asked,
-                base_name=base.name,
-                base_version=base.version,
-                state="creating",
-                step="registered",
-                port=pick_port(pool, pool.registry.used_ports(db)),
-                runtime=chosen,
-                user=pool.settings.branch_user,
-                database=base.database,
-                ready_at=None,
-                slot=name,
-            )
-            pool.registry.insert_branch(db, branch)
-        fault(pool, "create:registered")
-        try:
-            _make_dirs(
-                pool,
-                layout(pool, name),
-                user=branch.user,
-                superuser=base.superuser,
-                database=branch.database,
-            )
-            pool.registry.update_branch(name, durable=False, step="dirs")
-            fault(pool, "create:dirs")
-            _mount_and_start(pool, base, branch, saga="create", secret=secret)
-        except BaseException:
-            log.warning("creating branch %s failed; undoing", name)
-            teardown(pool, branch)
-            raise
-        pool.registry.update_branch(name, state="ready", step="", ready_at=time.time())
+        branch = _start(pool, base, asked, runtime=chosen, how=COLD, quota=quota, secret=secret)
     log.info("branch %s ready on port %s", name, branch.port)
     return _get(pool, name)
 
@@ -187,39 +174,57 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
     with flocks.hold(
         pool.lock_path("branch", slot), timeout=pool.settings.lock_wait, what=f"branch {slot}"
     ):
-        with pool.registry.transaction() as db:
-            _check_free(pool, db, base, slot)
-            branch = Branch(
-                name=slot,
-                slot=slot,
-                base_name=base.name,
-                base_version=base.version,
-                state="creating",
-                step="registered",
-                port=pick_port(pool, pool.registry.used_ports(db)),
-                runtime=runtime,
-                user=pool.settings.branch_user,
-                password="",
-                database=base.database,
-                created_at=time.time(),
-                ready_at=None,
-                expires_at=None,
-            )
-            pool.registry.insert_branch(db, branch)
-        fault(pool, "warm:registered")
-        try:
-            _make_dirs(
-                pool,
-                layout(pool, slot),
-                user=branch.user,
-                superuser=base.superuser,
-                database=branch.database,
-            )
-            pool.registry.update_branch(slot, durable=False, step="dirs")
-            _mount_and_start(pool, base, branch, saga="warm")
-        except BaseException:
-            log.warning("starting warm branch %s failed; undoing", slot)
-            teardown(pool, branch)
-            raise
-        pool.registry.update_branch(slot, state="warm", step="", ready_at=time.time())
+        unclaimed = {"name": slot, "password": "", "created_at": time.time(), "expires_at": None}
+        _start(pool, base, unclaimed, runtime=runtime, how=WARM)
     return _get(pool, slot)
+
+
+def _start(
+    pool: Pool,
+    base: BaseVersion,
+    fields: dict[str, Any],
+    *,
+    runtime: str,
+    how: Start,
+    quota: Quota | None = None,
+    secret: Future[str] | None = None,
+) -> Branch:
+    """The saga of a branch started from nothing, under its lock (the caller's): registered
+    (``fields``: its name and what was asked of it), its directories made, its server mounted
+    and started, then its state ``how.state``. A failure at any step tears it down; a kill
+    leaves it ``creating``, which gc undoes."""
+    name = fields["name"]
+    with pool.registry.transaction() as db:
+        _check_free(pool, db, base, name, quota=quota)
+        branch = Branch(
+            **fields,
+            base_name=base.name,
+            base_version=base.version,
+            state="creating",
+            step="registered",
+            port=pick_port(pool, pool.registry.used_ports(db)),
+            runtime=runtime,
+            user=pool.settings.branch_user,
+            database=base.database,
+            ready_at=None,
+            slot=name,
+        )
+        pool.registry.insert_branch(db, branch)
+    fault(pool, f"{how.saga}:registered")
+    try:
+        _make_dirs(
+            pool,
+            layout(pool, name),
+            user=branch.user,
+            superuser=base.superuser,
+            database=branch.database,
+        )
+        pool.registry.update_branch(name, durable=False, step="dirs")
+        fault(pool, f"{how.saga}:dirs")
+        _mount_and_start(pool, base, branch, saga=how.saga, secret=secret, locked=how.locked)
+    except BaseException:
+        log.warning("%s %s failed; undoing", how.doing, name)
+        teardown(pool, branch)
+        raise
+    pool.registry.update_branch(name, state=how.state, step="", ready_at=time.time())
+    return branch

@@ -42,7 +42,12 @@ def _mount_and_start(
     *,
     saga: str,
     secret: Future[str] | None = None,
+    locked: bool = False,
 ) -> None:
+    """Mount ``branch``'s layer over its base and start its server, recording each step (the
+    fault points ``SAGA:mounted`` and ``SAGA:started``), then give its login role its password
+    (``secret``: see ``_give_login``) and check a client can log in; ``locked``: leave the role
+    with no password at all instead (a warm branch's, until its claim)."""
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
     rt.attach(lay, lower=pool.base_dir(base.name, base.version))
@@ -56,7 +61,7 @@ def _mount_and_start(
     # Before any login: the role still has the password the base was prepared with, which
     # nobody kept (a reset branch's own password, known to the pull request, is set next).
     _record_schema(pool, base, branch)
-    if saga == "warm":
+    if locked:
         _lock_login(pool, base, branch)  # its password comes with its claim
         return
     _give_login(pool, base, branch, secret)
