@@ -185,7 +185,7 @@ def scram_verifier(pool: poolmod.Pool, b: Branch, role: str) -> str:
     base = pool.registry.base(b.base_name, b.base_version)
     if base is None:
         raise RuntimeError(f"base {b.base_name} v{b.base_version} of {b.name} is not registered")
-    with access._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,))
         found = row.fetchone()
     if found is None or not str(found[0] or "").startswith("SCRAM-SHA-256$"):

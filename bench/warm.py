@@ -61,7 +61,7 @@ def login(pool: poolmod.Pool, b: Any) -> None:
 @contextmanager
 def timed_password(steps: dict[str, float]) -> Iterator[None]:
     """Time the claim's password step: the engine's connection, then its one statement."""
-    original, connect = access._claim_login, access._engine_connection
+    original, connect = access.claim_login, access.engine_connection
 
     def timed(*args: Any, **kwargs: Any) -> None:
         start = now()
@@ -77,13 +77,13 @@ def timed_password(steps: dict[str, float]) -> Iterator[None]:
         finally:
             steps["connect"] = now() - start
 
-    access._claim_login = timed
-    access._engine_connection = timed_connect
+    access.claim_login = timed
+    access.engine_connection = timed_connect
     try:
         yield
     finally:
-        access._claim_login = original
-        access._engine_connection = connect
+        access.claim_login = original
+        access.engine_connection = connect
 
 
 class _Inline:

@@ -112,6 +112,6 @@ def test_a_full_pool_met_by_the_engines_first_session_is_pool_full(
             "on device"
         )
 
-    monkeypatch.setattr(access, "_engine_connection", full)
+    monkeypatch.setattr(access, "engine_connection", full)
     with pytest.raises(PoolFullError, match="the pool is full, so branch full-first-session"):
-        access._role_password(pool, base, made, None, what="its password", fix="none")
+        access.role_password(pool, base, made, None, what="its password", fix="none")

@@ -476,7 +476,7 @@ def test_the_password_never_reaches_the_log(pool: Pool, base: BaseVersion, trace
     engine.trace_begin(traced.name, TraceRequest())
     with as_branch_role(pool, traced) as conn:
         conn.execute("SELECT 1")
-    access._give_login(pool, base, traced, None)  # the engine sets the password while traced
+    access.give_login(pool, base, traced, None)  # the engine sets the password while traced
     with as_branch_role(pool, traced) as conn:
         conn.execute("SELECT 2")
     log_file = branch.layout(pool, traced.name).log_file

@@ -77,7 +77,7 @@ def _login(pool: Pool, b: Branch, password: str) -> bool:
 
 
 def _rolpassword(pool: Pool, b: Branch, base: BaseVersion) -> str | None:
-    with access._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         row = conn.execute(
             "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (b.user,)
         ).fetchone()
@@ -385,7 +385,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
         def refuse(*args: object, **kwargs: object) -> None:
             raise AssertionError("the claim opened a connection of its own")
 
-        monkeypatch.setattr(access, "_engine_connection", refuse)
+        monkeypatch.setattr(access, "engine_connection", refuse)
         claimed = branch.create(pool, "held-claim", runtime="local", base_name=base.name)
         monkeypatch.undo()
     try:
@@ -403,7 +403,7 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
     with _warm_here(pool, base) as ready:
         held_pids = _other_backends(pool, ready, base)
         assert len(held_pids) == 1  # the one held connection
-        with access._engine_connection(pool, ready, base) as conn:
+        with access.engine_connection(pool, ready, base) as conn:
             assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
         claimed = branch.create(pool, "reheld-claim", runtime="local", base_name=base.name)
     try:
@@ -425,7 +425,7 @@ def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: Bas
 def _other_backends(pool: Pool, b: Branch, base: BaseVersion) -> list[int]:
     """The pids of branch ``b``'s client backends but the engine connection asking (so: the
     one a warm branch's starter holds, when it holds one)."""
-    with access._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity "
             "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import psycopg
 
 
-def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
+def engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg.Connection[Any]:
     """The engine's own access: the base's superuser, through the branch's private socket.
 
     Its search_path holds only the catalog: the branch's role may create schemas and objects
@@ -43,7 +43,7 @@ def _engine_connection(pool: Pool, branch: Branch, base: BaseVersion) -> psycopg
     )
 
 
-def _role_password(
+def role_password(
     pool: Pool,
     base: BaseVersion,
     branch: Branch,
@@ -75,7 +75,7 @@ def _role_password(
                     return
                 except psycopg.Error:
                     pass  # its server restarted or ended the session: a new one tries again
-            conn = _engine_connection(pool, branch, base)
+            conn = engine_connection(pool, branch, base)
             try:
                 _alter_role(pool, conn, branch, secret, flush=flush)
             except BaseException:
@@ -88,7 +88,7 @@ def _role_password(
     except BranchStartError as err:
         if "No space left on device" in str(err):
             # The engine's session is the branch's first: it copies a catalog file up into the
-            # layer, which a full pool refuses (as _check_ready says for a client's session).
+            # layer, which a full pool refuses (as check_ready says for a client's session).
             raise PoolFullError(
                 f"the pool is full, so branch {branch.name} could not serve its first "
                 "connection: destroy branches (`pgoverlay branch list` shows their sizes) or "
@@ -117,10 +117,10 @@ def _alter_role(
     )
 
 
-def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+def lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     """A warm branch's login role has no password at all until it is claimed: nobody can log
     in to it, whatever the base was prepared with."""
-    _role_password(
+    role_password(
         pool,
         base,
         branch,
@@ -134,14 +134,14 @@ def _lock_login(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     _check_listening(pool, branch)
 
 
-def _claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str]) -> None:
+def claim_login(pool: Pool, base: BaseVersion, branch: Branch, secret: Future[str]) -> None:
     """A claimed warm branch's password (``secret``: its verifier, being computed).
 
     Its commit does not wait for the branch's WAL flush (a user waits for the claim): if the
     server dies before the WAL writer wrote it, the role is back to no password, which lets
     nobody in, and ``restart``, which brings every ready branch back, sets the password
     again from the registry."""
-    _role_password(
+    role_password(
         pool,
         base,
         branch,
@@ -180,7 +180,7 @@ def _check_listening(pool: Pool, branch: Branch) -> None:
 RELOAD_WAIT = 5.0
 
 
-def _check_ready(pool: Pool, branch: Branch) -> None:
+def check_ready(pool: Pool, branch: Branch) -> None:
     """Ready means a real connection, over TCP with the branch password, succeeded."""
     import psycopg
 
@@ -228,7 +228,7 @@ def connection(pool: Pool, branch: Branch) -> Connection:
     )
 
 
-def _give_login(
+def give_login(
     pool: Pool,
     base: BaseVersion,
     branch: Branch,
@@ -263,7 +263,7 @@ def _give_login(
             f"the base's superuser {base.superuser} must be able to log in over the branch's "
             "socket (seed the base again)",
         ),
-        _engine_connection(pool, branch, base) as conn,
+        engine_connection(pool, branch, base) as conn,
     ):
         given = False
         if verifier is not None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BaseMissingError, BranchExistsError, PgoverlayError
-from pgoverlay.runner.branch.access import _claim_login
-from pgoverlay.runner.branch.dirs import _make_dirs, layout
-from pgoverlay.runner.branch.lifecycle import _mount_and_start, teardown
-from pgoverlay.runner.branch.lookup import _get, resolve_base
+from pgoverlay.runner.branch.access import claim_login
+from pgoverlay.runner.branch.dirs import layout, make_dirs
+from pgoverlay.runner.branch.lifecycle import mount_and_start, teardown
+from pgoverlay.runner.branch.lookup import get, resolve_base
 from pgoverlay.runner.branch.ports import pick_port
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, flocks
@@ -116,7 +116,7 @@ def create(
                 raise
         branch = _start(pool, base, asked, runtime=chosen, how=COLD, quota=quota, secret=secret)
     log.info("branch %s ready on port %s", name, branch.port)
-    return _get(pool, name)
+    return get(pool, name)
 
 
 def _check_free(
@@ -155,7 +155,7 @@ def _check_free(
 def _finish_claim(pool: Pool, base: BaseVersion, claimed: Branch, secret: Future[str]) -> Branch:
     """The claim's remaining step: the branch's password; then it is ready."""
     fault(pool, "claim:bound")
-    _claim_login(pool, base, claimed, secret)
+    claim_login(pool, base, claimed, secret)
     fault(pool, "claim:password")
     # No login over TCP here, unlike a cold create: the server has just answered the engine,
     # and its port answered with this role's SCRAM exchange when it became warm.
@@ -176,7 +176,7 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
     ):
         unclaimed = {"name": slot, "password": "", "created_at": time.time(), "expires_at": None}
         _start(pool, base, unclaimed, runtime=runtime, how=WARM)
-    return _get(pool, slot)
+    return get(pool, slot)
 
 
 def _start(
@@ -212,7 +212,7 @@ def _start(
         pool.registry.insert_branch(db, branch)
     fault(pool, f"{how.saga}:registered")
     try:
-        _make_dirs(
+        make_dirs(
             pool,
             layout(pool, name),
             user=branch.user,
@@ -221,7 +221,7 @@ def _start(
         )
         pool.registry.update_branch(name, durable=False, step="dirs")
         fault(pool, f"{how.saga}:dirs")
-        _mount_and_start(pool, base, branch, saga=how.saga, secret=secret, locked=how.locked)
+        mount_and_start(pool, base, branch, saga=how.saga, secret=secret, locked=how.locked)
     except BaseException:
         log.warning("%s %s failed; undoing", how.doing, name)
         teardown(pool, branch)

@@ -23,7 +23,7 @@ def layouts(pool: Pool, keys: list[str]) -> dict[str, Layout]:
     return {key: Layout(root=dirs[key], socket_dir=pool.socket_root / key) for key in keys}
 
 
-def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str, database: str) -> None:
+def make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str, database: str) -> None:
     """The branch's directory is root's, so the branches' user cannot swap what root mounts
     or reads there; that user owns only what its Postgres writes: upper, work, log, sockets."""
     uid, gid = pool.owner.uid, pool.owner.gid
@@ -37,7 +37,7 @@ def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str, database: 
             (lay.log, (uid, gid), 0o700),
         ):
             safefs.make_dir(path, uid=owner[0], gid=owner[1], mode=mode)
-        _make_socket_dir(pool, lay)
+        make_socket_dir(pool, lay)
     except OSError as err:
         if err.errno == 28:  # ENOSPC
             raise PoolFullError("the pool is full: destroy branches or grow the pool") from None
@@ -45,19 +45,19 @@ def _make_dirs(pool: Pool, lay: Layout, *, user: str, superuser: str, database: 
     write_conf(pool, lay, user=user, superuser=superuser, database=database)
 
 
-def _make_socket_dir(pool: Pool, lay: Layout) -> None:
+def make_socket_dir(pool: Pool, lay: Layout) -> None:
     pool.make_socket_root()
     safefs.make_dir(
         lay.socket_dir, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700, exist_ok=True
     )
 
 
-def _empty_workdir(work: Path) -> None:
+def empty_workdir(work: Path) -> None:
     """Empty OverlayFS's work directory (the kernel leaves root-owned, mode 000 directories in
     it), without following any link the branches' user put there."""
     safefs.empty_dir(work)
 
 
-def _remove_dirs(lay: Layout) -> None:
+def remove_dirs(lay: Layout) -> None:
     safefs.remove_tree(lay.root)
     safefs.remove_tree(lay.socket_dir)

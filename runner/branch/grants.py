@@ -263,7 +263,7 @@ def _record_and_apply(pool: Pool, b: Branch, base: BaseVersion, made: StoredGran
         fault(pool, "grant:recorded")
         with (
             _sql_failed(name, f"the role {role} could not be granted"),
-            access._engine_connection(pool, b, base) as conn,
+            access.engine_connection(pool, b, base) as conn,
         ):
             _admit_members(pool, b, base, conn)
             _apply(conn, made, branch_user=b.user)
@@ -475,7 +475,7 @@ def revoke(
                     f"the credential {role} is forgotten, but its role could not be dropped "
                     "(the next gc drops it)",
                 ),
-                access._engine_connection(pool, b, base) as conn,
+                access.engine_connection(pool, b, base) as conn,
             ):
                 dropped = _drop(conn, role, branch_user=b.user)
             if found is None and dropped:  # a revoke killed after forgetting: finished here
@@ -549,7 +549,7 @@ def restore(pool: Pool, b: Branch, base: BaseVersion) -> None:
                 raise AccessError("it expired")
             with (
                 _sql_failed(b.name, f"the role {g.role} could not be given back after the reset"),
-                access._engine_connection(pool, b, base) as conn,
+                access.engine_connection(pool, b, base) as conn,
             ):
                 _apply(conn, g, branch_user=b.user)
         except PgoverlayError as err:

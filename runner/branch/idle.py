@@ -68,7 +68,7 @@ def asking(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
     """The engine's connection to branch ``b``, to ask it how many others it has: one for
     both of a round's looks at a branch (a second connection would find the first one's
     backend, closed a moment before, still on its way out, and count it)."""
-    return access._engine_connection(pool, b, lookup.base_of(pool, b))
+    return access.engine_connection(pool, b, lookup.base_of(pool, b))
 
 
 def connections(conn: psycopg.Connection[Any]) -> int:

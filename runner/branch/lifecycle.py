@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from pgoverlay.errors import BranchStartError, PgoverlayError
 from pgoverlay.runner import safefs
 from pgoverlay.runner.branch.access import (
-    _check_ready,
-    _engine_connection,
-    _give_login,
-    _lock_login,
+    check_ready,
+    engine_connection,
+    give_login,
+    lock_login,
 )
 from pgoverlay.runner.branch.conf import server_options, write_conf
-from pgoverlay.runner.branch.dirs import _empty_workdir, _make_socket_dir, _remove_dirs, layout
-from pgoverlay.runner.branch.lookup import _get, base_of
+from pgoverlay.runner.branch.dirs import empty_workdir, layout, make_socket_dir, remove_dirs
+from pgoverlay.runner.branch.lookup import base_of, get
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, flocks, release_freed
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _mount_and_start(
+def mount_and_start(
     pool: Pool,
     base: BaseVersion,
     branch: Branch,
@@ -46,7 +46,7 @@ def _mount_and_start(
 ) -> None:
     """Mount ``branch``'s layer over its base and start its server, recording each step (the
     fault points ``SAGA:mounted`` and ``SAGA:started``), then give its login role its password
-    (``secret``: see ``_give_login``) and check a client can log in; ``locked``: leave the role
+    (``secret``: see ``give_login``) and check a client can log in; ``locked``: leave the role
     with no password at all instead (a warm branch's, until its claim)."""
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime)
@@ -62,10 +62,10 @@ def _mount_and_start(
     # nobody kept (a reset branch's own password, known to the pull request, is set next).
     _record_schema(pool, base, branch)
     if locked:
-        _lock_login(pool, base, branch)  # its password comes with its claim
+        lock_login(pool, base, branch)  # its password comes with its claim
         return
-    _give_login(pool, base, branch, secret)
-    _check_ready(pool, branch)
+    give_login(pool, base, branch, secret)
+    check_ready(pool, branch)
 
 
 def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
@@ -79,7 +79,7 @@ def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     try:
         if schema.record_base(
             pool.schema_file(base.name, base.version),
-            lambda: _engine_connection(pool, branch, base),
+            lambda: engine_connection(pool, branch, base),
         ):
             log.info(
                 "base %s v%s: its schema was read in branch %s",
@@ -110,7 +110,7 @@ def teardown(pool: Pool, branch: Branch) -> None:
         rt.stop(lay, discard=True)
         rt.detach(lay)
     fault(pool, "destroy:stopped")
-    _remove_dirs(lay)
+    remove_dirs(lay)
     _forget_grants(pool, branch)
     pool.registry.delete_branch(branch.name)
     release_freed(pool)
@@ -153,11 +153,11 @@ def reset(pool: Pool, name: str) -> Branch:
     with flocks.hold(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
-        branch = _get(pool, name)
+        branch = get(pool, name)
         pool.registry.update_branch(name, state="resetting", step="")
         fault(pool, "reset:marked")
         finish_reset(pool, branch)
-    return _get(pool, name)
+    return get(pool, name)
 
 
 def finish_reset(pool: Pool, branch: Branch) -> None:
@@ -166,7 +166,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay, discard=True)
     rt.detach(lay)
-    _empty_workdir(lay.work)
+    empty_workdir(lay.work)
     safefs.remove_tree(lay.upper)
     safefs.make_dir(lay.upper, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
     safefs.remove_tree(lay.log_file)
@@ -175,7 +175,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
     release_freed(pool)
     pool.registry.update_branch(branch.name, durable=False, step="wiped")
     fault(pool, "reset:wiped")
-    _mount_and_start(pool, base, branch, saga="reset")
+    mount_and_start(pool, base, branch, saga="reset")
     if pool.registry.grants(branch.name):
         from pgoverlay.runner.branch import grants
 
@@ -187,7 +187,7 @@ def finish_reset(pool: Pool, branch: Branch) -> None:
 
 def restart(pool: Pool, branch: Branch) -> None:
     """Bring a ready branch whose server is gone (a reboot, a crash, a suspend) back up, with
-    its password set again (a claim's did not wait for the WAL flush, see ``_claim_login``)
+    its password set again (a claim's did not wait for the WAL flush, see ``claim_login``)
     and its roles made what the registry says (``reconcile``: a credential revoked or expired
     meanwhile is dropped, a password changed in SQL set back) while its server admits the
     engine alone; then it admits its clients."""
@@ -197,7 +197,7 @@ def restart(pool: Pool, branch: Branch) -> None:
     base = base_of(pool, branch)
     lay = layout(pool, branch.key)
     rt = runtime_for(pool, base, branch.runtime, check=True)
-    _make_socket_dir(pool, lay)
+    make_socket_dir(pool, lay)
     names: dict[str, Any] = {
         "user": branch.user,
         "superuser": base.superuser,
@@ -221,5 +221,5 @@ def restart(pool: Pool, branch: Branch) -> None:
             write_conf(pool, lay, **names)
             conn.execute("SELECT pg_reload_conf()")
 
-    _give_login(pool, base, branch, None, fresh=False, then=settle)
-    _check_ready(pool, branch)
+    give_login(pool, base, branch, None, fresh=False, then=settle)
+    check_ready(pool, branch)

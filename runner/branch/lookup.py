@@ -14,7 +14,7 @@ from pgoverlay.errors import (
     PgoverlayError,
 )
 from pgoverlay.runner.branch import sizes
-from pgoverlay.runner.branch.access import _engine_connection
+from pgoverlay.runner.branch.access import engine_connection
 from pgoverlay.runner.branch.dirs import layout
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool
@@ -23,7 +23,8 @@ from pgoverlay.runner.runtime import Layout, Liveness
 from pgoverlay.runner.runtime.choose import runtime_for
 
 
-def _get(pool: Pool, name: str) -> Branch:
+def get(pool: Pool, name: str) -> Branch:
+    """Branch ``name``; BranchMissingError, saying how to find or make one, if there is none."""
     branch = pool.registry.branch(check_name(name))
     if branch is None:
         raise BranchMissingError(
@@ -31,10 +32,6 @@ def _get(pool: Pool, name: str) -> Branch:
             f"`pgoverlay branch create {name}`"
         )
     return branch
-
-
-def get(pool: Pool, name: str) -> Branch:
-    return _get(pool, name)
 
 
 def resolve_base(pool: Pool, name: str | None) -> BaseVersion:
@@ -97,7 +94,7 @@ def layer_size(pool: Pool, branch: Branch | str, *, lay: Layout | None = None) -
     the caller has its layout already. Walking a layer costs about a millisecond (each file's
     extents are asked for), which a list of a thousand branches cannot pay: a suspended
     branch's is measured once per suspension."""
-    found = _get(pool, branch) if isinstance(branch, str) else branch
+    found = get(pool, branch) if isinstance(branch, str) else branch
     upper = (lay or layout(pool, found.key)).upper
     key = None
     if found.state == "suspended" and found.suspended_at is not None:
@@ -142,7 +139,7 @@ def is_running(pool: Pool, branch: Branch) -> bool:
 
 def status(pool: Pool, name: str) -> Status:
     """The branch, whether it runs, and its layer's size (which walks the whole layer)."""
-    branch = _get(pool, name)
+    branch = get(pool, name)
     return Status(
         branch=branch,
         liveness=liveness(pool, branch),
@@ -162,7 +159,7 @@ def overrides(pool: Pool, name: str) -> list[Override]:
     """The settings pgoverlay imposes on the branch that differ from the base's own."""
     from pgoverlay.runner.postgres import sqlerror
 
-    branch = _get(pool, name)
+    branch = get(pool, name)
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is None or not is_running(pool, branch):
         raise BranchStartError(
@@ -174,7 +171,7 @@ def overrides(pool: Pool, name: str) -> list[Override]:
             what=f"cannot read the settings of branch {name}",
             fix=f"check that it runs (`pgoverlay branch status {name}`), then ask again",
         ),
-        _engine_connection(pool, branch, base) as conn,
+        engine_connection(pool, branch, base) as conn,
     ):
         imposed = conn.execute(
             "SELECT name, current_setting(name), setting, boot_val FROM pg_settings "

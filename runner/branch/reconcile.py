@@ -190,7 +190,7 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
                 what=f"branch {name}: its roles could not be checked against the registry",
                 fix=f"check that it runs (`pgoverlay branch status {name}`), then ask again",
             ),
-            access._engine_connection(pool, b, base) as conn,
+            access.engine_connection(pool, b, base) as conn,
         ):
             done = reconcile(pool, b, base, conn)
             # A restart killed before it admitted the clients again left the engine's alone.

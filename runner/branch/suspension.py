@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import BranchStateError
 from pgoverlay.runner.branch.dirs import layout
 from pgoverlay.runner.branch.lifecycle import restart
-from pgoverlay.runner.branch.lookup import _get, base_of
+from pgoverlay.runner.branch.lookup import base_of, get
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import Pool, fault, flocks
 from pgoverlay.runner.pool.registry import WAKEABLE, Branch
@@ -43,7 +43,7 @@ def suspend(
     check_name(name)
     wait = pool.settings.lock_wait if lock_wait is None else lock_wait
     with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
-        branch = _get(pool, name)
+        branch = get(pool, name)
         if branch.state == "suspended":
             return branch
         if branch.state not in (*SUSPENDABLE, "suspending"):
@@ -55,9 +55,9 @@ def suspend(
         fault(pool, "suspend:marked")
         if unless is not None and branch.state == "ready" and unless(branch):
             pool.registry.update_branch(name, state="ready", step="")
-            return _get(pool, name)
+            return get(pool, name)
         finish_suspend(pool, branch)
-    return _get(pool, name)
+    return get(pool, name)
 
 
 def finish_suspend(pool: Pool, branch: Branch) -> None:
@@ -80,13 +80,13 @@ def wake(pool: Pool, name: str) -> Branch:
     once: the branch's lock makes the others wait, and they find it ready. A kill leaves
     ``waking``, which the next wake, or gc, finishes."""
     check_name(name)
-    branch = _get(pool, name)
+    branch = get(pool, name)
     if branch.state not in WAKEABLE:
         return branch
     with flocks.hold(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
-        branch = _get(pool, name)
+        branch = get(pool, name)
         if branch.state not in WAKEABLE:
             return branch
         if branch.state == "suspending":  # a suspend was killed: finish it, then wake
@@ -94,7 +94,7 @@ def wake(pool: Pool, name: str) -> Branch:
         pool.registry.update_branch(name, state="waking", step="")
         fault(pool, "wake:marked")
         finish_wake(pool, branch)
-    return _get(pool, name)
+    return get(pool, name)
 
 
 def finish_wake(pool: Pool, branch: Branch) -> None:
