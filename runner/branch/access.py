@@ -64,6 +64,9 @@ def role_password(
     from pgoverlay.runner.branch import held
     from pgoverlay.runner.postgres import sqlerror
 
+    def verifier() -> str | None:
+        return None if secret is None else secret.result()
+
     key = os.fspath(layout(pool, branch.key).socket_dir)
     try:
         with sqlerror.wrapped(BranchStartError, what=what, fix=fix):
@@ -71,13 +74,13 @@ def role_password(
             if kept is not None:
                 try:
                     with kept:
-                        _alter_role(pool, kept, branch, secret, flush=flush)
+                        alter_role(pool, kept, user=branch.user, secret=verifier(), flush=flush)
                     return
                 except psycopg.Error:
                     pass  # its server restarted or ended the session: a new one tries again
             conn = engine_connection(pool, branch, base)
             try:
-                _alter_role(pool, conn, branch, secret, flush=flush)
+                alter_role(pool, conn, user=branch.user, secret=verifier(), flush=flush)
             except BaseException:
                 conn.close()
                 raise
@@ -89,28 +92,35 @@ def role_password(
         if "No space left on device" in str(err):
             # The engine's session is the branch's first: it copies a catalog file up into the
             # layer, which a full pool refuses (as check_ready says for a client's session).
-            raise PoolFullError(
-                f"the pool is full, so branch {branch.name} could not serve its first "
-                "connection: destroy branches (`pgoverlay branch list` shows their sizes) or "
-                "grow the pool"
-            ) from None
+            raise _full(branch) from None
         raise
 
 
-def _alter_role(
+def _full(branch: Branch) -> PoolFullError:
+    """A branch's first session failed for want of space: it copies a catalog file up into the
+    layer, which a full pool refuses."""
+    return PoolFullError(
+        f"the pool is full, so branch {branch.name} could not serve its first connection: "
+        "destroy branches (`pgoverlay branch list` shows their sizes) or grow the pool"
+    )
+
+
+def alter_role(
     pool: Pool,
     conn: psycopg.Connection[Any],
-    branch: Branch,
-    secret: Future[str] | None,
     *,
-    flush: bool,
+    user: str,
+    secret: str | None,
+    flush: bool = True,
 ) -> None:
+    """Give the branch's login role ``user`` the rights the pool's settings give it and the
+    password whose SCRAM verifier is ``secret`` (``roles.set_password``)."""
     from pgoverlay.runner.postgres import roles
 
     roles.set_password(
         conn,
-        user=branch.user,
-        secret=None if secret is None else secret.result(),
+        user=user,
+        secret=secret,
         superuser=pool.settings.branch_superuser,
         createrole=pool.settings.branch_createrole,
         flush=flush,
@@ -205,11 +215,7 @@ def check_ready(pool: Pool, branch: Branch) -> None:
         if "No space left on device" in str(err):
             # The first session copies a catalog file up into the layer: on a full pool that
             # fails here rather than while the server starts (runtime.local says the same).
-            raise PoolFullError(
-                f"the pool is full, so branch {branch.name} could not serve its first "
-                "connection: destroy branches (`pgoverlay branch list` shows their sizes) or "
-                "grow the pool"
-            ) from None
+            raise _full(branch) from None
         raise BranchStartError(
             f"branch {branch.name} started but a client connection failed: {err}"
         ) from None
@@ -268,14 +274,7 @@ def give_login(
         given = False
         if verifier is not None:
             try:
-                roles.set_password(
-                    conn,
-                    user=branch.user,
-                    secret=verifier,
-                    superuser=pool.settings.branch_superuser,
-                    createrole=pool.settings.branch_createrole,
-                    flush=False,
-                )
+                alter_role(pool, conn, user=branch.user, secret=verifier, flush=False)
                 given = True
             except psycopg.errors.UndefinedObject:
                 if not fresh:

@@ -158,13 +158,7 @@ def reconcile(
                 secret = roles.scram_verifier(b.password)
             except ValueError:  # an older release's password form: the server hashes it
                 secret = roles.verifier(conn, user=b.user, password=b.password)
-            roles.set_password(
-                conn,
-                user=b.user,
-                secret=secret,
-                superuser=pool.settings.branch_superuser,
-                createrole=pool.settings.branch_createrole,
-            )
+            access.alter_role(pool, conn, user=b.user, secret=secret)
             done.branch_password = True
     if done:
         log.warning(
