@@ -32,7 +32,7 @@ from engine_report import SizeRun, machine_line, shown_args, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch import access, held, warm
+from pgoverlay.runner.branch import access, primed, warm
 from pgoverlay.runner.postgres import roles
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
@@ -101,7 +101,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     """The claim as it was before it skipped work, for a side-by-side run in one process:
     no held session (a new engine connection each time), the verifier computed after it, and
     both registry transactions and the ALTER ROLE waiting for the disk."""
-    take, password, set_password = held.take, held.password, roles.set_password
+    take, password, set_password = primed.take, primed.password, roles.set_password
     transaction = pool.registry.transaction
 
     def take_none(key: str) -> None:
@@ -116,7 +116,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     def flushed(*args: Any, **kwargs: Any) -> None:
         set_password(*args, **{**kwargs, "flush": True})
 
-    held.take, held.password, roles.set_password = take_none, new_password, flushed
+    primed.take, primed.password, roles.set_password = take_none, new_password, flushed
 
     def always_durable(durable: bool = True) -> Any:
         return transaction(durable=True)
@@ -125,7 +125,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     try:
         yield
     finally:
-        held.take, held.password, roles.set_password = take, password, set_password
+        primed.take, primed.password, roles.set_password = take, password, set_password
         del pool.registry.transaction
 
 

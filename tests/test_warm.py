@@ -17,7 +17,7 @@ import pytest
 
 from helpers import assert_no_leaks, cli, server_pid, source_dsn, without_the_service
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.branch import access, creation, held, lookup, warm
+from pgoverlay.runner.branch import access, creation, lookup, primed, warm
 from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks, gc
@@ -365,7 +365,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
 def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
     """One warm branch started by this process, with no engine service starting or retiring
     any meanwhile (it would find the warm branches' lock taken)."""
-    with flocks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
+    with flocks.locked(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
         pool.registry.set_warm_target(base.name, "local", 1)
         assert warm.warm_branches(pool) == []
         yield creation.start_warm(pool, base, "local")
@@ -380,7 +380,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
     pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with _warm_here(pool, base) as ready:
-        assert _held_key(pool, ready) in held._sessions
+        assert _held_key(pool, ready) in primed._sessions
 
         def refuse(*args: object, **kwargs: object) -> None:
             raise AssertionError("the claim opened a connection of its own")
@@ -391,7 +391,7 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
     try:
         assert claimed.slot == ready.name
         assert _login(pool, claimed, claimed.password)
-        assert _held_key(pool, claimed) not in held._sessions  # closed, not held for the user
+        assert _held_key(pool, claimed) not in primed._sessions  # closed, not held for the user
     finally:
         branch.destroy(pool, "held-claim")
 
@@ -416,10 +416,10 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
 @pytest.mark.usefixtures("keep_warm")
 def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: BaseVersion) -> None:
     with _warm_here(pool, base) as ready:
-        kept = held._sessions[_held_key(pool, ready)]
+        kept = primed._sessions[_held_key(pool, ready)]
         assert warm.retire(pool, ready)
     assert kept.closed
-    assert _held_key(pool, ready) not in held._sessions
+    assert _held_key(pool, ready) not in primed._sessions
 
 
 def _other_backends(pool: Pool, b: Branch, base: BaseVersion) -> list[int]:

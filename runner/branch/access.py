@@ -56,12 +56,12 @@ def role_password(
 ) -> None:
     """Give the branch's login role the password whose SCRAM verifier ``secret`` yields (None:
     no password at all) and its rights, in one statement on the engine's connection: the one
-    this process holds for the branch (see ``held``) if it still answers, else a new one.
+    this process holds for the branch (see ``primed``) if it still answers, else a new one.
     With ``keep``, the connection is held afterwards for the branch's claim; ``flush``: see
     ``roles.set_password``."""
     import psycopg
 
-    from pgoverlay.runner.branch import held
+    from pgoverlay.runner.branch import primed
     from pgoverlay.runner.postgres import sqlerror
 
     def verifier() -> str | None:
@@ -70,7 +70,7 @@ def role_password(
     key = os.fspath(layout(pool, branch.key).socket_dir)
     try:
         with sqlerror.wrapped(BranchStartError, what=what, fix=fix):
-            kept = held.take(key)
+            kept = primed.take(key)
             if kept is not None:
                 try:
                     with kept:
@@ -85,7 +85,7 @@ def role_password(
                 conn.close()
                 raise
             if keep:
-                held.keep(key, conn)
+                primed.keep(key, conn)
             else:
                 conn.close()
     except BranchStartError as err:

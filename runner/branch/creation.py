@@ -81,10 +81,10 @@ def create(
     chosen = choose(pool.settings, "branch", requested=runtime, major=base.pg_major or 0).name
     # Refuse a major-version mismatch (binaries or image) before touching anything.
     runtime_for(pool, base, chosen, check=True)
-    from pgoverlay.runner.branch import held
+    from pgoverlay.runner.branch import primed
 
-    password, secret = held.password()  # being computed: a claim or a cold create sets it
-    with flocks.hold(
+    password, secret = primed.password()  # being computed: a claim or a cold create sets it
+    with flocks.locked(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         now = time.time()
@@ -171,7 +171,7 @@ def start_warm(pool: Pool, base: BaseVersion, runtime: str) -> Branch:
     """Start one warm branch of ``base`` on ``runtime``: a branch like any other, named after
     its own slot, whose login role has no password until ``create`` claims it."""
     slot = WARM_PREFIX + secrets.token_hex(6)
-    with flocks.hold(
+    with flocks.locked(
         pool.lock_path("branch", slot), timeout=pool.settings.lock_wait, what=f"branch {slot}"
     ):
         unclaimed = {"name": slot, "password": "", "created_at": time.time(), "expires_at": None}

@@ -137,7 +137,7 @@ def _running(pool: Pool, name: str) -> tuple[Branch, BaseVersion]:
 
 def _lock(pool: Pool, name: str, *, timeout: float | None = None) -> Any:
     wait = pool.settings.lock_wait if timeout is None else timeout
-    return flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}")
+    return flocks.locked(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}")
 
 
 def _sql_failed(name: str, what: str) -> Any:

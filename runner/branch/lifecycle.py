@@ -100,10 +100,10 @@ def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
 
 def teardown(pool: Pool, branch: Branch) -> None:
     """Stop, unmount and remove everything of ``branch``, then forget it. Idempotent."""
-    from pgoverlay.runner.branch import held
+    from pgoverlay.runner.branch import primed
 
     lay = layout(pool, branch.key)
-    held.drop(os.fspath(lay.socket_dir))
+    primed.drop(os.fspath(lay.socket_dir))
     base = pool.registry.base(branch.base_name, branch.base_version)
     if base is not None:
         rt = runtime_for(pool, base, branch.runtime)
@@ -135,7 +135,7 @@ def _forget_grants(pool: Pool, branch: Branch) -> None:
 def destroy(pool: Pool, name: str) -> bool:
     """Destroy ``name``; False if there was nothing to destroy."""
     check_name(name)
-    with flocks.hold(
+    with flocks.locked(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         branch = pool.registry.branch(name)
@@ -150,7 +150,7 @@ def destroy(pool: Pool, name: str) -> bool:
 def reset(pool: Pool, name: str) -> Branch:
     """Discard every change: back to the base version, same port and password."""
     check_name(name)
-    with flocks.hold(
+    with flocks.locked(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         branch = get(pool, name)

@@ -171,7 +171,7 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
     """``reconcile`` running branch ``name`` under its lock; None when it is not running
     (its next start reconciles it)."""
     wait = pool.settings.lock_wait if lock_wait is None else lock_wait
-    with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
+    with flocks.locked(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
         b = branches.get(pool, name)
         base = pool.registry.base(b.base_name, b.base_version)
         if b.state != "ready" or base is None or not lookup.is_running(pool, b):

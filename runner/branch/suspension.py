@@ -42,7 +42,7 @@ def suspend(
     arrives meanwhile sees ``suspending`` and waits on the lock, to find the branch up)."""
     check_name(name)
     wait = pool.settings.lock_wait if lock_wait is None else lock_wait
-    with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
+    with flocks.locked(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
         branch = get(pool, name)
         if branch.state == "suspended":
             return branch
@@ -62,11 +62,11 @@ def suspend(
 
 def finish_suspend(pool: Pool, branch: Branch) -> None:
     """Stop and unmount ``branch`` (marked ``suspending``), then mark it ``suspended``."""
-    from pgoverlay.runner.branch import held
+    from pgoverlay.runner.branch import primed
 
     base = base_of(pool, branch)
     lay = layout(pool, branch.key)
-    held.drop(os.fspath(lay.socket_dir))
+    primed.drop(os.fspath(lay.socket_dir))
     rt = runtime_for(pool, base, branch.runtime)
     rt.stop(lay)  # not discard: the layer is kept, so its shutdown checkpoint is worth writing
     fault(pool, "suspend:stopped")
@@ -83,7 +83,7 @@ def wake(pool: Pool, name: str) -> Branch:
     branch = get(pool, name)
     if branch.state not in WAKEABLE:
         return branch
-    with flocks.hold(
+    with flocks.locked(
         pool.lock_path("branch", name), timeout=pool.settings.lock_wait, what=f"branch {name}"
     ):
         branch = get(pool, name)

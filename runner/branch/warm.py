@@ -82,7 +82,7 @@ def _why_retire(pool: Pool, b: Branch, wanted: dict[tuple[str, str], int]) -> st
 def retire(pool: Pool, b: Branch) -> bool:
     """Tear warm branch ``b`` down, unless a claim or another process got it first."""
     try:
-        with flocks.hold(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
+        with flocks.locked(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
             if not pool.registry.unwarm(b.name):
                 return False
             lifecycle.teardown(pool, replace(b, state="destroying"))
@@ -97,7 +97,7 @@ def replenish(pool: Pool, *, start: bool = True, wait: float = 0) -> Replenished
     ``wait`` seconds returns ``busy``, having done nothing."""
     done = Replenished()
     try:
-        with flocks.hold(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
+        with flocks.locked(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
             _replenish(pool, done, start=start)
     except LockBusyError:
         done.busy = True

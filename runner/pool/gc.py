@@ -85,7 +85,7 @@ def _removals(pool: Pool, report: Collected) -> None:
         if base.state != "removing":
             continue
         try:
-            with flocks.hold(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
+            with flocks.locked(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
                 base_removal.finish(pool, base.name, base.version)
             report.bases_removed.append(f"{base.name} v{base.version} (interrupted removal)")
         except LockBusyError:
@@ -101,7 +101,7 @@ def _branches(pool: Pool, report: Collected, now: float) -> None:
             continue  # see _warm
         lock = pool.lock_path("branch", row.name)
         try:
-            with flocks.hold(lock, timeout=0, what=f"branch {row.name}"):
+            with flocks.locked(lock, timeout=0, what=f"branch {row.name}"):
                 current = pool.registry.branch(row.name)
                 if current is None:
                     continue
@@ -238,7 +238,7 @@ def _bases(pool: Pool, report: Collected) -> None:
             continue
         latest = max(by_name[base.name])
         if base.version < latest and key not in referenced:
-            with contextlib.suppress(PgoverlayError), flocks.hold(lock, timeout=0, what="seed"):
+            with contextlib.suppress(PgoverlayError), flocks.locked(lock, timeout=0, what="seed"):
                 seed.remove_version(pool, base.name, base.version)
                 report.bases_removed.append(f"{base.name} v{base.version} (superseded)")
 
