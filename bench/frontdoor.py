@@ -135,7 +135,7 @@ class Door:
 # -- the reviewer's login -------------------------------------------------------------------
 
 
-class Login:
+class Reviewer:
     """A reviewer's credential, made by `pgoverlay access grant` as an admin runs it: the
     connection string it prints once (the password only ever in this process's memory and
     the clients' environment)."""
@@ -351,7 +351,7 @@ def pgbench(
 class Ways:
     """The three ways to the branch, up for the whole run, and the reviewer's login."""
 
-    def __init__(self, work: Path, pool: poolmod.Pool, b: Branch, login: Login) -> None:
+    def __init__(self, work: Path, pool: poolmod.Pool, b: Branch, login: Reviewer) -> None:
         self.login, self.b = login, b
         self.door = Door(pool.settings)
         try:
@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         if init.returncode != 0:
             raise RuntimeError(f"pgbench -i failed: {init.stderr.strip()}")
         serve.start(settings)
-        ways = Ways(work, pool, b, Login(settings))
+        ways = Ways(work, pool, b, Reviewer(settings))
         order = list(WAYS)
         for i in range(args.rounds):
             turn = i % len(order)

@@ -60,7 +60,7 @@ def mount_and_start(
     fault(pool, f"{saga}:started")
     # Before any login: the role still has the password the base was prepared with, which
     # nobody kept (a reset branch's own password, known to the pull request, is set next).
-    _record_schema(pool, base, branch)
+    _keep_base_schema(pool, base, branch)
     if locked:
         lock_login(pool, base, branch)  # its password comes with its claim
         return
@@ -68,7 +68,7 @@ def mount_and_start(
     check_ready(pool, branch)
 
 
-def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
+def _keep_base_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     """Keep the base version's schema, read in this branch while it is fresh and nobody but
     the engine can log in (no PR code has run in it, nor can), for the diffs of every branch
     of that version (``trace.schema``); once per version. A failure only costs those diffs."""
@@ -77,7 +77,7 @@ def _record_schema(pool: Pool, base: BaseVersion, branch: Branch) -> None:
     from pgoverlay.runner.trace import schema
 
     try:
-        if schema.record_base(
+        if schema.keep_base(
             pool.schema_file(base.name, base.version),
             lambda: engine_connection(pool, branch, base),
         ):

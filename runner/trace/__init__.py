@@ -57,7 +57,7 @@ class TracedBranch:
     upper: Path
     owner_uid: int
     role_is_superuser: bool
-    base_schema: Path | None = None  # the base version's schema (``schema.record_base``)
+    base_schema: Path | None = None  # the base version's schema (``schema.keep_base``)
 
     def connect(self) -> psycopg.Connection[Any]:
         """The base's superuser through the branch's private socket (the engine's access)."""
