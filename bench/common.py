@@ -19,8 +19,9 @@ from pathlib import Path
 import psycopg
 from engine_report import first_field
 
-from pgoverlay.runner import branch, proc, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner import proc, seed
+from pgoverlay.runner.branch import lifecycle
 from pgoverlay.runner.pool import Pool, mounts
 from pgoverlay.runner.postgres import binaries as pgbin
 from pgoverlay.runner.postgres import cluster
@@ -76,7 +77,7 @@ def dismantle(settings: Settings) -> None:
         pool = Pool.open(settings)
         try:
             for b in pool.registry.branches():
-                branch.teardown(pool, b)
+                lifecycle.teardown(pool, b)
             for base in pool.registry.bases():
                 seed.remove_version(pool, base.name, base.version)
         finally:

@@ -58,6 +58,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgoverlay.runner import branch, proc, safefs, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch import access
 from pgoverlay.runner.door import tls
 from pgoverlay.runner.door.reach import answering
 from pgoverlay.runner.pool.registry import Branch
@@ -134,7 +135,7 @@ class Door:
 # -- the reviewer's login -------------------------------------------------------------------
 
 
-class Login:
+class Reviewer:
     """A reviewer's credential, made by `pgoverlay access grant` as an admin runs it: the
     connection string it prints once (the password only ever in this process's memory and
     the clients' environment)."""
@@ -184,7 +185,7 @@ def scram_verifier(pool: poolmod.Pool, b: Branch, role: str) -> str:
     base = pool.registry.base(b.base_name, b.base_version)
     if base is None:
         raise RuntimeError(f"base {b.base_name} v{b.base_version} of {b.name} is not registered")
-    with branch._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,))
         found = row.fetchone()
     if found is None or not str(found[0] or "").startswith("SCRAM-SHA-256$"):
@@ -350,7 +351,7 @@ def pgbench(
 class Ways:
     """The three ways to the branch, up for the whole run, and the reviewer's login."""
 
-    def __init__(self, work: Path, pool: poolmod.Pool, b: Branch, login: Login) -> None:
+    def __init__(self, work: Path, pool: poolmod.Pool, b: Branch, login: Reviewer) -> None:
         self.login, self.b = login, b
         self.door = Door(pool.settings)
         try:
@@ -642,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         if init.returncode != 0:
             raise RuntimeError(f"pgbench -i failed: {init.stderr.strip()}")
         serve.start(settings)
-        ways = Ways(work, pool, b, Login(settings))
+        ways = Ways(work, pool, b, Reviewer(settings))
         order = list(WAYS)
         for i in range(args.rounds):
             turn = i % len(order)

@@ -32,7 +32,7 @@ from engine_report import SizeRun, machine_line, shown_args, write_report
 
 from pgoverlay.runner import branch
 from pgoverlay.runner import pool as poolmod
-from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch import access, primed, warm
 from pgoverlay.runner.postgres import roles
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_bytes
@@ -61,7 +61,7 @@ def login(pool: poolmod.Pool, b: Any) -> None:
 @contextmanager
 def timed_password(steps: dict[str, float]) -> Iterator[None]:
     """Time the claim's password step: the engine's connection, then its one statement."""
-    original, connect = branch._claim_login, branch._engine_connection
+    original, connect = access.claim_login, access.engine_connection
 
     def timed(*args: Any, **kwargs: Any) -> None:
         start = now()
@@ -77,13 +77,13 @@ def timed_password(steps: dict[str, float]) -> Iterator[None]:
         finally:
             steps["connect"] = now() - start
 
-    branch._claim_login = timed
-    branch._engine_connection = timed_connect
+    access.claim_login = timed
+    access.engine_connection = timed_connect
     try:
         yield
     finally:
-        branch._claim_login = original
-        branch._engine_connection = connect
+        access.claim_login = original
+        access.engine_connection = connect
 
 
 class _Inline:
@@ -101,7 +101,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     """The claim as it was before it skipped work, for a side-by-side run in one process:
     no held session (a new engine connection each time), the verifier computed after it, and
     both registry transactions and the ALTER ROLE waiting for the disk."""
-    take, password, set_password = held.take, held.password, roles.set_password
+    take, password, set_password = primed.take, primed.password, roles.set_password
     transaction = pool.registry.transaction
 
     def take_none(key: str) -> None:
@@ -116,7 +116,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     def flushed(*args: Any, **kwargs: Any) -> None:
         set_password(*args, **{**kwargs, "flush": True})
 
-    held.take, held.password, roles.set_password = take_none, new_password, flushed
+    primed.take, primed.password, roles.set_password = take_none, new_password, flushed
 
     def always_durable(durable: bool = True) -> Any:
         return transaction(durable=True)
@@ -125,7 +125,7 @@ def as_before(pool: poolmod.Pool) -> Iterator[None]:
     try:
         yield
     finally:
-        held.take, held.password, roles.set_password = take, password, set_password
+        primed.take, primed.password, roles.set_password = take, password, set_password
         del pool.registry.transaction
 
 

@@ -21,6 +21,7 @@ from psycopg import sql
 
 from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner import branch, seed
+from pgoverlay.runner.branch import lifecycle
 from pgoverlay.runner.pool import Pool, gc, mounts
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
@@ -259,7 +260,7 @@ def dismantle(pool: Pool) -> None:
     from pgoverlay.runner import seed
 
     for b in pool.registry.branches(warm=True):
-        branch.teardown(pool, b)
+        lifecycle.teardown(pool, b)
     for base in pool.registry.bases():
         seed.remove_version(pool, base.name, base.version)
     pool.close()

@@ -134,7 +134,7 @@ def test_seed_rm_of_a_base_being_seeded_is_refused(
     undo.base("being-seeded")
     base = seeded(pool, source, "being-seeded")
     try:
-        with flocks.hold(pool.lock_path("seed", "being-seeded"), timeout=0, what="a seed"):
+        with flocks.locked(pool.lock_path("seed", "being-seeded"), timeout=0, what="a seed"):
             done = cli(["base", "rm", "being-seeded"], env=env)
         assert done.returncode == SeedBusyError.exit_code, done.stderr
         assert "base being-seeded is busy" in done.stderr
@@ -330,7 +330,7 @@ def test_pool_down_waits_for_a_held_lock_then_refuses_and_leaves_the_pool_up(
     p = Pool.open(settings)
     made = branch.create(p, "busy-during-down")
     try:
-        with flocks.hold(p.lock_path("branch", made.name), timeout=0, what="a reset"):
+        with flocks.locked(p.lock_path("branch", made.name), timeout=0, what="a reset"):
             done = cli(["pool", "down"], env={**env, "PGOVERLAY_LOCK_WAIT": "1"})
         assert done.returncode == LockBusyError.exit_code, done.stderr
         assert "branch busy-during-down stayed busy" in done.stderr

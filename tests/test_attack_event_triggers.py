@@ -31,6 +31,7 @@ from helpers import (
 )
 from pgoverlay.errors import BranchStartError, TraceError
 from pgoverlay.runner import branch, trace
+from pgoverlay.runner.branch import lifecycle
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.runtime.choose import runtime_for
@@ -275,7 +276,7 @@ def test_a_restarted_branch_whose_login_role_is_gone_is_refused_not_remade_with_
         rt.stop(lay)
         rt.detach(lay)
         with pytest.raises(BranchStartError, match=f"branch reset {b.name}"):
-            branch.restart(pool, b)
+            lifecycle.restart(pool, b)
         with as_engine(pool, b, base) as su:
             made = su.execute(
                 "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = %s), "

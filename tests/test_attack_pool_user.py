@@ -134,7 +134,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_keeps_its_owner(
     try:
         with (
             pytest.raises(UnsafePathError, match="symbolic link"),
-            flocks.hold(lock, timeout=0, what="branch lock-attack"),
+            flocks.locked(lock, timeout=0, what="branch lock-attack"),
         ):
             pass
         with pytest.raises(UnsafePathError):

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from helpers import as_engine, cli, masked_base
 from pgoverlay.runner import branch, polling
-from pgoverlay.runner.branch import expiry, grants, reconcile
+from pgoverlay.runner.branch import expiry, grants, lookup, reconcile
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
@@ -153,7 +153,7 @@ def test_a_wake_killed_before_its_roles_are_reconciled_admits_nobody(
         env={**env, "PGOVERLAY_FAULT_POINT": "restart:password"},
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert branch.is_running(pool, b)
+    assert lookup.is_running(pool, b)
     assert "pg_hba.conf rejects" in refused(b, "gone", done.password)
     assert b.name in gc.collect(pool).finished
     assert not role_exists(pool, b, "gone")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from psycopg import pq
 
-from pgoverlay.runner.branch import held
+from pgoverlay.runner.branch import primed
 from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.postgres import roles
 
@@ -44,7 +44,7 @@ def test_the_verifier_refuses_passwords_saslprep_could_change(password: str) -> 
 
 
 def test_each_password_is_new_and_comes_with_its_own_verifier() -> None:
-    pairs = [held.password() for _ in range(4)]
+    pairs = [primed.password() for _ in range(4)]
     assert len({p for p, _ in pairs}) == 4
     for password, secret in pairs:
         verifier = secret.result(timeout=30)

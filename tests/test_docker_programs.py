@@ -86,7 +86,7 @@ def test_gc_removes_a_killed_seeds_containers_but_not_a_running_seeds(
         network_mode="none",
     )
     try:
-        with flocks.hold(pool.lock_path("seed", "busy"), timeout=0, what="a seed"):
+        with flocks.locked(pool.lock_path("seed", "busy"), timeout=0, what="a seed"):
             report = gc.collect(pool)
         assert f"container {orphan.name}" in report.orphans
         assert f"container {live.name}" not in report.orphans

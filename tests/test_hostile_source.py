@@ -33,6 +33,7 @@ from helpers import (
     source_dsn,
 )
 from pgoverlay.runner import branch, proc, seed
+from pgoverlay.runner.branch import lookup
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
@@ -339,7 +340,7 @@ def test_branches_of_a_hostile_base_start_work_apart_and_leave_the_base_untouche
             assert written, "the tablespace's writes belong in the branch's own layer"
             assert branch.layer_size(pool, b.name).logical_bytes > 10 * 1024 * 1024
         assert list(hostile.markers.iterdir()) == [], "a production command ran"
-        imposed = {o.name: (o.base_value, o.branch_value) for o in branch.overrides(pool, names[0])}
+        imposed = {o.name: (o.base_value, o.branch_value) for o in lookup.overrides(pool, names[0])}
         assert imposed["archive_mode"] == ("on", "off")
         assert imposed["shared_buffers"] == ("1TB", "32MB")
         assert imposed["ssl"] == ("on", "off")

@@ -159,7 +159,7 @@ def test_a_branch_whose_lock_is_taken_is_left_for_a_later_round(
         watcher = idle.Watcher(clock=lambda: clock[0])
         assert watcher.round(pool).suspended == []  # not idle for a second yet
         clock[0] += 5
-        with flocks.hold(pool.lock_path("branch", name), timeout=5, what="the test's hold"):
+        with flocks.locked(pool.lock_path("branch", name), timeout=5, what="the test's hold"):
             done = watcher.round(pool)
         assert name in done.locked and branch.get(pool, name).state == "ready"
         # the round's connection backend may still be on its way out a moment after it closed

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pgoverlay.runner import branch
+from pgoverlay.runner.branch import lookup
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
@@ -47,7 +48,7 @@ def test_a_local_branch_whose_binaries_are_gone_is_still_seen_running(
     previous = pool.settings.pg_bindir
     pool.settings.pg_bindir = empty
     try:
-        assert branch.liveness(pool, made) == Liveness("running")
+        assert lookup.liveness(pool, made) == Liveness("running")
     finally:
         pool.settings.pg_bindir = previous
         branch.destroy(pool, "live-nobin")

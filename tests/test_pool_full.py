@@ -14,6 +14,7 @@ from helpers import Undo, dismantle, require_root, source_dsn, top_ports
 from pgoverlay.errors import PoolFullError
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner import pool as poolmod
+from pgoverlay.runner.branch import access
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
@@ -111,6 +112,6 @@ def test_a_full_pool_met_by_the_engines_first_session_is_pool_full(
             "on device"
         )
 
-    monkeypatch.setattr(branch, "_engine_connection", full)
+    monkeypatch.setattr(access, "engine_connection", full)
     with pytest.raises(PoolFullError, match="the pool is full, so branch full-first-session"):
-        branch._role_password(pool, base, made, None, what="its password", fix="none")
+        access.role_password(pool, base, made, None, what="its password", fix="none")

@@ -666,7 +666,7 @@ def test_the_bases_schema_is_read_before_anyone_can_log_in_to_the_branch(
         b = pool.registry.branch("schemadiff-login")
         assert b is not None
         tried: list[str] = []
-        read = schema.record_base
+        read = schema.keep_base
 
         def watched(path: Path, connect: Any) -> bool:
             try:
@@ -678,7 +678,7 @@ def test_the_bases_schema_is_read_before_anyone_can_log_in_to_the_branch(
                 tried.append(str(err))
             return read(path, connect)
 
-        monkeypatch.setattr(schema, "record_base", watched)
+        monkeypatch.setattr(schema, "keep_base", watched)
         engine.reset("schemadiff-login")
         assert len(tried) == 1 and "password authentication failed" in tried[0], tried
         with as_branch_role(pool, b) as conn:  # and afterwards it can

@@ -121,7 +121,7 @@ def test_a_second_seed_of_the_same_name_is_refused_while_one_runs(
     pool: Pool, source: cluster.Running
 ) -> None:
     with (
-        flocks.hold(pool.lock_path("seed", "busy"), timeout=0, what="test"),
+        flocks.locked(pool.lock_path("seed", "busy"), timeout=0, what="test"),
         pytest.raises(SeedBusyError, match="busy"),
     ):
         seed.seed(pool, "busy", source_dsn=source_dsn(source))

@@ -17,6 +17,7 @@ import pytest
 from helpers import as_branch_role, as_engine, branch_of
 from pgoverlay.errors import TraceError
 from pgoverlay.runner import branch, trace
+from pgoverlay.runner.branch import access
 from pgoverlay.runner.branch.conf import LOG_OPTIONS
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool
@@ -475,7 +476,7 @@ def test_the_password_never_reaches_the_log(pool: Pool, base: BaseVersion, trace
     engine.trace_begin(traced.name, TraceRequest())
     with as_branch_role(pool, traced) as conn:
         conn.execute("SELECT 1")
-    branch._give_login(pool, base, traced, None)  # the engine sets the password while traced
+    access.give_login(pool, base, traced, None)  # the engine sets the password while traced
     with as_branch_role(pool, traced) as conn:
         conn.execute("SELECT 2")
     log_file = branch.layout(pool, traced.name).log_file

@@ -12,6 +12,7 @@ import pytest
 from helpers import as_engine, remove_base, source_dsn
 from pgoverlay.runner import branch, seed
 from pgoverlay.runner.branch import conf as branchconf
+from pgoverlay.runner.branch import lookup
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Branch
 from pgoverlay.runner.postgres import cluster
@@ -91,7 +92,7 @@ def test_a_branch_runs_with_the_pools_wal_settings_on_a_base_of_its_segment_size
             "min_wal_size": "32MB",  # 16MB set, two segments needed
             "max_wal_size": "512MB",
         }
-        imposed = {o.name: o.branch_value for o in branch.overrides(pool, "wal-settings")}
+        imposed = {o.name: o.branch_value for o in lookup.overrides(pool, "wal-settings")}
         assert imposed["wal_recycle"] == "off"
         assert "wal_init_zero" not in imposed  # Postgres's default: not an override
     finally:

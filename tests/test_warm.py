@@ -17,7 +17,7 @@ import pytest
 
 from helpers import assert_no_leaks, cli, server_pid, source_dsn, without_the_service
 from pgoverlay.runner import branch, seed
-from pgoverlay.runner.branch import held, warm
+from pgoverlay.runner.branch import access, creation, lookup, primed, warm
 from pgoverlay.runner.branch.conf import server_options
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks, gc
@@ -77,7 +77,7 @@ def _login(pool: Pool, b: Branch, password: str) -> bool:
 
 
 def _rolpassword(pool: Pool, b: Branch, base: BaseVersion) -> str | None:
-    with branch._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         row = conn.execute(
             "SELECT rolpassword FROM pg_authid WHERE rolname = %s", (b.user,)
         ).fetchone()
@@ -89,7 +89,7 @@ def _comparable(pool: Pool, name: str) -> dict[str, str]:
     """A branch's imposed settings, less those that are its own by nature (port, paths)."""
     own = {"port", "cluster_name", "data_directory", "config_file", "hba_file", "ident_file"}
     own |= {"unix_socket_directories", "log_directory"}
-    return {o.name: o.branch_value for o in branch.overrides(pool, name) if o.name not in own}
+    return {o.name: o.branch_value for o in lookup.overrides(pool, name) if o.name not in own}
 
 
 @pytest.mark.usefixtures("keep_warm")
@@ -99,7 +99,7 @@ def test_a_claimed_warm_branch_is_a_branch_like_any_other_and_only_its_new_passw
     (ready,) = _warm_up(pool, base, runtime, 1)
     assert ready.password == ""
     assert _rolpassword(pool, ready, base) is None  # no password: nobody can log in
-    assert branch.is_running(pool, ready)
+    assert lookup.is_running(pool, ready)
     assert not _login(pool, ready, "x")
     assert not _login(pool, ready, "guess")
     assert "warm" not in {b.state for b in pool.registry.branches()}  # not listed as a branch
@@ -201,13 +201,15 @@ def test_a_crash_between_claim_steps_is_mended_by_gc(
 
 
 @pytest.mark.usefixtures("keep_warm")
+@pytest.mark.parametrize("step", ["registered", "dirs", "mounted", "started"])
 def test_a_crash_while_starting_a_warm_branch_is_undone_by_gc(
-    pool: Pool, base: BaseVersion, env: dict[str, str]
+    pool: Pool, base: BaseVersion, env: dict[str, str], step: str
 ) -> None:
+    """At each step of the saga a cold create goes through too (creation.py's ``Start``)."""
     with without_the_service(pool):  # until gc has undone the half-started one
         done = cli(
             ["base", "warm", base.name, "--count", "1"],
-            env={**env, "PGOVERLAY_FAULT_POINT": "warm:started"},
+            env={**env, "PGOVERLAY_FAULT_POINT": f"warm:{step}"},
         )
         assert done.returncode == KILLED, done.stderr
         (half,) = [b for b in pool.registry.branches(warm=True) if b.state == "creating"]
@@ -341,7 +343,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
     """The count is lowered to 0 right after the top-up's first start (as `base warm NAME
     --count 0` would meanwhile): it starts no second one."""
     started: list[str] = []
-    start_warm = branch.start_warm
+    start_warm = creation.start_warm
 
     def start_then_lower(p: Pool, b: BaseVersion, runtime: str) -> Branch:
         made = start_warm(p, b, runtime)
@@ -349,7 +351,7 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
         pool.registry.set_warm_target(base.name, "local", 0)
         return made
 
-    monkeypatch.setattr(branch, "start_warm", start_then_lower)
+    monkeypatch.setattr(creation, "start_warm", start_then_lower)
     with without_the_service(pool):  # this top-up, not the service's, is the one to watch
         pool.registry.set_warm_target(base.name, "local", 3)
         done = warm.replenish(pool, wait=120)
@@ -363,10 +365,10 @@ def test_a_top_up_reads_the_count_again_before_each_branch_it_starts(
 def _warm_here(pool: Pool, base: BaseVersion) -> Iterator[Branch]:
     """One warm branch started by this process, with no engine service starting or retiring
     any meanwhile (it would find the warm branches' lock taken)."""
-    with flocks.hold(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
+    with flocks.locked(pool.lock_path("warm", "replenish"), timeout=120, what="warm branches"):
         pool.registry.set_warm_target(base.name, "local", 1)
         assert warm.warm_branches(pool) == []
-        yield branch.start_warm(pool, base, "local")
+        yield creation.start_warm(pool, base, "local")
 
 
 def _held_key(pool: Pool, b: Branch) -> str:
@@ -378,18 +380,18 @@ def test_a_claim_sets_the_password_on_the_connection_held_since_the_branch_becam
     pool: Pool, base: BaseVersion, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with _warm_here(pool, base) as ready:
-        assert _held_key(pool, ready) in held._sessions
+        assert _held_key(pool, ready) in primed._sessions
 
         def refuse(*args: object, **kwargs: object) -> None:
             raise AssertionError("the claim opened a connection of its own")
 
-        monkeypatch.setattr(branch, "_engine_connection", refuse)
+        monkeypatch.setattr(access, "engine_connection", refuse)
         claimed = branch.create(pool, "held-claim", runtime="local", base_name=base.name)
         monkeypatch.undo()
     try:
         assert claimed.slot == ready.name
         assert _login(pool, claimed, claimed.password)
-        assert _held_key(pool, claimed) not in held._sessions  # closed, not held for the user
+        assert _held_key(pool, claimed) not in primed._sessions  # closed, not held for the user
     finally:
         branch.destroy(pool, "held-claim")
 
@@ -401,7 +403,7 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
     with _warm_here(pool, base) as ready:
         held_pids = _other_backends(pool, ready, base)
         assert len(held_pids) == 1  # the one held connection
-        with branch._engine_connection(pool, ready, base) as conn:
+        with access.engine_connection(pool, ready, base) as conn:
             assert conn.execute("SELECT pg_terminate_backend(%s)", held_pids).fetchone() == (True,)
         claimed = branch.create(pool, "reheld-claim", runtime="local", base_name=base.name)
     try:
@@ -414,16 +416,16 @@ def test_a_claim_whose_held_connection_was_ended_connects_again(
 @pytest.mark.usefixtures("keep_warm")
 def test_retiring_a_warm_branch_closes_its_held_connection(pool: Pool, base: BaseVersion) -> None:
     with _warm_here(pool, base) as ready:
-        kept = held._sessions[_held_key(pool, ready)]
+        kept = primed._sessions[_held_key(pool, ready)]
         assert warm.retire(pool, ready)
     assert kept.closed
-    assert _held_key(pool, ready) not in held._sessions
+    assert _held_key(pool, ready) not in primed._sessions
 
 
 def _other_backends(pool: Pool, b: Branch, base: BaseVersion) -> list[int]:
     """The pids of branch ``b``'s client backends but the engine connection asking (so: the
     one a warm branch's starter holds, when it holds one)."""
-    with branch._engine_connection(pool, b, base) as conn:
+    with access.engine_connection(pool, b, base) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity "
             "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
@@ -458,7 +460,7 @@ def test_a_claimed_branch_whose_server_died_before_the_wal_flush_comes_back_with
     try:
         assert claimed.slot == ready.name
         lay = branch.layout(pool, claimed.key)
-        wait_for(lambda: not branch.is_running(pool, claimed) or None, timeout=60, what="the kill")
+        wait_for(lambda: not lookup.is_running(pool, claimed) or None, timeout=60, what="the kill")
         # Started as it is, the server comes back without the claim: nobody can log in.
         rt = runtime_for(pool, base, "local")
         rt.start(lay, options=server_options(pool, lay, claimed))

@@ -170,8 +170,7 @@ def _warm_label(ready: int, target: int, memory_each: int | None) -> str:
 
 def cmd_warm(args: argparse.Namespace) -> int:
     """Set how many warm branches of a base to keep started, and start them now."""
-    from pgoverlay.runner import branch as branches
-    from pgoverlay.runner.branch import warm
+    from pgoverlay.runner.branch import lookup, warm
     from pgoverlay.runner.runtime.choose import choose
 
     if args.count is None:
@@ -182,7 +181,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     if args.count < 0 or args.count > 64:
         raise ConfigError(f"--count {args.count} is out of range: give 0 to 64")
     p = common.pool()
-    base = branches.resolve_base(p, args.name)
+    base = lookup.resolve_base(p, args.name)
     runtime = choose(p.settings, "branch", requested=args.runtime, major=base.pg_major or 0).name
     done = warm.set_target(p, base.name, runtime, args.count)
     for problem in done.problems:

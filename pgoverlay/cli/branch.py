@@ -146,10 +146,10 @@ def cmd_branch_status(args: argparse.Namespace) -> int:
 
     if args.config:
         from pgoverlay.cli.table import render
-        from pgoverlay.runner import branch
+        from pgoverlay.runner.branch import lookup
 
         p = common.pool()
-        changed = branch.overrides(p, args.name)
+        changed = lookup.overrides(p, args.name)
         if args.json:
             common.print_json([o.__dict__ for o in changed])
             return 0

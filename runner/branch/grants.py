@@ -55,7 +55,7 @@ from pgoverlay.errors import (
     UnmaskedAccessError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.branch import conf
+from pgoverlay.runner.branch import access, conf, lookup
 from pgoverlay.runner.names import ACCESS_ROLE, is_github_login
 from pgoverlay.runner.pool import Pool, fault, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch, StoredGrant
@@ -127,7 +127,7 @@ def _ttl(pool: Pool, ttl: float | None) -> float:
 def _running(pool: Pool, name: str) -> tuple[Branch, BaseVersion]:
     b = branches.get(pool, name)
     base = pool.registry.base(b.base_name, b.base_version)
-    if b.state != "ready" or base is None or not branches.is_running(pool, b):
+    if b.state != "ready" or base is None or not lookup.is_running(pool, b):
         raise AccessError(
             f"branch {name} is not running (state {b.state}): its credentials live in its "
             "server; start it with `pgoverlay gc`, then ask again"
@@ -137,7 +137,7 @@ def _running(pool: Pool, name: str) -> tuple[Branch, BaseVersion]:
 
 def _lock(pool: Pool, name: str, *, timeout: float | None = None) -> Any:
     wait = pool.settings.lock_wait if timeout is None else timeout
-    return flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}")
+    return flocks.locked(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}")
 
 
 def _sql_failed(name: str, what: str) -> Any:
@@ -263,7 +263,7 @@ def _record_and_apply(pool: Pool, b: Branch, base: BaseVersion, made: StoredGran
         fault(pool, "grant:recorded")
         with (
             _sql_failed(name, f"the role {role} could not be granted"),
-            branches._engine_connection(pool, b, base) as conn,
+            access.engine_connection(pool, b, base) as conn,
         ):
             _admit_members(pool, b, base, conn)
             _apply(conn, made, branch_user=b.user)
@@ -468,14 +468,14 @@ def revoke(
             pool.registry.delete_grant(name, role)
             fault(pool, "revoke:forgotten")
         base = pool.registry.base(b.base_name, b.base_version)
-        if b.state == "ready" and base is not None and branches.is_running(pool, b):
+        if b.state == "ready" and base is not None and lookup.is_running(pool, b):
             with (
                 _sql_failed(
                     name,
                     f"the credential {role} is forgotten, but its role could not be dropped "
                     "(the next gc drops it)",
                 ),
-                branches._engine_connection(pool, b, base) as conn,
+                access.engine_connection(pool, b, base) as conn,
             ):
                 dropped = _drop(conn, role, branch_user=b.user)
             if found is None and dropped:  # a revoke killed after forgetting: finished here
@@ -549,7 +549,7 @@ def restore(pool: Pool, b: Branch, base: BaseVersion) -> None:
                 raise AccessError("it expired")
             with (
                 _sql_failed(b.name, f"the role {g.role} could not be given back after the reset"),
-                branches._engine_connection(pool, b, base) as conn,
+                access.engine_connection(pool, b, base) as conn,
             ):
                 _apply(conn, g, branch_user=b.user)
         except PgoverlayError as err:

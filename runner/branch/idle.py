@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import access, lookup
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,7 +68,7 @@ def asking(pool: Pool, b: Branch) -> psycopg.Connection[Any]:
     """The engine's connection to branch ``b``, to ask it how many others it has: one for
     both of a round's looks at a branch (a second connection would find the first one's
     backend, closed a moment before, still on its way out, and count it)."""
-    return branches._engine_connection(pool, b, branches.base_of(pool, b))
+    return access.engine_connection(pool, b, lookup.base_of(pool, b))
 
 
 def connections(conn: psycopg.Connection[Any]) -> int:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgoverlay.errors import BranchError, LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import access, lookup
 from pgoverlay.runner.names import ACCESS_ROLE
 from pgoverlay.runner.pool import Pool, flocks
 
@@ -157,13 +158,7 @@ def reconcile(
                 secret = roles.scram_verifier(b.password)
             except ValueError:  # an older release's password form: the server hashes it
                 secret = roles.verifier(conn, user=b.user, password=b.password)
-            roles.set_password(
-                conn,
-                user=b.user,
-                secret=secret,
-                superuser=pool.settings.branch_superuser,
-                createrole=pool.settings.branch_createrole,
-            )
+            access.alter_role(pool, conn, user=b.user, secret=secret)
             done.branch_password = True
     if done:
         log.warning(
@@ -176,10 +171,10 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
     """``reconcile`` running branch ``name`` under its lock; None when it is not running
     (its next start reconciles it)."""
     wait = pool.settings.lock_wait if lock_wait is None else lock_wait
-    with flocks.hold(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
+    with flocks.locked(pool.lock_path("branch", name), timeout=wait, what=f"branch {name}"):
         b = branches.get(pool, name)
         base = pool.registry.base(b.base_name, b.base_version)
-        if b.state != "ready" or base is None or not branches.is_running(pool, b):
+        if b.state != "ready" or base is None or not lookup.is_running(pool, b):
             return None
         from pgoverlay.runner.postgres import sqlerror
 
@@ -189,7 +184,7 @@ def settle(pool: Pool, name: str, *, lock_wait: float | None = None) -> Reconcil
                 what=f"branch {name}: its roles could not be checked against the registry",
                 fix=f"check that it runs (`pgoverlay branch status {name}`), then ask again",
             ),
-            branches._engine_connection(pool, b, base) as conn,
+            access.engine_connection(pool, b, base) as conn,
         ):
             done = reconcile(pool, b, base, conn)
             # A restart killed before it admitted the clients again left the engine's alone.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
+from pgoverlay.runner.branch import creation, lifecycle, lookup
 from pgoverlay.runner.pool import Pool, flocks
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import postmaster
@@ -72,7 +73,7 @@ def _why_retire(pool: Pool, b: Branch, wanted: dict[tuple[str, str], int]) -> st
         return f"base {b.base_name} v{b.base_version} is superseded"
     if wanted.get((b.base_name, b.runtime), 0) == 0:
         return f"no warm branches of {b.base_name} are wanted on {b.runtime}"
-    alive = branches.liveness(pool, b)
+    alive = lookup.liveness(pool, b)
     if alive.state == "stopped":
         return "its server is gone"
     return None
@@ -81,10 +82,10 @@ def _why_retire(pool: Pool, b: Branch, wanted: dict[tuple[str, str], int]) -> st
 def retire(pool: Pool, b: Branch) -> bool:
     """Tear warm branch ``b`` down, unless a claim or another process got it first."""
     try:
-        with flocks.hold(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
+        with flocks.locked(pool.lock_path("branch", b.name), timeout=0, what=f"branch {b.name}"):
             if not pool.registry.unwarm(b.name):
                 return False
-            branches.teardown(pool, replace(b, state="destroying"))
+            lifecycle.teardown(pool, replace(b, state="destroying"))
     except LockBusyError:
         return False
     return True
@@ -96,7 +97,7 @@ def replenish(pool: Pool, *, start: bool = True, wait: float = 0) -> Replenished
     ``wait`` seconds returns ``busy``, having done nothing."""
     done = Replenished()
     try:
-        with flocks.hold(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
+        with flocks.locked(pool.lock_path("warm", "replenish"), timeout=wait, what="warm branches"):
             _replenish(pool, done, start=start)
     except LockBusyError:
         done.busy = True
@@ -139,7 +140,7 @@ def _replenish(pool: Pool, done: Replenished, *, start: bool) -> None:
         while have.get(key, 0) < _targets(pool).get(key, 0):
             try:
                 runtime_for(pool, base, target.runtime, check=True)
-                made = branches.start_warm(pool, base, target.runtime)
+                made = creation.start_warm(pool, base, target.runtime)
             except PgoverlayError as err:
                 done.problems.append(f"warm branch of {base.name} on {target.runtime}: {err}")
                 log.warning("could not start a warm branch of %s: %s", base.name, err)

@@ -36,7 +36,7 @@ class Refused(Exception):
 
 
 @dataclass
-class Record:
+class AuditLine:
     """One connection's audit line, filled in as it goes."""
 
     source: str
@@ -50,7 +50,7 @@ class Record:
     wake_counted: bool = False
 
 
-class Login:
+class LoginSteps:
     """The steps of logins for one door: its guard (failed logins, timings) and the key its
     imitation's salts are drawn from (new at every start of the door)."""
 
@@ -65,7 +65,7 @@ class Login:
         *,
         user: str,
         name: str,
-        record: Record,
+        record: AuditLine,
         began: float,
     ) -> bool:
         """The branch's authentication, passed on: True at AuthenticationOk. ``began``: when
@@ -136,7 +136,7 @@ class Login:
             backend.write(proto.message(b"p", answer))
             since = _loop_time()
 
-    def failed(self, record: Record) -> None:
+    def failed(self, record: AuditLine) -> None:
         """Count a failed login against the client (a wake it caused stands for it)."""
         if record.wake_counted:
             record.wake_counted = False
@@ -146,7 +146,7 @@ class Login:
     # A client's SCRAM messages, checked as Postgres checks them: a refusal is a failed login,
     # on a real branch and an imitated one alike.
 
-    async def _answer(self, client: Channel, record: Record) -> bytes:
+    async def _answer(self, client: Channel, record: AuditLine) -> bytes:
         """The client's next SASL message (a message of another type, or too long, refused)."""
         try:
             return await sasl_message(client)
@@ -154,21 +154,21 @@ class Login:
             self._refused(record)
             raise
 
-    def _client_first(self, record: Record, answer: bytes) -> proto.ClientFirst:
+    def _client_first(self, record: AuditLine, answer: bytes) -> proto.ClientFirst:
         try:
             return proto.sasl_initial(answer)
         except proto.StartupError:
             self._refused(record)
             raise
 
-    def _client_final(self, record: Record, answer: bytes, *, nonce: str, flag: str) -> None:
+    def _client_final(self, record: AuditLine, answer: bytes, *, nonce: str, flag: str) -> None:
         try:
             proto.client_final(answer, nonce=nonce, flag=flag)
         except proto.StartupError:
             self._refused(record)
             raise
 
-    def _refused(self, record: Record) -> None:
+    def _refused(self, record: AuditLine) -> None:
         self.failed(record)
         record.outcome = "refused:scram"
 
@@ -178,7 +178,7 @@ class Login:
         *,
         user: str,
         name: str,
-        record: Record,
+        record: AuditLine,
         began: float,
     ) -> None:
         """A wrong password's exchange, for a name that is not a branch reachable now, or a

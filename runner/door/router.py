@@ -75,7 +75,7 @@ from pgoverlay.runner.door import login
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
 from pgoverlay.runner.door.guard import Guard, client_of, is_loopback, source_of
-from pgoverlay.runner.door.login import Record, Refused
+from pgoverlay.runner.door.login import AuditLine, Refused
 from pgoverlay.runner.names import NAME_RE
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class FrontDoor:
             failed_window=settings.door_failed_window,
             clock=clock or self._clock,
         )
-        self._login_steps = login.Login(self.guard)
+        self._login_steps = login.LoginSteps(self.guard)
         self._keys: dict[tuple[int, bytes], Route] = {}
         self._channels: set[Channel] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -197,7 +197,7 @@ class FrontDoor:
 
     async def _serve(self, client: Channel) -> None:
         source = source_of(client.info("peername"))
-        record = Record(
+        record = AuditLine(
             source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
         )
         backend: Channel | None = None
@@ -269,7 +269,7 @@ class FrontDoor:
             "(the front door's door_handshake_timeout): connect again"
         )
 
-    def _write_audit(self, record: Record, client: Channel, backend: Channel | None) -> None:
+    def _write_audit(self, record: AuditLine, client: Channel, backend: Channel | None) -> None:
         try:
             self._audit(
                 "door.connect",
@@ -291,7 +291,7 @@ class FrontDoor:
         return proto.parse_first(header + await client.read(length - 4))
 
     async def _handshake(
-        self, client: Channel, record: Record
+        self, client: Channel, record: AuditLine
     ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
         """Everything up to the branch's ReadyForQuery: the branch's channel (None when the
         door answered alone), the branch counted against its cap, the backend's cancel key."""
@@ -327,7 +327,7 @@ class FrontDoor:
         return await self._login(client, first, record, encrypted=encrypted)
 
     async def _login(
-        self, client: Channel, start: proto.Startup, record: Record, *, encrypted: bool
+        self, client: Channel, start: proto.Startup, record: AuditLine, *, encrypted: bool
     ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
         s = self.settings
         if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
@@ -413,7 +413,7 @@ class FrontDoor:
             backend.close()
             raise
 
-    async def _route(self, name: str, record: Record) -> Route | None:
+    async def _route(self, name: str, record: AuditLine) -> Route | None:
         """The engine's answer for ``name``. A wake counts against the client as a failed
         login until a login through it succeeds (a client that hangs up after the first reply
         keeps it counted), so a client wakes at most its failed logins' worth of branches; a
@@ -456,7 +456,7 @@ class FrontDoor:
             _, backend = await loop.create_connection(Channel, route.host, route.port)
         return backend
 
-    async def _cancel(self, request: proto.CancelRequest, record: Record) -> None:
+    async def _cancel(self, request: proto.CancelRequest, record: AuditLine) -> None:
         route = self._keys.get((request.pid, request.key))
         if route is None:
             if not self.guard.banned(record.client):  # a banned one's cancels cost nothing

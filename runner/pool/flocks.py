@@ -29,7 +29,7 @@ def _try(fd: int) -> bool:
 
 
 @contextmanager
-def hold(
+def locked(
     path: Path,
     *,
     timeout: float,

@@ -15,7 +15,7 @@ from pathlib import Path
 from pgoverlay.errors import LockBusyError, PgoverlayError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import demo, safefs, seed
-from pgoverlay.runner.branch import warm
+from pgoverlay.runner.branch import lifecycle, lookup, suspension, warm
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool, flocks, mounts
 from pgoverlay.runner.pool.registry import Branch
@@ -85,7 +85,7 @@ def _removals(pool: Pool, report: Collected) -> None:
         if base.state != "removing":
             continue
         try:
-            with flocks.hold(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
+            with flocks.locked(pool.lock_path("seed", base.name), timeout=0, what="seed rm"):
                 base_removal.finish(pool, base.name, base.version)
             report.bases_removed.append(f"{base.name} v{base.version} (interrupted removal)")
         except LockBusyError:
@@ -101,28 +101,28 @@ def _branches(pool: Pool, report: Collected, now: float) -> None:
             continue  # see _warm
         lock = pool.lock_path("branch", row.name)
         try:
-            with flocks.hold(lock, timeout=0, what=f"branch {row.name}"):
+            with flocks.locked(lock, timeout=0, what=f"branch {row.name}"):
                 current = pool.registry.branch(row.name)
                 if current is None:
                     continue
                 if current.state in ("creating", "claiming"):
-                    branches.teardown(pool, current)
+                    lifecycle.teardown(pool, current)
                     report.undone.append(current.name)
                 elif current.state == "destroying":
-                    branches.teardown(pool, current)
+                    lifecycle.teardown(pool, current)
                     report.finished.append(current.name)
                 elif current.state == "resetting":
-                    branches.finish_reset(pool, current)
+                    lifecycle.finish_reset(pool, current)
                     report.finished.append(current.name)
                 elif current.state == "suspending":
-                    branches.finish_suspend(pool, current)
+                    suspension.finish_suspend(pool, current)
                     report.finished.append(current.name)
                 elif current.state == "waking":
-                    branches.finish_wake(pool, current)
+                    suspension.finish_wake(pool, current)
                     report.finished.append(current.name)
                 elif current.expires_at is not None and current.expires_at <= now:
                     pool.registry.update_branch(current.name, state="destroying")
-                    branches.teardown(pool, current)
+                    lifecycle.teardown(pool, current)
                     report.expired.append(current.name)
                 elif current.state == "ready":
                     _restart_if_down(pool, current, report)
@@ -161,12 +161,12 @@ def _warm(pool: Pool, report: Collected) -> None:
 def _restart_if_down(pool: Pool, branch: Branch, report: Collected) -> None:
     """Restart a ready branch whose server is gone; one whose runtime cannot tell is left
     alone (a Docker outage is not a stopped server)."""
-    alive = branches.liveness(pool, branch)
+    alive = lookup.liveness(pool, branch)
     if alive.state == "unknown":
         report.skipped.append(f"{branch.name} (could not tell whether it runs: {alive.reason})")
         log.warning("gc left branch %s alone: %s", branch.name, alive.reason)
     elif alive.state == "stopped":
-        branches.restart(pool, branch)
+        lifecycle.restart(pool, branch)
         report.restarted.append(branch.name)
 
 
@@ -238,7 +238,7 @@ def _bases(pool: Pool, report: Collected) -> None:
             continue
         latest = max(by_name[base.name])
         if base.version < latest and key not in referenced:
-            with contextlib.suppress(PgoverlayError), flocks.hold(lock, timeout=0, what="seed"):
+            with contextlib.suppress(PgoverlayError), flocks.locked(lock, timeout=0, what="seed"):
                 seed.remove_version(pool, base.name, base.version)
                 report.bases_removed.append(f"{base.name} v{base.version} (superseded)")
 

@@ -162,7 +162,9 @@ def _every_lock(pool: Pool) -> Iterator[None]:
                 continue
             what = f"{'base' if kind == 'seed' else 'branch'} {name}"
             stack.enter_context(
-                flocks.hold(pool.lock_path(kind, name), timeout=pool.settings.lock_wait, what=what)
+                flocks.locked(
+                    pool.lock_path(kind, name), timeout=pool.settings.lock_wait, what=what
+                )
             )
         yield
 

@@ -361,7 +361,7 @@ def seed(
 
         rules = maskrules.load(mask)
     with (
-        flocks.hold(
+        flocks.locked(
             pool.lock_path("seed", name), timeout=0, what=f"seeding base {name}", busy=SeedBusyError
         ),
         credentials.passfile_copy(auth, scratch=pool.tmp, owner=pool.owner) as passfile,

@@ -41,7 +41,7 @@ def remove(
     it, unless ``destroy_branches``: they are then destroyed first."""
     check_name(name, what="base")
     require_root()  # the base is bind-mounted
-    with flocks.hold(
+    with flocks.locked(
         pool.lock_path("seed", name), timeout=0, what=f"base {name}", busy=SeedBusyError
     ):
         found = pool.registry.bases(name)

@@ -54,7 +54,7 @@ from pgoverlay.errors import (
     ServiceError,
 )
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.branch import idle
+from pgoverlay.runner.branch import dirs, idle, lookup
 from pgoverlay.runner.branch.quota import Quota
 from pgoverlay.runner.pool import Pool, registry
 from pgoverlay.runner.pool.registry import WAKEABLE, Branch
@@ -301,11 +301,11 @@ class LocalEngine:
         lay = known.layouts[b.key] if known else branches.layout(self.pool, b.key)
         size = branches.layer_size(self.pool, b, lay=lay) if layer else None
         if known is None:
-            alive = branches.liveness(self.pool, b)
+            alive = lookup.liveness(self.pool, b)
             record = _record(self.pool, b.name)
         else:
             base = known.bases.get((b.base_name, b.base_version))
-            alive = branches.liveness_on(self.pool, b, base, lay=lay)
+            alive = lookup.liveness_on(self.pool, b, base, lay=lay)
             stored = known.records.get(b.name)
             record = Record(data=stored.data, updated_at=stored.updated_at) if stored else None
         return BranchView(
@@ -344,7 +344,7 @@ class LocalEngine:
         known = _Known(
             bases={(v.name, v.version): v for v in kept.bases()},
             records=kept.records(),
-            layouts=branches.layouts(self.pool, [b.key for b in rows]),
+            layouts=dirs.layouts(self.pool, [b.key for b in rows]),
         )
         return [self._view(b, layer=layer, known=known) for b in rows]
 

@@ -26,7 +26,7 @@ import psycopg
 
 from pgoverlay.errors import PgoverlayError, TraceError, UnsafePathError
 from pgoverlay.runner import branch as branches
-from pgoverlay.runner.branch import sizes
+from pgoverlay.runner.branch import lookup, sizes
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import Branch
 from pgoverlay.runner.postgres import sqlerror
@@ -57,7 +57,7 @@ class TracedBranch:
     upper: Path
     owner_uid: int
     role_is_superuser: bool
-    base_schema: Path | None = None  # the base version's schema (``schema.record_base``)
+    base_schema: Path | None = None  # the base version's schema (``schema.keep_base``)
 
     def connect(self) -> psycopg.Connection[Any]:
         """The base's superuser through the branch's private socket (the engine's access)."""
@@ -78,7 +78,7 @@ def target(pool: Pool, b: Branch, *, user: str | None = None) -> TracedBranch:
         raise TraceError(
             f"branch {b.name}'s base {b.base_name} v{b.base_version} is gone: destroy the branch"
         )
-    if not branches.is_running(pool, b):
+    if not lookup.is_running(pool, b):
         raise TraceError(
             f"branch {b.name} is not running, so it cannot be traced: start it with "
             f"`pgoverlay gc` (as root), or reset it, then open the trace again"

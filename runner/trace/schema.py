@@ -1,6 +1,6 @@
 """What the pull request did to the schema: the branch's catalogs against its base's.
 
-The base's side is read once per base version, in a branch fresh from it (``record_base``,
+The base's side is read once per base version, in a branch fresh from it (``keep_base``,
 in a create, reset or warm start once the server is up and before the branch's login role gets
 its password: until then it has the one the base was prepared with, which nobody kept), kept
 in the pool, root's alone (``Pool.schema_file``): the base's data directory has no server of
@@ -442,7 +442,7 @@ def loads(text: str) -> Snapshot | None:
     )
 
 
-def record_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> bool:
+def keep_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> bool:
     """Read the base's schema through ``connect`` (an engine session on a branch fresh from
     the base) and keep it at ``path``, unless it is kept already; True if it was read now. The
     file is written whole, then renamed into place: a reader sees all of it or none."""

@@ -1,4 +1,4 @@
-"""What this process holds ready for the next claim of a warm branch: the engine's connection
+"""What this process keeps primed for the next claim of a warm branch: the engine's connection
 to each warm branch it started, and a password whose SCRAM verifier is already computed.
 
 A claim is what a user waits for. Opening the engine's connection (the server forks and
