@@ -39,7 +39,7 @@ def test_an_operations_declared_types_are_those_it_sends_and_answers(name: str) 
     """``Op[Req, Ans]`` is what mypy checks a caller against; ``request`` and ``answer`` what
     the routes read and the client decodes: they are the same types."""
     op = _declared()[name]
-    hint = typing.get_type_hints(operations, localns=vars(models))[name]
+    hint = typing.get_type_hints(operations, localns={"models": models})[name]
     request, answer = typing.get_args(hint)
     assert request is (type(None) if op.request is None else getattr(models, op.request))
     assert answer == (type(None) if op.answer is None else op.answer)

@@ -29,29 +29,11 @@ import typing
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
+from pgoverlay.runner.service import views
 from pgoverlay.runner.service.shape import Shape
-from pgoverlay.runner.service.views import (
-    BaseView,
-    BranchView,
-    Connection,
-    Credential,
-    Destroyed,
-    GcReport,
-    GrantView,
-    Layer,
-    Revoked,
-    TraceMark,
-)
 
 if TYPE_CHECKING:
-    from pgoverlay.runner.service.models import (
-        CreateRequest,
-        CredentialCheck,
-        GrantRequest,
-        OwnerRequest,
-        RecordRequest,
-        TraceRequest,
-    )
+    from pgoverlay.runner.service import models
 
 Req = TypeVar("Req", bound="Shape | None")
 Ans = TypeVar("Ans")
@@ -146,73 +128,77 @@ class Op(Generic[Req, Ans]):
         return [] if kind is None else [kind]
 
 
-BASES: Op[None, list[BaseView]] = Op("bases", "GET", "/bases", answer=list[BaseView], network=True)
-BRANCHES: Op[None, list[BranchView]] = Op(
+BASES: Op[None, list[views.BaseView]] = Op(
+    "bases", "GET", "/bases", answer=list[views.BaseView], network=True
+)
+BRANCHES: Op[None, list[views.BranchView]] = Op(
     "branch_list",
     "GET",
     "/branches",
     method="branches",
-    answer=list[BranchView],
+    answer=list[views.BranchView],
     query=("layer",),
     written_as_made=True,  # a thousand branches: FastAPI's check cost more than making them
 )
-CREATE: Op[CreateRequest, BranchView] = Op(
+CREATE: Op[models.CreateRequest, views.BranchView] = Op(
     "create",
     "POST",
     "/branches",
     request="CreateRequest",
-    answer=BranchView,
+    answer=views.BranchView,
     status=201,
     network=True,
 )
-BRANCH: Op[None, BranchView] = Op(
+BRANCH: Op[None, views.BranchView] = Op(
     "branch",
     "GET",
     "/branches/{name}",
-    answer=BranchView,  # the engine's None is answered 404 (BranchMissingError)
+    answer=views.BranchView,  # the engine's None is answered 404 (BranchMissingError)
     query=("layer",),
     network=True,
     written_as_made=True,  # the front door's lookup, on each connection
 )
-RESET: Op[OwnerRequest, BranchView] = Op(
+RESET: Op[models.OwnerRequest, views.BranchView] = Op(
     "reset",
     "POST",
     "/branches/{name}/reset",
     request="OwnerRequest",
     passes="repository",
-    answer=BranchView,
+    answer=views.BranchView,
     network=True,
 )
-DESTROY: Op[OwnerRequest, Destroyed] = Op(
+DESTROY: Op[models.OwnerRequest, views.Destroyed] = Op(
     "destroy",
     "POST",
     "/branches/{name}/destroy",
     request="OwnerRequest",
     passes="repository",
-    answer=Destroyed,
+    answer=views.Destroyed,
     network=True,
 )
-SUSPEND: Op[OwnerRequest, BranchView] = Op(
+SUSPEND: Op[models.OwnerRequest, views.BranchView] = Op(
     "suspend",
     "POST",
     "/branches/{name}/suspend",
     request="OwnerRequest",
     passes="repository",
-    answer=BranchView,
+    answer=views.BranchView,
 )
-WAKE: Op[OwnerRequest, BranchView] = Op(
+WAKE: Op[models.OwnerRequest, views.BranchView] = Op(
     "wake",
     "POST",
     "/branches/{name}/wake",
     request="OwnerRequest",
     passes="repository",
-    answer=BranchView,
+    answer=views.BranchView,
 )
-CONNECTION: Op[None, Connection] = Op(
-    "connection", "GET", "/branches/{name}/connection", answer=Connection, network=True
+CONNECTION: Op[None, views.Connection] = Op(
+    "connection", "GET", "/branches/{name}/connection", answer=views.Connection, network=True
 )
-SIZE: Op[None, Layer] = Op("size", "GET", "/branches/{name}/size", answer=Layer, network=True)
-RECORD: Op[RecordRequest, None] = Op(
+SIZE: Op[None, views.Layer] = Op(
+    "size", "GET", "/branches/{name}/size", answer=views.Layer, network=True
+)
+RECORD: Op[models.RecordRequest, None] = Op(
     "record",
     "PUT",
     "/branches/{name}/record",
@@ -223,69 +209,69 @@ RECORD: Op[RecordRequest, None] = Op(
     network=True,
     record_body=True,
 )
-TRACE_BEGIN: Op[TraceRequest, TraceMark] = Op(
+TRACE_BEGIN: Op[models.TraceRequest, views.TraceMark] = Op(
     "trace_begin",
     "POST",
     "/branches/{name}/trace",
     request="TraceRequest",
-    answer=TraceMark,
+    answer=views.TraceMark,
     network=True,
 )
-TRACE_MARK: Op[OwnerRequest, TraceMark] = Op(
+TRACE_MARK: Op[models.OwnerRequest, views.TraceMark] = Op(
     "trace_mark",
     "POST",
     "/branches/{name}/trace/mark",
     request="OwnerRequest",
     passes="repository",
-    answer=TraceMark,
+    answer=views.TraceMark,
     network=True,
 )
-TRACE_END: Op[OwnerRequest, TraceMark] = Op(
+TRACE_END: Op[models.OwnerRequest, views.TraceMark] = Op(
     "trace_end",
     "POST",
     "/branches/{name}/trace/end",
     request="OwnerRequest",
     passes="repository",
-    answer=TraceMark,
+    answer=views.TraceMark,
     network=True,
 )
-GRANT: Op[GrantRequest, GrantView] = Op(
+GRANT: Op[models.GrantRequest, views.GrantView] = Op(
     "grant",
     "POST",
     "/branches/{name}/access",
     request="GrantRequest",
-    answer=GrantView,
+    answer=views.GrantView,
     status=201,
     network=True,
     network_status=200,
 )
-GRANTS: Op[None, list[GrantView]] = Op(
-    "grants", "GET", "/branches/{name}/access", answer=list[GrantView]
+GRANTS: Op[None, list[views.GrantView]] = Op(
+    "grants", "GET", "/branches/{name}/access", answer=list[views.GrantView]
 )
-REVOKE: Op[OwnerRequest, Revoked] = Op(
+REVOKE: Op[models.OwnerRequest, views.Revoked] = Op(
     "revoke",
     "POST",
     "/branches/{name}/access/{login}/revoke",
     request="OwnerRequest",
     passes="repository",
-    answer=Revoked,
+    answer=views.Revoked,
 )
-END_JOB: Op[OwnerRequest, Revoked] = Op(
+END_JOB: Op[models.OwnerRequest, views.Revoked] = Op(
     "end_job",
     "POST",
     "/branches/{name}/job/end",
     request="OwnerRequest",
     passes="nothing",  # the job that ended is the vouched repository's
-    answer=Revoked,
+    answer=views.Revoked,
 )
-CHECK_CREDENTIAL: Op[CredentialCheck, Credential] = Op(
+CHECK_CREDENTIAL: Op[models.CredentialCheck, views.Credential] = Op(
     "check_credential",
     "POST",
     "/credentials/check",
     request="CredentialCheck",
-    answer=Credential,
+    answer=views.Credential,
 )
-GC: Op[None, GcReport] = Op("gc", "POST", "/gc", answer=GcReport)
+GC: Op[None, views.GcReport] = Op("gc", "POST", "/gc", answer=views.GcReport)
 
 OPERATIONS: tuple[Op[Any, Any], ...] = (
     BASES,
