@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import inspect
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.routing import APIRoute
 
+from pgoverlay.runner.callers import policy
+from pgoverlay.runner.callers.oidc import Verifier
 from pgoverlay.runner.service import models, operations
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import RemoteEngine
@@ -20,6 +23,7 @@ from pgoverlay.runner.service.engine import Engine, LocalEngine
 from pgoverlay.runner.service.netclient import NetworkEngine
 from pgoverlay.runner.service.operations import API, OPERATIONS, Op
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import api
 
 NOT_OPERATIONS = {"close"}  # the Engine protocol's methods that send nothing
 
@@ -57,6 +61,35 @@ def test_the_sockets_routes_are_the_declared_operations_and_its_health() -> None
     }
     declared = {(op.name, op.verb, API + op.path) for op in OPERATIONS}
     assert routes == declared | {("health", "GET", f"{API}/health")}
+
+
+def test_the_network_apis_routes_are_the_declared_network_operations_and_its_own() -> None:
+    """The network API serves the operations declared for it (``network=True``), beside its
+    own routes (the holds, a record's read, the pool's way in)."""
+    door = RemoteEngine(Path("/nonexistent/service.sock"))
+    served = api.create_api(
+        verifier=Verifier("https://token.actions.githubusercontent.com", "https://pool.test"),
+        policy=policy.parse(b"owners: [acme]\n", name="policy.yml"),
+        engine_for=lambda token, named: door,
+        door=door,
+        door_host="pool.test",
+        door_port=5432,
+    )
+    routes = {
+        (route.name, method, route.path)
+        for route in served.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods or ()
+    }
+    declared = {(op.name, op.verb, op.path) for op in OPERATIONS if op.network}
+    own = {
+        ("pool", "GET", "/pool"),
+        ("hold", "POST", "/branches/{name}/hold"),
+        ("renew", "POST", "/branches/{name}/hold/{hold}/renew"),
+        ("give_back", "DELETE", "/branches/{name}/hold/{hold}"),
+        ("record_get", "GET", "/branches/{name}/record"),
+    }
+    assert routes == declared | own
 
 
 def test_the_engine_its_protocol_and_both_clients_have_each_operations_method() -> None:

@@ -31,7 +31,6 @@ from pgoverlay.runner.service.client import SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine, door_uid
 from pgoverlay.runner.service.models import EXCERPT_CHARS
 from pgoverlay.runner.service.operations import API
-from pgoverlay.runner.service.routes import Name as Name  # the network API reads it here
 from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import ErrorBody
 from pgoverlay.runner.service.witness import Witness
