@@ -1,5 +1,8 @@
 """The engine service's HTTP API: each route validates its request with pydantic, acts
-through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
+through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``. The
+routes are made from the engine's operations as ``operations`` declares them (``routes``);
+this module holds what is the socket's own: who is calling, the settings' check, the audit,
+the error answers.
 
 The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
 from anything the caller sends; the front door's uid alone may forward its callers'
