@@ -53,7 +53,8 @@ class Op(Generic[Req, Ans]):
     ``method`` says otherwise, the engine's method's. ``status`` is the socket's status for a
     success, ``network_status`` the network API's when it differs. ``written_as_made``: the
     answer is written as the engine made it, without FastAPI checking it again on its way out
-    (the lookups a front door makes on each connection). ``record_body``: its body may take
+    (the list of every branch, and the lookup of one, which the front door makes on each
+    connection). ``record_body``: its body may take
     ``limits.MAX_RECORD_BODY_BYTES`` (a record), not ``limits.MAX_BODY_BYTES``."""
 
     __slots__ = (
@@ -243,7 +244,7 @@ GRANT: Op[models.GrantRequest, views.GrantView] = Op(
     answer=views.GrantView,
     status=201,
     network=True,
-    network_status=200,
+    network_status=200,  # as the network API has answered it since its first release
 )
 GRANTS: Op[None, list[views.GrantView]] = Op(
     "grants", "GET", "/branches/{name}/access", answer=list[views.GrantView]
