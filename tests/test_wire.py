@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pgoverlay.action import record
-from pgoverlay.runner.service import models, views, wire
+from pgoverlay.runner.service import models, operations, views, wire
 from pgoverlay.runner.service.shape import Shape, field
 
 FIXTURES = Path(__file__).parent / "fixtures" / "wire"
@@ -40,23 +40,41 @@ def _nested(kind: Any) -> Iterator[type]:
         yield kind
 
 
+def operation_types() -> list[type]:
+    """The requests and answers of the engine's operations, as they declare them
+    (``operations.OPERATIONS``), and the error answer of every one."""
+    found: list[type] = [views.ErrorBody]
+    for op in operations.OPERATIONS:
+        if op.request is not None:
+            found.append(getattr(models, op.request))
+        found += op.answer_types()
+    return found
+
+
 def wire_types() -> dict[str, type]:
-    """Every type that crosses a process or a release: the service's answers and requests, the
-    workflow's record, and every type they hold."""
-    roots = [
-        cls
-        for module in (views, models)
-        for cls in vars(module).values()
-        if wire.is_wire_type(cls) and cls.__module__ == module.__name__
-    ]
+    """Every type that crosses a process or a release: the engine's operations' requests and
+    answers, the workflow's record, and every type they hold."""
     found: dict[str, type] = {}
-    todo = [*roots, record.PrRecord]
+    todo = [*operation_types(), record.PrRecord]
     while todo:
         cls = todo.pop()
         if _name(cls) not in found:
             found[_name(cls)] = cls
             todo.extend(k for kind, _ in wire.fields(cls).values() for k in _nested(kind))
     return dict(sorted(found.items()))
+
+
+def test_every_request_and_answer_class_is_an_operations() -> None:
+    """A class of ``views`` or ``models`` is a request or an answer of a declared operation
+    (or a type one holds): a new one is declared in ``operations``, and its fields are then
+    kept compatible here like every other's."""
+    defined = {
+        _name(cls)
+        for module in (views, models)
+        for cls in vars(module).values()
+        if wire.is_wire_type(cls) and cls.__module__ == module.__name__
+    }
+    assert defined - set(wire_types()) == set()
 
 
 def compatibility_problems(now: dict[str, type], committed: dict[str, list[str]]) -> list[str]:

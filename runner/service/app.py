@@ -1,5 +1,8 @@
 """The engine service's HTTP API: each route validates its request with pydantic, acts
-through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``.
+through a ``LocalEngine`` for the calling uid, and answers a model or an ``ErrorBody``. The
+routes are made from the engine's operations as ``operations`` declares them (``routes``);
+this module holds what is the socket's own: who is calling, the settings' check, the audit,
+the error answers.
 
 The caller's uid comes from the socket's peer credentials (``protocol.PeerCredProtocol``), never
 from anything the caller sends; the front door's uid alone may forward its callers'
@@ -15,60 +18,28 @@ import logging
 import threading
 from typing import Annotated
 
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import StringConstraints
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
-from pgoverlay.runner.service import limits, vouch
+from pgoverlay.runner.service import limits, routes, vouch
 from pgoverlay.runner.service.admission import SocketPolicy
-from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
+from pgoverlay.runner.service.client import SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine, door_uid
-from pgoverlay.runner.service.models import (
-    EXCERPT_CHARS,
-    LOGIN_PATTERN,
-    CreateRequest,
-    CredentialCheck,
-    GrantRequest,
-    OwnerRequest,
-    RecordRequest,
-    TraceRequest,
-)
+from pgoverlay.runner.service.models import EXCERPT_CHARS
+from pgoverlay.runner.service.operations import API
 from pgoverlay.runner.service.shape import as_dict
-from pgoverlay.runner.service.views import (
-    BaseView,
-    BranchView,
-    Connection,
-    Credential,
-    Destroyed,
-    ErrorBody,
-    GcReport,
-    GrantView,
-    Layer,
-    Revoked,
-    TraceMark,
-)
+from pgoverlay.runner.service.views import ErrorBody
 from pgoverlay.runner.service.witness import Witness
 from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
-
-# A branch name in a path, checked before any route runs.
-Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
-# A credential's login in a path: a GitHub login, or the name of a preview app's or a job's role.
-Login = Annotated[
-    str,
-    StringConstraints(
-        pattern=f"^(?:{LOGIN_PATTERN[1:-1]}|(?:app|job)_[a-z0-9_]{{1,59}})$", max_length=63
-    ),
-]
 
 # The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
 STATUS: list[tuple[type[PgoverlayError], int]] = [
@@ -266,99 +237,7 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
     def health() -> dict[str, bool]:
         return {"ok": True}
 
-    @app.get(f"{API}/bases")
-    def bases(e: Caller) -> list[BaseView]:
-        return e.bases()
-
-    @app.get(f"{API}/branches", response_model=list[BranchView])
-    def branch_list(e: Caller, layer: Annotated[bool, Query()] = False) -> JSONResponse:
-        # Written as the engine made them: FastAPI's check of every view on its way out (into
-        # pydantic's twin and back) cost more than making them, with a thousand branches.
-        return JSONResponse(as_dict(e.branches(layer=layer)))
-
-    @app.post(f"{API}/branches", status_code=201)
-    def create(e: Caller, body: Annotated[CreateRequest, Body()]) -> BranchView:
-        return e.create(body)
-
-    @app.get(f"{API}/branches/{{name}}", response_model=BranchView)
-    def branch(e: Caller, name: Name, layer: Annotated[bool, Query()] = False) -> JSONResponse:
-        # The front door's lookup, on each connection: written as the engine made it, not
-        # checked again on its way out (as the list above).
-        found = e.branch(name, layer=layer)
-        if found is None:
-            raise errors.BranchMissingError(f"no branch named {name}: see `pgoverlay branch list`")
-        return JSONResponse(as_dict(found))
-
-    @app.post(f"{API}/branches/{{name}}/reset")
-    def reset(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
-        return e.reset(name, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/destroy")
-    def destroy(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-        return e.destroy(name, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/suspend")
-    def suspend(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
-        return e.suspend(name, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/wake")
-    def wake(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
-        return e.wake(name, repository=body.repository)
-
-    @app.get(f"{API}/branches/{{name}}/connection")
-    def connection(e: Caller, name: Name) -> Connection:
-        return e.connection(name)
-
-    @app.get(f"{API}/branches/{{name}}/size")
-    def size(e: Caller, name: Name) -> Layer:
-        return e.size(name)
-
-    @app.put(
-        f"{API}/branches/{{name}}/record",
-        status_code=204,
-        openapi_extra={limits.BODY_CAP_KEY: limits.MAX_RECORD_BODY_BYTES},
-    )
-    def record(e: Caller, name: Name, body: Annotated[RecordRequest, Body()]) -> None:
-        e.save_record(name, body)
-
-    @app.post(f"{API}/branches/{{name}}/trace")
-    def trace_begin(e: Caller, name: Name, body: Annotated[TraceRequest, Body()]) -> TraceMark:
-        return e.trace_begin(name, body)
-
-    @app.post(f"{API}/branches/{{name}}/trace/mark")
-    def trace_mark(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-        return e.trace_mark(name, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/trace/end")
-    def trace_end(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-        return e.trace_end(name, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/access", status_code=201)
-    def grant(e: Caller, name: Name, body: Annotated[GrantRequest, Body()]) -> GrantView:
-        return e.grant(name, body)
-
-    @app.get(f"{API}/branches/{{name}}/access")
-    def grants(e: Caller, name: Name) -> list[GrantView]:
-        return e.grants(name)
-
-    @app.post(f"{API}/branches/{{name}}/access/{{login}}/revoke")
-    def revoke(
-        e: Caller, name: Name, login: Login, body: Annotated[OwnerRequest, Body()]
-    ) -> Revoked:
-        return e.revoke(name, login, repository=body.repository)
-
-    @app.post(f"{API}/branches/{{name}}/job/end")
-    def end_job(e: Caller, name: Name, body: Annotated[OwnerRequest, Body()]) -> Revoked:
-        return e.end_job(name)
-
-    @app.post(f"{API}/credentials/check")
-    def check_credential(e: Caller, body: Annotated[CredentialCheck, Body()]) -> Credential:
-        return e.check_credential(body)
-
-    @app.post(f"{API}/gc")
-    def gc(e: Caller) -> GcReport:
-        return e.gc()
-
+    routes.add_socket_routes(app, Caller)
     return app
 
 

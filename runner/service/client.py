@@ -14,13 +14,15 @@ import _socket  # socket's C module: `socket` adds selectors and enums, ~7 ms a 
 import copy
 import json
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError, ServiceError
 from pgoverlay.runner.service import access, address
+from pgoverlay.runner.service import operations as ops
+from pgoverlay.runner.service.operations import API, Ans, Op, Req
 from pgoverlay.runner.service.shape import Shape, as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
@@ -48,12 +50,7 @@ if TYPE_CHECKING:
     )
     from pgoverlay.runner.settings import Settings
 
-    Request = (
-        CreateRequest | OwnerRequest | RecordRequest | TraceRequest | GrantRequest | CredentialCheck
-    )
-
 M = TypeVar("M", bound=Shape)
-API = "/v1"
 # Root's settings, as Settings.fingerprint(): the service acts for root only with its own.
 SETTINGS_HEADER = "x-pgoverlay-settings"
 
@@ -205,7 +202,7 @@ class RemoteEngine:
         pass
 
     def _call(
-        self, method: str, url: str, body: Request | None = None, *, raw: bytes | None = None
+        self, method: str, url: str, body: Shape | None = None, *, raw: bytes | None = None
     ) -> Any:
         """The decoded answer to a request with ``body`` (or the JSON ``raw``); the engine's
         error, as its class, for an error answer."""
@@ -267,25 +264,26 @@ class RemoteEngine:
             return ServiceError(f"the engine service answered {status} without an error body")
         return ERRORS.get(body.code, ServiceError)(body.message)
 
-    def _get(self, url: str, model: type[M]) -> M:
-        return _parse(model, self._call("GET", url))
-
     def health(self) -> None:
         """Return when the service answers; ServiceError (saying how to fix it) otherwise."""
         self._call("GET", "/health")
 
-    # -- the Engine operations -----------------------------------------------------------
+    def call(self, op: Op[Req, Ans], request: Req, *path: str, **query: bool) -> Ans:
+        """The engine's answer to operation ``op`` with ``request`` (its body; None when it
+        has none), ``path`` its path's parameters and ``query`` its query's flags."""
+        return _read(op, self._call(op.verb, op.target(*path, **query), request))
+
+    # -- the Engine operations ------------------------------------------------------------
 
     def bases(self) -> list[BaseView]:
-        return _parse_list(BaseView, self._call("GET", "/bases"))
+        return self.call(ops.BASES, None)
 
     def branches(self, *, layer: bool = False) -> list[BranchView]:
-        found = self._call("GET", f"/branches?layer={str(layer).lower()}")
-        return _parse_list(BranchView, found)
+        return self.call(ops.BRANCHES, None, layer=layer)
 
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None:
         try:
-            return self._get(f"/branches/{quote(name)}?layer={str(layer).lower()}", BranchView)
+            return self.call(ops.BRANCH, None, name, layer=layer)
         except errors.BranchMissingError:
             return None
 
@@ -293,7 +291,7 @@ class RemoteEngine:
         """``branch`` (without its layer), asked from the running event loop's thread: the
         front door's lookup on each connection. The same request and answer, on a new
         connection each time: the engine's answer is as fresh as ``branch``'s."""
-        target = f"{API}/branches/{quote(name)}?layer=false"
+        target = API + ops.BRANCH.target(name, layer=False)
         try:
             status, data = await exchange_in_loop(
                 self.path, "GET", target, self.headers, self.timeout
@@ -301,40 +299,36 @@ class RemoteEngine:
         except (OSError, ValueError) as err:
             raise self._unanswered(err, question=True) from None
         try:
-            return _parse(BranchView, self._decoded(status, data))
+            return _read(ops.BRANCH, self._decoded(status, data))
         except errors.BranchMissingError:
             return None
 
     def create(self, request: CreateRequest) -> BranchView:
-        return _parse(BranchView, self._call("POST", "/branches", request))
+        return self.call(ops.CREATE, request)
 
     def reset(self, name: str, *, repository: str | None = None) -> BranchView:
-        body = _owner(repository)
-        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/reset", body))
+        return self.call(ops.RESET, _owner(repository), name)
 
     def destroy(self, name: str, *, repository: str | None = None) -> Destroyed:
-        body = _owner(repository)
-        return _parse(Destroyed, self._call("POST", f"/branches/{quote(name)}/destroy", body))
+        return self.call(ops.DESTROY, _owner(repository), name)
 
     def suspend(self, name: str, *, repository: str | None = None) -> BranchView:
-        body = _owner(repository)
-        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/suspend", body))
+        return self.call(ops.SUSPEND, _owner(repository), name)
 
     def wake(self, name: str, *, repository: str | None = None) -> BranchView:
-        body = _owner(repository)
-        return _parse(BranchView, self._call("POST", f"/branches/{quote(name)}/wake", body))
+        return self.call(ops.WAKE, _owner(repository), name)
 
     def connection(self, name: str) -> Connection:
-        return self._get(f"/branches/{quote(name)}/connection", Connection)
+        return self.call(ops.CONNECTION, None, name)
 
     def size(self, name: str) -> Layer:
-        return self._get(f"/branches/{quote(name)}/size", Layer)
+        return self.call(ops.SIZE, None, name)
 
     def save_record(self, name: str, request: RecordRequest) -> None:
-        self._call("PUT", f"/branches/{quote(name)}/record", request)
+        self.call(ops.RECORD, request, name)
 
     def gc(self) -> GcReport:
-        return _parse(GcReport, self._call("POST", "/gc"))
+        return self.call(ops.GC, None)
 
     def grant(self, name: str, request: GrantRequest, *, reader: str | None = None) -> GrantView:
         """A credential in branch ``name``. ``reader``: the GitHub token of the person the front
@@ -345,32 +339,39 @@ class RemoteEngine:
 
             engine = copy.copy(self)
             engine.headers = {**self.headers, **vouch.headers(reader=reader)}
-        return _parse(GrantView, engine._call("POST", f"/branches/{quote(name)}/access", request))
+        return engine.call(ops.GRANT, request, name)
 
     def end_job(self, name: str) -> Revoked:
-        return _parse(Revoked, self._call("POST", f"/branches/{quote(name)}/job/end", _owner(None)))
+        return self.call(ops.END_JOB, _owner(None), name)
 
     def grants(self, name: str) -> list[GrantView]:
-        return _parse_list(GrantView, self._call("GET", f"/branches/{quote(name)}/access"))
+        return self.call(ops.GRANTS, None, name)
 
     def revoke(self, name: str, login: str, *, repository: str | None = None) -> Revoked:
-        url = f"/branches/{quote(name)}/access/{quote(login, safe='')}/revoke"
-        return _parse(Revoked, self._call("POST", url, _owner(repository)))
+        return self.call(ops.REVOKE, _owner(repository), name, login)
 
     def trace_begin(self, name: str, request: TraceRequest) -> TraceMark:
-        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace", request))
+        return self.call(ops.TRACE_BEGIN, request, name)
 
     def check_credential(self, request: CredentialCheck) -> Credential:
         """Whether an API token is good for a repository (the front door's question)."""
-        return _parse(Credential, self._call("POST", "/credentials/check", request))
+        return self.call(ops.CHECK_CREDENTIAL, request)
 
     def trace_mark(self, name: str, *, repository: str | None = None) -> TraceMark:
-        body = _owner(repository)
-        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/mark", body))
+        return self.call(ops.TRACE_MARK, _owner(repository), name)
 
     def trace_end(self, name: str, *, repository: str | None = None) -> TraceMark:
-        body = _owner(repository)
-        return _parse(TraceMark, self._call("POST", f"/branches/{quote(name)}/trace/end", body))
+        return self.call(ops.TRACE_END, _owner(repository), name)
+
+
+def _read(op: Op[Any, Ans], data: Any) -> Ans:
+    """The answer to ``op`` as its type (None for one that answers nothing)."""
+    answer = op.answer
+    if answer is None:
+        return typing.cast(Ans, None)
+    if typing.get_origin(answer) is list:
+        return typing.cast(Ans, _parse_list(typing.get_args(answer)[0], data))
+    return typing.cast(Ans, _parse(answer, data))
 
 
 def _parse(model: type[M], data: Any) -> M:

@@ -24,9 +24,11 @@ delivery. The door asks the engine (its socket's ``/credentials/check``: the doo
 the token store) whether the token is good for that repository (401 if not), then the policy
 (``Policy.admit_listener``), then vouches for that repository exactly as for a job's token.
 
-The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
-connection, record, trace), with the same request bodies, answers, error bodies and body caps
-(``service.limits``); a connection is answered through the front door's Postgres port. Every
+The routes of the engine's operations a workflow needs (create, get, reset, destroy, size,
+grant, connection, record, trace) are made from the same declarations as the socket's
+(``service.operations``, by ``service.routes``), with the same request bodies, answers, error
+bodies and body caps (``service.limits``); a connection is answered through the front door's
+Postgres port. The holds, the record's read and ``/pool`` are the network's own. Every
 request is logged with the verified repository and the status; a token never is.
 """
 
@@ -53,29 +55,13 @@ from pgoverlay.runner.callers.oidc import Identity, Verifier
 from pgoverlay.runner.callers.policy import Policy
 from pgoverlay.runner.door.guard import client_of
 from pgoverlay.runner.door.refusals import Refusals, claim_of
-from pgoverlay.runner.service import acting, limits, tokens, vouch
-from pgoverlay.runner.service.app import Name, status_of
+from pgoverlay.runner.service import acting, limits, routes, tokens, vouch
+from pgoverlay.runner.service.app import status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
-from pgoverlay.runner.service.models import (
-    CreateRequest,
-    CredentialCheck,
-    GrantRequest,
-    OwnerRequest,
-    RecordRequest,
-    TraceRequest,
-)
+from pgoverlay.runner.service.models import CreateRequest, CredentialCheck, GrantRequest
+from pgoverlay.runner.service.routes import Name
 from pgoverlay.runner.service.shape import as_dict
-from pgoverlay.runner.service.views import (
-    BaseView,
-    BranchView,
-    Connection,
-    Destroyed,
-    ErrorBody,
-    GrantView,
-    Layer,
-    Record,
-    TraceMark,
-)
+from pgoverlay.runner.service.views import BranchView, Connection, ErrorBody, GrantView, Record
 from pgoverlay.runner.service.vouch import Vouched
 
 log = logging.getLogger(__name__)
@@ -378,42 +364,38 @@ def create_api(
             "app_sslmode": app_sslmode,
         }
 
-    @app.get("/bases")
-    def bases(e: Engine) -> list[BaseView]:
-        return e.bases()
-
-    @app.post("/branches", status_code=201)
-    def create(e: Engine, request: Request, body: Annotated[CreateRequest, Body()]) -> BranchView:
+    def create(e: RemoteEngine, request: Request, *, body: CreateRequest) -> BranchView:
         vouched: Vouched = request.state.vouched
         return e.create(body.replace(pr=vouch.for_pull_request(body.pr, vouched)))
 
-    @app.get("/branches/{name}")
-    def branch(e: Engine, name: Name) -> BranchView:
-        found = e.branch(name)
-        if found is None:
-            raise errors.BranchMissingError(f"no branch named {name}")
-        return found
-
-    @app.post("/branches/{name}/reset")
-    def reset(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
-        return e.reset(name)
-
-    @app.post("/branches/{name}/destroy")
-    def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-        return e.destroy(name)
-
-    @app.get("/branches/{name}/size")
-    def size(e: Engine, name: Name) -> Layer:
-        return e.size(name)
-
-    @app.post("/branches/{name}/access")
-    def grant(e: Engine, name: Name, body: Annotated[GrantRequest, Body()]) -> GrantView:
+    def grant(e: RemoteEngine, _: Request, *, name: str, body: GrantRequest) -> GrantView:
         if not body.app or body.vouched_by is not None:
             raise errors.NotOwnerError(
                 'a workflow may ask only for its pull request\'s app credential (`{"app": '
                 "true}`): a person gets theirs on the branch's page"
             )
         return e.grant(name, body)
+
+    def connection(e: RemoteEngine, _: Request, *, name: str) -> Connection:
+        # The engine mints the job's own credential (never the branch role's password, which
+        # PR SQL can change): the door admits it as it does every grant.
+        own = e.connection(name)
+        # Through the door, which routes by the branch's name as the database (over TLS).
+        return Connection(
+            host=door_host,
+            port=door_port,
+            database=name,
+            user=own.user,
+            password=own.password,
+            sslmode="verify-full",
+        )
+
+    # The engine's operations the network serves (operations.OPERATIONS), three with acts of
+    # their own: a create for the token's pull request, the app's grant alone, a connection
+    # through the door.
+    routes.add_network_routes(
+        app, Engine, {"create": create, "grant": grant, "connection": connection}
+    )
 
     @app.post("/branches/{name}/hold")
     async def hold(
@@ -437,29 +419,6 @@ def create_api(
             with contextlib.suppress(errors.NotOwnerError):
                 await asyncio.to_thread(e.end_job, name)
 
-    @app.get("/branches/{name}/connection")
-    def connection(e: Engine, name: Name) -> Connection:
-        # The engine mints the job's own credential (never the branch role's password, which
-        # PR SQL can change): the door admits it as it does every grant.
-        own = e.connection(name)
-        # Through the door, which routes by the branch's name as the database (over TLS).
-        return Connection(
-            host=door_host,
-            port=door_port,
-            database=name,
-            user=own.user,
-            password=own.password,
-            sslmode="verify-full",
-        )
-
-    @app.put(
-        "/branches/{name}/record",
-        status_code=204,
-        openapi_extra={limits.BODY_CAP_KEY: limits.MAX_RECORD_BODY_BYTES},
-    )
-    def record_put(e: Engine, name: Name, body: Annotated[RecordRequest, Body()]) -> None:
-        e.save_record(name, body)
-
     @app.get("/branches/{name}/record")
     def record_get(e: Engine, name: Name) -> Record:
         found = e.branch(name)
@@ -468,17 +427,5 @@ def create_api(
         if found.record is None:
             raise errors.BranchMissingError(f"branch {name} has no record yet")
         return found.record
-
-    @app.post("/branches/{name}/trace")
-    def trace_begin(e: Engine, name: Name, body: Annotated[TraceRequest, Body()]) -> TraceMark:
-        return e.trace_begin(name, body)
-
-    @app.post("/branches/{name}/trace/mark")
-    def trace_mark(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-        return e.trace_mark(name)
-
-    @app.post("/branches/{name}/trace/end")
-    def trace_end(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-        return e.trace_end(name)
 
     return app
