@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
 
 from pgoverlay.errors import ConfigError, SettingError
+from pgoverlay.github.grammar import ReadPermission, WritePermission
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
@@ -323,8 +324,8 @@ class Settings:
     # least that gets a read-only one (on a public or internal repository, where GitHub gives
     # every account read, never less than triage); and how long a page session lasts, in
     # seconds.
-    access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
-    access_read_permission: Literal["read", "triage", "write", "maintain", "admin"] = "read"
+    access_write_permission: WritePermission = "write"
+    access_read_permission: ReadPermission = "read"
     page_session_seconds: float = bounded(3600.0, gt=0)
     # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
     # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API

@@ -37,6 +37,7 @@ from pgoverlay.action.request import (
     whole_problem,
 )
 from pgoverlay.errors import ConfigError, config_error
+from pgoverlay.github.grammar import is_repository
 
 MIB = 1024 * 1024
 
@@ -195,7 +196,7 @@ class WebhookSettings(BaseSettings):
         if not has_app and self.token is None:
             raise ValueError("set token (a personal access token) or app_id and a private key")
         for name in self.repositories:
-            if name.count("/") != 1:
+            if not is_repository(name):
                 raise ValueError(f"repository {name!r} must be written owner/name")
         if self.server is not None and self.server_token_file is None:
             raise ValueError(
