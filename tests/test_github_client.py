@@ -325,8 +325,9 @@ def _tried(fake: FakeGitHub, method: str, path: str) -> list[int]:
 
 @pytest.mark.parametrize("kind", sorted(CALLERS))
 def test_every_caller_tries_a_server_error_again_and_waits_out_a_short_rate_limit(
-    everyone: FakeGitHub, kind: str
+    everyone: FakeGitHub, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     call, method, path = CALLERS[kind]
     everyone.fail_next(method, path, 502)
     limited = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()))}
@@ -334,6 +335,9 @@ def test_every_caller_tries_a_server_error_again_and_waits_out_a_short_rate_limi
     everyone.fail_next(method, path, 403, headers=limited, body=body)
     call(everyone)
     assert _tried(everyone, method, path) == [502, 403, 201 if method == "POST" else 200]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Retry" in logged  # urllib3's lines are there, and hold no token
+    assert not any(secret in logged for secret in (JOB, READER, "ghs_", "Bearer"))
 
 
 @pytest.mark.parametrize("kind", sorted(CALLERS))

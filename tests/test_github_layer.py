@@ -66,17 +66,18 @@ def grammar_written(rel: str, tree: ast.Module) -> list[str]:
     or two or more role names in one list, set, dict or Literal."""
     found = []
     for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
         text = node.value if isinstance(node, ast.Constant) else None
         if isinstance(text, str) and any(pattern in text for pattern in PATTERNS):
-            found.append(f"line {node.lineno}: {text!r}")
+            found.append(f"line {line}: {text!r}")
         items: list[ast.expr] = []
         if isinstance(node, ast.List | ast.Tuple | ast.Set):
             items = list(node.elts)
         elif isinstance(node, ast.Dict):
             items = [k for k in node.keys if k is not None]
-        names = {i.value for i in items if isinstance(i, ast.Constant)} & ROLE_NAMES
+        names = {str(i.value) for i in items if isinstance(i, ast.Constant)} & ROLE_NAMES
         if len(names) >= 2 and names & GITHUBS_OWN:  # ("read", "write") may be a lock's kinds
-            found.append(f"line {node.lineno}: roles {sorted(names)}")
+            found.append(f"line {line}: roles {sorted(names)}")
     return found
 
 

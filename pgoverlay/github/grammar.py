@@ -23,6 +23,9 @@ NAME_RE = re.compile(rf"^{NAME_CHARS}{{1,{NAME_MAX}}}$")
 REPOSITORY_RE = re.compile(rf"^{NAME_CHARS}{{1,{NAME_MAX}}}/{NAME_CHARS}{{1,{NAME_MAX}}}$")
 REPOSITORY_MAX = 2 * NAME_MAX + 1
 
+# github.com's addresses, every setting's default (GitHub Enterprise has its own).
+API_URL = "https://api.github.com"
+WEB_URL = "https://github.com"
 # What a workflow's GITHUB_TOKEN acts as (it cannot read /user to say so).
 ACTIONS_BOT = "github-actions[bot]"
 # The REST API's version every call asks for.
@@ -60,11 +63,6 @@ def is_name(text: str) -> bool:
 def is_repository(text: str) -> bool:
     """Whether ``text`` is a repository written ``owner/name``."""
     return REPOSITORY_RE.match(text) is not None
-
-
-def owner(repository: str) -> str:
-    """The owner of ``owner/name``."""
-    return repository.partition("/")[0]
 
 
 def role(permissions: Mapping[str, object]) -> Role | None:

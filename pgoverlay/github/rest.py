@@ -117,6 +117,8 @@ class Auth(Protocol):
 
     def authorization(self) -> str: ...
 
+    def close(self) -> None: ...
+
 
 class Token:
     """A token: a workflow's, a person's, a reader's, or one the listener was given."""
@@ -129,6 +131,9 @@ class Token:
 
     def authorization(self) -> str:
         return f"Bearer {self._token}"
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -339,7 +344,10 @@ class Rest:
             response.release_conn()
 
     def close(self) -> None:
+        """Close the connections kept open, and those of ``auth`` (an app's token minter)."""
         with self._lock:
             for manager in self._managers.values():
                 manager.clear()
             self._managers.clear()
+        if self.auth is not None:
+            self.auth.close()
