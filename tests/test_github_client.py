@@ -22,7 +22,7 @@ from pgoverlay.action.comment import has_marker, marker
 from pgoverlay.action.github import GitHub
 from pgoverlay.errors import GitHubError
 from pgoverlay.github.grammar import ACTIONS_BOT
-from pgoverlay.runner.door import oauth
+from pgoverlay.runner.callers import oauth
 from pgoverlay.webhook.clients import GitHubClients
 from pgoverlay.webhook.settings import WebhookSettings
 

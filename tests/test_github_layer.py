@@ -17,7 +17,7 @@ PRODUCT = ("action", "webhook", "runner", "pgoverlay")
 CLIENT = "pgoverlay/github/rest.py"
 GRAMMAR = "pgoverlay/github/grammar.py"
 NOT_GITHUB = {
-    "runner/door/oidc.py",  # an OIDC issuer's keys, not GitHub's API
+    "runner/callers/oidc.py",  # an OIDC issuer's keys, not GitHub's API
     "runner/service/netclient.py",  # the pool's own network API
 }
 # HTTP libraries, and the product modules that may import each one.

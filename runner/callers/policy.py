@@ -1,5 +1,5 @@
 """The pool's policy: which GitHub Actions jobs may use it, read from the admin's YAML file and
-asked of a verified :class:`~pgoverlay.runner.door.oidc.Identity`. Pure but for :func:`load`.
+asked of a verified :class:`~pgoverlay.runner.callers.oidc.Identity`. Pure but for :func:`load`.
 
 A policy file::
 
@@ -66,7 +66,7 @@ from pydantic import (
 from pgoverlay.errors import ConfigError, Location, Problems, config_error, dotted
 from pgoverlay.github.grammar import is_login, is_name
 from pgoverlay.runner import safefs
-from pgoverlay.runner.door.oidc import Identity
+from pgoverlay.runner.callers.oidc import Identity
 
 MAX_POLICY_BYTES = 1 << 20
 _FIX = (
