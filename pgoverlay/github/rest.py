@@ -95,7 +95,9 @@ class GitHubRetry(Retry):
         if response is not None and response.status in RATE_STATUSES:
             wait = rate_wait(response.status, response.headers, now=time.time())
             if wait is None or wait > self.max_wait:  # not a limit, or one not worth waiting
-                raise MaxRetryError(cast("ConnectionPool", _pool), url or "", ResponseError("no"))
+                raise MaxRetryError(
+                    cast("ConnectionPool", _pool), url or "", ResponseError("not waited out")
+                )
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
@@ -105,7 +107,9 @@ def retry(*, retries: int, backoff: float, max_wait: float = MAX_RATE_WAIT) -> G
         total=retries,
         backoff_factor=backoff,
         status_forcelist=sorted(RETRY_STATUSES | RATE_STATUSES),
-        allowed_methods=None,  # GitHub's writes here are safe to send again (an edit, a status)
+        # Writes too, as the comment's calls always were: a 5xx seldom means it was done (a
+        # comment GitHub made and then answered 502 for would be made twice).
+        allowed_methods=None,
         raise_on_status=False,
         respect_retry_after_header=True,
         max_wait=max_wait,
