@@ -39,6 +39,7 @@ from pgoverlay.errors import (
     UnsafeFileError,
     config_error,
 )
+from pgoverlay.github.grammar import API_URL, WEB_URL
 from pgoverlay.runner import safefs
 from pgoverlay.runner.names import check_name
 from pgoverlay.runner.service import client as service
@@ -79,8 +80,8 @@ class JobEnv:
     event_path: Path
     event_name: str
     repository: str
-    api_url: str = "https://api.github.com"
-    server_url: str = "https://github.com"
+    api_url: str = API_URL
+    server_url: str = WEB_URL
     run_id: str = ""
     sha: str = ""
     ref: str = ""

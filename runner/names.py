@@ -8,8 +8,6 @@ import re
 from pgoverlay.errors import ConfigError, InvalidNameError, SeedError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-# A GitHub repository, owner/name: what a branch is for.
-REPOSITORY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}$")
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s|m|h|d|w)$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -83,12 +81,3 @@ LEDGER_SCHEMA = "pgoverlay_ledger"
 # every role made for a person or a preview app is its member, and a branch's pg_hba.conf
 # admits its members over TCP with SCRAM.
 ACCESS_ROLE = "pgoverlay_access"
-
-# A GitHub login: letters, digits and single hyphens, neither first nor last; at most
-# LOGIN_MAX characters (the length is checked apart: the service's schema has no look-ahead).
-GITHUB_LOGIN_RE = re.compile(r"^[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*$")
-LOGIN_MAX = 39
-
-
-def is_github_login(text: str) -> bool:
-    return len(text) <= LOGIN_MAX and GITHUB_LOGIN_RE.match(text) is not None

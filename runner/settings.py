@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
 
 from pgoverlay.errors import ConfigError, SettingError
+from pgoverlay.github.grammar import API_URL, WEB_URL, ReadPermission, WritePermission
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
@@ -315,16 +316,16 @@ class Settings:
     access_unmasked: bool = False
     # Sign-in on the branch pages: the GitHub (or GitHub Enterprise) web and API addresses, the
     # OAuth client of the admin's GitHub App or OAuth App, and the file holding its secret.
-    github_web_url: str = "https://github.com"
-    github_api_url: str = "https://api.github.com"
+    github_web_url: str = WEB_URL
+    github_api_url: str = API_URL
     oauth_client_id: str | None = None
     oauth_client_secret_file: Path | None = None
     # The least permission on the PR's repository that gets a read-write credential, and the
     # least that gets a read-only one (on a public or internal repository, where GitHub gives
     # every account read, never less than triage); and how long a page session lasts, in
     # seconds.
-    access_write_permission: Literal["write", "maintain", "admin", "never"] = "write"
-    access_read_permission: Literal["read", "triage", "write", "maintain", "admin"] = "read"
+    access_write_permission: WritePermission = "write"
+    access_read_permission: ReadPermission = "read"
     page_session_seconds: float = bounded(3600.0, gt=0)
     # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
     # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API

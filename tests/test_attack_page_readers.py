@@ -12,6 +12,7 @@ import pytest
 
 from helpers import top_ports
 from pagekit import Engine, Site, running_page, sign_in, view
+from pgoverlay.github import grammar
 from pgoverlay.runner.callers import oauth
 
 PORT = top_ports(91, 1)[0]
@@ -102,10 +103,13 @@ def test_a_public_repositorys_own_people_get_in_by_their_role(site: Site) -> Non
     ],
 )
 def test_the_least_role_that_counts_is_the_admins_and_never_read_where_everyone_reads(
-    role: str, read_permission: oauth.ReadPermission, everyone_reads: bool, expected: str | None
+    role: grammar.Role,
+    read_permission: grammar.ReadPermission,
+    everyone_reads: bool,
+    expected: str | None,
 ) -> None:
-    order = list(oauth.ROLES)
-    flags = {flag: order.index(name) <= order.index(role) for name, flag in oauth.ROLES.items()}
+    order = list(grammar.ROLES)
+    flags = {flag: order.index(name) <= order.index(role) for name, flag in grammar.ROLES.items()}
     assert (
         oauth.access(
             flags,

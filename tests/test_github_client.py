@@ -1,22 +1,30 @@
-"""The GitHub client's HTTP behaviour: the sticky comment against the fake GitHub API (real
-HTTP, checked against GitHub's OpenAPI description), the listener's PyGithub calls with
-`responses` standing in for GitHub."""
+"""The GitHub client's HTTP behaviour against the fake GitHub API (real HTTP, checked against
+GitHub's OpenAPI description): the sticky comment, the listener's calls, and the one retry and
+rate-limit path every caller (the Action, the listener, the branch page) goes through."""
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
+import re
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-import responses
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from fakegithub import FakeGitHub
 from pgoverlay.action.comment import has_marker, marker
-from pgoverlay.action.github import ACTIONS_BOT, GitHub
+from pgoverlay.action.github import GitHub
 from pgoverlay.errors import GitHubError
+from pgoverlay.github.grammar import ACTIONS_BOT
+from pgoverlay.runner.callers import oauth
+from pgoverlay.webhook.clients import GitHubClients
+from pgoverlay.webhook.settings import WebhookSettings
 
 REPO = "acme/shop"
 MARK = marker(REPO, 5, "pr-5")
@@ -203,29 +211,145 @@ def test_an_answer_cut_short_is_retried_then_a_clear_error() -> None:
     assert len(answers) == 2, "retried once"
 
 
-# -- the listener's calls, through PyGithub ------------------------------------------------
-
-API = "http://ghe.example.com:8080/api/v3"
+# -- the listener's calls ------------------------------------------------------------------
 
 
-@responses.activate
-def test_the_listeners_commit_status_is_set_after_server_errors_are_retried() -> None:
-    url = f"{API}/repos/{REPO}/statuses/{'c' * 40}"
-    responses.post(url, status=502, json={"message": "Bad gateway"})
-    responses.post(url, status=201, json={"id": 1, "state": "success"})
-    GitHub("ghs_token", api_url=API, backoff=0.0).set_status(REPO, "c" * 40, "success", "ready")
-    posted = [c for c in responses.calls if c.request.method == "POST"]
-    assert len(posted) == 2
-    body = posted[-1].request.body
-    assert isinstance(body, bytes | str)
-    assert json.loads(body)["context"] == "pgoverlay/branch"
+def test_the_listeners_commit_status_is_set_after_server_errors_are_retried(
+    gh: FakeGitHub,
+) -> None:
+    statuses = rf"/repos/{REPO}/statuses/"
+    gh.fail_next("POST", statuses, 502)
+    client(gh).set_status(REPO, "a" * 40, "success", "ready")
+    posted = [r for r in gh.requests if r["method"] == "POST"]
+    assert [r["status"] for r in posted] == [502, 201]
+    assert posted[-1]["json"]["context"] == "pgoverlay/branch"
 
 
-@responses.activate
-def test_the_listener_reads_a_missing_collaborator_as_no_write_access() -> None:
-    responses.get(
-        f"{API}/repos/{REPO}/collaborators/mallory/permission",
-        status=404,
-        json={"message": "Not Found"},
+def test_the_listener_reads_a_missing_collaborator_as_no_write_access(gh: FakeGitHub) -> None:
+    gh.add_collaborator(REPO, "maya", "maintain")
+    gh.add_collaborator(REPO, "tom", "triage")
+    github = client(gh)
+    assert github.can_write(REPO, "maya") is True  # maintain reads as write
+    assert github.can_write(REPO, "tom") is False
+    assert github.can_write(REPO, "mallory") is False  # 404: no such user
+
+
+def test_the_listener_reads_pulls_and_labels_and_takes_a_label_off(gh: FakeGitHub) -> None:
+    gh.add_pull(REPO, 6, "c" * 40, "b" * 40, labels=["db-preview", "bug"])
+    github = client(gh)
+    assert sorted(github.open_pulls(REPO)) == [5, 6]
+    pull = github.pull(REPO, 6)
+    assert pull is not None and pull["head"]["sha"] == "c" * 40
+    assert github.pull(REPO, 99) is None
+    assert sorted(github.labels(REPO, 6)) == ["bug", "db-preview"]
+    github.remove_label(REPO, 6, "db-preview")
+    github.remove_label(REPO, 6, "db-preview")  # already gone is fine
+    assert github.labels(REPO, 6) == ["bug"]
+
+
+def test_a_tarball_is_downloaded_after_a_server_error(gh: FakeGitHub, tmp_path: Path) -> None:
+    gh.add_tarball(REPO, "a" * 40, b"the archive")
+    gh.fail_next("GET", r"/tarball/", 503)
+    client(gh).download_tarball(REPO, "a" * 40, tmp_path / "src.tar.gz")
+    assert (tmp_path / "src.tar.gz").read_bytes() == b"the archive"
+    with pytest.raises(GitHubError, match=r"could not download acme/shop@bbbbbbb \(HTTP 404\)"):
+        client(gh).download_tarball(REPO, "b" * 40, tmp_path / "none.tar.gz")
+
+
+# -- one retry and rate-limit path, for every caller ------------------------------------------
+# The Action (a workflow's token), the listener (a GitHub App's installation) and the branch
+# page (a reader's token) each make their calls through pgoverlay.github.rest: each one tries a
+# server error again, waits out a rate limit GitHub says ends soon, and refuses at once to wait
+# out one that ends in an hour, saying so.
+
+APP_ID = 4242
+READER = "gho_reader0000000000000000000000000000"
+Call = Callable[[FakeGitHub], object]
+
+
+def _as_action(fake: FakeGitHub) -> object:
+    return client(fake).upsert_comment(REPO, 5, f"{MARK}\nx", ours)
+
+
+def _as_listener(fake: FakeGitHub) -> object:
+    settings = WebhookSettings(
+        secret="s",
+        app_id=APP_ID,
+        private_key=_app_key(),
+        api_url=fake.url,
+        repositories={REPO: {}},
     )
-    assert GitHub("ghs_token", api_url=API).can_write(REPO, "mallory") is False
+    clients = GitHubClients(settings)
+    clients.remember(REPO, 77)
+    try:
+        clients.for_repo(REPO).set_status(REPO, "a" * 40, "success", "ready")
+        return None
+    finally:
+        clients.close()
+
+
+def _as_page(fake: FakeGitHub) -> object:
+    github = oauth.GitHubSignIn(web_url=fake.url, api_url=fake.url, client_id="", client_secret="")
+    return github.access(READER, REPO, write_permission="write")
+
+
+@functools.cache
+def _app_key() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+CALLERS: dict[str, tuple[Call, str, str]] = {
+    # the caller, the method and path of its call to fail, and the token it sends
+    "action": (_as_action, "GET", COMMENTS),
+    "listener": (_as_listener, "POST", rf"/repos/{REPO}/statuses/"),
+    "page": (_as_page, "GET", rf"^/repos/{REPO}$"),
+}
+
+
+@pytest.fixture
+def everyone(gh: FakeGitHub) -> FakeGitHub:
+    gh.add_app(APP_ID, "pgoverlay")
+    gh.add_token(READER, "rita")
+    gh.add_collaborator(REPO, "rita", "write")
+    return gh
+
+
+def _tried(fake: FakeGitHub, method: str, path: str) -> list[int]:
+    return [
+        r["status"] for r in fake.requests if r["method"] == method and re.search(path, r["path"])
+    ]
+
+
+@pytest.mark.parametrize("kind", sorted(CALLERS))
+def test_every_caller_tries_a_server_error_again_and_waits_out_a_short_rate_limit(
+    everyone: FakeGitHub, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    call, method, path = CALLERS[kind]
+    everyone.fail_next(method, path, 502)
+    limited = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()))}
+    body = {"message": "API rate limit exceeded for installation ID 77."}
+    everyone.fail_next(method, path, 403, headers=limited, body=body)
+    call(everyone)
+    assert _tried(everyone, method, path) == [502, 403, 201 if method == "POST" else 200]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Retry" in logged  # urllib3's lines are there, and hold no token
+    assert not any(secret in logged for secret in (JOB, READER, "ghs_", "Bearer"))
+
+
+@pytest.mark.parametrize("kind", sorted(CALLERS))
+def test_every_caller_refuses_at_once_a_rate_limit_that_ends_in_an_hour(
+    everyone: FakeGitHub, kind: str
+) -> None:
+    call, method, path = CALLERS[kind]
+    limited = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()) + 3600)}
+    body = {"message": "API rate limit exceeded"}
+    everyone.fail_next(method, path, 403, headers=limited, body=body)
+    with pytest.raises(GitHubError, match=r"rate limited for 3[56]\d\d s more") as caught:
+        call(everyone)
+    assert _tried(everyone, method, path) == [403]
+    for secret in (JOB, READER, "ghs_"):
+        assert secret not in str(caught.value)

@@ -33,6 +33,7 @@ from fakegithub import FakeGitHub
 from helpers import free_tcp_port, top_ports
 from pagekit import CLIENT_ID, FINGERPRINT, HOST, SESSION_SECONDS, Engine, Site, running_page, view
 from pgoverlay.errors import ConfigError, GitHubError, UnsafeFileError
+from pgoverlay.github import grammar
 from pgoverlay.runner.callers import oauth
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
@@ -547,7 +548,8 @@ def test_a_signed_in_reader_learns_nothing_from_a_branch_name(site: Site) -> Non
 
 
 def test_github_failing_during_sign_in_is_said_without_the_token(site: Site) -> None:
-    site.fake.fail_next("GET", r"^/repos/acme/shop$", 502)
+    # failing each of its tries (a 502 alone is tried again: tests/test_github_client.py)
+    site.fake.fail_next("GET", r"^/repos/acme/shop$", 502, times=1 + oauth.RETRIES)
     with site.client() as client:
         r = sign_in(site, client, "alice")
         assert r.status_code == 502
@@ -594,7 +596,7 @@ def test_the_client_secret_and_the_readers_token_stay_out_of_the_fakes_log(site:
     ],
 )
 def test_github_permissions_map_to_access(
-    flags: dict[str, bool], write_permission: oauth.WritePermission, expected: str | None
+    flags: dict[str, bool], write_permission: grammar.WritePermission, expected: str | None
 ) -> None:
     assert oauth.access(flags, write_permission=write_permission) == expected
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from github import Auth
-
 from pgoverlay.action.github import GitHub
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.github.app import InstallationAuth
+from pgoverlay.github.rest import Auth, Token
 from pgoverlay.webhook.settings import WebhookSettings
 
 
@@ -56,14 +56,17 @@ class GitHubClients:
                 )
             return self._clients[installation]
 
-    def _auth(self, installation: int | None) -> Auth.Auth:
+    def _auth(self, installation: int | None) -> Auth:
         if self.settings.app_id is not None and installation is not None:
-            # PyGithub mints installation tokens and renews them before they expire.
-            return Auth.AppAuth(
-                self.settings.app_id, self.settings.app_key()
-            ).get_installation_auth(installation)
+            # Installation tokens are minted when first needed and renewed before they expire.
+            return InstallationAuth(
+                self.settings.app_id,
+                self.settings.app_key(),
+                installation,
+                api_url=self.settings.api_url,
+            )
         assert self.settings.token is not None
-        return Auth.Token(self.settings.token.get_secret_value())
+        return Token(self.settings.token.get_secret_value())
 
     def close(self) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pgoverlay.errors import DeliveryError, config_error, dotted
+from pgoverlay.github.grammar import REPOSITORY_MAX, REPOSITORY_RE
 
 HANDLED = "pull_request"
 # Events a GitHub App or a repository webhook subscribed to more than pull requests may send:
@@ -52,7 +53,6 @@ MAX_DEPTH = 32
 # GitHub's delivery ids are GUIDs; anything else (a newline, say) would end up in the logs.
 _DELIVERY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHA = r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$"
-_FULL_NAME = r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"
 
 
 class _Part(BaseModel):
@@ -69,7 +69,7 @@ class Repository(_Part):
     """A repository: its name, and its id and its owner's (which GitHub keeps through a rename:
     a pool on another host owns a branch by the id)."""
 
-    full_name: str = Field(pattern=_FULL_NAME, max_length=200)
+    full_name: str = Field(pattern=REPOSITORY_RE.pattern, max_length=REPOSITORY_MAX)
     id: int | None = Field(default=None, ge=1)
     owner: Account | None = None
 

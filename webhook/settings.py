@@ -37,6 +37,7 @@ from pgoverlay.action.request import (
     whole_problem,
 )
 from pgoverlay.errors import ConfigError, config_error
+from pgoverlay.github.grammar import API_URL, is_repository
 
 MIB = 1024 * 1024
 
@@ -140,7 +141,7 @@ class WebhookSettings(BaseSettings):
     app_id: int | None = None  # a GitHub App (app id + private key)
     private_key: SecretStr | None = None
     private_key_file: Path | None = None
-    api_url: str = "https://api.github.com"
+    api_url: str = API_URL
     repositories: dict[str, RepoSettings] = Field(default_factory=dict)
     workers: int = Field(default=2, ge=1, le=32)
     max_body_bytes: int = Field(default=25 * MIB, ge=1024)
@@ -195,7 +196,7 @@ class WebhookSettings(BaseSettings):
         if not has_app and self.token is None:
             raise ValueError("set token (a personal access token) or app_id and a private key")
         for name in self.repositories:
-            if name.count("/") != 1:
+            if not is_repository(name):
                 raise ValueError(f"repository {name!r} must be written owner/name")
         if self.server is not None and self.server_token_file is None:
             raise ValueError(

@@ -54,9 +54,10 @@ from pgoverlay.errors import (
     RequestError,
     UnmaskedAccessError,
 )
+from pgoverlay.github.grammar import is_login
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner.branch import access, conf, lookup
-from pgoverlay.runner.names import ACCESS_ROLE, is_github_login
+from pgoverlay.runner.names import ACCESS_ROLE
 from pgoverlay.runner.pool import Pool, fault, flocks
 from pgoverlay.runner.pool.registry import BaseVersion, Branch, StoredGrant
 
@@ -86,7 +87,7 @@ class Granted:
 def role_for_login(login: str) -> str:
     """The role of GitHub user ``login``: the login, lower-cased (GitHub's logins are
     case-insensitive; Postgres's names are not). A RequestError when it is not a GitHub login."""
-    if not is_github_login(login):
+    if not is_login(login):
         shown = login if len(login) <= 40 else f"{login[:40]}... ({len(login)} characters)"
         raise RequestError(
             f"login: {shown!r} is not a GitHub login: 1-39 letters, digits and single hyphens, "

@@ -24,48 +24,29 @@ repository is then invisible (404), and its readers are refused. The one scope t
 it, ``repo``, grants write access to every repository the reader has, which a page that only
 needs to read a permission must not hold.
 
-Blocking calls (the standard library's ``urllib``, a timeout on each): the page runs them in a
-thread. Redirects are not followed, so a token is never sent on to another host. An error
-names the call and GitHub's answer, never the token, the code or the client secret.
+Blocking calls, through GitHub's one client (``pgoverlay.github.rest``: its timeout, retry and
+rate-limit path): the page runs them in a thread. Redirects are not followed, so a token is
+never sent on to another host. An error names the call and GitHub's answer, never the token,
+the code or the client secret. GitHub's roles are ``pgoverlay.github.grammar``'s.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
-from http.client import HTTPResponse
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlencode, urlsplit
 
 from pgoverlay.errors import ConfigError, GitHubError
+from pgoverlay.github.grammar import ReadPermission, WritePermission, at_least, role
+from pgoverlay.github.rest import Answer, Rest
 from pgoverlay.runner import safefs
 
 Access = Literal["read-write", "read-only"]
-WritePermission = Literal["write", "maintain", "admin", "never"]
-ReadPermission = Literal["read", "triage", "write", "maintain", "admin"]
-
-# GitHub's repository roles, weakest first, and the flag of ``permissions`` each one sets:
-# a role sets its own flag and every weaker one's.
-ROLES: dict[str, str] = {
-    "read": "pull",
-    "triage": "triage",
-    "write": "push",
-    "maintain": "maintain",
-    "admin": "admin",
-}
-API_VERSION = "2022-11-28"
 TIMEOUT = 10.0  # seconds for each call to GitHub
+RETRIES = 2  # a reader waits: fewer tries than a job's
+MAX_RATE_WAIT = 10.0  # seconds a reader waits out a rate limit; longer is an error at once
 _SECRET_BYTES = 4096
-_JSON_BYTES = 1 << 20  # the most read of one answer
-
-
-def role(permissions: Mapping[str, object]) -> str | None:
-    """The strongest role GitHub's ``permissions`` object gives (None: not even read)."""
-    held = [name for name, flag in ROLES.items() if permissions.get(flag) is True]
-    return held[-1] if held else None
 
 
 def access(
@@ -80,13 +61,11 @@ def access(
     (refused). On a repository ``everyone_reads`` (public, or internal), read is every
     account's: there the least role that counts is triage, whatever ``read_permission``."""
     held = role(permissions)
-    if held is None:
+    if held is None or not at_least(held, read_permission):
         return None
-    order = list(ROLES)
-    least = max(order.index(read_permission), order.index("triage") if everyone_reads else 0)
-    if order.index(held) < least:
+    if everyone_reads and not at_least(held, "triage"):
         return None
-    if write_permission != "never" and order.index(held) >= order.index(write_permission):
+    if write_permission != "never" and at_least(held, write_permission):
         return "read-write"
     return "read-only"
 
@@ -129,16 +108,6 @@ def read_client_secret(path: Path | None) -> str:
     return secret
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are answers, not followed: a token must not travel to another host."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 class GitHubSignIn:
     """The server-to-server half of the web flow, for one OAuth client."""
 
@@ -162,6 +131,17 @@ class GitHubSignIn:
         self.client_id = client_id
         self._client_secret = client_secret
         self.timeout = timeout
+        self._rest = Rest(
+            self.api_url,
+            auth=None,  # the reader's token, per call; the code's exchange sends none
+            also=(self.web_url,),
+            setting="PGOVERLAY_GITHUB_WEB_URL / PGOVERLAY_GITHUB_API_URL",
+            retries=RETRIES,
+            backoff=0.5,
+            timeout=timeout,
+            max_wait=MAX_RATE_WAIT,
+            follow_redirects=False,
+        )
 
     def __repr__(self) -> str:  # never the secret
         return f"GitHubSignIn(web_url={self.web_url!r}, client_id={self.client_id!r})"
@@ -175,12 +155,15 @@ class GitHubSignIn:
             "redirect_uri": redirect_uri,
         }
         what = "exchanging the sign-in code (POST /login/oauth/access_token)"
-        status, body = self._call(
-            "POST",
-            f"{self.web_url}/login/oauth/access_token",
+        status, body = self._json(
+            self._rest.call(
+                "POST",
+                f"{self.web_url}/login/oauth/access_token",
+                what=what,
+                form=form,
+                accept="application/json",
+            ),
             what=what,
-            data=urlencode(form).encode(),
-            headers={"Accept": "application/json"},
         )
         if status != 200:
             raise GitHubError(f"{what}: GitHub answered {status} {_message(body)}")
@@ -230,52 +213,15 @@ class GitHubSignIn:
         )
 
     def _api(self, what: str, path: str, token: str) -> tuple[int, dict[str, Any]]:
-        headers = {
-            "Accept": "application/vnd.github+json",
-            "Authorization": f"Bearer {token}",
-            "X-GitHub-Api-Version": API_VERSION,
-        }
-        return self._call("GET", f"{self.api_url}{path}", what=what, headers=headers)
+        return self._json(self._rest.call("GET", path, what=what, token=token), what=what)
 
-    def _call(
-        self,
-        method: str,
-        url: str,
-        *,
-        what: str,
-        headers: dict[str, str],
-        data: bytes | None = None,
-    ) -> tuple[int, dict[str, Any]]:
-        """Status and JSON object of one call; a GitHubError when GitHub cannot be reached or
-        answers something that is not a JSON object."""
-        # both addresses were checked to be http(s) in __init__ (S310)
-        request = urllib.request.Request(url, data=data, method=method)  # noqa: S310
-        request.add_header("User-Agent", "pgoverlay")
-        for name, value in headers.items():
-            request.add_header(name, value)
-        try:
-            response: HTTPResponse = _OPENER.open(request, timeout=self.timeout)
-        except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read(_JSON_BYTES)
-            err.close()
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise GitHubError(
-                f"{what}: cannot reach GitHub at {urlsplit(url).netloc} ({reason}); check "
-                "PGOVERLAY_GITHUB_WEB_URL / PGOVERLAY_GITHUB_API_URL and this host's network"
-            ) from None
-        else:
-            with response:
-                status, raw = response.status, response.read(_JSON_BYTES)
-        if 300 <= status < 400:
-            return status, {}
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            raise GitHubError(f"{what}: GitHub answered {status} with something not JSON")
-        return status, body
+    def _json(self, answer: Answer, *, what: str) -> tuple[int, dict[str, Any]]:
+        """Status and JSON object of an answer; a GitHubError when it is not a JSON object."""
+        if 300 <= answer.status < 400:
+            return answer.status, {}
+        if not isinstance(answer.data, dict):
+            raise GitHubError(f"{what}: GitHub answered {answer.status} with something not JSON")
+        return answer.status, answer.data
 
 
 def _message(body: Mapping[str, object]) -> str:

@@ -64,9 +64,9 @@ from pydantic import (
 )
 
 from pgoverlay.errors import ConfigError, Location, Problems, config_error, dotted
+from pgoverlay.github.grammar import is_login, is_name
 from pgoverlay.runner import safefs
 from pgoverlay.runner.callers.oidc import Identity
-from pgoverlay.runner.names import is_github_login
 
 MAX_POLICY_BYTES = 1 << 20
 _FIX = (
@@ -117,7 +117,7 @@ class Owner(BaseModel):
     @field_validator("name")
     @classmethod
     def _login(cls, name: str) -> str:
-        if not is_github_login(name):
+        if not is_login(name):
             raise ValueError(
                 f"{name!r} is not a GitHub account name (letters, digits and single hyphens, "
                 "at most 39)"
@@ -140,9 +140,7 @@ class Repository(BaseModel):
     @classmethod
     def _full_name(cls, name: str) -> str:
         owner, slash, repo = name.partition("/")
-        plain = all(c.isascii() and (c.isalnum() or c in "_.-") for c in repo)
-        plain = plain and 0 < len(repo) <= 100
-        if not slash or not is_github_login(owner) or not (repo == "*" or plain):
+        if not slash or not is_login(owner) or not (repo == "*" or is_name(repo)):
             raise ValueError(
                 f"{name!r} is not owner/name or owner/* (e.g. acme/shop, acme/*): the only "
                 "wildcard is a whole repository name"

@@ -20,8 +20,8 @@ import binascii
 import json
 from collections.abc import Callable, Mapping
 
+from pgoverlay.github.grammar import REPOSITORY_RE
 from pgoverlay.runner.door.guard import Guard
-from pgoverlay.runner.names import REPOSITORY_RE
 from pgoverlay.runner.service import acting, tokens
 
 CLAIMS_PER_SOURCE = 8  # claims of one address with a full budget each, before the address is

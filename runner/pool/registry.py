@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pgoverlay.errors import RegistryError, RegistryRowError
-from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE
+from pgoverlay.github.grammar import REPOSITORY_RE
+from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.runtime import table as runtimes
 
 SCHEMA = """

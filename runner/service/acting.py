@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.names import REPOSITORY_RE
+from pgoverlay.github.grammar import REPOSITORY_RE
 
 REPOSITORY_HEADER = "x-pgoverlay-repository"
 REPOSITORY_ID_HEADER = "x-pgoverlay-repository-id"

@@ -20,13 +20,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pgoverlay.errors import RequestError
-from pgoverlay.runner.names import (
-    GITHUB_LOGIN_RE,
-    LOGIN_MAX,
-    NAME_RE,
-    REPOSITORY_RE,
-    is_github_login,
-)
+from pgoverlay.github.grammar import LOGIN_MAX, LOGIN_RE, REPOSITORY_MAX, REPOSITORY_RE, is_login
+from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.runtime import table as runtimes
 from pgoverlay.runner.service import shape
 from pgoverlay.runner.service.shape import Shape
@@ -53,7 +48,7 @@ def _runtimes() -> dict[str, Any]:
 # request does not have is refused, not ignored.
 _STRICT: dict[str, Any] = {"extra": "forbid", "json_schema_extra": _documented}
 _NAME = {"pattern": NAME_RE.pattern, "maxLength": 63}
-_REPOSITORY = {"pattern": REPOSITORY_RE.pattern, "maxLength": 201}
+_REPOSITORY = {"pattern": REPOSITORY_RE.pattern, "maxLength": REPOSITORY_MAX}
 
 
 EXCERPT_CHARS = 40
@@ -197,7 +192,7 @@ class TraceRequest(Shape):
 
 
 # A GitHub login (1-39 letters, digits and single hyphens), as the front door vouches for one.
-LOGIN_PATTERN = GITHUB_LOGIN_RE.pattern
+LOGIN_PATTERN = LOGIN_RE.pattern
 _VOUCHED = re.compile("^github:" + LOGIN_PATTERN[1:])
 
 
@@ -235,7 +230,7 @@ class GrantRequest(Shape):
             raise RequestError("login: an app credential names no login (its role is the app's)")
         if not self.app and self.login is None:
             raise RequestError("login: name the GitHub login to grant to (or ask for app: true)")
-        if self.login is not None and not is_github_login(self.login):
+        if self.login is not None and not is_login(self.login):
             raise RequestError(
                 f"login: {excerpt(self.login)} is not a GitHub login: 1-39 letters, digits and "
                 "single hyphens, not first or last (e.g. octo-cat)"

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pgoverlay.errors import ConfigError, TokenError
+from pgoverlay.github.grammar import REPOSITORY_RE, is_login
 from pgoverlay.runner import audit, safefs
-from pgoverlay.runner.names import REPOSITORY_RE, is_github_login
 
 PREFIX = "pgo_"
 STORE = Path("api") / "tokens.json"
@@ -94,7 +94,7 @@ def check_scope(*, name: str, owners: Sequence[str], repositories: Sequence[str]
     if not owners:
         raise ConfigError("a token needs at least one --owner: the accounts it may act for")
     for owner in owners:
-        if not is_github_login(owner):
+        if not is_login(owner):
             raise ConfigError(f"--owner {owner!r} is not a GitHub account name")
     listed = {o.lower() for o in owners}
     for repository in repositories:
