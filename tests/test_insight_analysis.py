@@ -16,7 +16,7 @@ import pytest
 from helpers import extra_server
 from pgoverlay.action import details, migrations
 from pgoverlay.action.insight import analyze as an
-from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, verdict
+from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, rewrites, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -425,7 +425,7 @@ def test_rewrites_come_from_filenodes_with_the_events_reasons() -> None:
     assert run(
         log, after_relations=after, thresholds=Thresholds(max_rewrite=501 * MIB)
     ).verdict == (dataclasses.replace(insight.verdict, level="over"))
-    assert an.rewrite_reasons(1 | 8) == ["SET LOGGED/UNLOGGED", "access method"]
+    assert rewrites.rewrite_reasons(1 | 8) == ["SET LOGGED/UNLOGGED", "access method"]
 
 
 def test_a_rewrite_without_an_event_goes_to_the_statement_that_held_access_exclusive() -> None:
@@ -1188,7 +1188,7 @@ def test_rewrite_reason_bits_are_postgres_own(server_dsn: str) -> None:
         for change in changes:
             conn.execute(change)
         rows = conn.execute("SELECT reason FROM reasons ORDER BY n").fetchall()
-    assert [an.rewrite_reasons(r) for (r,) in rows] == [
+    assert [rewrites.rewrite_reasons(r) for (r,) in rows] == [
         ["column type change"],
         ["volatile default"],
         ["SET LOGGED/UNLOGGED"],
