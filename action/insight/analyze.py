@@ -12,18 +12,19 @@ import dataclasses
 import difflib
 import re
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from pgoverlay.action import migrations
 from pgoverlay.action.insight import lint as lint_mod
 from pgoverlay.action.insight import logparse, marks, sqltext, tools, verdict
 from pgoverlay.action.insight.heldlocks import (
-    _from_documented,
-    _from_events,
-    _from_samples,
-    _from_waits,
-    _lock_uses,
-    _longest,
-    _worst_first,
+    from_documented,
+    from_events,
+    from_samples,
+    from_waits,
+    lock_uses,
+    longest,
+    worst_first,
 )
 from pgoverlay.action.insight.model import (
     LockUse,
@@ -34,16 +35,18 @@ from pgoverlay.action.insight.model import (
     Verdict,
 )
 from pgoverlay.action.insight.rewrites import (
-    _first_per_relation,
-    _migration_scans,
-    _rewrites,
-    _row_writes,
-    _rows,
-    _statement_scans,
-    _volume,
+    find_rewrites,
+    first_per_relation,
+    migration_scans,
+    row_writes,
+    rows_written,
+    statement_scans,
+    volume,
 )
-from pgoverlay.action.insight.work import _TEXT_LIMIT, Relations, _Analysis, _Mapping
+from pgoverlay.action.insight.work import Analysis, Relations
 from pgoverlay.runner.service.views import RelationState, TraceMark
+
+_TEXT_LIMIT = 500
 
 
 class Book:
@@ -91,10 +94,10 @@ def analyze(
     mapped = _map(
         parsed.statements, statements, fixed={p: m.statement for p, m in accepted.items()}
     )
-    work = _Analysis(relations_before, relations_after, command=statements is None)
-    windows = _from_events(work, parsed.statements, mapped.index_of, accepted)
-    inferred = _from_documented(work, parsed.statements, mapped.index_of, accepted, windows)
-    sampled = _from_samples(
+    work = Analysis(relations_before, relations_after, command=statements is None)
+    windows = from_events(work, parsed.statements, mapped.index_of, accepted)
+    inferred = from_documented(work, parsed.statements, mapped.index_of, accepted, windows)
+    sampled = from_samples(
         work,
         before,
         after,
@@ -103,9 +106,9 @@ def analyze(
         ignore_pids,
         [*windows, *(w for found in inferred.values() for w in found)],
     )
-    _from_waits(work, parsed.statements, mapped.index_of)
-    uses = _lock_uses(work)
-    rewrites = _rewrites(work, parsed.statements, mapped.index_of, uses)
+    from_waits(work, parsed.statements, mapped.index_of)
+    uses = lock_uses(work)
+    rewrites = find_rewrites(work, parsed.statements, mapped.index_of, uses)
     timeouts = {
         mapped.index_of[p]: m.lock_timeout_ms / 1000
         for p, m in accepted.items()
@@ -117,21 +120,21 @@ def analyze(
             line=mapped.lines[i],
             text=mapped.texts[i][:_TEXT_LIMIT],
             seconds=_seconds(parsed.statements, mapped.index_of, i),
-            locks=_worst_first([u for u in uses if u.statement == i]),
+            locks=worst_first([u for u in uses if u.statement == i]),
             rewrites=[r for r in rewrites if r.statement == i],
-            scans=_statement_scans(work, i),
+            scans=statement_scans(work, i),
             lock_timeout=timeouts.get(i),
         )
         for i in range(mapped.count)
     ]
-    migration_locks = _longest(uses)
-    rows = _rows(work, instrumented=before.instrumented and after.instrumented)
+    migration_locks = longest(uses)
+    rows = rows_written(work, instrumented=before.instrumented and after.instrumented)
     insight = MigrationInsight(
         seconds=seconds,
         locks=migration_locks,
-        rewrites=_first_per_relation(rewrites),
-        scans=_migration_scans(work, migration_locks),
-        volume=_volume(before, after, rows),
+        rewrites=first_per_relation(rewrites),
+        scans=migration_scans(work, migration_locks),
+        volume=volume(before, after, rows),
         statements=per_statement,
         findings=lint_mod.check(lint, file_statements=statements, measured=per_statement),
         verdict=Verdict("safe", ""),
@@ -141,17 +144,28 @@ def analyze(
             *mark_notes,
             *_missed(work, parsed.statements, mapped, uses, rewrites, accepted, inferred, after),
         ],
-        row_writes=_row_writes(work, rows),
+        row_writes=row_writes(work, rows),
     )
     insight = dataclasses.replace(insight, verdict=verdict.decide(insight, thresholds))
     if statements is not None:
         return insight
     whole = {i: parsed.statements[p] for p, i in mapped.index_of.items()}
     logged = [tools.Logged(whole[i].text, whole[i].parameters) for i in range(mapped.count)]
-    return tools.sort_out(insight, logged, thresholds=thresholds, merge=_longest)
+    return tools.sort_out(insight, logged, thresholds=thresholds, merge=longest)
 
 
 # -- which statement is which ---------------------------------------------------------------
+
+
+@dataclass
+class StatementMap:
+    """Which logged statement is which statement of the migration."""
+
+    index_of: dict[int, int]  # position in the parsed log -> statement index
+    count: int
+    lines: list[int | None]
+    texts: list[str]
+    notes: list[str]
 
 
 def _map(
@@ -159,14 +173,14 @@ def _map(
     statements: Sequence[migrations.Statement] | None,
     *,
     fixed: Mapping[int, int] | None = None,
-) -> _Mapping:
+) -> StatementMap:
     """SQL mode: the file's statements matched in order and by normalised text with the logged
     ones (psql's own BEGIN and COMMIT match nothing, silently), or, for a statement whose
     mark was accepted, by the index it carries (``fixed``). Command mode: the logged
     statements, less transaction control."""
     if statements is None:
         kept = [p for p, s in enumerate(logged) if not s.control]
-        return _Mapping(
+        return StatementMap(
             index_of={p: i for i, p in enumerate(kept)},
             count=len(kept),
             lines=[None] * len(kept),
@@ -199,7 +213,7 @@ def _map(
                 f"{_count(len(missing), 'statement')} of the file not seen in the server log "
                 f"(first at line {missing[0].start_line})"
             )
-    return _Mapping(
+    return StatementMap(
         index_of=index_of,
         count=len(statements),
         lines=[s.start_line for s in statements],
@@ -231,7 +245,7 @@ def _notes(
     before: TraceMark,
     after: TraceMark,
     parsed: logparse.ParsedLog,
-    mapped: _Mapping,
+    mapped: StatementMap,
     sampled: bool,
 ) -> list[str]:
     """What was not measured, and why."""
@@ -269,9 +283,9 @@ _READ_ONLY = re.compile(
 
 
 def _missed(
-    work: _Analysis,
+    work: Analysis,
     logged: Sequence[logparse.Statement],
-    mapped: _Mapping,
+    mapped: StatementMap,
     uses: Sequence[LockUse],
     rewrites: Sequence[Rewrite],
     accepted: Mapping[int, logparse.StatementMark],

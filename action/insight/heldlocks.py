@@ -5,30 +5,45 @@ statement takes (inferred), pg_locks samples and lock waits (``analyze``). Pure.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from pgoverlay.action.insight import documented, locks, logparse
 from pgoverlay.action.insight.model import LockUse
 from pgoverlay.action.insight.work import (
-    _CLOCK_SLACK,
-    _CONCURRENTLY,
-    _INDEX_KINDS,
-    _SCANNED_KINDS,
-    _Analysis,
-    _Hold,
-    _tenth_ms,
-    _Window,
+    KINDS,
+    SCANNED_KINDS,
+    Analysis,
+    Hold,
+    tenth_ms,
 )
 from pgoverlay.runner.service.views import TraceMark
 
+# The log's times have millisecond precision: a sample may predate its statement's start by it.
+CLOCK_SLACK = 0.001
+INDEX_KINDS = frozenset({KINDS["i"], KINDS["I"]})
+CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
 
-def _from_events(
-    work: _Analysis,
+
+@dataclass(frozen=True)
+class Window:
+    """A lock the trace read exactly: which backend held it, from when to when."""
+
+    pid: int
+    relation: int
+    mode: str  # in capitals
+    start: float
+    end: float
+
+
+def from_events(
+    work: Analysis,
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
     accepted: Mapping[int, logparse.StatementMark],
-) -> list[_Window]:
+) -> list[Window]:
     """Locks and scans from the DDL events and the statement marks: both read the backend's
     own pg_locks while its transaction held them (exact). A lock the transaction did not hold
     before a statement was taken by it, and is held from its start to its transaction's end
@@ -40,7 +55,7 @@ def _from_events(
     blocks writes. The windows of the locks read are returned."""
     held: dict[str, dict[tuple[int, str], float]] = defaultdict(dict)
     counters: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
-    windows: dict[tuple[str, int, str], _Window] = {}
+    windows: dict[tuple[str, int, str], Window] = {}
     unobserved: dict[int, tuple[int | None, float]] = {}  # pid -> (block, first start)
     for position, stmt in enumerate(logged):
         index = index_of.get(position)
@@ -71,7 +86,7 @@ def _from_events(
                         index, lock.relation, lock.mode, stmt.transaction_end - taken, "exact"
                     )
                     mode = locks.sql_name(lock.mode)
-                    windows[(event.vxid, lock.relation, mode)] = _Window(
+                    windows[(event.vxid, lock.relation, mode)] = Window(
                         stmt.pid, lock.relation, mode, taken, stmt.transaction_end
                     )
             for count in event.scans:
@@ -82,16 +97,16 @@ def _from_events(
                 under = _write_blocking(held[event.vxid], count.relation)
                 # a table's or materialized view's own: an index's counter counts index scans
                 # (a rewrite reads its TOAST through the TOAST table's index)
-                full = work.kind(count.relation) in _SCANNED_KINDS
+                full = work.kind(count.relation) in SCANNED_KINDS
                 if count.seq_scan > scans0 and under and work.counts(count.relation) and full:
                     entry = work.scanned[(index, count.relation)]
                     entry.scans += count.seq_scan - scans0
                     entry.rows += count.seq_tup_read - rows0
-                    entry.under = _stronger(entry.under, under)
+                    entry.under = stronger(entry.under, under)
     return list(windows.values())
 
 
-def _written(work: _Analysis, vxid: str, count: logparse.ScanCount) -> None:
+def _written(work: Analysis, vxid: str, count: logparse.ScanCount) -> None:
     """Keep a transaction's own row counters of a relation (cumulative: the largest read)."""
     if count.inserted is None or count.updated is None or count.deleted is None:
         work.uncounted = True
@@ -104,26 +119,26 @@ def _written(work: _Analysis, vxid: str, count: logparse.ScanCount) -> None:
     )
 
 
-def _from_documented(
-    work: _Analysis,
+def from_documented(
+    work: Analysis,
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
     accepted: Mapping[int, logparse.StatementMark],
-    windows: Sequence[_Window],
-) -> dict[int, list[_Window]]:
+    windows: Sequence[Window],
+) -> dict[int, list[Window]]:
     """Locks of statements no mark read, where Postgres documents the mode the statement took
     (``documented``): held from the statement's start to its transaction's end; for the
     CONCURRENTLY forms and VACUUM, which run outside a transaction block, that is the whole
     statement, every internal transaction of it. A lock the trace read exactly is left as
     it is. The windows inferred are returned, by the position of the statement that gave
     each (samples inside one add nothing)."""
-    gave: dict[int, list[_Window]] = defaultdict(list)
+    gave: dict[int, list[Window]] = defaultdict(list)
     for position, stmt in enumerate(logged):
         if stmt.control:
             continue
         for oid, mode in documented.locks(stmt.text, work.before):
-            gone = work.kind(oid) in _INDEX_KINDS and oid not in work.after
-            dying = mode == documented.DYING and gone and _CONCURRENTLY.search(stmt.text)
+            gone = work.kind(oid) in INDEX_KINDS and oid not in work.after
+            dying = mode == documented.DYING and gone and CONCURRENTLY.search(stmt.text)
             if dying:  # a concurrent drop's last lock, however it was seen (a mark included)
                 work.dying.add(oid)
             if position in accepted or not work.counts(oid):
@@ -133,20 +148,20 @@ def _from_documented(
             start = stmt.transaction_end if dying else stmt.start  # at the end, an instant
             held = stmt.transaction_end - start
             work.hold(index_of.get(position), oid, mode, held, "inferred")
-            window = _Window(stmt.pid, oid, mode, start, stmt.transaction_end)
+            window = Window(stmt.pid, oid, mode, start, stmt.transaction_end)
             gave[position].append(window)
     return gave
 
 
 def _covered(
-    windows: Sequence[_Window],
+    windows: Sequence[Window],
     pid: int,
     oid: int,
     mode: str,
     at: float,
     *,
-    early: float = _CLOCK_SLACK,
-    late: float = _CLOCK_SLACK,
+    early: float = CLOCK_SLACK,
+    late: float = CLOCK_SLACK,
 ) -> bool:
     """Whether the trace read (or inferred) this lock in a window around ``at``, which may
     precede the window's start by ``early`` or follow its end by ``late``."""
@@ -155,7 +170,7 @@ def _covered(
         w.pid == pid
         and w.relation == oid
         and w.mode == name
-        and w.start - early <= at <= w.end + max(late, _CLOCK_SLACK)
+        and w.start - early <= at <= w.end + max(late, CLOCK_SLACK)
         for w in windows
     )
 
@@ -170,20 +185,20 @@ def _write_blocking(held: Collection[tuple[int, str]], relation: int) -> str:
     return max(modes, key=locks.strength, default="")
 
 
-def _stronger(a: str, b: str) -> str:
+def stronger(a: str, b: str) -> str:
     if not a:
         return b
     return a if locks.strength(a) >= locks.strength(b) else b
 
 
-def _from_samples(
-    work: _Analysis,
+def from_samples(
+    work: Analysis,
     before: TraceMark,
     after: TraceMark,
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
     ignore_pids: Collection[int],
-    windows: Sequence[_Window],
+    windows: Sequence[Window],
 ) -> bool:
     """Sampled spans, given to the statement their pid was running when the span was first
     seen (or ran last before it: a lock outlives its statement until the transaction ends).
@@ -220,9 +235,9 @@ def _from_samples(
         ):
             continue
         used = True
-        started = [p for p in by_pid[span.pid] if logged[p].start <= span.first + _CLOCK_SLACK]
+        started = [p for p in by_pid[span.pid] if logged[p].start <= span.first + CLOCK_SLACK]
         running = max(started, key=lambda p: logged[p].start, default=None)
-        inside = running is not None and span.first <= logged[running].end + _CLOCK_SLACK
+        inside = running is not None and span.first <= logged[running].end + CLOCK_SLACK
         key = (running if inside else None, span.pid, span.relation, span.mode, span.granted)
         pieces = joined.setdefault(key, [])
         if key[0] is not None and pieces and span.first - pieces[-1][1] <= 2 * after.interval:
@@ -238,8 +253,8 @@ def _from_samples(
     return used
 
 
-def _from_waits(
-    work: _Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
+def from_waits(
+    work: Analysis, logged: Sequence[logparse.Statement], index_of: Mapping[int, int]
 ) -> None:
     """Waits ``log_lock_waits`` reported, on the statement that waited."""
     for position, stmt in enumerate(logged):
@@ -252,16 +267,16 @@ def _from_waits(
                 continue
 
 
-def _held(hold: _Hold) -> float:
+def _held(hold: Hold) -> float:
     """How long a lock was held once granted: a read or inferred hold runs from its
     statement's start, so it holds the statement's wait for the lock too, which is reported
     apart (``waited_seconds``); a sampled one is timed from its first granted sighting."""
     if hold.source == "sampled":
         return hold.held
-    return _tenth_ms(max(0.0, hold.held - hold.waited))
+    return tenth_ms(max(0.0, hold.held - hold.waited))
 
 
-def _lock_uses(work: _Analysis) -> list[LockUse]:
+def lock_uses(work: Analysis) -> list[LockUse]:
     return [
         LockUse(
             relation=work.name(oid),
@@ -281,7 +296,7 @@ def _lock_uses(work: _Analysis) -> list[LockUse]:
     ]
 
 
-def _worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
+def worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
     """Tables worst first (what their locks block, then how long, then the stronger mode), each
     table's own locks together; within a table, what it blocks first and the table before its
     indexes and TOAST table, so that a hold a sample or a rounding made a little longer never
@@ -307,7 +322,7 @@ def _worst_first(uses: Sequence[LockUse]) -> list[LockUse]:
     )
 
 
-def _longest(uses: Sequence[LockUse]) -> list[LockUse]:
+def longest(uses: Sequence[LockUse]) -> list[LockUse]:
     """Per relation and mode, the longest hold (with the longest wait), worst first."""
     best: dict[tuple[str, str], LockUse] = {}
     for use in uses:
@@ -319,4 +334,4 @@ def _longest(uses: Sequence[LockUse]) -> list[LockUse]:
         else:
             waited = max(use.waited_seconds, known.waited_seconds)
             best[key] = dataclasses.replace(known, waited_seconds=waited)
-    return _worst_first(list(best.values()))
+    return worst_first(list(best.values()))

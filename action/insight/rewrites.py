@@ -7,10 +7,10 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
 from pgoverlay.action.insight import locks, logparse
-from pgoverlay.action.insight.heldlocks import _stronger
+from pgoverlay.action.insight.heldlocks import stronger
 from pgoverlay.action.insight.model import LockUse, Rewrite, RowWrites, Scan, Volume
 from pgoverlay.action.insight.verdict import RECREATED, REWRITE_REASONS, WITH_TABLE
-from pgoverlay.action.insight.work import _SCANNED_KINDS, _Analysis, _Scanned
+from pgoverlay.action.insight.work import SCANNED_KINDS, Analysis, Scanned
 from pgoverlay.runner.names import LEDGER_SCHEMA
 from pgoverlay.runner.service.views import RelationState, TraceMark
 
@@ -20,8 +20,8 @@ def rewrite_reasons(bits: int) -> list[str]:
     return [name for bit, name in REWRITE_REASONS if bits & bit]
 
 
-def _rewrites(
-    work: _Analysis,
+def find_rewrites(
+    work: Analysis,
     logged: Sequence[logparse.Statement],
     index_of: Mapping[int, int],
     uses: Sequence[LockUse],
@@ -59,7 +59,7 @@ def _rewrites(
 
 
 def _recreated(
-    work: _Analysis,
+    work: Analysis,
     uses: Sequence[LockUse],
     events: Mapping[int, Sequence[tuple[int | None, int]]],
     *,
@@ -117,7 +117,7 @@ def _later_rewrites(
 
 
 def _rewrite(
-    work: _Analysis,
+    work: Analysis,
     oid: int,
     old: RelationState,
     new: RelationState,
@@ -139,7 +139,7 @@ def _rewrite(
     )
 
 
-def _first_per_relation(rewrites: Sequence[Rewrite]) -> list[Rewrite]:
+def first_per_relation(rewrites: Sequence[Rewrite]) -> list[Rewrite]:
     """One entry per relation for the migration, with every statement's reasons."""
     merged: dict[str, Rewrite] = {}
     for r in sorted(rewrites, key=lambda r: r.statement if r.statement is not None else -1):
@@ -153,7 +153,7 @@ def _first_per_relation(rewrites: Sequence[Rewrite]) -> list[Rewrite]:
 
 
 def _exclusive_holder(
-    work: _Analysis, uses: Sequence[LockUse], oid: int, table: int | None
+    work: Analysis, uses: Sequence[LockUse], oid: int, table: int | None
 ) -> int | None:
     """The first statement that held ACCESS EXCLUSIVE on the relation or its table."""
     names = {work.name(oid)} | ({work.name(table)} if table is not None else set())
@@ -165,7 +165,7 @@ def _exclusive_holder(
     return min(holders, default=None)
 
 
-def _statement_scans(work: _Analysis, index: int) -> list[Scan]:
+def statement_scans(work: Analysis, index: int) -> list[Scan]:
     return sorted(
         (
             Scan(work.name(oid), s.scans, s.rows, s.under, index)
@@ -176,7 +176,7 @@ def _statement_scans(work: _Analysis, index: int) -> list[Scan]:
     )
 
 
-def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> list[Scan]:
+def migration_scans(work: Analysis, migration_locks: Sequence[LockUse]) -> list[Scan]:
     """Per table, the larger of the statements' scans and the table's own counters' delta,
     on tables that had a lock blocking writes in the window."""
     under: dict[int, str] = {}
@@ -184,17 +184,17 @@ def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> lis
     for use in migration_locks:
         oid = by_name.get(use.relation)
         if oid is not None and locks.covers(use.blocks, "writes"):
-            under[oid] = _stronger(under.get(oid, ""), use.mode)
-    totals: dict[int, _Scanned] = defaultdict(_Scanned)
+            under[oid] = stronger(under.get(oid, ""), use.mode)
+    totals: dict[int, Scanned] = defaultdict(Scanned)
     statements: dict[int, set[int | None]] = defaultdict(set)
     for (index, oid), s in work.scanned.items():
         totals[oid].scans += s.scans
         totals[oid].rows += s.rows
-        totals[oid].under = _stronger(totals[oid].under, s.under)
+        totals[oid].under = stronger(totals[oid].under, s.under)
         statements[oid].add(index)
     found: list[Scan] = []
     for oid in set(under) | set(totals):
-        if work.kind(oid) not in _SCANNED_KINDS:
+        if work.kind(oid) not in SCANNED_KINDS:
             continue
         old, new = work.before.get(oid), work.after.get(oid)
         scans, rows = totals[oid].scans, totals[oid].rows
@@ -209,14 +209,14 @@ def _migration_scans(work: _Analysis, migration_locks: Sequence[LockUse]) -> lis
                 relation=work.name(oid),
                 scans=scans,
                 rows_read=rows,
-                under=_stronger(totals[oid].under, under.get(oid, "")),
+                under=stronger(totals[oid].under, under.get(oid, "")),
                 statement=next(iter(who)) if len(who) == 1 else None,
             )
         )
     return sorted(found, key=lambda s: (-s.rows_read, s.relation))
 
 
-def _rows(work: _Analysis, *, instrumented: bool) -> dict[int, tuple[int, int, int]]:
+def rows_written(work: Analysis, *, instrumented: bool) -> dict[int, tuple[int, int, int]]:
     """Rows the migration inserted, updated and deleted, per table (not the ledger's).
 
     What its transactions' own counters say (read exactly, with its locks, at each statement
@@ -257,7 +257,7 @@ def _rows(work: _Analysis, *, instrumented: bool) -> dict[int, tuple[int, int, i
     return found
 
 
-def _row_writes(work: _Analysis, rows: Mapping[int, tuple[int, int, int]]) -> list[RowWrites]:
+def row_writes(work: Analysis, rows: Mapping[int, tuple[int, int, int]]) -> list[RowWrites]:
     """Tables that existed before the migration (not the ledger) whose rows it updated or
     deleted, most rows first."""
     found = [
@@ -268,10 +268,8 @@ def _row_writes(work: _Analysis, rows: Mapping[int, tuple[int, int, int]]) -> li
     return sorted(found, key=lambda w: (-(w.rows_updated + w.rows_deleted), w.relation))
 
 
-def _volume(
-    before: TraceMark, after: TraceMark, rows: Mapping[int, tuple[int, int, int]]
-) -> Volume:
-    """Rows the migration wrote to tables (``_rows``), WAL written, and the layer's growth."""
+def volume(before: TraceMark, after: TraceMark, rows: Mapping[int, tuple[int, int, int]]) -> Volume:
+    """Rows the migration wrote to tables (``rows_written``), WAL written, the layer's growth."""
     return Volume(
         rows_inserted=sum(r[0] for r in rows.values()),
         rows_updated=sum(r[1] for r in rows.values()),

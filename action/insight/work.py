@@ -3,7 +3,6 @@ after it, and the locks and scans attributed to each statement so far. Plain dat
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,15 +24,12 @@ KINDS = {
     "f": "foreign table",
     "c": "composite type",
 }
-_TEXT_LIMIT = 500
-# The log's times have millisecond precision: a sample may predate its statement's start by it.
-_CLOCK_SLACK = 0.001
 
 Relations = Mapping[int, RelationState]
 
 
 @dataclass
-class _Hold:
+class Hold:
     held: float = 0.0
     waited: float = 0.0
     source: LockSource = "sampled"
@@ -43,44 +39,22 @@ class _Hold:
 _SOURCE_RANK: dict[LockSource, int] = {"sampled": 0, "inferred": 1, "exact": 2}
 
 
-@dataclass(frozen=True)
-class _Window:
-    """A lock the trace read exactly: which backend held it, from when to when."""
-
-    pid: int
-    relation: int
-    mode: str  # in capitals
-    start: float
-    end: float
-
-
 @dataclass
-class _Scanned:
+class Scanned:
     scans: int = 0
     rows: int = 0
     under: str = ""
 
 
-@dataclass
-class _Mapping:
-    """Which logged statement is which statement of the migration."""
-
-    index_of: dict[int, int]  # position in the parsed log -> statement index
-    count: int
-    lines: list[int | None]
-    texts: list[str]
-    notes: list[str]
-
-
-class _Analysis:
+class Analysis:
     """The state of one analysis: relation lookups and what was attributed to whom."""
 
     def __init__(self, before: Relations, after: Relations, *, command: bool = False) -> None:
         self.before = before
         self.after = after
         self.command = command  # a migrate command's: the tool's own tables are its bookkeeping
-        self.holds: dict[tuple[int | None, int, str], _Hold] = defaultdict(_Hold)
-        self.scanned: dict[tuple[int | None, int], _Scanned] = defaultdict(_Scanned)
+        self.holds: dict[tuple[int | None, int, str], Hold] = defaultdict(Hold)
+        self.scanned: dict[tuple[int | None, int], Scanned] = defaultdict(Scanned)
         # Indexes a concurrent drop removed: their last lock decides nothing (``documented``).
         self.dying: set[int] = set()
         # Rows each of the migration's transactions wrote, by its own counters (the last read
@@ -136,7 +110,7 @@ class _Analysis:
         self, index: int | None, oid: int, mode: str, held: float, source: LockSource = "sampled"
     ) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
-        entry.held = max(entry.held, _tenth_ms(held))
+        entry.held = max(entry.held, tenth_ms(held))
         entry.source = _better(entry.source, source)
 
     def wait(
@@ -148,7 +122,7 @@ class _Analysis:
         source: LockSource = "sampled",
     ) -> None:
         entry = self.holds[(index, oid, locks.sql_name(mode))]
-        entry.waited = max(entry.waited, _tenth_ms(waited))
+        entry.waited = max(entry.waited, tenth_ms(waited))
         entry.source = _better(entry.source, source)
 
 
@@ -157,12 +131,10 @@ def _better(a: LockSource, b: LockSource) -> LockSource:
 
 
 # What a full scan reads: a table or a materialized view (an index is read by an index scan).
-_SCANNED_KINDS = frozenset({KINDS["r"], KINDS["m"]})
-_INDEX_KINDS = frozenset({KINDS["i"], KINDS["I"]})
-_CONCURRENTLY = re.compile(r"\bCONCURRENTLY\b", re.IGNORECASE)
+SCANNED_KINDS = frozenset({KINDS["r"], KINDS["m"]})
 
 
-def _tenth_ms(seconds: float) -> float:
+def tenth_ms(seconds: float) -> float:
     """A difference of two epoch times, rid of the float noise of their size (the log's times
     have millisecond precision, the samples' far less)."""
     return round(seconds, 4)
