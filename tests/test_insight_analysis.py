@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from helpers import extra_server
-from pgoverlay.action import details, migrations
+from pgoverlay.action import cells, details, migrations
 from pgoverlay.action.insight import analyze as an
 from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, rewrites, verdict
 from pgoverlay.action.insight.model import (
@@ -380,7 +380,7 @@ def test_lock_waits_from_the_log_and_in_command_mode_the_logged_statements_are_t
     assert (lock.mode, lock.held_seconds, lock.waited_seconds, lock.statement) == (
         "ACCESS EXCLUSIVE", 0.5, 1.5, 0
     )  # fmt: skip
-    assert details.lock_cell(insight.locks).startswith(
+    assert cells.markdown(details.lock_cell(insight.locks)).startswith(
         "ACCESS EXCLUSIVE on `public.orders`: waited 1.5 s, then held 500 ms"
     )
     # the UPDATE's documented mode on its target, from its start to the COMMIT
