@@ -28,7 +28,7 @@ from pgoverlay.action import markdown as md
 from pgoverlay.action.details import FEW, details
 from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.lead import lead
-from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
+from pgoverlay.action.report import RESULT, BranchInfo, MigrationRun, Report
 from pgoverlay.action.table import columns_for, markdown_header, markdown_row
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
 from pgoverlay.runner.door import dsn
@@ -53,15 +53,6 @@ _MIN_EXCERPT = 200  # an error excerpt is never cut below this many characters
 # Characters of a line in an error's code block: GitHub's comment holds about 104 of its
 # monospace (774 px less the block's padding, 7.1 px a character at 85 % of 14 px).
 ERROR_COLUMNS = 100
-
-_VERDICT: dict[RunStatus, str] = {
-    "ready": "Ready",
-    "migration failed": "Migration failed",
-    "failed": "Failed",
-    "destroyed": "Destroyed",
-    "not branched": "Not branched",
-}
-
 
 def marker(repository: str, pr: int | None, branch: str) -> str:
     """The hidden first line of the comment, e.g. ``<!-- pgoverlay:branch o/r#12 pr-12 -->``."""
@@ -201,7 +192,7 @@ def _fitting(
 def _top(report: Report) -> list[str]:
     """Status, the run's verdict in words, why it failed, where the branch is: bounded."""
     b = report.branch
-    parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
+    parts = [f"### pgoverlay: **{RESULT[report.status]}**"]
     if report.status != "destroyed" and report.migrations:
         parts.append(lead(report.migrations))
     gone = report.status == "destroyed"

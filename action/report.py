@@ -12,6 +12,14 @@ from pgoverlay.action.wayin import WayIn
 
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
 RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
+# A run's result as the comment's title and the branch page say it
+RESULT: dict[RunStatus, str] = {
+    "ready": "Ready",
+    "migration failed": "Migration failed",
+    "failed": "Failed",
+    "destroyed": "Destroyed",
+    "not branched": "Not branched",
+}
 
 
 @dataclass(frozen=True)

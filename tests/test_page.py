@@ -750,6 +750,9 @@ def test_the_page_shows_blocked_as_the_comment_does_from_the_same_columns() -> N
     assert "Blocked" in headers
     assert "<td>writes 2.3 s on <code>public.orders</code></td>" in page_
     assert "| writes 2.3 s on `public.orders` |" in render_comment(record.report)
+    # the run's result in the comment's words
+    assert '<th scope="row">Result</th><td>Migration failed</td>' in page_
+    assert "### pgoverlay: **Migration failed**" in render_comment(record.report)
 
 
 def test_a_column_added_to_the_table_shows_in_the_comment_and_on_the_page(

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from pgoverlay.action import table
 from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.record import PrRecord
+from pgoverlay.action.report import RESULT
 from pgoverlay.runner.door import dsn
 from pgoverlay.runner.door.oauth import Access
 from pgoverlay.runner.service.views import BranchView
@@ -216,7 +217,7 @@ def report_html(record: PrRecord | None) -> str:
         return "<p>No report: the pull request workflow has not run on this branch.</p>"
     r = record.report
     facts = [
-        ("Result", e(r.status)),
+        ("Result", e(RESULT[r.status])),
         ("Head", f"<code>{e(r.head_sha[:12])}</code>"),
     ]
     if r.message:
