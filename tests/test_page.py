@@ -38,10 +38,11 @@ from pgoverlay.action.comment import render_comment
 from pgoverlay.action.insight.model import TableBlocking, Verdict
 from pgoverlay.action.record import PrRecord
 from pgoverlay.errors import ConfigError, GitHubError, UnsafeFileError
-from pgoverlay.runner.door import oauth, page, render
-from pgoverlay.runner.door.sessions import Sessions
+from pgoverlay.runner.callers import oauth
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import page, render
+from pgoverlay.runner.web.sessions import Sessions
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
