@@ -28,7 +28,7 @@ from pgoverlay.action import markdown as md
 from pgoverlay.action.details import FEW, details
 from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.lead import lead
-from pgoverlay.action.report import RESULT, BranchInfo, MigrationRun, Report
+from pgoverlay.action.report import BranchInfo, MigrationRun, Report, result
 from pgoverlay.action.table import columns_for, markdown_header, markdown_row
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
 from pgoverlay.runner.door import dsn
@@ -192,7 +192,7 @@ def _fitting(
 def _top(report: Report) -> list[str]:
     """Status, the run's verdict in words, why it failed, where the branch is: bounded."""
     b = report.branch
-    parts = [f"### pgoverlay: **{RESULT[report.status]}**"]
+    parts = [f"### pgoverlay: **{result(report.status)}**"]
     if report.status != "destroyed" and report.migrations:
         parts.append(lead(report.migrations))
     gone = report.status == "destroyed"

@@ -12,14 +12,6 @@ from pgoverlay.action.wayin import WayIn
 
 MigrationStatus = Literal["applied", "skipped", "failed", "not run"]
 RunStatus = Literal["ready", "migration failed", "failed", "destroyed", "not branched"]
-# A run's result as the comment's title and the branch page say it
-RESULT: dict[RunStatus, str] = {
-    "ready": "Ready",
-    "migration failed": "Migration failed",
-    "failed": "Failed",
-    "destroyed": "Destroyed",
-    "not branched": "Not branched",
-}
 
 
 @dataclass(frozen=True)
@@ -89,3 +81,9 @@ def over_threshold(report: Report) -> list[MigrationRun]:
     return [
         m for m in report.migrations if m.insight is not None and m.insight.verdict.level == "over"
     ]
+
+
+def result(status: RunStatus) -> str:
+    """A run's result as the comment's title and the branch page's Result say it: "Ready",
+    "Migration failed"."""
+    return status.capitalize()

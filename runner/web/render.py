@@ -22,7 +22,7 @@ from urllib.parse import quote
 from pgoverlay.action import table
 from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.record import PrRecord
-from pgoverlay.action.report import RESULT
+from pgoverlay.action.report import result
 from pgoverlay.runner.callers.oauth import Access
 from pgoverlay.runner.door import dsn
 from pgoverlay.runner.service.views import BranchView
@@ -217,7 +217,7 @@ def report_html(record: PrRecord | None) -> str:
         return "<p>No report: the pull request workflow has not run on this branch.</p>"
     r = record.report
     facts = [
-        ("Result", e(RESULT[r.status])),
+        ("Result", e(result(r.status))),
         ("Head", f"<code>{e(r.head_sha[:12])}</code>"),
     ]
     if r.message:
