@@ -14,26 +14,22 @@ the branch's base. The table is short enough for GitHub's comment width
 locks one line per table, and the time; what else a migration did is in its block. The job
 summary holds the whole of it; the comment a bounded part.
 
-A new column is one more ``Column`` in ``RICH``: its header, alignment, its cell in a migration's
-row (most read the migration's insight: ``insight_cell``) and, if it has one, in the rows of a
-migrate command's tool migrations (``parts.py``); a new section under the table, one more part
-in ``_render``'s ``build``, rendered by a function of the module that measures it.
+The migrations table is ``table.py``'s (the branch page shows the same): a new column is one
+more ``Column`` there. A new section under the table is one more part in ``_render``'s
+``build``, rendered by a function of the module that measures it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pgoverlay.action import markdown as md
-from pgoverlay.action.details import FEW, details, lock_cell, name_cell, verdict_cell
-from pgoverlay.action.insight import blocking, schemadiff
-from pgoverlay.action.insight.model import MigrationInsight
+from pgoverlay.action.details import FEW, details
+from pgoverlay.action.insight import schemadiff
 from pgoverlay.action.lead import lead
-from pgoverlay.action.parts import Sub
-from pgoverlay.action.parts import rows as tool_migration_rows
-from pgoverlay.action.report import BranchInfo, MigrationRun, Report, RunStatus
+from pgoverlay.action.report import BranchInfo, MigrationRun, Report, result
+from pgoverlay.action.table import columns_for, markdown_header, markdown_row
 from pgoverlay.action.wayin import YOUR_LOGIN, WayIn
 from pgoverlay.runner.door import dsn
 from pgoverlay.runner.units import format_bytes, idle_rule
@@ -42,12 +38,8 @@ __all__ = [
     "ERROR_COLUMNS",
     "MAX_COMMENT",
     "MAX_SUMMARY",
-    "PLAIN",
-    "RICH",
-    "Column",
     "format_bytes",
     "has_marker",
-    "insight_cell",
     "marker",
     "render_comment",
     "render_summary",
@@ -61,88 +53,6 @@ _MIN_EXCERPT = 200  # an error excerpt is never cut below this many characters
 # Characters of a line in an error's code block: GitHub's comment holds about 104 of its
 # monospace (774 px less the block's padding, 7.1 px a character at 85 % of 14 px).
 ERROR_COLUMNS = 100
-
-_VERDICT: dict[RunStatus, str] = {
-    "ready": "Ready",
-    "migration failed": "Migration failed",
-    "failed": "Failed",
-    "destroyed": "Destroyed",
-    "not branched": "Not branched",
-}
-
-
-def _blank(_: Sub) -> str:
-    return ""
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column of the migrations table, declared once: its header, its alignment, its cell in
-    a migration's row, and its cell in the rows of a migrate command's tool migrations under
-    it (blank unless given)."""
-
-    header: str
-    align: str  # the delimiter row's cell: "---" or "--:"
-    cell: Callable[[MigrationRun], str]
-    part: Callable[[Sub], str] = _blank
-
-
-def insight_cell(cell: Callable[[MigrationInsight], str]) -> Callable[[MigrationRun], str]:
-    """A cell read from a migration's insight: blank for a migration without one."""
-    return lambda m: cell(m.insight) if m.insight is not None else ""
-
-
-def _seconds(seconds: float) -> str:
-    return f"{seconds:.2f}\u00a0s"  # a no-break space: the column is as narrow as "0.41 s"
-
-
-def _time(m: MigrationRun) -> str:
-    return _seconds(m.seconds)
-
-
-def _part_time(s: Sub) -> str:
-    return _seconds(s.seconds) if s.seconds is not None else ""
-
-
-def _result(m: MigrationRun) -> str:
-    return "**failed**" if m.status == "failed" else m.status
-
-
-def _verdict(m: MigrationRun) -> str:
-    """The verdict of a traced migration that ran; else what became of it."""
-    if m.insight is None or m.status == "failed":
-        return _result(m)
-    return verdict_cell(m.insight.verdict)
-
-
-def _part_verdict(s: Sub) -> str:
-    return verdict_cell(s.migration.verdict) if s.migration is not None else ""
-
-
-def _name(m: MigrationRun) -> str:
-    return name_cell(m.name)
-
-
-def _part_locks(s: Sub) -> str:
-    return lock_cell(s.migration.locks) if s.migration is not None else ""
-
-
-# Without insight (``insight: false``); with it, the verdict first and what a migration did in
-# its block below the table.
-PLAIN: tuple[Column, ...] = (
-    Column("File", "---", _name),
-    Column("Duration", "--:", _time),
-    Column("Result", "---", _result),
-)
-RICH: tuple[Column, ...] = (
-    Column("Verdict", "---", _verdict, part=_part_verdict),
-    Column("Migration", "---", _name, part=lambda s: s.name),
-    Column("Locks", "---", insight_cell(lambda i: lock_cell(i.locks)), part=_part_locks),
-    # how long the probe's reads and writes waited on the worst table (live traffic)
-    Column("Blocked", "---", insight_cell(blocking.cell)),
-    Column("Time", "--:", _time, part=_part_time),
-)
-
 
 def marker(repository: str, pr: int | None, branch: str) -> str:
     """The hidden first line of the comment, e.g. ``<!-- pgoverlay:branch o/r#12 pr-12 -->``."""
@@ -191,8 +101,8 @@ def _render(
     if report.status == "destroyed":
         return top + "\n"
     runs = report.migrations
-    columns = RICH if any(m.insight is not None for m in runs) else PLAIN
-    rows = [_row(columns, m) for m in runs]
+    columns = columns_for(runs)
+    rows = [markdown_row(m, columns) for m in runs]
     branch = _branch(report)
     traced = [i for i, m in enumerate(runs) if m.insight is not None]
     # What a block cuts is in the summary; what the summary's blocks cut, in the JSON report.
@@ -205,7 +115,7 @@ def _render(
     def build(kept: list[str], omitted: int, cap: int | None, shown: dict[int, str]) -> str:
         parts = [top]
         if runs:
-            table = "\n".join(["#### Migrations", "", *_header(columns), *kept])
+            table = "\n".join(["#### Migrations", "", *markdown_header(columns), *kept])
             if omitted:
                 table += f"\n\n… {_count(omitted, 'more migration')} not shown (see {see})"
             parts.append(table)
@@ -282,7 +192,7 @@ def _fitting(
 def _top(report: Report) -> list[str]:
     """Status, the run's verdict in words, why it failed, where the branch is: bounded."""
     b = report.branch
-    parts = [f"### pgoverlay: **{_VERDICT[report.status]}**"]
+    parts = [f"### pgoverlay: **{result(report.status)}**"]
     if report.status != "destroyed" and report.migrations:
         parts.append(lead(report.migrations))
     gone = report.status == "destroyed"
@@ -375,20 +285,6 @@ def _masking(b: BranchInfo) -> str:
         return "**not masked**: a copy of the source's data as it is"
     rules = md.code(b.base_mask_rules, cell=True)
     return f"masked by {rules} (sha256 {md.code(b.base_mask_sha256[:12], cell=True)})"
-
-
-def _header(columns: tuple[Column, ...]) -> list[str]:
-    return [
-        f"| {' | '.join(c.header for c in columns)} |",
-        f"|{'|'.join(c.align for c in columns)}|",
-    ]
-
-
-def _row(columns: tuple[Column, ...], m: MigrationRun) -> str:
-    row = f"| {' | '.join(c.cell(m) for c in columns)} |"
-    if columns is not RICH:
-        return row
-    return "\n".join([row, *tool_migration_rows(m, columns)])  # a command's tool migrations
 
 
 def _error(m: MigrationRun, cap: int | None, see: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.cells import BREAK, Cell, Code, Piece, Prose, Strong
 from pgoverlay.action.insight import blocking
 from pgoverlay.action.insight.locks import TableLock, per_table
 from pgoverlay.action.insight.model import (
@@ -60,7 +61,6 @@ _BLOCKS: dict[Blocks, str] = {
     "writes": "blocks writes",
     "ddl": "blocks other DDL only",
 }
-_LEVEL = {"over": "**over**", "notice": "notice", "safe": "safe"}
 
 
 def details(m: MigrationRun, *, full: bool, see: str, rows: int | None = None) -> str:
@@ -108,24 +108,33 @@ def _summary(m: MigrationRun, i: MigrationInsight) -> str:
     return f"failed (its error is above); before it failed: {level}{i.verdict.text}"
 
 
-def name_cell(name: str) -> str:
+def name_cell(name: str) -> Cell:
     """A migration's name in a table cell: at most NAME characters. A long path loses its
     folders first (``…/0042_orders_status_index.sql``), then its middle."""
     if len(name) > NAME and "/" in name and not any(c.isspace() for c in name):
         name = "…/" + name.rsplit("/", 1)[1]
-    return md.code(md.middle(name, NAME), cell=True)
+    return (Code(md.middle(name, NAME)),)
 
 
-def lock_cell(locks: Sequence[LockUse]) -> str:
+def lock_cell(locks: Sequence[LockUse]) -> Cell:
     """One line per table, the worst first: "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and
     TOAST: 5.9 s"; at most CELL_TABLES lines and a count of the rest; "none" without a lock."""
     tables = per_table(locks)
     if not tables:
-        return "none"
-    lines = [_table_lock(t, cell=True) for t in tables[:CELL_TABLES]]
+        return ("none",)
+    lines = [_table_lock_cell(t) for t in tables[:CELL_TABLES]]
     if len(tables) > CELL_TABLES:
-        lines.append(f"and {len(tables) - CELL_TABLES:,} more tables")
-    return "<br>".join(lines)
+        lines.append((f"and {len(tables) - CELL_TABLES:,} more tables",))
+    joined: list[Piece] = []
+    for line in lines:
+        joined += [BREAK, *line] if joined else line
+    return tuple(joined)
+
+
+def _table_lock_cell(t: TableLock) -> Cell:
+    """A table's line in a lock cell: ``_table_lock``'s, its name cut to RELATION."""
+    before, _, after = t.what(lambda _: "\x00").partition("\x00")  # it names the table once
+    return (before, Code(md.middle(t.table, RELATION)), after + _lock_held(t))
 
 
 def _rewritten(rewrites: Sequence[Rewrite]) -> str:
@@ -140,18 +149,19 @@ def _wrote(v: Volume) -> str:
     return f"{format_bytes(v.layer_bytes)} layer; {format_bytes(v.wal_bytes)} WAL"
 
 
-def verdict_cell(v: Verdict) -> str:
+def verdict_cell(v: Verdict) -> Cell:
     """The verdict in a word or two: its level and its kind (``Verdict.kind``): "**over**:
     rewrite", "notice: blocks writes", "safe online"."""
     kind = v.kind
     if v.level == "safe":
-        return "safe\u00a0online"  # a no-break space: two words, one line
-    return f"{_LEVEL[v.level]}: {md.prose(kind, 40, cell=True)}" if kind else _LEVEL[v.level]
+        return ("safe\u00a0online",)  # a no-break space: two words, one line
+    level: Cell = (Strong("over"),) if v.level == "over" else (v.level,)
+    return (*level, ": ", Prose(kind, 40)) if kind else level
 
 
 def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
     """What the migration did as a whole, under its summary: the columns the table leaves out."""
-    locks = [_table_lock(t, cell=False) for t in per_table(i.locks)]
+    locks = [_table_lock(t) for t in per_table(i.locks)]
     lines = [
         f"- {m.status.capitalize()} in {m.seconds:.2f} s; rewrites: {_rewritten(i.rewrites)}; "
         f"wrote {_wrote(i.volume)}",
@@ -161,11 +171,15 @@ def _outcome(m: MigrationRun, i: MigrationInsight) -> str:
     return "\n".join(lines)
 
 
-def _table_lock(t: TableLock, *, cell: bool) -> str:
+def _table_lock(t: TableLock) -> str:
     """ "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s", and with a wait for
     it, "...: waited 3 ms, then held 5.9 s"."""
-    text = t.what(lambda name: md.code(md.middle(name, RELATION) if cell else name, cell=cell))
-    text += f": {_held(t.held_seconds, t.waited_seconds)}"
+    return t.what(lambda name: md.code(name)) + _lock_held(t)
+
+
+def _lock_held(t: TableLock) -> str:
+    """What follows a table's lock: how long it was held (after its wait)."""
+    text = f": {_held(t.held_seconds, t.waited_seconds)}"
     if t.sampled:
         text += " (sampled)"  # seen by pg_locks sampling: timed to its interval, may be missed
     return text
@@ -232,7 +246,7 @@ def _statements(
     for s in statements[:cap]:
         where = [f"line {s.line}"] if s.line is not None else []
         where.append(_duration(s.seconds) if s.seconds is not None else "not logged")
-        did = [_table_lock(t, cell=False) for t in per_table(s.locks)]
+        did = [_table_lock(t) for t in per_table(s.locks)]
         rewrites = _rewrite_lines(s.rewrites)
         did += [f"rewrote {r}" for r in rewrites[:_ITEMS]]
         did += [f"scanned {_scan(x)}" for x in s.scans[:_ITEMS]]

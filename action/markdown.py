@@ -41,6 +41,12 @@ def inert(text: str) -> str:
     return _LINKED.sub(lambda m: m.group(0) + JOINER, text)
 
 
+def escape(text: str) -> str:
+    """``text`` with every character markdown would read as markup backslash-escaped; for words
+    of ours, which need neither a limit nor :func:`inert`."""
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
 def token(text: str) -> str:
     """Only characters that cannot end an HTML comment (no ">", no "!", no spaces)."""
     return re.sub(r"[^A-Za-z0-9._/-]", "_", text[:CELL]) or "_"
@@ -72,7 +78,7 @@ def prose(text: str, limit: int, *, cell: bool, redact: bool = True) -> str:
     if len(pieces) % 2 == 0:  # an odd number of backticks: no code, all plain text
         pieces = [body]
     return "".join(
-        code(p, cell=cell) if i % 2 else inert(_MD_SPECIAL.sub(r"\\\1", p))
+        code(p, cell=cell) if i % 2 else inert(escape(p))
         for i, p in enumerate(pieces)
     )
 

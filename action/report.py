@@ -81,3 +81,9 @@ def over_threshold(report: Report) -> list[MigrationRun]:
     return [
         m for m in report.migrations if m.insight is not None and m.insight.verdict.level == "over"
     ]
+
+
+def result(status: RunStatus) -> str:
+    """A run's result as the comment's title and the branch page's Result say it: "Ready",
+    "Migration failed"."""
+    return status.capitalize()

@@ -38,7 +38,7 @@ from common import BULK_LOAD, build_source
 from engine_report import machine_line, remove_pool, write_report
 from psycopg.conninfo import make_conninfo
 
-from pgoverlay.action import migrations
+from pgoverlay.action import cells, migrations
 from pgoverlay.action.insight import blocking, probe
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
@@ -276,7 +276,8 @@ def main() -> int:
         verdict = found.verdict.text.replace("|", "\\|")
         side_rows.append(
             f"| `{Path(run.name).name}` | {squawk_cell(found)} | {worst_lock(found)} | "
-            f"{blocking.cell(found)} | {rewrites(found)} | {lint_cell(found)} | {verdict} |"
+            f"{cells.markdown(blocking.cell(found))} | {rewrites(found)} | {lint_cell(found)} | "
+            f"{verdict} |"
         )
     section = "\n".join(
         [

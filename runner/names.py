@@ -74,7 +74,7 @@ def check_hba_name(role: str) -> None:
 
 # The migration ledger's schema, in every branch's database: made by the engine for the branch's
 # user (postgres/roles.py), written by the PR workflow (action/migrations.py), and left out of
-# what a trace and the insight report (trace/schema.py, action/insight/analyze.py).
+# what a trace and the insight report (trace/schema.py, action/insight/work.py).
 LEDGER_SCHEMA = "pgoverlay_ledger"
 
 # The marker role of the credentials pgoverlay grants in a branch (runner/branch/grants.py):

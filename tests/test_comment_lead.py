@@ -8,6 +8,7 @@ import dataclasses
 from test_comment import MARK, failed_run, fences, report, table_rows
 from test_insight_render import insight, traced
 
+from pgoverlay.action import cells
 from pgoverlay.action.comment import ERROR_COLUMNS, render_comment, render_summary
 from pgoverlay.action.details import NAME, lock_cell, name_cell, per_table, verdict_cell
 from pgoverlay.action.insight.model import Blocks, LockUse, Verdict
@@ -111,7 +112,7 @@ def test_a_tables_indexes_and_toast_fold_onto_it_in_one_line() -> None:
         ("public.t", "ACCESS EXCLUSIVE", 2, True),
         ("public.u", "SHARE", 0, False),
     ]
-    assert lock_cell(locks) == (
+    assert cells.markdown(lock_cell(locks)) == (
         "ACCESS EXCLUSIVE on `public.t`, its 2 indexes and TOAST: 5.9 s<br>"
         "SHARE on `public.u`: 9.0 s"
     )
@@ -124,23 +125,23 @@ def test_without_an_owner_a_table_comes_before_a_toast_table_held_as_long() -> N
 
 def test_a_lock_cell_lists_three_tables_and_counts_the_rest() -> None:
     locks = [aex(f"public.t{n}", "table", 1.0 + n) for n in range(5)]
-    assert lock_cell(locks).split("<br>") == [
+    assert cells.markdown(lock_cell(locks)).split("<br>") == [
         "ACCESS EXCLUSIVE on `public.t4`: 5.0 s",
         "ACCESS EXCLUSIVE on `public.t3`: 4.0 s",
         "ACCESS EXCLUSIVE on `public.t2`: 3.0 s",
         "and 2 more tables",
     ]
-    assert lock_cell([]) == "none"
+    assert cells.markdown(lock_cell([])) == "none"
 
 
 def test_a_long_name_keeps_its_file_name_in_a_cell_and_whole_in_its_block() -> None:
     path = "services/billing/db/migrations/versions/2024_06_01_add_lifetime_value.sql"
-    assert name_cell(path) == "`…/2024_06_01_add_lifetime_value.sql`"
+    assert cells.markdown(name_cell(path)) == "`…/2024_06_01_add_lifetime_value.sql`"
     longer = "db/" + "x" * 100 + ".sql"
-    cell = name_cell(longer)
+    cell = cells.markdown(name_cell(longer))
     assert cell.startswith("`…/xxx") and cell.endswith("x.sql`") and cell.count("…") == 2
     assert len(cell) == NAME + 2  # and its backticks
-    assert name_cell("alembic upgrade head") == "`alembic upgrade head`"
+    assert cells.markdown(name_cell("alembic upgrade head")) == "`alembic upgrade head`"
     body = render_comment(report(migrations=[traced(path)]))
     assert f"<summary><code>{path}</code>" in body
 
@@ -155,8 +156,11 @@ def test_long_error_lines_are_folded_to_the_comments_width_losing_nothing() -> N
 
 
 def test_the_verdict_cell_is_its_level_and_kind_in_a_few_words() -> None:
-    assert verdict_cell(Verdict("over", "rewrites `public.t` …", kind="rewrite")) == (
-        "**over**: rewrite"
+    assert cells.markdown(
+        verdict_cell(Verdict("over", "rewrites `public.t` …", kind="rewrite"))
+    ) == ("**over**: rewrite")
+    assert (
+        cells.markdown(verdict_cell(Verdict("notice", "…", kind="blocks writes")))
+        == "notice: blocks writes"
     )
-    assert verdict_cell(Verdict("notice", "…", kind="blocks writes")) == "notice: blocks writes"
-    assert verdict_cell(Verdict("safe", "safe online")) == "safe\u00a0online"
+    assert cells.markdown(verdict_cell(Verdict("safe", "safe online"))) == "safe\u00a0online"

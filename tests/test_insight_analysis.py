@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from helpers import extra_server
-from pgoverlay.action import details, migrations
+from pgoverlay.action import cells, details, migrations
 from pgoverlay.action.insight import analyze as an
-from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, verdict
+from pgoverlay.action.insight import ledgers, lint, locks, logparse, marks, rewrites, verdict
 from pgoverlay.action.insight.model import (
     LockUse,
     MigrationInsight,
@@ -380,7 +380,7 @@ def test_lock_waits_from_the_log_and_in_command_mode_the_logged_statements_are_t
     assert (lock.mode, lock.held_seconds, lock.waited_seconds, lock.statement) == (
         "ACCESS EXCLUSIVE", 0.5, 1.5, 0
     )  # fmt: skip
-    assert details.lock_cell(insight.locks).startswith(
+    assert cells.markdown(details.lock_cell(insight.locks)).startswith(
         "ACCESS EXCLUSIVE on `public.orders`: waited 1.5 s, then held 500 ms"
     )
     # the UPDATE's documented mode on its target, from its start to the COMMIT
@@ -425,7 +425,7 @@ def test_rewrites_come_from_filenodes_with_the_events_reasons() -> None:
     assert run(
         log, after_relations=after, thresholds=Thresholds(max_rewrite=501 * MIB)
     ).verdict == (dataclasses.replace(insight.verdict, level="over"))
-    assert an.rewrite_reasons(1 | 8) == ["SET LOGGED/UNLOGGED", "access method"]
+    assert rewrites.rewrite_reasons(1 | 8) == ["SET LOGGED/UNLOGGED", "access method"]
 
 
 def test_a_rewrite_without_an_event_goes_to_the_statement_that_held_access_exclusive() -> None:
@@ -1188,7 +1188,7 @@ def test_rewrite_reason_bits_are_postgres_own(server_dsn: str) -> None:
         for change in changes:
             conn.execute(change)
         rows = conn.execute("SELECT reason FROM reasons ORDER BY n").fetchall()
-    assert [an.rewrite_reasons(r) for (r,) in rows] == [
+    assert [rewrites.rewrite_reasons(r) for (r,) in rows] == [
         ["column type change"],
         ["volatile default"],
         ["SET LOGGED/UNLOGGED"],

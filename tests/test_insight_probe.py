@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from helpers import extra_server, remove_base, source_dsn
-from pgoverlay.action import migrations
+from pgoverlay.action import cells, migrations
 from pgoverlay.action.event import Event
 from pgoverlay.action.insight import blocking, jsonreport, probe
 from pgoverlay.action.insight.blocking import Sample, Table
@@ -194,9 +194,12 @@ def test_the_comment_cell_names_the_table_whose_probes_waited_longest() -> None:
         TableBlocking("public.a", reads_worst=0.2, reads_blocked=0.2, reads=4, writes=4),
         TableBlocking("public.b", writes_worst=2.34, writes_blocked=2.4, reads=9, writes=9),
     )
-    assert blocking.cell(found) == "writes 2.3 s on `public.b`"
-    assert blocking.cell(insight(TableBlocking("public.a", reads=3, writes=3))) == "none"
-    assert blocking.cell(insight()) == "not probed"
+    assert cells.markdown(blocking.cell(found)) == "writes 2.3 s on `public.b`"
+    assert (
+        cells.markdown(blocking.cell(insight(TableBlocking("public.a", reads=3, writes=3))))
+        == "none"
+    )
+    assert cells.markdown(blocking.cell(insight())) == "not probed"
 
 
 def test_the_details_say_how_long_reads_queue_behind_the_migration() -> None:

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from test_comment import MARK, failed_run, fences, report, table_rows, tokens
 from test_webhook_intake import REPO, SECRET, TOKEN, Intake
 
-from pgoverlay.action import details, event, main, record
+from pgoverlay.action import cells, details, event, main, record
 from pgoverlay.action.comment import MAX_COMMENT, MAX_SUMMARY, render_comment, render_summary
 from pgoverlay.action.insight import jsonreport
 from pgoverlay.action.insight.model import (
@@ -363,11 +363,13 @@ def test_bad_threshold_inputs_say_what_is_accepted(name: str, value: str, says: 
 def test_a_sampled_lock_is_marked_as_sampled_in_the_lock_cell() -> None:
     sampled = dataclasses.replace(SHARE, source="sampled")
     inferred = dataclasses.replace(SHARE, source="inferred")
-    assert details.lock_cell([sampled]) == (
+    assert cells.markdown(details.lock_cell([sampled])) == (
         "SHARE on `public.orders`: 2.3 s (sampled)"
     )
-    assert details.lock_cell([inferred]) == details.lock_cell([SHARE])
-    assert "sampled" not in details.lock_cell([SHARE])
+    assert cells.markdown(details.lock_cell([inferred])) == cells.markdown(
+        details.lock_cell([SHARE])
+    )
+    assert "sampled" not in cells.markdown(details.lock_cell([SHARE]))
 
 
 def test_the_json_report_is_the_report_with_a_schema_version() -> None:

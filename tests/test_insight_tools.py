@@ -20,7 +20,8 @@ import sqlparse
 
 from fakegithub import FakeGitHub
 from helpers import SESSION_BASE
-from pgoverlay.action import comment, details, event, migrations, parts, record, workflow
+from pgoverlay.action import cells, comment, details, event, migrations, parts, record, workflow
+from pgoverlay.action import table as tables
 from pgoverlay.action.github import GitHub
 from pgoverlay.action.insight import analyze, jsonreport, ledgers, logparse, tools
 from pgoverlay.action.insight.model import Bookkeeping, MigrationInsight, Thresholds
@@ -645,11 +646,13 @@ def test_the_comment_has_one_row_per_tool_migration_and_one_bookkeeping_line() -
     quiet = dataclasses.replace(
         insight, parts=[*insight.parts, dataclasses.replace(insight.parts[0], statements=[])]
     )
-    (_, _, last) = parts.rows(dataclasses.replace(run, insight=quiet), comment.RICH)
+    (_, _, _, last) = tables.markdown_row(
+        dataclasses.replace(run, insight=quiet), tables.RICH
+    ).split("\n")
     assert "1 tool migration with no statement of its own" in last
     many = dataclasses.replace(insight, parts=[insight.parts[0]] * (parts.MAX_ROWS + 3))
-    listed = parts.rows(dataclasses.replace(run, insight=many), comment.RICH)
-    assert len(listed) == parts.MAX_ROWS + 2
+    listed = tables.markdown_row(dataclasses.replace(run, insight=many), tables.RICH).split("\n")
+    assert len(listed) == 1 + parts.MAX_ROWS + 2
     assert listed[-2].startswith("| | ↳ … 3 more tool migrations (in the JSON report")
 
 
@@ -724,7 +727,7 @@ def check_three_migrations(
     }
     for p in shop:
         row = rows[f"↳ `{p.name}`"]
-        assert row.startswith(f"| {details.verdict_cell(p.verdict)} | ")
+        assert row.startswith(f"| {cells.markdown(details.verdict_cell(p.verdict))} | ")
     assert "ACCESS EXCLUSIVE on `public.accounts`" in rows[f"↳ `{add.name}`"]
     assert "SHARE on `public.accounts`" in rows[f"↳ `{index.name}`"]
     assert any(name.startswith("↳ bookkeeping") for name in rows)
@@ -839,7 +842,7 @@ def _cells(row: str) -> int:
 
 
 def test_a_columns_cells_are_in_every_row_of_the_table_tool_migrations_included() -> None:
-    """A column is declared once (``comment.Column``): the rows of a command's tool migrations
+    """A column is declared once (``table.Column``): the rows of a command's tool migrations
     and its bookkeeping line have a cell for every column, blank where a column has none."""
     run = MigrationRun("python manage.py migrate", "applied", 5.0, insight=command(django_log()))
     report = Report(
@@ -849,11 +852,11 @@ def test_a_columns_cells_are_in_every_row_of_the_table_tool_migrations_included(
     lines = comment.render_comment(report).split("#### Migrations\n\n", 1)[1].split("\n\n")[0]
     table = lines.splitlines()
     assert len(table) == 2 + 1 + 3, table  # header, delimiter, the command, 2 parts, bookkeeping
-    assert {_cells(row) for row in table} == {len(comment.RICH)}, table
-    added = comment.Column(
-        "Rows", "--:", comment.insight_cell(lambda i: "9 rows"), part=lambda s: "8 rows"
+    assert {_cells(row) for row in table} == {len(tables.RICH)}, table
+    added = tables.Column(
+        "Rows", "--:", tables.insight_cell(lambda i: ("9 rows",)), part=lambda s: ("8 rows",)
     )
-    columns = (*comment.RICH[:2], added, *comment.RICH[2:])
-    rows = parts.rows(run, columns)
+    columns = (*tables.RICH[:2], added, *tables.RICH[2:])
+    rows = tables.markdown_row(run, columns).split("\n")[1:]
     assert [row.split(" | ")[2] for row in rows] == ["8 rows"] * 3
     assert {_cells(row) for row in rows} == {len(columns)}

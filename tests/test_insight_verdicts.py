@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from helpers import extra_server, remove_base, source_dsn
-from pgoverlay.action import details, migrations
+from pgoverlay.action import cells, details, migrations
 from pgoverlay.action.insight import locks
 from pgoverlay.action.insight.model import MigrationInsight, Thresholds
 from pgoverlay.action.insight.observe import Observer
@@ -162,7 +162,7 @@ def test_a_type_change_is_reported_on_its_table_with_all_of_its_size_never_its_t
     assert new_toast.table == table and new_toast.bytes_after > heap.bytes
     assert "pg_toast" not in typed.verdict.text and "(0 B)" not in typed.verdict.text
     assert "add a new column and backfill it in batches" in typed.verdict.text
-    cell = details.lock_cell(typed.locks)
+    cell = cells.markdown(details.lock_cell(typed.locks))
     assert cell.startswith(f"ACCESS EXCLUSIVE on `{table}`, its ") and "and TOAST:" in cell
     assert "pg_toast" not in cell
 
@@ -183,7 +183,7 @@ def test_the_primary_key_built_again_by_a_type_change_counts_as_a_rewrite(
     widened = insight(runs, "05_widen_varchar", size)
     assert widened.rewrites == []
     assert widened.verdict.text.startswith(f"takes ACCESS EXCLUSIVE on `{table}` (")
-    assert details.lock_cell(widened.locks).startswith(
+    assert cells.markdown(details.lock_cell(widened.locks)).startswith(
         f"ACCESS EXCLUSIVE on `{table}`, its index: "
     )
 

@@ -118,3 +118,22 @@ def test_no_package_binds_a_name_that_one_of_its_submodules_has() -> None:
                 if name in subs and how != f"from {dotted} import {name}":
                     clashes.append(f"{init.relative_to(ROOT)}: {name} ({how})")
     assert clashes == []
+
+
+def test_the_insight_modules_stay_small_and_no_function_of_the_action_is_long() -> None:
+    """``action/insight`` is split along its own sections (``analyze.py`` had grown to 1,056
+    lines): none of its modules passes 500 lines, and no function of the Action passes 120."""
+    long_modules = {
+        path.name: lines
+        for path in sorted((ROOT / "action" / "insight").glob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > 500
+    }
+    assert long_modules == {}, "split the module along its sections"
+    long_functions = {}
+    for path in sorted((ROOT / "action").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 120:
+                    long_functions[f"{path.relative_to(ROOT)}:{node.name}"] = length
+    assert long_functions == {}, "a function this long does several things: name them"

@@ -11,6 +11,7 @@ httpx trusts the test CA.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -32,6 +33,10 @@ import pagekit
 from fakegithub import FakeGitHub
 from helpers import free_tcp_port, top_ports
 from pagekit import CLIENT_ID, FINGERPRINT, HOST, SESSION_SECONDS, Engine, Site, running_page, view
+from pgoverlay.action import table
+from pgoverlay.action.comment import render_comment
+from pgoverlay.action.insight.model import TableBlocking, Verdict
+from pgoverlay.action.record import PrRecord
 from pgoverlay.errors import ConfigError, GitHubError, UnsafeFileError
 from pgoverlay.github import grammar
 from pgoverlay.runner.callers import oauth
@@ -721,3 +726,59 @@ def test_the_pages_origin_is_the_door_host_and_its_https_port() -> None:
     assert page.page_origin(Settings(advertise_host="runner-3", door_https_port=8443)) == (
         "https://runner-3:8443"
     )
+
+
+# -- the report's table, the comment's ----------------------------------------------------------
+def _probed(name: str = "db/0041_index.sql", verdict: str = "takes a lock") -> PrRecord:
+    """pagekit's report, its traced migration named ``name`` with ``verdict``, its probe's
+    writes on public.orders kept waiting 2.3 s at most."""
+    saved = pagekit.report(BRANCH, REPO)
+    traced, failed = saved.migrations
+    assert traced.insight is not None
+    insight = dataclasses.replace(
+        traced.insight,
+        verdict=Verdict("notice", verdict, kind="blocks writes"),
+        blocking=[TableBlocking("public.orders", writes_worst=2.34, writes_blocked=2.4)],
+    )
+    run = dataclasses.replace(traced, name=name, insight=insight)
+    made = dataclasses.replace(saved, migrations=[run, failed])
+    return PrRecord(head_sha=made.head_sha, status=made.status, report=made)
+
+
+def test_the_page_shows_blocked_as_the_comment_does_from_the_same_columns() -> None:
+    record = _probed()
+    page_ = render.report_html(record)
+    headers = re.findall(r"<th>([^<]*)</th>", page_.split("<thead>", 1)[1])
+    assert headers == [c.header for c in table.RICH]
+    assert "Blocked" in headers
+    assert "<td>writes 2.3 s on <code>public.orders</code></td>" in page_
+    assert "| writes 2.3 s on `public.orders` |" in render_comment(record.report)
+    # the run's result in the comment's words
+    assert '<th scope="row">Result</th><td>Migration failed</td>' in page_
+    assert "### pgoverlay: **Migration failed**" in render_comment(record.report)
+
+
+def test_a_column_added_to_the_table_shows_in_the_comment_and_on_the_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new column is one change: one ``Column`` in ``table.RICH``."""
+    added = table.Column("Rows", "--:", table.insight_cell(lambda i: ("9 rows",)))
+    monkeypatch.setattr(table, "RICH", (*table.RICH, added))
+    record = _probed()
+    assert "<th>Rows</th>" in render.report_html(record)
+    assert '<td class="time">9 rows</td>' in render.report_html(record)
+    lines = render_comment(record.report).splitlines()
+    assert any(x.startswith("| Verdict |") and x.endswith("| Rows |") for x in lines)
+    assert any(x.endswith("| 9 rows |") for x in lines)
+
+
+def test_the_pages_table_escapes_what_the_pull_request_wrote() -> None:
+    record = _probed(
+        name='db/<script>alert("x")</script>.sql',
+        verdict='`<img src=x onerror=alert(1)>` and <b onclick="x">bold</b> & more',
+    )
+    page_ = render.report_html(record)
+    for raw in ("<script", "<img", "<b ", 'onclick="', "&more"):
+        assert raw not in page_, raw
+    assert "<code>db/&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;.sql</code>" in page_
+    assert "<code>&lt;img src=x onerror=alert(1)&gt;</code> and &lt;b onclick" in page_

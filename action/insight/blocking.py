@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pgoverlay.action import markdown as md
+from pgoverlay.action.cells import Cell, Code
 from pgoverlay.action.insight import ledgers
 from pgoverlay.action.insight.model import MigrationInsight, TableBlocking
 
@@ -206,20 +207,18 @@ def classify(runs: Sequence[tuple[float, float, bool]], sightings: Sequence[floa
 # -- the comment (pure) ---------------------------------------------------------------------
 
 
-def cell(insight: MigrationInsight) -> str:
-    """The comment's cell: the table whose probes waited longest, e.g. "reads 2.1 s, writes
-    2.3 s on `public.t`" (the longest wait of each kind); "none" when no probe waited; "not
-    probed" without a probe."""
+def cell(insight: MigrationInsight) -> Cell:
+    """The migrations table's cell: the table whose probes waited longest, e.g. "reads 2.1 s,
+    writes 2.3 s on `public.t`" (the longest wait of each kind); "none" when no probe waited;
+    "not probed" without a probe."""
     if not insight.blocking:
-        return "not probed"
+        return ("not probed",)
     worst = max(insight.blocking, key=lambda b: (max(b.reads_worst, b.writes_worst), b.relation))
     waited = _waits(worst, worst.reads_worst, worst.writes_worst)
     if not waited:
-        return "none"
-    text = f"{waited} on {md.code(worst.relation, cell=True)}"
-    if worst.reads_queued:
-        text += f" (reads queued {_seconds(worst.reads_queued)})"
-    return text
+        return ("none",)
+    queued = f" (reads queued {_seconds(worst.reads_queued)})" if worst.reads_queued else ""
+    return (f"{waited} on ", Code(worst.relation), queued)
 
 
 def lines(insight: MigrationInsight) -> list[str]:

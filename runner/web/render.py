@@ -2,7 +2,8 @@
 
 What the pull request workflow found comes from the record the Action keeps with the branch,
 read with the workflow's own decoder (``pgoverlay.action.record``): the page shows the same
-report as the PR comment, as HTML tables, and never parses the record itself. (The page runs in
+report as the PR comment, its migrations table rendered to HTML from the comment's own
+columns (``pgoverlay.action.table``), and never parses the record itself. (The page runs in
 the unprivileged front door, not in root's engine: it may read the Action's model.)
 
 The pages work without JavaScript: a credential is shown in read-only text fields a reader can
@@ -13,22 +14,20 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
+from pgoverlay.action import table
 from pgoverlay.action.insight import schemadiff
-from pgoverlay.action.insight.locks import per_table
-from pgoverlay.action.insight.model import LockUse
 from pgoverlay.action.record import PrRecord
-from pgoverlay.action.report import MigrationRun
+from pgoverlay.action.report import result
 from pgoverlay.runner.callers.oauth import Access
 from pgoverlay.runner.door import dsn
 from pgoverlay.runner.service.views import BranchView
 from pgoverlay.runner.units import format_bytes, idle_rule
 
-LOCK_TABLES = 5  # tables listed per migration; the rest are counted
 ERROR_CHARS = 4000  # characters of a migration's error shown
 
 _STYLE = """
@@ -218,7 +217,7 @@ def report_html(record: PrRecord | None) -> str:
         return "<p>No report: the pull request workflow has not run on this branch.</p>"
     r = record.report
     facts = [
-        ("Result", e(r.status)),
+        ("Result", e(result(r.status))),
         ("Head", f"<code>{e(r.head_sha[:12])}</code>"),
     ]
     if r.message:
@@ -229,40 +228,13 @@ def report_html(record: PrRecord | None) -> str:
     if not r.migrations:
         parts.append("<p>No migration ran.</p>")
         return "".join(parts)
-    rows = "".join(_migration_row(m) for m in r.migrations)
-    parts.append(
-        "<table><thead><tr><th>Migration</th><th>Result</th><th>Time</th><th>Verdict</th>"
-        f"<th>Locks</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
+    parts.append(table.html_table(r.migrations))
     for m in r.migrations:
         if m.error:
             where = f" ({e(m.file)}, line {e(m.line)})" if m.file and m.line else ""
             error = m.error if len(m.error) <= ERROR_CHARS else m.error[:ERROR_CHARS] + "…"
             parts.append(f"<h3><code>{e(m.name)}</code>{where}</h3><pre>{e(error)}</pre>")
     return "".join(parts)
-
-
-def _migration_row(m: MigrationRun) -> str:
-    verdict = locks = "—"
-    if m.insight is not None:
-        said = m.insight.verdict
-        verdict = f"<strong>{e(said.level)}</strong>: {_code_spans(said.text)}"
-        locks = _locks(m.insight.locks)
-    return (
-        f"<tr><td><code>{e(m.name)}</code></td><td>{e(m.status)}</td>"
-        f'<td class="time">{m.seconds:.2f}\u00a0s</td><td>{verdict}</td><td>{locks}</td></tr>'
-    )
-
-
-def _locks(uses: Sequence[LockUse]) -> str:
-    tables = per_table(uses)
-    if not tables:
-        return "none"
-    # The line names the table through ``code``: mark it, escape the whole, then make it code.
-    lines = [e(t.line(lambda name: f"\x00{name}\x01")) for t in tables[:LOCK_TABLES]]
-    if len(tables) > LOCK_TABLES:
-        lines.append(f"and {len(tables) - LOCK_TABLES:,} more tables")
-    return "<br>".join(x.replace("\x00", "<code>").replace("\x01", "</code>") for x in lines)
 
 
 @dataclass(frozen=True)
