@@ -4,7 +4,10 @@ pgJDBC), real SCRAM logins, and what an anonymous client sees."""
 from __future__ import annotations
 
 import ast
+import base64
 import contextlib
+import hashlib
+import hmac
 import inspect
 import os
 import shutil
@@ -25,7 +28,17 @@ import psycopg
 import pytest
 from netns import Machine
 
-from doorkit import SNI_SUFFIX, DoorCA, failed_scram, make_ca, read_message, startup, tls_socket
+from doorkit import (
+    SNI_SUFFIX,
+    DoorCA,
+    failed_scram,
+    make_ca,
+    message,
+    read_message,
+    recv_exactly,
+    startup,
+    tls_socket,
+)
 from pgoverlay.runner import branch
 from pgoverlay.runner.door import router as routermod
 from pgoverlay.runner.door import tls
@@ -659,3 +672,111 @@ def test_a_cap_declared_in_one_line_is_enforced_and_its_slots_given_back(
     outcomes = [line["outcome"] for line in audit.lines]
     for outcome in ("refused:login_cap", "refused:source_cap", "refused:flood"):
         assert outcome in outcomes
+
+
+# -- what a login costs the client ---------------------------------------------------------
+
+
+def test_the_end_of_a_login_reaches_the_client_in_one_tls_record(
+    door: Door, ca: DoorCA, two: tuple[Branch, Branch]
+) -> None:
+    """After the client's last SCRAM message, the branch's answers (SASL final,
+    AuthenticationOk, its ParameterStatus, BackendKeyData, ReadyForQuery) leave the door in one
+    write: one TLS record, not one a message (each a system call and a wake-up of a client that
+    waits for the ReadyForQuery anyway)."""
+    a, _ = two
+    with door() as d:
+        login = RecordCountingLogin(d.port, ca.ca_file)
+        try:
+            login.scram(user=a.user, database=a.name, password=a.password)
+            kinds = login.until_ready()
+        finally:
+            login.close()
+    assert kinds[:2] == [b"R", b"R"] and b"S" in kinds and kinds[-2:] == [b"K", b"Z"], kinds
+    assert login.records_after_final == 1, login.records_after_final
+
+
+class RecordCountingLogin:
+    """A SCRAM-SHA-256 login over TLS, read record by record (``ssl.MemoryBIO``), so the test
+    sees how the door cut what it sent into TLS records."""
+
+    def __init__(self, port: int, ca_file: Path) -> None:
+        self.raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.raw.sendall(struct.pack("!II", 8, 80877103))
+        assert self.raw.recv(1) == b"S"
+        context = ssl.create_default_context(cafile=os.fspath(ca_file))
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self._in, self._out, server_hostname="localhost")
+        self._plain = bytearray()
+        self.records_after_final = 0
+        self._counting = False
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_pending()
+                self._read_record()
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        if data := self._out.read():
+            self.raw.sendall(data)
+
+    def _read_record(self) -> None:
+        header = recv_exactly(self.raw, 5)
+        (length,) = struct.unpack("!H", header[3:])
+        self._in.write(header + recv_exactly(self.raw, length))
+        if self._counting:
+            self.records_after_final += 1
+
+    def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        self._send_pending()
+
+    def message(self) -> tuple[bytes, bytes]:
+        while True:
+            if len(self._plain) >= 5:
+                (length,) = struct.unpack("!I", self._plain[1:5])
+                if len(self._plain) >= 1 + length:
+                    kind, body = bytes(self._plain[:1]), bytes(self._plain[5 : 1 + length])
+                    del self._plain[: 1 + length]
+                    return kind, body
+            try:
+                self._plain += self.tls.read(1 << 16)
+            except ssl.SSLWantReadError:
+                self._read_record()
+
+    def scram(self, *, user: str, database: str, password: str) -> None:
+        self.send(startup(user=user, database=database))
+        kind, body = self.message()
+        assert kind == b"R" and struct.unpack("!I", body[:4])[0] == 10, (kind, body)
+        nonce = base64.b64encode(os.urandom(18)).decode()
+        bare = f"n=,r={nonce}"
+        first = f"n,,{bare}".encode()
+        mechanism = b"SCRAM-SHA-256\0" + struct.pack("!I", len(first)) + first
+        self.send(message(b"p", mechanism))
+        kind, body = self.message()
+        assert kind == b"R" and struct.unpack("!I", body[:4])[0] == 11, (kind, body)
+        server_first = body[4:].decode()
+        fields = dict(item.split("=", 1) for item in server_first.split(","))
+        salted = hashlib.pbkdf2_hmac(
+            "sha256", password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+        )
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        without_proof = f"c=biws,r={fields['r']}"
+        said = f"{bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), said, "sha256")
+        proof = bytes(x ^ y for x, y in zip(client_key, signature, strict=True))
+        self._counting = True
+        self.send(message(b"p", f"{without_proof},p={base64.b64encode(proof).decode()}".encode()))
+
+    def until_ready(self) -> list[bytes]:
+        kinds: list[bytes] = []
+        while not kinds or kinds[-1] != b"Z":
+            kind, _ = self.message()
+            kinds.append(kind)
+        return kinds
+
+    def close(self) -> None:
+        self.raw.close()
