@@ -489,6 +489,12 @@ def where_cpu(stacks: Path) -> tuple[int, list[tuple[float, str]]]:
 # -- the report ------------------------------------------------------------------------------
 
 
+ROUND_HEADER = (
+    "| round | load | -c 1: door / PgBouncer | -c 4: door / PgBouncer | door's set-up over "
+    "direct | PgBouncer's |\n|---|---|---|---|---|---|"
+)
+
+
 def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
     def med(way: str, key: str) -> float:
         return statistics.median(r[key] for r in results[way])
@@ -530,6 +536,19 @@ def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
         f"| set-up ≤ direct + {SETUP_OVER_DIRECT_MS:.0f} ms | door {setup_over:+.1f} ms | "
         f"{verdict(setup_over <= SETUP_OVER_DIRECT_MS)} |",
     ]
+    load_cell = (
+        f"{ctx['load']} (1, 5, 15 min) when the run started, {ctx['end_load']} when it ended; "
+        f"{SHARED}"
+    )
+    by_round = []
+    for i, load in enumerate(ctx["round_loads"]):
+        door, bouncer, direct = (results[way][i] for way in ("door", "bouncer", "direct"))
+        by_round.append(
+            f"| {i + 1} | {load:.1f} | {door['tps1'] / bouncer['tps1']:.2f}x | "
+            f"{door['tps4'] / bouncer['tps4']:.2f}x | "
+            f"{(door['setup'] - direct['setup']) * 1000:+.1f} ms | "
+            f"{(bouncer['setup'] - direct['setup']) * 1000:+.1f} ms |"
+        )
     profile = ""
     if ctx.get("hot"):
         samples, kinds = ctx["hot"]
@@ -576,7 +595,7 @@ set-up keeps the server connection in its pool when a client leaves and hands it
 login, so its set-ups fork no backend; direct and through the door each set-up forks one.
 
 {machine_rows(ctx)}
-| Load average | {ctx["load"]} (1, 5, 15 min) when the run started; {SHARED} |
+| Load average | {load_cell} |
 | Postgres | {ctx["postgres"]} |
 | PgBouncer | {ctx["bouncer"]} |
 
@@ -588,6 +607,12 @@ login, so its set-ups fork no backend; direct and through the door each set-up f
 | target (issue 37) | measured | verdict |
 |---|---|---|
 {chr(10).join(targets)}
+
+Round by round (the medians above are of these; the load is the 1-minute average as the round
+started):
+
+{ROUND_HEADER}
+{chr(10).join(by_round)}
 {profile}{END}
 """
 
@@ -621,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     started, t_start = dt.datetime.now(dt.UTC), time.monotonic()
     results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     pool, ways = None, None
+    round_loads: list[float] = []  # the 1-minute load average as each round started
     hot: tuple[int, list[tuple[float, str]]] | None = None
     parts: tuple[int, list[tuple[float, str]]] | None = None
     dismantle(settings)  # what an interrupted run left
@@ -645,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         ways = Ways(work, pool, b, Login(settings))
         order = list(WAYS)
         for i in range(args.rounds):
+            round_loads.append(os.getloadavg()[0])
             turn = i % len(order)
             for way in order[turn:] + order[:turn]:
                 results[way].append(ways.measure(way, args.seconds))
@@ -666,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             started=started,
             minutes=(time.monotonic() - t_start) / 60,
             load=load,
+            round_loads=round_loads,
+            end_load=", ".join(f"{x:.2f}" for x in os.getloadavg()),
             postgres=install.version,
             bouncer=bouncer,
             hot=hot,
