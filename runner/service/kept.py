@@ -8,8 +8,8 @@ keep-alive), at most ``MAX_IDLE`` of them, each reused only within ``FRESH_SECON
 last answer: well inside the service's own limits on an idle connection (it closes one after
 ``KEEP_ALIVE_SECONDS``, and answers 408 to one that sent nothing for its request timeout), so
 a question is not sent on a connection the service is closing. If one is closed all the same
-(the service restarted), the question is asked again on a new connection: a question changes
-nothing, so asking twice is safe.
+(the service restarted, or was set to a shorter request timeout and said 408), the question is
+asked again on a new connection: a question changes nothing, so asking twice is safe.
 
 Every question is still asked and answered: nothing of an answer is kept, so a destroyed
 branch, a revoked grant or a suspended branch is seen by the very next question.
@@ -69,6 +69,8 @@ class Kept:
         try:
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
+            if kept and head.startswith(b"HTTP/1.1 408"):
+                raise Gone  # the service's word that it closed the idle connection
             length, close = _framing(head)
             body = await reader.readexactly(length)
             done = not close
