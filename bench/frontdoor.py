@@ -23,10 +23,13 @@ branch on every connection. The login is a reviewer's, made by `pgoverlay access
 
 In every round the ways take turns, the first rotating from round to round, and each runs:
 single `SELECT 1` on one psycopg connection (p50 and p99 after a warm-up), `pgbench -S -c 1
--j 1 -T SECONDS`, `pgbench -S -c 4 -j 2 -T SECONDS` (tps), and connection set-ups (connect,
-TLS, SCRAM login, `SELECT 1`, close; p50). Cells are medians over the rounds. The targets
-(issue 37): the door's pgbench tps at least 0.95x PgBouncer's at -c 1 and -c 4, its added p50
-latency over direct at most PgBouncer's + 0.01 ms, its set-up at most 5 ms over direct.
+-j 1`, `pgbench -S -c 4 -j 2` (tps), and connection set-ups (connect, TLS, SCRAM login,
+`SELECT 1`, close; p50). The pgbench runs and the set-ups are cut in ``SLICES`` slices
+(SECONDS in all for each pgbench), the ways taking turns slice by slice: on a shared machine
+whose load swings within seconds, each way then meets the same load. Cells are medians over
+the rounds. The targets (issue 37): the door's pgbench tps at least 0.95x PgBouncer's at -c 1
+and -c 4, its added p50 latency over direct at most PgBouncer's + 0.01 ms, its set-up at most
+5 ms over direct.
 
 `--profile DIR` then runs one more `pgbench -S -c 1` through the door under `py-spy record
 --native` (the door's process, its CPU samples, collapsed stacks kept in DIR) and reports where
@@ -79,6 +82,7 @@ WAYS = {
     "bouncer": "PgBouncer, TLS, SCRAM, pool_mode=session",
 }
 QUERIES, WARM_UP, SETUPS = 5000, 500, 60
+SLICES = 5  # each pgbench run and the set-ups, cut in turns of the ways (see the module)
 HEADER = (
     "| way | query p50 | query p99 | pgbench -S -c 1 tps | -c 4 tps | set-up p50 | added p50 "
     "| added set-up | proxy's CPU under -c 4 |\n|---|---|---|---|---|---|---|---|---|"
@@ -310,14 +314,14 @@ def latency(conninfo: dict[str, Any], password: str, user: str) -> tuple[float, 
     return times[len(times) // 2], times[int(len(times) * 0.99)]
 
 
-def setup_time(conninfo: dict[str, Any], password: str, user: str) -> float:
+def setup_times(conninfo: dict[str, Any], password: str, user: str, count: int) -> list[float]:
     times = []
-    for _ in range(SETUPS):
+    for _ in range(count):
         t0 = now()
         with connect(conninfo, password, user) as c:
             c.execute("SELECT 1").fetchone()
         times.append(now() - t0)
-    return statistics.median(times)
+    return times
 
 
 def pgbench(
@@ -366,21 +370,35 @@ class Ways:
     def cpu(self, way: str) -> float:
         return {"door": self.door.cpu, "bouncer": self.bouncer.cpu}.get(way, lambda: 0.0)()
 
-    def measure(self, way: str, seconds: int) -> dict[str, float]:
-        info, user, password = self.params(way), self.login.user, self.login.password
-        p50, p99 = latency(info, password, user)
-        tps1 = pgbench(info, password, user, seconds, clients=1)
-        cpu = self.cpu(way)
-        tps4 = pgbench(info, password, user, seconds, clients=4)
-        cpu = (self.cpu(way) - cpu) / seconds
-        return {
-            "p50": p50,
-            "p99": p99,
-            "tps1": tps1,
-            "tps4": tps4,
-            "cpu": cpu,
-            "setup": setup_time(info, password, user),
-        }
+    def measure(self, order: list[str], seconds: int) -> dict[str, dict[str, float]]:
+        """One round: each measure taken by the ways in ``order``, the pgbench runs and the
+        set-ups slice by slice (``SLICES``)."""
+        user, password = self.login.user, self.login.password
+        found: dict[str, dict[str, float]] = {way: {} for way in order}
+        for way in order:
+            found[way]["p50"], found[way]["p99"] = latency(self.params(way), password, user)
+        piece = max(1, seconds // SLICES)
+        for clients, key in ((1, "tps1"), (4, "tps4")):
+            tps: dict[str, list[float]] = {way: [] for way in order}
+            cpu = dict.fromkeys(order, 0.0)
+            for _ in range(SLICES):
+                for way in order:
+                    before = self.cpu(way)
+                    tps[way].append(
+                        pgbench(self.params(way), password, user, piece, clients=clients)
+                    )
+                    cpu[way] += self.cpu(way) - before
+            for way in order:
+                found[way][key] = statistics.mean(tps[way])  # slices of one length
+                if clients == 4:
+                    found[way]["cpu"] = cpu[way] / (piece * SLICES)
+        times: dict[str, list[float]] = {way: [] for way in order}
+        for _ in range(SLICES):
+            for way in order:
+                times[way] += setup_times(self.params(way), password, user, SETUPS // SLICES)
+        for way in order:
+            found[way]["setup"] = statistics.median(times[way])
+        return found
 
     def profile(self, folder: Path, seconds: int) -> Path:
         """One more `pgbench -S -c 1` through the door, its process sampled by py-spy (its CPU
@@ -490,6 +508,12 @@ def where_cpu(stacks: Path) -> tuple[int, list[tuple[float, str]]]:
 # -- the report ------------------------------------------------------------------------------
 
 
+ROUND_HEADER = (
+    "| round | load | -c 1: door / PgBouncer | -c 4: door / PgBouncer | door's set-up over "
+    "direct | PgBouncer's |\n|---|---|---|---|---|---|"
+)
+
+
 def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
     def med(way: str, key: str) -> float:
         return statistics.median(r[key] for r in results[way])
@@ -531,6 +555,19 @@ def render(results: dict[str, list[dict[str, float]]], **ctx: Any) -> str:
         f"| set-up ≤ direct + {SETUP_OVER_DIRECT_MS:.0f} ms | door {setup_over:+.1f} ms | "
         f"{verdict(setup_over <= SETUP_OVER_DIRECT_MS)} |",
     ]
+    load_cell = (
+        f"{ctx['load']} (1, 5, 15 min) when the run started, {ctx['end_load']} when it ended; "
+        f"{SHARED}"
+    )
+    by_round = []
+    for i, load in enumerate(ctx["round_loads"]):
+        door, bouncer, direct = (results[way][i] for way in ("door", "bouncer", "direct"))
+        by_round.append(
+            f"| {i + 1} | {load:.1f} | {door['tps1'] / bouncer['tps1']:.2f}x | "
+            f"{door['tps4'] / bouncer['tps4']:.2f}x | "
+            f"{(door['setup'] - direct['setup']) * 1000:+.1f} ms | "
+            f"{(bouncer['setup'] - direct['setup']) * 1000:+.1f} ms |"
+        )
     profile = ""
     if ctx.get("hot"):
         samples, kinds = ctx["hot"]
@@ -569,15 +606,17 @@ to its clients (`client_tls_sslmode=require`, verified the same way), plaintext 
 on loopback as the door's, SCRAM checked against the reviewer role's verifier in its
 `auth_file`, one process as the pool's OS user. In each of {ctx["rounds"]} rounds the ways take
 turns (the first rotating): {QUERIES} single `SELECT 1` on one psycopg connection (after
-{WARM_UP} unmeasured), `pgbench -S -c 1 -j 1 -T {ctx["seconds"]}`, `pgbench -S -c 4 -j 2 -T
-{ctx["seconds"]}`, and {SETUPS} connection set-ups (connect, TLS, SCRAM login, `SELECT 1`,
-close). Cells are medians over the rounds. The proxy's CPU is the door's or PgBouncer's
-process's user and system time during `pgbench -c 4`, as a share of one core. PgBouncer's
-set-up keeps the server connection in its pool when a client leaves and hands it to the next
-login, so its set-ups fork no backend; direct and through the door each set-up forks one.
+{WARM_UP} unmeasured), `pgbench -S -c 1 -j 1` and `pgbench -S -c 4 -j 2` for {ctx["seconds"]} s
+each, and {SETUPS} connection set-ups (connect, TLS, SCRAM login, `SELECT 1`, close), the
+pgbench runs and the set-ups cut in {SLICES} slices, the ways taking turns slice by slice (so
+each meets the same swings of the machine's load). Cells are medians over the rounds. The
+proxy's CPU is the door's or PgBouncer's process's user and system time during `pgbench -c 4`,
+as a share of one core. PgBouncer's set-up keeps the server connection in its pool when a
+client leaves and hands it to the next login, so its set-ups fork no backend; direct and
+through the door each set-up forks one.
 
 {machine_rows(ctx)}
-| Load average | {ctx["load"]} (1, 5, 15 min) when the run started; {SHARED} |
+| Load average | {load_cell} |
 | Postgres | {ctx["postgres"]} |
 | PgBouncer | {ctx["bouncer"]} |
 
@@ -589,8 +628,29 @@ login, so its set-ups fork no backend; direct and through the door each set-up f
 | target (issue 37) | measured | verdict |
 |---|---|---|
 {chr(10).join(targets)}
+
+Round by round (the medians above are of these; the load is the 1-minute average as the round
+started):
+
+{ROUND_HEADER}
+{chr(10).join(by_round)}
 {profile}{END}
 """
+
+
+def said(argv: list[str]) -> list[str]:
+    """The command's options as the report names them: without ``--work`` (a scratch folder of
+    this machine's, which changes nothing measured)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--work":
+            skip = True
+        elif not arg.startswith("--work="):
+            kept.append(arg)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -622,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     started, t_start = dt.datetime.now(dt.UTC), time.monotonic()
     results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     pool, ways = None, None
+    round_loads: list[float] = []  # the 1-minute load average as each round started
     hot: tuple[int, list[tuple[float, str]]] | None = None
     parts: tuple[int, list[tuple[float, str]]] | None = None
     dismantle(settings)  # what an interrupted run left
@@ -646,9 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         ways = Ways(work, pool, b, Reviewer(settings))
         order = list(WAYS)
         for i in range(args.rounds):
+            round_loads.append(os.getloadavg()[0])
             turn = i % len(order)
-            for way in order[turn:] + order[:turn]:
-                results[way].append(ways.measure(way, args.seconds))
+            measured = ways.measure(order[turn:] + order[:turn], args.seconds)
+            for way in order:
+                results[way].append(measured[way])
                 print(f"round {i + 1}: {way}: {results[way][-1]}", flush=True)
         if args.profile:
             stacks = ways.profile(Path(args.profile).resolve(), args.seconds)
@@ -661,12 +724,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{ms:7.2f} ms per set-up  {name}", flush=True)
         section = render(
             results,
-            cmd=" ".join(["python bench/frontdoor.py", *argv]),
+            cmd=" ".join(["python bench/frontdoor.py", *said(argv)]),
             rounds=args.rounds,
             seconds=args.seconds,
             started=started,
             minutes=(time.monotonic() - t_start) / 60,
             load=load,
+            round_loads=round_loads,
+            end_load=", ".join(f"{x:.2f}" for x in os.getloadavg()),
             postgres=install.version,
             bouncer=bouncer,
             hot=hot,

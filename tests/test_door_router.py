@@ -3,7 +3,12 @@ pgJDBC), real SCRAM logins, and what an anonymous client sees."""
 
 from __future__ import annotations
 
+import ast
+import base64
 import contextlib
+import hashlib
+import hmac
+import inspect
 import os
 import shutil
 import signal
@@ -23,9 +28,21 @@ import psycopg
 import pytest
 from netns import Machine
 
-from doorkit import SNI_SUFFIX, DoorCA, failed_scram, make_ca, read_message, startup, tls_socket
+from doorkit import (
+    SNI_SUFFIX,
+    DoorCA,
+    failed_scram,
+    make_ca,
+    message,
+    read_message,
+    recv_exactly,
+    startup,
+    tls_socket,
+)
 from pgoverlay.runner import branch
+from pgoverlay.runner.door import router as routermod
 from pgoverlay.runner.door import tls
+from pgoverlay.runner.door.guard import Slots
 from pgoverlay.runner.door.inthread import running
 from pgoverlay.runner.door.router import FrontDoor, Route
 from pgoverlay.runner.polling import wait_for
@@ -578,3 +595,188 @@ def test_a_branch_takes_the_doors_whole_cap_and_the_next_client_is_told_by_the_d
             )
             assert direct.execute("SELECT 1").fetchone() == (1,)
     assert "refused:branch_cap" in [line["outcome"] for line in audit.lines]
+
+
+# -- caps, declared once and counted in slots ---------------------------------------------
+
+
+def test_a_connections_slots_are_given_back_all_at_once_and_once() -> None:
+    slots = Slots()
+    first, second = slots.taker(), slots.taker()
+    assert first.take("source", "192.0.2.1") == 1
+    assert second.take("source", "192.0.2.1") == 2
+    assert first.take("branch", "a") == 1 and first.count("branch") == 1
+    assert second.count("branch") == 0  # holds none of that kind
+    with pytest.raises(ValueError, match="one source slot at most"):
+        first.take("source", "192.0.2.1")
+    first.release()
+    first.release()  # a second release gives back nothing more
+    assert slots.held("source", "192.0.2.1") == 1 and slots.held("branch", "a") == 0
+    second.release()
+    assert slots.total() == 0
+
+
+def test_the_router_counts_connections_by_its_declared_caps_alone() -> None:
+    """The structural rule: no count by hand in the router (no ``+=``/``-=`` anywhere in it),
+    and every cap it declares is taken (the source cap at the accept, the others after the
+    login)."""
+    tree = ast.parse(inspect.getsource(routermod))
+    by_hand = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.AugAssign)]
+    assert by_hand == [], f"router.py counts by hand at lines {by_hand}: declare a Cap"
+    declared = [v for v in vars(routermod).values() if isinstance(v, routermod.Cap)]
+    assert len({cap.kind for cap in declared}) == len(declared)  # one cap per kind
+    assert set(declared) == {routermod.PER_SOURCE, *routermod.AFTER_LOGIN}
+
+
+def test_a_cap_declared_in_one_line_is_enforced_and_its_slots_given_back(
+    door: Door,
+    ca: DoorCA,
+    two: tuple[Branch, Branch],
+    audit: Audit,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cap per login (a role on a branch) as the one declaration it takes: the second
+    session of a login is refused, another branch's login is not, and the slot comes back
+    when the first session ends; every connection, refused or not, gives its slots back."""
+    a, b = two
+    per_login = routermod.Cap(
+        kind="login",
+        limit=lambda s: 1,
+        key=lambda r: f"{r.branch} {r.user}",
+        outcome="refused:login_cap",
+        refusal="too many sessions of {key} (the cap is {limit})",
+    )
+    monkeypatch.setattr(routermod, "AFTER_LOGIN", (*routermod.AFTER_LOGIN, per_login))
+    with door(door_max_per_source=2) as d:
+        with connect(d.port, ca, a) as first:
+            with pytest.raises(psycopg.OperationalError, match=f"too many sessions of {a.name}"):
+                connect(d.port, ca, a)
+            with connect(d.port, ca, b) as other:
+                assert other.execute("SELECT 1").fetchone() == (1,)
+            first.execute("SELECT 1")
+        with connect(d.port, ca, a) as again:  # the slot came back with the first session
+            assert again.execute("SELECT 1").fetchone() == (1,)
+        # Refused by the source cap, and a flood closed unanswered: their slots come back too.
+        held = [tls_socket(d.port, ca.ca_file) for _ in range(4)]
+        try:
+            held[2].sendall(startup(user=a.user, database=a.name))
+            assert b"door_max_per_source = 2" in read_message(held[2])
+            held.append(tls_socket(d.port, ca.ca_file))  # the door closed the refused one
+            with socket.create_connection(("127.0.0.1", d.port), timeout=10) as flood:
+                flood.sendall(struct.pack("!II", 8, 80877103))
+                assert flood.recv(1) == b""  # the fifth: closed unanswered
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda: d.guard.slots.total() == 0, timeout=10, what="every slot given back")
+    outcomes = [line["outcome"] for line in audit.lines]
+    for outcome in ("refused:login_cap", "refused:source_cap", "refused:flood"):
+        assert outcome in outcomes
+
+
+# -- what a login costs the client ---------------------------------------------------------
+
+
+def test_the_end_of_a_login_reaches_the_client_in_one_tls_record(
+    door: Door, ca: DoorCA, two: tuple[Branch, Branch]
+) -> None:
+    """After the client's last SCRAM message, the branch's answers (SASL final,
+    AuthenticationOk, its ParameterStatus, BackendKeyData, ReadyForQuery) leave the door in one
+    write: one TLS record, not one a message (each a system call and a wake-up of a client that
+    waits for the ReadyForQuery anyway)."""
+    a, _ = two
+    with door() as d:
+        login = RecordCountingLogin(d.port, ca.ca_file)
+        try:
+            login.scram(user=a.user, database=a.name, password=a.password)
+            kinds = login.until_ready()
+        finally:
+            login.close()
+    assert kinds[:2] == [b"R", b"R"] and b"S" in kinds and kinds[-2:] == [b"K", b"Z"], kinds
+    assert login.records_after_final == 1, login.records_after_final
+
+
+class RecordCountingLogin:
+    """A SCRAM-SHA-256 login over TLS, read record by record (``ssl.MemoryBIO``), so the test
+    sees how the door cut what it sent into TLS records."""
+
+    def __init__(self, port: int, ca_file: Path) -> None:
+        self.raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.raw.sendall(struct.pack("!II", 8, 80877103))
+        assert self.raw.recv(1) == b"S"
+        context = ssl.create_default_context(cafile=os.fspath(ca_file))
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self._in, self._out, server_hostname="localhost")
+        self._plain = bytearray()
+        self.records_after_final = 0
+        self._counting = False
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_pending()
+                self._read_record()
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        if data := self._out.read():
+            self.raw.sendall(data)
+
+    def _read_record(self) -> None:
+        header = recv_exactly(self.raw, 5)
+        (length,) = struct.unpack("!H", header[3:])
+        self._in.write(header + recv_exactly(self.raw, length))
+        if self._counting:
+            self.records_after_final += 1
+
+    def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        self._send_pending()
+
+    def message(self) -> tuple[bytes, bytes]:
+        while True:
+            if len(self._plain) >= 5:
+                (length,) = struct.unpack("!I", self._plain[1:5])
+                if len(self._plain) >= 1 + length:
+                    kind, body = bytes(self._plain[:1]), bytes(self._plain[5 : 1 + length])
+                    del self._plain[: 1 + length]
+                    return kind, body
+            try:
+                self._plain += self.tls.read(1 << 16)
+            except ssl.SSLWantReadError:
+                self._read_record()
+
+    def scram(self, *, user: str, database: str, password: str) -> None:
+        self.send(startup(user=user, database=database))
+        kind, body = self.message()
+        assert kind == b"R" and struct.unpack("!I", body[:4])[0] == 10, (kind, body)
+        nonce = base64.b64encode(os.urandom(18)).decode()
+        bare = f"n=,r={nonce}"
+        first = f"n,,{bare}".encode()
+        mechanism = b"SCRAM-SHA-256\0" + struct.pack("!I", len(first)) + first
+        self.send(message(b"p", mechanism))
+        kind, body = self.message()
+        assert kind == b"R" and struct.unpack("!I", body[:4])[0] == 11, (kind, body)
+        server_first = body[4:].decode()
+        fields = dict(item.split("=", 1) for item in server_first.split(","))
+        salted = hashlib.pbkdf2_hmac(
+            "sha256", password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+        )
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        without_proof = f"c=biws,r={fields['r']}"
+        said = f"{bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), said, "sha256")
+        proof = bytes(x ^ y for x, y in zip(client_key, signature, strict=True))
+        self._counting = True
+        self.send(message(b"p", f"{without_proof},p={base64.b64encode(proof).decode()}".encode()))
+
+    def until_ready(self) -> list[bytes]:
+        kinds: list[bytes] = []
+        while not kinds or kinds[-1] != b"Z":
+            kind, _ = self.message()
+            kinds.append(kind)
+        return kinds
+
+    def close(self) -> None:
+        self.raw.close()

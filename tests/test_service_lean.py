@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from pgoverlay.errors import ServiceError
 from pgoverlay.runner import branch
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
+from pgoverlay.runner.service import kept
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import RemoteEngine
 from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.protocol import Peer
 from pgoverlay.runner.service.shape import as_dict
+from pgoverlay.runner.service.views import BranchView
 
 ROOT = Peer(pid=1, uid=0, gid=0)
 
@@ -123,3 +126,36 @@ def test_the_doors_lookup_from_its_event_loop_is_the_lookup_from_a_thread(
     with pytest.raises(ServiceError) as again:
         gone.branch("lean-loop")
     assert str(raised.value) == str(again.value)
+
+
+def test_the_doors_lookups_keep_their_connection_and_each_is_answered_afresh(
+    service: Path, pool: Pool, base: BaseVersion, undo: Undo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The door's lookups reuse one connection to the service, kept open between them (no
+    connect per client's set-up), and every lookup is still asked: a branch destroyed
+    between two lookups is gone for the second. A kept connection the service closed (its
+    keep-alive passed) is not an error: the lookup is asked again on a new one."""
+    undo.branch("lean-kept")
+    branch.create(pool, "lean-kept", base_name=base.name)
+    engine = RemoteEngine(service, timeout=30.0)
+    monkeypatch.setattr(kept, "FRESH_SECONDS", 600.0)  # reuse one the service has closed
+
+    async def lookups() -> list[BranchView | None]:
+        loop = asyncio.get_running_loop()
+        seen = [await engine.look("lean-kept") for _ in range(3)]
+        asker = engine._kept[loop]
+        idle = [writer for _, _, writer in asker._idle]
+        assert len(idle) == 1  # the three asked on one connection
+        branch.destroy(pool, "lean-kept")
+        seen.append(await engine.look("lean-kept"))
+        assert [w for _, _, w in asker._idle] == idle  # that one still
+        _, reader, _ = asker._idle[0]
+        # the service closes it once its keep-alive (5 s) passes
+        assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+        asker._idle[0] = (time.monotonic(), *asker._idle[0][1:])  # as if fresh
+        seen.append(await engine.look("lean-none"))
+        return seen
+
+    first, second, third, destroyed, after_close = asyncio.run(lookups())
+    assert first is not None and first.name == "lean-kept" and first == second == third
+    assert destroyed is None and after_close is None

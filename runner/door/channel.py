@@ -7,6 +7,12 @@ two socket writes more than a direct one. Flow control is the transports' own: w
 write buffer passes its high-water mark, asyncio calls that side's ``pause_writing``, which
 stops reading the other side until the buffer drains (``resume_writing``).
 
+At the end of a login, what the branch sends the client (its SASL final message,
+AuthenticationOk, a dozen ParameterStatus, BackendKeyData) is held (``hold``, at most
+``BUFFER_CAP`` bytes) and leaves with its ReadyForQuery: one write, one TLS record, not one of
+each a message (each a system call, and a wake-up of the client, which waits for the
+ReadyForQuery anyway).
+
 Before the splice, data waits in the channel's buffer; reading is paused while the buffer holds
 more than ``BUFFER_CAP`` bytes, so a peer that sends without reading cannot make it grow.
 """
@@ -34,6 +40,7 @@ class Channel(asyncio.Protocol):
         self.received = 0  # bytes read from this side (decrypted, for a TLS side)
         self.sent = 0  # bytes written to this side
         self._buffer = bytearray()
+        self._held = bytearray()  # written with the next write (``hold``)
         self._waiter: asyncio.Future[None] | None = None
         self._eof = False
         self._peer: Channel | None = None
@@ -103,10 +110,26 @@ class Channel(asyncio.Protocol):
             self.transport.write(data)
 
     def write(self, data: bytes) -> None:
+        """Write ``data`` now, after what is held."""
         if self.transport is None or self.transport.is_closing():
             raise ChannelClosed("the connection is closed")
+        if self._held:
+            data = bytes(self._held) + data
+            self._held.clear()
         self.sent += len(data)
         self.transport.write(data)
+
+    def hold(self, data: bytes) -> None:
+        """Write ``data`` with the next ``write`` or ``flush``, in one piece with it (now, when
+        more than ``BUFFER_CAP`` bytes are held)."""
+        self._held += data
+        if len(self._held) > BUFFER_CAP:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is held."""
+        if self._held:
+            self.write(b"")
 
     async def read(self, count: int) -> bytes:
         """Exactly ``count`` bytes (raises ChannelClosed at the end of the stream)."""

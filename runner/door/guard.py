@@ -1,6 +1,7 @@
-"""What the front door counts to protect itself and the branches, sans I/O: connections per
-client and per branch, failed logins per client in a sliding window, and how long real
-branches take over each step of a login (the unknown branch's imitation waits as long).
+"""What the front door counts to protect itself and the branches, sans I/O: the connections
+each cap holds (``Slots``: per client, per branch), failed logins per client in a sliding
+window, and how long real branches take over each step of a login (the unknown branch's
+imitation waits as long).
 
 A client is what one party can be assumed to hold: an IPv4 address, or an IPv6 prefix
 (``door_ipv6_prefix`` bits, /64 by default: one site or one host's share of addresses, which
@@ -63,6 +64,64 @@ def is_loopback(source: str) -> bool:
         return False
 
 
+class Slots:
+    """The connections the door holds now, per cap and key (a cap's kind, such as "source" or
+    "branch", and a client or a branch): the one count every cap reads. A connection takes
+    its slots through a ``Taken`` of its own, which gives back all it took at once when the
+    connection ends, so no count is left behind whichever way a connection ends."""
+
+    def __init__(self) -> None:
+        self._held: Counter[tuple[str, str]] = Counter()
+
+    def held(self, kind: str, key: str) -> int:
+        """How many connections hold a slot of ``kind`` for ``key`` now."""
+        return self._held[(kind, key)]
+
+    def total(self) -> int:
+        """Every slot held now, of every cap (zero when no connection is open)."""
+        return sum(self._held.values())
+
+    def taker(self) -> Taken:
+        """The slots of one new connection: none yet."""
+        return Taken(self)
+
+    def _take(self, slot: tuple[str, str]) -> int:
+        self._held[slot] += 1
+        return self._held[slot]
+
+    def _give_back(self, slot: tuple[str, str]) -> None:
+        self._held[slot] -= 1
+        if self._held[slot] <= 0:
+            del self._held[slot]
+
+
+class Taken:
+    """The slots one connection holds."""
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots = slots
+        self._taken: dict[str, str] = {}  # kind: key
+
+    def take(self, kind: str, key: str) -> int:
+        """Hold a slot of ``kind`` for ``key`` (one of each kind a connection) until
+        ``release``; how many are held for ``key`` now, this one included."""
+        if kind in self._taken:
+            raise ValueError(f"a connection holds one {kind} slot at most")
+        self._taken[kind] = key
+        return self._slots._take((kind, key))
+
+    def count(self, kind: str) -> int:
+        """How many connections hold the slot of ``kind`` this one holds (0: it holds none)."""
+        key = self._taken.get(kind)
+        return 0 if key is None else self._slots.held(kind, key)
+
+    def release(self) -> None:
+        """Give back every slot taken (the connection ended); a second call does nothing."""
+        for kind, key in self._taken.items():
+            self._slots._give_back((kind, key))
+        self._taken.clear()
+
+
 class Guard:
     """Counts for one door; ``clock`` is monotonic seconds (injected by tests)."""
 
@@ -72,8 +131,7 @@ class Guard:
         self.failed_logins = failed_logins
         self.failed_window = failed_window
         self.clock = clock
-        self.per_source: Counter[str] = Counter()
-        self.per_branch: Counter[str] = Counter()
+        self.slots = Slots()
         self._failures: dict[str, deque[float]] = {}  # oldest first, bounded (see the module)
         self._timings = {step: deque[float](maxlen=_SAMPLES) for step in STEPS}
         self._wrong = deque[tuple[float, float, float]](maxlen=_SAMPLES)

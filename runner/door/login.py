@@ -105,7 +105,7 @@ class LoginSteps:
                 )
             code = proto.auth_code(body)
             if code == proto.AUTH_OK:
-                client.write(proto.message(kind, body))
+                client.hold(proto.message(kind, body))  # with what follows it (until_ready)
                 return True
             if code == proto.AUTH_SASL:
                 waits.append(_loop_time() - since)
@@ -122,7 +122,7 @@ class LoginSteps:
                 answer = await self._answer(client, record)
                 self._client_final(record, answer, nonce=nonce, flag=first.flag)
             elif code == proto.AUTH_SASL_FINAL:
-                client.write(proto.message(kind, body))
+                client.hold(proto.message(kind, body))  # with what follows it (until_ready)
                 continue
             else:
                 raise Refused(
@@ -208,7 +208,9 @@ class LoginSteps:
 
 async def until_ready(client: Channel, backend: Channel) -> tuple[int, bytes] | None:
     """The branch's messages after AuthenticationOk, passed on to its ReadyForQuery: the
-    cancel key it gave (None if it ended the session with an error instead)."""
+    cancel key it gave (None if it ended the session with an error instead). They are held,
+    with the exchange's last messages, and leave together at the ReadyForQuery (or the error):
+    the client, which waits for that, gets them in one write, not one write a message."""
     key: tuple[int, bytes] | None = None
     while True:
         kind, body = await backend.read_message(cap=BACKEND_CAP)
@@ -220,11 +222,12 @@ async def until_ready(client: Channel, backend: Channel) -> tuple[int, bytes] | 
                 )
             )
             return None
-        client.write(proto.message(kind, body))
+        client.hold(proto.message(kind, body))
         if kind == b"K" and len(body) >= 8:
             (pid,) = struct.unpack("!I", body[:4])
             key = (pid, bytes(body[4:]))
         elif kind == b"Z":
+            client.flush()
             return key if key is not None else (0, b"")
 
 

@@ -15,8 +15,8 @@ ReadyForQuery, or the door's refusal):
 2. The client's checks (a client is an IPv4 address, or an IPv6 network of
    ``door_ipv6_prefix`` bits, see ``guard``): ``door_failed_logins`` failures within
    ``door_failed_window`` seconds (28000 "too many failed logins from this address; try again
-   later"), more than ``door_max_per_source`` connections (53300; more than twice as many are
-   closed unanswered).
+   later"), more than ``door_max_per_source`` connections (the ``PER_SOURCE`` cap: 53300; more
+   than twice as many are closed unanswered).
 3. The branch: the TLS SNI name ``BRANCH.<door_sni_suffix>`` when the suffix is set and the
    name ends with it, else the StartupMessage's ``database``; asked of the injected
    ``resolve(name, may_wake=...)`` on every connection (nothing is cached, so a destroyed branch
@@ -33,9 +33,9 @@ ReadyForQuery, or the door's refusal):
    method that would show it one. Behind the door a branch offers SCRAM-SHA-256 only, never
    SCRAM-SHA-256-PLUS (the branch's connection is not TLS), so a client with
    ``channel_binding=require`` cannot use the door.
-5. A connection over ``door_branch_cap`` authenticated ones for its branch is refused
-   (53300) once the client has logged in: before that, a cap would tell an anonymous client
-   that the branch exists.
+5. The caps of ``AFTER_LOGIN`` (``door_branch_cap`` authenticated connections per branch): a
+   connection over one is refused (53300) once the client has logged in: before that, a cap
+   would tell an anonymous client that the branch exists.
 6. The splice (``channel``): bytes both ways until either side closes.
 
 What an anonymous client learns: nothing about which branches exist. A name that is not a
@@ -53,6 +53,10 @@ refusal counts as a failed login. The imitation's three answers wait as long as 
 wrong password's did, counted from the same instants (the first from before the engine's
 lookup, so the lookup is not paid twice; ``guard``). Each such failure counts against the
 client's failed logins, as a wrong password does.
+
+Caps: each is declared once (a ``Cap``: its kind, its setting, what it counts a connection
+by, its refusal), and counted in one place, the connection's slots (``guard.Slots``), taken as
+the connection reaches the cap's check and all given back when it ends, however it ends.
 
 Audit: one ``door.connect`` line per connection through the injected ``audit`` writer (an
 ``AuditLog.write``): user, branch, source, start, end, bytes_in, bytes_out, outcome.
@@ -74,7 +78,7 @@ from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner.door import login
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel, ChannelClosed, splice
-from pgoverlay.runner.door.guard import Guard, client_of, is_loopback, source_of
+from pgoverlay.runner.door.guard import Guard, Taken, client_of, is_loopback, source_of
 from pgoverlay.runner.door.login import AuditLine, Refused
 from pgoverlay.runner.names import NAME_RE
 
@@ -105,6 +109,41 @@ class Route:
             return True
         until = self.logins.get(user)
         return until is not None and now < until
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A cap on the connections through the door at once, per key of one kind (a client, a
+    branch): declared once here, its slot taken by ``FrontDoor._take`` and given back with
+    the connection's others when it ends."""
+
+    kind: str  # the slots' kind
+    limit: Callable[[Settings], int]
+    key: Callable[[AuditLine], str]  # what it counts a connection by
+    outcome: str  # the audit line's outcome when it refuses one
+    refusal: str  # what the client is told: ``{key}`` and ``{limit}`` filled in
+
+
+# Taken as a connection is accepted (what a flood of them counts), refused at the login.
+PER_SOURCE = Cap(
+    kind="source",
+    limit=lambda s: s.door_max_per_source,
+    key=lambda r: r.client,
+    outcome="refused:source_cap",
+    refusal="too many connections from this address (door_max_per_source = {limit}): close "
+    "some, or have the admin raise PGOVERLAY_DOOR_MAX_PER_SOURCE",
+)
+PER_BRANCH = Cap(
+    kind="branch",
+    limit=lambda s: s.door_branch_cap,
+    key=lambda r: r.branch,
+    outcome="refused:branch_cap",
+    refusal="too many connections to branch {key} through the front door: it takes {limit} "
+    "(door_max_per_branch = {limit}), all in use; close some (a preview app's pool shares "
+    "them with its reviewers), or have the admin raise PGOVERLAY_MAX_CONNECTIONS",
+)
+# Taken, in this order, once the client has logged in.
+AFTER_LOGIN = (PER_BRANCH,)
 
 
 class WakeFailed(Exception):
@@ -201,18 +240,16 @@ class FrontDoor:
             source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
         )
         backend: Channel | None = None
-        guard = self.guard
-        guard.per_source[record.client] += 1
+        held = self.guard.slots.taker()
         self._channels.add(client)
-        counted_branch = ""
         key: tuple[int, bytes] | None = None
         try:
-            if guard.per_source[record.client] > 2 * self.settings.door_max_per_source:
+            if self._take(held, PER_SOURCE, record) > 2 * PER_SOURCE.limit(self.settings):
                 record.outcome = "refused:flood"
                 return
             try:
                 async with asyncio.timeout(self.settings.door_handshake_timeout):
-                    backend, counted_branch, key = await self._handshake(client, record)
+                    backend, key = await self._handshake(client, record, held)
             except TimeoutError:
                 record.outcome = "timeout"
                 _say(client, proto.error_response(proto.CANNOT_CONNECT_NOW, self._late()))
@@ -251,16 +288,26 @@ class FrontDoor:
                 if side is not None:
                     side.close()
                     self._channels.discard(side)
-            guard.per_source[record.client] -= 1
-            if guard.per_source[record.client] <= 0:
-                del guard.per_source[record.client]
-            if counted_branch:
-                guard.per_branch[counted_branch] -= 1
-                if guard.per_branch[counted_branch] <= 0:
-                    del guard.per_branch[counted_branch]
+            held.release()
             if key is not None:
                 self._keys.pop(key, None)
             self._write_audit(record, client, backend)
+
+    def _take(self, held: Taken, cap: Cap, record: AuditLine) -> int:
+        """Hold a slot of ``cap`` for ``record``'s connection until it ends: how many are
+        held now, this one included."""
+        return held.take(cap.kind, cap.key(record))
+
+    def _refuse_over(self, held: Taken, cap: Cap, record: AuditLine) -> None:
+        """Refuse the connection when more than ``cap``'s limit hold its slot (this one
+        included)."""
+        limit = cap.limit(self.settings)
+        if held.count(cap.kind) > limit:
+            raise Refused(
+                cap.outcome,
+                proto.TOO_MANY_CONNECTIONS,
+                cap.refusal.format(key=cap.key(record), limit=limit),
+            )
 
     def _late(self) -> str:
         seconds = self.settings.door_handshake_timeout
@@ -291,13 +338,13 @@ class FrontDoor:
         return proto.parse_first(header + await client.read(length - 4))
 
     async def _handshake(
-        self, client: Channel, record: AuditLine
-    ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
+        self, client: Channel, record: AuditLine, held: Taken
+    ) -> tuple[Channel | None, tuple[int, bytes] | None]:
         """Everything up to the branch's ReadyForQuery: the branch's channel (None when the
-        door answered alone), the branch counted against its cap, the backend's cancel key."""
+        door answered alone), the backend's cancel key."""
         if await client.peek() == _TLS_RECORD:
             record.outcome = "refused:direct_tls"
-            return None, "", None
+            return None, None
         first = await self._first(client)
         if isinstance(first, proto.GSSEncRequest):
             client.write(b"N")
@@ -321,14 +368,20 @@ class FrontDoor:
         if isinstance(first, proto.CancelRequest):
             record.outcome = "cancel"
             await self._cancel(first, record)
-            return None, "", None
+            return None, None
         record.user = first.user
         record.outcome = "login"
-        return await self._login(client, first, record, encrypted=encrypted)
+        return await self._login(client, first, record, held, encrypted=encrypted)
 
     async def _login(
-        self, client: Channel, start: proto.Startup, record: AuditLine, *, encrypted: bool
-    ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
+        self,
+        client: Channel,
+        start: proto.Startup,
+        record: AuditLine,
+        held: Taken,
+        *,
+        encrypted: bool,
+    ) -> tuple[Channel | None, tuple[int, bytes] | None]:
         s = self.settings
         if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
             raise Refused(
@@ -345,14 +398,7 @@ class FrontDoor:
                 proto.INVALID_AUTHORIZATION,
                 "too many failed logins from this address; try again later",
             )
-        if self.guard.per_source[record.client] > s.door_max_per_source:
-            raise Refused(
-                "refused:source_cap",
-                proto.TOO_MANY_CONNECTIONS,
-                f"too many connections from this address (door_max_per_source = "
-                f"{s.door_max_per_source}): close some, or have the admin raise "
-                "PGOVERLAY_DOOR_MAX_PER_SOURCE",
-            )
+        self._refuse_over(held, PER_SOURCE, record)
         name = self._branch_name(client, start)
         record.branch = name
         began = self._clock()
@@ -364,7 +410,7 @@ class FrontDoor:
             await self._login_steps.imitate(
                 client, user=start.user, name=name, record=record, began=began
             )
-            return None, "", None
+            return None, None
         try:
             backend = await self._connect(route)
         except OSError as exc:
@@ -375,40 +421,28 @@ class FrontDoor:
             await self._login_steps.imitate(
                 client, user=start.user, name=name, record=record, began=began
             )
-            return None, "", None
+            return None, None
         try:
             backend.write(start.rewritten(route.database))
             if not await self._login_steps.relay(
                 client, backend, user=start.user, name=name, record=record, began=began
             ):
                 backend.close()
-                return None, "", None
+                return None, None
             if record.wake_counted:  # the wake it caused was worth a good login
                 record.wake_counted = False
                 self.guard.forgive(record.client)
-            if self.guard.per_branch[name] >= s.door_branch_cap:
-                raise Refused(
-                    "refused:branch_cap",
-                    proto.TOO_MANY_CONNECTIONS,
-                    f"too many connections to branch {name} through the front door: it takes "
-                    f"{s.door_branch_cap} (door_max_per_branch = {s.door_branch_cap}), all in "
-                    "use; close some (a preview app's pool shares them with its reviewers), "
-                    "or have the admin raise PGOVERLAY_MAX_CONNECTIONS",
-                )
-            self.guard.per_branch[name] += 1
-            try:
-                key = await login.until_ready(client, backend)
-                if key is not None and key[1]:
-                    self._keys[key] = route
-            except BaseException:
-                self.guard.per_branch[name] -= 1
-                raise
+            for cap in AFTER_LOGIN:
+                self._take(held, cap, record)
+                self._refuse_over(held, cap, record)
+            key = await login.until_ready(client, backend)
             if key is None:
-                self.guard.per_branch[name] -= 1
                 backend.close()
                 record.outcome = "branch_error"
-                return None, "", None
-            return backend, name, key
+                return None, None
+            if key[1]:
+                self._keys[key] = route
+            return backend, key
         except BaseException:
             backend.close()
             raise

@@ -1,7 +1,8 @@
 """The engine service's client: the ``Engine`` operations as HTTP+JSON requests on its Unix
 socket. Errors come back as the engine raised them (same class, message and exit code).
 
-One request per connection, written and read here rather than with ``http.client``: importing
+One request per connection (but the front door's lookups, ``look``, on connections kept
+open: ``kept``), written and read here rather than with ``http.client``: importing
 that (with ``ssl`` and ``email``) cost a command that only asks the service about 40 ms, more
 than the service takes to answer. The service is uvicorn on a socket only root and the
 service's group may open: its answers are HTTP/1.1 with a Content-Length, and ``wire.decode``
@@ -15,6 +16,7 @@ import copy
 import json
 import os
 import typing
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +42,9 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.service.wire import decode
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from pgoverlay.runner.service.kept import Kept
     from pgoverlay.runner.service.models import (
         CreateRequest,
         CredentialCheck,
@@ -132,31 +137,16 @@ def exchange(
     return _answer(b"".join(chunks))
 
 
-async def exchange_in_loop(
-    path: Path, method: str, target: str, headers: dict[str, str], timeout: float
-) -> tuple[int, bytes]:
-    """``exchange`` (without a body) from the running event loop's own thread, for a caller
-    that asks from one: no thread to hand the request to and back, which on a loaded machine
-    cost the front door's lookup of a branch, on each connection, more than the service's
-    answer."""
-    import asyncio
-
-    request = _request(method, target, None, headers)
-    async with asyncio.timeout(timeout):  # TimeoutError: an OSError, as a socket's timeout
-        try:
-            reader, writer = await asyncio.open_unix_connection(os.fspath(path))
-        except OSError as err:
-            raise Unreached(err.errno, err.strerror) from None
-        try:
-            writer.write(request)
-            raw = await reader.read()
-        finally:
-            writer.close()
-    return _answer(raw)
-
-
-def _request(method: str, target: str, body: bytes | None, headers: dict[str, str]) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: localhost", "Connection: close"]
+def _request(
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    *,
+    keep_alive: bool = False,
+) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: localhost"]
+    lines += [] if keep_alive else ["Connection: close"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
     if body is not None:
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
@@ -197,6 +187,10 @@ class RemoteEngine:
         self.headers = headers or {}
         # Root's client: a request the service did not act on raises Declined (see for_root).
         self.for_root = for_root
+        # the front door's lookups' connections, per event loop (``look``)
+        self._kept: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Kept] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def close(self) -> None:
         pass
@@ -289,13 +283,21 @@ class RemoteEngine:
 
     async def look(self, name: str) -> BranchView | None:
         """``branch`` (without its layer), asked from the running event loop's thread: the
-        front door's lookup on each connection. The same request and answer, on a new
-        connection each time: the engine's answer is as fresh as ``branch``'s."""
+        front door's lookup on each connection, on a connection kept open from the last
+        (``kept``). The same request and answer, asked each time: the engine's answer is as
+        fresh as ``branch``'s."""
+        import asyncio
+
+        from pgoverlay.runner.service import kept
+
+        loop = asyncio.get_running_loop()
+        asker = self._kept.get(loop)
+        if asker is None:
+            asker = self._kept[loop] = kept.Kept(self.path)
         target = API + ops.BRANCH.target(name, layer=False)
+        request = _request("GET", target, None, self.headers, keep_alive=True)
         try:
-            status, data = await exchange_in_loop(
-                self.path, "GET", target, self.headers, self.timeout
-            )
+            status, data = _answer(await asker.ask(request, timeout=self.timeout))
         except (OSError, ValueError) as err:
             raise self._unanswered(err, question=True) from None
         try:

@@ -190,7 +190,7 @@ class HoldRequest(BaseModel):
     wait: int = Field(default=25, ge=0, le=50)
 
 
-class Held(BaseModel):
+class Taken(BaseModel):
     hold: str
     seconds: int
 
@@ -400,16 +400,16 @@ def create_api(
     @app.post("/branches/{name}/hold")
     async def hold(
         e: Engine, request: Request, name: Name, body: Annotated[HoldRequest, Body()]
-    ) -> Held:
+    ) -> Taken:
         key = (request.state.vouched.repository_id, name)
         made = await holds.take(key, seconds=body.seconds, wait=body.wait)
-        return Held(hold=made, seconds=body.seconds)
+        return Taken(hold=made, seconds=body.seconds)
 
     @app.post("/branches/{name}/hold/{hold}/renew")
-    async def renew(e: Engine, request: Request, name: Name, hold: str) -> Held:
+    async def renew(e: Engine, request: Request, name: Name, hold: str) -> Taken:
         key = (request.state.vouched.repository_id, name)
         await holds.renew(key, hold, seconds=120)
-        return Held(hold=hold, seconds=120)
+        return Taken(hold=hold, seconds=120)
 
     @app.delete("/branches/{name}/hold/{hold}", status_code=204)
     async def give_back(e: Engine, request: Request, name: Name, hold: str) -> None:
