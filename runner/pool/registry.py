@@ -20,6 +20,7 @@ from typing import Any
 
 from pgoverlay.errors import RegistryError, RegistryRowError
 from pgoverlay.runner.names import NAME_RE, REPOSITORY_RE
+from pgoverlay.runner.names import WAKEABLE as WAKEABLE  # the front door reads it there
 from pgoverlay.runner.runtime import table as runtimes
 
 SCHEMA = """
@@ -288,8 +289,6 @@ BRANCH_STATES = frozenset(
         "waking",
     }
 )
-# A suspended branch, and one a killed suspend or wake left: a wake finishes either.
-WAKEABLE = frozenset({"suspended", "suspending", "waking"})
 WARM_PREFIX = "warm-"
 # "removing": `base rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})

@@ -25,10 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
-from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service import limits, vouch
 from pgoverlay.runner.service.admission import SocketPolicy
+from pgoverlay.runner.service.answers import Name, status_of
 from pgoverlay.runner.service.client import API, SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine, door_uid
 from pgoverlay.runner.service.models import (
@@ -60,8 +60,6 @@ from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
 
-# A branch name in a path, checked before any route runs.
-Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
 # A credential's login in a path: a GitHub login, or the name of a preview app's or a job's role.
 Login = Annotated[
     str,
@@ -70,27 +68,6 @@ Login = Annotated[
     ),
 ]
 
-# The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
-STATUS: list[tuple[type[PgoverlayError], int]] = [
-    (errors.NotOwnerError, 403),  # DoorForbiddenError too
-    (errors.UnmaskedAccessError, 403),
-    (errors.PolicyError, 403),
-    (errors.TokenError, 401),
-    (errors.GitHubError, 503),
-    (errors.AccessError, 409),
-    (errors.BranchMissingError, 404),
-    (errors.BaseMissingError, 404),
-    (errors.LimitReachedError, 429),
-    (errors.PortsExhaustedError, 429),
-    (errors.BranchExistsError, 409),  # BranchOwnedError too
-    (errors.LockBusyError, 409),
-    (errors.BranchStateError, 409),
-    (errors.SettingsDifferError, 409),
-    (errors.TraceError, 409),
-    (errors.InvalidNameError, 422),
-    (errors.ConfigError, 422),
-    (errors.PoolFullError, 507),
-]
 ERROR_ANSWERS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422, 429, 431, 500, 503, 507)
 }
@@ -104,10 +81,6 @@ DESCRIPTION = (
 )
 # What a refusal quotes of the caller's input at most (see models.excerpt).
 MAX_REFUSAL_CHARS = 300
-
-
-def status_of(err: PgoverlayError) -> int:
-    return next((code for cls, code in STATUS if isinstance(err, cls)), 500)
 
 
 async def _engine(request: Request) -> LocalEngine:

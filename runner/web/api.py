@@ -54,7 +54,7 @@ from pgoverlay.runner.callers.policy import Policy
 from pgoverlay.runner.door.guard import client_of
 from pgoverlay.runner.door.refusals import Refusals, claim_of
 from pgoverlay.runner.service import acting, limits, tokens, vouch
-from pgoverlay.runner.service.app import Name, status_of
+from pgoverlay.runner.service.answers import Name, status_of
 from pgoverlay.runner.service.client import RemoteEngine, error_code
 from pgoverlay.runner.service.models import (
     CreateRequest,
