@@ -231,13 +231,13 @@ def _psql(settings: Settings) -> Check:
 def _door(settings: Settings) -> Check:
     """Whether the front door answers, and its certificate: the admin's, or the self-signed one
     it made, by the SHA-256 fingerprint readers check before they trust it."""
-    from pgoverlay.runner.door import reach, serve, tls
+    from pgoverlay.runner.door import pidfile, reach, tls
 
     if settings.door_cert_file is not None:
         cert = settings.door_cert_file
         kind = "the admin's certificate"
     else:
-        cert = serve.door_dir(settings) / tls.CERT_NAME
+        cert = pidfile.door_dir(settings) / tls.CERT_NAME
         kind = "its own self-signed certificate"
     try:
         print_ = tls.fingerprint(cert)
@@ -257,8 +257,8 @@ def _door(settings: Settings) -> Check:
 
 
 def _network_api(settings: Settings) -> list[Check]:
-    """The network API: off, or its audience, policy and issuer (``door.checks``)."""
-    from pgoverlay.runner.door import checks
+    """The network API: off, or its audience, policy and issuer (``callers.checks``)."""
+    from pgoverlay.runner.callers import checks
 
     return [Check(name, verdict, detail) for name, verdict, detail in checks.network_api(settings)]
 
@@ -294,7 +294,7 @@ def listener(
     exists): its user and group, its subordinate ids, its state folder, and the tools that map
     the ids. ``user``, ``state_dir`` and ``path`` (where to look for the tools) default to what
     `pgoverlay webhook setup` and the unit use."""
-    from pgoverlay.webhook import account
+    from pgoverlay.runner import listener as account
 
     user = user or account.USER
     state_dir = state_dir or Path(os.environ.get("PGOVERLAY_WEBHOOK_STATE_DIR", LISTENER_STATE_DIR))

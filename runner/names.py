@@ -77,6 +77,13 @@ def check_hba_name(role: str) -> None:
 # what a trace and the insight report (trace/schema.py, action/insight/work.py).
 LEDGER_SCHEMA = "pgoverlay_ledger"
 
+# A suspended branch, and one a killed suspend or wake left: a wake finishes either (the
+# registry's states; the front door wakes a branch in one of them on a connection).
+WAKEABLE = frozenset({"suspended", "suspending", "waking"})
+# The SCRAM-SHA-256 iteration count of a branch role's verifier: what Postgres itself uses (and
+# the least pgJDBC's SCRAM client accepts from a server); the front door imitates it.
+SCRAM_ITERATIONS = 4096
+
 # The marker role of the credentials pgoverlay grants in a branch (runner/branch/grants.py):
 # every role made for a person or a preview app is its member, and a branch's pg_hba.conf
 # admits its members over TCP with SCRAM.

@@ -6,6 +6,7 @@ logged.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -18,7 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgoverlay.errors import CommandError, PostgresBinariesError, TimeoutExpiredError
+from pgoverlay.errors import (
+    CommandError,
+    NotRootError,
+    PostgresBinariesError,
+    TimeoutExpiredError,
+)
 from pgoverlay.runner import safefs
 
 log = logging.getLogger(__name__)
@@ -273,3 +279,33 @@ def run_streaming(
             returncode=returncode,
         )
     return stderr
+
+
+def _boot_time() -> float:
+    for row in Path("/proc/stat").read_text().splitlines():
+        if row.startswith("btime "):
+            return float(row.split()[1])
+    return 0.0
+
+
+def process_start_epoch(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds), or None if it does not exist or is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError):  # our own child: reap it
+            os.waitpid(pid, os.WNOHANG)
+        return None
+    ticks = int(fields[19])
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise NotRootError(
+            "pgoverlay needs root (it mounts branches and keeps the pool's registry root-only): "
+            "run it with sudo, or as root on the runner"
+        )

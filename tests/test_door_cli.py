@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from helpers import cli, free_tcp_port
-from pgoverlay.runner.door import serve
+from pgoverlay.runner.door import control, pidfile
 from pgoverlay.runner.pool import Pool
 
 
@@ -27,7 +27,7 @@ def answers(port: int) -> bool:
 def door_env(pool: Pool, env: dict[str, str]) -> Iterator[dict[str, str]]:
     ports = {"PGOVERLAY_DOOR_PORT": free_tcp_port(), "PGOVERLAY_DOOR_HTTPS_PORT": free_tcp_port()}
     yield {**env, "PGOVERLAY_DOOR_ADDRESS": "127.0.0.1"} | {k: str(v) for k, v in ports.items()}
-    serve.stop(pool.settings, wait=30)
+    control.stop(pool.settings, wait=30)
 
 
 def test_a_start_with_other_settings_replaces_the_running_door_and_says_so(
@@ -35,7 +35,7 @@ def test_a_start_with_other_settings_replaces_the_running_door_and_says_so(
 ) -> None:
     first = cli(["door", "--start"], env=door_env, timeout=120)
     assert first.returncode == 0, first.stderr
-    running = serve.running(pool.settings)
+    running = pidfile.running(pool.settings)
     assert running is not None
     old_https = int(door_env["PGOVERLAY_DOOR_HTTPS_PORT"])
     assert answers(old_https)
@@ -43,13 +43,13 @@ def test_a_start_with_other_settings_replaces_the_running_door_and_says_so(
     same = cli(["door", "--start"], env=door_env, timeout=120)
     assert same.returncode == 0, same.stderr
     assert "answering on port" in same.stdout
-    assert serve.running(pool.settings) == running  # the same process, left alone
+    assert pidfile.running(pool.settings) == running  # the same process, left alone
 
     changed = {**door_env, "PGOVERLAY_DOOR_HTTPS_PORT": str(free_tcp_port())}
     moved = cli(["door", "--start"], env=changed, timeout=120)
     assert moved.returncode == 0, moved.stderr
     assert "ran with other settings than these" in moved.stdout, moved.stdout
-    now = serve.running(pool.settings)
+    now = pidfile.running(pool.settings)
     assert now is not None and now.pid != running.pid
     assert answers(int(changed["PGOVERLAY_DOOR_HTTPS_PORT"]))
     assert not answers(old_https)  # the old door is gone, not left beside the new one
@@ -59,19 +59,19 @@ def test_restart_and_stop_without_systemd(pool: Pool, door_env: dict[str, str]) 
     postgres_port = int(door_env["PGOVERLAY_DOOR_PORT"])
     started = cli(["door", "--restart"], env=door_env, timeout=120)
     assert started.returncode == 0, started.stderr
-    first = serve.running(pool.settings)
+    first = pidfile.running(pool.settings)
     assert first is not None and answers(postgres_port)
 
     again = cli(["door", "--restart"], env=door_env, timeout=120)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("stopped the front door; "), again.stdout
-    second = serve.running(pool.settings)
+    second = pidfile.running(pool.settings)
     assert second is not None and second.pid != first.pid and answers(postgres_port)
 
     stopped = cli(["door", "--stop"], env=door_env, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.strip() == "stopped the front door"
-    assert serve.running(pool.settings) is None and not answers(postgres_port)
+    assert pidfile.running(pool.settings) is None and not answers(postgres_port)
     none = cli(["door", "--stop"], env=door_env, timeout=120)
     assert none.returncode == 0 and none.stdout.strip() == "no front door of this pool was running"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import importgraph
 from pgoverlay.runner.runtime import table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,3 +151,72 @@ def test_every_external_program_is_waited_for_with_a_deadline() -> None:
         for line in calls_without_timeout(ast.parse(path.read_text()))
     }
     assert found == set(), sorted(found)
+
+
+# -- the import boundary: root's code and the front door's process (tests/importgraph.py) --------
+
+
+def test_no_module_of_the_front_doors_process_can_load_a_root_engine_module() -> None:
+    """The door (``runner/door/``, ``runner/web/``) and everything it loads, through the shared
+    modules, never load the engine's code: each chain of imports that would is named."""
+    assert importgraph.door_reaches_root(importgraph.sources()) == []
+
+
+def test_no_module_that_runs_as_root_imports_the_door_or_the_listener() -> None:
+    assert importgraph.root_imports_the_other_side(importgraph.sources()) == []
+
+
+def test_every_module_is_classified_and_the_classification_names_only_modules() -> None:
+    found = importgraph.modules()
+    named = (
+        *importgraph.ROOT_ENGINE,
+        *importgraph.SHARED_IN_ROOT,
+        *importgraph.DOOR,
+        *importgraph.SHARED_IN_DOOR,
+        *importgraph.LISTENER,
+    )
+    assert [name for name in named if name not in found] == []
+    assert {importgraph.zone(name) for name in found} == {
+        "root",
+        "door",
+        "listener",
+        "shared",
+        "other",
+    }
+
+
+def test_the_boundary_checks_find_an_arrow_across_it() -> None:
+    """An import added across the boundary, at a module's top or in a function, directly or
+    through a shared module, is found; one under ``if TYPE_CHECKING:`` loads nothing."""
+    sources = {
+        "pgoverlay.runner": "",
+        "pgoverlay.runner.names": "",
+        "pgoverlay.runner.settings": "from pgoverlay.runner import names\n",
+        "pgoverlay.runner.pool": "from pgoverlay.runner import settings\n",
+        "pgoverlay.runner.pool.registry": "",
+        "pgoverlay.runner.door": "",
+        "pgoverlay.runner.door.router": (
+            "from typing import TYPE_CHECKING\n"
+            "from pgoverlay.runner import settings\n"
+            "if TYPE_CHECKING:\n"
+            "    from pgoverlay.runner.pool import Pool\n"
+        ),
+        "pgoverlay.runner.web": "",
+        "pgoverlay.runner.web.page": "def page():\n    from pgoverlay.runner import settings\n",
+        "pgoverlay.webhook": "",
+    }
+    assert importgraph.door_reaches_root(sources) == []
+    assert importgraph.root_imports_the_other_side(sources) == []
+    sources["pgoverlay.runner.names"] = "from pgoverlay.runner.pool import registry\n"
+    sources["pgoverlay.runner.web.page"] = "def page():\n    from pgoverlay.runner import pool\n"
+    sources["pgoverlay.runner.pool"] = "def down():\n    import pgoverlay.webhook\n"
+    assert importgraph.door_reaches_root(sources) == [
+        "pgoverlay.runner.door.router -> pgoverlay.runner.settings -> pgoverlay.runner.names"
+        " -> pgoverlay.runner.pool",
+        "pgoverlay.runner.door.router -> pgoverlay.runner.settings -> pgoverlay.runner.names"
+        " -> pgoverlay.runner.pool.registry",
+        "pgoverlay.runner.web.page -> pgoverlay.runner.pool",
+    ]
+    assert importgraph.root_imports_the_other_side(sources) == [
+        "pgoverlay.runner.pool -> pgoverlay.webhook"
+    ]

@@ -353,7 +353,7 @@ def _top_lines(output: str) -> list[str]:
 def test_demo_seeds_a_sample_base_branches_it_and_applies_the_examples(
     pool: Pool, env: dict[str, str], service: Path
 ) -> None:
-    from pgoverlay.runner.door import serve as door
+    from pgoverlay.runner.door import control as door
 
     ports = {"PGOVERLAY_DOOR_PORT": free_tcp_port(), "PGOVERLAY_DOOR_HTTPS_PORT": free_tcp_port()}
     env = {**env, **{name: str(port) for name, port in ports.items()}}

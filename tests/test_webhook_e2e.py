@@ -34,10 +34,10 @@ from fakegithub import FakeGitHub
 from helpers import SESSION_BASE, cli, require
 from pgoverlay.action import record
 from pgoverlay.runner import branch
+from pgoverlay.runner.listener import SUBUID, ranges
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, mounts
 from pgoverlay.runner.pool.registry import BaseVersion
-from pgoverlay.webhook.account import SUBUID, ranges
 from pgoverlay.webhook.signature import sign
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "github" / "webhooks"

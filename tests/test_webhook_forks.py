@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pgoverlay.webhook.account import next_free, ranges
+from pgoverlay.runner.listener import next_free, ranges
 from pgoverlay.webhook.forks import Verdict, decide
 from pgoverlay.webhook.queue import Approval, Queue
 

@@ -20,8 +20,8 @@ import pytest
 
 from helpers import as_user_call, cli, os_user, require_root
 from pgoverlay.runner import doctor
+from pgoverlay.runner.listener import SUBUID, ranges
 from pgoverlay.runner.settings import Settings
-from pgoverlay.webhook.account import SUBUID, ranges
 
 HOOK_USER = "pgoverlay-test-hook"
 

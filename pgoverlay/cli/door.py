@@ -4,29 +4,41 @@ foreground or started in the background."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
+
+if TYPE_CHECKING:
+    from pgoverlay.runner.settings import Settings
 
 
 def cmd_door(args: argparse.Namespace) -> int:
     import logging
 
+    settings = common.settings()
+    if args.start or args.restart or args.stop:
+        return _control(args, settings)
+    # the door's own process: it never loads ``control``, which is root's (tests/importgraph.py)
     from pgoverlay.runner.door import serve
 
-    settings = common.settings()
-    if args.start:
-        out.print(serve.start(settings))
-        return 0
-    if args.restart:
-        out.print(serve.restart(settings))
-        return 0
-    if args.stop:
-        stopped = serve.stop_door(settings)
-        out.print("stopped the front door" if stopped else "no front door of this pool was running")
-        return 0
     logging.getLogger().setLevel(logging.INFO)
     serve.serve(settings)
+    return 0
+
+
+def _control(args: argparse.Namespace, settings: Settings) -> int:
+    from pgoverlay.runner.door import control
+
+    if args.start:
+        out.print(control.start(settings))
+        return 0
+    if args.restart:
+        out.print(control.restart(settings))
+        return 0
+    if args.stop:
+        stopped = control.stop_door(settings)
+        out.print("stopped the front door" if stopped else "no front door of this pool was running")
     return 0
 
 

@@ -17,7 +17,7 @@ from pgoverlay.cli.common import Subcommands
 
 
 def cmd_webhook_setup(args: argparse.Namespace) -> int:
-    from pgoverlay.webhook import account
+    from pgoverlay.runner import listener as account
 
     account.setup(
         user=args.user,

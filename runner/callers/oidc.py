@@ -40,7 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from http.client import HTTPResponse
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,19 +59,49 @@ MAX_KEY_AGE = 3600.0  # seconds: a key set older than this is fetched again befo
 _JSON_BYTES = 1 << 20  # the most read of one answer
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _PLAIN_KID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-# The claims an Identity needs, and their GitHub names; ids arrive as decimal strings.
-_TEXT_CLAIMS = (
-    "repository",
-    "repository_owner",
-    "event_name",
-    "job_workflow_ref",
-    "runner_environment",
-    "actor",
-    "sub",
-)
-_ID_CLAIMS = ("repository_id", "repository_owner_id")
-_OPTIONAL_TEXT = ("ref", "head_ref", "base_ref", "repository_visibility")
 _PULL_REF = re.compile(r"^refs/pull/([0-9]{1,10})/(?:merge|head)$")
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise TokenError(_missing(name, value))
+    return value
+
+
+def _id(name: str, value: object) -> int:
+    # GitHub sends ids as decimal strings; an integer is accepted too
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20:
+        return int(value)
+    raise TokenError(_missing(name, value, form="a positive integer"))
+
+
+def _optional(name: str, value: object) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TokenError(f"the token's {name} claim is not text")
+    return value
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a claim is read from a verified token: ``read(name, value)`` gives its value, or
+    raises a TokenError naming the claim and what it should be."""
+
+    read: Callable[[str, object], object]
+
+
+TEXT = Kind(_text)  # required, non-empty text
+ID = Kind(_id)  # required, a positive integer (GitHub sends a decimal string)
+OPTIONAL = Kind(_optional)  # text, empty when the issuer sends none
+KINDS = (TEXT, ID, OPTIONAL)  # the order a token's claims are checked in
+
+
+def claim(kind: Kind) -> Any:
+    """An ``Identity`` field read from the token's claim of the same name, as ``kind`` says."""
+    return field(metadata={"claim": kind})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,21 +114,26 @@ class Identity:
     stay the same through a rename and differ for a re-created repository of the same name:
     an owner of branches is told by them. ``ref``, ``head_ref`` and ``base_ref`` are empty
     where GitHub sends them empty (``head_ref`` and ``base_ref`` outside pull requests).
+
+    Each field is the token's claim of the same name, declared once here with how it is read
+    (``claim(TEXT)``, ``claim(ID)``, ``claim(OPTIONAL)``): ``identity_of`` reads every field
+    from the claims by its declaration, so a claim the policy needs is one line here.
     """
 
-    repository: str  # owner/name
-    repository_id: int
-    repository_owner: str
-    repository_owner_id: int
-    event_name: str
-    ref: str
-    head_ref: str
-    base_ref: str
-    job_workflow_ref: str  # owner/repo/.github/workflows/file.yml@ref
-    runner_environment: str  # github-hosted or self-hosted
-    repository_visibility: str  # public, private or internal; empty if the issuer sends none
-    actor: str
-    sub: str
+    repository: str = claim(TEXT)  # owner/name
+    repository_id: int = claim(ID)
+    repository_owner: str = claim(TEXT)
+    repository_owner_id: int = claim(ID)
+    event_name: str = claim(TEXT)
+    ref: str = claim(OPTIONAL)
+    head_ref: str = claim(OPTIONAL)
+    base_ref: str = claim(OPTIONAL)
+    job_workflow_ref: str = claim(TEXT)  # owner/repo/.github/workflows/file.yml@ref
+    runner_environment: str = claim(TEXT)  # github-hosted or self-hosted
+    # public, private or internal; empty if the issuer sends none
+    repository_visibility: str = claim(OPTIONAL)
+    actor: str = claim(TEXT)
+    sub: str = claim(TEXT)
 
     @property
     def pull_request(self) -> int | None:
@@ -111,52 +146,21 @@ class Identity:
 
 def identity_of(claims: Mapping[str, Any]) -> Identity:
     """The identity in verified ``claims``; TokenError naming the first claim missing or not
-    of its form."""
-    text: dict[str, str] = {}
-    for name in _TEXT_CLAIMS:
-        value = claims.get(name)
-        if not isinstance(value, str) or not value:
-            raise TokenError(_missing(name, value))
-        text[name] = value
-    ids: dict[str, int] = {}
-    for name in _ID_CLAIMS:
-        value = claims.get(name)
-        # GitHub sends ids as decimal strings; an integer is accepted too
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            ids[name] = value
-        elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20:
-            ids[name] = int(value)
-        else:
-            raise TokenError(_missing(name, value, form="a positive integer"))
-    optional: dict[str, str] = {}
-    for name in _OPTIONAL_TEXT:
-        value = claims.get(name, "")
-        if value is None:
-            value = ""
-        if not isinstance(value, str):
-            raise TokenError(f"the token's {name} claim is not text")
-        optional[name] = value
-    owner, slash, _ = text["repository"].partition("/")
-    if not slash or owner.lower() != text["repository_owner"].lower():
+    of its form (the required text claims are checked first, then the ids, then the optional
+    ones)."""
+    values: dict[str, object] = {}
+    for kind in KINDS:
+        for f in fields(Identity):
+            if f.metadata["claim"] is kind:
+                values[f.name] = kind.read(f.name, claims.get(f.name))
+    identity = Identity(**values)  # type: ignore[arg-type]  # each value read by its kind
+    owner, slash, _ = identity.repository.partition("/")
+    if not slash or owner.lower() != identity.repository_owner.lower():
         raise TokenError(
-            f"the token's repository {_shown(text['repository'])} is not of its "
-            f"repository_owner {_shown(text['repository_owner'])}: GitHub never sends that"
+            f"the token's repository {_shown(identity.repository)} is not of its "
+            f"repository_owner {_shown(identity.repository_owner)}: GitHub never sends that"
         )
-    return Identity(
-        repository=text["repository"],
-        repository_id=ids["repository_id"],
-        repository_owner=text["repository_owner"],
-        repository_owner_id=ids["repository_owner_id"],
-        event_name=text["event_name"],
-        ref=optional["ref"],
-        head_ref=optional["head_ref"],
-        base_ref=optional["base_ref"],
-        job_workflow_ref=text["job_workflow_ref"],
-        runner_environment=text["runner_environment"],
-        repository_visibility=optional["repository_visibility"],
-        actor=text["actor"],
-        sub=text["sub"],
-    )
+    return identity
 
 
 def _missing(name: str, value: object, *, form: str = "text") -> str:

@@ -51,12 +51,12 @@ def connect(pool: Pool, branch: str, *, masked: bool) -> ThroughTheDoor:
     """The door started, and ``branch`` reached through it, verified, with a preview app's
     credential and (``masked``, or the admin allows it) a reviewer's read-only one; both are
     revoked again."""
-    from pgoverlay.runner.door import serve, tls
+    from pgoverlay.runner.door import control, pidfile, tls
     from pgoverlay.runner.service.engine import LocalEngine
     from pgoverlay.runner.service.models import GrantRequest
 
     settings = pool.settings
-    started = serve.start(settings)
+    started = control.start(settings)
     engine = LocalEngine(pool)
     params: dict[str, Any] = {
         "host": settings.door_name,
@@ -70,7 +70,7 @@ def connect(pool: Pool, branch: str, *, masked: bool) -> ThroughTheDoor:
     }
     fingerprint = None
     if settings.door_cert_file is None:  # the door's own: verified against that very file
-        cert = serve.door_dir(settings) / tls.CERT_NAME
+        cert = pidfile.door_dir(settings) / tls.CERT_NAME
         params["sslrootcert"] = str(cert)
         fingerprint = tls.fingerprint(cert)
     else:  # the admin's, signed by an authority this host trusts

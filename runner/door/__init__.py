@@ -30,6 +30,10 @@ Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, finger
 as messages, then spliced), ``login`` (a branch's SCRAM relayed, or a wrong password
 imitated), ``router`` (the server), ``inthread`` (a door on a thread's loop, for the
 benchmark and tests), ``privsep`` and ``serve`` (the process: root's preparation, then its
-own user). The branch pages and the network API the same process serves on its HTTPS port
-are the web application's (``runner/web/``).
+own user), ``refusals`` (the network API's refused credentials, per client). Read by others
+too: ``pidfile`` (the door's folder and root's record of the running door), ``reach`` (does
+it answer) and ``dsn`` (a connection string through it); ``control`` starts and stops it for
+root's commands and is never loaded by the door itself (tests/importgraph.py). The branch
+pages and the network API the same process serves on its HTTPS port are the web
+application's (``runner/web/``).
 """

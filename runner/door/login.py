@@ -18,7 +18,7 @@ from pgoverlay.runner import audit as auditmod
 from pgoverlay.runner.door import startup as proto
 from pgoverlay.runner.door.channel import Channel
 from pgoverlay.runner.door.guard import Guard
-from pgoverlay.runner.postgres.roles import SCRAM_ITERATIONS
+from pgoverlay.runner.names import SCRAM_ITERATIONS
 
 SASL_CAP = 8 * 1024  # a client's SCRAM message is under 200 bytes
 BACKEND_CAP = 1024 * 1024  # a branch's message during login (an ErrorResponse, a notice)

@@ -24,22 +24,17 @@ import secrets
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError, TimeoutExpiredError
-from pgoverlay.runner import audit, polling, safefs
-from pgoverlay.runner.door import privsep
-from pgoverlay.runner.door.reach import answering
-from pgoverlay.runner.pool import require_root
-from pgoverlay.runner.pool.registry import WAKEABLE
-from pgoverlay.runner.postgres import postmaster
-from pgoverlay.runner.settings import ADMIN_ENV_FILE, Settings
+from pgoverlay.errors import BranchMissingError, ConfigError, PgoverlayError
+from pgoverlay.runner import audit, safefs
+from pgoverlay.runner.door import pidfile, privsep
+from pgoverlay.runner.names import WAKEABLE
+from pgoverlay.runner.proc import process_start_epoch, require_root
+from pgoverlay.runner.settings import Settings
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -50,9 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-UNIT = "pgoverlay-door.service"
-# The detached door's command line; -P and cwd / as for the engine service.
-DOOR_COMMAND = [sys.executable, "-P", "-m", "pgoverlay", "door"]
 MAX_DESCRIPTORS = 65536
 
 
@@ -71,39 +63,6 @@ class Prepared:
     engine: RemoteEngine
     pages: ASGIApp  # the branch pages, and the network API under /api/v1 when it is on
     audit: audit.AuditLog
-
-
-def door_dir(settings: Settings) -> Path:
-    return settings.home / "door"
-
-
-def _pid_file(settings: Settings) -> Path:
-    """Root's record of the running door: its pid, when it started (so a reused pid is never
-    signalled) and its settings' fingerprint (so a start with other settings replaces it),
-    written once its ports are bound."""
-    return door_dir(settings) / "door.pid"
-
-
-@dataclass(frozen=True)
-class Running:
-    """The door this pool started, as its pid file says, checked to be that process still."""
-
-    pid: int
-    started: float
-    fingerprint: str  # Settings.fingerprint() of the settings it runs with ("": not said)
-
-
-def running(settings: Settings) -> Running | None:
-    """The door this pool's pid file names, if that very process still runs."""
-    text = safefs.read_small(_pid_file(settings))
-    fields = (text or "").split()
-    try:
-        pid, started = int(fields[0]), float(fields[1])
-    except (IndexError, ValueError):
-        return None
-    if postmaster.process_start_epoch(pid) != started:
-        return None  # gone, or the pid is another process's now
-    return Running(pid, started, fields[2] if len(fields) > 2 else "")
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -148,12 +107,12 @@ def prepare(settings: Settings) -> Prepared:
     require_root()
     uid, gid = privsep.account(settings.door_user)
     service_gid = privsep.group_id(settings.service_group)
-    safefs.make_dir(door_dir(settings), uid=0, gid=0, mode=0o755, exist_ok=True)
+    safefs.make_dir(pidfile.door_dir(settings), uid=0, gid=0, mode=0o755, exist_ok=True)
     if settings.door_cert_file is not None and settings.door_key_file is not None:
         pair = tls.Pair(cert=settings.door_cert_file, key=settings.door_key_file)
         fingerprint = None
     else:
-        pair = tls.self_signed(door_dir(settings), host=settings.door_name, uid=0, gid=0)
+        pair = tls.self_signed(pidfile.door_dir(settings), host=settings.door_name, uid=0, gid=0)
         fingerprint = tls.fingerprint(pair.cert)
     postgres_tls = tls.server_context(pair)
     https_tls = tls.server_context(pair)
@@ -162,11 +121,11 @@ def prepare(settings: Settings) -> Prepared:
     _more_descriptors()
     postgres = bind(settings.door_address, settings.door_port)
     https = bind(settings.door_address, settings.door_https_port)
-    started = postmaster.process_start_epoch(os.getpid())
+    started = process_start_epoch(os.getpid())
     with contextlib.suppress(FileNotFoundError):
-        _pid_file(settings).unlink()
+        pidfile.pid_file(settings).unlink()
     safefs.write_new(
-        _pid_file(settings),
+        pidfile.pid_file(settings),
         f"{os.getpid()} {started} {settings.fingerprint()}\n",
         uid=0,
         gid=0,
@@ -373,108 +332,3 @@ async def _serve(settings: Settings, prepared: Prepared) -> None:
     await door.close()
     with contextlib.suppress(asyncio.CancelledError):
         await pages
-
-
-# -- starting it ---------------------------------------------------------------------------
-
-
-def start(settings: Settings) -> str:
-    """Make sure the front door answers with ``settings``; say how (its unit under systemd,
-    else a detached `pgoverlay door`, logging to ``<home>/door.log``). A door of this pool
-    that runs with other settings is stopped first, and the answer says so."""
-    require_root()
-    found = running(settings)
-    if found is not None and found.fingerprint == settings.fingerprint():
-        return f"front door answering on port {settings.door_port}"
-    replaced = ""
-    if found is not None:
-        stop_door(settings)
-        replaced = "the front door ran with other settings than these: stopped it; "
-    elif answering(settings):
-        raise ConfigError(
-            f"something that is not this pool's front door answers on port "
-            f"{settings.door_port} (the pool's {_pid_file(settings)} names no running door): "
-            "stop it, or set PGOVERLAY_DOOR_PORT to a free port"
-        )
-    how = _launch(settings)
-    now = running(settings)
-    if now is not None and now.fingerprint != settings.fingerprint():
-        return (
-            f"{how}, but it runs with the settings its unit gives it, not these: put them in "
-            f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
-        )
-    return (
-        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
-        f"{settings.door_https_port}"
-    )
-
-
-def restart(settings: Settings) -> str:
-    """Stop this pool's door if it runs, and start it with ``settings``."""
-    require_root()
-    stopped = stop_door(settings)
-    return ("stopped the front door; " if stopped else "") + start(settings)
-
-
-def stop_door(settings: Settings) -> bool:
-    """Stop this pool's door, its unit's under systemd: False when none was running."""
-    from pgoverlay.runner.service.serve import systemd_runs
-
-    require_root()
-    if systemd_runs(UNIT):
-        was = running(settings) is not None
-        subprocess.run(["systemctl", "stop", UNIT], check=True, capture_output=True, timeout=120)
-        return was
-    return stop(settings, wait=settings.stop_timeout)
-
-
-def _launch(settings: Settings) -> str:
-    """Start the door (its unit, or a detached process) and wait until it answers."""
-    from pgoverlay.runner.service.serve import detach, systemd_runs
-
-    process = None
-    if systemd_runs(UNIT):
-        subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)
-        how = f"started {UNIT}"
-    else:
-        process = detach(DOOR_COMMAND, settings, settings.home / "door.log")
-        how = f"started the front door (log: {settings.home / 'door.log'})"
-
-    def up() -> bool:
-        if process is not None and process.poll() is not None:
-            tail = (safefs.read_tail(settings.home / "door.log") or "").strip().splitlines()
-            raise ConfigError(
-                f"the front door exited at start ({process.returncode}): "
-                + (tail[-1] if tail else "see its log")
-            )
-        return answering(settings) and running(settings) is not None
-
-    polling.wait_for(
-        up,
-        timeout=settings.start_timeout,
-        what=f"the front door to answer on port {settings.door_port}",
-    )
-    return how
-
-
-def stop(settings: Settings, *, wait: float) -> bool:
-    """Stop the door this pool started, if it runs: SIGTERM, then SIGKILL after ``wait``
-    seconds. False when none was running."""
-    found = running(settings)
-    if found is None:
-        return False
-    pid, started = found.pid, found.started
-    for signal_number in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal_number)
-        with contextlib.suppress(TimeoutExpiredError):
-            polling.wait_for(
-                lambda: postmaster.process_start_epoch(pid) != started,
-                timeout=wait,
-                what="the front door to stop",
-                max_interval=0.1,
-            )
-            break
-    with contextlib.suppress(FileNotFoundError):
-        _pid_file(settings).unlink()
-    return True

@@ -45,6 +45,7 @@ from pgoverlay.runner.names import check_name
 from pgoverlay.runner.pool import discard, mounts
 from pgoverlay.runner.pool.registry import Registry
 from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.proc import require_root as require_root  # the door's process asks it there
 from pgoverlay.runner.service.address import SOCKET_ROOT, pool_id
 from pgoverlay.runner.settings import Settings
 
@@ -60,14 +61,6 @@ PLAIN_COST = (
     "opens every table file read-write even to read it: each table a branch touches costs its "
     "full size in disk and time"
 )
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise NotRootError(
-            "pgoverlay needs root (it mounts branches and keeps the pool's registry root-only): "
-            "run it with sudo, or as root on the runner"
-        )
 
 
 def supports_reflink(directory: Path) -> bool:

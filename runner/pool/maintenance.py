@@ -31,7 +31,7 @@ from pathlib import Path
 from pgoverlay.errors import PoolError, TimeoutExpiredError
 from pgoverlay.runner import branch as branches
 from pgoverlay.runner import safefs
-from pgoverlay.runner.door import serve as door
+from pgoverlay.runner.door import control as door
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.pool import (
     Pool,

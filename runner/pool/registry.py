@@ -21,6 +21,7 @@ from typing import Any
 from pgoverlay.errors import RegistryError, RegistryRowError
 from pgoverlay.github.grammar import REPOSITORY_RE
 from pgoverlay.runner.names import NAME_RE
+from pgoverlay.runner.names import WAKEABLE as WAKEABLE  # the front door reads it there
 from pgoverlay.runner.runtime import table as runtimes
 
 SCHEMA = """
@@ -289,8 +290,6 @@ BRANCH_STATES = frozenset(
         "waking",
     }
 )
-# A suspended branch, and one a killed suspend or wake left: a wake finishes either.
-WAKEABLE = frozenset({"suspended", "suspending", "waking"})
 WARM_PREFIX = "warm-"
 # "removing": `base rm` committed to removing the version; gc finishes it (see runner/seed/bases.py)
 BASE_STATES = frozenset({"seeding", "ready", "removing"})

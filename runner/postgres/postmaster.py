@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import BranchStartError, TimeoutExpiredError, UnsafePathError
 from pgoverlay.runner import proc, safefs
 from pgoverlay.runner.polling import wait_for
-from pgoverlay.runner.proc import OsUser
+from pgoverlay.runner.proc import OsUser, process_start_epoch
 
 if TYPE_CHECKING:  # binaries runs its server through this module
     from pgoverlay.runner.postgres.binaries import PgInstall
@@ -88,28 +88,6 @@ def wait_detached(info: PidFile, *, timeout: float) -> None:
         timeout=timeout,
         what="the crashed server's processes to exit",
     )
-
-
-def _boot_time() -> float:
-    for row in Path("/proc/stat").read_text().splitlines():
-        if row.startswith("btime "):
-            return float(row.split()[1])
-    return 0.0
-
-
-def process_start_epoch(pid: int) -> float | None:
-    """When ``pid`` started (epoch seconds), or None if it does not exist or is a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        with contextlib.suppress(ChildProcessError):  # our own child: reap it
-            os.waitpid(pid, os.WNOHANG)
-        return None
-    ticks = int(fields[19])
-    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgoverlay.runner.names import LEDGER_SCHEMA
+from pgoverlay.runner.names import LEDGER_SCHEMA, SCRAM_ITERATIONS
 
 # Predefined roles a deploy user needs (pg_checkpoint exists from Postgres 15 on).
 PREDEFINED = ["pg_read_all_data", "pg_write_all_data", "pg_checkpoint"]
@@ -80,8 +80,6 @@ def verifier(conn: psycopg.Connection[Any], *, user: str, password: str) -> str:
     return conn.pgconn.encrypt_password(password.encode(), user.encode(), b"scram-sha-256").decode()
 
 
-# What Postgres itself uses (and the least pgJDBC's SCRAM client accepts from a server).
-SCRAM_ITERATIONS = 4096
 _TOKEN_ALPHABET = frozenset(string.ascii_letters + string.digits + "-_")
 
 

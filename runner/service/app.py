@@ -30,6 +30,7 @@ from pgoverlay.errors import PgoverlayError
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.service import limits, routes, vouch
 from pgoverlay.runner.service.admission import SocketPolicy
+from pgoverlay.runner.service.answers import status_of
 from pgoverlay.runner.service.client import SETTINGS_HEADER, error_code
 from pgoverlay.runner.service.engine import LocalEngine, door_uid
 from pgoverlay.runner.service.models import EXCERPT_CHARS
@@ -41,27 +42,6 @@ from pgoverlay.runner.settings import Settings
 
 log = logging.getLogger("pgoverlay.service")
 
-# The HTTP status of each kind of error; anything else the engine raises on purpose is 500.
-STATUS: list[tuple[type[PgoverlayError], int]] = [
-    (errors.NotOwnerError, 403),  # DoorForbiddenError too
-    (errors.UnmaskedAccessError, 403),
-    (errors.PolicyError, 403),
-    (errors.TokenError, 401),
-    (errors.GitHubError, 503),
-    (errors.AccessError, 409),
-    (errors.BranchMissingError, 404),
-    (errors.BaseMissingError, 404),
-    (errors.LimitReachedError, 429),
-    (errors.PortsExhaustedError, 429),
-    (errors.BranchExistsError, 409),  # BranchOwnedError too
-    (errors.LockBusyError, 409),
-    (errors.BranchStateError, 409),
-    (errors.SettingsDifferError, 409),
-    (errors.TraceError, 409),
-    (errors.InvalidNameError, 422),
-    (errors.ConfigError, 422),
-    (errors.PoolFullError, 507),
-]
 ERROR_ANSWERS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422, 429, 431, 500, 503, 507)
 }
@@ -75,10 +55,6 @@ DESCRIPTION = (
 )
 # What a refusal quotes of the caller's input at most (see models.excerpt).
 MAX_REFUSAL_CHARS = 300
-
-
-def status_of(err: PgoverlayError) -> int:
-    return next((code for cls, code in STATUS if isinstance(err, cls)), 500)
 
 
 async def _engine(request: Request) -> LocalEngine:
@@ -183,55 +159,8 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
         responses=ERROR_ANSWERS,
         dependencies=[Depends(_same_settings)],
     )
-    app.state.settings = settings
-    app.state.fingerprint = settings.fingerprint()
-    app.state.pools = threading.local()
-    app.state.policy = policy if policy is not None else SocketPolicy(None)
-    app.state.witness = Witness(settings, lambda: app.state.policy.current)
-    # Inside the audit, which logs what the caller got, a 413 too.
-    app.add_middleware(
-        limits.RequestCap, cap_of=lambda scope: limits.route_cap(app.router.routes, scope)
-    )
-    app.add_middleware(Audit)
-
-    @app.exception_handler(PgoverlayError)
-    async def engine_error(_: Request, err: PgoverlayError) -> JSONResponse:
-        body = ErrorBody(code=error_code(type(err)), message=str(err))
-        return JSONResponse(as_dict(body), status_code=status_of(err))
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        # A field's name may be the caller's own (an unknown one): quoted as an excerpt.
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
-        # A request's own check (its __post_init__) names its field in its message.
-        problem = str(first.get("msg", "not valid")).removeprefix("Value error, ")
-        if len(where) > EXCERPT_CHARS:
-            where = f"{where[:EXCERPT_CHARS]}..."
-        message = problem if where == "request" else f"{where}: {problem}"
-        body = ErrorBody(code="invalid_request", message=message[:MAX_REFUSAL_CHARS])
-        return JSONResponse(as_dict(body), status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "bad_request")
-        message = (
-            "no such operation: the service's API is in docs/service-openapi.json"
-            if err.status_code in (404, 405)
-            else str(err.detail)
-        )
-        body = ErrorBody(code=code, message=message)
-        return JSONResponse(as_dict(body), status_code=err.status_code)
-
-    @app.exception_handler(Exception)
-    async def failure(_: Request, err: Exception) -> JSONResponse:
-        log.error("request failed: %s", type(err).__name__, exc_info=err)
-        body = ErrorBody(
-            code="internal",
-            message=f"the engine failed ({type(err).__name__}): the service's log has the "
-            "details; `pgoverlay gc` (as root) mends what an interrupted operation left",
-        )
-        return JSONResponse(as_dict(body), status_code=500)
+    _hold(app, settings, policy)
+    _answer_errors(app)
 
     @app.get(f"{API}/health")
     def health() -> dict[str, bool]:
@@ -244,3 +173,64 @@ def create_app(settings: Settings, *, policy: SocketPolicy | None = None) -> Fas
 def openapi_document() -> str:
     """The service's API as an OpenAPI document (published as docs/service-openapi.json)."""
     return json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
+
+
+def _hold(app: FastAPI, settings: Settings, policy: SocketPolicy | None) -> None:
+    """What the routes share, in ``app.state``, and the middleware around them."""
+    app.state.settings = settings
+    app.state.fingerprint = settings.fingerprint()
+    app.state.pools = threading.local()
+    app.state.policy = policy if policy is not None else SocketPolicy(None)
+    app.state.witness = Witness(settings, lambda: app.state.policy.current)
+    # Inside the audit, which logs what the caller got, a 413 too.
+    app.add_middleware(
+        limits.RequestCap, cap_of=lambda scope: limits.route_cap(app.router.routes, scope)
+    )
+    app.add_middleware(Audit)
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """The app's one set of exception handlers: every error an ``ErrorBody``."""
+    app.add_exception_handler(PgoverlayError, _engine_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _bad_request)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _failure)
+
+
+async def _engine_error(_: Request, err: PgoverlayError) -> JSONResponse:
+    body = ErrorBody(code=error_code(type(err)), message=str(err))
+    return JSONResponse(as_dict(body), status_code=status_of(err))
+
+
+async def _bad_request(_: Request, err: RequestValidationError) -> JSONResponse:
+    first = err.errors()[0] if err.errors() else {}
+    # A field's name may be the caller's own (an unknown one): quoted as an excerpt.
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+    # A request's own check (its __post_init__) names its field in its message.
+    problem = str(first.get("msg", "not valid")).removeprefix("Value error, ")
+    if len(where) > EXCERPT_CHARS:
+        where = f"{where[:EXCERPT_CHARS]}..."
+    message = problem if where == "request" else f"{where}: {problem}"
+    body = ErrorBody(code="invalid_request", message=message[:MAX_REFUSAL_CHARS])
+    return JSONResponse(as_dict(body), status_code=422)
+
+
+async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "bad_request")
+    message = (
+        "no such operation: the service's API is in docs/service-openapi.json"
+        if err.status_code in (404, 405)
+        else str(err.detail)
+    )
+    body = ErrorBody(code=code, message=message)
+    return JSONResponse(as_dict(body), status_code=err.status_code)
+
+
+async def _failure(_: Request, err: Exception) -> JSONResponse:
+    log.error("request failed: %s", type(err).__name__, exc_info=err)
+    body = ErrorBody(
+        code="internal",
+        message=f"the engine failed ({type(err).__name__}): the service's log has the "
+        "details; `pgoverlay gc` (as root) mends what an interrupted operation left",
+    )
+    return JSONResponse(as_dict(body), status_code=500)

@@ -20,14 +20,12 @@ from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
 
 from pgoverlay import errors
-from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.service import limits, models
+from pgoverlay.runner.service.answers import Name
 from pgoverlay.runner.service.models import LOGIN_PATTERN
 from pgoverlay.runner.service.operations import API, OPERATIONS, Op
 from pgoverlay.runner.service.shape import as_dict
 
-# A branch name in a path, checked before any route runs.
-Name = Annotated[str, StringConstraints(pattern=NAME_RE.pattern, max_length=63)]
 # A credential's login in a path: a GitHub login, or the name of a preview app's or a job's role.
 Login = Annotated[
     str,

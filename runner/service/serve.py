@@ -35,7 +35,6 @@ from pgoverlay.errors import (
 from pgoverlay.runner import polling, proc, safefs
 from pgoverlay.runner.branch import expiry, idle, warm
 from pgoverlay.runner.pool import Pool, gc, require_root
-from pgoverlay.runner.postgres import postmaster
 from pgoverlay.runner.service.admission import SocketPolicy
 from pgoverlay.runner.service.app import create_app
 from pgoverlay.runner.service.client import client, socket_path
@@ -338,7 +337,7 @@ def stop(settings: Settings, *, wait: float | None = None) -> bool:
             with contextlib.suppress(TimeoutExpiredError):
                 polling.wait_for(
                     # gone, or a zombie (its files closed; reaped if this process's child)
-                    lambda: postmaster.process_start_epoch(pid) is None,
+                    lambda: proc.process_start_epoch(pid) is None,
                     timeout=wait,
                     what="the engine service to stop",
                     max_interval=0.1,

@@ -75,13 +75,13 @@ def _audience(settings: Settings, audience: str) -> Found:
 def _certificate_names(settings: Settings) -> tuple[list[str] | None, str]:
     """The names (DNS and IP) on the certificate the door serves, and what it is; None when
     the door makes its own at start: for ``door_name``, checked then."""
-    from pgoverlay.runner.door import serve, tls
+    from pgoverlay.runner.door import pidfile, tls
 
     if settings.door_cert_file is not None:
         return _names_in(
             settings.door_cert_file
         ), f"the admin's certificate {settings.door_cert_file}"
-    made = serve.door_dir(settings) / tls.CERT_NAME
+    made = pidfile.door_dir(settings) / tls.CERT_NAME
     if made.exists():
         return _names_in(made), f"the door's self-signed certificate {made}"
     return [settings.door_name], "the self-signed certificate the door makes at start"
