@@ -14,9 +14,10 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
+from typing import Any, Literal, TypeVar, cast, get_type_hints
 
 from pgoverlay.errors import ConfigError, SettingError
+from pgoverlay.runner import values
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
@@ -83,39 +84,6 @@ def idle_seconds(default: float) -> float:
     return cast(float, _Bounded(default, {"ge": 0}, convert=_to_idle_seconds))
 
 
-_TRUE = {"1", "true", "t", "yes", "y", "on"}
-_FALSE = {"0", "false", "f", "no", "n", "off"}
-
-
-def _to_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError("should be true or false (also accepted: 1/0, yes/no, on/off)")
-
-
-def _to_int(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError("should be a whole number") from None
-
-
-def _to_float(value: object) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    try:
-        return float(str(value).strip())
-    except ValueError:
-        raise ValueError("should be a number (seconds)") from None
-
-
 def _to_idle_seconds(value: object) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -127,56 +95,6 @@ def _to_idle_seconds(value: object) -> float:
         raise ValueError(
             "should be a number of seconds (0: never) or a duration (e.g. 10m, 2h)"
         ) from None
-
-
-def _to_path(value: object) -> Path:
-    if isinstance(value, Path):
-        return value
-    if isinstance(value, str) and value.strip():
-        return Path(value.strip())
-    raise ValueError("should be a path")
-
-
-def _to_str(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    raise ValueError("should be text")
-
-
-_CONVERT: dict[Any, Callable[[object], Any]] = {
-    bool: _to_bool,
-    int: _to_int,
-    float: _to_float,
-    Path: _to_path,
-    str: _to_str,
-}
-
-
-def _converter(kind: Any) -> Callable[[object], Any]:
-    """How to turn a given value (a keyword's, or an environment variable's text) into a
-    field's type: ``X | None`` takes None or an empty text as None; a Literal, one of its
-    values."""
-    options = get_args(kind)
-    if type(None) in options:
-        (inner,) = (option for option in options if option is not type(None))
-        convert = _converter(inner)
-
-        def optional(value: object) -> Any:
-            if value is None or (isinstance(value, str) and not value.strip()):
-                return None
-            return convert(value)
-
-        return optional
-    if getattr(kind, "__origin__", None) is Literal:
-
-        def one_of(value: object) -> Any:
-            text = str(value).strip().lower() if isinstance(value, str) else value
-            if text not in options:
-                raise ValueError("should be one of " + ", ".join(map(str, options)))
-            return text
-
-        return one_of
-    return _CONVERT[kind]
 
 
 class Settings:
@@ -517,7 +435,8 @@ _TYPES = get_type_hints(Settings)
 def _check(name: str, bounds: dict[str, float | None], raw: object) -> object:
     """``raw`` as field ``name``'s type, within its bounds; a SettingError says why not."""
     try:
-        value: Any = _OWN_CONVERT.get(name, _converter(_TYPES[name]))(raw)
+        convert = _OWN_CONVERT.get(name)
+        value: Any = convert(raw) if convert else values.read(_TYPES[name], raw)
     except ValueError as exc:
         raise SettingError(name, str(exc)) from None
     among = _AMONG.get(name)
