@@ -52,7 +52,7 @@ def test_a_flag_that_is_neither_is_refused_alike_saying_what_is_accepted() -> No
 
 
 def test_a_choice_reads_alike_in_any_case_as_a_setting_does() -> None:
-    assert Settings(access_write_permission=" Admin ").access_write_permission == "admin"
+    assert Settings(access_write_permission=" Admin ").page.write_permission == "admin"
     shouted: Any = "ALL"
     assert PrRequest(migrations_select=shouted).migrations_select == "all"
     listener = RepoSettings.model_validate({"migrations_select": "All"})

@@ -174,18 +174,18 @@ def create_page(
     ``sslrootcert``; ``clock`` is for tests; ``audit`` writes a line of the door's audit log
     (``AuditLog.write``) for every sign-in, refused ones too. Reads the OAuth client's secret
     now."""
-    if not settings.oauth_client_id:
+    if not settings.page.oauth_client_id:
         raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
-        web_url=settings.github_web_url,
-        api_url=settings.github_api_url,
-        client_id=settings.oauth_client_id,
-        client_secret=oauth.read_client_secret(settings.oauth_client_secret_file),
+        web_url=settings.page.github_web_url,
+        api_url=settings.page.github_api_url,
+        client_id=settings.page.oauth_client_id,
+        client_secret=oauth.read_client_secret(settings.page.oauth_client_secret_file),
     )
     origin = page_origin(settings)
     callback = f"{origin}/oauth/callback"
-    sessions = Sessions(secret=secret, lifetime=settings.page_session_seconds)
-    lifetime = int(settings.page_session_seconds)
+    sessions = Sessions(secret=secret, lifetime=settings.page.session_seconds)
+    lifetime = int(settings.page.session_seconds)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -503,8 +503,8 @@ def _check(
     level = github.access(
         token,
         view.repository,
-        write_permission=settings.access_write_permission,
-        read_permission=settings.access_read_permission,
+        write_permission=settings.page.write_permission,
+        read_permission=settings.page.read_permission,
     )
     return login, view.repository, level, token
 
@@ -514,7 +514,7 @@ def _pull_url(settings: Settings, view: BranchView) -> str | None:
     if not view.repository or not view.pr:
         return None
     owner, _, name = view.repository.partition("/")
-    return f"{settings.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
+    return f"{settings.page.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
 
 
 def _masked(engine: PageEngine, view: BranchView) -> bool | None:

@@ -145,8 +145,8 @@ class FrontDoor:
         # logins' window's.
         self._clock: Callable[[], float] = _loop_time
         self.guard = Guard(
-            failed_logins=settings.door_failed_logins,
-            failed_window=settings.door_failed_window,
+            failed_logins=settings.door.failed_logins,
+            failed_window=settings.door.failed_window,
             clock=clock or self._clock,
         )
         self._login_steps = login.Login(self.guard)
@@ -198,7 +198,7 @@ class FrontDoor:
     async def _serve(self, client: Channel) -> None:
         source = source_of(client.info("peername"))
         record = Record(
-            source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
+            source=source, client=client_of(source, ipv6_prefix=self.settings.door.ipv6_prefix)
         )
         backend: Channel | None = None
         guard = self.guard
@@ -207,11 +207,11 @@ class FrontDoor:
         counted_branch = ""
         key: tuple[int, bytes] | None = None
         try:
-            if guard.per_source[record.client] > 2 * self.settings.door_max_per_source:
+            if guard.per_source[record.client] > 2 * self.settings.door.max_per_source:
                 record.outcome = "refused:flood"
                 return
             try:
-                async with asyncio.timeout(self.settings.door_handshake_timeout):
+                async with asyncio.timeout(self.settings.door.handshake_timeout):
                     backend, counted_branch, key = await self._handshake(client, record)
             except TimeoutError:
                 record.outcome = "timeout"
@@ -263,7 +263,7 @@ class FrontDoor:
             self._write_audit(record, client, backend)
 
     def _late(self) -> str:
-        seconds = self.settings.door_handshake_timeout
+        seconds = self.settings.door.handshake_timeout
         return (
             f"the connection took longer than {seconds:g} s to log in "
             "(the front door's door_handshake_timeout): connect again"
@@ -310,7 +310,7 @@ class FrontDoor:
                 )
             client.write(b"S")
             record.outcome = "tls_handshake"
-            await client.start_tls(self._ssl, timeout=self.settings.door_handshake_timeout)
+            await client.start_tls(self._ssl, timeout=self.settings.door.handshake_timeout)
             record.outcome = "no_startup"
             encrypted = True
             first = await self._first(client)
@@ -330,7 +330,7 @@ class FrontDoor:
         self, client: Channel, start: proto.Startup, record: Record, *, encrypted: bool
     ) -> tuple[Channel | None, str, tuple[int, bytes] | None]:
         s = self.settings
-        if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
+        if not encrypted and not (s.door.plaintext_loopback and is_loopback(record.source)):
             raise Refused(
                 "refused:plaintext",
                 proto.INVALID_AUTHORIZATION,
@@ -345,12 +345,12 @@ class FrontDoor:
                 proto.INVALID_AUTHORIZATION,
                 "too many failed logins from this address; try again later",
             )
-        if self.guard.per_source[record.client] > s.door_max_per_source:
+        if self.guard.per_source[record.client] > s.door.max_per_source:
             raise Refused(
                 "refused:source_cap",
                 proto.TOO_MANY_CONNECTIONS,
                 f"too many connections from this address (door_max_per_source = "
-                f"{s.door_max_per_source}): close some, or have the admin raise "
+                f"{s.door.max_per_source}): close some, or have the admin raise "
                 "PGOVERLAY_DOOR_MAX_PER_SOURCE",
             )
         name = self._branch_name(client, start)
@@ -442,7 +442,7 @@ class FrontDoor:
             ) from None
 
     def _branch_name(self, client: Channel, start: proto.Startup) -> str:
-        suffix = (self.settings.door_sni_suffix or "").strip(".").lower()
+        suffix = (self.settings.door.sni_suffix or "").strip(".").lower()
         sni = getattr(client.info("ssl_object"), _SNI_ATTRIBUTE, None)
         if suffix and isinstance(sni, str):
             name = sni.rstrip(".").lower()

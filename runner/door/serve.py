@@ -145,11 +145,11 @@ def prepare(settings: Settings) -> Prepared:
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
     require_root()
-    uid, gid = privsep.account(settings.door_user)
+    uid, gid = privsep.account(settings.door.user)
     service_gid = privsep.group_id(settings.service_group)
     safefs.make_dir(door_dir(settings), uid=0, gid=0, mode=0o755, exist_ok=True)
-    if settings.door_cert_file is not None and settings.door_key_file is not None:
-        pair = tls.Pair(cert=settings.door_cert_file, key=settings.door_key_file)
+    if settings.door.cert_file is not None and settings.door.key_file is not None:
+        pair = tls.Pair(cert=settings.door.cert_file, key=settings.door.key_file)
         fingerprint = None
     else:
         pair = tls.self_signed(door_dir(settings), host=settings.door_name, uid=0, gid=0)
@@ -159,8 +159,8 @@ def prepare(settings: Settings) -> Prepared:
     https_tls.set_alpn_protocols(["http/1.1"])
     safefs.make_dir(settings.home / "audit", uid=0, gid=0, mode=0o755, exist_ok=True)
     _more_descriptors()
-    postgres = bind(settings.door_address, settings.door_port)
-    https = bind(settings.door_address, settings.door_https_port)
+    postgres = bind(settings.door.address, settings.door.port)
+    https = bind(settings.door.address, settings.door.https_port)
     started = postmaster.process_start_epoch(os.getpid())
     with contextlib.suppress(FileNotFoundError):
         _pid_file(settings).unlink()
@@ -175,7 +175,7 @@ def prepare(settings: Settings) -> Prepared:
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
     audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
-    if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
+    if settings.page.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
             engine,
@@ -189,7 +189,7 @@ def prepare(settings: Settings) -> Prepared:
         pages = page.create_unconfigured(
             certificate=pair.cert.read_text() if fingerprint else None
         )
-    if settings.api_audience is not None:
+    if settings.api.audience is not None:
         pages = with_api(settings, pages)
     return Prepared(
         uid=uid,
@@ -217,10 +217,10 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     from pgoverlay.runner.service.acting import Acting
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
 
-    if settings.api_audience is None or settings.api_policy_file is None:  # Settings checks
+    if settings.api.audience is None or settings.api.policy_file is None:  # Settings checks
         raise ConfigError("the network API needs PGOVERLAY_API_AUDIENCE and its policy file")
-    verifier = oidc.Verifier(settings.api_issuer, settings.api_audience, leeway=settings.api_leeway)
-    rules = policy.load(settings.api_policy_file)
+    verifier = oidc.Verifier(settings.api.issuer, settings.api.audience, leeway=settings.api.leeway)
+    rules = policy.load(settings.api.policy_file)
     path = socket_path(settings)
 
     def engine_for(token: str, named: Acting | None) -> RemoteEngine:
@@ -233,19 +233,19 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         engine_for=engine_for,
         door=RemoteEngine(path, timeout=30.0),
         door_host=settings.door_name,
-        door_port=settings.door_port,
-        door_https_port=settings.door_https_port,
+        door_port=settings.door.port,
+        door_https_port=settings.door.https_port,
         app_sslmode=settings.door_app_sslmode,
-        failed_logins=settings.door_failed_logins,
-        failed_window=settings.door_failed_window,
-        ipv6_prefix=settings.door_ipv6_prefix,
+        failed_logins=settings.door.failed_logins,
+        failed_window=settings.door.failed_window,
+        ipv6_prefix=settings.door.ipv6_prefix,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
         settings.door_name,
-        settings.door_https_port,
+        settings.door.https_port,
         api.PREFIX,
-        settings.api_audience,
+        settings.api.audience,
         verifier.issuer,
     )
     return Starlette(routes=[Mount(api.PREFIX, app=served), Mount("/", app=pages)])
@@ -258,11 +258,11 @@ def serve(settings: Settings) -> None:
     log.info(
         "front door for %s: postgres on %s:%d, pages on https://%s:%d (as %s)",
         settings.home,
-        settings.door_address,
-        settings.door_port,
+        settings.door.address,
+        settings.door.port,
         settings.door_name,
-        settings.door_https_port,
-        settings.door_user,
+        settings.door.https_port,
+        settings.door.user,
     )
     try:
         import uvloop
@@ -382,7 +382,7 @@ def start(settings: Settings) -> str:
     require_root()
     found = running(settings)
     if found is not None and found.fingerprint == settings.fingerprint():
-        return f"front door answering on port {settings.door_port}"
+        return f"front door answering on port {settings.door.port}"
     replaced = ""
     if found is not None:
         stop_door(settings)
@@ -390,7 +390,7 @@ def start(settings: Settings) -> str:
     elif answering(settings):
         raise ConfigError(
             f"something that is not this pool's front door answers on port "
-            f"{settings.door_port} (the pool's {_pid_file(settings)} names no running door): "
+            f"{settings.door.port} (the pool's {_pid_file(settings)} names no running door): "
             "stop it, or set PGOVERLAY_DOOR_PORT to a free port"
         )
     how = _launch(settings)
@@ -401,8 +401,8 @@ def start(settings: Settings) -> str:
             f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
         )
     return (
-        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
-        f"{settings.door_https_port}"
+        f"{replaced}{how}; Postgres on port {settings.door.port}, pages on "
+        f"{settings.door.https_port}"
     )
 
 
@@ -449,7 +449,7 @@ def _launch(settings: Settings) -> str:
     polling.wait_for(
         up,
         timeout=settings.start_timeout,
-        what=f"the front door to answer on port {settings.door_port}",
+        what=f"the front door to answer on port {settings.door.port}",
     )
     return how
 
