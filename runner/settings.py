@@ -2,10 +2,17 @@
 
 ``Settings`` reads ``PGOVERLAY_*`` itself, as pydantic-settings' ``BaseSettings`` would: a
 keyword given wins over the environment, which wins over the admin's file, which wins over the
-default. It is a plain class that converts and checks its own fields, because every command
-builds one: importing pydantic and building a model of these fields cost each command more
-than the rest of its start-up, and a dataclass (``dataclasses`` imports ``inspect``) still about
-20 ms (see docs/benchmarks.md, "process").
+default. It is a plain class that checks its own fields, each value read by the one reader of
+typed values (``runner/values.py``), because every command builds one: importing pydantic and
+building a model of these fields cost each command more than the rest of its start-up, and a
+dataclass (``dataclasses`` imports ``inspect``) still about 20 ms (see docs/benchmarks.md,
+"process").
+
+The fields are in sections: the engine's are the class's own, the front door's are ``door``
+(:class:`Door`), the branch pages' and their sign-in's ``page`` (:class:`Page`), the network
+API's ``api`` (:class:`Api`). Each field is given by its key, the flat name it had before the
+sections (``door_port`` is ``settings.door.port``), so the admin's file and the variables read
+as they always did.
 """
 
 from __future__ import annotations
