@@ -30,10 +30,10 @@ from pgoverlay.action.insight.schemadiff import (
 )
 from pgoverlay.action.report import BranchInfo, MigrationRun, Report
 from pgoverlay.errors import ServiceError, UnmaskedAccessError
-from pgoverlay.runner.door import page
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.service.views import BaseView, BranchView, GrantView, Layer, Record
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import page
 
 HOST = "localhost"
 CLIENT_ID = "Iv1.pagetest"

@@ -32,7 +32,6 @@ from pgoverlay.errors import (
     SettingError,
     TokenError,
 )
-from pgoverlay.runner.door.api import status as api_status
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion, Registry
 from pgoverlay.runner.service.client import RemoteEngine
@@ -40,6 +39,7 @@ from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest
 from pgoverlay.runner.service.vouch import headers
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web.api import status as api_status
 
 POLICY = """
 owners:

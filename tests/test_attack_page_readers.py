@@ -12,7 +12,7 @@ import pytest
 
 from helpers import top_ports
 from pagekit import Engine, Site, running_page, sign_in, view
-from pgoverlay.runner.door import oauth
+from pgoverlay.runner.callers import oauth
 
 PORT = top_ports(91, 1)[0]
 PUBLIC_BRANCH = "open-pr-5"

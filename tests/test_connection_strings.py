@@ -33,7 +33,7 @@ import pagekit
 from helpers import cli, free_tcp_port, masked_base, require, service_settings
 from pgoverlay.action import main as action_main
 from pgoverlay.action.wayin import YOUR_LOGIN, way_in
-from pgoverlay.runner.door import dsn, render, tls
+from pgoverlay.runner.door import dsn, tls
 from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import binaries as pgbin
@@ -42,6 +42,7 @@ from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import CreateRequest, GrantRequest
 from pgoverlay.runner.service.serve import settings_environ
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import render
 
 pytestmark = pytest.mark.slow
 

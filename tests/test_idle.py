@@ -33,7 +33,6 @@ from pgoverlay.action.request import PrRequest
 from pgoverlay.errors import ConfigError, RequestError, SettingError
 from pgoverlay.runner import branch
 from pgoverlay.runner.branch import idle
-from pgoverlay.runner.door import render
 from pgoverlay.runner.names import parse_idle_seconds
 from pgoverlay.runner.polling import wait_for
 from pgoverlay.runner.pool import Pool, flocks
@@ -44,6 +43,7 @@ from pgoverlay.runner.service.models import CreateRequest, TraceRequest
 from pgoverlay.runner.service.views import BranchView
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import format_duration, idle_rule
+from pgoverlay.runner.web import render
 
 # -- what is read and said (pure) --------------------------------------------------------------
 

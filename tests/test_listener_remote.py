@@ -559,7 +559,7 @@ def test_what_the_listener_names_is_what_the_door_reads() -> None:
 
 
 def test_a_listeners_request_is_held_to_owners_and_pinned_ids_not_to_workflows() -> None:
-    from pgoverlay.runner.door.policy import Decision, parse
+    from pgoverlay.runner.callers.policy import Decision, parse
 
     rules = parse(
         b"owners:\n  - {name: acme, id: 501}\n"

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import serialization
 
 from oidckit import AUDIENCE, Issuer, Key, claims, sign
 from pgoverlay.errors import ConfigError, IssuerError, TokenError
-from pgoverlay.runner.door import oidc
-from pgoverlay.runner.door.oidc import Identity, Verifier
+from pgoverlay.runner.callers import oidc
+from pgoverlay.runner.callers.oidc import Identity, Verifier
 
 NOW = 1_800_000_000.0
 

@@ -33,10 +33,11 @@ from fakegithub import FakeGitHub
 from helpers import free_tcp_port, top_ports
 from pagekit import CLIENT_ID, FINGERPRINT, HOST, SESSION_SECONDS, Engine, Site, running_page, view
 from pgoverlay.errors import ConfigError, GitHubError, UnsafeFileError
-from pgoverlay.runner.door import oauth, page, render
-from pgoverlay.runner.door.sessions import Sessions
+from pgoverlay.runner.callers import oauth
 from pgoverlay.runner.service.models import GrantRequest
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import page, render
+from pgoverlay.runner.web.sessions import Sessions
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

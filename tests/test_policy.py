@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from pgoverlay.errors import ConfigError, UnsafeFileError
-from pgoverlay.runner.door import policy
-from pgoverlay.runner.door.oidc import Identity
+from pgoverlay.runner.callers import policy
+from pgoverlay.runner.callers.oidc import Identity
 
 POLICY = b"""\
 # the pool serves acme's repositories and one of octo-org's

@@ -1,6 +1,6 @@
 """The front door: the one network-facing process of a host, unprivileged, reaching the root
 engine only through its socket: one TLS port that speaks the Postgres protocol for every
-branch of the pool (``router.FrontDoor``), and the branch pages (``page``).
+branch of the pool (``router.FrontDoor``), and the web application (``runner/web/``).
 
 Why a router of our own and not PgBouncer (Debian's package: TLS, per-database routing, reload
 without dropping clients): PgBouncer authenticates clients itself, so it would need each branch
@@ -30,6 +30,6 @@ Modules: ``startup`` (the protocol, sans I/O), ``tls`` (certificate, key, finger
 as messages, then spliced), ``login`` (a branch's SCRAM relayed, or a wrong password
 imitated), ``router`` (the server), ``inthread`` (a door on a thread's loop, for the
 benchmark and tests), ``privsep`` and ``serve`` (the process: root's preparation, then its
-own user), ``page``, ``oauth``, ``sessions`` and ``render`` (the branch pages), ``oidc``
-(a GitHub Actions OIDC token verified) and ``policy`` (who may use the pool).
+own user). The branch pages and the network API the same process serves on its HTTPS port
+are the web application's (``runner/web/``).
 """

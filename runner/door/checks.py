@@ -1,4 +1,4 @@
-"""What ``doctor`` says about the network API (``runner/door/api.py``), one verdict per line:
+"""What ``doctor`` says about the network API (``runner/web/api.py``), one verdict per line:
 whether it is on; its audience, which must be the https address a job's `server` input names,
 on a host the door's certificate names (else every job's TLS check fails before a token is
 sent); its policy file, read as the door reads it; and its OIDC issuer, asked for its keys now.
@@ -127,7 +127,7 @@ def _named(host: str, names: list[str]) -> bool:
 
 
 def _policy(settings: Settings) -> Found:
-    from pgoverlay.runner.door import policy
+    from pgoverlay.runner.callers import policy
 
     name = "network API policy"
     path = settings.api.policy_file
@@ -142,7 +142,7 @@ def _policy(settings: Settings) -> Found:
 
 
 def _issuer(settings: Settings) -> Found:
-    from pgoverlay.runner.door import oidc
+    from pgoverlay.runner.callers import oidc
 
     name = "network API issuer"
     try:

@@ -141,8 +141,9 @@ def prepare(settings: Settings) -> Prepared:
     the door runs are imported here too, as the interpreter's files may be root's alone."""
     import uvicorn  # noqa: F401 - imported while root may still read it
 
-    from pgoverlay.runner.door import api, page, router, tls  # noqa: F401
+    from pgoverlay.runner.door import router, tls  # noqa: F401
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
+    from pgoverlay.runner.web import api, page  # noqa: F401
 
     require_root()
     uid, gid = privsep.account(settings.door.user)
@@ -212,10 +213,11 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    from pgoverlay.runner.door import api, oidc, policy
+    from pgoverlay.runner.callers import oidc, policy
     from pgoverlay.runner.service import vouch
     from pgoverlay.runner.service.acting import Acting
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
+    from pgoverlay.runner.web import api
 
     if settings.api.audience is None or settings.api.policy_file is None:  # Settings checks
         raise ConfigError("the network API needs PGOVERLAY_API_AUDIENCE and its policy file")
@@ -336,7 +338,8 @@ def resolver(engine: RemoteEngine) -> router.Resolve:
 async def _serve(settings: Settings, prepared: Prepared) -> None:
     import uvicorn
 
-    from pgoverlay.runner.door import page, router
+    from pgoverlay.runner.door import router
+    from pgoverlay.runner.web import page
 
     door = router.FrontDoor(
         settings,

@@ -1,7 +1,7 @@
 """The pool's policy as the engine service holds it for the callers on its socket.
 
 When ``api_policy_file`` is set, the service reads the same policy the front door reads for
-its network API (``door.policy``), checked as strictly: a policy with a problem stops the
+its network API (``callers.policy``), checked as strictly: a policy with a problem stops the
 service from starting, with the line and field named. ``reload`` reads it again (the service
 calls it on SIGHUP, ``systemctl reload pgoverlay``); a changed file with a problem is logged and
 the policy already held stays in force, so a typo cannot open the pool to everyone or close it
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pgoverlay.errors import PgoverlayError
 
 if TYPE_CHECKING:  # the policy module (and YAML) is imported only when a policy file is set
-    from pgoverlay.runner.door.policy import Policy
+    from pgoverlay.runner.callers.policy import Policy
 
 log = logging.getLogger("pgoverlay.service")
 
@@ -51,6 +51,6 @@ class SocketPolicy:
 
 
 def _read(path: Path) -> Policy:
-    from pgoverlay.runner.door import policy
+    from pgoverlay.runner.callers import policy
 
     return policy.load(path)

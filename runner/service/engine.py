@@ -78,7 +78,7 @@ from pgoverlay.runner.service.views import (
 from pgoverlay.runner.service.vouch import Vouched, for_pull_request
 
 if TYPE_CHECKING:  # requests (Shapes, read by the app through pydantic), made by whoever calls
-    from pgoverlay.runner.door.policy import Policy
+    from pgoverlay.runner.callers.policy import Policy
     from pgoverlay.runner.pool.registry import StoredGrant
     from pgoverlay.runner.service.models import (
         CreateRequest,

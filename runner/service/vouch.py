@@ -26,7 +26,7 @@ from pgoverlay.runner.service import acting
 from pgoverlay.runner.service.acting import Acting
 
 if TYPE_CHECKING:
-    from pgoverlay.runner.door.policy import Decision
+    from pgoverlay.runner.callers.policy import Decision
 
 PREFIX = "x-pgoverlay-vouched-"
 TOKEN_HEADER = PREFIX + "token"

@@ -31,9 +31,9 @@ from pgoverlay.runner.service import tokens
 from pgoverlay.runner.service.vouch import Evidence, Vouched, admitted
 
 if TYPE_CHECKING:
-    from pgoverlay.runner.door.oauth import Access
-    from pgoverlay.runner.door.oidc import Verifier
-    from pgoverlay.runner.door.policy import Policy
+    from pgoverlay.runner.callers.oauth import Access
+    from pgoverlay.runner.callers.oidc import Verifier
+    from pgoverlay.runner.callers.policy import Policy
     from pgoverlay.runner.settings import Settings
 
 
@@ -50,7 +50,7 @@ class Reader:
 
     def check(self, repository: str) -> tuple[str, Access | None]:
         """The reader's GitHub login, and their access to ``repository`` (None: none)."""
-        from pgoverlay.runner.door.oauth import GitHubSignIn
+        from pgoverlay.runner.callers.oauth import GitHubSignIn
 
         s = self._settings
         # The reader's token makes its own calls: no client id or secret is needed for them.
@@ -89,7 +89,7 @@ class Witness:
         first token comes (thread-safe)."""
         with self._lock:
             if self._verifier is None:
-                from pgoverlay.runner.door.oidc import Verifier
+                from pgoverlay.runner.callers.oidc import Verifier
 
                 s = self._settings
                 if s.api.audience is None:

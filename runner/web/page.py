@@ -40,13 +40,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay.action import record as pr_record
 from pgoverlay.errors import GitHubError, PgoverlayError, UnmaskedAccessError
-from pgoverlay.runner.door import oauth, render
-from pgoverlay.runner.door.render import Credential
-from pgoverlay.runner.door.sessions import SIGN_IN_SECONDS, Session, Sessions
+from pgoverlay.runner.callers import oauth
 from pgoverlay.runner.names import NAME_RE
 from pgoverlay.runner.service import models
 from pgoverlay.runner.service.views import BaseView, BranchView
 from pgoverlay.runner.settings import Settings
+from pgoverlay.runner.web import render
+from pgoverlay.runner.web.render import Credential
+from pgoverlay.runner.web.sessions import SIGN_IN_SECONDS, Session, Sessions
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Signing a reader in with GitHub, and what that reader may do on a pull request's repository.
 
-The branch page (``door/page.py``) uses GitHub's OAuth web flow: the browser is sent to
+The branch page (``web/page.py``) uses GitHub's OAuth web flow: the browser is sent to
 ``{github_web_url}/login/oauth/authorize`` with the admin's client id, a redirect back to the
 page's ``/oauth/callback`` and a random ``state``; GitHub sends it back with a one-time
 ``code``, which the page exchanges here, server to server, for the reader's token (the client

@@ -49,9 +49,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgoverlay import errors
 from pgoverlay.errors import PgoverlayError
+from pgoverlay.runner.callers.oidc import Identity, Verifier
+from pgoverlay.runner.callers.policy import Policy
 from pgoverlay.runner.door.guard import client_of
-from pgoverlay.runner.door.oidc import Identity, Verifier
-from pgoverlay.runner.door.policy import Policy
 from pgoverlay.runner.door.refusals import Refusals, claim_of
 from pgoverlay.runner.service import acting, limits, tokens, vouch
 from pgoverlay.runner.service.app import Name, status_of

@@ -1,5 +1,5 @@
 """The pool's policy: which GitHub Actions jobs may use it, read from the admin's YAML file and
-asked of a verified :class:`~pgoverlay.runner.door.oidc.Identity`. Pure but for :func:`load`.
+asked of a verified :class:`~pgoverlay.runner.callers.oidc.Identity`. Pure but for :func:`load`.
 
 A policy file::
 
@@ -65,7 +65,7 @@ from pydantic import (
 
 from pgoverlay.errors import ConfigError, Location, Problems, config_error, dotted
 from pgoverlay.runner import safefs
-from pgoverlay.runner.door.oidc import Identity
+from pgoverlay.runner.callers.oidc import Identity
 from pgoverlay.runner.names import is_github_login
 
 MAX_POLICY_BYTES = 1 << 20

@@ -23,8 +23,8 @@ from pgoverlay.action.insight.locks import per_table
 from pgoverlay.action.insight.model import LockUse
 from pgoverlay.action.record import PrRecord
 from pgoverlay.action.report import MigrationRun
+from pgoverlay.runner.callers.oauth import Access
 from pgoverlay.runner.door import dsn
-from pgoverlay.runner.door.oauth import Access
 from pgoverlay.runner.service.views import BranchView
 from pgoverlay.runner.units import format_bytes, idle_rule
 

@@ -28,7 +28,7 @@ import hmac
 import secrets
 from dataclasses import dataclass, field
 
-from pgoverlay.runner.door.oauth import Access
+from pgoverlay.runner.callers.oauth import Access
 
 SIGN_IN_SECONDS = 600.0  # GitHub's own codes last ten minutes
 MAX_PENDING = 10_000
