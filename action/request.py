@@ -10,9 +10,10 @@ inputs block of ``action.yml`` (``scripts/action_inputs.py`` writes it, and
 from :class:`PrRequest`'s fields with the same checks.
 
 Plain dataclasses, not pydantic models: every step of the Action reads its inputs, and importing
-pydantic and building these models cost that step more than the rest of its start-up. They read
-what pydantic did and word each problem as pydantic's (lax) validation did, so a workflow's
-author sees the messages they always saw.
+pydantic and building these models cost that step more than the rest of its start-up. Each
+value is read by its annotation with the one reader of typed values (``runner/values.py``), as
+the runner's settings are and the listener's per-repository settings are: a flag or a choice
+reads, and a problem is worded, alike wherever it is written.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 from pgoverlay.action import when
 from pgoverlay.action.insight.model import Thresholds
 from pgoverlay.errors import ConfigError, Location, Problems, RequestError, config_error
 from pgoverlay.runner.names import NAME_RE, parse_idle_seconds, parse_seconds
 from pgoverlay.runner.runtime import table as runtimes
+from pgoverlay.runner.values import read as typed
 
 _LOCK_UNITS = "ms, s, m or h (e.g. 500ms, 5s, 1.5s, 2m)"
 
@@ -117,7 +119,7 @@ def _base_name(base: str | None) -> None:
 
 def _runtime(runtime: str) -> None:
     if runtime not in runtimes.choices():
-        raise ConfigError(_one_of(runtimes.choices()))
+        raise ConfigError("should be one of " + ", ".join(runtimes.choices()))
 
 
 def _ttl(ttl: str | None) -> None:
@@ -202,43 +204,6 @@ def is_blank(value: object) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
-# -- reading values as pydantic did -----------------------------------------------------------
-
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-class _Wrong(Exception):
-    """Private control flow: a value of the wrong type, caught in ``_typed`` and reported as
-    one of the request's problems; never reaches a user."""
-
-
-def _as_bool(value: object) -> bool:
-    """A flag, as pydantic read one: true/false, yes/no, on/off, 1/0 (any case), or 0 and 1."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        text = value.lower()
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE
-    elif isinstance(value, int | float) and value in (0, 1):
-        return bool(value)
-    elif not isinstance(value, int | float):
-        raise _Wrong("Input should be a valid boolean")
-    raise _Wrong("Input should be a valid boolean, unable to interpret input")
-
-
-def _one_of(options: tuple[str, ...]) -> str:
-    listed = [repr(o) for o in options]
-    return f"Input should be {', '.join(listed[:-1])} or {listed[-1]}"
-
-
-def _choice(options: tuple[str, ...], value: object) -> str:
-    if value not in options:
-        raise _Wrong(_one_of(options))
-    return str(value)
-
-
 _TYPES: dict[type[PrRequest], dict[str, Any]] = {}
 
 
@@ -248,20 +213,6 @@ def field_types(cls: type[PrRequest]) -> dict[str, Any]:
     if cls not in _TYPES:
         _TYPES[cls] = typing.get_type_hints(cls)
     return _TYPES[cls]
-
-
-def _typed(kind: Any, value: object) -> object:
-    """``value`` as type ``kind`` (a flag, one of a Literal's choices, or a text, optional or
-    not), or _Wrong with pydantic's words for why not."""
-    if kind is bool:
-        return _as_bool(value)
-    if get_origin(kind) is Literal:
-        return _choice(get_args(kind), value)
-    if value is None and type(None) in get_args(kind):
-        return None
-    if not isinstance(value, str):
-        raise _Wrong("Input should be a valid string")
-    return value
 
 
 Problem = tuple[Location, str]  # where (a field's name, or () for the whole) and what is wrong
@@ -281,8 +232,8 @@ def read(
         if name not in values or is_blank(values[name]):
             continue
         try:
-            settled[name] = _typed(kinds[name], values[name])
-        except _Wrong as wrong:
+            settled[name] = typed(kinds[name], values[name])
+        except ValueError as wrong:
             problems.append(((name,), str(wrong)))
             continue
         problem = field_problem(field, settled[name])

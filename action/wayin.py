@@ -65,7 +65,7 @@ def way_in(settings: Settings, branch: str) -> WayIn:
     return WayIn(
         page=settings.page_url(branch),
         host=settings.door_name,
-        port=settings.door_port,
+        port=settings.door.port,
         database=branch,
         sslmode=PERSON_SSLMODE,
         sslrootcert=settings.door_rootcert,

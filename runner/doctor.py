@@ -233,8 +233,8 @@ def _door(settings: Settings) -> Check:
     it made, by the SHA-256 fingerprint readers check before they trust it."""
     from pgoverlay.runner.door import pidfile, reach, tls
 
-    if settings.door_cert_file is not None:
-        cert = settings.door_cert_file
+    if settings.door.cert_file is not None:
+        cert = settings.door.cert_file
         kind = "the admin's certificate"
     else:
         cert = pidfile.door_dir(settings) / tls.CERT_NAME
@@ -243,7 +243,7 @@ def _door(settings: Settings) -> Check:
         print_ = tls.fingerprint(cert)
     except PgoverlayError:
         print_ = ""
-    where = f"port {settings.door_port}, pages on {settings.door_https_port}"
+    where = f"port {settings.door.port}, pages on {settings.door.https_port}"
     if not reach.answering(settings):
         made = f"; {kind}, SHA-256 {print_}" if print_ else ""
         return Check(

@@ -2,10 +2,17 @@
 
 ``Settings`` reads ``PGOVERLAY_*`` itself, as pydantic-settings' ``BaseSettings`` would: a
 keyword given wins over the environment, which wins over the admin's file, which wins over the
-default. It is a plain class that converts and checks its own fields, because every command
-builds one: importing pydantic and building a model of these fields cost each command more
-than the rest of its start-up, and a dataclass (``dataclasses`` imports ``inspect``) still about
-20 ms (see docs/benchmarks.md, "process").
+default. It is a plain class that checks its own fields, each value read by the one reader of
+typed values (``runner/values.py``), because every command builds one: importing pydantic and
+building a model of these fields cost each command more than the rest of its start-up, and a
+dataclass (``dataclasses`` imports ``inspect``) still about 20 ms (see docs/benchmarks.md,
+"process").
+
+The fields are in sections: the engine's are the class's own, the front door's are ``door``
+(:class:`Door`), the branch pages' and their sign-in's ``page`` (:class:`Page`), the network
+API's ``api`` (:class:`Api`). Each field is given by its key, the flat name it had before the
+sections (``door_port`` is ``settings.door.port``), so the admin's file and the variables read
+as they always did.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, get_args, get_type_hints
+from typing import Any, TypeVar, cast, get_type_hints
 
 from pgoverlay.errors import ConfigError, SettingError
 from pgoverlay.github.grammar import API_URL, WEB_URL, ReadPermission, WritePermission
+from pgoverlay.runner import values
 from pgoverlay.runner.runtime import table as runtimes
 
 ENV_PREFIX = "PGOVERLAY_"
@@ -84,39 +92,6 @@ def idle_seconds(default: float) -> float:
     return cast(float, _Bounded(default, {"ge": 0}, convert=_to_idle_seconds))
 
 
-_TRUE = {"1", "true", "t", "yes", "y", "on"}
-_FALSE = {"0", "false", "f", "no", "n", "off"}
-
-
-def _to_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError("should be true or false (also accepted: 1/0, yes/no, on/off)")
-
-
-def _to_int(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ValueError("should be a whole number") from None
-
-
-def _to_float(value: object) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    try:
-        return float(str(value).strip())
-    except ValueError:
-        raise ValueError("should be a number (seconds)") from None
-
-
 def _to_idle_seconds(value: object) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -130,62 +105,130 @@ def _to_idle_seconds(value: object) -> float:
         ) from None
 
 
-def _to_path(value: object) -> Path:
-    if isinstance(value, Path):
-        return value
-    if isinstance(value, str) and value.strip():
-        return Path(value.strip())
-    raise ValueError("should be a path")
+class Section:
+    """A section of the settings: the fields one part of the product reads, an attribute of
+    :class:`Settings` (``settings.door.port``). A field's key, the name it is given by in
+    ``Settings(**given)``, the admin's file and the environment (``PGOVERLAY_<KEY>``), is the
+    section's ``prefix`` and its name, unless ``keys`` names it otherwise: the keys are those
+    of the flat settings that came before the sections, so every file and variable an admin
+    wrote is read as it was."""
+
+    prefix = ""
+    keys: dict[str, str] = {}
+
+    def __init__(self, **values: object) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """The field's key: ``door.port`` is ``door_port`` (``PGOVERLAY_DOOR_PORT``)."""
+        return cls.keys.get(name, cls.prefix + name)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as Settings is
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
-def _to_str(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    raise ValueError("should be text")
+class Door(Section):
+    """The front door (`pgoverlay door`): one TCP port speaking the Postgres protocol for every
+    branch, over TLS, and the branch pages over HTTPS. Started as root, it binds its ports and
+    reads its key, then runs as ``user`` and reaches the engine only through its socket."""
+
+    prefix = "door_"
+
+    user: str = "pgoverlay-door"
+    address: str = "0.0.0.0"
+    port: int = bounded(6543, ge=1, le=65535)
+    https_port: int = bounded(8443, ge=1, le=65535)
+    # The name clients connect to (what the certificate names, for sslmode=verify-full);
+    # unset: advertise_host, else this host's fully qualified name.
+    host: str | None = None
+    # The admin's certificate chain and key (PEM); without them a self-signed pair is made in
+    # <home>/door/ and its SHA-256 fingerprint shown by the page and `doctor`.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # Whether clients verify the door against its own self-signed certificate (the file the
+    # pages offer) rather than an authority they trust; unset: when cert_file is unset.
+    # The Action sets it from the pool's answer when it reaches a pool over the network.
+    self_signed: bool | None = None
+    # A wildcard name (branches reached as BRANCH.<sni_suffix>, routed by TLS SNI).
+    sni_suffix: str | None = None
+    # Plaintext Postgres connections from loopback (never from elsewhere).
+    plaintext_loopback: bool = False
+    # Connections to one branch through the door; 0: all that a branch leaves the door
+    # (Settings.door_branch_cap). More than that is refused at start: the branch itself would
+    # refuse them.
+    max_per_branch: int = bounded(0, ge=0)
+    max_per_source: int = bounded(20, ge=1)
+    # Seconds a client has from connecting to its first query (TLS, startup and login).
+    handshake_timeout: float = bounded(10.0, gt=0)
+    # Failed logins a source may make in failed_window seconds before it is refused.
+    failed_logins: int = bounded(10, ge=1)
+    failed_window: float = bounded(300.0, gt=0)
+    # The door's limits count an IPv6 client by its prefix of this many bits (IPv4: per address).
+    ipv6_prefix: int = bounded(64, ge=8, le=128)
 
 
-_CONVERT: dict[Any, Callable[[object], Any]] = {
-    bool: _to_bool,
-    int: _to_int,
-    float: _to_float,
-    Path: _to_path,
-    str: _to_str,
-}
+class Page(Section):
+    """The branch pages and their sign-in with GitHub (OAuth): the GitHub (or GitHub Enterprise)
+    web and API addresses, the OAuth client of the admin's GitHub App or OAuth App and the file
+    holding its secret, who gets which credential, and how long a page session lasts."""
+
+    prefix = "page_"
+    keys = {
+        "github_web_url": "github_web_url",
+        "github_api_url": "github_api_url",
+        "oauth_client_id": "oauth_client_id",
+        "oauth_client_secret_file": "oauth_client_secret_file",
+        "write_permission": "access_write_permission",
+        "read_permission": "access_read_permission",
+    }
+
+    github_web_url: str = WEB_URL
+    github_api_url: str = API_URL
+    oauth_client_id: str | None = None
+    oauth_client_secret_file: Path | None = None
+    # The least permission on the PR's repository that gets a read-write credential, and the
+    # least that gets a read-only one (on a public or internal repository, where GitHub gives
+    # every account read, never less than triage); and how long a page session lasts, in
+    # seconds.
+    write_permission: WritePermission = "write"
+    read_permission: ReadPermission = "read"
+    session_seconds: float = bounded(3600.0, gt=0)
 
 
-def _converter(kind: Any) -> Callable[[object], Any]:
-    """How to turn a given value (a keyword's, or an environment variable's text) into a
-    field's type: ``X | None`` takes None or an empty text as None; a Literal, one of its
-    values."""
-    options = get_args(kind)
-    if type(None) in options:
-        (inner,) = (option for option in options if option is not type(None))
-        convert = _converter(inner)
+class Api(Section):
+    """The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
+    GitHub Actions OIDC token of ``issuer`` for ``audience`` (the pool's URL; unset: the API
+    is off), admitted by the policy in ``policy_file`` (required with an audience), its times
+    checked with ``leeway`` seconds of clock skew either way. The engine service holds its
+    socket's callers to that policy too, where a repository's name can be held to it."""
 
-        def optional(value: object) -> Any:
-            if value is None or (isinstance(value, str) and not value.strip()):
-                return None
-            return convert(value)
+    prefix = "api_"
 
-        return optional
-    if getattr(kind, "__origin__", None) is Literal:
-
-        def one_of(value: object) -> Any:
-            text = str(value).strip().lower() if isinstance(value, str) else value
-            if text not in options:
-                raise ValueError("should be one of " + ", ".join(map(str, options)))
-            return text
-
-        return one_of
-    return _CONVERT[kind]
+    issuer: str = "https://token.actions.githubusercontent.com"
+    audience: str | None = None
+    policy_file: Path | None = None
+    leeway: float = bounded(60.0, ge=0, le=600)
 
 
 class Settings:
-    """Runner-side settings; every field can be set as ``PGOVERLAY_<NAME>`` in the environment.
+    """Runner-side settings: the engine's fields, and the sections of the front door
+    (``door``), the branch pages and their sign-in (``page``) and the network API (``api``).
+    The listener's are its own (``webhook.settings``), in the listener's process alone.
 
-    ``Settings(**given)`` takes each field from ``given``, else from ``PGOVERLAY_*``, else its
-    default, converts it to its type and checks it (``SettingError`` names the variable);
-    ``replace`` copies one with some fields changed."""
+    Every field has a key (an engine field's name; a section's field's ``Section.key``) and
+    can be set as ``PGOVERLAY_<KEY>`` in the environment. ``Settings(**given)`` takes each
+    field from ``given`` by its key, else from ``PGOVERLAY_*``, else its default, converts it to
+    its type with the one reader of typed values (``runner/values.py``) and checks it
+    (``SettingError`` names the variable); ``replace`` copies one with some fields changed."""
 
     home: Path = Path("/var/lib/pgoverlay")
     os_user: str = "postgres"
@@ -276,68 +319,17 @@ class Settings:
     # service_idle_interval seconds (0: it never looks, and no branch is suspended on its own).
     suspend_after: float = idle_seconds(600.0)
     service_idle_interval: float = bounded(20.0, ge=0)
-    # The front door (`pgoverlay door`): one TCP port speaking the Postgres protocol for every
-    # branch, over TLS, and the branch pages over HTTPS. Started as root, it binds its ports and
-    # reads its key, then runs as door_user and reaches the engine only through its socket.
-    door_user: str = "pgoverlay-door"
-    door_address: str = "0.0.0.0"
-    door_port: int = bounded(6543, ge=1, le=65535)
-    door_https_port: int = bounded(8443, ge=1, le=65535)
-    # The name clients connect to (what the certificate names, for sslmode=verify-full);
-    # unset: advertise_host, else this host's fully qualified name.
-    door_host: str | None = None
-    # The admin's certificate chain and key (PEM); without them a self-signed pair is made in
-    # <home>/door/ and its SHA-256 fingerprint shown by the page and `doctor`.
-    door_cert_file: Path | None = None
-    door_key_file: Path | None = None
-    # Whether clients verify the door against its own self-signed certificate (the file the
-    # pages offer) rather than an authority they trust; unset: when door_cert_file is unset.
-    # The Action sets it from the pool's answer when it reaches a pool over the network.
-    door_self_signed: bool | None = None
-    # A wildcard name (branches reached as BRANCH.<door_sni_suffix>, routed by TLS SNI).
-    door_sni_suffix: str | None = None
-    # Plaintext Postgres connections from loopback (never from elsewhere).
-    door_plaintext_loopback: bool = False
-    # Connections to one branch through the door; 0: all that a branch leaves the door
-    # (door_branch_cap). More than that is refused at start: the branch itself would refuse them.
-    door_max_per_branch: int = bounded(0, ge=0)
-    door_max_per_source: int = bounded(20, ge=1)
-    # Seconds a client has from connecting to its first query (TLS, startup and login).
-    door_handshake_timeout: float = bounded(10.0, gt=0)
-    # Failed logins a source may make in door_failed_window seconds before it is refused.
-    door_failed_logins: int = bounded(10, ge=1)
-    door_failed_window: float = bounded(300.0, gt=0)
-    # The door's limits count an IPv6 client by its prefix of this many bits (IPv4: per address).
-    door_ipv6_prefix: int = bounded(64, ge=8, le=128)
     # Personal credentials (`pgoverlay access`): their default and longest life in seconds, and
     # whether a branch of an unmasked base (production's personal data) may have them at all.
     access_ttl: float = bounded(8 * 3600.0, gt=0)
     access_max_ttl: float = bounded(7 * 24 * 3600.0, gt=0)
     access_unmasked: bool = False
-    # Sign-in on the branch pages: the GitHub (or GitHub Enterprise) web and API addresses, the
-    # OAuth client of the admin's GitHub App or OAuth App, and the file holding its secret.
-    github_web_url: str = WEB_URL
-    github_api_url: str = API_URL
-    oauth_client_id: str | None = None
-    oauth_client_secret_file: Path | None = None
-    # The least permission on the PR's repository that gets a read-write credential, and the
-    # least that gets a read-only one (on a public or internal repository, where GitHub gives
-    # every account read, never less than triage); and how long a page session lasts, in
-    # seconds.
-    access_write_permission: WritePermission = "write"
-    access_read_permission: ReadPermission = "read"
-    page_session_seconds: float = bounded(3600.0, gt=0)
-    # The engine's API on the door's HTTPS port (/api/v1), for workflows on any runner: a
-    # GitHub Actions OIDC token of api_issuer for api_audience (the pool's URL; unset: the API
-    # is off), admitted by the policy in api_policy_file (required with an audience), its
-    # times checked with api_leeway seconds of clock skew either way. The engine service holds
-    # its socket's callers to that policy too, where a repository's name can be held to it.
-    api_issuer: str = "https://token.actions.githubusercontent.com"
-    api_audience: str | None = None
-    api_policy_file: Path | None = None
-    api_leeway: float = bounded(60.0, ge=0, le=600)
     # Fault injection for crash tests: the saga kills its own process at this step.
     fault_point: str | None = None
+    # The sections (each field's default is in its section's class).
+    door: Door
+    page: Page
+    api: Api
 
     def __init__(self, **given: object) -> None:
         unknown = sorted(given.keys() - _FIELDS.keys())
@@ -346,20 +338,31 @@ class Settings:
         values = {**from_environment(os.environ, set(_FIELDS)), **given}
         if "docker_host" not in values:  # the variable every Docker client reads
             values["docker_host"] = os.environ.get("DOCKER_HOST")
-        for name, (default, bounds) in _FIELDS.items():
-            value = _check(name, bounds, values[name]) if name in values else default
-            setattr(self, name, value)
+        sections: dict[str, dict[str, object]] = {name: {} for name in _SECTIONS}
+        for key, field in _FIELDS.items():
+            value = _check(key, field, values[key]) if key in values else field.default
+            if field.section:
+                sections[field.section][field.name] = value
+            else:
+                setattr(self, field.name, value)
+        for name, kind in _SECTIONS.items():
+            setattr(self, name, kind(**sections[name]))
         self._whole()
 
+    def get(self, key: str) -> object:
+        """The value of the field whose key is ``key`` (``door_port``: ``self.door.port``)."""
+        field = _FIELDS[key]
+        return getattr(getattr(self, field.section) if field.section else self, field.name)
+
     def replace(self, **changes: object) -> Settings:
-        """A copy with ``changes``, checked as a new one is (every field is given, so the
-        environment plays no part)."""
-        return Settings(**{**{name: getattr(self, name) for name in _FIELDS}, **changes})
+        """A copy with ``changes`` (by key), checked as a new one is (every field is given, so
+        the environment plays no part)."""
+        return Settings(**{**{key: self.get(key) for key in _FIELDS}, **changes})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Settings):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+        return all(self.get(key) == other.get(key) for key in _FIELDS)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass would be
 
@@ -389,11 +392,11 @@ class Settings:
                 "or neither",
             )
         left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
-        if left < 1 or self.door_max_per_branch > left:
+        if left < 1 or self.door.max_per_branch > left:
             door = variable("door_max_per_branch")
-            wanted = max(self.door_max_per_branch, 1) + SUPERUSER_RESERVED
+            wanted = max(self.door.max_per_branch, 1) + SUPERUSER_RESERVED
             wanted += self.branch_engine_connections
-            fewer = f", fewer than {door}={self.door_max_per_branch}" if left >= 1 else ""
+            fewer = f", fewer than {door}={self.door.max_per_branch}" if left >= 1 else ""
             raise SettingError(
                 "",
                 f"a branch's {variable('max_connections')}={self.max_connections} leaves "
@@ -402,7 +405,7 @@ class Settings:
                 f"{self.branch_engine_connections} the engine's and the job's own){fewer}: "
                 f"raise {variable('max_connections')} to {wanted}, or lower {door}",
             )
-        if self.api_audience is not None and self.api_policy_file is None:
+        if self.api.audience is not None and self.api.policy_file is None:
             raise SettingError(
                 "api_policy_file",
                 f"is required with {variable('api_audience')} (the network API is on): name "
@@ -411,11 +414,9 @@ class Settings:
             )
 
     def changed(self) -> dict[str, object]:
-        """The fields whose value is not their default."""
+        """The fields whose value is not their default, by key."""
         return {
-            name: getattr(self, name)
-            for name, (default, _) in _FIELDS.items()
-            if getattr(self, name) != default
+            key: self.get(key) for key, field in _FIELDS.items() if self.get(key) != field.default
         }
 
     def fingerprint(self) -> str:
@@ -423,7 +424,7 @@ class Settings:
         CLI has the engine service act for it only when both have the same)."""
         from pgoverlay.runner.digest import sha256_hex
 
-        every = {name: str(getattr(self, name)) for name in _FIELDS}
+        every = {key: str(self.get(key)) for key in _FIELDS}
         return sha256_hex(json.dumps(every, sort_keys=True).encode())[:32]
 
     def image_for(self, major: int) -> str:
@@ -443,8 +444,8 @@ class Settings:
         """The host name the front door and the branch pages are reached by (what their
         certificate names): door_host, else advertise_host, else this host's fully qualified
         name."""
-        if self.door_host:
-            return self.door_host
+        if self.door.host:
+            return self.door.host
         if self.advertise_host:
             return self.advertise_host
         import socket
@@ -457,7 +458,7 @@ class Settings:
         since before ``door.dsn``): ``verify-full`` with the admin's certificate, ``require``
         with the door's own. The Action reads it only to tell which (``door_self_signed``):
         every string it prints, ``database-url`` included, is ``verify-full`` either way."""
-        return "verify-full" if self.door_cert_file is not None else "require"
+        return "verify-full" if self.door.cert_file is not None else "require"
 
     @property
     def door_branch_cap(self) -> int:
@@ -465,7 +466,7 @@ class Settings:
         else all a branch's max_connections leaves once the engine's superuser and
         branch_engine_connections have theirs (checked at load to be at least one)."""
         left = self.max_connections - SUPERUSER_RESERVED - self.branch_engine_connections
-        return self.door_max_per_branch or left
+        return self.door.max_per_branch or left
 
     @property
     def door_rootcert(self) -> str:
@@ -473,8 +474,8 @@ class Settings:
         (``door.dsn``): the door's own certificate's file name, or the system's store."""
         from pgoverlay.runner.door import dsn
 
-        own = self.door_self_signed
-        return dsn.rootcert(self_signed=self.door_cert_file is None if own is None else own)
+        own = self.door.self_signed
+        return dsn.rootcert(self_signed=self.door.cert_file is None if own is None else own)
 
     @property
     def page_origin(self) -> str:
@@ -482,7 +483,7 @@ class Settings:
         out when it is HTTPS's own, 443; an IPv6 address in brackets)."""
         host = self.door_name
         host = f"[{host}]" if ":" in host else host
-        port = "" if self.door_https_port == 443 else f":{self.door_https_port}"
+        port = "" if self.door.https_port == 443 else f":{self.door.https_port}"
         return f"https://{host}{port}"
 
     def page_url(self, branch: str) -> str:
@@ -490,49 +491,67 @@ class Settings:
         return f"{self.page_origin}/b/{branch}"
 
 
-def _fields() -> dict[str, tuple[Any, dict[str, float | None]]]:
-    """Each field's default and bounds; the class keeps the defaults alone."""
-    found = {}
-    for name in Settings.__annotations__:
-        given: Any = Settings.__dict__[name]
+class _Field:
+    """A field as ``Settings`` reads it: its section (empty for the engine's), its name there,
+    its type, default and bounds, and how its value is read and checked."""
+
+    __slots__ = ("section", "name", "kind", "default", "bounds", "among", "convert")
+
+    def __init__(self, section: str, name: str, kind: Any, given: object) -> None:
+        self.section, self.name, self.kind = section, name, kind
+        self.default: object = given
+        self.bounds: dict[str, float | None] = {}
+        self.among: Callable[[], tuple[str, ...]] | None = None
+        self.convert: Callable[[object], Any] | None = None
         if isinstance(given, _Bounded):
-            setattr(Settings, name, given.default)
-            found[name] = (given.default, given.bounds)
-            if given.among is not None:
-                _AMONG[name] = given.among
-            if given.convert is not None:
-                _OWN_CONVERT[name] = given.convert
-        else:
-            found[name] = (given, {})
-    return found
+            self.default, self.bounds = given.default, given.bounds
+            self.among, self.convert = given.among, given.convert
 
 
-_AMONG: dict[str, Callable[[], tuple[str, ...]]] = {}  # a field's values, listed elsewhere
-_OWN_CONVERT: dict[str, Callable[[object], Any]] = {}  # a field read otherwise than its type
+def _fields() -> tuple[dict[str, _Field], dict[str, type[Section]]]:
+    """Each field by its key, and each section by its attribute; the classes keep the defaults
+    alone."""
+    found: dict[str, _Field] = {}
+    sections: dict[str, type[Section]] = {}
+
+    def add(owner: type, section: str, key_of: Callable[[str], str]) -> None:
+        hints = get_type_hints(owner)
+        for name in owner.__annotations__:
+            kind = hints[name]
+            if isinstance(kind, type) and issubclass(kind, Section):
+                sections[name] = kind
+                add(kind, name, kind.key)
+                continue
+            field = _Field(section, name, kind, owner.__dict__[name])
+            setattr(owner, name, field.default)
+            found[key_of(name)] = field
+
+    add(Settings, "", lambda name: name)
+    return found, sections
 
 
-_FIELDS = _fields()
-_TYPES = get_type_hints(Settings)
+_FIELDS, _SECTIONS = _fields()
 
 
-def _check(name: str, bounds: dict[str, float | None], raw: object) -> object:
-    """``raw`` as field ``name``'s type, within its bounds; a SettingError says why not."""
+def _check(key: str, field: _Field, raw: object) -> object:
+    """``raw`` as the field's type, within its bounds; a SettingError says why not."""
     try:
-        value: Any = _OWN_CONVERT.get(name, _converter(_TYPES[name]))(raw)
+        value: Any = field.convert(raw) if field.convert else values.read(field.kind, raw)
     except ValueError as exc:
-        raise SettingError(name, str(exc)) from None
-    among = _AMONG.get(name)
+        raise SettingError(key, str(exc)) from None
+    among = field.among
     if among is not None:
         value = value.strip().lower()
         if value not in among():
-            raise SettingError(name, "should be one of " + ", ".join(among()))
+            raise SettingError(key, "should be one of " + ", ".join(among()))
+    bounds = field.bounds
     if value is not None and bounds:
         if bounds.get("ge") is not None and value < bounds["ge"]:
-            raise SettingError(name, f"should be at least {bounds['ge']}")
+            raise SettingError(key, f"should be at least {bounds['ge']}")
         if bounds.get("le") is not None and value > bounds["le"]:
-            raise SettingError(name, f"should be at most {bounds['le']}")
+            raise SettingError(key, f"should be at most {bounds['le']}")
         if bounds.get("gt") is not None and value <= bounds["gt"]:
-            raise SettingError(name, f"should be more than {bounds['gt']}")
+            raise SettingError(key, f"should be more than {bounds['gt']}")
     return value
 
 

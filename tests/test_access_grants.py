@@ -30,7 +30,7 @@ from pgoverlay.runner.service.engine import LocalEngine
 from pgoverlay.runner.service.models import GrantRequest
 
 MASKED = "grants-masked"
-DOOR = "pgoverlay-door"  # Settings.door_user's default: the service's door identity
+DOOR = "pgoverlay-door"  # Settings.door.user's default: the service's door identity
 RUNNER = "pgo-runner"  # a workflow's user, in the service's group
 OTHER = "pgo-other"
 
@@ -443,8 +443,8 @@ def test_the_owner_grants_through_the_service_and_others_may_not(
     )
     view = granted["view"]
     assert view["role"] == "alice" and view["password"]
-    assert view["database"] == "acc-svc" and view["dsn_port"] == pool.settings.door_port
-    assert granted["url"].endswith(f":{pool.settings.door_port}/acc-svc?sslmode=verify-full")
+    assert view["database"] == "acc-svc" and view["dsn_port"] == pool.settings.door.port
+    assert granted["url"].endswith(f":{pool.settings.door.port}/acc-svc?sslmode=verify-full")
     b = branch.get(pool, "acc-svc")
     with login(b, "alice", view["password"]):
         pass

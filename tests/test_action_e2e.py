@@ -374,7 +374,7 @@ def test_the_action_creates_migrates_comments_updates_and_destroys(scenario: Sce
     url = s.database_url.read_text()
     prefix = f"postgresql://app_pr_{PR}:"
     suffix = (
-        f"@{settings.door_name}:{settings.door_port}/{BRANCH}"
+        f"@{settings.door_name}:{settings.door.port}/{BRANCH}"
         f"?sslmode=verify-full&sslrootcert={settings.home}/door/door.crt"
     )
     assert url.startswith(prefix) and url.endswith(suffix), url

@@ -26,7 +26,7 @@ from pgoverlay.runner.pool import Pool
 from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.service.engine import LocalEngine
 
-DOOR = "pgoverlay-door"  # Settings.door_user's default
+DOOR = "pgoverlay-door"  # Settings.door.user's default
 POLICY = """
 owners:
   - acme

@@ -124,7 +124,7 @@ def world(
             cwd="/",
         )
         try:
-            _wait_answering(machine, settings.door_https_port, door)
+            _wait_answering(machine, settings.door.https_port, door)
             psql = os.fspath(pgbin.newest().tool("psql"))
             yield World(settings, env, machine, folder, psql, engine)
         finally:

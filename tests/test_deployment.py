@@ -476,7 +476,7 @@ def test_database_url_is_the_front_door_as_the_prs_app_role_renewed_per_run_and_
         first, log = run()
         s = pool.settings
         pattern = (
-            rf"postgresql://app_pr_7:(?P<password>[^@]+)@{re.escape(s.door_name)}:{s.door_port}/"
+            rf"postgresql://app_pr_7:(?P<password>[^@]+)@{re.escape(s.door_name)}:{s.door.port}/"
             rf"{name}\?sslmode=verify-full&sslrootcert={re.escape(str(s.home))}/door/door\.crt"
         )
         found = re.fullmatch(pattern, first)

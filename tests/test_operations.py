@@ -74,6 +74,11 @@ def test_the_network_apis_routes_are_the_declared_network_operations_and_its_own
         door=door,
         door_host="pool.test",
         door_port=5432,
+        door_https_port=8443,
+        app_sslmode="verify-full",
+        failed_logins=10,
+        failed_window=300.0,
+        ipv6_prefix=64,
     )
     routes = {
         (route.name, method, route.path)

@@ -109,9 +109,9 @@ def test_an_unknown_runtime_setting_is_refused_naming_the_known_ones(
 def test_an_unknown_runtime_in_a_request_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(RequestError, match=f"^runtime: 'podman' is not one of {KNOWN}$"):
         CreateRequest(name="pr-1", runtime="podman")
-    with pytest.raises(RequestError, match="runtime: Input should be 'auto', 'local' or 'docker'"):
+    with pytest.raises(RequestError, match="runtime: should be one of auto, local, docker"):
         PrRequest(runtime="podman")
-    with pytest.raises(ValidationError, match="Input should be 'auto', 'local' or 'docker'"):
+    with pytest.raises(ValidationError, match="should be one of auto, local, docker"):
         RepoSettings.model_validate({"runtime": "podman"})
 
 

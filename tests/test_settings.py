@@ -130,7 +130,7 @@ def test_the_webhooks_example_configuration_is_valid(monkeypatch: pytest.MonkeyP
     [
         ("PGOVERLAY_PORT_MAX", "70000", "should be at most 65535"),
         ("PGOVERLAY_START_TIMEOUT", "0", "should be more than 0"),
-        ("PGOVERLAY_START_TIMEOUT", "soon", "should be a number (seconds)"),
+        ("PGOVERLAY_START_TIMEOUT", "soon", "should be a number"),
         ("PGOVERLAY_BRANCH_SUPERUSER", "maybe", "should be true or false"),
         ("PGOVERLAY_RUNTIME", "kubernetes", "should be one of auto, local, docker"),
         ("PGOVERLAY_BRANCH_USER", "1st", "must be letters, digits and underscores"),

@@ -106,7 +106,7 @@ def service_pid(path: Path) -> int:
 def test_without_a_policy_file_a_member_creates_for_any_repository_as_before(
     users: None, clean: None, pool: Pool, base: BaseVersion, service: Path, env: dict[str, str]
 ) -> None:
-    assert service_settings(pool).api_policy_file is None
+    assert service_settings(pool).api.policy_file is None
     code, out, err = member(
         ["branch", "create", "sp-free", "--base", base.name, "--repository", "octo/anything"]
         + ["--json"],

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -38,6 +38,7 @@ from pgoverlay.action.request import (
 )
 from pgoverlay.errors import ConfigError, config_error
 from pgoverlay.github.grammar import API_URL, is_repository
+from pgoverlay.runner.values import read as typed
 
 MIB = 1024 * 1024
 
@@ -66,7 +67,13 @@ class _Request(BaseModel):
         return self
 
 
-def _checked(field: dataclasses.Field[Any], value: object) -> object:
+def _read(kind: Any, field: dataclasses.Field[Any], value: object) -> object:
+    """``value`` read as the request reads it (``runner/values.py``, the one reader of typed
+    values), then held to the field's own check."""
+    try:
+        value = typed(kind, value)
+    except ValueError as wrong:
+        raise PydanticCustomError("invalid_request", "{message}", {"message": str(wrong)}) from None
     problem = field_problem(field, value)
     if problem:
         raise PydanticCustomError("invalid_request", "{message}", {"message": problem})
@@ -97,14 +104,17 @@ Model = TypeVar("Model", bound=ListenerSettings)
 
 def with_request(request: type[PrRequest]) -> Callable[[type[Model]], type[Model]]:
     """Make a settings model take a request too: the class it decorates, with ``request``'s
-    fields before its own, each with the field's type, default and description and checked by
-    the field's own check. Its ``request()`` is the ``request`` they make."""
+    fields before its own, each with the field's type, default and description, read as the
+    request reads it and checked by the field's own check. Its ``request()`` is the
+    ``request`` they make."""
 
     def decorate(cls: type[Model]) -> type[Model]:
         types = field_types(request)
         fields: dict[str, Any] = {
             f.name: (
-                Annotated[types[f.name], AfterValidator(functools.partial(_checked, f))],
+                Annotated[
+                    types[f.name], BeforeValidator(functools.partial(_read, types[f.name], f))
+                ],
                 Field(default=f.default, description=description(f)),
             )
             for f in dataclasses.fields(request)

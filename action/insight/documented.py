@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from pgoverlay.action.insight import sqltext
 from pgoverlay.runner.service.views import RelationState
+from pgoverlay.runner.values import flag
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
 _QNAME = rf"{_IDENT}(?:\s*\.\s*{_IDENT})?"
@@ -182,11 +183,7 @@ def _vacuum_full(bare: str, relations: Relations) -> Locks | None:
         return None
     if found.group("options") is not None:
         option = _FULL_OPTION.search(found.group("options"))
-        full = option is not None and (option.group("value") or "true").lower() in (
-            "true",
-            "on",
-            "1",
-        )
+        full = option is not None and flag(option.group("value") or "true") is True
     else:
         full = "FULL" in found.group("words").upper().split()
     if not full:

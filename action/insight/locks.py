@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pgoverlay.action.insight import sqltext
 from pgoverlay.action.insight.model import Blocks, LockUse, StatementInsight
+from pgoverlay.runner.values import flag
 
 # From weakest to strongest, in the documentation's order and spelling.
 MODES = (
@@ -307,7 +308,7 @@ def timeout_in_force(statements: Sequence[StatementInsight], index: int) -> floa
         called = _SET_CONFIG.search(text)
         if found is None and called is not None:
             value = timeout_seconds(called["value"])
-            is_local = called["local"].lower() in ("true", "t", "on", "1", "yes")
+            is_local = flag(called["local"]) is True
         if value is None:
             continue
         if is_local:

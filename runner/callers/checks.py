@@ -22,7 +22,7 @@ Found = tuple[str, Verdict, str]  # a check's name, verdict and detail (doctor.C
 
 def network_api(settings: Settings) -> list[Found]:
     """The network API's checks: one line when it is off; else its audience, policy, issuer."""
-    if settings.api_audience is None:
+    if settings.api.audience is None:
         return [
             (
                 "network API",
@@ -31,7 +31,7 @@ def network_api(settings: Settings) -> list[Found]:
                 "set it to the pool's https URL for jobs on other runners (docs/api.md)",
             )
         ]
-    return [_audience(settings, settings.api_audience), _policy(settings), _issuer(settings)]
+    return [_audience(settings, settings.api.audience), _policy(settings), _issuer(settings)]
 
 
 def _audience(settings: Settings, audience: str) -> Found:
@@ -43,7 +43,7 @@ def _audience(settings: Settings, audience: str) -> Found:
             "fail",
             f"PGOVERLAY_API_AUDIENCE={audience} is not the pool's https URL: set it to "
             f"https://{settings.door_name}"
-            f"{'' if settings.door_https_port == 443 else f':{settings.door_https_port}'}, "
+            f"{'' if settings.door.https_port == 443 else f':{settings.door.https_port}'}, "
             "the address jobs give as the Action's `server` input",
         )
     host = parts.hostname
@@ -58,12 +58,12 @@ def _audience(settings: Settings, audience: str) -> Found:
             "PGOVERLAY_API_AUDIENCE (and the workflows' `server`) to a name it has",
         )
     port = parts.port or 443
-    if port != settings.door_https_port:
+    if port != settings.door.https_port:
         return (
             name,
             "warn",
             f"{audience} names port {port}, but the door's pages and API answer on "
-            f"{settings.door_https_port} (PGOVERLAY_DOOR_HTTPS_PORT): right only when something "
+            f"{settings.door.https_port} (PGOVERLAY_DOOR_HTTPS_PORT): right only when something "
             "forwards that port to the door",
         )
     on = (
@@ -77,10 +77,10 @@ def _certificate_names(settings: Settings) -> tuple[list[str] | None, str]:
     the door makes its own at start: for ``door_name``, checked then."""
     from pgoverlay.runner.door import pidfile, tls
 
-    if settings.door_cert_file is not None:
+    if settings.door.cert_file is not None:
         return _names_in(
-            settings.door_cert_file
-        ), f"the admin's certificate {settings.door_cert_file}"
+            settings.door.cert_file
+        ), f"the admin's certificate {settings.door.cert_file}"
     made = pidfile.door_dir(settings) / tls.CERT_NAME
     if made.exists():
         return _names_in(made), f"the door's self-signed certificate {made}"
@@ -130,7 +130,7 @@ def _policy(settings: Settings) -> Found:
     from pgoverlay.runner.callers import policy
 
     name = "network API policy"
-    path = settings.api_policy_file
+    path = settings.api.policy_file
     if path is None:  # Settings refuses an audience without one; said here all the same
         return (name, "fail", "PGOVERLAY_API_POLICY_FILE is unset: the API needs a policy")
     try:
@@ -146,7 +146,7 @@ def _issuer(settings: Settings) -> Found:
 
     name = "network API issuer"
     try:
-        verifier = oidc.Verifier(settings.api_issuer, settings.api_audience or "-", http_timeout=5)
+        verifier = oidc.Verifier(settings.api.issuer, settings.api.audience or "-", http_timeout=5)
         usable, refused = verifier.fetch_keys()
     except PgoverlayError as err:
         return (name, "fail", f"{err}; no job's token can be checked until it answers")
@@ -154,7 +154,7 @@ def _issuer(settings: Settings) -> Found:
         return (
             name,
             "fail",
-            f"{settings.api_issuer} publishes no key that can verify its tokens ({refused} "
+            f"{settings.api.issuer} publishes no key that can verify its tokens ({refused} "
             "unusable): check PGOVERLAY_API_ISSUER",
         )
-    return (name, "ok", f"{settings.api_issuer} answers: {usable} signing keys")
+    return (name, "ok", f"{settings.api.issuer} answers: {usable} signing keys")

@@ -61,15 +61,15 @@ def connect(pool: Pool, branch: str, *, masked: bool) -> ThroughTheDoor:
     params: dict[str, Any] = {
         "host": settings.door_name,
         "hostaddr": "127.0.0.1"
-        if settings.door_address in ("0.0.0.0", "::", "*")
-        else settings.door_address,
-        "port": settings.door_port,
+        if settings.door.address in ("0.0.0.0", "::", "*")
+        else settings.door.address,
+        "port": settings.door.port,
         "dbname": branch,
         "connect_timeout": 10,
         "sslmode": "verify-full",
     }
     fingerprint = None
-    if settings.door_cert_file is None:  # the door's own: verified against that very file
+    if settings.door.cert_file is None:  # the door's own: verified against that very file
         cert = pidfile.door_dir(settings) / tls.CERT_NAME
         params["sslrootcert"] = str(cert)
         fingerprint = tls.fingerprint(cert)

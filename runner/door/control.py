@@ -31,14 +31,14 @@ def start(settings: Settings) -> str:
     require_root()
     found = pidfile.running(settings)
     if found is not None and found.fingerprint == settings.fingerprint():
-        return f"front door answering on port {settings.door_port}"
+        return f"front door answering on port {settings.door.port}"
     replaced = ""
     if found is not None:
         stop_door(settings)
         replaced = "the front door ran with other settings than these: stopped it; "
     elif answering(settings):
         raise ConfigError(
-            f"something that is not this pool's front door answers on port {settings.door_port} "
+            f"something that is not this pool's front door answers on port {settings.door.port} "
             f"(the pool's {pidfile.pid_file(settings)} names no running door): "
             "stop it, or set PGOVERLAY_DOOR_PORT to a free port"
         )
@@ -50,8 +50,8 @@ def start(settings: Settings) -> str:
             f"its environment file ({ADMIN_ENV_FILE}) and run `pgoverlay door --restart`"
         )
     return (
-        f"{replaced}{how}; Postgres on port {settings.door_port}, pages on "
-        f"{settings.door_https_port}"
+        f"{replaced}{how}; Postgres on port {settings.door.port}, pages on "
+        f"{settings.door.https_port}"
     )
 
 
@@ -98,7 +98,7 @@ def _launch(settings: Settings) -> str:
     polling.wait_for(
         up,
         timeout=settings.start_timeout,
-        what=f"the front door to answer on port {settings.door_port}",
+        what=f"the front door to answer on port {settings.door.port}",
     )
     return how
 

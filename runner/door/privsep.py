@@ -3,7 +3,7 @@
 It starts as root (systemd's unit, or `pool init`'s child) only to do what needs root: make its
 account, bind its ports (443 and other low ones included), read the TLS key (root's, 0600) into
 memory and open its audit file. Then, before any connection is accepted, it becomes the door's
-own account (``Settings.door_user``, a system user with no shell and no home) with one
+own account (``Settings.door.user``, a system user with no shell and no home) with one
 supplementary group, the engine service's, so that the only thing it can reach as more than
 an anonymous process is the engine's socket, where the engine knows it by its uid and lets it
 look and grant, nothing else (``service.engine``). ``no_new_privs`` then keeps it from ever

@@ -11,9 +11,9 @@ from pgoverlay.runner.settings import Settings
 
 def answering(settings: Settings, *, timeout: float = 1.0) -> bool:
     """Whether something accepts connections on the door's Postgres port here."""
-    host = "127.0.0.1" if settings.door_address in ("0.0.0.0", "::", "*") else settings.door_address
+    host = "127.0.0.1" if settings.door.address in ("0.0.0.0", "::", "*") else settings.door.address
     try:
-        with socket.create_connection((host, settings.door_port), timeout=timeout):
+        with socket.create_connection((host, settings.door.port), timeout=timeout):
             return True
     except OSError:
         return False

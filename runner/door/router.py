@@ -127,7 +127,7 @@ class Cap:
 # Taken as a connection is accepted (what a flood of them counts), refused at the login.
 PER_SOURCE = Cap(
     kind="source",
-    limit=lambda s: s.door_max_per_source,
+    limit=lambda s: s.door.max_per_source,
     key=lambda r: r.client,
     outcome="refused:source_cap",
     refusal="too many connections from this address (door_max_per_source = {limit}): close "
@@ -184,8 +184,8 @@ class FrontDoor:
         # logins' window's.
         self._clock: Callable[[], float] = _loop_time
         self.guard = Guard(
-            failed_logins=settings.door_failed_logins,
-            failed_window=settings.door_failed_window,
+            failed_logins=settings.door.failed_logins,
+            failed_window=settings.door.failed_window,
             clock=clock or self._clock,
         )
         self._login_steps = login.LoginSteps(self.guard)
@@ -237,7 +237,7 @@ class FrontDoor:
     async def _serve(self, client: Channel) -> None:
         source = source_of(client.info("peername"))
         record = AuditLine(
-            source=source, client=client_of(source, ipv6_prefix=self.settings.door_ipv6_prefix)
+            source=source, client=client_of(source, ipv6_prefix=self.settings.door.ipv6_prefix)
         )
         backend: Channel | None = None
         held = self.guard.slots.taker()
@@ -248,7 +248,7 @@ class FrontDoor:
                 record.outcome = "refused:flood"
                 return
             try:
-                async with asyncio.timeout(self.settings.door_handshake_timeout):
+                async with asyncio.timeout(self.settings.door.handshake_timeout):
                     backend, key = await self._handshake(client, record, held)
             except TimeoutError:
                 record.outcome = "timeout"
@@ -310,7 +310,7 @@ class FrontDoor:
             )
 
     def _late(self) -> str:
-        seconds = self.settings.door_handshake_timeout
+        seconds = self.settings.door.handshake_timeout
         return (
             f"the connection took longer than {seconds:g} s to log in "
             "(the front door's door_handshake_timeout): connect again"
@@ -357,7 +357,7 @@ class FrontDoor:
                 )
             client.write(b"S")
             record.outcome = "tls_handshake"
-            await client.start_tls(self._ssl, timeout=self.settings.door_handshake_timeout)
+            await client.start_tls(self._ssl, timeout=self.settings.door.handshake_timeout)
             record.outcome = "no_startup"
             encrypted = True
             first = await self._first(client)
@@ -383,7 +383,7 @@ class FrontDoor:
         encrypted: bool,
     ) -> tuple[Channel | None, tuple[int, bytes] | None]:
         s = self.settings
-        if not encrypted and not (s.door_plaintext_loopback and is_loopback(record.source)):
+        if not encrypted and not (s.door.plaintext_loopback and is_loopback(record.source)):
             raise Refused(
                 "refused:plaintext",
                 proto.INVALID_AUTHORIZATION,
@@ -476,7 +476,7 @@ class FrontDoor:
             ) from None
 
     def _branch_name(self, client: Channel, start: proto.Startup) -> str:
-        suffix = (self.settings.door_sni_suffix or "").strip(".").lower()
+        suffix = (self.settings.door.sni_suffix or "").strip(".").lower()
         sni = getattr(client.info("ssl_object"), _SNI_ATTRIBUTE, None)
         if suffix and isinstance(sni, str):
             name = sni.rstrip(".").lower()

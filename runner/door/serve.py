@@ -105,11 +105,11 @@ def prepare(settings: Settings) -> Prepared:
     from pgoverlay.runner.web import api, page  # noqa: F401
 
     require_root()
-    uid, gid = privsep.account(settings.door_user)
+    uid, gid = privsep.account(settings.door.user)
     service_gid = privsep.group_id(settings.service_group)
     safefs.make_dir(pidfile.door_dir(settings), uid=0, gid=0, mode=0o755, exist_ok=True)
-    if settings.door_cert_file is not None and settings.door_key_file is not None:
-        pair = tls.Pair(cert=settings.door_cert_file, key=settings.door_key_file)
+    if settings.door.cert_file is not None and settings.door.key_file is not None:
+        pair = tls.Pair(cert=settings.door.cert_file, key=settings.door.key_file)
         fingerprint = None
     else:
         pair = tls.self_signed(pidfile.door_dir(settings), host=settings.door_name, uid=0, gid=0)
@@ -119,8 +119,8 @@ def prepare(settings: Settings) -> Prepared:
     https_tls.set_alpn_protocols(["http/1.1"])
     safefs.make_dir(settings.home / "audit", uid=0, gid=0, mode=0o755, exist_ok=True)
     _more_descriptors()
-    postgres = bind(settings.door_address, settings.door_port)
-    https = bind(settings.door_address, settings.door_https_port)
+    postgres = bind(settings.door.address, settings.door.port)
+    https = bind(settings.door.address, settings.door.https_port)
     started = process_start_epoch(os.getpid())
     with contextlib.suppress(FileNotFoundError):
         pidfile.pid_file(settings).unlink()
@@ -135,7 +135,7 @@ def prepare(settings: Settings) -> Prepared:
     engine = RemoteEngine(socket_path(settings), timeout=30.0)
     audit_log = audit.AuditLog(settings.home / audit.DOOR_LOG, uid=uid, gid=gid)
     pages: ASGIApp
-    if settings.oauth_client_id:  # reads the OAuth client's secret file, root's
+    if settings.page.oauth_client_id:  # reads the OAuth client's secret file, root's
         pages = page.create_page(
             settings,
             engine,
@@ -149,7 +149,7 @@ def prepare(settings: Settings) -> Prepared:
         pages = page.create_unconfigured(
             certificate=pair.cert.read_text() if fingerprint else None
         )
-    if settings.api_audience is not None:
+    if settings.api.audience is not None:
         pages = with_api(settings, pages)
     return Prepared(
         uid=uid,
@@ -178,10 +178,10 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
     from pgoverlay.runner.service.client import RemoteEngine, socket_path
     from pgoverlay.runner.web import api
 
-    if settings.api_audience is None or settings.api_policy_file is None:  # Settings checks
+    if settings.api.audience is None or settings.api.policy_file is None:  # Settings checks
         raise ConfigError("the network API needs PGOVERLAY_API_AUDIENCE and its policy file")
-    verifier = oidc.Verifier(settings.api_issuer, settings.api_audience, leeway=settings.api_leeway)
-    rules = policy.load(settings.api_policy_file)
+    verifier = oidc.Verifier(settings.api.issuer, settings.api.audience, leeway=settings.api.leeway)
+    rules = policy.load(settings.api.policy_file)
     path = socket_path(settings)
 
     def engine_for(token: str, named: Acting | None) -> RemoteEngine:
@@ -194,19 +194,19 @@ def with_api(settings: Settings, pages: ASGIApp) -> ASGIApp:
         engine_for=engine_for,
         door=RemoteEngine(path, timeout=30.0),
         door_host=settings.door_name,
-        door_port=settings.door_port,
-        door_https_port=settings.door_https_port,
+        door_port=settings.door.port,
+        door_https_port=settings.door.https_port,
         app_sslmode=settings.door_app_sslmode,
-        failed_logins=settings.door_failed_logins,
-        failed_window=settings.door_failed_window,
-        ipv6_prefix=settings.door_ipv6_prefix,
+        failed_logins=settings.door.failed_logins,
+        failed_window=settings.door.failed_window,
+        ipv6_prefix=settings.door.ipv6_prefix,
     )
     log.info(
         "network API on https://%s:%d%s for audience %s (issuer %s)",
         settings.door_name,
-        settings.door_https_port,
+        settings.door.https_port,
         api.PREFIX,
-        settings.api_audience,
+        settings.api.audience,
         verifier.issuer,
     )
     return Starlette(routes=[Mount(api.PREFIX, app=served), Mount("/", app=pages)])
@@ -219,11 +219,11 @@ def serve(settings: Settings) -> None:
     log.info(
         "front door for %s: postgres on %s:%d, pages on https://%s:%d (as %s)",
         settings.home,
-        settings.door_address,
-        settings.door_port,
+        settings.door.address,
+        settings.door.port,
         settings.door_name,
-        settings.door_https_port,
-        settings.door_user,
+        settings.door.https_port,
+        settings.door.user,
     )
     try:
         import uvloop

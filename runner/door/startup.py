@@ -26,6 +26,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from pgoverlay.runner.values import flag
+
 MAX_STARTUP = 10_000  # Postgres's MAX_STARTUP_PACKET_LENGTH
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
@@ -41,9 +43,6 @@ INVALID_AUTHORIZATION = "28000"
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE
 TOO_MANY_CONNECTIONS = "53300"
 CANNOT_CONNECT_NOW = "57P03"
-
-# A replication connection asks for WAL, not for a database session: never through the door.
-_REPLICATION_OFF = frozenset({"false", "off", "no", "0"})
 
 
 class StartupError(Exception):
@@ -183,7 +182,9 @@ def _startup(minor: int, body: bytes) -> Startup:
             )
         params[name] = value
     replication = params.get("replication")
-    if replication is not None and replication.lower() not in _REPLICATION_OFF:
+    # A replication connection asks for WAL, not for a database session: never through the
+    # door. Only a flag that says false ("off", "0", ...) is no replication.
+    if replication is not None and flag(replication) is not False:
         raise StartupError(
             FEATURE_NOT_SUPPORTED,
             "replication connections are not served by the front door: stream from the "

@@ -14,6 +14,7 @@ from pgoverlay.runner.postgres.tools import Tools
 from pgoverlay.runner.seed.source import SET, SourceInfo
 from pgoverlay.runner.settings import Settings
 from pgoverlay.runner.units import memory_bytes
+from pgoverlay.runner.values import flag
 
 # Debian/Ubuntu (PGDG) packages for extensions whose package name is not simply
 # postgresql-MAJOR-NAME; {major} is the Postgres major version.
@@ -80,7 +81,7 @@ def check_extensions(
 
 
 def _is_on(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("on", "true", "yes", "1", "always")
+    return flag(value or "") is True or (value or "").strip().lower() == "always"
 
 
 def unread_warnings(info: SourceInfo) -> list[str]:

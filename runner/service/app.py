@@ -79,7 +79,7 @@ async def _engine(request: Request) -> LocalEngine:
         return LocalEngine(pool, uid=peer.uid, policy=held.current)
     # Credentials the front door forwards: from the door's uid only, and verified here (the
     # door's word is not taken: a forged vouch without a credential that proves it gets nothing).
-    if peer.uid == 0 or peer.uid != door_uid(settings.door_user):
+    if peer.uid == 0 or peer.uid != door_uid(settings.door.user):
         raise errors.NotOwnerError(
             "only the front door's identity may vouch for a repository or a person (the "
             "x-pgoverlay-vouched-* headers): ask without them, and name the repository in the "

@@ -189,7 +189,7 @@ class LocalEngine:
     def door(self) -> bool:
         """Whether the caller is the front door's identity (its uid is ``door_user``'s)."""
         if self._door is None:
-            self._door = self.uid != 0 and self.uid == door_uid(self.pool.settings.door_user)
+            self._door = self.uid != 0 and self.uid == door_uid(self.pool.settings.door.user)
         return self._door
 
     @property
@@ -210,7 +210,7 @@ class LocalEngine:
         if self.vouched is not None and vouchable:
             return
         if self.door:
-            user = self.pool.settings.door_user
+            user = self.pool.settings.door.user
             raise DoorForbiddenError(
                 f"the front door's identity ({user}, uid {self.uid}) may not {what}: it may only "
                 "look at bases and branches, and grant or list a credential for a person it "
@@ -758,6 +758,6 @@ class LocalEngine:
             password=password,
             renewed=renewed,
             dsn_host=s.door_name,  # the one answer to "which name reaches the door"
-            dsn_port=s.door_port,
+            dsn_port=s.door.port,
             database=g.branch,
         )

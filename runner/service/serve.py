@@ -119,7 +119,7 @@ def serve(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT, or until the pool or the socket is removed."""
     require_root()
     path = socket_path(settings)
-    policy = SocketPolicy(settings.api_policy_file)  # as root: the admin's file may be root's
+    policy = SocketPolicy(settings.api.policy_file)  # as root: the admin's file may be root's
     with contextlib.closing(Pool.open(settings)) as pool:
         report = gc.collect(pool)  # a previous run may have been killed mid-operation
         log.info("start-up repair: %s", "; ".join(report.lines()))
@@ -283,7 +283,7 @@ def start(settings: Settings) -> str:
         return f"engine service answering on {socket_path(settings)}"
     # The service would stop at its start on a policy with a problem, said only in its log:
     # said here, to the admin who starts it.
-    SocketPolicy(settings.api_policy_file)
+    SocketPolicy(settings.api.policy_file)
     ensure_group(settings.service_group)
     if systemd_runs(UNIT):
         subprocess.run(["systemctl", "start", UNIT], check=True, capture_output=True, timeout=60)

@@ -2,9 +2,10 @@
 the PR workflow's record (``pgoverlay.action.record``, kept by the engine between runs).
 
 One decoder for both, driven by each class's annotations (``typing.get_type_hints``), so a
-nested type is found wherever it is defined. A wire type is a ``Shape`` or a dataclass whose
-annotations use only ``str``, ``int``, ``float``, ``bool``, ``X | None``, ``list[X]``,
-``Literal[...]`` and other wire types.
+nested type is found wherever it is defined; each annotation is read by the one reader of
+typed values (``runner/values.py``, its JSON reading). A wire type is a ``Shape`` or a
+dataclass whose annotations use only ``str``, ``int``, ``float``, ``bool``, ``X | None``,
+``list[X]``, ``Literal[...]`` and other wire types.
 
 Peers of different releases read each other's JSON: a field that is missing is taken at its
 default (an older peer did not send it), so every field added to a wire type after its first
@@ -17,11 +18,10 @@ service's answers, and either would cost them more than the rest of their start-
 
 from __future__ import annotations
 
-import types
 import typing
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+from pgoverlay.runner import values
 from pgoverlay.runner.service.shape import MISSING, Shape
 
 T = TypeVar("T")
@@ -87,60 +87,13 @@ def decode(cls: type[T], data: object, where: str = "") -> T:
     return cls(**given)
 
 
-Reader = Callable[[object, str], Any]  # a value and where it is -> the value as its annotation
-_READERS: dict[Any, Reader] = {}
+def _reader(kind: Any) -> values.Reader:
+    """How to read a value of the annotation ``kind`` from JSON (``values.reader``), a wire
+    type among them."""
+    return values.reader(kind, text=False, nested=_nested)
 
 
-def _reader(kind: Any) -> Reader:
-    """How to read a value of the annotation ``kind``, made once per annotation: a command
-    that lists many branches reads the same annotations many times."""
-    found = _READERS.get(kind)
-    if found is None:
-        found = _READERS[kind] = _make_reader(kind)
-    return found
-
-
-def _make_reader(kind: Any) -> Reader:
-    origin = typing.get_origin(kind)
-    if origin is types.UnionType or origin is typing.Union:
-        options = [option for option in typing.get_args(kind) if option is not type(None)]
-        if len(options) == 1:
-            inner = _reader(options[0])
-            return lambda value, where: None if value is None else inner(value, where)
-    elif origin is list:
-        item = _reader(typing.get_args(kind)[0])
-
-        def read_list(value: object, where: str) -> list[Any]:
-            if not isinstance(value, list):
-                raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
-            return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
-
-        return read_list
-    elif origin is Literal:
-        allowed = typing.get_args(kind)
-
-        def read_literal(value: object, where: str) -> object:
-            if value not in allowed:
-                expected = ", ".join(map(str, allowed))
-                raise ValueError(f"{where}: expected one of {expected}, got {value!r}")
-            return value
-
-        return read_literal
-    elif is_wire_type(kind):
+def _nested(kind: Any) -> values.Reader | None:
+    if is_wire_type(kind):
         return lambda value, where: decode(kind, value, where)
-    elif kind in (str, int, float, bool):
-        # JSON's numbers: a float field takes an integer; bool is an int to Python, not to
-        # JSON: true is no port number
-        ok = (int, float) if kind is float else kind
-
-        def read_scalar(value: object, where: str) -> object:
-            if not isinstance(value, ok) or (isinstance(value, bool) and kind is not bool):
-                raise ValueError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
-            return float(value) if kind is float else value
-
-        return read_scalar
-
-    def unreadable(value: object, where: str) -> object:
-        raise TypeError(f"{where}: decode() cannot read the annotation {kind!r}")
-
-    return unreadable
+    return None

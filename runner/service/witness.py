@@ -55,7 +55,10 @@ class Reader:
         s = self._settings
         # The reader's token makes its own calls: no client id or secret is needed for them.
         github = GitHubSignIn(
-            web_url=s.github_web_url, api_url=s.github_api_url, client_id="", client_secret=""
+            web_url=s.page.github_web_url,
+            api_url=s.page.github_api_url,
+            client_id="",
+            client_secret="",
         )
         try:
             login = github.login(self._token)
@@ -66,8 +69,8 @@ class Reader:
         return login, github.access(
             self._token,
             repository,
-            write_permission=s.access_write_permission,
-            read_permission=s.access_read_permission,
+            write_permission=s.page.write_permission,
+            read_permission=s.page.read_permission,
         )
 
 
@@ -89,14 +92,14 @@ class Witness:
                 from pgoverlay.runner.callers.oidc import Verifier
 
                 s = self._settings
-                if s.api_audience is None:
+                if s.api.audience is None:
                     raise NotOwnerError(
                         "the engine service has no network API audience (PGOVERLAY_API_AUDIENCE"
                         " is unset for it), so it verifies no job's token: give the service and "
                         "the front door the same settings (/etc/pgoverlay/pgoverlay.env) and "
                         "restart both"
                     )
-                self._verifier = Verifier(s.api_issuer, s.api_audience, leeway=s.api_leeway)
+                self._verifier = Verifier(s.api.issuer, s.api.audience, leeway=s.api.leeway)
             return self._verifier
 
     def _rules(self) -> Policy:

@@ -79,11 +79,11 @@ def create_api(
     door: RemoteEngine,
     door_host: str,
     door_port: int,
-    door_https_port: int = 443,
-    app_sslmode: str = "verify-full",
-    failed_logins: int = 10,
-    failed_window: float = 300.0,
-    ipv6_prefix: int = 64,
+    door_https_port: int,
+    app_sslmode: str,
+    failed_logins: int,
+    failed_window: float,
+    ipv6_prefix: int,
 ) -> FastAPI:
     """The API's ASGI app, its routes relative to where it is mounted (``PREFIX``). ``door`` is the
     engine as the door's own identity (no repository vouched for): it asks whether an API token

@@ -93,7 +93,7 @@ class PageState:
 
     @property
     def lifetime(self) -> int:
-        return int(self.settings.page_session_seconds)
+        return int(self.settings.page.session_seconds)
 
     def session_of(self, request: Request) -> Session | None:
         sid = self.sessions.unsign("session", request.cookies.get(SESSION_COOKIE))

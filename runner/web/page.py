@@ -123,20 +123,20 @@ def create_page(
     ``sslrootcert``; ``clock`` is for tests; ``audit`` writes a line of the door's audit log
     (``AuditLog.write``) for every sign-in, refused ones too. Reads the OAuth client's secret
     now."""
-    if not settings.oauth_client_id:
+    if not settings.page.oauth_client_id:
         raise PgoverlayError(NOT_SET_UP)
     github = oauth.GitHubSignIn(
-        web_url=settings.github_web_url,
-        api_url=settings.github_api_url,
-        client_id=settings.oauth_client_id,
-        client_secret=oauth.read_client_secret(settings.oauth_client_secret_file),
+        web_url=settings.page.github_web_url,
+        api_url=settings.page.github_api_url,
+        client_id=settings.page.oauth_client_id,
+        client_secret=oauth.read_client_secret(settings.page.oauth_client_secret_file),
     )
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.pages = PageState(
         settings=settings,
         engine=engine,
         github=github,
-        sessions=Sessions(secret=secret, lifetime=settings.page_session_seconds),
+        sessions=Sessions(secret=secret, lifetime=settings.page.session_seconds),
         origin=page_origin(settings),
         fingerprint=fingerprint,
         certificate=certificate,

@@ -156,7 +156,7 @@ def _pull_url(settings: Settings, view: BranchView) -> str | None:
     if not view.repository or not view.pr:
         return None
     owner, _, name = view.repository.partition("/")
-    return f"{settings.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
+    return f"{settings.page.github_web_url.rstrip('/')}/{quote(owner)}/{quote(name)}/pull/{view.pr}"
 
 
 def _masked(engine: PageEngine, view: BranchView) -> bool | None:

@@ -149,8 +149,8 @@ def _check(
     level = github.access(
         token,
         view.repository,
-        write_permission=settings.access_write_permission,
-        read_permission=settings.access_read_permission,
+        write_permission=settings.page.write_permission,
+        read_permission=settings.page.read_permission,
     )
     return login, view.repository, level, token
 
