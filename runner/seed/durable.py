@@ -5,10 +5,11 @@ The copy is written with ``pg_basebackup --no-sync`` and prepared by a server ru
 removed whole (its version is still ``seeding``) and only a ready base must be on disk. Two
 calls make it so. :func:`flushing` starts the flush of the copy as soon as it is made, in a
 thread, while the copy is verified and the server prepares it (the flush is the disk's work,
-verifying and preparing the CPU's, from the page cache: they overlap). :func:`syncfs` then writes what is left, the preparation's changes, masking's
-removals and the move into the store, and waits for all of it, before the version is
-registered ready: one flush of each byte, where the server's start (``recovery_init_sync_method
-= syncfs``), its checkpoints and ``pg_resetwal`` used to flush in turn, each waiting.
+verifying and preparing the CPU's, from the page cache: they overlap). :func:`syncfs` then
+writes what is left, the preparation's changes, masking's removals and the move into the store,
+and waits for all of it, before the version is registered ready: one flush of each byte, where
+the server's start (``recovery_init_sync_method = syncfs``), its checkpoints and ``pg_resetwal``
+used to flush in turn, each waiting.
 
 ``syncfs(2)`` writes the whole filesystem of the pool, other branches' dirty pages included: a
 flush per file of the copy would write only the base, but costs a system call and a device flush
