@@ -178,9 +178,11 @@ def prepare(
             size_row = conn.execute(
                 "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
             ).fetchone()
+        laps.lap("lockdown: roles")
         for dbname in databases:
             with connect(dbname) as conn:
                 neutralised += lockdown.database(conn, branch_user=branch_user)
+        laps.lap("lockdown: databases")
         if database in databases:
             with connect(database) as conn:
                 superuser_tables = roles.superuser_owned_tables(conn)
@@ -213,10 +215,11 @@ def prepare(
                 from pgoverlay.runner.trace import instrument
 
                 instrument.create(conn)
+        laps.lap("login role, trace triggers")
         for dbname in databases[:1]:  # shared catalogs: from any one database, once
             with connect(dbname) as conn:
                 lockdown.scrub_shared(conn)
-        laps.lap("lockdown")
+        laps.lap("lockdown: shared catalogs")
     laps.lap("stop")
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
