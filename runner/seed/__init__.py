@@ -61,6 +61,7 @@ from pgoverlay.runner.seed.steps import Laps
 if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
     from pgoverlay.runner.mask import Progress as MaskProgress
     from pgoverlay.runner.mask.rules import RulesFile
+    from pgoverlay.runner.seed.prepare import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -587,29 +588,7 @@ def _seed_version(
                 laps=laps,
             )
         laps.lap("flush")
-        if src.dbname not in result.databases:
-            raise SeedError(
-                f"database {src.dbname!r} from the DSN is not in the base "
-                f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
-            )
-        if result.superuser_tables and not pool.settings.branch_superuser:
-            log.warning(
-                "%s tables, views or sequences in %s are owned by superuser %s: migrations run "
-                "as a non-superuser and cannot alter them; give them a non-superuser owner in "
-                "the source, or set PGOVERLAY_BRANCH_SUPERUSER=true (the PR's SQL then runs "
-                "with full rights on the runner)",
-                result.superuser_tables,
-                src.dbname,
-                result.superuser,
-            )
-        for note in result.neutralised:
-            log.warning("neutralised in the base: %s", note)
-        if result.dropped_databases:
-            log.warning(
-                "the masked base keeps only database %s; not kept: %s",
-                src.dbname,
-                ", ".join(result.dropped_databases),
-            )
+        _say_prepared(pool, src, result)
         fault(pool, "seed:prepared")
         store = pool.store_dir(name, version)
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -653,6 +632,34 @@ def _seed_version(
     found = pool.registry.base(name, version)
     assert found is not None
     return found
+
+
+def _say_prepared(pool: Pool, src: Source, result: Prepared) -> None:
+    """Refuse a base without the DSN's database, and warn of what the preparation found: tables
+    a superuser owns, what it neutralised, the databases masking did not keep."""
+    if src.dbname not in result.databases:
+        raise SeedError(
+            f"database {src.dbname!r} from the DSN is not in the base "
+            f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
+        )
+    if result.superuser_tables and not pool.settings.branch_superuser:
+        log.warning(
+            "%s tables, views or sequences in %s are owned by superuser %s: migrations run "
+            "as a non-superuser and cannot alter them; give them a non-superuser owner in "
+            "the source, or set PGOVERLAY_BRANCH_SUPERUSER=true (the PR's SQL then runs "
+            "with full rights on the runner)",
+            result.superuser_tables,
+            src.dbname,
+            result.superuser,
+        )
+    for note in result.neutralised:
+        log.warning("neutralised in the base: %s", note)
+    if result.dropped_databases:
+        log.warning(
+            "the masked base keeps only database %s; not kept: %s",
+            src.dbname,
+            ", ".join(result.dropped_databases),
+        )
 
 
 def remove_version(pool: Pool, name: str, version: int) -> None:
