@@ -371,6 +371,13 @@ def test_a_job_on_a_runner_without_a_pool_branches_migrates_and_closes_through_t
             job.migration("002_items.sql", "CREATE TABLE remote_items (id int);\n")
             code, log, out = job.run("synchronize", 41, "b" * 40)
             assert code == 0 and out["status"] == "ready", log
+            # Minted once this job's hold is given back, as the next job's is (that job waits
+            # for the hold): the hold's end revokes the job's credential, whenever minted.
+            wait_for(
+                lambda: _refused(out["dsn"], ca),
+                timeout=30,
+                what="the second job's credential to be refused",
+            )
             with psycopg.connect(_fresh_job_dsn(api, out["dsn"]), sslrootcert=ca) as db:
                 found = db.execute(
                     "SELECT to_regclass('remote_orders'), to_regclass('remote_items')"
