@@ -40,6 +40,9 @@ DATA = [
     "INSERT INTO events SELECT g, g % 20000, CASE WHEN g % 100 = 0 THEN 'open' ELSE 'done' "
     "END FROM generate_series(1, 200000) g",
     "CREATE INDEX events_account ON events (account)",
+    "CREATE TABLE notes (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id int NOT NULL, "
+    "body text NOT NULL)",
+    "INSERT INTO notes (order_id, body) SELECT g, 'note ' || g FROM generate_series(1, 1000) g",
     "CREATE VIEW open_orders AS SELECT id, customer_id, status FROM orders WHERE status = 'open'",
     f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {APP}",
 ]
@@ -61,6 +64,7 @@ class Case:
     migration: str
     verdict: queries.Verdict
     sqlstate: str | None = None  # for a break: the SQLSTATE the after side met
+    hidden: bool = False  # what slows it is not in any plan (a trigger, a foreign key's action)
 
 
 BY_CUSTOMER = "SELECT id, total FROM orders WHERE customer_id = $1"
@@ -164,6 +168,30 @@ CASES = [
         "CREATE TRIGGER orders_audit BEFORE UPDATE ON orders FOR EACH ROW "
         "EXECUTE FUNCTION orders_audit()",
         "regression",
+        hidden=True,
+    ),
+    Case(
+        "new NOT NULL column without a default",
+        "INSERT INTO notes (order_id, body) VALUES ($1, $2)",
+        "ALTER TABLE notes ADD COLUMN author text NOT NULL DEFAULT 'a'; "
+        "ALTER TABLE notes ALTER COLUMN author DROP DEFAULT",
+        "break",
+        "23502",
+    ),
+    Case(
+        "check constraint the app's writes break",
+        "UPDATE orders SET total = $1 WHERE id = $2",
+        "ALTER TABLE orders ADD CONSTRAINT orders_total_negative CHECK (total < 0) NOT VALID",
+        "break",
+        "23514",
+    ),
+    Case(
+        "cascading foreign key without an index",
+        "DELETE FROM customers WHERE id = $1",
+        "DROP INDEX orders_customer; ALTER TABLE orders ADD CONSTRAINT orders_customer_fk "
+        "FOREIGN KEY (customer_id) REFERENCES customers (id) ON DELETE CASCADE",
+        "regression",
+        hidden=True,
     ),
     Case(
         "foreign key added",
@@ -176,6 +204,30 @@ CASES = [
         "partial index the generic plan cannot use",
         "SELECT count(*) FROM events WHERE kind = $1",
         "CREATE INDEX events_open ON events (id) WHERE kind = 'open'",
+        "unchanged",
+    ),
+    Case(
+        "column widened",
+        "SELECT id FROM events WHERE account = $1",
+        "ALTER TABLE events ALTER COLUMN account TYPE bigint",
+        "unchanged",
+    ),
+    Case(
+        "unread column dropped",
+        "SELECT id, total FROM orders WHERE id = $1",
+        "ALTER TABLE orders DROP COLUMN note",
+        "unchanged",
+    ),
+    Case(
+        "index on another column",
+        BY_CUSTOMER,
+        "CREATE INDEX orders_created ON orders (created)",
+        "unchanged",
+    ),
+    Case(
+        "index rebuilt under the same name",
+        BY_CUSTOMER,
+        "DROP INDEX orders_customer; CREATE INDEX orders_customer ON orders (customer_id)",
         "unchanged",
     ),
 ]
@@ -266,8 +318,11 @@ def test_truth_table_finds_each_known_outcome(
         state = found.after_error.sqlstate if found.after_error else None
         if found.verdict != case.verdict or (case.sqlstate and state != case.sqlstate):
             wrong.append((case.name, found))
-        if case.verdict in ("plan", "regression") and "trigger" not in case.name:
-            assert found.before_shape != found.after_shape, case.name
+        if case.verdict in ("plan", "regression", "improvement"):
+            changed = found.before_shape != found.after_shape
+            assert changed != case.hidden, case.name
+        if case.verdict == "unchanged":
+            assert found.before_shape == found.after_shape is not None, case.name
     assert wrong == []
 
 
@@ -290,9 +345,9 @@ def test_a_sampled_value_never_reaches_the_result(
     (found,) = result.statements
     assert found.after_error is not None
     assert found.after_error.sqlstate == "22P02"
-    assert "…" in found.after_error.message
-    assert not any(f"K{n}" in repr(result) for n in range(1, 300001, 997))
-    assert '"K' not in found.after_error.message
+    # Postgres quotes the value it could not read ("K123"): the message keeps its place only.
+    assert found.after_error.message == 'invalid input syntax for type integer: "…"'
+    assert '"K' not in repr(result)
 
 
 def test_a_statement_failing_before_too_is_not_a_break(
