@@ -179,6 +179,14 @@ CASES = [
         "23502",
     ),
     Case(
+        "insert that failed on a key now fails on a new NOT NULL column",
+        "INSERT INTO events (id, account, kind) VALUES ($1, $2, $3)",
+        "ALTER TABLE events ADD COLUMN source text NOT NULL DEFAULT 'a'; "
+        "ALTER TABLE events ALTER COLUMN source DROP DEFAULT",
+        "break",
+        "23502",
+    ),
+    Case(
         "check constraint the app's writes break",
         "UPDATE orders SET total = $1 WHERE id = $2",
         "ALTER TABLE orders ADD CONSTRAINT orders_total_negative CHECK (total < 0) NOT VALID",
@@ -358,6 +366,17 @@ def test_a_statement_failing_before_too_is_not_a_break(
     (found,) = result.statements
     assert found.verdict == "unchanged"
     assert found.before_error is not None and found.before_error.sqlstate == "42703"
+
+
+def test_an_insert_failing_the_same_way_on_both_sides_is_not_a_break(
+    server: cluster.Running, before: psycopg.Connection[Any]
+) -> None:
+    result = run(server, before, "qcheck_after_dupkey", UNRELATED,
+                 ["INSERT INTO events (id, account, kind) VALUES ($1, $2, $3)"])  # fmt: skip
+    (found,) = result.statements
+    assert found.verdict == "unchanged"
+    assert found.before_error is not None and found.before_error.sqlstate == "23505"
+    assert found.note == "not timed: it fails with the sampled values before (23505)"
 
 
 def test_a_parameter_with_no_column_is_not_timed_and_says_so(

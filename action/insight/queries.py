@@ -175,16 +175,19 @@ def _one(
                 note="; ".join(notes),
             )
     timing = None
+    broke = a_err is not None and b_err is None
     if values and b_err is None and a_err is None:
-        timing, b_run, a_run, why = _time(
+        timing, b_err, a_err, why = _time(
             st.query, values, before=before, after=after, deadline=deadline,
             runs=runs, timeout_ms=timeout_ms, secret=secret,
         )  # fmt: skip
-        b_err, a_err = b_err or b_run, a_err or a_run
+        # Run with real values, a statement that failed before (an INSERT of an existing key)
+        # and fails after for another reason (a new NOT NULL column) fails anew.
+        broke = a_err is not None and (b_err is None or b_err.sqlstate != a_err.sqlstate)
         if why:
             notes.append(why)
     verdict: Verdict = "unchanged"
-    if a_err is not None and b_err is None:
+    if broke:
         verdict = "break"
     elif timing is not None and _slower(timing, slower, floor_ms):
         verdict = "regression"
@@ -348,9 +351,11 @@ def _time(
                 if side == "before":
                     return None, None, None, "not timed: it runs past the timeout before"
                 timed_out, ms, err = True, float(timeout_ms), None
+            if err is not None and side == "before":
+                _, again = _run(after, query, given, limit, secret)
+                why = f"not timed: it fails with the sampled values before ({err.sqlstate})"
+                return None, err, again, why
             if err is not None:
-                if side == "before":
-                    return None, err, None, None
                 return None, None, err, None
             if i > 0:
                 times[side].append(ms)
