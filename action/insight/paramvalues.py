@@ -22,6 +22,7 @@ from pglast import ast, parse_sql
 from pglast.enums.parsenodes import A_Expr_Kind
 from pglast.stream import RawStream
 from pglast.visitors import Visitor
+from psycopg import sql
 
 SAMPLE_TIMEOUT_MS = 5000
 
@@ -50,6 +51,7 @@ class Source:
     relation: str
     alias: str | None
     name: str  # the relation's own name, which qualifies a column when there is no alias
+    schema: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class _Map(Visitor):
             relname=node.relname, schemaname=node.schemaname, inh=True, relpersistence="p"
         )
         alias = node.alias.aliasname if node.alias is not None else None
-        self.sources.append(Source(_deparse(bare), alias, node.relname or ""))
+        self.sources.append(Source(_deparse(bare), alias, node.relname or "", node.schemaname))
 
     def visit_A_Expr(self, ancestors: Any, node: ast.A_Expr) -> None:
         if node.kind not in COMPARED:
@@ -158,7 +160,9 @@ class _Map(Visitor):
     def visit_UpdateStmt(self, ancestors: Any, node: ast.UpdateStmt) -> None:
         if node.relation is None:
             return
-        source = Source(_relation(node.relation), None, node.relation.relname or "")
+        source = Source(
+            _relation(node.relation), None, node.relation.relname or "", node.relation.schemaname
+        )
         for target in node.targetList or ():
             n = _param(target.val)
             if n is not None and target.name:
@@ -173,7 +177,9 @@ class _Map(Visitor):
             or not select.valuesLists
         ):
             return
-        source = Source(_relation(node.relation), None, node.relation.relname or "")
+        source = Source(
+            _relation(node.relation), None, node.relation.relname or "", node.relation.schemaname
+        )
         names = [c.name for c in node.cols]
         for row in select.valuesLists:
             for name, value in zip(names, row, strict=False):
@@ -286,7 +292,9 @@ def sample(conn: psycopg.Connection[Any], mapping: Mapping, *, count: int) -> li
     drawn: dict[int, list[str | None]] = {}
     rows_each = count
     with conn.transaction(force_rollback=True):
-        conn.execute(f"SET LOCAL statement_timeout = {SAMPLE_TIMEOUT_MS}")
+        conn.execute(
+            sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(SAMPLE_TIMEOUT_MS))
+        )
         for source, numbers in groups.items():
             rows = _draw(conn, source, [mapping.targets[n] for n in numbers], count)
             rows_each = min(rows_each, len(rows))
@@ -309,22 +317,30 @@ def sample(conn: psycopg.Connection[Any], mapping: Mapping, *, count: int) -> li
 def _draw(
     conn: psycopg.Connection[Any], source: Source, targets: list[Target], count: int
 ) -> list[tuple[str | None, ...]]:
-    picked = ", ".join(f"({t.expression})::text" for t in targets)
-    present = " AND ".join(f"({t.expression}) IS NOT NULL" for t in targets)
-    named = source.relation + (f" AS {_column(source.alias)}" if source.alias else "")
+    names = (source.schema, source.name) if source.schema else (source.name,)
+    named: sql.Composable = sql.Identifier(*names)
+    if source.alias:
+        named = sql.SQL("{} AS {}").format(named, sql.Identifier(source.alias))
+    # The expressions are pglast's deparse of the statement's own (without a parameter or a
+    # subquery): they read what the statement reads, with the rights it runs with.
+    exprs = [sql.SQL(t.expression) for t in targets]
+    picked = sql.SQL(", ").join(sql.SQL("({})::text").format(e) for e in exprs)
+    present = sql.SQL(" AND ").join(sql.SQL("({}) IS NOT NULL").format(e) for e in exprs)
     kind = conn.execute(
         "SELECT relkind, reltuples FROM pg_class WHERE oid = to_regclass(%s)", (source.relation,)
     ).fetchone()
     rows: list[tuple[str | None, ...]] = []
+    query = sql.SQL("SELECT {} FROM {} {} WHERE {} LIMIT {}")
     if kind is not None and kind[0] in ("r", "m") and kind[1] > count * 20:
+        # About 20 rows a run, from pages spread over the table, without reading all of it.
         percent = min(100.0, 100.0 * count * 20 / float(kind[1]))
+        sampled = sql.SQL("TABLESAMPLE SYSTEM ({})").format(sql.Literal(percent))
         rows = conn.execute(
-            f"SELECT {picked} FROM {named} TABLESAMPLE SYSTEM ({percent:.6f}) "
-            f"WHERE {present} LIMIT {count}"
+            query.format(picked, named, sampled, present, sql.Literal(count))
         ).fetchall()
     if len(rows) < count:
         rows = conn.execute(
-            f"SELECT {picked} FROM {named} WHERE {present} LIMIT {count}"
+            query.format(picked, named, sql.SQL(""), present, sql.Literal(count))
         ).fetchall()
     return rows
 
