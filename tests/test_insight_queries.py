@@ -1,7 +1,7 @@
 """Production's statements before and after a migration (action/insight/queries.py): a truth
 table on real Postgres. "Before" and "after" are two copies of one database (CREATE DATABASE
-... TEMPLATE), the migration applied to "after" alone, both read as a role that owns nothing,
-as a branch's role does."""
+... TEMPLATE, for speed), the migration applied to "after" alone, both read as a role that owns
+nothing; and once, as the product runs it, two branches of the session's base."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers import as_branch_role, branch_of, extra_server
 from pgoverlay.action.insight import paramvalues, queries
+from pgoverlay.runner.pool import Pool
+from pgoverlay.runner.pool.registry import BaseVersion
 from pgoverlay.runner.postgres import cluster
 
 pytestmark = pytest.mark.slow
@@ -255,30 +258,22 @@ UNTOUCHED = [
 
 
 @pytest.fixture(scope="module")
-def server(source: cluster.Running) -> Iterator[cluster.Running]:
-    """The session's source server with a template database of the truth table's data."""
-    with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
-        for statement in SCHEMA:
-            conn.execute(statement)
-        conn.execute(f"CREATE DATABASE {TEMPLATE} OWNER {OWNER}")
-    with psycopg.connect(
-        **source.conninfo(user="postgres", dbname=TEMPLATE), autocommit=True
-    ) as conn:
-        conn.execute(f"SET ROLE {OWNER}")
-        for statement in DATA:
-            conn.execute(statement)
-        conn.execute("RESET ROLE")
-        conn.execute("VACUUM ANALYZE")
-    try:
-        yield source
-    finally:
-        with psycopg.connect(**source.conninfo(user="postgres"), autocommit=True) as conn:
-            for name in conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE 'qcheck%'"
-            ).fetchall():
-                conn.execute(f'DROP DATABASE "{name[0]}" WITH (FORCE)')
-            conn.execute(f"DROP ROLE {APP}")
-            conn.execute(f"DROP ROLE {OWNER}")
+def server(pool: Pool) -> Iterator[cluster.Running]:
+    """A server of its own with a template database of the truth table's data."""
+    with extra_server(pool, "qcheck-source") as srv:
+        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"CREATE DATABASE {TEMPLATE} OWNER {OWNER}")
+        with psycopg.connect(
+            **srv.conninfo(user="postgres", dbname=TEMPLATE), autocommit=True
+        ) as conn:
+            conn.execute(f"SET ROLE {OWNER}")
+            for statement in DATA:
+                conn.execute(statement)
+            conn.execute("RESET ROLE")
+            conn.execute("VACUUM ANALYZE")
+        yield srv
 
 
 def copy(server: cluster.Running, name: str, migration: str = "") -> None:
@@ -432,4 +427,33 @@ def test_a_shape_keeps_nodes_and_names_not_costs() -> None:
         "Nested Loop [Inner]",
         "  Seq Scan on orders",
         "  Index Scan using customers_pkey on customers",
+    )
+
+
+def test_two_branches_of_the_base_as_the_product_runs_it(pool: Pool, base: BaseVersion) -> None:
+    """Before is a branch of the base, after a branch with the migration applied by its own
+    role; both are read as their branch's role, over TCP with its password."""
+    statements = [
+        "SELECT id FROM accounts WHERE owner = $1",
+        "SELECT balance FROM accounts WHERE id = $1",
+        "SELECT owner FROM accounts WHERE id = $1",
+    ]
+    with (
+        branch_of(pool, base, name="qcheck-before", runtime="local") as b,
+        branch_of(pool, base, name="qcheck-after", runtime="local") as a,
+        as_branch_role(pool, b) as before,
+        as_branch_role(pool, a) as after,
+    ):
+        after.execute("DROP INDEX accounts_owner")
+        after.execute("ALTER TABLE accounts RENAME COLUMN balance TO amount")
+        result = queries.check(
+            [Captured(i + 1, q) for i, q in enumerate(statements)], before=before, after=after
+        )
+    found = {c.query: c for c in result.statements}
+    assert [found[q].verdict for q in statements] == ["regression", "break", "unchanged"]
+    lost = found[statements[0]]
+    assert lost.before_shape and "using accounts_owner" in " ".join(lost.before_shape)
+    assert lost.after_shape and "Seq Scan on accounts" in " ".join(lost.after_shape)
+    assert found[statements[1]].after_error == queries.Failure(
+        "42703", 'column "balance" does not exist'
     )
