@@ -119,7 +119,9 @@ def check(
     floor_ms: float = 5.0,
     timeout_ms: int = 5000,
 ) -> WorkloadCheck:
-    """Check every statement before and after, within `budget_s` seconds in all."""
+    """Check every statement before and after, within `budget_s` seconds in all. Both
+    connections are in autocommit mode (each step opens its own transaction and rolls it back)
+    and log in as the branch's role."""
     deadline = time.monotonic() + budget_s
     done: list[StatementCheck] = []
     unchecked: list[int] = []
