@@ -46,8 +46,12 @@ DATA = [
     "CREATE TABLE notes (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id int NOT NULL, "
     "body text NOT NULL)",
     "INSERT INTO notes (order_id, body) SELECT g, 'note ' || g FROM generate_series(1, 1000) g",
+    'CREATE SCHEMA billing CREATE TABLE "Invoices" (id int PRIMARY KEY, "Total" numeric)',
+    'INSERT INTO billing."Invoices" SELECT g, g % 97 FROM generate_series(1, 1000) g',
     "CREATE VIEW open_orders AS SELECT id, customer_id, status FROM orders WHERE status = 'open'",
     f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {APP}",
+    f"GRANT USAGE ON SCHEMA billing TO {APP}",
+    f"GRANT SELECT ON ALL TABLES IN SCHEMA billing TO {APP}",
 ]
 
 
@@ -254,6 +258,7 @@ UNTOUCHED = [
     "DELETE FROM events WHERE id = $1",
     "SELECT * FROM open_orders WHERE id IN ($1, $2, $3)",
     "SELECT id FROM events WHERE account BETWEEN $1 AND $2",
+    'SELECT i.id FROM billing."Invoices" i WHERE i."Total" = $1',  # quoted, in another schema
 ]
 
 
