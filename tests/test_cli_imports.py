@@ -27,6 +27,7 @@ HEAVY = {
     "docker",
     "fastapi",
     "github",
+    "pglast",
     "psycopg",
     "pydantic_settings",
     "requests",
