@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import BaseMissingError, ConfigError
 from pgoverlay.runner.runtime import table as runtimes
 
 if TYPE_CHECKING:
@@ -179,8 +179,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     engine = common.engine()
     versions = [b for b in engine.bases() if b.name == args.name]
     if not versions:
-        from pgoverlay.errors import BaseMissingError
-
         raise BaseMissingError(f"no base named {args.name!r}: see `pgoverlay base list`")
     kept = engine.base_workload(args.name)
     if getattr(args, "json", False):

@@ -8,8 +8,9 @@ roles or nesting levels is one statement, its counts added. Only plannable state
 (SELECT, INSERT, UPDATE, DELETE, MERGE, and a WITH before one of them), their comments
 stripped: a utility statement's text is not normalized (``ALTER ROLE ... PASSWORD '...'``
 would be kept whole), so none is ever kept. The statement's kind is sqlparse's reading of its
-first keywords (``get_type``): lighter to load than a full Postgres parser, and what decides
-here is only which statement it is, not what it means. The first ``top`` are kept, by total
+first keywords (``get_type``): lighter to load than a full Postgres parser (and loaded only when
+there are statements to read), and what decides here is only which statement it is, not what
+it means. The first ``top`` are kept, by total
 time, then calls.
 
 A source without the extension (or whose role may read only its own statements: the
@@ -31,12 +32,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import sqlparse
 from psycopg import sql
-from sqlparse import tokens as T
 
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import safefs
@@ -44,12 +43,18 @@ from pgoverlay.runner.service import wire
 from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import BaseWorkload, WorkloadStatement
 
+if TYPE_CHECKING:
+    from sqlparse.sql import Statement
+
 DEFAULT_TOP = 200
 MAX_TOP = 10_000
 FORMAT = 1
 MAX_FILE = 64 * 1024 * 1024  # a stored workload, or an export given with --file
 PLANNABLE = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE"})
 HIDDEN = "<insufficient privilege>"  # pg_stat_statements' text of another role's statement
+# What the capture itself runs starts with this comment (pg_stat_statements keeps a statement's
+# comments), so a later capture knows its own reads are not production's.
+MARK = "/* pgoverlay workload */ "
 
 # The columns an export may have (`--file`), each with the names it is known by: those of
 # pg_stat_statements since Postgres 13, those of 12 and before, and this file's own.
@@ -91,6 +96,9 @@ def check_top(top: int | None) -> int:
 
 def plannable(text: str) -> str | None:
     """``text`` without its comments if it is one plannable statement, else None."""
+    import sqlparse  # loaded only when there are statements to read: a seed of a source
+    # without pg_stat_statements never pays for it
+
     stripped = sqlparse.format(text, strip_comments=True).strip()
     if not stripped:
         return None
@@ -103,12 +111,11 @@ def plannable(text: str) -> str | None:
     statement = parsed[0]
     kind = statement.get_type()  # type: ignore[no-untyped-call]
     if kind == "UNKNOWN":  # VALUES (...), TABLE t, (SELECT ...) UNION (SELECT ...)
-        first = statement.token_first(skip_cm=True, skip_ws=True)  # type: ignore[no-untyped-call]
-        if first is not None and first.normalized in ("VALUES", "TABLE"):
+        tokens = statement.flatten()  # type: ignore[no-untyped-call]
+        first = next(t for t in tokens if not t.is_whitespace)  # not blank: it has a token
+        bracketed = first.value == "(" and plannable(stripped.lstrip("( \t\n")) is not None
+        if first.normalized in ("VALUES", "TABLE") or bracketed:
             kind = "SELECT"
-        elif first is not None and first.value.startswith("("):
-            inner = plannable(stripped.lstrip("( \t\n"))
-            kind = "SELECT" if inner is not None else kind
     if kind not in PLANNABLE:
         return None
     if kind == "SELECT" and _selects_into(statement):
@@ -116,7 +123,9 @@ def plannable(text: str) -> str | None:
     return stripped
 
 
-def _selects_into(statement: sqlparse.sql.Statement) -> bool:
+def _selects_into(statement: Statement) -> bool:
+    from sqlparse import tokens as T
+
     return any(t.ttype is T.Keyword and t.normalized == "INTO" for t in statement.tokens)
 
 
@@ -128,7 +137,7 @@ def choose(
     (an export's own, when it has one)."""
     merged: dict[int, Counted] = {}
     for c in counted:
-        if c.query == HIDDEN:
+        if c.query == HIDDEN or c.query.startswith(MARK):
             continue
         text = plannable(c.query)
         if text is None:
@@ -179,7 +188,7 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
     extension, or without the right to read it, no statement and a ``note`` saying what to do."""
     later = f"give it later with `pgoverlay base workload {base} --from DSN` or `--file PATH`"
     found = conn.execute(
-        "SELECT n.nspname FROM pg_catalog.pg_extension e "
+        MARK + "SELECT n.nspname FROM pg_catalog.pg_extension e "
         "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
         "WHERE e.extname = 'pg_stat_statements'"
     ).fetchone()
@@ -196,7 +205,7 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
         with conn.transaction():
             reset, elapsed, everyone = conn.execute(
                 sql.SQL(
-                    "SELECT extract(epoch FROM i.stats_reset)::float8, "
+                    MARK + "SELECT extract(epoch FROM i.stats_reset)::float8, "
                     "extract(epoch FROM now() - i.stats_reset)::float8, "
                     "pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') "
                     "FROM {}.pg_stat_statements_info i"
@@ -204,7 +213,7 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
             ).fetchone() or (None, None, False)
             rows = conn.execute(
                 sql.SQL(
-                    "SELECT s.queryid, s.query, s.calls, s.total_exec_time, s.rows "
+                    MARK + "SELECT s.queryid, s.query, s.calls, s.total_exec_time, s.rows "
                     "FROM {}.pg_stat_statements s "
                     "WHERE s.dbid = (SELECT oid FROM pg_catalog.pg_database "
                     "WHERE datname = pg_catalog.current_database()) AND s.queryid IS NOT NULL"
