@@ -16,15 +16,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import cli, extra_server, require_root, source_dsn
+from helpers import cli, extra_server, os_user, require_root, source_dsn
 from pgoverlay.runner import seed
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.postgres import cluster
 from pgoverlay.runner.seed import bases, workload
 from pgoverlay.runner.service.engine import LocalEngine
+from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import BaseWorkload
 
 SECRET = "s3cret-literal-in-a-utility"
+READER = "pgo-runner"  # a workflow's user: in the service's group
 
 
 # -- pure: which statements, in which order ---------------------------------------------------
@@ -124,7 +126,7 @@ def _query(found: Any, start: str) -> Any:
 
 
 def test_a_seed_keeps_the_sources_top_statements_with_rates_root_only_and_rm_removes_them(
-    pool: Pool, stats_source: cluster.Running, env: dict[str, str]
+    pool: Pool, stats_source: cluster.Running, env: dict[str, str], service: Path
 ) -> None:
     require_root()
     name = "workload-seed"
@@ -168,6 +170,11 @@ def test_a_seed_keeps_the_sources_top_statements_with_rates_root_only_and_rm_rem
         assert as_json.returncode == 0, as_json.stderr
         statements = json.loads(as_json.stdout)["workload"]["statements"]
         assert len(statements) == len(found.statements)
+        # a member of the service's group reads it through the engine service's socket
+        os_user(READER, groups=["pgoverlay"])
+        asked = cli(["base", "show", name, "--json"], env=env, user=READER, groups=["pgoverlay"])
+        assert asked.returncode == 0, asked.stderr
+        assert json.loads(asked.stdout)["workload"] == as_dict(found)
 
         bases.remove(pool, name)
         assert not path.exists() and not path.parent.exists()

@@ -134,44 +134,47 @@ def choose(
 ) -> list[WorkloadStatement]:
     """The first ``top`` plannable statements by total time, then calls; each query id once,
     its counts added (one row per role and nesting level), its rate over ``elapsed`` seconds
-    (an export's own, when it has one)."""
+    (an export's own, when it has one). Statements are read in that order until ``top`` are
+    found: a source keeps thousands, and only the ones kept are worth parsing."""
     merged: dict[int, Counted] = {}
     for c in counted:
         if c.query == HIDDEN or c.query.startswith(MARK):
             continue
+        was = merged.get(c.queryid)
+        merged[c.queryid] = c if was is None else _added(was, c)
+    chosen: list[WorkloadStatement] = []
+    for c in sorted(merged.values(), key=lambda c: (-c.total_ms, -c.calls, c.queryid)):
+        if len(chosen) == top:
+            break
         text = plannable(c.query)
         if text is None:
             continue
-        was = merged.get(c.queryid)
-        if was is None:
-            merged[c.queryid] = Counted(
-                c.queryid, text, c.calls, c.total_ms, c.rows, per_second=c.per_second
+        chosen.append(
+            WorkloadStatement(
+                queryid=c.queryid,
+                query=text,
+                calls=c.calls,
+                mean_ms=c.total_ms / c.calls if c.calls else 0.0,
+                total_ms=c.total_ms,
+                rows=c.rows,
+                per_second=_rate(c, elapsed),
             )
-        else:
-            rate = None
-            if was.per_second is not None or c.per_second is not None:
-                rate = (was.per_second or 0.0) + (c.per_second or 0.0)
-            merged[c.queryid] = Counted(
-                c.queryid,
-                was.query,
-                was.calls + c.calls,
-                was.total_ms + c.total_ms,
-                was.rows + c.rows,
-                per_second=rate,
-            )
-    ordered = sorted(merged.values(), key=lambda c: (-c.total_ms, -c.calls, c.queryid))
-    return [
-        WorkloadStatement(
-            queryid=c.queryid,
-            query=c.query,
-            calls=c.calls,
-            mean_ms=c.total_ms / c.calls if c.calls else 0.0,
-            total_ms=c.total_ms,
-            rows=c.rows,
-            per_second=_rate(c, elapsed),
         )
-        for c in ordered[:top]
-    ]
+    return chosen
+
+
+def _added(was: Counted, c: Counted) -> Counted:
+    rate = None
+    if was.per_second is not None or c.per_second is not None:
+        rate = (was.per_second or 0.0) + (c.per_second or 0.0)
+    return Counted(
+        was.queryid,
+        was.query,
+        was.calls + c.calls,
+        was.total_ms + c.total_ms,
+        was.rows + c.rows,
+        per_second=rate,
+    )
 
 
 def _rate(c: Counted, elapsed: float | None) -> float:
@@ -187,11 +190,14 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
     """The source's workload through ``conn`` (a session in the seed's database). Without the
     extension, or without the right to read it, no statement and a ``note`` saying what to do."""
     later = f"give it later with `pgoverlay base workload {base} --from DSN` or `--file PATH`"
-    found = conn.execute(
-        MARK + "SELECT n.nspname FROM pg_catalog.pg_extension e "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
-        "WHERE e.extname = 'pg_stat_statements'"
-    ).fetchone()
+    with conn.transaction():
+        # Only the catalog's names, whatever the source's roles put first on their path.
+        conn.execute(MARK + "SET LOCAL search_path = pg_catalog, pg_temp")
+        found = conn.execute(
+            MARK + "SELECT n.nspname FROM pg_catalog.pg_extension e "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = 'pg_stat_statements'"
+        ).fetchone()
     database = conn.info.dbname
     if found is None:
         return BaseWorkload(
@@ -203,6 +209,7 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
     schema = sql.Identifier(found[0])
     try:
         with conn.transaction():
+            conn.execute(MARK + "SET LOCAL search_path = pg_catalog, pg_temp")
             reset, elapsed, everyone = conn.execute(
                 sql.SQL(
                     MARK + "SELECT extract(epoch FROM i.stats_reset)::float8, "
@@ -221,10 +228,15 @@ def capture(conn: psycopg.Connection[Any], *, top: int, source: str, base: str) 
             ).fetchall()
     except psycopg.Error as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        fix = (
+            "add pg_stat_statements to the source's shared_preload_libraries and restart it"
+            if "shared_preload_libraries" in reason
+            else "grant the seed's role pg_read_all_stats (and SELECT on the view)"
+        )
         return BaseWorkload(
             source=source,
             note=f"no workload captured: the source's pg_stat_statements cannot be read "
-            f"({reason}); grant the seed's role pg_read_all_stats, or {later}",
+            f"({reason}): {fix}, or {later}",
         )
     counted = [
         Counted(int(q), str(text or ""), int(calls), float(total), int(n))
