@@ -44,6 +44,10 @@ def test_only_plannable_statements_are_kept_and_their_comments_are_stripped() ->
         "WITH a AS (SELECT $1) SELECT * FROM a",
         "VALUES ($1)",
         "(SELECT $1) UNION (SELECT $2)",
+        "WITH d AS (DELETE FROM t RETURNING *) INSERT INTO x SELECT * FROM d",
+        "TABLE t",
+        # more than the 10,000 tokens sqlparse's grouping would refuse
+        "SELECT * FROM t WHERE id IN (" + ", ".join(f"${i}" for i in range(1, 6001)) + ")",
     ]
     for text in kept:
         assert workload.plannable(text) == text, text
@@ -56,6 +60,8 @@ def test_only_plannable_statements_are_kept_and_their_comments_are_stripped() ->
         "DECLARE c CURSOR FOR SELECT 1",
         "SET search_path = public",
         "SELECT 1; SELECT 2",
+        "WITH a AS (SELECT 1) SELECT * INTO newtable FROM a",
+        "$1",
         "/* only a comment */",
     ]
     for text in refused:

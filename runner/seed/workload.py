@@ -8,10 +8,9 @@ roles or nesting levels is one statement, its counts added. Only plannable state
 (SELECT, INSERT, UPDATE, DELETE, MERGE, and a WITH before one of them), their comments
 stripped: a utility statement's text is not normalized (``ALTER ROLE ... PASSWORD '...'``
 would be kept whole), so none is ever kept. The statement's kind is sqlparse's reading of its
-first keywords (``get_type``): lighter to load than a full Postgres parser (and loaded only when
-there are statements to read), and what decides here is only which statement it is, not what
-it means. The first ``top`` are kept, by total
-time, then calls.
+first keywords, from its lexer alone: lighter to load than a full Postgres parser (and loaded
+only when there are statements to read), and what decides here is only which statement it is,
+not what it means. The first ``top`` are kept, by total time, then calls.
 
 A source without the extension (or whose role may read only its own statements: the
 ``pg_read_all_stats`` role reads every role's) is said in one line; the seed goes on. The file
@@ -32,7 +31,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -42,9 +41,6 @@ from pgoverlay.runner import safefs
 from pgoverlay.runner.service import wire
 from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import BaseWorkload, WorkloadStatement
-
-if TYPE_CHECKING:
-    from sqlparse.sql import Statement
 
 DEFAULT_TOP = 200
 MAX_TOP = 10_000
@@ -95,38 +91,48 @@ def check_top(top: int | None) -> int:
 
 
 def plannable(text: str) -> str | None:
-    """``text`` without its comments if it is one plannable statement, else None."""
-    import sqlparse  # loaded only when there are statements to read: a seed of a source
-    # without pg_stat_statements never pays for it
+    """``text`` without its comments if it is one plannable statement, else None. Read from
+    sqlparse's lexer alone: its grouping costs milliseconds a statement (seconds for a source's
+    thousands) and refuses one of more than 10,000 tokens, and nothing read here needs it."""
+    from sqlparse import lexer  # loaded only when there are statements to read: a seed of
+    from sqlparse import tokens as T  # a source without pg_stat_statements never pays for it
 
-    stripped = sqlparse.format(text, strip_comments=True).strip()
-    if not stripped:
-        return None
-    try:
-        parsed = sqlparse.parse(stripped)
-    except sqlparse.exceptions.SQLParseError:  # too many tokens to group: not one we can read
-        return None
-    if len(parsed) != 1:
-        return None
-    statement = parsed[0]
-    kind = statement.get_type()  # type: ignore[no-untyped-call]
-    if kind == "UNKNOWN":  # VALUES (...), TABLE t, (SELECT ...) UNION (SELECT ...)
-        tokens = statement.flatten()  # type: ignore[no-untyped-call]
-        first = next(t for t in tokens if not t.is_whitespace)  # not blank: it has a token
-        bracketed = first.value == "(" and plannable(stripped.lstrip("( \t\n")) is not None
-        if first.normalized in ("VALUES", "TABLE") or bracketed:
-            kind = "SELECT"
-    if kind not in PLANNABLE:
-        return None
-    if kind == "SELECT" and _selects_into(statement):
-        return None  # SELECT ... INTO a table is CREATE TABLE AS: a utility statement
-    return stripped
+    lexed = list(lexer.tokenize(text))  # type: ignore[no-untyped-call]
+    stripped = "".join(" " if ttype in T.Comment else value for ttype, value in lexed).strip()
+    words = [
+        (ttype, value)
+        for ttype, value in lexed
+        if ttype not in T.Comment and ttype not in T.Whitespace and ttype is not T.Newline
+    ]
+    kind = _kind(words, T.Keyword)
+    return stripped if kind in PLANNABLE else None
 
 
-def _selects_into(statement: Statement) -> bool:
-    from sqlparse import tokens as T
-
-    return any(t.ttype is T.Keyword and t.normalized == "INTO" for t in statement.tokens)
+def _kind(words: list[tuple[Any, str]], keyword: Any) -> str | None:
+    """The kind of the one statement ``words`` make (its significant tokens): SELECT, INSERT,
+    ... or another word; None for none, or several."""
+    depth = 0
+    kind: str | None = None
+    for at, (ttype, value) in enumerate(words):
+        if value == "(":
+            depth += 1
+        elif value == ")":
+            depth -= 1
+        elif value == ";" and depth == 0:
+            if any(v != ";" for _, v in words[at + 1 :]):
+                return None  # a text of several statements
+        elif ttype in keyword and kind is None:  # the first word, maybe after brackets
+            word = value.upper()
+            kind = {"VALUES": "SELECT", "TABLE": "SELECT"}.get(word, word)
+        elif ttype in keyword and depth == 0:
+            word = value.upper()
+            if kind == "WITH" and word in PLANNABLE:
+                kind = word  # the statement after the WITH's queries
+            elif kind == "SELECT" and word == "INTO":
+                return "SELECT INTO"  # CREATE TABLE AS: a utility statement
+        elif kind is None:
+            return "OTHER"  # it starts with a name, a literal: no statement we know
+    return kind
 
 
 def choose(
