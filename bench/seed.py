@@ -327,7 +327,7 @@ def render(
         lines += [
             "",
             f"Where {whose} time goes at {result.run.label} (median seconds per step over "
-            f"{len(laps)} seeds; the flush of the copy runs in a thread from `start` on, so the "
+            f"{len(laps)} seeds; the flush of the copy runs in a thread from `verify` on, so the "
             "steps after the copy also wait for the disk):",
             "",
             "| step | seconds |",

@@ -132,6 +132,28 @@ def test_a_seed_imports_neither_rich_nor_the_demo_nor_the_other_command_groups(
     }
 
 
+def test_the_seeds_start_leaves_what_only_the_steps_after_the_copy_use_to_load_meanwhile() -> None:
+    """The seed's start, timed against a bare pg_basebackup, loads what the checks and the copy
+    need; the preparation and the trace's triggers (``seed.AFTER_COPY``) load in a thread while
+    pg_basebackup copies."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys, pgoverlay.cli.base, pgoverlay.runner.seed; "
+            "print(json.dumps(sorted(sys.modules)))",
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    modules = set(json.loads(done.stdout))
+    assert "pgoverlay.runner.seed" in modules
+    assert "pgoverlay.runner.seed.prepare" not in modules
+    assert "pgoverlay.runner.trace.instrument" not in modules
+
+
 def test_the_actions_entry_point_imports_no_web_docker_github_psycopg_or_pydantic() -> None:
     """PyGithub comes with the first comment, psycopg with the first migration; pydantic never
     (the Action's models are dataclasses)."""

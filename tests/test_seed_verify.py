@@ -278,3 +278,56 @@ def test_a_flush_the_disk_refuses_fails_the_seed_and_leaves_nothing(
         seed.seed(pool, name, source_dsn=source_dsn(source))
     assert pool.registry.bases(name) == []
     assert not any(p.name.startswith(f"{name}-") for p in (pool.root / "staging").iterdir())
+
+
+class VerifyingBeside:
+    """The real programs; pg_verifybackup waits, before it runs, until the seed compares the
+    checksums: it passes only if the two run side by side."""
+
+    def __init__(self, real: Tools, events: list[str]) -> None:
+        self.real, self.events = real, events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def run(self, tool: str, args: list[Any], **kwargs: Any) -> Any:
+        if tool == "pg_verifybackup":
+            wait_for(
+                lambda: "checksums compared" in self.events,
+                timeout=60,
+                what="the checksums compared beside pg_verifybackup",
+            )
+        return self.real.run(tool, args, **kwargs)
+
+
+def test_the_copy_is_flushed_while_it_is_verified_and_both_verifications_run_side_by_side(
+    pool: Pool, source: cluster.Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk writes the copy while the CPU verifies it from the page cache: the flush of the
+    staged copy has started when the checksums are compared, and pg_verifybackup (the tree and
+    the WAL) runs while they are. The seed still makes a ready base."""
+    events: list[str] = []
+    real_syncfs, real_check, real_tools = durable.syncfs, verify.check, choose.tools_for
+
+    def syncfs(path: Path) -> None:
+        if path.parent.name == "staging":
+            events.append("flush started")
+        real_syncfs(path)
+
+    def check(datadir: Path, reads: dict[str, verify.Read], **kwargs: Any) -> int:
+        events.append("checksums compared")
+        wait_for(lambda: "flush started" in events, timeout=60, what="the copy's flush to start")
+        return real_check(datadir, reads, **kwargs)
+
+    monkeypatch.setattr(durable, "syncfs", syncfs)
+    monkeypatch.setattr(verify, "check", check)
+    monkeypatch.setattr(
+        seed, "tools_for", lambda *a, **k: VerifyingBeside(real_tools(*a, **k), events)
+    )
+    name = f"beside-{os.urandom(3).hex()}"
+    made = seed.seed(pool, name, source_dsn=source_dsn(source))
+    try:
+        assert made.state == "ready"
+        assert {"flush started", "checksums compared"} <= set(events)
+    finally:
+        seed.remove_version(pool, name, made.version)

@@ -358,6 +358,45 @@ def register(sub: Subcommands) -> None:
     )
     seed_cmd.set_defaults(func=cmd_seed)
 
+    _register_workload(base_cmds)
+
+    list_cmd = base_cmds.add_parser("list", help="list the bases, their versions and warm branches")
+    list_cmd.add_argument("--json", action="store_true", help="JSON output")
+    list_cmd.set_defaults(func=cmd_list, lean=True)
+
+    rm_cmd = base_cmds.add_parser(
+        "rm", help="remove a base: every version of it, or one (refused while branches use it)"
+    )
+    rm_cmd.add_argument("name", help="the base to remove")
+    rm_cmd.add_argument("--version", type=int, metavar="N", help="remove only version N")
+    rm_cmd.add_argument(
+        "--destroy-branches",
+        action="store_true",
+        help="destroy the branches that use the base, then remove it",
+    )
+    rm_cmd.set_defaults(func=cmd_rm)
+
+    warm_cmd = base_cmds.add_parser(
+        "warm", help="keep N branches of a base started, so `branch create` takes one at once"
+    )
+    warm_cmd.add_argument("name", help="the base to keep warm branches of")
+    warm_cmd.add_argument(
+        "--count",
+        type=int,
+        metavar="N",
+        help="keep N branches of the base started and unclaimed, so `branch create` takes one "
+        "in milliseconds (0: none, and the ones started are removed)",
+    )
+    warm_cmd.add_argument(
+        "--runtime",
+        choices=runtimes.choices(),
+        help="the runtime the warm branches run on (default: the branches' runtime)",
+    )
+    warm_cmd.set_defaults(func=cmd_warm)
+
+
+def _register_workload(base_cmds: Subcommands) -> None:
+    """`base show` and `base workload`: a base's workload, read and given."""
     show_cmd = base_cmds.add_parser(
         "show", help="show a base's versions and the workload kept with its newest"
     )
@@ -400,37 +439,3 @@ def register(sub: Subcommands) -> None:
         help="statements kept, by total time (default 200)",
     )
     workload_cmd.set_defaults(func=cmd_workload)
-
-    list_cmd = base_cmds.add_parser("list", help="list the bases, their versions and warm branches")
-    list_cmd.add_argument("--json", action="store_true", help="JSON output")
-    list_cmd.set_defaults(func=cmd_list, lean=True)
-
-    rm_cmd = base_cmds.add_parser(
-        "rm", help="remove a base: every version of it, or one (refused while branches use it)"
-    )
-    rm_cmd.add_argument("name", help="the base to remove")
-    rm_cmd.add_argument("--version", type=int, metavar="N", help="remove only version N")
-    rm_cmd.add_argument(
-        "--destroy-branches",
-        action="store_true",
-        help="destroy the branches that use the base, then remove it",
-    )
-    rm_cmd.set_defaults(func=cmd_rm)
-
-    warm_cmd = base_cmds.add_parser(
-        "warm", help="keep N branches of a base started, so `branch create` takes one at once"
-    )
-    warm_cmd.add_argument("name", help="the base to keep warm branches of")
-    warm_cmd.add_argument(
-        "--count",
-        type=int,
-        metavar="N",
-        help="keep N branches of the base started and unclaimed, so `branch create` takes one "
-        "in milliseconds (0: none, and the ones started are removed)",
-    )
-    warm_cmd.add_argument(
-        "--runtime",
-        choices=runtimes.choices(),
-        help="the runtime the warm branches run on (default: the branches' runtime)",
-    )
-    warm_cmd.set_defaults(func=cmd_warm)

@@ -11,13 +11,16 @@ seed left behind. Its steps, each a fault point for the crash tests: ``seed:regi
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,7 +50,6 @@ from pgoverlay.runner.seed import (
     checks,
     credentials,
     durable,
-    prepare,
     space,
     tablespaces,
     verify,
@@ -62,12 +64,17 @@ from pgoverlay.runner.service.views import BaseWorkload
 if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
     from pgoverlay.runner.mask import Progress as MaskProgress
     from pgoverlay.runner.mask.rules import RulesFile
+    from pgoverlay.runner.seed.prepare import Prepared
 
 log = logging.getLogger(__name__)
 
 Via = Literal["basebackup", "dump"]
 Progress = Callable[[int, int], None]
 _PROGRESS = re.compile(r"(\d+)/(\d+) kB")
+# What only the steps after the copy use, imported in a thread while the copy runs
+# (``_import_meanwhile``): the seed's start then loads only what the checks and the copy need,
+# and the rest loads while pg_basebackup waits on the source and the disk.
+AFTER_COPY = ("pgoverlay.runner.seed.prepare", "pgoverlay.runner.trace.instrument")
 _REFUSED_REPLICATION = (
     "replication connection",
     "must be superuser or replication role",
@@ -160,6 +167,22 @@ class Source:
             ) from None
 
 
+def _import_meanwhile(modules: tuple[str, ...]) -> threading.Thread:
+    """Import ``modules`` in a thread, started now; join it before using them. A module that
+    fails to import is left for the seed's own import to fail on, with its error."""
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # raised again by the seed's own import of it
+                return
+
+    thread = threading.Thread(target=load, name="seed-imports", daemon=True)
+    thread.start()
+    return thread
+
+
 def _own(pool: Pool, path: Path) -> None:
     """Make ``path``, in root's staging/, for the Postgres user (pg_basebackup writes it)."""
     safefs.make_dir(path, uid=pool.owner.uid, gid=pool.owner.gid, mode=0o700)
@@ -173,7 +196,10 @@ def _basebackup(
     spaces: list[Tablespace],
     progress: Progress | None,
     laps: Laps,
-) -> None:
+) -> dict[str, verify.Read]:
+    """Copy the source into ``target`` with pg_basebackup; returns what the watching thread
+    checksummed of the copy while it was made (``_verify_copy`` checks the rest)."""
+
     def on_line(line: str) -> None:
         match = _PROGRESS.search(line)
         if match and progress is not None:
@@ -199,8 +225,8 @@ def _basebackup(
                     *(["--progress"] if progress is not None else []),
                     "--no-password",
                     # Not a fsync per file (each one a flush of the pool image's disk): the
-                    # seed flushes the copy while it is prepared, and syncs the base once
-                    # before declaring it ready (durable.py).
+                    # seed flushes the copy while it is verified and prepared, and syncs the
+                    # base once before declaring it ready (durable.py).
                     "--no-sync",
                     *tablespaces.mapping_args(spaces, tablespaces.staging_root(target)),
                 ],
@@ -220,14 +246,29 @@ def _basebackup(
             f"pg_basebackup from {src.label} failed: {proc.last_lines(err.stderr)}"
         ) from None
     laps.lap("copy")
-    _verify_tree_and_wal(pool, install, target)
-    laps.lap("verify: manifest, tree, WAL")
-    tablespaces.make_in_place(target, tablespaces.staging_root(target))
-    read_after = verify.check(target, watch.reads)
-    log.debug(
-        "verify: %s files checksummed during the copy, %s after it", len(watch.reads), read_after
-    )
-    laps.lap("verify: checksums")
+    return watch.reads
+
+
+def _verify_copy(
+    pool: Pool, install: Tools, target: Path, reads: dict[str, verify.Read], *, spaces: bool
+) -> None:
+    """Verify the copy as pg_verifybackup would: its tree and WAL by pg_verifybackup
+    (``--skip-checksums``), the data's checksums here, against the manifest, reading only the
+    files the watch did not (``reads``). The two run side by side, on the two cores, unless
+    the copy has tablespaces: those are moved into the data directory between the two."""
+    if spaces:
+        _verify_tree_and_wal(pool, install, target)
+        tablespaces.make_in_place(target, tablespaces.staging_root(target))
+        read_after = verify.check(target, reads)
+    else:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="seed-verifybackup") as side:
+            tree_and_wal = side.submit(_verify_tree_and_wal, pool, install, target)
+            tablespaces.make_in_place(target, tablespaces.staging_root(target))
+            try:
+                read_after = verify.check(target, reads)
+            finally:
+                tree_and_wal.result()  # its error first: it says what is wrong more broadly
+    log.debug("verify: %s files checksummed during the copy, %s after it", len(reads), read_after)
 
 
 def _check_copied_libraries(install: Tools, datadir: Path, *, owner: proc.OsUser) -> None:
@@ -596,23 +637,33 @@ def _seed_version(
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     fault(pool, "seed:registered")
     staging = pool.staging_dir(name, version)
+    importing = _import_meanwhile(AFTER_COPY)
     try:
         _own(pool, staging)
         spaces = [t for t in info.tablespaces if t.outside]
+        reads: dict[str, verify.Read] = {}  # what the watch checksummed during the copy
         if via == "basebackup":
             if spaces:
                 _own(pool, tablespaces.staging_root(staging))
-            _basebackup(pool, install, src, staging, spaces, progress, laps)
-            if "shared_preload_libraries" in info.unreadable:
-                _check_copied_libraries(install, staging, owner=pool.owner)
-            lsn = prepare.start_lsn(staging)
+            reads = _basebackup(pool, install, src, staging, spaces, progress, laps)
             candidates = [src.user]
         else:
             candidates = [_dump_restore(pool, install, src, staging)]
-            lsn = ""
-        fault(pool, "seed:copied")
-        # The copy's flush starts now, while the server prepares it (see durable.py).
+        importing.join()
+        from pgoverlay.runner.seed import prepare  # loaded meanwhile, by the thread
+
+        # The copy's flush starts now, while it is verified and the server prepares it (the
+        # disk's work beside the CPU's; see durable.py).
         with durable.flushing(staging):
+            if via == "basebackup":
+                _verify_copy(pool, install, staging, reads, spaces=bool(spaces))
+                laps.lap("verify")
+                if "shared_preload_libraries" in info.unreadable:
+                    _check_copied_libraries(install, staging, owner=pool.owner)
+                lsn = prepare.start_lsn(staging)
+            else:
+                lsn = ""
+            fault(pool, "seed:copied")
             result = prepare.prepare(
                 install,
                 staging,
@@ -630,29 +681,7 @@ def _seed_version(
                 laps=laps,
             )
         laps.lap("flush")
-        if src.dbname not in result.databases:
-            raise SeedError(
-                f"database {src.dbname!r} from the DSN is not in the base "
-                f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
-            )
-        if result.superuser_tables and not pool.settings.branch_superuser:
-            log.warning(
-                "%s tables, views or sequences in %s are owned by superuser %s: migrations run "
-                "as a non-superuser and cannot alter them; give them a non-superuser owner in "
-                "the source, or set PGOVERLAY_BRANCH_SUPERUSER=true (the PR's SQL then runs "
-                "with full rights on the runner)",
-                result.superuser_tables,
-                src.dbname,
-                result.superuser,
-            )
-        for note in result.neutralised:
-            log.warning("neutralised in the base: %s", note)
-        if result.dropped_databases:
-            log.warning(
-                "the masked base keeps only database %s; not kept: %s",
-                src.dbname,
-                ", ".join(result.dropped_databases),
-            )
+        _say_prepared(pool, src, result)
         fault(pool, "seed:prepared")
         store = pool.store_dir(name, version)
         store.parent.mkdir(parents=True, exist_ok=True)
@@ -700,6 +729,34 @@ def _seed_version(
     found = pool.registry.base(name, version)
     assert found is not None
     return found
+
+
+def _say_prepared(pool: Pool, src: Source, result: Prepared) -> None:
+    """Refuse a base without the DSN's database, and warn of what the preparation found: tables
+    a superuser owns, what it neutralised, the databases masking did not keep."""
+    if src.dbname not in result.databases:
+        raise SeedError(
+            f"database {src.dbname!r} from the DSN is not in the base "
+            f"(it has: {', '.join(result.databases)}); fix dbname in the DSN"
+        )
+    if result.superuser_tables and not pool.settings.branch_superuser:
+        log.warning(
+            "%s tables, views or sequences in %s are owned by superuser %s: migrations run "
+            "as a non-superuser and cannot alter them; give them a non-superuser owner in "
+            "the source, or set PGOVERLAY_BRANCH_SUPERUSER=true (the PR's SQL then runs "
+            "with full rights on the runner)",
+            result.superuser_tables,
+            src.dbname,
+            result.superuser,
+        )
+    for note in result.neutralised:
+        log.warning("neutralised in the base: %s", note)
+    if result.dropped_databases:
+        log.warning(
+            "the masked base keeps only database %s; not kept: %s",
+            src.dbname,
+            ", ".join(result.dropped_databases),
+        )
 
 
 def remove_version(pool: Pool, name: str, version: int) -> None:

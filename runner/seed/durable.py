@@ -4,11 +4,12 @@ The copy is written with ``pg_basebackup --no-sync`` and prepared by a server ru
 ``fsync = off``: nothing is flushed while the seed works, since a seed cut short by a crash is
 removed whole (its version is still ``seeding``) and only a ready base must be on disk. Two
 calls make it so. :func:`flushing` starts the flush of the copy as soon as it is made, in a
-thread, while the server prepares it (the flush is the disk's work, the preparation the CPU's:
-they overlap). :func:`syncfs` then writes what is left, the preparation's changes, masking's
-removals and the move into the store, and waits for all of it, before the version is
-registered ready: one flush of each byte, where the server's start (``recovery_init_sync_method
-= syncfs``), its checkpoints and ``pg_resetwal`` used to flush in turn, each waiting.
+thread, while the copy is verified and the server prepares it (the flush is the disk's work,
+verifying and preparing the CPU's, from the page cache: they overlap). :func:`syncfs` then
+writes what is left, the preparation's changes, masking's removals and the move into the store,
+and waits for all of it, before the version is registered ready: one flush of each byte, where
+the server's start (``recovery_init_sync_method = syncfs``), its checkpoints and ``pg_resetwal``
+used to flush in turn, each waiting.
 
 ``syncfs(2)`` writes the whole filesystem of the pool, other branches' dirty pages included: a
 flush per file of the copy would write only the base, but costs a system call and a device flush
@@ -19,13 +20,13 @@ file as it grows) was tried and measured: at 5 GiB it made the copy 4 s longer (
 source and writes the copy at once) for 1.7 s less flushing after it (docs/benchmarks.md).
 
 Python's ``os`` has no ``syncfs(2)``: it is called from libc through ``ctypes`` (Linux, as the
-pool is).
+pool is), found among the symbols the interpreter already loaded (``dlopen(NULL)``): asking
+``ctypes.util.find_library`` would run ``ldconfig -p`` in a child at every seed's start.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import threading
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from pgoverlay.errors import SeedError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the interpreter's own libc
 _libc.syncfs.argtypes = [ctypes.c_int]
 _libc.syncfs.restype = ctypes.c_int
 

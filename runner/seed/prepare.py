@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,16 +110,9 @@ def prepare(
     the one branches will serve. Nothing is flushed to disk: the caller syncs the base before
     it declares it ready."""
     laps = Laps() if laps is None else laps
-    for name in _DROP:
-        (datadir / name).unlink(missing_ok=True)
-    for warning in baseconf.confine_includes(datadir):
-        log.warning("%s", warning)
-    for note in baseconf.remove_secret_settings(datadir):
-        log.info("%s", note)
+    _edit_files(datadir)
     superuser_tables = 0
-    neutralised: list[str] = []
     masked: mask.Masked | None = None
-    dropped: list[str] = []
     # Nothing is flushed while the base is prepared, neither the copy at the start
     # (recovery_init_sync_method) nor the checkpoints: the seed flushes the base once, before
     # it is declared ready (runner/seed/durable.py), and removes a base a crash cut short.
@@ -153,70 +147,38 @@ def prepare(
         superuser = _bootstrap_superuser(srv, [*login_candidates, "postgres", owner.name])
         check_hba_name(superuser)
         with connect("postgres") as conn:
-            lockdown.check_branch_user(
-                conn, branch_user=branch_user, branch_superuser=branch_superuser
+            databases, dropped, neutralised, size = _cluster_wide(
+                conn,
+                connect,
+                database=database,
+                masking=masking,
+                branch_user=branch_user,
+                branch_superuser=branch_superuser,
             )
-            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
-                raise SeedError("the base is still in recovery after start; it cannot be prepared")
-            databases = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
-                )
-            ]
-            if masking is not None:
-                if database not in databases:
-                    raise SeedError(
-                        f"database {database!r} from the DSN is not in the base (it has: "
-                        f"{', '.join(databases)}), so it cannot be masked; fix dbname in the DSN"
-                    )
-                from pgoverlay.runner import mask  # masking's rules and SQL: only to mask
-
-                dropped = mask.drop_other_databases(conn, connect, keep=database)
-                databases = [d for d in databases if d not in dropped]
-            neutralised += lockdown.roles(conn, branch_user=branch_user)
-            size_row = conn.execute(
-                "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
-            ).fetchone()
+        laps.lap("lockdown: roles")
         for dbname in databases:
             with connect(dbname) as conn:
                 neutralised += lockdown.database(conn, branch_user=branch_user)
+        laps.lap("lockdown: databases")
         if database in databases:
             with connect(database) as conn:
-                superuser_tables = roles.superuser_owned_tables(conn)
-                if masking is not None:
-                    from pgoverlay.runner import mask
-
-                    masked = mask.apply(
-                        conn,
-                        masking.rules,
-                        rules_name=masking.name,
-                        statement_timeout=timeout,
-                        progress=mask_progress,
-                        lane=lambda: connect(database),
-                        datadir=datadir,
-                    )
-                    size_row = conn.execute(  # masking rewrote tables: measure again
-                        "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"
-                    ).fetchone()
-                # Done once here rather than in every branch: the login role, its grants and the
-                # ledger schema. A branch then only sets its own password.
-                roles.set_login(
+                superuser_tables, masked, masked_size = _in_served_database(
                     conn,
-                    user=branch_user,
-                    password=secrets.token_urlsafe(32),
-                    superuser=branch_superuser,
-                    createrole=branch_createrole,
+                    lambda: connect(database),
+                    masking=masking,
+                    mask_progress=mask_progress,
+                    timeout=timeout,
+                    datadir=datadir,
+                    branch_user=branch_user,
+                    branch_superuser=branch_superuser,
+                    branch_createrole=branch_createrole,
                 )
-                # The trace's event triggers, disabled: a trace only switches them on and off,
-                # so it never runs DDL in a branch (see runner/trace/instrument.py).
-                from pgoverlay.runner.trace import instrument
-
-                instrument.create(conn)
+                size = size if masked_size is None else masked_size
+        laps.lap("login role, trace triggers")
         for dbname in databases[:1]:  # shared catalogs: from any one database, once
             with connect(dbname) as conn:
                 lockdown.scrub_shared(conn)
-        laps.lap("lockdown")
+        laps.lap("lockdown: shared catalogs")
     laps.lap("stop")
     state = cluster_state(install, datadir, owner=owner)
     if state != "shut down":
@@ -235,10 +197,110 @@ def prepare(
     laps.lap("resetwal")
     return Prepared(
         superuser=superuser,
-        size_bytes=int(size_row[0] or 0) if size_row else 0,
+        size_bytes=size,
         databases=databases,
         superuser_tables=superuser_tables,
         masked=masked,
         dropped_databases=tuple(dropped),
         neutralised=tuple(neutralised),
     )
+
+
+def _edit_files(datadir: Path) -> None:
+    """What is done to the copy's files before its server starts: the files of a standby or
+    of a running server removed, the configuration made self-contained and its secrets taken
+    out."""
+    for name in _DROP:
+        (datadir / name).unlink(missing_ok=True)
+    for warning in baseconf.confine_includes(datadir):
+        log.warning("%s", warning)
+    for note in baseconf.remove_secret_settings(datadir):
+        log.info("%s", note)
+
+
+def _cluster_wide(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    connect: Callable[[str], psycopg.Connection[tuple[Any, ...]]],
+    *,
+    database: str,
+    masking: RulesFile | None,
+    branch_user: str,
+    branch_superuser: bool,
+) -> tuple[list[str], list[str], list[str], int]:
+    """What is done once for the whole cluster, from the ``postgres`` database: the checks,
+    the other databases dropped when masking, the roles locked down. The databases branches
+    may connect to, those dropped, what was neutralised, and the cluster's size in bytes."""
+    lockdown.check_branch_user(conn, branch_user=branch_user, branch_superuser=branch_superuser)
+    if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+        raise SeedError("the base is still in recovery after start; it cannot be prepared")
+    databases = [
+        str(r[0])
+        for r in conn.execute("SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname")
+    ]
+    dropped: list[str] = []
+    if masking is not None:
+        if database not in databases:
+            raise SeedError(
+                f"database {database!r} from the DSN is not in the base (it has: "
+                f"{', '.join(databases)}), so it cannot be masked; fix dbname in the DSN"
+            )
+        from pgoverlay.runner import mask  # masking's rules and SQL: only to mask
+
+        dropped = mask.drop_other_databases(conn, connect, keep=database)
+        databases = [d for d in databases if d not in dropped]
+    neutralised = lockdown.roles(conn, branch_user=branch_user)
+    return databases, dropped, neutralised, _cluster_size(conn)
+
+
+def _cluster_size(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+    row = conn.execute("SELECT sum(pg_database_size(oid))::bigint FROM pg_database").fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def _in_served_database(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    lane: Callable[[], psycopg.Connection[tuple[Any, ...]]],
+    *,
+    masking: RulesFile | None,
+    mask_progress: mask.Progress | None,
+    timeout: float,
+    datadir: Path,
+    branch_user: str,
+    branch_superuser: bool,
+    branch_createrole: bool,
+) -> tuple[int, mask.Masked | None, int | None]:
+    """What is done in the database branches serve: its tables a superuser owns counted, the
+    masking (``lane`` opens another connection to it), the login role and the trace's event
+    triggers. The superuser's tables, what masking did, and the cluster's size after masking
+    (None when nothing was masked)."""
+    superuser_tables = roles.superuser_owned_tables(conn)
+    masked: mask.Masked | None = None
+    size: int | None = None
+    if masking is not None:
+        from pgoverlay.runner import mask
+
+        masked = mask.apply(
+            conn,
+            masking.rules,
+            rules_name=masking.name,
+            statement_timeout=timeout,
+            progress=mask_progress,
+            lane=lane,
+            datadir=datadir,
+        )
+        size = _cluster_size(conn)  # masking rewrote tables: measure again
+    # Done once here rather than in every branch: the login role, its grants and the ledger
+    # schema. A branch then only sets its own password.
+    roles.set_login(
+        conn,
+        user=branch_user,
+        password=secrets.token_urlsafe(32),
+        superuser=branch_superuser,
+        createrole=branch_createrole,
+    )
+    # The trace's event triggers, disabled: a trace only switches them on and off, so it never
+    # runs DDL in a branch (see runner/trace/instrument.py).
+    from pgoverlay.runner.trace import instrument
+
+    instrument.create(conn)
+    return superuser_tables, masked, size

@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import StringConstraints
 
@@ -37,8 +37,12 @@ Login = Annotated[
 PATH_PARAMETERS: dict[str, Any] = {"name": Name, "login": Login}
 
 # A network route's own act, instead of the engine's method alone: called with the engine, the
-# request, and the route's parameters by name (its body as ``body``); returns the answer.
+# request, and the route's parameters by name (its body as ``body``); returns the answer. A
+# keyword-only parameter of its own beyond those (a FastAPI dependency, by its annotation) is
+# the route's too.
 Act = Callable[..., Any]
+# Where routes are added: an app, or a router an app includes.
+Routes = FastAPI | APIRouter
 
 
 def invoke(op: Op[Any, Any], engine: Any, params: Mapping[str, Any], *, network: bool) -> Any:
@@ -57,9 +61,11 @@ def invoke(op: Op[Any, Any], engine: Any, params: Mapping[str, Any], *, network:
     return answer
 
 
-def _signature(op: Op[Any, Any], engine: Any, *, network: bool) -> inspect.Signature:
+def _signature(
+    op: Op[Any, Any], engine: Any, *, network: bool, act: Act | None = None
+) -> inspect.Signature:
     """The route's parameters as FastAPI reads them: the engine (the app's dependency), the
-    request, the path's parameters, the body and the query's flags."""
+    request, the path's parameters, the body and the query's flags, then ``act``'s own."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     found = [
         inspect.Parameter("e", keyword, annotation=engine),
@@ -76,11 +82,18 @@ def _signature(op: Op[Any, Any], engine: Any, *, network: bool) -> inspect.Signa
             inspect.Parameter(flag, keyword, annotation=Annotated[bool, Query()], default=False)
             for flag in op.query
         ]
+    if act is not None:
+        taken = {p.name for p in found} | {"e", "request"}
+        found += [
+            p
+            for p in inspect.signature(act, eval_str=True).parameters.values()
+            if p.kind is keyword and p.name not in taken
+        ]
     return inspect.Signature(found)
 
 
 def add_route(
-    app: FastAPI,
+    app: Routes,
     op: Op[Any, Any],
     engine: Any,
     *,
@@ -100,7 +113,9 @@ def add_route(
             return JSONResponse(as_dict(answer))
         return answer
 
-    endpoint.__signature__ = _signature(op, engine, network=network)  # type: ignore[attr-defined]
+    endpoint.__signature__ = _signature(  # type: ignore[attr-defined]
+        op, engine, network=network, act=act
+    )
     endpoint.__doc__ = None
     extra = {limits.BODY_CAP_KEY: limits.MAX_RECORD_BODY_BYTES} if op.record_body else None
     app.add_api_route(
@@ -120,9 +135,10 @@ def add_socket_routes(app: FastAPI, engine: Any) -> None:
         add_route(app, op, engine, prefix=API)
 
 
-def add_network_routes(app: FastAPI, engine: Any, acts: Mapping[str, Act]) -> None:
+def add_network_routes(app: Routes, engine: Any, acts: Mapping[str, Act]) -> None:
     """The route of every operation the network API serves, relative to where the API is
-    mounted; ``acts`` holds the network's own act of an operation, by its name."""
+    mounted, on ``app`` (or a router the API includes); ``acts`` holds the network's own act of
+    an operation, by its name."""
     unknown = set(acts) - {op.name for op in OPERATIONS if op.network}
     if unknown:
         raise ValueError(f"no network operation named {', '.join(sorted(unknown))}")

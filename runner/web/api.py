@@ -24,10 +24,13 @@ delivery. The door asks the engine (its socket's ``/credentials/check``: the doo
 the token store) whether the token is good for that repository (401 if not), then the policy
 (``Policy.admit_listener``), then vouches for that repository exactly as for a job's token.
 
-The routes mirror the socket's branch routes a workflow needs (create, get, reset, destroy,
-connection, record, trace), with the same request bodies, answers, error bodies and body caps
-(``service.limits``); a connection is answered through the front door's Postgres port. Every
-request is logged with the verified repository and the status; a token never is.
+The routes of the engine's operations a workflow needs (bases, create, get, reset, destroy,
+size, grant, connection, record, trace) are made from the same declarations as the socket's
+(``service.operations``, by ``service.routes``, in ``routes.api_branches``), with the same request
+bodies, answers, error bodies and body caps (``service.limits``); a connection is answered
+through the front door's Postgres port. The holds, the record's read and ``/pool`` are the
+network's own. Every request is logged with the verified repository and the status; a token
+never is.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 ROUTERS = (api_pool.router, api_branches.router, api_holds.router)
+# Each route the API serves, as its router declares it (the app holds the routers, not their
+# routes): what the body caps are read from.
+ROUTES = [route for router in ROUTERS for route in router.routes]
 
 
 def status(err: PgoverlayError) -> int:
@@ -101,9 +107,7 @@ def create_api(
         redoc_url=None,
         openapi_url=None,
     )
-    # Each route's own, as its router declares it (the app holds the routers, not their routes).
-    routes = [route for router in ROUTERS for route in router.routes]
-    app.add_middleware(limits.RequestCap, cap_of=lambda scope: limits.route_cap(routes, scope))
+    app.add_middleware(limits.RequestCap, cap_of=lambda scope: limits.route_cap(ROUTES, scope))
     app.state.verifier = verifier
     app.state.policy = policy
     app.state.engine_for = engine_for

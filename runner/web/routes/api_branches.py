@@ -1,67 +1,31 @@
-"""The network API's branches: the socket's branch routes a workflow needs (create, get,
-reset, destroy, size, its app credential, connection, record, trace), with the same request
-bodies, answers, error bodies and body caps (``service.limits``)."""
+"""The network API's branches and bases: the routes of the engine's operations the network
+serves (``operations.OPERATIONS`` with ``network``: the bases; a branch's create, get, reset,
+destroy, size, app credential, connection, record and trace), made from their declarations as
+the socket's are (``routes.add_network_routes``), with the same request bodies, answers, error
+bodies and body caps (``service.limits``). Three are acts of the network's own: a create for the
+token's pull request, the app's grant alone, a connection through the door. A record's read is
+the network's alone."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Request
 
 from pgoverlay import errors
-from pgoverlay.runner.service import limits, vouch
+from pgoverlay.runner.service import routes, vouch
 from pgoverlay.runner.service.answers import Name
-from pgoverlay.runner.service.models import (
-    CreateRequest,
-    GrantRequest,
-    OwnerRequest,
-    RecordRequest,
-    TraceRequest,
-)
-from pgoverlay.runner.service.views import (
-    BranchView,
-    Connection,
-    Destroyed,
-    GrantView,
-    Layer,
-    Record,
-    TraceMark,
-)
+from pgoverlay.runner.service.client import RemoteEngine
+from pgoverlay.runner.service.models import CreateRequest, GrantRequest
+from pgoverlay.runner.service.views import BranchView, Connection, GrantView, Record
 from pgoverlay.runner.web.deps import Admitted, Door, Engine
 
-router = APIRouter(prefix="/branches")
+router = APIRouter()
 
 
-@router.post("", status_code=201)
-def create(e: Engine, vouched: Admitted, body: Annotated[CreateRequest, Body()]) -> BranchView:
+def create(e: RemoteEngine, _: Request, *, body: CreateRequest, vouched: Admitted) -> BranchView:
     return e.create(body.replace(pr=vouch.for_pull_request(body.pr, vouched)))
 
 
-@router.get("/{name}")
-def branch(e: Engine, name: Name) -> BranchView:
-    found = e.branch(name)
-    if found is None:
-        raise errors.BranchMissingError(f"no branch named {name}")
-    return found
-
-
-@router.post("/{name}/reset")
-def reset(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> BranchView:
-    return e.reset(name)
-
-
-@router.post("/{name}/destroy")
-def destroy(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> Destroyed:
-    return e.destroy(name)
-
-
-@router.get("/{name}/size")
-def size(e: Engine, name: Name) -> Layer:
-    return e.size(name)
-
-
-@router.post("/{name}/access")
-def grant(e: Engine, name: Name, body: Annotated[GrantRequest, Body()]) -> GrantView:
+def grant(e: RemoteEngine, _: Request, *, name: str, body: GrantRequest) -> GrantView:
     if not body.app or body.vouched_by is not None:
         raise errors.NotOwnerError(
             'a workflow may ask only for its pull request\'s app credential (`{"app": '
@@ -70,8 +34,7 @@ def grant(e: Engine, name: Name, body: Annotated[GrantRequest, Body()]) -> Grant
     return e.grant(name, body)
 
 
-@router.get("/{name}/connection")
-def connection(e: Engine, door: Door, name: Name) -> Connection:
+def connection(e: RemoteEngine, _: Request, *, name: str, door: Door) -> Connection:
     # The engine mints the job's own credential (never the branch role's password, which
     # PR SQL can change): the door admits it as it does every grant.
     own = e.connection(name)
@@ -86,16 +49,14 @@ def connection(e: Engine, door: Door, name: Name) -> Connection:
     )
 
 
-@router.put(
-    "/{name}/record",
-    status_code=204,
-    openapi_extra={limits.BODY_CAP_KEY: limits.MAX_RECORD_BODY_BYTES},
+# The engine's operations the network serves, three with the acts above (an act's dependencies,
+# ``Admitted`` and ``Door``, are its route's).
+routes.add_network_routes(
+    router, Engine, {"create": create, "grant": grant, "connection": connection}
 )
-def record_put(e: Engine, name: Name, body: Annotated[RecordRequest, Body()]) -> None:
-    e.save_record(name, body)
 
 
-@router.get("/{name}/record")
+@router.get("/branches/{name}/record")
 def record_get(e: Engine, name: Name) -> Record:
     found = e.branch(name)
     if found is None:
@@ -103,18 +64,3 @@ def record_get(e: Engine, name: Name) -> Record:
     if found.record is None:
         raise errors.BranchMissingError(f"branch {name} has no record yet")
     return found.record
-
-
-@router.post("/{name}/trace")
-def trace_begin(e: Engine, name: Name, body: Annotated[TraceRequest, Body()]) -> TraceMark:
-    return e.trace_begin(name, body)
-
-
-@router.post("/{name}/trace/mark")
-def trace_mark(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-    return e.trace_mark(name)
-
-
-@router.post("/{name}/trace/end")
-def trace_end(e: Engine, name: Name, body: Annotated[OwnerRequest, Body()]) -> TraceMark:
-    return e.trace_end(name)

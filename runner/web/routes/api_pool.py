@@ -1,11 +1,10 @@
-"""The network API's pool: the way in through the front door, and the bases a branch may be
-made of."""
+"""The network API's pool: the way in through the front door (the bases a branch may be made
+of are an engine operation's route, in ``api_branches``)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from pgoverlay.runner.service.views import BaseView
 from pgoverlay.runner.web.deps import Door, Engine
 
 router = APIRouter()
@@ -19,8 +18,3 @@ def pool(e: Engine, door: Door) -> dict[str, object]:
         "door_https_port": door.https_port,
         "app_sslmode": door.app_sslmode,
     }
-
-
-@router.get("/bases")
-def bases(e: Engine) -> list[BaseView]:
-    return e.bases()
