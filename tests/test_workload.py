@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -15,8 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import PORTS
+from psycopg import sql
 
-from helpers import cli, extra_server, os_user, require_root, source_dsn
+from helpers import cli, extra_server, os_user, port_free, require_root, source_dsn
 from pgoverlay.runner import seed
 from pgoverlay.runner.pool import Pool, gc
 from pgoverlay.runner.postgres import cluster
@@ -326,3 +329,53 @@ def test_the_kept_workload_is_read_back_as_written() -> None:
     )
     assert workload.loads(workload.dumps(kept)) == kept
     assert workload.loads('{"format": 99}') is None
+
+
+def test_base_workload_from_a_source_that_asks_a_password_takes_it_off_the_command_line(
+    pool: Pool, source: cluster.Running, env: dict[str, str], tmp_path: Path
+) -> None:
+    require_root()
+    port = next(p for p in range(PORTS[1] - 40, PORTS[0], -1) if port_free(p))
+    password = f"pw-{secrets.token_hex(8)}"
+    name = "workload-password"
+    with extra_server(
+        pool,
+        "stats-locked",
+        options={
+            "shared_preload_libraries": "pg_stat_statements",
+            "listen_addresses": "127.0.0.1",
+            "port": str(port),
+            "password_encryption": "scram-sha-256",
+        },
+        hba="local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+    ) as srv:
+        with psycopg.connect(**srv.conninfo(user="postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(password))
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+            conn.execute("SELECT count(*) FROM pg_class WHERE relpages > 0")
+        dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        try:
+            seed.seed(pool, name, source_dsn=source_dsn(source), workload_top=0)
+            refused = cli(["base", "workload", name, "--from", dsn], env=env)
+            assert refused.returncode != 0
+            assert "asks for a password and none was given" in refused.stderr
+            secret = tmp_path / "password"
+            secret.write_text(password + "\n")
+            secret.chmod(0o600)
+            given = cli(
+                ["base", "workload", name, "--from", dsn, "--password-file", os.fspath(secret)],
+                env=env,
+            )
+            assert given.returncode == 0, given.stderr
+            assert password not in given.stdout + given.stderr
+            kept = workload.load(pool.workload_file(name, 1))
+            assert kept is not None
+            assert "SELECT count(*) FROM pg_class WHERE relpages > $1" in [
+                s.query for s in kept.statements
+            ]
+            from_env = cli(
+                ["base", "workload", name, "--from", dsn], env={**env, "PGPASSWORD": password}
+            )
+            assert from_env.returncode == 0, from_env.stderr
+        finally:
+            _remove(pool, name)

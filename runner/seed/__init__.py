@@ -143,22 +143,28 @@ class Source:
             autocommit=True,
         )
 
+    def unreached(
+        self, err: psycopg.OperationalError
+    ) -> SourcePasswordError | SourceUnreachableError:
+        """Our error for a connection to this source that failed with ``err``."""
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
+        if "no password supplied" in reason:
+            return SourcePasswordError(
+                f"the source {self.label} asks for a password and none was given: give it "
+                f"by {credentials.WAYS}"
+            )
+        return SourceUnreachableError(
+            f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
+            "and the source's pg_hba.conf"
+        )
+
     def inspect(self) -> SourceInfo:
         """What the seed checks before copying anything (see runner/seed/source.py)."""
         try:
             with self.connect() as conn:
                 return sourceinfo.inspect(conn)
         except psycopg.OperationalError as err:
-            reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
-            if "no password supplied" in reason:
-                raise SourcePasswordError(
-                    f"the source {self.label} asks for a password and none was given: give it "
-                    f"by {credentials.WAYS}"
-                ) from None
-            raise SourceUnreachableError(
-                f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
-                "and the source's pg_hba.conf"
-            ) from None
+            raise self.unreached(err) from None
         except psycopg.Error as err:
             raise SeedError(
                 f"cannot read what the seed checks from the source {self.label}: "
@@ -537,19 +543,11 @@ def refresh_workload(
         else:
             src = src.using(password=auth.password, passfile=passfile)
             try:
-                with src.connect() as conn:
-                    found = _capture_on(conn, src, name, top)
-            except psycopg.OperationalError as err:
-                if "no password supplied" in str(err) and ask_password and not auth.given:
-                    src = src.using(password=ask_password(src.label))
-                    with src.connect() as conn:
-                        found = _capture_on(conn, src, name, top)
-                else:
-                    raise SourceUnreachableError(
-                        f"cannot reach the source {src.label}: "
-                        f"{str(err).strip().splitlines()[-1] if str(err).strip() else 'failed'}; "
-                        "check the DSN, the network and the source's pg_hba.conf"
-                    ) from None
+                found = _capture_from(src, name, top)
+            except SourcePasswordError:
+                if ask_password is None or auth.given:
+                    raise
+                found = _capture_from(src.using(password=ask_password(src.label)), name, top)
             if not found.captured_at:
                 raise SeedError(found.note)
         kept = workload.named(found, name, version)
@@ -557,10 +555,13 @@ def refresh_workload(
     return kept
 
 
-def _capture_on(
-    conn: psycopg.Connection[tuple[Any, ...]], src: Source, name: str, top: int
-) -> BaseWorkload:
-    return workload.capture(conn, top=top, source=f"{src.label} {src.dbname}", base=name)
+def _capture_from(src: Source, name: str, top: int) -> BaseWorkload:
+    """``workload.capture`` on a session of ``src``; its connection's failure as a seed's."""
+    try:
+        with src.connect() as conn:
+            return workload.capture(conn, top=top, source=f"{src.label} {src.dbname}", base=name)
+    except psycopg.OperationalError as err:
+        raise src.unreached(err) from None
 
 
 def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
