@@ -536,6 +536,7 @@ def _the_front_doors_identity(pool: Pool, made: list[str], service: Path, fake: 
         'result = engine.revoke("acc-door", "carol")',
         'result = engine.grant("acc-door", GrantRequest(login="dave"))',
         'result = engine.grant("acc-door", GrantRequest(app=True))',
+        f'result = engine.base_workload("{b.base_name}")',  # production's statements
     ):
         answer = ask(service, DOOR, call)
         assert answer.get("error") == "DoorForbiddenError", (call, answer)

@@ -38,8 +38,10 @@ def _flags(text: str) -> set[str]:
 def test_each_base_subcommand_offers_only_its_own_flags() -> None:
     own = {
         "seed": {"--from", "--password-file", "--refresh", "--via", "--mask", "--no-mask"}
-        | {"--demo", "--scale", "--runtime"},
+        | {"--demo", "--scale", "--runtime", "--workload-top"},
         "list": {"--json"},
+        "show": {"--top", "--json"},
+        "workload": {"--from", "--file", "--password-file", "--top"},
         "rm": {"--version", "--destroy-branches"},
         "warm": {"--count", "--runtime"},
     }

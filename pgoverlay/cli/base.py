@@ -1,4 +1,5 @@
-"""`pgoverlay base`: seed a base, list the bases, remove one, keep branches of one warm."""
+"""`pgoverlay base`: seed a base, list the bases, show one and its workload, give its workload,
+remove one, keep branches of one warm."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from pgoverlay.cli import common
 from pgoverlay.cli.common import Subcommands, out
-from pgoverlay.errors import ConfigError
+from pgoverlay.errors import BaseMissingError, ConfigError
 from pgoverlay.runner.runtime import table as runtimes
 
 if TYPE_CHECKING:
     from pgoverlay.runner.pool import Pool
+    from pgoverlay.runner.service.views import BaseWorkload
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
@@ -82,6 +84,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
                 mask_progress=common.mask_progress(bar) if args.mask else None,
                 allow_unmasked=args.no_mask,
                 runtime=args.runtime,
+                workload_top=args.workload_top,
             )
     took = time.monotonic() - started
     masking = f"masked by {base.mask_label}" if base.masked else "not masked"
@@ -166,6 +169,84 @@ def _warm_label(ready: int, target: int, memory_each: int | None) -> str:
 
     each = f" ({format_bytes(memory_each)} each)" if memory_each else ""
     return f"{ready}/{target}{each}"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """A base's versions and the workload kept with its newest: how many statements, and the
+    first few with their rates (``--json``: all of it)."""
+    from pgoverlay.runner.service.shape import as_dict
+
+    engine = common.engine()
+    versions = [b for b in engine.bases() if b.name == args.name]
+    if not versions:
+        raise BaseMissingError(f"no base named {args.name!r}: see `pgoverlay base list`")
+    kept = engine.base_workload(args.name)
+    if getattr(args, "json", False):
+        common.print_json({"versions": [as_dict(b) for b in versions], "workload": as_dict(kept)})
+        return 0
+    from pgoverlay.runner.units import format_bytes
+
+    for b in versions:
+        masked = f"masked by {b.mask_rules}" if b.masked else "not masked"
+        out.line(
+            f"base {b.name} v{b.version}: {b.state}, Postgres {b.pg_major or '-'}, "
+            f"{format_bytes(b.size_bytes)}, {masked}, {b.branches} branches"
+        )
+    out.write(_workload_text(kept, shown=args.top))
+    return 0
+
+
+def _workload_text(kept: BaseWorkload, *, shown: int) -> str:
+    """The workload in a few lines: its count, where and when it came from, the first
+    ``shown`` statements with their rates, mean times and calls."""
+    if not kept.captured_at:
+        return f"workload: none. {kept.note}\n"
+    since = f", counted since {common.when(kept.stats_reset)}" if kept.stats_reset else ""
+    lines = [
+        f"workload of v{kept.version}: {len(kept.statements)} statements, from {kept.source} "
+        f"{common.when(kept.captured_at)}{since}"
+    ]
+    lines += [f"note: {kept.note}"] if kept.note else []
+    for s in kept.statements[:shown]:
+        text = " ".join(s.query.split())
+        text = text if len(text) <= 80 else text[:79] + "…"
+        lines.append(f"  {s.per_second:9.2f}/s  {s.mean_ms:9.2f} ms  {s.calls:>10} calls  {text}")
+    if len(kept.statements) > shown:
+        lines.append(f"  … and {len(kept.statements) - shown} more (--json shows all)")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    """Give or refresh the workload of a base's newest version, without seeding again."""
+    from pgoverlay.runner import seed
+    from pgoverlay.runner.seed import credentials
+
+    if bool(args.source) == bool(args.file):
+        raise ConfigError("base workload needs exactly one of --from DSN or --file PATH")
+    auth = (
+        credentials.resolve(
+            password_file=args.password_file, environ=os.environ, home=common.home()
+        )
+        if args.source
+        else credentials.NONE
+    )
+
+    def ask_password(label: str) -> str:
+        import getpass
+
+        return getpass.getpass(f"password for the source {label}: ")
+
+    kept = seed.refresh_workload(
+        common.pool(),
+        args.name,
+        source_dsn=args.source,
+        file=args.file,
+        auth=auth,
+        ask_password=ask_password if sys.stdin.isatty() else None,
+        top=args.top,
+    )
+    out.write(_workload_text(kept, shown=5))
+    return 0
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -268,7 +349,16 @@ def register(sub: Subcommands) -> None:
         "of PGOVERLAY_DOCKER_IMAGE (no Postgres needed on the host); `auto` (the default) uses "
         "this host's binaries of the source's version when it has them",
     )
+    seed_cmd.add_argument(
+        "--workload-top",
+        type=int,
+        metavar="N",
+        help="keep the source's N top statements from pg_stat_statements with the base, by "
+        "total time (default 200; 0: none)",
+    )
     seed_cmd.set_defaults(func=cmd_seed)
+
+    _register_workload(base_cmds)
 
     list_cmd = base_cmds.add_parser("list", help="list the bases, their versions and warm branches")
     list_cmd.add_argument("--json", action="store_true", help="JSON output")
@@ -303,3 +393,49 @@ def register(sub: Subcommands) -> None:
         help="the runtime the warm branches run on (default: the branches' runtime)",
     )
     warm_cmd.set_defaults(func=cmd_warm)
+
+
+def _register_workload(base_cmds: Subcommands) -> None:
+    """`base show` and `base workload`: a base's workload, read and given."""
+    show_cmd = base_cmds.add_parser(
+        "show", help="show a base's versions and the workload kept with its newest"
+    )
+    show_cmd.add_argument("name", help="the base to show")
+    show_cmd.add_argument(
+        "--top", type=int, default=5, metavar="N", help="statements of the workload shown"
+    )
+    show_cmd.add_argument("--json", action="store_true", help="JSON output, the whole workload")
+    show_cmd.set_defaults(func=cmd_show, lean=True)
+
+    workload_cmd = base_cmds.add_parser(
+        "workload",
+        help="give or refresh the workload (production's top statements) of a base's newest "
+        "version, without seeding again",
+    )
+    workload_cmd.add_argument("name", help="the base")
+    workload_cmd.add_argument(
+        "--from",
+        dest="source",
+        metavar="DSN",
+        help="read pg_stat_statements of this server, without a password in the DSN",
+    )
+    workload_cmd.add_argument(
+        "--file",
+        type=Path,
+        metavar="PATH",
+        help="an export of pg_stat_statements, CSV with a header or JSON: queryid, query, "
+        "calls, total_exec_time; rows and per_second when given",
+    )
+    workload_cmd.add_argument(
+        "--password-file",
+        type=Path,
+        metavar="PATH",
+        help="a file holding the source's password (else PGPASSWORD, PGPASSFILE or ~/.pgpass)",
+    )
+    workload_cmd.add_argument(
+        "--top",
+        type=int,
+        metavar="N",
+        help="statements kept, by total time (default 200)",
+    )
+    workload_cmd.set_defaults(func=cmd_workload)

@@ -83,6 +83,7 @@ def seed_demo(
                 progress=progress,
                 mask=mask,
                 mask_progress=mask_progress,
+                workload_top=0,  # a sample made a moment ago: it has no workload to keep
             )
     finally:
         cleanup_source(pool, name)

@@ -158,6 +158,11 @@ class Pool:
         check_name(name, what="base")
         return self._inside(self.root / "schemas" / name / f"{int(version)}.json")
 
+    def workload_file(self, name: str, version: int) -> Path:
+        """Production's statements kept with the base version (``seed.workload``)."""
+        check_name(name, what="base")
+        return self._inside(self.root / "workloads" / name / f"{int(version)}.json")
+
     def branch_dir(self, name: str) -> Path:
         check_name(name)
         return self._inside(self.root / "branches" / name)
@@ -365,6 +370,7 @@ LAYOUT = (
     ("bases", 0o755),
     ("branches", 0o711),
     ("schemas", 0o700),
+    ("workloads", 0o700),
 )
 
 

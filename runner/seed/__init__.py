@@ -29,6 +29,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgoverlay.errors import (
+    BaseMissingError,
     CommandError,
     ConfigError,
     MaskError,
@@ -52,11 +53,13 @@ from pgoverlay.runner.seed import (
     space,
     tablespaces,
     verify,
+    workload,
 )
 from pgoverlay.runner.seed import source as sourceinfo
 from pgoverlay.runner.seed.credentials import Credentials
 from pgoverlay.runner.seed.source import SourceInfo, Tablespace
 from pgoverlay.runner.seed.steps import Laps
+from pgoverlay.runner.service.views import BaseWorkload
 
 if TYPE_CHECKING:  # masking (pydantic's rules among it) is imported only to mask
     from pgoverlay.runner.mask import Progress as MaskProgress
@@ -140,22 +143,28 @@ class Source:
             autocommit=True,
         )
 
+    def unreached(
+        self, err: psycopg.OperationalError
+    ) -> SourcePasswordError | SourceUnreachableError:
+        """Our error for a connection to this source that failed with ``err``."""
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
+        if "no password supplied" in reason:
+            return SourcePasswordError(
+                f"the source {self.label} asks for a password and none was given: give it "
+                f"by {credentials.WAYS}"
+            )
+        return SourceUnreachableError(
+            f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
+            "and the source's pg_hba.conf"
+        )
+
     def inspect(self) -> SourceInfo:
         """What the seed checks before copying anything (see runner/seed/source.py)."""
         try:
             with self.connect() as conn:
                 return sourceinfo.inspect(conn)
         except psycopg.OperationalError as err:
-            reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
-            if "no password supplied" in reason:
-                raise SourcePasswordError(
-                    f"the source {self.label} asks for a password and none was given: give it "
-                    f"by {credentials.WAYS}"
-                ) from None
-            raise SourceUnreachableError(
-                f"cannot reach the source {self.label}: {reason}; check the DSN, the network "
-                "and the source's pg_hba.conf"
-            ) from None
+            raise self.unreached(err) from None
         except psycopg.Error as err:
             raise SeedError(
                 f"cannot read what the seed checks from the source {self.label}: "
@@ -385,15 +394,18 @@ def seed(
     allow_unmasked: bool = False,
     runtime: str | None = None,
     laps: Laps | None = None,
+    workload_top: int | None = None,
 ) -> BaseVersion:
     """Seed base ``name`` from ``source_dsn``, authenticating with ``auth``; with ``mask``, a
         rules file applied while the base is prepared. Refreshing a masked base needs ``mask``
         again, or ``allow_unmasked``; ``mask_progress`` is told of each masking step.
         ``ask_password`` (given the source's label) is called once
         when the source wants a password and ``auth`` holds none: a prompt on a terminal. ``laps``,
-    when given, gets the seconds each step took."""
+    when given, gets the seconds each step took. The source's ``workload_top`` statements are
+    kept with the version (``workload``; None: ``workload.DEFAULT_TOP``, 0: none)."""
     laps = Laps() if laps is None else laps
     check_name(name, what="base")
+    workload_top = workload.check_top(workload_top)
     require_root()  # the base is bind-mounted read-only
     src = Source.parse(source_dsn)
     rules = None
@@ -457,6 +469,8 @@ def seed(
             check_rules_on_source(src, rules)
         check_space(pool, src, rules, base=name, via=via)
         laps.lap("checks")
+        captured = capture_workload(src, name, top=workload_top)
+        laps.lap("workload")
         return _seed_version(
             pool,
             name,
@@ -468,7 +482,86 @@ def seed(
             rules=rules,
             mask_progress=mask_progress,
             laps=laps,
+            captured=captured,
         )
+
+
+def capture_workload(src: Source, base: str, *, top: int) -> BaseWorkload | None:
+    """The source's workload (``workload.capture``), or None when ``top`` is 0 or none could
+    be read: that is said in one line, and the seed goes on."""
+    if top == 0:
+        return None
+    try:
+        with src.connect() as conn:
+            found = workload.capture(conn, top=top, source=f"{src.label} {src.dbname}", base=base)
+    except psycopg.OperationalError as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "connection failed"
+        log.warning("no workload captured: cannot reach the source %s (%s)", src.label, reason)
+        return None
+    if found.note:
+        log.warning("%s", found.note)
+    return found if found.captured_at else None
+
+
+def refresh_workload(
+    pool: Pool,
+    name: str,
+    *,
+    source_dsn: str | None = None,
+    file: Path | None = None,
+    auth: Credentials = credentials.NONE,
+    ask_password: Callable[[str], str] | None = None,
+    top: int | None = None,
+) -> BaseWorkload:
+    """Give or refresh the workload of base ``name``'s newest ready version, from a running
+    source (``source_dsn``, authenticated as a seed is) or an export (``file``), without
+    seeding again. Under the base's lock: a removal or a seed of it waits for none."""
+    check_name(name, what="base")
+    require_root()  # the workload is root's alone
+    top = workload.check_top(top)
+    if top == 0:
+        raise ConfigError(f"--top 0 would keep no statement: give 1 to {workload.MAX_TOP}")
+    if (source_dsn is None) == (file is None):
+        raise ConfigError("base workload needs exactly one of --from DSN or --file PATH")
+    src = Source.parse(source_dsn) if source_dsn is not None else None
+    with (
+        flocks.locked(
+            pool.lock_path("seed", name), timeout=0, what=f"base {name}", busy=SeedBusyError
+        ),
+        credentials.passfile_copy(auth, scratch=pool.tmp, owner=pool.owner) as passfile,
+    ):
+        ready = [b for b in pool.registry.bases(name) if b.state == "ready"]
+        if not ready:
+            raise BaseMissingError(
+                f"base {name} has no ready version to keep a workload with: seed it first "
+                f"(`pgoverlay base seed {name} --from DSN`); see `pgoverlay base list`"
+            )
+        version = ready[-1].version
+        if src is None:
+            assert file is not None
+            found = workload.from_file(file, top=top)
+        else:
+            src = src.using(password=auth.password, passfile=passfile)
+            try:
+                found = _capture_from(src, name, top)
+            except SourcePasswordError:
+                if ask_password is None or auth.given:
+                    raise
+                found = _capture_from(src.using(password=ask_password(src.label)), name, top)
+            if not found.captured_at:
+                raise SeedError(found.note)
+        kept = workload.named(found, name, version)
+        workload.keep(pool.workload_file(name, version), kept)
+    return kept
+
+
+def _capture_from(src: Source, name: str, top: int) -> BaseWorkload:
+    """``workload.capture`` on a session of ``src``; its connection's failure as a seed's."""
+    try:
+        with src.connect() as conn:
+            return workload.capture(conn, top=top, source=f"{src.label} {src.dbname}", base=name)
+    except psycopg.OperationalError as err:
+        raise src.unreached(err) from None
 
 
 def check_source(install: Tools, info: SourceInfo, *, database: str) -> None:
@@ -540,6 +633,7 @@ def _seed_version(
     rules: RulesFile | None,
     mask_progress: MaskProgress | None = None,
     laps: Laps,
+    captured: BaseWorkload | None = None,
 ) -> BaseVersion:
     version = pool.registry.add_base_version(name, source=src.label, via=via)
     fault(pool, "seed:registered")
@@ -603,6 +697,10 @@ def _seed_version(
         # write (the preparation's changes, masking's removals, the move into the store).
         durable.syncfs(store)
         laps.lap("sync")
+        if captured is not None:  # before it is ready: a failed seed removes it with the rest
+            workload.keep(
+                pool.workload_file(name, version), workload.named(captured, name, version)
+            )
         pool.registry.update_base(
             name,
             version,
@@ -675,6 +773,7 @@ def remove_version(pool: Pool, name: str, version: int) -> None:
         pool.store_dir(name, version),
         target,
         pool.schema_file(name, version),
+        pool.workload_file(name, version),
     ):
         with contextlib.suppress(OSError):
             safefs.remove_tree(path)

@@ -87,6 +87,7 @@ def finish(pool: Pool, name: str, version: int) -> list[str]:
             pool.store_dir(name, version).parent,
             pool.base_dir(name, version).parent,
             pool.schema_file(name, version).parent,
+            pool.workload_file(name, version).parent,
         ):
             with contextlib.suppress(OSError):
                 os.rmdir(parent)  # only when empty

@@ -28,6 +28,7 @@ from pgoverlay.runner.service.operations import API, Ans, Op, Req
 from pgoverlay.runner.service.shape import Shape, as_dict
 from pgoverlay.runner.service.views import (
     BaseView,
+    BaseWorkload,
     BranchView,
     Connection,
     Credential,
@@ -271,6 +272,9 @@ class RemoteEngine:
 
     def bases(self) -> list[BaseView]:
         return self.call(ops.BASES, None)
+
+    def base_workload(self, name: str) -> BaseWorkload:
+        return self.call(ops.BASE_WORKLOAD, None, name)
 
     def branches(self, *, layer: bool = False) -> list[BranchView]:
         return self.call(ops.BRANCHES, None, layer=layer)

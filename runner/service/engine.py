@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pgoverlay.errors import (
+    BaseMissingError,
     BranchMissingError,
     BranchOwnedError,
     ConfigError,
@@ -62,6 +63,7 @@ from pgoverlay.runner.runtime import Layout
 from pgoverlay.runner.service.views import (
     BaseDetail,
     BaseView,
+    BaseWorkload,
     BranchView,
     Connection,
     Credential,
@@ -94,6 +96,7 @@ log = logging.getLogger(__name__)
 
 class Engine(Protocol):
     def bases(self) -> list[BaseView]: ...
+    def base_workload(self, name: str) -> BaseWorkload: ...
     def branches(self, *, layer: bool = False) -> list[BranchView]: ...
     def branch(self, name: str, *, layer: bool = False) -> BranchView | None: ...
     def create(self, request: CreateRequest) -> BranchView: ...
@@ -290,6 +293,26 @@ class LocalEngine:
             )
             for b in self.pool.registry.bases()
         ]
+
+    def base_workload(self, name: str) -> BaseWorkload:
+        """Production's statements kept with base ``name``'s newest ready version (normalized
+        texts: no value of the source's data); an empty list and a note when none is kept."""
+        from pgoverlay.runner.seed import workload
+
+        self._not_door("read a base's workload")
+        ready = [b for b in self.pool.registry.bases(name) if b.state == "ready"]
+        if not ready:
+            raise BaseMissingError(f"no ready base named {name!r}: see `pgoverlay base list`")
+        version = ready[-1].version
+        kept = workload.load(self.pool.workload_file(name, version))
+        if kept is None:
+            return BaseWorkload(
+                name=name,
+                version=version,
+                note=f"no workload is kept with base {name} v{version}: give one with "
+                f"`pgoverlay base workload {name} --from DSN` or `--file PATH` (as root)",
+            )
+        return kept
 
     def _view(
         self,

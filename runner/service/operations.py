@@ -132,6 +132,9 @@ class Op(Generic[Req, Ans]):
 BASES: Op[None, list[views.BaseView]] = Op(
     "bases", "GET", "/bases", answer=list[views.BaseView], network=True
 )
+BASE_WORKLOAD: Op[None, views.BaseWorkload] = Op(
+    "base_workload", "GET", "/bases/{name}/workload", answer=views.BaseWorkload
+)
 BRANCHES: Op[None, list[views.BranchView]] = Op(
     "branch_list",
     "GET",
@@ -276,6 +279,7 @@ GC: Op[None, views.GcReport] = Op("gc", "POST", "/gc", answer=views.GcReport)
 
 OPERATIONS: tuple[Op[Any, Any], ...] = (
     BASES,
+    BASE_WORKLOAD,
     BRANCHES,
     CREATE,
     BRANCH,

@@ -113,6 +113,32 @@ class BaseView(Shape):
     detail: BaseDetail | None = None  # root's answer only
 
 
+class WorkloadStatement(Shape):
+    """One of production's statements, as the source's pg_stat_statements counted it: its text
+    normalized (constants are ``$n``), comments stripped; plannable statements only."""
+
+    queryid: int = 0
+    query: str = ""
+    calls: int = 0
+    mean_ms: float = 0.0
+    total_ms: float = 0.0
+    rows: int = 0
+    per_second: float = 0.0  # calls per second since the source's statistics were reset
+
+
+class BaseWorkload(Shape):
+    """The workload kept with a base's newest version (`pgoverlay base workload`), by total
+    time, then calls. ``captured_at`` 0: none is kept, and ``note`` says why."""
+
+    name: str = ""
+    version: int = 0
+    captured_at: float = 0.0
+    source: str = ""  # the server (host:port, database) or the file it was read from
+    stats_reset: float | None = None  # since when the source counted; None: not known
+    statements: list[WorkloadStatement] = field(default_factory=list)
+    note: str = ""
+
+
 class Destroyed(Shape):
     destroyed: bool
     record: Record | None = None  # what the workflow last recorded, for its closing report
