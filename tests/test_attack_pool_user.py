@@ -8,6 +8,7 @@ be touched or quoted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -93,7 +94,8 @@ def stop_server(pool: Pool, name: str) -> None:
     lay = branch.layout(pool, name)
     os.kill(server_pid(pool, name), 9)
     for pid in postgres_processes_for(lay.root):
-        os.kill(pid, 9)
+        with contextlib.suppress(ProcessLookupError):  # gone with its postmaster meanwhile
+            os.kill(pid, 9)
     wait_for(lambda: not branch.status(pool, name).running, timeout=30, what="the server's death")
 
 
