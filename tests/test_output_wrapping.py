@@ -70,7 +70,8 @@ def test_help_piped_into_a_file_keeps_each_usage_and_option_on_one_line() -> Non
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     (usage,) = [line for line in lines if line.startswith("usage:")]
-    assert usage.endswith("[--runtime {auto,local,docker}] name"), usage
+    # the whole usage on its one line: its first option through its last and the positional
+    assert "[-h] [--from DSN]" in usage and usage.endswith("[--workload-top N] name"), usage
     assert any(line.strip() == RUNTIME_HELP for line in lines), done.stdout
 
 
