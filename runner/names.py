@@ -88,3 +88,8 @@ SCRAM_ITERATIONS = 4096
 # every role made for a person or a preview app is its member, and a branch's pg_hba.conf
 # admits its members over TCP with SCRAM.
 ACCESS_ROLE = "pgoverlay_access"
+
+# What pgoverlay itself runs on a seed's source starts with this comment (pg_stat_statements
+# keeps a statement's text as it came, comments included), so a capture of the source's
+# workload leaves pgoverlay's own reads out of production's.
+SOURCE_MARK = "/* pgoverlay */ "

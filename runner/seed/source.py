@@ -9,6 +9,8 @@ from typing import Any
 
 import psycopg
 
+from pgoverlay.runner.names import SOURCE_MARK
+
 # Settings a branch overrides, or that decide whether a branch starts on a small runner.
 RELEVANT = (
     "archive_command",
@@ -81,21 +83,24 @@ def _settings(conn: psycopg.Connection[Any]) -> tuple[dict[str, str], list[str]]
     may read (``shared_preload_libraries``, ``config_file`` ...)."""
     found: dict[str, str] = {}
     rows = conn.execute(
-        "SELECT name, current_setting(name), source FROM pg_settings WHERE name = ANY(%s)",
+        SOURCE_MARK
+        + "SELECT name, current_setting(name), source FROM pg_settings WHERE name = ANY(%s)",
         (list(RELEVANT),),
     ).fetchall()
     for name, value, source in rows:
         if str(source) not in _NOT_FROM_FILES or name in ("config_file", "data_directory"):
             found[str(name)] = str(value)
     unreadable = []
-    if conn.execute("SELECT pg_has_role('pg_read_all_settings', 'USAGE')").fetchone() != (True,):
+    if conn.execute(
+        SOURCE_MARK + "SELECT pg_has_role('pg_read_all_settings', 'USAGE')"
+    ).fetchone() != (True,):
         major = conn.info.server_version // 10000
         seen = {str(r[0]) for r in rows}
         unreadable = [n for n in RELEVANT if n not in seen and major >= _SINCE.get(n, 0)]
     # Needs pg_read_all_settings; without it, the applied values above are what we know.
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         for name, value in conn.execute(
-            "SELECT name, setting FROM pg_file_settings "
+            SOURCE_MARK + "SELECT name, setting FROM pg_file_settings "
             "WHERE name = ANY(%s) AND setting IS NOT NULL ORDER BY seqno",
             (list(RELEVANT),),
         ):
@@ -109,22 +114,24 @@ def _settings(conn: psycopg.Connection[Any]) -> tuple[dict[str, str], list[str]]
 def inspect(conn: psycopg.Connection[Any]) -> SourceInfo:
     """Everything the seed checks, from one autocommit connection to the DSN's database."""
     major = int(conn.info.server_version) // 10000
-    standby = conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+    standby = conn.execute(SOURCE_MARK + "SELECT pg_is_in_recovery()").fetchone() == (True,)
     settings, unreadable = _settings(conn)
     preload = [settings.get("shared_preload_libraries", "")]
     # SHOW needs pg_read_all_settings for this one; the file's value came through _settings.
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-        preload += [str(r[0]) for r in conn.execute("SHOW shared_preload_libraries")]
+        preload += [str(r[0]) for r in conn.execute(SOURCE_MARK + "SHOW shared_preload_libraries")]
         if "shared_preload_libraries" in unreadable:
             unreadable.remove("shared_preload_libraries")
     extensions = {
         str(name): str(version)
-        for name, version in conn.execute("SELECT extname, extversion FROM pg_extension")
+        for name, version in conn.execute(
+            SOURCE_MARK + "SELECT extname, extversion FROM pg_extension"
+        )
     }
     tablespaces = [
         Tablespace(oid=int(oid), name=str(name), location=str(location or ""))
         for oid, name, location in conn.execute(
-            "SELECT oid, spcname, pg_tablespace_location(oid) FROM pg_tablespace "
+            SOURCE_MARK + "SELECT oid, spcname, pg_tablespace_location(oid) FROM pg_tablespace "
             "WHERE spcname NOT IN ('pg_default', 'pg_global') ORDER BY oid"
         )
     ]

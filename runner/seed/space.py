@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgoverlay.errors import PoolFullError
+from pgoverlay.runner.names import SOURCE_MARK
 from pgoverlay.runner.units import format_bytes, memory_bytes
 
 if TYPE_CHECKING:  # masking's rules (pydantic) are imported only to mask
@@ -124,7 +125,9 @@ def check(found: Estimate, *, free_bytes: int, base: str) -> None:
     )
 
 
-_TABLES = """
+_TABLES = (
+    SOURCE_MARK
+    + """
 SELECT n.nspname, c.relname,
        CASE WHEN c.relkind = 'p'
             THEN (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint
@@ -134,8 +137,11 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p', 'm') AND NOT c.relispartition
   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'
 """
+)
 # Masked columns (by table and name) that a view or rule reads: ALTER TABLE refuses those.
-_VIEWED = """
+_VIEWED = (
+    SOURCE_MARK
+    + """
 SELECT DISTINCT n.nspname, c.relname
 FROM pg_depend d
 JOIN pg_class c ON c.oid = d.refobjid
@@ -145,6 +151,7 @@ JOIN unnest(%s::text[], %s::text[], %s::text[]) AS w(nsp, rel, col)
   ON w.nsp = n.nspname AND w.rel = c.relname AND w.col = a.attname
 WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
 """
+)
 
 
 def measure(conn: Connection, rules: Rules | None) -> Sizes | None:
@@ -152,7 +159,7 @@ def measure(conn: Connection, rules: Rules | None) -> Sizes | None:
     not read them (the seed then goes ahead unchecked, as before)."""
     try:
         row = conn.execute(
-            "SELECT sum(pg_database_size(oid))::bigint, "
+            SOURCE_MARK + "SELECT sum(pg_database_size(oid))::bigint, "
             "pg_database_size(current_database()) FROM pg_database "
             "WHERE has_database_privilege(oid, 'CONNECT')"
         ).fetchone()

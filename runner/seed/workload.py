@@ -38,6 +38,7 @@ from psycopg import sql
 
 from pgoverlay.errors import ConfigError
 from pgoverlay.runner import safefs
+from pgoverlay.runner.names import SOURCE_MARK
 from pgoverlay.runner.service import wire
 from pgoverlay.runner.service.shape import as_dict
 from pgoverlay.runner.service.views import BaseWorkload, WorkloadStatement
@@ -144,7 +145,7 @@ def choose(
     found: a source keeps thousands, and only the ones kept are worth parsing."""
     merged: dict[int, Counted] = {}
     for c in counted:
-        if c.query == HIDDEN or c.query.startswith(MARK):
+        if c.query == HIDDEN or c.query.startswith((MARK, SOURCE_MARK)):
             continue
         was = merged.get(c.queryid)
         merged[c.queryid] = c if was is None else _added(was, c)
