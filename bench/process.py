@@ -69,6 +69,21 @@ READ_ONLY = {
 }
 
 
+def service_pids(home: Path) -> list[int]:
+    """The engine service of the pool at ``home`` (started by `pool init`): found by its
+    environment."""
+    wanted = f"PGOVERLAY_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"pgoverlay\0service" in cmdline and wanted in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def timed(argv: list[str], env: dict[str, str], **kwargs: Any) -> float:
     """Wall seconds of one whole process; it must succeed."""
     started = time.perf_counter()
@@ -277,17 +292,7 @@ class Bench:
         return found
 
     def service_pids(self) -> list[int]:
-        """The pool's engine service (started by `pool init`): found by its environment."""
-        wanted = f"PGOVERLAY_HOME={self.home}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                if b"pgoverlay\0service" in cmdline and wanted in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except (OSError, ValueError):
-                continue
-        return found
+        return service_pids(self.home)
 
     def teardown(self) -> None:
         from pgoverlay.runner.polling import wait_for

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from process import service_pids
+
 from pgoverlay.runner.polling import wait_for
 
 COMMANDS = {"--help": ["--help"], "branch list": ["branch", "list"]}
@@ -37,20 +39,6 @@ def run(cli: Path, args: list[str], env: dict[str, str]) -> float:
     if done.returncode != 0:
         raise SystemExit(f"{cli} {' '.join(args)} failed:\n{done.stderr.decode()[-2000:]}")
     return seconds
-
-
-def service_pids(home: Path) -> list[int]:
-    """The pool's engine service (`pool init` started it): found by its environment."""
-    wanted = f"PGOVERLAY_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            if b"pgoverlay\0service" in cmdline and wanted in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def main() -> None:
