@@ -203,6 +203,19 @@ def write_new(path: Path, text: str, *, uid: int, gid: int, mode: int) -> None:
         os.close(fd)
 
 
+def write_whole(path: Path, text: str, *, uid: int, gid: int, mode: int) -> None:
+    """Replace ``path`` with ``text``, written to a file of this call's own beside it and then
+    renamed into place: a reader sees all of it or none, and two writers at once never share
+    the partial file."""
+    partial = path.with_name(f".{path.name}.{os.urandom(8).hex()}.partial")
+    write_new(partial, text, uid=uid, gid=gid, mode=mode)
+    try:
+        os.replace(partial, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+
+
 def remove_tree(path: Path) -> None:
     """Remove ``path``: a directory with everything in it, or a file or link (the link itself).
     Missing is fine."""

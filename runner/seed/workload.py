@@ -20,13 +20,10 @@ is root's alone, like the base's schema snapshot (``trace.schema``), at
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import math
-import os
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -368,13 +365,7 @@ def keep(path: Path, workload: BaseWorkload) -> None:
     then renamed into place, so a reader sees all of it or none."""
     for directory in (path.parent.parent, path.parent):  # workloads/ is new to older pools
         safefs.make_dir(directory, uid=0, gid=0, mode=0o700, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
-    safefs.write_new(partial, dumps(workload), uid=0, gid=0, mode=0o600)
-    try:
-        os.replace(partial, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
+    safefs.write_whole(path, dumps(workload), uid=0, gid=0, mode=0o600)
 
 
 def load(path: Path) -> BaseWorkload | None:

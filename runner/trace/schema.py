@@ -24,11 +24,8 @@ objects initdb made, and a function's text (only whether its body changed, by di
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -452,14 +449,8 @@ def keep_base(path: Path, connect: Callable[[], psycopg.Connection[Any]]) -> boo
         taken = take(conn)  # too large to compare: kept with its note, which every diff says
     for directory in (path.parent.parent, path.parent):  # schemas/ is new to older pools
         safefs.make_dir(directory, uid=0, gid=0, mode=0o700, exist_ok=True)
-    # the service creates branches in threads of one process: a name of this call's own
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
-    safefs.write_new(partial, dumps(taken), uid=0, gid=0, mode=0o600)
-    try:
-        os.replace(partial, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
+    # the service creates branches in threads of one process: a partial file of this call's own
+    safefs.write_whole(path, dumps(taken), uid=0, gid=0, mode=0o600)
     return True
 
 
